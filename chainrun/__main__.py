@@ -1,0 +1,5 @@
+"""``python -m chainrun`` runs the CLI."""
+
+from chainrun.cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""The ``chainrun`` command line: a thin layer over the library (parse, call, print).
+
+Every command takes ``--json`` (one JSON document on stdout instead of tables) and,
+where it touches the log, ``--db``. A user mistake or a provider failure is printed
+as one line on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from chainrun.errors import ChainrunError
+
+app = typer.Typer(
+    name="chainrun",
+    help="Run multi-step LLM chains fast and measurably: hedged steps, TTFT and tokens in SQLite.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+local_app = typer.Typer(help="Start, stop and inspect the embedded local model server.",
+                        no_args_is_help=True)  # fmt: skip
+lab_app = typer.Typer(help="The latency lab: an OpenAI-compatible server with known latencies.",
+                      no_args_is_help=True)  # fmt: skip
+app.add_typer(local_app, name="local")
+app.add_typer(lab_app, name="lab")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# shared options (the pattern of simonw/llm: one definition, many commands)
+DbOpt = Annotated[Path, typer.Option("--db", help="SQLite run log.", show_default=True)]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="chainrun.toml (default: ./chainrun.toml or built-in)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+DEFAULT_DB_PATH = Path("chainrun.db")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit with ``code``."""
+    err.print(f"[bold red]chainrun: error:[/] {message}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn chainrun's exceptions into one line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ChainrunError as e:
+            fail(str(e).replace("[", r"\["))
+        except KeyboardInterrupt:
+            err.print("chainrun: interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(doc: Any) -> None:
+    """Print one JSON document on stdout (no rich markup, no wrapping)."""
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def run_async(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# The commands live in one module per noun; importing them registers them on `app`.
+from chainrun.cli import commands_core, commands_hedge  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,243 @@
+"""``chainrun run | replay | runs | show`` and ``chainrun local up | down | status``."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from chainrun import local
+from chainrun.chain import Chain
+from chainrun.cli import (
+    DEFAULT_DB_PATH,
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    app,
+    err,
+    handle_errors,
+    local_app,
+    out,
+    print_json,
+    run_async,
+)
+from chainrun.cli.tables import hedge_table, latency_table, steps_table
+from chainrun.config import load_config
+from chainrun.errors import UserInputError
+from chainrun.events import StepFinished, TokenDelta, TurnFinished
+from chainrun.replay import ReplayRequest, load_requests, run_requests
+from chainrun.report import hedge_stats, latency_summary, run_detail
+from chainrun.store import Store
+
+
+@app.command()
+@handle_errors
+def run(
+    message: Annotated[str, typer.Argument(help="The shopper's message.")],
+    config: ConfigOpt = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run one turn through the chain, streaming the answer, then print a per-step table."""
+    cfg = load_config(config)
+    if not message.strip():
+        raise UserInputError("message: expected a non-empty message")
+    store = Store.open(db)
+    steps: list[StepFinished] = []
+    finished: list[TurnFinished] = []
+
+    async def go() -> None:
+        chain = Chain(cfg, store=store, kind="live", quiet=as_json)
+        async with chain:
+            async with contextlib.aclosing(chain.stream_turn(message)) as events:
+                async for ev in events:
+                    if isinstance(ev, TokenDelta) and ev.step == cfg.answer_step and not as_json:
+                        out.print(ev.text, end="", markup=False)
+                    elif isinstance(ev, StepFinished):
+                        steps.append(ev)
+                    elif isinstance(ev, TurnFinished):
+                        finished.append(ev)
+
+    try:
+        run_async(go())
+    finally:
+        store.close()
+    turn = finished[0]
+    if as_json:
+        print_json({
+            "run_id": turn.run_id, "turn_id": turn.turn_id, "status": turn.status,
+            "label": turn.label, "output": turn.output, "duration_ms": round(turn.duration_ms, 1),
+            "verdicts": turn.verdicts,
+            "steps": [
+                {"step": s.step, "status": s.status, "model": s.model,
+                 "reasoning_effort": s.reasoning_effort, "ttft_ms": s.ttft_ms,
+                 "duration_ms": round(s.duration_ms, 1), "output_tokens": s.output_tokens,
+                 "n_attempts": s.n_attempts, "error_type": s.error_type}
+                for s in steps
+            ],
+        })  # fmt: skip
+        return
+    out.print()
+    if turn.status != "ok":
+        out.print(f"[yellow]turn {turn.status}[/]: {turn.output}")
+    out.print(steps_table(steps, turn))
+
+
+@app.command()
+@handle_errors
+def replay(
+    file: Annotated[Path, typer.Argument(help="Replay set: JSON Lines with id and message.")],
+    concurrency: Annotated[int, typer.Option(min=1, help="Turns in flight at once.")] = 1,
+    label: Annotated[str | None, typer.Option(help="A label for the run.")] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""
+    cfg = load_config(config)
+    requests = load_requests(file)  # validated before any run exists
+    store = Store.open(db)
+    progress = Progress(
+        TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=err, disable=as_json, transient=False,
+    )  # fmt: skip
+    task = progress.add_task("", total=len(requests))
+
+    def on_turn(req: ReplayRequest, done: TurnFinished) -> None:
+        progress.update(task, advance=1, description=f"{req.id}: {done.status}")
+
+    try:
+        with progress:
+            run_id = run_async(
+                run_requests(
+                    cfg, requests, store, concurrency=concurrency, label=label,
+                    source=str(file), on_turn=on_turn,
+                    quiet=as_json,
+                )
+            )  # fmt: skip
+        summary = latency_summary(store, run_id)
+        hedging = hedge_stats(store, run_id)
+    finally:
+        store.close()
+    if as_json:
+        print_json({**summary, "hedging": hedging["steps"]})
+        return
+    out.print(latency_table(summary))
+    if any(s["n_armed"] for s in hedging["steps"].values()):
+        out.print(hedge_table(hedging))
+
+
+@app.command()
+@handle_errors
+def runs(
+    limit: Annotated[int, typer.Option(min=1, help="How many runs (newest first).")] = 20,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the runs in the log, newest first."""
+    with Store.open(db) as store:
+        rows = store.list_runs(limit)
+    keys = ("id", "kind", "label", "status", "n_turns", "started_at", "ended_at", "source")
+    if as_json:
+        print_json({"runs": [{k: r[k] for k in keys} for r in rows]})
+        return
+    table = Table(title=f"runs in {db}")
+    for k in keys:
+        table.add_column(k)
+    for r in rows:
+        table.add_row(*("" if r[k] is None else str(r[k]) for k in keys))
+    out.print(table)
+
+
+@app.command()
+@handle_errors
+def show(
+    run_id: Annotated[int, typer.Argument(help="Run id (see `chainrun runs`).")],
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a run: its turns, and each turn's steps and calls."""
+    with Store.open(db) as store:
+        detail = run_detail(store, run_id)
+        summary = latency_summary(store, run_id)
+    if as_json:
+        print_json({**detail, "summary": summary})
+        return
+    out.print(f"run {run_id}: {detail['kind']} {detail['status']} "
+              f"label={detail['label']} source={detail['source']}")  # fmt: skip
+    for t in detail["turns"]:
+        out.print(f"\n[bold]turn {t['id']}[/] ({t['request_id'] or '-'}) {t['status']} "
+                  f"{(t['duration_ms'] or 0):.0f} ms label={t['label']}")  # fmt: skip
+        out.print(f"  > {t['input']}", markup=False)
+        out.print(f"  < {t['output']}", markup=False)
+        table = Table(show_edge=False)
+        for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
+                    "chunks", "in", "out", "reasoning", "finish", "error"):  # fmt: skip
+            table.add_column(col)
+        for c in t["calls"]:
+            table.add_row(
+                c["step"], str(c["attempt"]), c["outcome"], str(c["target"]),
+                _ms(c["ttft_ms"]), _ms(c["duration_ms"]), str(c["n_chunks"]),
+                _n(c["input_tokens"]), _n(c["output_tokens"]), _n(c["reasoning_tokens"]),
+                str(c["finish_reason"] or ""), str(c["error_type"] or ""),
+            )  # fmt: skip
+        out.print(table)
+    out.print(latency_table(summary))
+
+
+def _ms(v: Any) -> str:
+    return "" if v is None else f"{v:.0f}"
+
+
+def _n(v: Any) -> str:
+    return "?" if v is None else str(v)
+
+
+@local_app.command("up")
+@handle_errors
+def local_up(
+    slots: Annotated[int, typer.Option(min=1, help="Parallel slots (-np).")] = local.DEFAULT_SLOTS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start llama-server with the local Gemma model on a free loopback port."""
+    server = local.up(slots=slots, quiet=as_json)
+    _print_server(server, as_json, "running")
+
+
+@local_app.command("down")
+@handle_errors
+def local_down(as_json: JsonOpt = False) -> None:
+    """Stop the local model server."""
+    server = local.down()
+    if as_json:
+        print_json({"stopped": server is not None, "pid": server.pid if server else None})
+    else:
+        out.print("stopped" if server else "not running")
+
+
+@local_app.command("status")
+@handle_errors
+def local_status(as_json: JsonOpt = False) -> None:
+    """Report whether the local model server is running, and where."""
+    server = local.status()
+    if server is None:
+        if as_json:
+            print_json({"running": False})
+        else:
+            out.print("not running")
+        return
+    _print_server(server, as_json, "running")
+
+
+def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
+    doc: dict[str, Any] = {"running": True, "pid": server.pid, "port": server.port,
+                           "base_url": server.base_url, "model_path": server.model_path,
+                           "log": server.log_path}  # fmt: skip
+    if as_json:
+        print_json(doc)
+    else:
+        out.print(f"{state}: {server.base_url} (pid {server.pid}, log {server.log_path})")

@@ -1,0 +1,363 @@
+"""Chain configuration: pydantic models, the built-in default chain, and TOML loading.
+
+A ``chainrun.toml`` overrides the built-in default *key by key* (a deep merge), so
+pointing the default chain at another OpenAI-compatible server takes only::
+
+    [providers.local]
+    base_url = "http://127.0.0.1:8080/v1"
+
+Every mistake is reported as one :class:`~chainrun.errors.ConfigError` naming the
+field path and the bad value, before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import string
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from chainrun.errors import ConfigError
+
+#: Values the OpenAI API has accepted for ``reasoning_effort`` over time (see FIELD.md).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
+
+#: Placeholders a prompt template may use; filled by the chain at run time.
+PROMPT_FIELDS = frozenset({"message", "label", "products", "answer"})
+
+_PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderConfig(_Strict):
+    """Where a step's model is served.
+
+    ``base_url = None`` means the embedded local model: chainrun starts llama-server
+    on a free loopback port on first use (see :mod:`chainrun.local`).
+    The API key is never stored: ``api_key_env`` names the environment variable holding it.
+    """
+
+    base_url: str | None = None
+    api_key_env: str | None = None
+    api: Literal["chat_completions", "responses"] = "chat_completions"
+    #: connect timeout in s (the step deadline bounds the rest)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    #: size of the HTTP connection pool of this provider's client
+    max_connections: int = Field(default=100, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+
+class HedgeConfig(_Strict):
+    """Per-step hedging policy (``[steps.NAME.hedge]``).
+
+    Delay: either a fixed ``delay_ms`` or ``delay = "pNN"``: that percentile of the
+    step's own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013,
+    suggest the p95, which bounds extra load near 5%).
+    """
+
+    delay_ms: float | None = Field(default=None, gt=0)
+    delay: str | None = None
+    #: the original plus copies started at d, 2d, ... (gRFC A6 caps this at 5)
+    max_attempts: int = Field(default=2, ge=1, le=5)
+    #: provider names copies rotate over; empty = copies go to the step's own provider
+    targets: list[str] = Field(default_factory=list)
+    #: statuses (HTTP codes or error types such as "timeout") that start the next copy at once
+    non_fatal: list[int | str] = Field(default_factory=list)
+    #: cap on copies as a fraction of calls, token-bucket style (Finagle BackupRequestFilter)
+    max_extra_load: float = Field(default=0.1, ge=0, le=1)
+    #: cap on copies per second for this step (asyncio-throttle); None = no cap
+    max_copies_per_s: float | None = Field(default=None, gt=0)
+    #: fraction of losers left to finish unseen so that time saved per win is measured
+    shadow_fraction: float = Field(default=0.0, ge=0, le=1)
+    #: warm-up: no percentile delay until the window holds this many samples
+    min_samples: int = Field(default=20, ge=1)
+    #: floor of a percentile delay, in ms (Finagle uses 1 ms)
+    floor_ms: float = Field(default=1.0, ge=0)
+    #: length of the latency window, in s (Finagle: 3 buckets of 10 s)
+    window_s: float = Field(default=30.0, gt=0)
+    #: how often the percentile delay is recomputed, in s (Finagle: 3 s)
+    refresh_s: float = Field(default=3.0, gt=0)
+    #: suppress copies while the client's own event-loop lag exceeds this, in ms
+    max_loop_lag_ms: float | None = Field(default=None, gt=0)
+    #: rotate which target is primary so the backup does not see only slow leftovers
+    rotate_primary: bool = False
+    #: circuit breaker: failures within ``breaker_window_s`` that open a target
+    breaker_failures: int = Field(default=5, ge=1)
+    breaker_window_s: float = Field(default=30.0, gt=0)
+    breaker_cooldown_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("delay")
+    @classmethod
+    def _percentile(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = _PERCENTILE_RE.match(v)
+        if not m or not 0 < float(m.group(1)) < 100:
+            raise ValueError(f"expected a percentile such as 'p95', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> HedgeConfig:
+        if (self.delay_ms is None) == (self.delay is None):
+            raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
+        return self
+
+    @property
+    def delay_percentile(self) -> float | None:
+        """The percentile of ``delay`` as a number (95.0 for "p95"), or None for a fixed delay."""
+        if self.delay is None:
+            return None
+        m = _PERCENTILE_RE.match(self.delay)
+        assert m is not None
+        return float(m.group(1))
+
+
+class StepConfig(_Strict):
+    """One step of the chain (``[steps.NAME]``).
+
+    ``kind = "llm"`` steps call a model; ``kind = "retrieve"`` is the retrieval slot.
+    ``on_failure`` says what a missing answer (error, timeout, truncation) means:
+    ``"open"`` continue unchecked, ``"closed"`` refuse the turn.
+    """
+
+    kind: Literal["llm", "retrieve"] = "llm"
+    provider: str = "local"
+    model: str = "gemma-3-270m"
+    prompt: str = "{message}"
+    system: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    #: cap on generated tokens, visible plus reasoning (sent as max_completion_tokens)
+    max_output_tokens: int = Field(default=128, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    seed: int | None = None
+    stream: bool = False
+    #: deadline for the whole step (all attempts), in s
+    deadline_s: float = Field(default=60.0, gt=0)
+    on_failure: Literal["open", "closed"] = "open"
+    #: a step with side effects (placing an order) must never be hedged
+    side_effects: bool = False
+    hedge: HedgeConfig | None = None
+    #: stop sequences (the server stops generating at any of them)
+    stop: list[str] | None = None
+    #: a JSON Schema the answer must follow: sent as ``response_format`` (json_schema),
+    #: which llama.cpp enforces with a grammar; implies ``expect_json``
+    json_schema: dict[str, Any] | None = None
+    #: the answer must parse as a JSON object; a hedged step's quality gate then
+    #: refuses a fast answer that does not
+    expect_json: bool = False
+
+    @field_validator("prompt", "system")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"malformed template ({e})") from None
+        unknown = names - PROMPT_FIELDS
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder {{{sorted(unknown)[0]}}}; expected one of "
+                + ", ".join("{" + f + "}" for f in sorted(PROMPT_FIELDS))
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _no_hedge_with_side_effects(self) -> StepConfig:
+        if self.side_effects and self.hedge is not None:
+            raise ValueError("a step with side_effects = true must not be hedged (remove [hedge])")
+        return self
+
+
+class ChainConfig(_Strict):
+    """The whole chain: providers, steps and their order."""
+
+    order: list[str] = Field(default_factory=lambda: list(STEP_NAMES_DEFAULT))
+    #: the step whose output is the turn's answer (streamed to the user)
+    answer_step: str = "compose"
+    providers: dict[str, ProviderConfig]
+    steps: dict[str, StepConfig]
+
+    @model_validator(mode="after")
+    def _references(self) -> ChainConfig:
+        for name in self.order:
+            if name not in self.steps:
+                raise ValueError(f"order names step {name!r} which has no [steps.{name}] table")
+        for name, step in self.steps.items():
+            if step.kind == "llm" and step.provider not in self.providers:
+                raise ValueError(
+                    f"steps.{name}.provider: unknown provider {step.provider!r}; "
+                    f"expected one of {sorted(self.providers)}"
+                )
+            if step.hedge:
+                for t in step.hedge.targets:
+                    if t not in self.providers:
+                        raise ValueError(
+                            f"steps.{name}.hedge.targets: unknown provider {t!r}; "
+                            f"expected one of {sorted(self.providers)}"
+                        )
+        return self
+
+    def snapshot(self) -> str:
+        """The configuration as canonical JSON (stored with every run; holds no API key)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+# The default prompts are transcripts for the model to continue: the embedded local
+# model is the pre-trained Gemma 3 270M, which continues text well and follows
+# instructions badly. A chat-tuned model (e.g. OpenAI's) reads them just as well.
+_CLASSIFY_PROMPT = (
+    "Messages sent to an online fashion shop, each with its category "
+    "(sizing, product_search, order_status, returns, styling or other).\n\n"
+    'Message: "Does this dress run small?"\nCategory: sizing\n\n'
+    'Message: "Where is my parcel?"\nCategory: order_status\n\n'
+    'Message: "{message}"\nCategory:'
+)
+_COMPOSE_SYSTEM = (
+    "A chat between a shopper and the friendly stylist of an online fashion shop. "
+    "The stylist answers in two or three sentences, recommends only products from the "
+    "catalogue matches, and never invents order details."
+)
+_COMPOSE_PROMPT = "Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+_VALIDATE_PROMPT = (
+    "Shopper: {message}\nStylist:{answer}\n\n"
+    "Review: is the stylist's reply polite, on topic and free of invented facts? "
+    "Review as JSON:"
+)
+_CRITIQUE_PROMPT = (
+    "Shopper: {message}\nStylist:{answer}\n\n"
+    "One sentence on how the stylist's reply could be more helpful:"
+)
+_VALIDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "reason": {"type": "string", "maxLength": 80},
+    },
+    "required": ["ok", "reason"],
+}
+
+#: The built-in default chain as a plain dict (what a chainrun.toml is merged onto).
+DEFAULT_CHAIN: dict[str, Any] = {
+    "order": list(STEP_NAMES_DEFAULT),
+    "providers": {"local": {}},
+    "steps": {
+        "classify": {
+            "prompt": _CLASSIFY_PROMPT,
+            "stop": ["\n"],
+            "max_output_tokens": 8,
+            "temperature": 0.0,
+            "deadline_s": 30.0,
+            "on_failure": "open",
+        },
+        "retrieve": {"kind": "retrieve", "deadline_s": 5.0},
+        "compose": {
+            "system": _COMPOSE_SYSTEM,
+            "prompt": _COMPOSE_PROMPT,
+            "stop": ["\nShopper:", "\n\n"],
+            "max_output_tokens": 120,
+            "temperature": 0.7,
+            "stream": True,
+            "deadline_s": 60.0,
+            "on_failure": "closed",
+        },
+        "validate": {
+            "prompt": _VALIDATE_PROMPT,
+            "json_schema": _VALIDATE_SCHEMA,
+            "max_output_tokens": 64,
+            "temperature": 0.0,
+            "deadline_s": 30.0,
+            "on_failure": "open",
+        },
+        "critique": {
+            "prompt": _CRITIQUE_PROMPT,
+            "stop": ["\n"],
+            "max_output_tokens": 40,
+            "temperature": 0.0,
+            "deadline_s": 30.0,
+            "on_failure": "open",
+        },
+    },
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``override`` onto ``base`` key by key (tables recursively, other values replaced).
+
+    Returns a new dict; neither input is changed.
+    """
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _format_validation_error(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    if "(got" in msg or "got " in msg:
+        shown = ""
+    return f"{source}: {path}: {msg}{shown}"
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> ChainConfig:
+    """Validate a config dict merged onto the default chain.
+
+    Raises:
+        ConfigError: one line naming ``source``, the field path and the bad value.
+    """
+    merged = deep_merge(DEFAULT_CHAIN, data)
+    try:
+        return ChainConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(source, e)) from None
+
+
+def load_config(path: str | Path | None = None) -> ChainConfig:
+    """Load ``chainrun.toml`` (or the built-in default chain when ``path`` is None).
+
+    When ``path`` is None and ``./chainrun.toml`` exists, that file is used.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, or fails validation.
+    """
+    if path is None:
+        default = Path("chainrun.toml")
+        if not default.exists():
+            return config_from_dict({}, "built-in default")
+        path = default
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file ({e.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    return config_from_dict(data, str(p))

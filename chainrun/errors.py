@@ -1,0 +1,83 @@
+"""The one exception tree of chainrun.
+
+::
+
+    ChainrunError                 root: catch this to catch everything chainrun raises
+    ├── UserInputError            the user's mistake; the CLI prints one line and exits 2
+    │   ├── ConfigError           bad chainrun.toml / field path and value named
+    │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
+    └── ProviderError             the model server failed us (not the user's fault)
+        ├── ProviderUnavailable   cannot connect / server not running / local model missing
+        ├── ProviderStatusError   the server answered with an HTTP error status
+        ├── ProviderTimeout       no answer within the step's deadline
+        └── StreamTruncated       the stream ended without a finish_reason
+
+User mistakes and provider failures are kept apart on purpose: the first is fixed
+by editing a file, the second by waiting or pointing at another server. The CLI
+exits 2 for both (a clear one-line message, never a traceback).
+"""
+
+from __future__ import annotations
+
+
+class ChainrunError(Exception):
+    """Root of every exception chainrun raises on purpose."""
+
+
+class UserInputError(ChainrunError):
+    """Something the user wrote (a file, an option) is wrong."""
+
+
+class ConfigError(UserInputError):
+    """The chain configuration is invalid; the message names the field path and the bad value."""
+
+
+class InputFileError(UserInputError):
+    """An input file is malformed; the message names the file, the line and what was expected."""
+
+    def __init__(self, path: str, line: int | None, problem: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {problem}")
+        self.path = path
+        self.line = line
+        self.problem = problem
+
+
+class ProviderError(ChainrunError):
+    """A model provider failed to give an answer."""
+
+    #: short machine-readable kind stored in ``calls.error_type`` (OpenTelemetry ``error.type``)
+    error_type: str = "provider_error"
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider cannot be reached (connection refused, DNS, local server not installed)."""
+
+    error_type = "unavailable"
+
+
+class ProviderStatusError(ProviderError):
+    """The provider answered with an HTTP error status.
+
+    Attributes:
+        status: the HTTP status code (e.g. 429, 500).
+        retry_after_s: the server's ``Retry-After`` in seconds, when it sent one.
+    """
+
+    def __init__(self, message: str, status: int, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.error_type = f"http_{status}"
+
+
+class ProviderTimeout(ProviderError):
+    """No answer arrived within the step's deadline."""
+
+    error_type = "timeout"
+
+
+class StreamTruncated(ProviderError):
+    """The stream ended (or was cut) before a ``finish_reason`` arrived."""
+
+    error_type = "truncated"

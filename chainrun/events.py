@@ -1,0 +1,64 @@
+"""Typed events a turn yields to a chat backend (see :meth:`chainrun.chain.Chain.stream_turn`).
+
+Order within a turn: for each step ``StepStarted`` → (``TokenDelta`` …) →
+``StepFinished``; then one ``TurnFinished``. All durations are in ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class StepStarted:
+    step: str
+    kind: str
+    type: Literal["step_started"] = "step_started"
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """A piece of a streamed step's answer, as it arrived from the winning attempt."""
+
+    step: str
+    text: str
+    type: Literal["token_delta"] = "token_delta"
+
+
+@dataclass(frozen=True)
+class StepFinished:
+    """A step ended; ``status`` is ok | failed_open | failed_closed | skipped | cancelled."""
+
+    step: str
+    status: str
+    duration_ms: float
+    output: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+    ttft_ms: float | None = None
+    output_tokens: int | None = None
+    n_attempts: int = 0
+    hedge_fired: bool = False
+    hedge_won: bool = False
+    error_type: str | None = None
+    detail: dict[str, Any] | None = None
+    type: Literal["step_finished"] = "step_finished"
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    """The turn ended; ``status`` is ok | refused | error | cancelled."""
+
+    turn_id: int | None
+    run_id: int | None
+    output: str | None
+    status: str
+    duration_ms: float
+    label: str | None = None
+    verdicts: dict[str, Any] = field(default_factory=dict)
+    error_type: str | None = None
+    type: Literal["turn_finished"] = "turn_finished"
+
+
+Event = StepStarted | TokenDelta | StepFinished | TurnFinished

@@ -1,0 +1,56 @@
+"""Generic hedged requests: race an attempt against delayed copies, keep the first answer.
+
+Knows nothing about LLMs or HTTP: an attempt is any ``async (AttemptInfo) -> T``.
+Sources: Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013); Finagle's
+``BackupRequestFilter``; gRPC's hedging policy (gRFC A6).
+
+Modules: ``policy`` (what to do), ``engine`` (the race), ``window`` (latency percentiles),
+``budget`` (extra-load token bucket), ``breaker`` (circuit breakers per target),
+``looplag`` (event-loop lag), ``outcome`` (what happened), ``stats`` (fire and win
+rates), ``errors`` (the engine's exceptions).
+"""
+
+from chainrun.hedging.breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from chainrun.hedging.budget import CopyThrottler, HedgeBudget
+from chainrun.hedging.engine import Hedger, default_classify_error
+from chainrun.hedging.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    HedgingError,
+    NoAcceptableAnswer,
+)
+from chainrun.hedging.looplag import LoopLagMonitor, get_loop_lag_monitor
+from chainrun.hedging.outcome import (
+    AttemptInfo,
+    AttemptOutcome,
+    AttemptRecord,
+    ErrorInfo,
+    HedgeOutcome,
+)
+from chainrun.hedging.policy import HedgePolicy
+from chainrun.hedging.stats import HedgeStats
+from chainrun.hedging.window import LatencyWindow
+
+__all__ = [
+    "AttemptInfo",
+    "AttemptOutcome",
+    "AttemptRecord",
+    "BreakerRegistry",
+    "BreakerState",
+    "CircuitBreaker",
+    "CircuitOpen",
+    "CopyThrottler",
+    "DeadlineExceeded",
+    "ErrorInfo",
+    "HedgeBudget",
+    "HedgeOutcome",
+    "HedgePolicy",
+    "HedgeStats",
+    "Hedger",
+    "HedgingError",
+    "LatencyWindow",
+    "LoopLagMonitor",
+    "NoAcceptableAnswer",
+    "default_classify_error",
+    "get_loop_lag_monitor",
+]

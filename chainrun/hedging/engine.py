@@ -1,0 +1,628 @@
+"""The hedging engine: race an attempt against delayed copies of itself.
+
+Dean and Barroso ("The Tail at Scale", CACM 56(2), 2013): if a request is still
+outstanding after a delay d, send a copy to another replica, use whichever answers
+first and cancel the rest. The details follow Finagle's ``BackupRequestFilter``
+(percentile delay from a latency window, warm-up, a load budget, fast failures kept
+out of the window) and gRPC's hedging policy (gRFC A6: attempt k at (k-1)·d, at most
+``max_attempts``, a fatal status cancels everything, a non-fatal one starts the next
+attempt at once after any server pushback).
+
+The engine knows nothing of what an attempt does: it calls ``attempt(info)`` and awaits
+the result. Errors are not hedged (a copy of a request that failed on quota fails the
+same way); only silence is. Hedge only idempotent reads.
+
+Timing: race offsets and latencies use the running event loop's clock (the clock its
+timers run on); the ``clock`` given to :class:`Hedger` ages the state shared between
+calls (latency window, circuit breakers, copies-per-second cap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Generic, Literal, TypeVar
+
+from chainrun.hedging.breaker import BreakerRegistry, CircuitBreaker
+from chainrun.hedging.budget import HedgeBudget
+from chainrun.hedging.errors import CircuitOpen, DeadlineExceeded, NoAcceptableAnswer
+from chainrun.hedging.looplag import LoopLagMonitor
+from chainrun.hedging.outcome import AttemptInfo, AttemptRecord, ErrorInfo, HedgeOutcome
+from chainrun.hedging.policy import HedgePolicy
+from chainrun.hedging.stats import HedgeStats
+from chainrun.hedging.window import LatencyWindow
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+# a timer may wake a hair before its due time (loop clock resolution): count that as due
+_DUE_SLACK_S = 1e-6
+
+_Mode = Literal["win", "error", "deadline"]
+
+
+def default_classify_error(exc: BaseException) -> ErrorInfo:
+    """Read ``exc.status`` (int or str) and ``exc.retry_after_s`` (seconds), if present."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, bool) or not isinstance(status, int | str):
+        status = None
+    retry = getattr(exc, "retry_after_s", None)
+    if isinstance(retry, bool) or not isinstance(retry, int | float) or not retry >= 0:
+        retry = None
+    return ErrorInfo(status, None if retry is None else float(retry))
+
+
+async def _cancel_and_wait(tasks: Iterable[asyncio.Task[T]]) -> None:
+    """Cancel ``tasks`` and wait until each has finished (its ``finally`` blocks have run).
+
+    A cancellation of the caller while waiting is deferred until the tasks are done, then
+    re-raised, so that no attempt is left running unowned.
+    """
+    pending = {task for task in tasks if not task.done()}
+    for task in pending:
+        task.cancel()
+    interrupted: asyncio.CancelledError | None = None
+    while pending:
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
+        pending = {task for task in pending if not task.done()}
+    if interrupted is not None:
+        raise interrupted
+
+
+class Hedger(Generic[T]):
+    """The hedging state of one call site (one chain step): window, budget, breakers, stats.
+
+    Args:
+        policy: how to hedge; None = one attempt per call (breakers still apply).
+        targets: target names (replicas, providers); ``targets[0]`` is the primary unless
+            ``policy.rotate_primary``; copies go round-robin over the others (or to the
+            same target if there is only one).
+        breakers: a registry shared with other call sites; default: a private one built
+            from the policy's ``breaker_*`` settings.
+        clock: monotonic seconds for the state that ages between calls (window expiry and
+            refresh, breaker windows and cool-down, copies-per-second cap).
+        rng: source of the shadow draws; inject a seeded one for reproducible tests.
+        loop_lag: a running :class:`LoopLagMonitor` to consult before firing copies.
+
+    Raises:
+        ValueError: no targets.
+    """
+
+    def __init__(
+        self,
+        policy: HedgePolicy | None,
+        targets: Sequence[str],
+        *,
+        breakers: BreakerRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        loop_lag: LoopLagMonitor | None = None,
+    ) -> None:
+        if not targets:
+            raise ValueError("a Hedger needs at least one target")
+        self.policy = policy
+        self.targets = tuple(targets)
+        p = self._policy = policy if policy is not None else HedgePolicy(max_attempts=1)
+        self.breakers = (
+            breakers
+            if breakers is not None
+            else BreakerRegistry(
+                p.breaker_failures, p.breaker_window_s, p.breaker_cooldown_s, clock=clock
+            )
+        )
+        self.window = LatencyWindow(
+            p.window_s,
+            min_samples=p.min_samples,
+            refresh_s=p.refresh_s,
+            floor_ms=p.floor_ms,
+            clock=clock,
+        )
+        self.budget = HedgeBudget(
+            p.max_extra_load, max_copies_per_s=p.max_copies_per_s, clock=clock
+        )
+        self.stats = HedgeStats()
+        self.loop_lag = loop_lag
+        self.rng = rng if rng is not None else random.Random()
+        self._calls = 0
+        # shadow watcher task -> the losing attempt's task it watches
+        self._shadows: dict[asyncio.Task[None], asyncio.Task[T]] = {}
+
+    def current_delay_ms(self) -> float | None:
+        """The hedge delay d for a call starting now, in ms; None = no timed copies.
+
+        The fixed ``delay_ms``, or the ``delay_percentile`` of the latency window (None
+        while it warms up), or None when the policy has no delay or cannot hedge.
+        """
+        p = self._policy
+        if not p.hedges:
+            return None
+        if p.delay_ms is not None:
+            return p.delay_ms
+        if p.delay_percentile is not None:
+            return self.window.percentile(p.delay_percentile)
+        return None
+
+    async def run(
+        self,
+        attempt: Callable[[AttemptInfo], Awaitable[T]],
+        *,
+        release: Callable[[T], Awaitable[None]] | None = None,
+        accept: Callable[[T], bool] | None = None,
+        classify_error: Callable[[BaseException], ErrorInfo] | None = None,
+    ) -> HedgeOutcome[T]:
+        """Run one hedged call.
+
+        Args:
+            attempt: makes one attempt: called once per attempt sent, with its
+                :class:`AttemptInfo`; awaited in its own task, cancelled if it loses.
+            release: disposes of a value that lost (e.g. closes a stream); errors it raises
+                are logged, not propagated.
+            accept: quality gate; a value for which it returns False does not win
+                (outcome ``rejected``) and the next attempt starts at once.
+            classify_error: maps an attempt's exception to an :class:`ErrorInfo`
+                (default :func:`default_classify_error`).
+
+        Returns:
+            The :class:`HedgeOutcome`; a failed call has ``error`` set (the fatal or last
+            attempt error, :class:`DeadlineExceeded`, :class:`CircuitOpen` or
+            :class:`NoAcceptableAnswer`) rather than raising: use ``outcome.result()``.
+
+        Raises:
+            asyncio.CancelledError: the caller cancelled; every attempt has been cancelled
+                and awaited first.
+        """
+        race = _Race(self, attempt, release, accept, classify_error or default_classify_error)
+        try:
+            outcome = await race.run()
+        except BaseException:
+            await race.settle_in_flight(None, "error")
+            raise
+        self.stats.record(outcome)
+        return outcome
+
+    async def aclose(self) -> None:
+        """Cancel the shadow losers still running (of every call) and wait for them.
+
+        Their records end as ``cancelled``; their ``finally`` blocks have run on return.
+        """
+        watchers = list(self._shadows)
+        for attempt in self._shadows.values():
+            attempt.cancel()
+        if watchers:
+            await asyncio.wait(watchers)
+
+    def _call_order(self) -> tuple[str, ...]:
+        """Targets in preference order for a new call: the call's primary first."""
+        start = self._calls % len(self.targets) if self._policy.rotate_primary else 0
+        self._calls += 1
+        return self.targets[start:] + self.targets[:start]
+
+
+class _Attempt(Generic[T]):
+    """An attempt in flight: its record, its task and when it settled (loop seconds)."""
+
+    task: asyncio.Task[T]
+
+    def __init__(self, record: AttemptRecord, breaker: CircuitBreaker) -> None:
+        self.record = record
+        self.breaker = breaker
+        self.settled_at: float | None = None
+
+
+class _Race(Generic[T]):
+    """The state of one ``Hedger.run`` call."""
+
+    def __init__(
+        self,
+        hedger: Hedger[T],
+        factory: Callable[[AttemptInfo], Awaitable[T]],
+        release: Callable[[T], Awaitable[None]] | None,
+        accept: Callable[[T], bool] | None,
+        classify: Callable[[BaseException], ErrorInfo],
+    ) -> None:
+        self.hedger = hedger
+        self.policy = hedger._policy
+        self.factory = factory
+        self.release = release
+        self.accept = accept
+        self.classify = classify
+        self.loop = asyncio.get_running_loop()
+        self.t0 = self.loop.time()
+        deadline_s = self.policy.deadline_s
+        self.deadline_at = math.inf if deadline_s is None else self.t0 + deadline_s
+        self.order = hedger._call_order()
+        self.copy_targets: tuple[str, ...] = ()
+        self.records: list[AttemptRecord] = []
+        self.in_flight: list[_Attempt[T]] = []
+        self.delay_ms: float | None = None
+        self.fired = False
+        self.last_error: BaseException | None = None
+        self.rejected = 0
+        self.next_due = math.inf
+        self.next_is_hedge = False
+        self.winner: AttemptRecord | None = None
+
+    # ----------------------------------------------------------------- the race
+
+    async def run(self) -> HedgeOutcome[T]:
+        breakers = self.hedger.breakers
+        primary = next((t for t in self.order if breakers.get(t).available), None)
+        if primary is None:
+            error = CircuitOpen(self.order)
+            self.records.append(
+                AttemptRecord(
+                    1,
+                    self.order[0],
+                    None,
+                    "suppressed",
+                    error=error,
+                    loop_lag_ms=self._monitor_lag(),
+                )
+            )
+            return self._outcome(None, error)
+        if self.policy.hedges:
+            self.hedger.budget.deposit()
+        # an open primary sends the call elsewhere, unhedged: copies would pile onto the
+        # remaining targets just when capacity is short
+        if primary == self.order[0]:
+            self.delay_ms = self.hedger.current_delay_ms()
+        self.copy_targets = tuple(t for t in self.order if t != primary) or (primary,)
+        self._start(1, primary, self._monitor_lag())
+        if self.delay_ms is not None:
+            self._schedule(self.t0 + self.delay_ms / 1000, hedge=True)
+        return await self._race()
+
+    async def _race(self) -> HedgeOutcome[T]:
+        while True:
+            now = self.loop.time()
+            if now >= self.deadline_at:
+                await self.settle_in_flight(None, "deadline")
+                return self._outcome(None, DeadlineExceeded(self.policy.deadline_s or 0.0))
+            if self.next_due <= now + _DUE_SLACK_S and self._pending():
+                self._fire_due(now)
+            if not self.in_flight and not self._pending():
+                error = self.last_error or NoAcceptableAnswer(self.rejected)
+                return self._outcome(None, error)
+            wake = min(self.next_due if self._pending() else math.inf, self.deadline_at)
+            timeout = None if wake == math.inf else max(0.0, wake - now)
+            if self.in_flight:
+                await asyncio.wait(
+                    [a.task for a in self.in_flight],
+                    timeout=timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            else:
+                await asyncio.sleep(timeout or 0.0)
+            outcome = await self._process_settled()
+            if outcome is not None:
+                return outcome
+
+    async def _process_settled(self) -> HedgeOutcome[T] | None:
+        """Handle the attempts that settled, earliest first; return the outcome if decided."""
+        settled = sorted(
+            (a for a in self.in_flight if a.task.done()),
+            key=lambda a: (a.settled_at if a.settled_at is not None else math.inf, a.record.number),
+        )
+        for att in settled:
+            rec = att.record
+            now = self.loop.time()
+            if att.task.cancelled():
+                # cancelled from inside the attempt: an error without a status (fatal)
+                exc: BaseException | None = asyncio.CancelledError()
+            else:
+                exc = att.task.exception()
+            rec.answered_offset_ms = self._offset_ms(_or(att.settled_at, now))
+            if exc is None:
+                value = att.task.result()
+                if self.accept is None or self.accept(value):
+                    self.in_flight.remove(att)
+                    return await self._win(att, value)
+                self.in_flight.remove(att)
+                rec.outcome = "rejected"
+                self.rejected += 1
+                att.breaker.record_success()  # it answered: the target is up
+                await self._release(value)
+                self._schedule(now, hedge=False)
+                continue
+            self.in_flight.remove(att)
+            info = self.classify(exc)
+            rec.outcome, rec.error, rec.error_status = "error", exc, info.status
+            att.breaker.record_failure()
+            self.last_error = exc
+            if info.status is None or info.status not in self.policy.non_fatal:
+                await self.settle_in_flight(None, "error")
+                return self._outcome(None, exc)
+            self._schedule(now + (info.retry_after_s or 0.0), hedge=False)
+        return None
+
+    async def _win(self, att: _Attempt[T], value: T) -> HedgeOutcome[T]:
+        rec = att.record
+        if rec.number > 1:
+            rec.outcome = "duplicate"
+        else:
+            rec.outcome = "primary" if self.fired else "not_fired"
+        self.winner = rec
+        att.breaker.record_success()
+        if rec.latency_ms is not None:
+            self.hedger.window.record(rec.latency_ms)
+        outcome = self._outcome(value, None)
+        await self.settle_in_flight(outcome, "win")
+        return outcome
+
+    # ------------------------------------------------------------ starting attempts
+
+    def _pending(self) -> bool:
+        """Whether another attempt is scheduled that may still start."""
+        if self.next_due == math.inf or len(self.records) >= self.policy.max_attempts:
+            return False
+        if self.next_due >= self.deadline_at:
+            return False
+        # a hedge copies something in flight; with nothing in flight there is nothing to copy
+        return not (self.next_is_hedge and not self.in_flight)
+
+    def _schedule(self, at: float, *, hedge: bool) -> None:
+        """Set when the next attempt is due (loop seconds); a retry overrides a pending hedge."""
+        if len(self.records) < self.policy.max_attempts:
+            self.next_due, self.next_is_hedge = at, hedge
+
+    def _fire_due(self, now: float) -> None:
+        """Start (or refuse) the attempt that is due, and schedule the next hedge."""
+        scheduled, is_hedge = self.next_due, self.next_is_hedge
+        self.next_due = math.inf
+        if is_hedge:
+            self.fired = True
+        number = len(self.records) + 1
+        lag_ms = _max_or_none(self._monitor_lag(), max(0.0, now - scheduled) * 1000)
+        intended = self.copy_targets[(number - 2) % len(self.copy_targets)]
+        max_lag = self.policy.max_loop_lag_ms
+        if max_lag is not None and lag_ms is not None and lag_ms > max_lag:
+            self._refuse(number, intended, "suppressed", lag_ms)
+        else:
+            target = self._copy_target(number)
+            if target is None:
+                self._refuse(number, intended, "suppressed", lag_ms, CircuitOpen(self.copy_targets))
+            elif not self.hedger.budget.try_withdraw():
+                self._refuse(number, target, "budget_exhausted", lag_ms)
+            else:
+                self._start(number, target, lag_ms)
+        if self.delay_ms is not None:
+            # attempt k at (k-1)·d; after a stall, do not fire the missed copies in a burst
+            due = scheduled + self.delay_ms / 1000
+            self._schedule(due if due > now else now + self.delay_ms / 1000, hedge=True)
+
+    def _copy_target(self, number: int) -> str | None:
+        """Round-robin over the copy targets, skipping those whose breaker is open."""
+        n = len(self.copy_targets)
+        for i in range(n):
+            target = self.copy_targets[(number - 2 + i) % n]
+            if self.hedger.breakers.get(target).available:
+                return target
+        return None
+
+    def _start(self, number: int, target: str, lag_ms: float | None) -> None:
+        breaker = self.hedger.breakers.get(target)
+        breaker.allow()  # the caller checked `available`; this takes a half-open probe slot
+        now = self.loop.time()
+        offset = self._offset_ms(now)
+        rec = AttemptRecord(
+            number,
+            target,
+            offset,
+            "cancelled",  # provisional until the attempt settles
+            loop_lag_ms=lag_ms,
+            fired_during_loop_lag=self._lagging(lag_ms),
+        )
+        att = _Attempt[T](rec, breaker)
+        info = AttemptInfo(number, target, offset, lag_ms)
+        att.task = self.loop.create_task(self._call(att, info), name=f"hedge-{number}-{target}")
+        self.records.append(rec)
+        self.in_flight.append(att)
+
+    def _refuse(
+        self,
+        number: int,
+        target: str,
+        outcome: Literal["suppressed", "budget_exhausted"],
+        lag_ms: float | None,
+        error: BaseException | None = None,
+    ) -> None:
+        self.records.append(
+            AttemptRecord(
+                number,
+                target,
+                None,
+                outcome,
+                error=error,
+                loop_lag_ms=lag_ms,
+                fired_during_loop_lag=self._lagging(lag_ms),
+            )
+        )
+
+    async def _call(self, att: _Attempt[T], info: AttemptInfo) -> T:
+        """One attempt's task: await the factory and note when it settled."""
+        try:
+            value = await self.factory(info)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            att.settled_at = self.loop.time()
+            raise
+        att.settled_at = self.loop.time()
+        return value
+
+    # ------------------------------------------------------------------ settling
+
+    async def settle_in_flight(self, outcome: HedgeOutcome[T] | None, mode: _Mode) -> None:
+        """Dispose of every attempt still in flight once the race is decided.
+
+        ``win``: each unsettled loser becomes a shadow with probability ``shadow_fraction``
+        (needs ``outcome``), the others are cancelled. ``error``: all are cancelled.
+        ``deadline``: all are cancelled and recorded as errors (DeadlineExceeded).
+        Losers that settled in the same instant are released or recorded as they ended.
+        """
+        settled = [a for a in self.in_flight if a.task.done()]
+        to_cancel: list[_Attempt[T]] = []
+        for att in self.in_flight:
+            if att.task.done():
+                continue
+            if outcome is not None and mode == "win" and self._draw_shadow():
+                self._shadow(att, outcome)
+            else:
+                to_cancel.append(att)
+        # cancel first (a cancellation of run() is deferred until these are done), release after
+        self.in_flight = settled + to_cancel
+        await _cancel_and_wait([a.task for a in to_cancel])
+        self.in_flight = settled
+        for att in to_cancel:
+            await self._after_cancel(att, deadline=mode == "deadline")
+        while self.in_flight:
+            await self._close_settled_loser(self.in_flight.pop(0))
+
+    async def _close_settled_loser(self, att: _Attempt[T]) -> None:
+        """A loser that settled before it could be cancelled: release or record it."""
+        rec = att.record
+        if att.task.cancelled():
+            rec.outcome = "cancelled"
+            att.breaker.record_cancelled()
+            return
+        if att.settled_at is not None:
+            rec.answered_offset_ms = self._offset_ms(att.settled_at)
+        exc = att.task.exception()
+        if exc is None:
+            rec.outcome = "cancelled"
+            att.breaker.record_success()
+            await self._release(att.task.result())
+        else:
+            rec.outcome, rec.error = "error", exc
+            rec.error_status = self.classify(exc).status
+            att.breaker.record_failure()
+
+    async def _after_cancel(self, att: _Attempt[T], *, deadline: bool) -> None:
+        """Record an attempt we cancelled (neither success nor failure for its breaker)."""
+        rec = att.record
+        att.breaker.record_cancelled()
+        if deadline:
+            rec.outcome = "error"
+            rec.error = DeadlineExceeded(self.policy.deadline_s or 0.0)
+        else:
+            rec.outcome = "cancelled"
+        if not att.task.cancelled() and att.task.exception() is None:
+            await self._release(att.task.result())  # it ignored the cancellation and answered
+
+    def _draw_shadow(self) -> bool:
+        """Whether a loser is left running as a shadow (probability ``shadow_fraction``)."""
+        fraction = self.policy.shadow_fraction
+        return fraction > 0 and self.hedger.rng.random() < fraction
+
+    def _shadow(self, att: _Attempt[T], outcome: HedgeOutcome[T]) -> None:
+        task = self.loop.create_task(
+            self._watch_shadow(att, outcome), name=f"hedge-shadow-{att.record.number}"
+        )
+        outcome._shadows.append(task)
+        shadows = self.hedger._shadows
+        shadows[task] = att.task
+        task.add_done_callback(lambda done: shadows.pop(done, None))
+
+    async def _watch_shadow(self, att: _Attempt[T], outcome: HedgeOutcome[T]) -> None:
+        """Let a loser run to its end (within the deadline) to measure it, then release it."""
+        timeout = (
+            None if self.deadline_at == math.inf else max(0.0, self.deadline_at - self.loop.time())
+        )
+        try:
+            done, _ = await asyncio.wait({att.task}, timeout=timeout)
+        except asyncio.CancelledError:
+            await _cancel_and_wait([att.task])
+            await self._after_cancel(att, deadline=False)
+            raise
+        if not done:
+            await _cancel_and_wait([att.task])
+            await self._after_cancel(att, deadline=False)
+            att.record.error = DeadlineExceeded(self.policy.deadline_s or 0.0)
+            return
+        if att.task.cancelled() or att.task.exception() is not None:
+            await self._close_settled_loser(att)
+            return
+        rec = att.record
+        value = att.task.result()
+        rec.answered_offset_ms = self._offset_ms(_or(att.settled_at, self.loop.time()))
+        att.breaker.record_success()
+        try:
+            accepted = self.accept is None or self.accept(value)
+        except Exception:
+            # nobody awaits this task's result: a failing gate is logged, not raised
+            logger.warning("quality gate failed on a shadow answer", exc_info=True)
+            accepted = False
+        if accepted:
+            rec.outcome = "shadow_finished"
+            if rec.latency_ms is not None:
+                self.hedger.window.record(rec.latency_ms)
+            self._note_time_saved(rec, outcome)
+        else:
+            rec.outcome = "rejected"
+        await self._release(value)
+
+    def _note_time_saved(self, loser: AttemptRecord, outcome: HedgeOutcome[T]) -> None:
+        """Time saved = when the primary would have answered - when the winning copy did."""
+        winner = self.winner
+        if loser.number != 1 or winner is None or winner.number == 1:
+            return
+        if loser.answered_offset_ms is None or winner.answered_offset_ms is None:
+            return
+        saved = loser.answered_offset_ms - winner.answered_offset_ms
+        outcome.time_saved_ms = saved
+        self.hedger.stats.record_time_saved(saved)
+
+    async def _release(self, value: T) -> None:
+        if self.release is None:
+            return
+        try:
+            await self.release(value)
+        except Exception:
+            # a loser's disposal failing must not spoil the winner's answer
+            logger.warning("releasing a losing hedge attempt's value failed", exc_info=True)
+
+    # ------------------------------------------------------------------- helpers
+
+    def _outcome(self, value: T | None, error: BaseException | None) -> HedgeOutcome[T]:
+        winner = self.winner
+        return HedgeOutcome(
+            value=value,
+            error=error,
+            winner=None if winner is None else winner.number,
+            delay_ms=self.delay_ms,
+            fired=self.fired,
+            won_by_copy=winner is not None and winner.number > 1,
+            time_saved_ms=None,
+            attempts=self.records,
+        )
+
+    def _offset_ms(self, at: float) -> float:
+        return (at - self.t0) * 1000
+
+    def _monitor_lag(self) -> float | None:
+        monitor = self.hedger.loop_lag
+        return None if monitor is None else monitor.lag_ms
+
+    def _lagging(self, lag_ms: float | None) -> bool:
+        """Whether ``lag_ms`` exceeds max_loop_lag_ms or, if unset, half the hedge delay."""
+        threshold = self.policy.max_loop_lag_ms
+        if threshold is None and self.delay_ms is not None:
+            threshold = 0.5 * self.delay_ms
+        return threshold is not None and lag_ms is not None and lag_ms > threshold
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _max_or_none(*values: float | None) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None

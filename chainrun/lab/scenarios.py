@@ -1,0 +1,476 @@
+"""Scenarios of the latency lab: how the fake server's answers are timed and broken.
+
+A :class:`Scenario` fixes the time to first token (TTFT), the number of generated
+tokens and their pace, and the faults injected, so that hedging can be measured on
+a *known* latency distribution. :class:`Planner` turns a scenario plus one request
+into a :class:`Plan` (pure: no I/O, a seeded RNG), which the server then plays out.
+
+A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
+
+    name = "slow-tail"
+    seed = 7
+    per_token_ms = 2          # pace of tokens after the first (non-work models)
+    n_tokens = 16             # tokens per answer (non-work models), capped by max_tokens
+
+    [latency]                 # the TTFT distribution; "model" picks the kind
+    model = "lognormal"       # fast | lognormal | bimodal | work_noise
+    median_ms = 300
+    sigma = 0.8
+
+    [faults]                  # probabilities per request, 0..1
+    rate_limit = 0.02         # 429 with Retry-After: retry_after_s
+    retry_after_s = 1
+    server_error = 0.01       # 500
+    hang = 0.0                # never send headers until the client disconnects
+    no_usage = 0.0            # omit the usage chunk
+    role_only_first_frame = true
+    cut_after_tokens = { k = 3, p = 0.05 }   # stream ends after k tokens, no finish_reason
+
+The W/N split of ``work_noise`` follows FIELD.md ("The Tail at Scale", Dean and
+Barroso 2013): the work W (tokens x per-token time) is fixed by the request's
+content, so two copies of one request carry the same W; only the noise N (the TTFT)
+is drawn independently per copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import random
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from chainrun.errors import InputFileError, UserInputError
+
+Fault = Literal["rate_limit", "server_error", "hang", "cut_after_tokens", "no_usage"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_range(r: tuple[float, float], field: str) -> None:
+    if r[0] > r[1]:
+        raise ValueError(f"{field}: expected [lo, hi] with lo <= hi, got {list(r)}")
+
+
+class Fast(_Strict):
+    """No added latency: the first token is sent at once."""
+
+    model: Literal["fast"] = "fast"
+
+    def ttft_ms(self, rng: random.Random) -> float:
+        """Always 0 ms."""
+        return 0.0
+
+
+class Lognormal(_Strict):
+    """TTFT = ``median_ms * exp(sigma * Z)``, Z standard normal (the median is ``median_ms``)."""
+
+    model: Literal["lognormal"] = "lognormal"
+    median_ms: float = Field(default=200.0, gt=0)
+    sigma: float = Field(default=0.5, ge=0)
+
+    def ttft_ms(self, rng: random.Random) -> float:
+        """One TTFT draw, in ms."""
+        return self.median_ms * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+
+
+class Bimodal(_Strict):
+    """A warm and a cold path: TTFT uniform in ``fast_range_s`` with probability ``fast_p``,
+    else uniform in ``slow_range_s`` (ranges in s).
+
+    The default is the shared-endpoint classifier of FIELD.md: 0.1-0.3 s or 3-19 s,
+    about half each.
+    """
+
+    model: Literal["bimodal"] = "bimodal"
+    fast_p: float = Field(default=0.5, ge=0, le=1)
+    fast_range_s: tuple[float, float] = (0.1, 0.3)
+    slow_range_s: tuple[float, float] = (3.0, 19.0)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Bimodal:
+        _check_range(self.fast_range_s, "fast_range_s")
+        _check_range(self.slow_range_s, "slow_range_s")
+        if self.fast_range_s[0] < 0:
+            raise ValueError("fast_range_s: times must be >= 0")
+        return self
+
+    def ttft_ms(self, rng: random.Random) -> float:
+        """One TTFT draw, in ms."""
+        lo, hi = self.fast_range_s if rng.random() < self.fast_p else self.slow_range_s
+        return rng.uniform(lo, hi) * 1000.0
+
+
+class LognormalNoise(_Strict):
+    """Serving-side noise N: lognormal with median ``median_ms`` (ms) and shape ``sigma``."""
+
+    median_ms: float = Field(default=30.0, gt=0)
+    sigma: float = Field(default=0.3, ge=0)
+
+
+class WorkNoise(_Strict):
+    """Latency = N + W: noise N (the TTFT, drawn per request) plus work W.
+
+    W = tokens x ``per_token_ms``; the number of tokens, in ``[tokens_min, tokens_max]``,
+    is fixed by a hash of the request's messages, so every copy of a request does the
+    same work. Used to show that a copy wins only when N1 - N2 > d (FIELD.md).
+    """
+
+    model: Literal["work_noise"] = "work_noise"
+    noise: LognormalNoise = LognormalNoise()
+    per_token_ms: float = Field(default=10.0, ge=0)
+    tokens_min: int = Field(default=20, ge=1)
+    tokens_max: int = Field(default=200, ge=1)
+
+    @model_validator(mode="after")
+    def _tokens(self) -> WorkNoise:
+        if self.tokens_min > self.tokens_max:
+            raise ValueError(
+                f"tokens_min ({self.tokens_min}) must not exceed tokens_max ({self.tokens_max})"
+            )
+        return self
+
+    def ttft_ms(self, rng: random.Random) -> float:
+        """One noise draw N, in ms."""
+        return self.noise.median_ms * math.exp(self.noise.sigma * rng.gauss(0.0, 1.0))
+
+    def work_tokens(self, content_key: str) -> int:
+        """The tokens the request carries, from a hash of its content (same for every copy)."""
+        h = int.from_bytes(hashlib.blake2b(content_key.encode(), digest_size=8).digest(), "big")
+        return self.tokens_min + h % (self.tokens_max - self.tokens_min + 1)
+
+
+Latency = Annotated[Fast | Lognormal | Bimodal | WorkNoise, Field(discriminator="model")]
+_LATENCY_TAGS = frozenset({"fast", "lognormal", "bimodal", "work_noise"})
+
+
+class CutFault(_Strict):
+    """With probability ``p``, the stream ends after ``k`` tokens without a finish_reason."""
+
+    k: int = Field(ge=0)
+    p: float = Field(ge=0, le=1)
+
+
+class Faults(_Strict):
+    """Per-request fault probabilities (0..1).
+
+    ``rate_limit``, ``server_error``, ``hang`` and ``cut_after_tokens.p`` exclude one
+    another (one draw decides among them, so their sum must be <= 1); ``no_usage`` is
+    drawn on its own. ``cut_after_tokens`` and ``no_usage`` only affect streams
+    (``no_usage`` also drops ``usage`` from a non-streamed answer).
+    """
+
+    rate_limit: float = Field(default=0.0, ge=0, le=1)
+    #: the ``Retry-After`` sent with a 429, in s
+    retry_after_s: float = Field(default=1.0, ge=0)
+    server_error: float = Field(default=0.0, ge=0, le=1)
+    hang: float = Field(default=0.0, ge=0, le=1)
+    cut_after_tokens: CutFault | None = None
+    no_usage: float = Field(default=0.0, ge=0, le=1)
+    #: first streamed chunk carries only ``role`` with null content (as llama.cpp does)
+    role_only_first_frame: bool = True
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> Faults:
+        cut = self.cut_after_tokens.p if self.cut_after_tokens else 0.0
+        total = self.rate_limit + self.server_error + self.hang + cut
+        if total > 1.0 + 1e-9:
+            raise ValueError(
+                "rate_limit + server_error + hang + cut_after_tokens.p must be <= 1 "
+                f"(got {total:g})"
+            )
+        return self
+
+
+class Scenario(_Strict):
+    """How the lab serves: TTFT distribution, token count and pace, faults, RNG seed."""
+
+    name: str = "custom"
+    latency: Latency = Fast()
+    #: pace of tokens after the first, in ms (non-work models; work_noise has its own)
+    per_token_ms: float = Field(default=2.0, ge=0)
+    #: tokens per answer for non-work models (a request's max_completion_tokens caps it)
+    n_tokens: int = Field(default=16, ge=1)
+    faults: Faults = Faults()
+    seed: int | None = 0
+
+    @property
+    def token_interval_ms(self) -> float:
+        """Time between tokens, in ms, for this scenario's latency model."""
+        if isinstance(self.latency, WorkNoise):
+            return self.latency.per_token_ms
+        return self.per_token_ms
+
+
+#: The named scenarios (``chainrun lab serve --scenario NAME``).
+BUILTIN_SCENARIOS: dict[str, Scenario] = {
+    "fast": Scenario(name="fast", latency=Fast()),
+    "lognormal": Scenario(name="lognormal", latency=Lognormal(median_ms=200.0, sigma=0.5)),
+    "bimodal-guard": Scenario(
+        name="bimodal-guard",
+        latency=Bimodal(fast_p=0.5, fast_range_s=(0.1, 0.3), slow_range_s=(3.0, 19.0)),
+    ),
+    "work-noise": Scenario(
+        name="work-noise",
+        latency=WorkNoise(
+            noise=LognormalNoise(median_ms=30.0, sigma=0.3),
+            per_token_ms=10.0,
+            tokens_min=20,
+            tokens_max=200,
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the server will do with one request.
+
+    Attributes:
+        ttft_ms: planned time to first token, in ms (0 for errors and hangs).
+        tokens: tokens to generate (after the request's max tokens cap).
+        finish_reason: "stop", or "length" when the cap cut the answer.
+        fault: the fault applied, or None.
+        cut_after: for a cut stream, the tokens sent before the cut; else None.
+        token_interval_ms: time between tokens, in ms.
+    """
+
+    ttft_ms: float
+    tokens: int
+    finish_reason: Literal["stop", "length"]
+    fault: Fault | None
+    cut_after: int | None
+    token_interval_ms: float
+
+
+def content_key(messages: Any) -> str:
+    """A canonical string of a request's messages (what the work hash and token text use)."""
+    return json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Planner:
+    """Draws a :class:`Plan` per request from a scenario with a seeded RNG (no I/O)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.rng = random.Random(scenario.seed)
+
+    def reset(self) -> None:
+        """Restart the RNG from the scenario's seed (same draws again)."""
+        self.rng = random.Random(self.scenario.seed)
+
+    def plan(self, messages: Any, max_tokens: int | None = None) -> Plan:
+        """Plan one request.
+
+        Args:
+            messages: the request's ``messages`` (any JSON value; hashed for work_noise).
+            max_tokens: the request's ``max_completion_tokens``/``max_tokens``, or None.
+        """
+        sc = self.scenario
+        lat = sc.latency
+        wanted = (
+            lat.work_tokens(content_key(messages)) if isinstance(lat, WorkNoise) else sc.n_tokens
+        )
+        tokens = wanted if max_tokens is None else max(1, min(wanted, max_tokens))
+        finish: Literal["stop", "length"] = "length" if tokens < wanted else "stop"
+        ttft = lat.ttft_ms(self.rng)
+
+        fault: Fault | None = None
+        cut_after: int | None = None
+        f = sc.faults
+        exclusive: tuple[tuple[Fault, float], ...] = (
+            ("rate_limit", f.rate_limit),
+            ("server_error", f.server_error),
+            ("hang", f.hang),
+            ("cut_after_tokens", f.cut_after_tokens.p if f.cut_after_tokens else 0.0),
+        )
+        u = self.rng.random()
+        edge = 0.0
+        for name, p in exclusive:
+            edge += p
+            if p > 0 and u < edge:
+                fault = name
+                break
+        if fault == "cut_after_tokens":
+            assert f.cut_after_tokens is not None
+            cut_after = min(f.cut_after_tokens.k, tokens)
+        no_usage = self.rng.random() < f.no_usage
+        if fault is None and no_usage:
+            fault = "no_usage"
+        if fault in ("rate_limit", "server_error", "hang"):
+            ttft = 0.0
+        return Plan(
+            ttft_ms=ttft,
+            tokens=tokens,
+            finish_reason=finish,
+            fault=fault,
+            cut_after=cut_after,
+            token_interval_ms=sc.token_interval_ms,
+        )
+
+
+# ---------------------------------------------------------------- loading
+
+
+_TABLE_RE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\s*(#.*)?$")
+_KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
+
+
+def _split_key(key: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in key.split("."))
+
+
+def _line_of(text: str, path: tuple[str, ...]) -> int | None:
+    """The 1-based line defining the longest prefix of ``path`` in TOML ``text`` (best effort)."""
+    best: tuple[int, int] | None = None  # (prefix length, line)
+    table: tuple[str, ...] = ()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _TABLE_RE.match(line)
+        if m:
+            table = _split_key(m.group(1))
+            full = table
+        else:
+            k = _KEY_RE.match(line)
+            if not k:
+                continue
+            full = table + _split_key(k.group(1))
+        n = len(full)
+        if n <= len(path) and path[:n] == full and (best is None or n > best[0]):
+            best = (n, lineno)
+    return best[1] if best else None
+
+
+def _error_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+    # pydantic puts the union tag into the location (latency.lognormal.median_ms): drop it
+    parts = [str(p) for p in loc]
+    if len(parts) > 1 and parts[0] == "latency" and parts[1] in _LATENCY_TAGS:
+        del parts[1]
+    return tuple(parts)
+
+
+def _describe(err: ValidationError) -> tuple[tuple[str, ...], str]:
+    first = err.errors()[0]
+    path = _error_path(tuple(first["loc"]))
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    value = first.get("input")
+    if not isinstance(value, dict) and first["type"] not in ("missing", "extra_forbidden"):
+        if "got " not in msg:
+            msg += f" (got {value!r})"
+    return path, msg
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Put ``median_ms=..``-style overrides where they belong (top, latency, noise, faults)."""
+    out = copy.deepcopy(data)
+    latency = out.setdefault("latency", {"model": "fast"})
+    faults = out.setdefault("faults", {})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in Scenario.model_fields and key not in ("latency", "faults"):
+            out[key] = value
+        elif latency.get("model") == "work_noise" and key in LognormalNoise.model_fields:
+            latency.setdefault("noise", {})[key] = value
+        elif key in _latency_fields(latency.get("model")):
+            latency[key] = value
+        elif key in Faults.model_fields:
+            faults[key] = value
+        else:
+            raise UserInputError(
+                f"scenario override {key}={value!r} does not apply to latency model "
+                f"{latency.get('model')!r}"
+            )
+    return out
+
+
+def _latency_fields(model: Any) -> set[str]:
+    for cls in (Fast, Lognormal, Bimodal, WorkNoise):
+        if cls.model_fields["model"].default == model:
+            return set(cls.model_fields) - {"model"}
+    return set()
+
+
+def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
+    """A built-in scenario by name, or a scenario TOML file, with overrides applied.
+
+    Args:
+        name_or_path: a key of :data:`BUILTIN_SCENARIOS` or the path of a TOML file
+            (format in this module's docstring; ``name`` defaults to the file's stem).
+        overrides: field values that replace the scenario's; None values are ignored.
+            Keys name a top-level field (``seed``, ``per_token_ms``, ``n_tokens``), a
+            field of the latency model (``median_ms``, ``sigma``, ``fast_p``, ...; for
+            ``work_noise``, ``median_ms``/``sigma`` set the noise) or of ``faults``.
+
+    Raises:
+        InputFileError: the file is missing, not TOML, or invalid; the message names
+            the file, the line when it can be found, and the field path.
+        UserInputError: an unknown scenario name or an override that does not fit.
+    """
+    key = str(name_or_path)
+    source: str | None = None
+    text = ""
+    if isinstance(name_or_path, str) and key in BUILTIN_SCENARIOS:
+        data = BUILTIN_SCENARIOS[key].model_dump(mode="json")
+    else:
+        p = Path(name_or_path)
+        if not p.exists() and p.suffix != ".toml":
+            raise UserInputError(
+                f"unknown scenario {key!r}; expected one of "
+                f"{', '.join(BUILTIN_SCENARIOS)} or the path of a .toml file"
+            )
+        source = str(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise InputFileError(
+                source, None, f"cannot read scenario file ({e.strerror})"
+            ) from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            m = re.search(r"at line (\d+)", str(e))
+            raise InputFileError(
+                source, int(m.group(1)) if m else None, f"not valid TOML ({e})"
+            ) from None
+        data.setdefault("name", p.stem)
+        try:
+            Scenario.model_validate(data)
+        except ValidationError as e:
+            path, msg = _describe(e)
+            raise InputFileError(
+                source, _line_of(text, path), f"{'.'.join(path) or '(top level)'}: {msg}"
+            ) from None
+    return _validate_overrides(data, overrides, source or f"scenario {key!r}")
+
+
+def with_overrides(scenario: Scenario, **overrides: Any) -> Scenario:
+    """A copy of ``scenario`` with overrides applied (same keys as :func:`load_scenario`).
+
+    Raises:
+        UserInputError: an override that does not fit the scenario.
+    """
+    return _validate_overrides(
+        scenario.model_dump(mode="json"), overrides, f"scenario {scenario.name!r}"
+    )
+
+
+def _validate_overrides(data: dict[str, Any], overrides: dict[str, Any], where: str) -> Scenario:
+    if not any(v is not None for v in overrides.values()):
+        return Scenario.model_validate(data)
+    merged = _apply_overrides(data, overrides)
+    try:
+        return Scenario.model_validate(merged)
+    except ValidationError as e:
+        path, msg = _describe(e)
+        raise UserInputError(f"{where}: override {'.'.join(path)}: {msg}") from None

@@ -1,0 +1,472 @@
+"""The latency lab server: an OpenAI-compatible chat-completions endpoint with known latency.
+
+Routes (all JSON unless said otherwise)::
+
+    POST /v1/chat/completions   stream=true: SSE of chat.completion.chunk objects, then
+                                "data: [DONE]"; stream=false: one chat.completion
+    GET  /v1/models             one model, "chainrun-lab"
+    GET  /health                {"status": "ok", "scenario": {...}}
+    GET  /admin/requests        list of per-request records (see RequestRecord)
+    POST /admin/reset           forget the records, restart the RNG from the seed
+
+Timing of a stream: headers at once, then the role-only frame (when the scenario
+says so, as llama.cpp does), then the planned TTFT, then one token every
+``token_interval_ms``; the last content chunk carries the finish_reason. A
+non-streamed answer is sent after TTFT + tokens x token interval.
+
+Client disconnects are detected from the ASGI ``http.disconnect`` message (which
+sse-starlette turns into a cancellation of the token generator), so a record shows
+when a hedging loser closed its stream and that generation stopped there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import math
+import os
+import random
+import resource
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive
+
+from chainrun.errors import UserInputError
+from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key, load_scenario
+
+MODEL_ID = "chainrun-lab"
+
+#: Words the deterministic answers are made of (chosen by a hash of the request).
+_WORDS = (
+    "the linen shirt runs true to size and pairs well with light chinos for warm days "
+    "our denim jacket comes in three washes while the wool coat keeps its shape after "
+    "many wears try a size up for a relaxed fit or check the guide for your measurements"
+).split()
+
+
+@dataclass
+class RequestRecord:
+    """What the lab did with one request (a row of ``GET /admin/requests``).
+
+    Times ``*_at`` are in s since the server started (monotonic clock).
+    ``planned_ttft_ms`` is counted from the moment the request body is in.
+    ``planned_tokens`` is the answer's length after the request's max-tokens cap;
+    ``tokens_sent`` counts tokens handed to the transport and stays below it for a
+    stream the client closed (``disconnected``) or the lab cut (``fault``).
+    ``status_code`` is None when no response was sent (a hang, or a client gone before
+    a non-streamed answer was ready).
+    """
+
+    id: str
+    received_at: float
+    stream: bool
+    model: str | None
+    request_id: str | None
+    attempt: str | None
+    metadata: Any
+    planned_ttft_ms: float
+    planned_tokens: int
+    fault: str | None
+    status_code: int | None = None
+    first_token_at: float | None = None
+    tokens_sent: int = 0
+    completed: bool = False
+    disconnected: bool = False
+    disconnected_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+
+
+class LabState:
+    """The server's mutable state: scenario, planner, records, clock origin."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.planner = Planner(scenario)
+        self.records: list[RequestRecord] = []
+        self.t0 = time.monotonic()
+        self._counter = 0
+
+    def now(self) -> float:
+        """Seconds since the server started."""
+        return time.monotonic() - self.t0
+
+    def next_id(self) -> str:
+        self._counter += 1
+        return f"chatcmpl-lab{self._counter:06d}"
+
+    def reset(self) -> None:
+        self.records.clear()
+        self.planner.reset()
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _words(messages: Any, n: int) -> list[str]:
+    rng = random.Random(content_key(messages))
+    return [("" if i == 0 else " ") + rng.choice(_WORDS) for i in range(n)]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _sleep_unless_disconnected(receive: Receive, seconds: float | None) -> bool:
+    """Wait ``seconds`` (None: forever); True when the client disconnected first."""
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({watcher}, timeout=seconds)
+        return watcher in done
+    finally:
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+async def _chat_completions(request: Request) -> Response:
+    lab: LabState = request.app.state.lab
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "request body is not JSON", "invalid_request_error")
+    # the planned TTFT counts from the moment the whole request is in (as a real server's
+    # work can start no earlier); tokens due while the loop lagged are then sent at once
+    arrived = asyncio.get_running_loop().time()
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return _error(400, "'messages' must be a list", "invalid_request_error")
+
+    stream = bool(body.get("stream"))
+    messages = body["messages"]
+    plan = lab.planner.plan(messages, _max_tokens(body))
+    model = str(body.get("model") or MODEL_ID)
+    rec = RequestRecord(
+        id=lab.next_id(),
+        received_at=lab.now(),
+        stream=stream,
+        model=model,
+        request_id=request.headers.get("x-request-id"),
+        attempt=request.headers.get("x-chainrun-attempt"),
+        metadata=body.get("metadata"),
+        planned_ttft_ms=round(plan.ttft_ms, 3),
+        planned_tokens=plan.tokens,
+        fault=plan.fault,
+    )
+    lab.records.append(rec)
+
+    if plan.fault == "rate_limit":
+        retry = lab.scenario.faults.retry_after_s
+        rec.status_code = 429
+        rec.finished_at = lab.now()
+        # Retry-After is whole seconds (RFC 9110); retry-after-ms carries the exact value
+        headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
+        return _error(429, "lab: rate limited", "rate_limit_exceeded", headers)
+    if plan.fault == "server_error":
+        rec.status_code = 500
+        rec.finished_at = lab.now()
+        return _error(500, "lab: injected server error", "server_error")
+    if plan.fault == "hang":
+        await _sleep_unless_disconnected(request.receive, None)
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)  # never reaches the client, which has gone
+
+    prompt_tokens = max(1, len(content_key(messages)) // 4)
+    usage = None if plan.fault == "no_usage" else _usage(prompt_tokens, plan.tokens)
+    if not stream:
+        text = "".join(_words(messages, plan.tokens))
+        return await _complete(request, lab, rec, plan, model, usage, text, arrived)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    rec.status_code = 200
+    events = _stream_events(
+        lab,
+        rec,
+        plan,
+        model,
+        _words(messages, plan.tokens),
+        usage if include_usage else None,
+        arrived,
+    )
+    return EventSourceResponse(events, ping=0, sep="\n", headers={"x-lab-request-id": rec.id})
+
+
+async def _complete(
+    request: Request,
+    lab: LabState,
+    rec: RequestRecord,
+    plan: Plan,
+    model: str,
+    usage: dict[str, Any] | None,
+    text: str,
+    arrived: float,
+) -> Response:
+    total_s = (plan.ttft_ms + plan.tokens * plan.token_interval_ms) / 1000.0
+    total_s -= asyncio.get_running_loop().time() - arrived
+    if await _sleep_unless_disconnected(request.receive, max(0.0, total_s)):
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)
+    now = lab.now()
+    rec.first_token_at = rec.finished_at = now
+    rec.tokens_sent = plan.tokens
+    rec.completed = True
+    rec.status_code = 200
+    rec.finish_reason = plan.finish_reason
+    body = {
+        "id": rec.id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                },
+                "logprobs": None,
+                "finish_reason": plan.finish_reason,
+            }
+        ],
+        "usage": usage,
+    }
+    return JSONResponse(body, headers={"x-lab-request-id": rec.id})
+
+
+async def _stream_events(
+    lab: LabState,
+    rec: RequestRecord,
+    plan: Plan,
+    model: str,
+    words: list[str],
+    usage: dict[str, Any] | None,
+    start: float,
+) -> AsyncIterator[bytes]:
+    """The SSE body: role frame, TTFT, tokens on an absolute schedule, usage, [DONE].
+
+    Tokens due at the same moment (the loop fell behind, or a zero interval) are
+    written in one send, each still its own chunk: this keeps hundreds of concurrent
+    streams cheap without changing what the client parses.
+    """
+    loop = asyncio.get_running_loop()
+    head = json.dumps(
+        {
+            "id": rec.id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+    )[:-1]
+    role_only = lab.scenario.faults.role_only_first_frame
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        tail = f',"system_fingerprint":null,"choices":[{json.dumps(choice)}],"usage":null}}'
+        return f"data: {head}{tail}\n\n".encode()
+
+    try:
+        if role_only:
+            yield chunk({"role": "assistant", "content": None})
+        n_send = plan.tokens if plan.cut_after is None else plan.cut_after
+        first_due = start + plan.ttft_ms / 1000.0
+        interval = plan.token_interval_ms / 1000.0
+        i = 0
+        while i < n_send:
+            due = first_due + i * interval
+            now = loop.time()
+            if due > now:
+                await asyncio.sleep(due - now)
+                now = loop.time()
+            j = n_send if interval <= 0 else min(n_send, i + 1 + int((now - due) / interval))
+            parts = []
+            for t in range(i, j):
+                delta: dict[str, Any] = {"content": words[t]}
+                if t == 0 and not role_only:
+                    delta = {"role": "assistant", "content": words[t]}
+                last = plan.cut_after is None and t == plan.tokens - 1
+                parts.append(chunk(delta, plan.finish_reason if last else None))
+            if rec.first_token_at is None:
+                rec.first_token_at = lab.now()
+            rec.tokens_sent = j
+            yield b"".join(parts)
+            i = j
+        if plan.cut_after is not None:
+            # cut: the body just ends, with no finish_reason, usage or [DONE]
+            rec.finished_at = lab.now()
+            return
+        rec.finish_reason = plan.finish_reason
+        if usage is not None:
+            final = {
+                "id": rec.id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage,
+            }
+            yield f"data: {json.dumps(final)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+        rec.completed = True
+        rec.finished_at = lab.now()
+    except (asyncio.CancelledError, GeneratorExit):
+        # sse-starlette cancels (or closes) this generator when the client disconnects
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        raise
+
+
+async def _models(request: Request) -> Response:
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "chainrun"}],
+        }
+    )
+
+
+async def _health(request: Request) -> Response:
+    lab: LabState = request.app.state.lab
+    return JSONResponse({"status": "ok", "scenario": lab.scenario.model_dump(mode="json")})
+
+
+async def _admin_requests(request: Request) -> Response:
+    lab: LabState = request.app.state.lab
+    return JSONResponse([asdict(r) for r in lab.records])
+
+
+async def _admin_reset(request: Request) -> Response:
+    lab: LabState = request.app.state.lab
+    lab.reset()
+    return JSONResponse({"ok": True})
+
+
+def create_app(scenario: Scenario) -> Starlette:
+    """The lab as an ASGI app serving ``scenario`` (routes in this module's docstring)."""
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
+            Route("/v1/models", _models, methods=["GET"]),
+            Route("/health", _health, methods=["GET"]),
+            Route("/admin/requests", _admin_requests, methods=["GET"]),
+            Route("/admin/reset", _admin_reset, methods=["POST"]),
+        ]
+    )
+    app.state.lab = LabState(scenario)
+    return app
+
+
+def _check_loopback(host: str) -> None:
+    if host == "localhost":
+        return
+    try:
+        ok = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UserInputError(f"the lab serves on loopback only (127.0.0.1, ::1); got host {host!r}")
+
+
+def _raise_open_files_limit() -> None:
+    # each stream holds a socket; the default soft limit can be 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def serve(
+    scenario: Scenario | str,
+    host: str = "127.0.0.1",
+    port: int = 8090,
+    *,
+    port_file: str | Path | None = None,
+) -> None:
+    """Serve the lab on ``host:port`` until interrupted (blocking; SIGINT/SIGTERM stop it).
+
+    Args:
+        scenario: a Scenario, or a built-in name / TOML path for :func:`load_scenario`.
+        host: a loopback address (the lab never listens elsewhere).
+        port: TCP port; 0 picks a free one.
+        port_file: if given, the port actually bound is written there once listening
+            is possible (how :class:`~chainrun.lab.LabServer` learns a port-0 choice).
+
+    Raises:
+        UserInputError: a non-loopback host, a port that cannot be bound, a bad scenario.
+    """
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    _check_loopback(host)
+    bind_host = "127.0.0.1" if host == "localhost" else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind_host, port))
+    except OSError as e:
+        sock.close()
+        raise UserInputError(f"cannot listen on {host}:{port} ({e.strerror})") from None
+    actual = sock.getsockname()[1]
+    _raise_open_files_limit()
+    config = uvicorn.Config(
+        create_app(scenario),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        # no limit_concurrency: hundreds of concurrent streams are the point
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=1,  # a lab being stopped need not drain its streams
+        backlog=2048,
+    )
+    server = uvicorn.Server(config)
+    if port_file is not None:
+        tmp = Path(f"{port_file}.tmp")
+        tmp.write_text(str(actual), encoding="utf-8")
+        os.replace(tmp, port_file)
+    shown = f"[{bind_host}]" if family == socket.AF_INET6 else bind_host
+    print(
+        f"chainrun lab: scenario {scenario.name!r} on http://{shown}:{actual}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])

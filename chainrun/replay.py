@@ -1,0 +1,129 @@
+"""Replay a fixed request set through the chain as one run (kind ``replay``).
+
+A replay file is JSON Lines: one object a line with ``id`` (string) and ``message``
+(non-empty string); optional ``conversation_id`` and ``original_ms`` (the latency the
+original live turn recorded, in ms, reported apart from the replay's own wall time).
+The whole file is validated before any run is created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chainrun.chain import Chain, Retriever
+from chainrun.config import ChainConfig
+from chainrun.errors import InputFileError, ProviderUnavailable
+from chainrun.events import TurnFinished
+from chainrun.providers.base import Provider
+from chainrun.records import RunKind
+from chainrun.store import Store
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One request of a replay set."""
+
+    id: str
+    message: str
+    conversation_id: str | None = None
+    original_ms: float | None = None
+
+
+def load_requests(path: str | Path) -> list[ReplayRequest]:
+    """Read and validate a replay file.
+
+    Raises:
+        InputFileError: unreadable file, a malformed line (file and line named),
+            a duplicate id, or no requests at all.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputFileError(str(p), None, f"cannot read file ({e})") from None
+    out: list[ReplayRequest] = []
+    seen: set[str] = set()
+    for no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputFileError(str(p), no, f"not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise InputFileError(str(p), no, "expected a JSON object with 'id' and 'message'")
+        rid, msg = obj.get("id"), obj.get("message")
+        if not isinstance(rid, str | int) or isinstance(rid, bool) or str(rid) == "":
+            raise InputFileError(str(p), no, "expected field 'id' (a non-empty string)")
+        if not isinstance(msg, str) or not msg.strip():
+            raise InputFileError(str(p), no, "expected field 'message' (a non-empty string)")
+        if str(rid) in seen:
+            raise InputFileError(str(p), no, f"duplicate id {rid!r}")
+        orig = obj.get("original_ms")
+        if orig is not None and (not isinstance(orig, int | float) or isinstance(orig, bool)):
+            raise InputFileError(str(p), no, "field 'original_ms' must be a number (ms)")
+        conv = obj.get("conversation_id")
+        seen.add(str(rid))
+        out.append(
+            ReplayRequest(str(rid), msg, str(conv) if conv is not None else None,
+                          float(orig) if orig is not None else None)
+        )  # fmt: skip
+    if not out:
+        raise InputFileError(str(p), None, "no requests in file")
+    return out
+
+
+async def run_requests(
+    config: ChainConfig,
+    requests: list[ReplayRequest],
+    store: Store,
+    *,
+    kind: RunKind = "replay",
+    concurrency: int = 1,
+    label: str | None = None,
+    source: str | None = None,
+    providers: Mapping[str, Provider] | None = None,
+    retriever: Retriever | None = None,
+    on_turn: Callable[[ReplayRequest, TurnFinished], Any] | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time.
+
+    Returns the run id. The run ends ``complete``, or ``failed`` when a provider was
+    unreachable (the remaining requests are not sent), or ``interrupted``.
+
+    Raises:
+        ProviderUnavailable: a provider could not be reached (the run is marked failed).
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    chain = Chain(config, store=store, providers=providers, retriever=retriever, kind=kind,
+                  label=label, source=source, quiet=quiet)  # fmt: skip
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(req: ReplayRequest) -> None:
+        async with sem:
+            done = await chain.run_turn(
+                req.message, request_id=req.id, conversation_id=req.conversation_id,
+                original_ms=req.original_ms,
+            )  # fmt: skip
+            if on_turn is not None:
+                on_turn(req, done)
+
+    async with chain:
+        chain.ensure_run()
+        tasks = [asyncio.create_task(one(r)) for r in requests]
+        try:
+            await asyncio.gather(*tasks)
+        except ProviderUnavailable:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+    assert chain.run_id is not None
+    return chain.run_id

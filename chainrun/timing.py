@@ -1,0 +1,139 @@
+"""Timing and token capture for one streamed model call: a pure accumulator (no I/O).
+
+Feed it ``(t, chunk)`` pairs as the chunks arrive (``t`` in s from any monotonic
+clock, the same one as ``t_start``) and it yields the call's:
+
+- **TTFT** (time to first token): from sending the request to the first chunk that
+  carries content *or reasoning* text. A role-only frame with empty content (what
+  llama.cpp sends first) is not a first token. OpenTelemetry GenAI:
+  ``gen_ai.client.operation.time_to_first_chunk``.
+  An answer that is empty because the model stopped at once gets the time of its
+  finish chunk (its first token was a stop sequence that is never sent as text).
+- **chunk gaps**: the time between every two consecutive chunks received, in ms
+  (so ``len(chunk_gaps_ms) == n_chunks - 1``); the mean over the content chunks is
+  the time between tokens.
+- **duration**: from sending to the end of the stream (``gen_ai.client.operation.duration``).
+- **tokens** from the provider's usage: input, output, reasoning (a *subset* of output,
+  never added on top: OpenAI ``completion_tokens_details.reasoning_tokens``), cached
+  (a subset of input). A stream without usage leaves them ``None`` (unknown), never 0.
+- **truncated**: the stream ended without a ``finish_reason``.
+
+Testable with a list of (time, chunk) pairs; see tests/test_timing.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts reported by the provider; ``None`` = not reported (unknown)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed chunk, normalised from the provider's wire format.
+
+    ``nbytes`` is the size of the chunk as received (for cost of cancelled losers).
+    """
+
+    content: str | None = None
+    reasoning: str | None = None
+    role: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str | None = None
+    response_id: str | None = None
+    server_timings: dict[str, Any] | None = None
+    nbytes: int = 0
+
+    @property
+    def has_token(self) -> bool:
+        """True when the chunk carries generated text (content or reasoning)."""
+        return bool(self.content) or bool(self.reasoning)
+
+
+@dataclass
+class StreamTimer:
+    """Accumulates one call's timings and tokens. All ``*_ms`` values are in ms.
+
+    Args:
+        t_start: when the request was sent, in s (same clock as the ``t`` fed later).
+    """
+
+    t_start: float
+    n_chunks: int = 0
+    nbytes: int = 0
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    chunk_gaps_ms: list[float] = field(default_factory=list)
+    token_chunk_gaps_ms: list[float] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str | None = None
+    response_id: str | None = None
+    server_timings: dict[str, Any] | None = None
+    ended: bool = False
+    _t_last: float | None = None
+    _t_last_token: float | None = None
+
+    def on_chunk(self, t: float, chunk: Chunk) -> None:
+        """Record a chunk that arrived at time ``t`` (s)."""
+        if self._t_last is not None:
+            self.chunk_gaps_ms.append((t - self._t_last) * 1000.0)
+        self._t_last = t
+        self.n_chunks += 1
+        self.nbytes += chunk.nbytes
+        if chunk.has_token:
+            if self.ttft_ms is None:
+                self.ttft_ms = (t - self.t_start) * 1000.0
+            if self._t_last_token is not None:
+                self.token_chunk_gaps_ms.append((t - self._t_last_token) * 1000.0)
+            self._t_last_token = t
+        elif chunk.finish_reason and self.ttft_ms is None and not self.content:
+            # The model stopped at once (its first token was a stop sequence or EOS,
+            # which servers do not send as text): the finish chunk is the first evidence
+            # of a generated token, so it marks the TTFT of this empty answer.
+            self.ttft_ms = (t - self.t_start) * 1000.0
+        if chunk.content:
+            self.content.append(chunk.content)
+        if chunk.reasoning:
+            self.reasoning.append(chunk.reasoning)
+        if chunk.finish_reason:
+            self.finish_reason = chunk.finish_reason
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        self.model = chunk.model or self.model
+        self.response_id = chunk.response_id or self.response_id
+        if chunk.server_timings:
+            self.server_timings = chunk.server_timings
+
+    def on_end(self, t: float) -> None:
+        """Record the end of the stream (normal end, error or cancel) at time ``t`` (s)."""
+        if not self.ended:
+            self.duration_ms = (t - self.t_start) * 1000.0
+            self.ended = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def truncated(self) -> bool:
+        """The stream ended without a finish_reason (cut, cancelled or failed)."""
+        return self.ended and self.finish_reason is None
+
+    @property
+    def time_between_tokens_ms(self) -> float | None:
+        """Mean gap between chunks that carried tokens, in ms (None with < 2 such chunks)."""
+        gaps = self.token_chunk_gaps_ms
+        return sum(gaps) / len(gaps) if gaps else None

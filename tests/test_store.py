@@ -1,0 +1,48 @@
+"""The run log: migrations, WAL, round trips, NULL for unknown token counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chainrun.errors import UserInputError
+from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.store import MIGRATIONS, Store, migrate
+
+
+def test_migrations_apply_once(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Store.open(path) as s:
+        names = {r["name"] for r in s.db["_migrations"].rows}
+        assert {n for n, _ in MIGRATIONS} <= names
+        assert migrate(s.db) == []
+        assert s.db.execute("pragma journal_mode").fetchone()[0] == "wal"
+    with Store.open(path) as s:  # reopening applies nothing new
+        assert migrate(s.db) == []
+
+
+def test_turn_round_trip_keeps_unknown_tokens_null() -> None:
+    with Store.open(":memory:") as s:
+        run = s.create_run("replay", "{}", label="t")
+        turn = TurnRecord(input="hi", output="hello", request_id="r1")
+        turn.steps.append(StepRecord(step="compose", duration_ms=12.5))
+        turn.calls.append(CallRecord(step="compose", ttft_ms=5.0, duration_ms=12.5,
+                                     chunk_gaps_ms=[1.0, 2.0], n_chunks=3))  # fmt: skip
+        s.log_turn(run, turn)
+        s.finish_run(run, "complete")
+        call = s.calls(run)[0]
+        assert call["input_tokens"] is None and call["output_tokens"] is None
+        assert json.loads(call["chunk_gaps_ms"]) == [1.0, 2.0]
+        r = s.get_run(run)
+        assert r["status"] == "complete" and r["n_turns"] == 1
+
+
+def test_unknown_run_and_non_database_file(tmp_path: Path) -> None:
+    with Store.open(":memory:") as s, pytest.raises(UserInputError, match="no such run"):
+        s.get_run(42)
+    bad = tmp_path / "not.db"
+    bad.write_text("this is not sqlite " * 100)
+    with pytest.raises(UserInputError, match="not a chainrun log"):
+        Store.open(bad)
