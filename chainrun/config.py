@@ -80,7 +80,7 @@ class HedgeConfig(_Strict):
     #: statuses (HTTP codes or error types such as "timeout") that start the next copy at once
     non_fatal: list[int | str] = Field(default_factory=list)
     #: cap on copies as a fraction of calls, token-bucket style (Finagle BackupRequestFilter)
-    max_extra_load: float = Field(default=0.1, ge=0, le=1)
+    max_extra_load: float = Field(default=0.1, gt=0, le=4)
     #: cap on copies per second for this step (asyncio-throttle); None = no cap
     max_copies_per_s: float | None = Field(default=None, gt=0)
     #: fraction of losers left to finish unseen so that time saved per win is measured

@@ -1,0 +1,39 @@
+"""``chainrun lab serve``: the latency lab (an OpenAI-compatible server with known latencies)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from chainrun.cli import JsonOpt, err, handle_errors, lab_app, print_json
+from chainrun.lab import load_scenario, serve
+
+
+@lab_app.command("serve")
+@handle_errors
+def lab_serve(
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="Built-in name (fast, lognormal, bimodal-guard, work-noise) "
+            "or a scenario TOML file."
+        ),
+    ] = "fast",
+    host: Annotated[str, typer.Option(help="Loopback address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free).")] = 8090,
+    median_ms: Annotated[float | None, typer.Option(help="lognormal: median TTFT, ms.")] = None,
+    sigma: Annotated[float | None, typer.Option(help="lognormal: sigma of log TTFT.")] = None,
+    seed: Annotated[int | None, typer.Option(help="RNG seed.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Serve /v1/chat/completions with the scenario's latencies and faults until Ctrl-C.
+
+    Per-request records (disconnects, tokens sent) are at GET /admin/requests.
+    """
+    sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed)
+    if as_json:
+        print_json({"scenario": sc.model_dump(mode="json"), "host": host, "port": port})
+    else:
+        err.print(f"chainrun lab: scenario {sc.name!r} on http://{host}:{port}/v1 (Ctrl-C stops)")
+    serve(sc, host=host, port=port)
