@@ -260,9 +260,24 @@ class Chain:
         """Build the providers (starting the local model if a provider needs it).
 
         Raises:
-            ProviderUnavailable: the local model cannot be started.
+            ProviderUnavailable: the local model cannot be started, or a provider's
+                server cannot be reached (checked before any run is created).
             ConfigError: a provider's API key variable is not set.
         """
+        try:
+            await self._open_providers()
+        except BaseException:
+            await self.aclose("failed")
+            raise
+        for step_name in self.config.order:
+            step = self.config.steps[step_name]
+            if step.kind == "llm":
+                targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
+                self._hedgers[step_name] = Hedger(
+                    policy_from_config(step), targets, breakers=self._breakers
+                )
+
+    async def _open_providers(self) -> None:
         for name in self._used_providers():
             if name in self._injected:
                 self._providers[name] = self._injected[name]
@@ -277,13 +292,7 @@ class Chain:
             )
             self._providers[name] = provider
             self._owned.append(provider)
-        for step_name in self.config.order:
-            step = self.config.steps[step_name]
-            if step.kind == "llm":
-                targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
-                self._hedgers[step_name] = Hedger(
-                    policy_from_config(step), targets, breakers=self._breakers
-                )
+            await provider.check()  # an unreachable server fails here, before any run exists
 
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers), close providers, end the run."""

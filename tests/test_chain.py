@@ -141,7 +141,19 @@ async def test_unreachable_provider_raises_unavailable(store) -> None:
     with pytest.raises(ProviderUnavailable, match="cannot reach provider 'local'"):
         async with chain:
             await chain.run_turn("hello")
+    assert chain.run_id is None and store.list_runs() == []  # checked before any run exists
+
+
+async def test_provider_lost_mid_run_marks_the_run_failed(config, store) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply(error=ProviderUnavailable("cannot reach provider 'local'")),
+    }))  # fmt: skip
+    chain = Chain(config, store=store, providers={"local": fake})
+    with pytest.raises(ProviderUnavailable):
+        async with chain:
+            await chain.run_turn("hello")
     assert store.get_run(chain.run_id)["status"] == "failed"
+    assert store.turns(chain.run_id)[0]["status"] == "error"
 
 
 async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:

@@ -82,7 +82,7 @@ def run_async(coro: Any) -> Any:
 
 
 # The commands live in one module per noun; importing them registers them on `app`.
-from chainrun.cli import commands_core, commands_hedge, commands_lab  # noqa: E402,F401
+from chainrun.cli import commands_core, commands_eval, commands_hedge, commands_lab  # noqa: E402,F401
 
 
 def main() -> None:

@@ -103,7 +103,7 @@ def replay(
     store = Store.open(db)
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=err, disable=as_json, transient=False,
+        TextColumn("{task.description}"), console=err, disable=as_json, transient=True,
     )  # fmt: skip
     task = progress.add_task("", total=len(requests))
 

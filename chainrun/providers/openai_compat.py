@@ -143,6 +143,7 @@ class OpenAICompatProvider:
         self.server_address: str | None = (
             f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         )
+        self._connect_timeout_s = connect_timeout_s
         self._owns_http = http_client is None
         self._http = http_client or openai.DefaultAsyncHttpxClient(
             # keep idle connections for less than servers commonly do (5 s), so that
@@ -231,6 +232,23 @@ class OpenAICompatProvider:
             raise ProviderError(f"{self.name}: stream failed: {type(e).__name__}: {e}") from e
         finally:
             await stream.close()
+
+    async def check(self) -> None:
+        """Fail fast when the server cannot be reached at all (``GET {base_url}/models``).
+
+        Only a connection failure counts: a server without a models endpoint, or one that
+        wants a different key for it, is left for the first real call to judge.
+
+        Raises:
+            ProviderUnavailable: cannot connect (refused, DNS, connect timeout).
+        """
+        try:
+            await self.client.models.list(timeout=self._connect_timeout_s + 5.0)
+        except openai.APIConnectionError as e:
+            where = self.base_url or "api.openai.com"
+            raise ProviderUnavailable(f"cannot reach provider {self.name!r} at {where}") from e
+        except openai.APIError:
+            pass
 
     async def aclose(self) -> None:
         if self._owns_http:

@@ -1,0 +1,178 @@
+"""``chainrun eval`` (a regression eval set) and ``chainrun compare`` (two runs, honestly)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from chainrun.cli import (
+    DEFAULT_DB_PATH,
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    app,
+    err,
+    handle_errors,
+    out,
+    print_json,
+    run_async,
+)
+from chainrun.compare import compare, regression
+from chainrun.config import load_config
+from chainrun.evals import load_cases
+from chainrun.evals.runner import run_eval, score_existing
+from chainrun.store import Store
+
+
+def _fmt_rate(r: dict[str, Any]) -> str:
+    if not r["n"]:
+        return "-"
+    ci = r.get("pass_rate_ci")
+    ci_s = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    return f"{r['passed']}/{r['n']} = {r['pass_rate']:.2f}{ci_s}"
+
+
+@app.command("eval")
+@handle_errors
+def eval_command(
+    file: Annotated[Path, typer.Argument(help="Eval set: JSON Lines of cases with assertions.")],
+    run: Annotated[
+        int | None, typer.Option("--run", help="Score this existing run instead of running.")
+    ] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="Run each case K times (flip rate).")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Turns in flight at once.")] = 1,
+    label: Annotated[str | None, typer.Option(help="A label for the run.")] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run an eval set through the chain (kind eval) and print pass rates with n."""
+    cfg = load_config(config)
+    cases = load_cases(file)  # validated before any run exists
+    store = Store.open(db)
+    progress = Progress(
+        TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, disable=as_json or run is not None, transient=True,
+    )  # fmt: skip
+    task = progress.add_task("", total=len(cases) * repeat)
+    try:
+        with progress:
+            if run is not None:
+                result = run_async(score_existing(store, run, cases, cfg, quiet=as_json))
+                result = {**result, "n_cases": len(cases), "repeat": None}
+            else:
+                result = run_async(
+                    run_eval(cfg, cases, store, repeat=repeat, concurrency=concurrency,
+                             label=label, source=str(file), quiet=as_json,
+                             on_turn=lambda *_: progress.advance(task))
+                )  # fmt: skip
+    finally:
+        store.close()
+    keys = ("n", "passed", "pass_rate", "pass_rate_ci")
+    by_type = {k: {key: v[key] for key in keys} for k, v in result["by_type"].items()}
+    doc = {
+        "run_id": result["run_id"],
+        "n_cases": result["n_cases"],
+        "n_turns": result["n_turns"],
+        "repeat": result["repeat"],
+        "pass_rate": result["cases"]["pass_rate"],
+        "cases": result["cases"],
+        "by_type": by_type,
+        "by_step": result["by_step"],
+        "flip": result["flip"],
+        "skipped": result["skipped"],
+        "unmatched_turns": result["unmatched_turns"],
+    }
+    if as_json:
+        print_json(doc)
+        return
+    table = Table(title=f"eval run {doc['run_id']}: {doc['n_cases']} cases, {doc['n_turns']} turns")
+    table.add_column("")
+    table.add_column("passed / n = rate [95% CI]", justify="right")
+    table.add_row("[bold]cases[/]", _fmt_rate(result["cases"]))
+    for k, v in result["by_type"].items():
+        table.add_row(f"type {k}", _fmt_rate(v))
+    for k, v in result["by_step"].items():
+        table.add_row(f"step {k}", _fmt_rate(v))
+    out.print(table)
+    flip = result["flip"]
+    if flip["n_cases"]:
+        out.print(f"flip rate: {flip['flipped']}/{flip['n_cases']} repeated cases changed verdict")
+    if result["skipped"]:
+        out.print(f"skipped: {result['skipped']}")
+
+
+@app.command("compare")
+@handle_errors
+def compare_command(
+    a: Annotated[str, typer.Argument(help="Run id, or live / live:FROM..TO (ISO times).")],
+    b: Annotated[str, typer.Argument(help="Run id, or live / live:FROM..TO (ISO times).")],
+    metric: Annotated[str, typer.Option(help="all, turn or a step name.")] = "all",
+    fail_on_regression: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-on-regression",
+            help="Exit 1 when B is worse than A on this metric (any, turn, a step name, evals).",
+        ),
+    ] = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
+    with Store.open(db) as store:
+        result = compare(store, a, b, metric=metric)
+    metrics = result.pop("metrics")
+    doc = {**result, "turn": metrics.get("turn"),
+           "steps": {k: v for k, v in metrics.items() if k != "turn"}}  # fmt: skip
+    regressed = (
+        regression({**result, "metrics": metrics}, fail_on_regression)
+        if (fail_on_regression)
+        else False
+    )
+    if as_json:
+        print_json({**doc, "regression": regressed})
+    else:
+        _print_compare(doc)
+    if regressed:
+        raise typer.Exit(1)
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _ci(v: Any) -> str:
+    return "not enough data" if v is None else f"[{v[0]:.0f}, {v[1]:.0f}]"
+
+
+def _print_compare(doc: dict[str, Any]) -> None:
+    table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
+    for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
+                "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("", "verdict") else "right")
+    rows = [("turn", doc["turn"]), *doc["steps"].items()]
+    for name, m in rows:
+        if m is None:
+            continue
+        a, b, d = m["a"], m["b"], m["diff"]
+        table.add_row(
+            name, str(a["n"]), str(b["n"]), _ms(a["p50_ms"]), _ms(b["p50_ms"]),
+            f"{_ms(a['p90_ms'])} {_ci(a['p90_ci'])}", f"{_ms(b['p90_ms'])} {_ci(b['p90_ci'])}",
+            f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
+            f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", m["verdict"],
+        )  # fmt: skip
+    out.print(table)
+    for name, m in doc["steps"].items():
+        llm = m.get("llm") if m else None
+        if llm and llm.get("explanation"):
+            out.print(f"{name}: {llm['explanation']}")
+    ev = doc.get("evals")
+    if ev:
+        out.print(f"evals (paired on {ev['n_pairs']} cases): A {ev['a']['pass_rate']} "
+                  f"B {ev['b']['pass_rate']} p={ev['p_value']:.3f} → {ev['verdict']}")  # fmt: skip
+    if doc.get("regressions"):
+        out.print(f"[red]regressions:[/] {', '.join(doc['regressions'])}")

@@ -1,0 +1,125 @@
+"""``chainrun retrieve QUERY``: run the retrieve stage alone and show what each search did.
+
+Thin: loads the config, opens the log database, calls :mod:`chainrun.retrieval` and prints
+(rich tables, or the ``--json`` document of :meth:`RetrievalResult.as_json`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from chainrun.catalog import ensure_sample_catalog, get_products
+from chainrun.cli import err, out, print_json, run_async
+from chainrun.config import load_config
+from chainrun.errors import ProviderError
+from chainrun.retrieval import RetrievalResult, RetrievalSettings, build_retriever
+from chainrun.store import Store
+
+
+def retrieval_settings(config_path: str | None) -> RetrievalSettings:
+    """The ``[steps.retrieve.retrieval]`` settings of the config (defaults if it has none).
+
+    Raises:
+        ConfigError: the config file is invalid.
+    """
+    cfg = load_config(config_path)
+    for step in cfg.steps.values():
+        if step.kind == "retrieve":
+            found = getattr(step, "retrieval", None)
+            if isinstance(found, RetrievalSettings):
+                return found
+    return RetrievalSettings()
+
+
+def _price(v: Any) -> str:
+    return f"€{float(v):.2f}"
+
+
+def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("#", "id", "title", "category", "price"):
+        t.add_column(col, justify="right" if col in ("#", "price") else "left")
+    for rank, pid in enumerate(ids, start=1):
+        p = products.get(pid, {})
+        t.add_row(str(rank), pid, p.get("title", "?"), p.get("category", "?"),
+                  _price(p["price"]) if p else "-")  # fmt: skip
+    return t
+
+
+def print_result(
+    result: RetrievalResult, settings: RetrievalSettings, products: dict[str, dict[str, Any]]
+) -> None:
+    """Rich tables: the searches (with the stop point), each search's hits, the merged list.
+
+    ``products`` maps the ids the searches found to their product dicts (for titles).
+    """
+    ran = [s.name for s in result.searches]
+    skipped = [n for n in settings.searches if n not in ran]
+    t = Table(title=f"query {result.query!r}  filters {result.filters.as_json()}",
+              title_justify="left")  # fmt: skip
+    for col in ("search", "ms", "hits", "new", "hedged", "error"):
+        t.add_column(col, justify="right" if col in ("ms", "hits", "new") else "left")
+    for s in result.searches:
+        t.add_row(s.name if s.answered_by in (None, s.name) else f"{s.name} → {s.answered_by}",
+                  f"{s.ms:.1f}", str(s.n), str(s.new), s.hedged or "-", s.error or "-")  # fmt: skip
+    for name in skipped:
+        t.add_row(f"[dim]{name}[/dim]", "-", "-", "-", "-", "[dim]skipped (early exit)[/dim]")
+    out.print(t)
+    for s in result.searches:
+        if s.ids:
+            out.print(_hits_table(f"{s.name}: {s.n} hits, {s.ms:.1f} ms", s.ids, products))
+    merged = Table(title=f"merged: {len(result.items)} products in {result.ms:.1f} ms",
+                   title_justify="left")  # fmt: skip
+    for col in ("#", "id", "title", "category", "price", "sizes in stock", "found by"):
+        merged.add_column(col, justify="right" if col in ("#", "price") else "left")
+    for rank, item in enumerate(result.items, start=1):
+        sizes = [s for s, n in (item.get("sizes") or {}).items() if n > 0]
+        merged.add_row(str(rank), item["id"], item["title"], item["category"],
+                       _price(item["price"]), ", ".join(sizes), item.get("source", "-"))  # fmt: skip
+    out.print(merged)
+    if result.stopped_after:
+        out.print(f"early exit: stopped after [bold]{result.stopped_after}[/] with "
+                  f"{len(result.items)} ≥ min_results={settings.min_results}; "
+                  f"skipped: {', '.join(skipped)}")  # fmt: skip
+    else:
+        out.print(f"no early exit: every search ran (min_results={settings.min_results})")
+
+
+def retrieve_command(query: str, db_path: str, config_path: str | None, as_json: bool) -> None:
+    """Run the retrieve stage for ``query`` on the catalogue in ``db_path`` and print it.
+
+    Loads the sample catalogue if the database has none, embeds the catalogue on first
+    use (cached in the database), then prints tables or, with ``as_json``, one JSON
+    document (keys ``results``, ``searches``, ``stopped_after``, ...).
+
+    Raises:
+        ConfigError: invalid config. UserInputError: ``db_path`` is not a chainrun log.
+    """
+    settings = retrieval_settings(config_path)
+    store = Store.open(db_path)
+    try:
+        loaded = ensure_sample_catalog(store.db)
+        if loaded:
+            err.print(f"loaded the sample catalogue ({loaded} products) into {db_path}")
+
+        async def go() -> RetrievalResult:
+            async with build_retriever(settings, store.db) as retriever:
+                try:
+                    n = await retriever.warm()
+                    if n:
+                        err.print(f"embedded {n} products (cached in {db_path} for next time)")
+                except ProviderError as e:
+                    err.print(f"warning: vector search unavailable: {e}")
+                return await retriever.retrieve(query)
+
+        result: RetrievalResult = run_async(go())
+        if as_json:
+            print_json(result.as_json())
+        else:
+            ids = sorted({i for s in result.searches for i in s.ids})
+            products = {p["id"]: p for p in get_products(store.db, ids)}
+            print_result(result, settings, products)
+    finally:
+        store.close()

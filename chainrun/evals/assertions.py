@@ -1,0 +1,681 @@
+"""Eval assertions: what one logged turn must satisfy, and the verdict of checking it.
+
+Types are named like promptfoo's where the meaning is the same (``equals``,
+``contains``, ``icontains``, ``not-contains``, ``not-icontains``, ``regex``,
+``is-json``, ``contains-json``, ``latency``, ``llm-rubric``); chainrun adds
+``json-schema``, ``catalog-ids`` and ``max-tokens``.
+
+Every assertion has ``type`` and an optional ``step`` saying what it looks at:
+
+- omitted: the turn's final answer (``turns.output``), or for ``latency`` / ``max-tokens``
+  the whole turn;
+- a step name (``classify``, ``compose``, ``validate``...): that step's output
+  (``steps.output``), duration or output tokens;
+- ``"label"``: the label the chain parsed from classify's output (``turns.label``),
+  which is what ``equals`` on a classification should usually check.
+
+Checking returns a :class:`Verdict`. ``llm-rubric`` needs an async grader
+``grade(prompt) -> str`` (injected so that tests need no model) and records the
+pinned grader configuration with its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+#: An async grading call: prompt in, the grader model's reply out.
+Grade = Callable[[str], Awaitable[str]]
+
+#: ``step`` value meaning the chain's parsed classify label (``turns.label``).
+LABEL = "label"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of one assertion on one turn.
+
+    ``step`` is None for the final answer / whole turn. ``grader`` is the grader
+    configuration an ``llm-rubric`` verdict was given under (None otherwise).
+    """
+
+    type: str
+    step: str | None
+    passed: bool
+    detail: str
+    grader: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What assertions look at, gathered from one logged turn (see ``scoring.turn_view``).
+
+    Times in ms. ``output_tokens`` holds the winning attempt's count per LLM step
+    (None = unknown: the provider did not report usage).
+    """
+
+    message: str
+    answer: str | None = None
+    label: str | None = None
+    outputs: Mapping[str, str | None] = field(default_factory=dict)
+    step_ms: Mapping[str, float | None] = field(default_factory=dict)
+    turn_ms: float | None = None
+    output_tokens: Mapping[str, int | None] = field(default_factory=dict)
+    catalog_ids: frozenset[str] | None = None
+
+
+def _where(step: str | None) -> str:
+    if step is None:
+        return "the answer"
+    if step == LABEL:
+        return "the label"
+    return f"step {step}"
+
+
+def _has(step: str | None, found: bool, value: str) -> str:
+    return f"{_where(step)} {'contains' if found else 'lacks'} {value!r}"
+
+
+def _short(text: str, limit: int = 80) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"
+
+
+# -- a small JSON-schema subset --------------------------------------------------------
+
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties",
+        "items", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "allOf",
+    }
+)  # fmt: skip
+_SCHEMA_ANNOTATIONS = frozenset(
+    {"$schema", "$id", "$comment", "title", "description", "default", "examples"}
+)
+_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+
+def check_schema(schema: Any, path: str = "$") -> None:
+    """Reject a schema that uses anything outside the supported subset.
+
+    Supported (JSON Schema draft 2020-12 meanings): type, enum, const, properties,
+    required, additionalProperties, items (one schema), minItems, maxItems, minLength,
+    maxLength, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf,
+    allOf; annotations ($schema, title, description, ...) are ignored. An unsupported
+    keyword is an error rather than silently ignored, so a check never passes by accident.
+
+    Raises:
+        ValueError: naming the schema path and the keyword.
+    """
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path}: a schema must be an object or a boolean")
+    unknown = set(schema) - _SCHEMA_KEYWORDS - _SCHEMA_ANNOTATIONS
+    if unknown:
+        raise ValueError(
+            f"{path}: unsupported JSON-schema keyword {sorted(unknown)[0]!r} "
+            f"(supported: {', '.join(sorted(_SCHEMA_KEYWORDS))})"
+        )
+    types = schema.get("type")
+    for t in [types] if isinstance(types, str) else (types or []):
+        if t not in _JSON_TYPES:
+            raise ValueError(f"{path}.type: unknown type {t!r}")
+    for name, sub in (schema.get("properties") or {}).items():
+        check_schema(sub, f"{path}.properties.{name}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        check_schema(schema["additionalProperties"], f"{path}.additionalProperties")
+    if "items" in schema:
+        check_schema(schema["items"], f"{path}.items")
+    for key in ("anyOf", "allOf"):
+        for i, sub in enumerate(schema.get(key) or []):
+            check_schema(sub, f"{path}.{key}[{i}]")
+    if "pattern" in schema:
+        re.compile(schema["pattern"])
+
+
+def _is_type(value: Any, t: str) -> bool:
+    if t == "null":
+        return value is None
+    if t == "boolean":
+        return isinstance(value, bool)
+    if t == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
+    if t == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if t == "string":
+        return isinstance(value, str)
+    if t == "array":
+        return isinstance(value, list)
+    return isinstance(value, dict)
+
+
+def schema_errors(value: Any, schema: Any, path: str = "$") -> list[str]:
+    """Where ``value`` (parsed JSON) breaks ``schema`` (the subset of :func:`check_schema`).
+
+    Returns one message per violation, each naming the JSON path; empty = valid.
+    """
+    if schema is True:
+        return []
+    if schema is False:
+        return [f"{path}: not allowed"]
+    errs: list[str] = []
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else list(types)
+        if not any(_is_type(value, t) for t in allowed):
+            return [f"{path}: expected {' or '.join(allowed)}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{path}: {value!r} not one of {schema['enum']!r}")
+    if "const" in schema and value != schema["const"]:
+        errs.append(f"{path}: expected {schema['const']!r}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            errs.append(f"{path}: shorter than {schema['minLength']}")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errs.append(f"{path}: longer than {schema['maxLength']}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errs.append(f"{path}: does not match /{schema['pattern']}/")
+    if _is_type(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            errs.append(f"{path}: below {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errs.append(f"{path}: above {schema['maximum']}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            errs.append(f"{path}: not above {schema['exclusiveMinimum']}")
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            errs.append(f"{path}: not below {schema['exclusiveMaximum']}")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for name in schema.get("required") or []:
+            if name not in value:
+                errs.append(f"{path}: missing required property {name!r}")
+        extra = schema.get("additionalProperties", True)
+        for name, item in value.items():
+            if name in props:
+                errs.extend(schema_errors(item, props[name], f"{path}.{name}"))
+            elif extra is False:
+                errs.append(f"{path}: unexpected property {name!r}")
+            elif isinstance(extra, dict):
+                errs.extend(schema_errors(item, extra, f"{path}.{name}"))
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errs.append(f"{path}: fewer than {schema['minItems']} items")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errs.append(f"{path}: more than {schema['maxItems']} items")
+        if "items" in schema:
+            for i, item in enumerate(value):
+                errs.extend(schema_errors(item, schema["items"], f"{path}[{i}]"))
+    for i, sub in enumerate(schema.get("allOf") or []):
+        errs.extend(schema_errors(value, sub, f"{path}(allOf[{i}])"))
+    if "anyOf" in schema and all(schema_errors(value, s, path) for s in schema["anyOf"]):
+        errs.append(f"{path}: matches none of anyOf")
+    return errs
+
+
+# -- JSON extraction -----------------------------------------------------------------
+
+_FENCE_RE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```$", re.S)
+
+
+def parse_json_output(text: str) -> tuple[bool, Any]:
+    """``(True, value)`` when the whole of ``text`` is JSON (surrounding whitespace and one
+    enclosing markdown code fence allowed), else ``(False, None)``."""
+    body = text.strip()
+    m = _FENCE_RE.match(body)
+    if m:
+        body = m.group(1).strip()
+    try:
+        return True, json.loads(body)
+    except ValueError:
+        return False, None
+
+
+def find_json_values(text: str) -> list[Any]:
+    """Every JSON object or array embedded in ``text``, in order (promptfoo contains-json)."""
+    decoder = json.JSONDecoder()
+    found: list[Any] = []
+    i = 0
+    while i < len(text):
+        if text[i] in "{[":
+            try:
+                value, end = decoder.raw_decode(text, i)
+            except ValueError:
+                i += 1
+                continue
+            found.append(value)
+            i = end
+        else:
+            i += 1
+    return found
+
+
+# -- the assertion types ---------------------------------------------------------------
+
+
+class _Assertion(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the assertion type's name (each subclass narrows it to one literal)
+    type: str
+    #: what to look at: None = the final answer / whole turn; a step name; or "label"
+    step: str | None = None
+
+    def verdict(self, passed: bool, detail: str, grader: dict[str, Any] | None = None) -> Verdict:
+        return Verdict(self.type, self.step, passed, detail, grader)
+
+    def check(self, view: TurnView) -> Verdict:
+        """Check one turn (synchronous; ``llm-rubric`` needs :meth:`evaluate`)."""
+        raise NotImplementedError
+
+    async def evaluate(self, view: TurnView, grade: Grade | None = None) -> Verdict | None:
+        """Check one turn; ``None`` when the assertion cannot be run (llm-rubric, no grader)."""
+        return self.check(view)
+
+    def text_of(self, view: TurnView) -> str | None:
+        if self.step is None:
+            return view.answer
+        if self.step == LABEL:
+            return view.label
+        return view.outputs.get(self.step)
+
+    def missing(self) -> Verdict:
+        return self.verdict(False, f"{_where(self.step)} has no output")
+
+
+class _TextAssertion(_Assertion):
+    def check(self, view: TurnView) -> Verdict:
+        text = self.text_of(view)
+        if text is None:
+            return self.missing()
+        return self.check_text(text)
+
+    def check_text(self, text: str) -> Verdict:
+        raise NotImplementedError
+
+
+class Equals(_TextAssertion):
+    """The text equals ``value`` (surrounding whitespace ignored; ``ignore_case`` optional)."""
+
+    type: Literal["equals"] = "equals"
+    value: str
+    ignore_case: bool = False
+
+    def check_text(self, text: str) -> Verdict:
+        got, want = text.strip(), self.value.strip()
+        if self.ignore_case:
+            ok = got.casefold() == want.casefold()
+        else:
+            ok = got == want
+        return self.verdict(ok, f"{_where(self.step)} is {_short(got)!r}, expected {want!r}")
+
+
+class Contains(_TextAssertion):
+    """The text contains ``value`` (case-sensitive)."""
+
+    type: Literal["contains"] = "contains"
+    value: str
+
+    def check_text(self, text: str) -> Verdict:
+        ok = self.value in text
+        return self.verdict(ok, _has(self.step, ok, self.value))
+
+
+class IContains(_TextAssertion):
+    """The text contains ``value``, ignoring case."""
+
+    type: Literal["icontains"] = "icontains"
+    value: str
+
+    def check_text(self, text: str) -> Verdict:
+        ok = self.value.casefold() in text.casefold()
+        return self.verdict(ok, _has(self.step, ok, self.value))
+
+
+class NotContains(_TextAssertion):
+    """The text does not contain ``value`` (case-sensitive)."""
+
+    type: Literal["not-contains"] = "not-contains"
+    value: str
+
+    def check_text(self, text: str) -> Verdict:
+        ok = self.value not in text
+        return self.verdict(ok, _has(self.step, not ok, self.value))
+
+
+class NotIContains(_TextAssertion):
+    """The text does not contain ``value``, ignoring case."""
+
+    type: Literal["not-icontains"] = "not-icontains"
+    value: str
+
+    def check_text(self, text: str) -> Verdict:
+        ok = self.value.casefold() not in text.casefold()
+        return self.verdict(ok, _has(self.step, not ok, self.value))
+
+
+_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
+
+
+class Regex(_TextAssertion):
+    """Python ``re.search(value, text)`` finds a match; ``flags`` from ``"imsx"``."""
+
+    type: Literal["regex"] = "regex"
+    value: str
+    flags: str = ""
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: str) -> str:
+        bad = set(v) - set(_FLAGS)
+        if bad:
+            raise ValueError(f"unknown regex flag {sorted(bad)[0]!r}; expected some of 'imsx'")
+        return v
+
+    @field_validator("value")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"invalid regular expression ({e})") from None
+        return v
+
+    def check_text(self, text: str) -> Verdict:
+        flags = 0
+        for f in self.flags:
+            flags |= _FLAGS[f]
+        m = re.search(self.value, text, flags)
+        detail = f"/{self.value}/{self.flags} " + (
+            f"matched {_short(m.group(0), 40)!r}" if m else f"no match in {_short(text)!r}"
+        )
+        return self.verdict(m is not None, detail)
+
+
+class _SchemaMixin(_TextAssertion):
+    @field_validator("value", check_fields=False)
+    @classmethod
+    def _schema(cls, v: Any) -> Any:
+        if v is not None:
+            check_schema(v)
+        return v
+
+
+class IsJson(_SchemaMixin):
+    """The whole text is JSON (one code fence allowed); if ``value`` is a schema, it matches."""
+
+    type: Literal["is-json"] = "is-json"
+    value: dict[str, Any] | None = None
+
+    def check_text(self, text: str) -> Verdict:
+        ok, parsed = parse_json_output(text)
+        if not ok:
+            return self.verdict(False, f"{_where(self.step)} is not JSON: {_short(text)!r}")
+        errs = schema_errors(parsed, self.value) if self.value is not None else []
+        if errs:
+            return self.verdict(False, "; ".join(errs[:3]))
+        return self.verdict(True, "valid JSON" + (" matching the schema" if self.value else ""))
+
+
+class ContainsJson(_SchemaMixin):
+    """The text contains a JSON object or array (and, with ``value``, one matches the schema)."""
+
+    type: Literal["contains-json"] = "contains-json"
+    value: dict[str, Any] | None = None
+
+    def check_text(self, text: str) -> Verdict:
+        found = find_json_values(text)
+        if not found:
+            return self.verdict(False, f"no JSON in {_short(text)!r}")
+        if self.value is None:
+            return self.verdict(True, f"{len(found)} JSON value(s) found")
+        errs: list[str] = []
+        for v in found:
+            errs = schema_errors(v, self.value)
+            if not errs:
+                return self.verdict(True, "embedded JSON matches the schema")
+        return self.verdict(False, "no embedded JSON matches the schema: " + "; ".join(errs[:3]))
+
+
+class JsonSchema(_SchemaMixin):
+    """The text *is* JSON (as for ``is-json``) and matches the schema ``value`` (required).
+
+    A stricter ``contains-json``: prose around the JSON fails, as the validate step's
+    reply is meant to be JSON only (``{"ok": bool, "reason": str}``).
+    """
+
+    type: Literal["json-schema"] = "json-schema"
+    value: dict[str, Any]
+
+    def check_text(self, text: str) -> Verdict:
+        ok, parsed = parse_json_output(text)
+        if not ok:
+            return self.verdict(False, f"{_where(self.step)} is not JSON: {_short(text)!r}")
+        errs = schema_errors(parsed, self.value)
+        if errs:
+            return self.verdict(False, "; ".join(errs[:3]))
+        return self.verdict(True, "JSON matches the schema")
+
+
+#: Default shape of a product id in replies, that of the shipped catalogue (``JKT-001``):
+#: 3 capitals, a dash, 3-5 digits. Order numbers such as ``FS-10293`` do not match.
+DEFAULT_PRODUCT_ID = r"\b[A-Z]{3}-\d{3,5}\b"
+
+
+class CatalogIds(_TextAssertion):
+    """Every product id the text mentions (ids found by ``pattern``) is in the allowed set.
+
+    The set is ``ids`` when given; else, with ``within = "retrieved"``, the ids the
+    retrieve step returned for this turn (its output, a JSON list); else the catalogue's
+    ids given to the scorer. ``min_ids`` requires at least that many mentions.
+    """
+
+    type: Literal["catalog-ids"] = "catalog-ids"
+    ids: list[str] | None = None
+    within: Literal["catalog", "retrieved"] = "catalog"
+    pattern: str = DEFAULT_PRODUCT_ID
+    min_ids: int = Field(default=0, ge=0)
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"invalid regular expression ({e})") from None
+        return v
+
+    def _allowed(self, view: TurnView) -> frozenset[str] | None:
+        if self.ids is not None:
+            return frozenset(self.ids)
+        if self.within == "retrieved":
+            raw = view.outputs.get("retrieve")
+            ok, parsed = parse_json_output(raw) if raw else (False, None)
+            if ok and isinstance(parsed, list):
+                return frozenset(str(x) for x in parsed)
+            return frozenset()
+        return view.catalog_ids
+
+    def check(self, view: TurnView) -> Verdict:
+        text = self.text_of(view)
+        if text is None:
+            return self.missing()
+        allowed = self._allowed(view)
+        if allowed is None:
+            return self.verdict(False, "no catalogue ids given to the scorer (and no ids)")
+        mentioned = list(dict.fromkeys(re.findall(self.pattern, text)))
+        unknown = [m for m in mentioned if m not in allowed]
+        if unknown:
+            return self.verdict(False, f"unknown product id(s): {', '.join(unknown[:5])}")
+        if len(mentioned) < self.min_ids:
+            return self.verdict(
+                False, f"mentions {len(mentioned)} product id(s), expected ≥ {self.min_ids}"
+            )
+        return self.verdict(True, f"{len(mentioned)} product id(s), all known")
+
+
+class Latency(_Assertion):
+    """The step's duration (or the turn's, without ``step``) is at most ``threshold`` ms."""
+
+    type: Literal["latency"] = "latency"
+    threshold: float = Field(gt=0)
+
+    def check(self, view: TurnView) -> Verdict:
+        ms = view.turn_ms if self.step is None else view.step_ms.get(self.step)
+        if ms is None:
+            return self.verdict(False, f"no duration recorded for {_where(self.step)}")
+        ok = ms <= self.threshold
+        where = "turn" if self.step is None else self.step
+        return self.verdict(ok, f"{where} took {ms:.0f} ms (max {self.threshold:.0f})")
+
+
+class MaxTokens(_Assertion):
+    """The step's winning call generated at most ``threshold`` output tokens.
+
+    Without ``step``: the sum over the turn's LLM steps. Unknown counts (no usage
+    reported) fail, since the bound cannot be shown to hold.
+    """
+
+    type: Literal["max-tokens"] = "max-tokens"
+    threshold: int = Field(ge=0)
+
+    def check(self, view: TurnView) -> Verdict:
+        if self.step is None:
+            counts = list(view.output_tokens.values())
+            n = None if not counts or None in counts else sum(c for c in counts if c is not None)
+        else:
+            n = view.output_tokens.get(self.step)
+        where = "turn" if self.step is None else self.step
+        if n is None:
+            return self.verdict(False, f"output tokens of {where} unknown")
+        ok = n <= self.threshold
+        return self.verdict(ok, f"{where}: {n} output tokens (max {self.threshold})")
+
+
+class GraderConfig(BaseModel):
+    """The pinned configuration of the ``llm-rubric`` grader, stored with every verdict.
+
+    The grading call itself is whatever async ``grade(prompt) -> str`` the caller
+    injects; it must be built from this configuration (temperature 0 and a fixed seed so
+    that re-grading the same answer gives the same verdict where the server honours seeds).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = "local"
+    model: str = "gemma-3-270m"
+    temperature: float = Field(default=0.0, ge=0, le=0)
+    seed: int = 0
+    max_output_tokens: int = Field(default=60, ge=1)
+
+
+RUBRIC_PROMPT = (
+    "You grade replies of an online fashion shop's chat assistant.\n"
+    "Shopper: {message}\n"
+    "Reply: {output}\n"
+    "Rubric: {rubric}\n\n"
+    'Does the reply satisfy the rubric? Answer only with JSON: {{"pass": true or false, '
+    '"reason": "a few words"}}'
+)
+
+
+def parse_grade(reply: str) -> tuple[bool, str] | None:
+    """The grader's verdict from its reply: a JSON object with a boolean ``pass`` (promptfoo's
+    format), else a reply starting with yes/no/pass/fail; None when neither is found."""
+    for value in find_json_values(reply):
+        if isinstance(value, dict) and isinstance(value.get("pass"), bool):
+            return value["pass"], str(value.get("reason", ""))
+    m = re.match(r"\W*(yes|no|pass|fail|true|false)\b", reply.strip(), re.I)
+    if m:
+        return m.group(1).lower() in ("yes", "pass", "true"), _short(reply)
+    return None
+
+
+class LlmRubric(_Assertion):
+    """A grader model judges the text against the rubric ``value``.
+
+    Needs an injected ``grade``; without one the assertion is skipped (no verdict).
+    A reply the grader gives in no recognisable form fails, with the reply in the detail.
+    """
+
+    type: Literal["llm-rubric"] = "llm-rubric"
+    value: str = Field(min_length=1)
+
+    def check(self, view: TurnView) -> Verdict:
+        raise TypeError("llm-rubric needs a grader: use `await evaluate(view, grade)`")
+
+    async def evaluate(
+        self,
+        view: TurnView,
+        grade: Grade | None = None,
+        grader: GraderConfig | None = None,
+    ) -> Verdict | None:
+        """Grade one turn. Raises whatever ``grade`` raises (e.g. a ProviderError)."""
+        if grade is None:
+            return None
+        config = (grader or GraderConfig()).model_dump()
+        text = self.text_of(view)
+        if text is None:
+            return self.verdict(False, f"{_where(self.step)} has no output", config)
+        prompt = RUBRIC_PROMPT.format(message=view.message, output=text, rubric=self.value)
+        reply = await grade(prompt)
+        parsed = parse_grade(reply)
+        if parsed is None:
+            return self.verdict(False, f"grader reply not understood: {_short(reply)!r}", config)
+        ok, reason = parsed
+        return self.verdict(ok, reason or ("pass" if ok else "fail"), config)
+
+
+Assertion = Annotated[
+    Equals
+    | Contains
+    | IContains
+    | NotContains
+    | NotIContains
+    | Regex
+    | IsJson
+    | ContainsJson
+    | JsonSchema
+    | CatalogIds
+    | Latency
+    | MaxTokens
+    | LlmRubric,
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Assertion] = TypeAdapter(Assertion)
+
+#: Every assertion type name, as written in eval files.
+ASSERTION_TYPES: tuple[str, ...] = (
+    "equals", "contains", "icontains", "not-contains", "not-icontains", "regex", "is-json",
+    "contains-json", "json-schema", "catalog-ids", "latency", "max-tokens", "llm-rubric",
+)  # fmt: skip
+
+
+def parse_assertion(data: Mapping[str, Any]) -> Assertion:
+    """Validate one assertion dict (``{"type": ..., ...}``).
+
+    Raises:
+        pydantic.ValidationError: unknown type, missing or bad field.
+    """
+    return _ADAPTER.validate_python(data)
+
+
+async def evaluate(
+    assertion: Assertion,
+    view: TurnView,
+    grade: Grade | None = None,
+    grader: GraderConfig | None = None,
+) -> Verdict | None:
+    """Check ``assertion`` on ``view``; None when it is skipped (llm-rubric without grader)."""
+    if isinstance(assertion, LlmRubric):
+        return await assertion.evaluate(view, grade, grader)
+    return assertion.check(view)

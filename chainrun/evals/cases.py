@@ -1,0 +1,112 @@
+"""Eval cases: one JSON object a line (``evals/regression.jsonl``).
+
+Each line::
+
+    {"id": "sizing-01", "message": "Do your jeans run small?",
+     "context": {"filters": {"category": "jeans"}, "order_state": null},
+     "assert": [{"type": "equals", "step": "label", "value": "sizing"}, ...]}
+
+``context`` is optional (``filters``: retrieval filters; ``order_state``: the order
+facts the shop would have for this shopper). ``tags`` and ``description`` are optional
+too. Unknown keys are errors, so a typo never silently drops an assertion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from chainrun.errors import InputFileError
+from chainrun.evals.assertions import Assertion
+
+DEFAULT_CASES = "evals/regression.jsonl"
+
+
+class CaseContext(BaseModel):
+    """What the shop knows besides the message (passed to the chain by the eval runner)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filters: dict[str, Any] = Field(default_factory=dict)
+    order_state: dict[str, Any] | None = None
+
+
+class EvalCase(BaseModel):
+    """One eval case: a shopper message and the assertions its turn must satisfy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str = Field(min_length=1)
+    message: str = Field(min_length=1)
+    context: CaseContext | None = None
+    asserts: list[Assertion] = Field(alias="assert", min_length=1)
+    tags: list[str] = Field(default_factory=list)
+    description: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if v != v.strip() or "#" in v:
+            raise ValueError("a case id must have no surrounding spaces and no '#'")
+        return v
+
+
+def _problem(err: ValidationError) -> str:
+    errors = err.errors()
+    # a misspelt key explains a "missing field" better than the missing field does
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    return f"{loc}: {msg}"
+
+
+def parse_case(data: Any, path: str = "<case>", line: int | None = None) -> EvalCase:
+    """Validate one decoded case.
+
+    Raises:
+        InputFileError: naming ``path``, ``line`` and the field at fault.
+    """
+    if not isinstance(data, dict):
+        raise InputFileError(path, line, f"expected a JSON object, got {type(data).__name__}")
+    try:
+        return EvalCase.model_validate(data)
+    except ValidationError as e:
+        raise InputFileError(path, line, _problem(e)) from None
+
+
+def load_cases(path: str | Path = DEFAULT_CASES) -> list[EvalCase]:
+    """Read every case of a JSONL file (blank lines are skipped).
+
+    Raises:
+        InputFileError: the file cannot be read, has no case, a line is not JSON or not a
+            valid case (the message names the line), or a case id repeats.
+    """
+    p = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputFileError(p, None, f"cannot read eval file ({e.strerror})") from None
+    cases: list[EvalCase] = []
+    first_line: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise InputFileError(p, lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
+        case = parse_case(data, p, lineno)
+        if case.id in first_line:
+            raise InputFileError(
+                p, lineno, f"duplicate case id {case.id!r} (first on line {first_line[case.id]})"
+            )
+        first_line[case.id] = lineno
+        cases.append(case)
+    if not cases:
+        raise InputFileError(p, None, "no eval cases in file")
+    return cases

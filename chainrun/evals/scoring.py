@@ -1,0 +1,313 @@
+"""Scoring logged turns against eval cases, and the ``eval_results`` table.
+
+The eval runner (kind ``eval``) logs one turn per case and repeat with
+``request_id = eval_request_id(case.id, repeat)`` (``"<case id>#<repeat>"``);
+:func:`score_run` then checks every turn against its case's assertions, stores one row
+per verdict in ``eval_results`` and returns pass rates per assertion type and per
+step, each with n and a Wilson interval. Turns without a request id are matched to
+the case with the same message (repeats numbered in log order).
+
+A case *passes* in a repeat when all its assertions pass, and in a run when it passes
+in a strict majority of its repeats (one repeat: that repeat). The flip rate is the
+fraction of repeated cases whose pass/fail differs across repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlite_utils
+
+from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
+from chainrun.evals.cases import EvalCase
+from chainrun.stats import pass_rate
+from chainrun.store import Store, migrate, register_migration, utc_now
+
+#: calls.outcome values of the attempt whose answer a step used (chainrun.records).
+WINNING_OUTCOMES = ("not_fired", "primary", "duplicate")
+
+#: by_step key for assertions without a step (the final answer / the whole turn).
+TURN_KEY = "turn"
+
+
+def _m020_eval_results(db: sqlite_utils.Database) -> None:
+    db.table("eval_results").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "case_id": str,
+            "repeat": int,
+            "type": str,  # assertion type (equals, regex, llm-rubric...)
+            "step": str,  # NULL = the final answer / the whole turn
+            "passed": int,
+            "detail": str,
+            "grader": str,  # JSON GraderConfig for llm-rubric, else NULL
+            "scored_at": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("eval_results").create_index(["run_id", "case_id"])
+
+
+register_migration("020_eval_results", _m020_eval_results)
+
+
+def eval_request_id(case_id: str, repeat: int) -> str:
+    """The ``turns.request_id`` the eval runner gives repeat ``repeat`` of a case."""
+    return f"{case_id}#{repeat}"
+
+
+def parse_request_id(request_id: str) -> tuple[str, int]:
+    """``(case_id, repeat)`` from a request id of :func:`eval_request_id` (no ``#``: repeat 0)."""
+    case_id, sep, rep = request_id.rpartition("#")
+    if sep and rep.isdigit():
+        return case_id, int(rep)
+    return request_id, 0
+
+
+def winning_calls(
+    call_rows: Iterable[Mapping[str, Any]],
+) -> dict[tuple[int, str], Mapping[str, Any]]:
+    """The attempt whose answer each step used, by ``(turn_id, step)``.
+
+    That is the call with ``outcome`` in :data:`WINNING_OUTCOMES`; if a step has several
+    (retries), the last one without an error.
+    """
+    best: dict[tuple[int, str], Mapping[str, Any]] = {}
+    for c in call_rows:
+        if c.get("outcome") not in WINNING_OUTCOMES:
+            continue
+        key = (int(c["turn_id"]), str(c["step"]))
+        prev = best.get(key)
+        rank = (c.get("error_type") is None, c.get("attempt") or 0)
+        if prev is None or rank >= (prev.get("error_type") is None, prev.get("attempt") or 0):
+            best[key] = c
+    return best
+
+
+def turn_view(
+    turn_row: Mapping[str, Any],
+    step_rows: Iterable[Mapping[str, Any]],
+    call_rows: Iterable[Mapping[str, Any]],
+    catalog_ids: Collection[str] | None = None,
+) -> TurnView:
+    """What assertions see of one logged turn (rows of ``turns``, ``steps``, ``calls``)."""
+    turn_id = turn_row.get("id")
+    steps = [s for s in step_rows if turn_id is None or s.get("turn_id") in (None, turn_id)]
+    calls = [c for c in call_rows if turn_id is None or c.get("turn_id") in (None, turn_id)]
+    outputs: dict[str, str | None] = {}
+    step_ms: dict[str, float | None] = {}
+    for s in steps:
+        outputs[s["step"]] = s.get("output")
+        skipped = s.get("status") in ("skipped", "cancelled")
+        step_ms[s["step"]] = None if skipped else s.get("duration_ms")
+    tokens: dict[str, int | None] = {}
+    # rows built by hand (tests, a backend) may lack turn_id: they are all this turn's
+    winners = winning_calls({**c, "turn_id": c.get("turn_id") or 0} for c in calls)
+    for (_, step), c in winners.items():
+        tokens[step] = c.get("output_tokens")
+    return TurnView(
+        message=turn_row.get("input") or "",
+        answer=turn_row.get("output"),
+        label=turn_row.get("label"),
+        outputs=outputs,
+        step_ms=step_ms,
+        turn_ms=turn_row.get("duration_ms"),
+        output_tokens=tokens,
+        catalog_ids=frozenset(catalog_ids) if catalog_ids is not None else None,
+    )
+
+
+async def score_turn(
+    turn_row: Mapping[str, Any],
+    step_rows: Iterable[Mapping[str, Any]],
+    call_rows: Iterable[Mapping[str, Any]],
+    case: EvalCase,
+    grade: Grade | None = None,
+    *,
+    grader: GraderConfig | None = None,
+    catalog_ids: Collection[str] | None = None,
+) -> list[Verdict]:
+    """Check one logged turn against ``case``'s assertions, in the case's order.
+
+    ``llm-rubric`` assertions are skipped (no verdict) when ``grade`` is None; the
+    verdicts they give carry ``grader`` (default :class:`GraderConfig`), which must be
+    the configuration ``grade`` was built from. Raises whatever ``grade`` raises.
+    """
+    view = turn_view(turn_row, step_rows, call_rows, catalog_ids)
+    verdicts = []
+    for assertion in case.asserts:
+        v = await evaluate(assertion, view, grade, grader or GraderConfig())
+        if v is not None:
+            verdicts.append(v)
+    return verdicts
+
+
+def _match_turns(
+    turns: Sequence[Mapping[str, Any]], cases: Sequence[EvalCase]
+) -> tuple[list[tuple[Mapping[str, Any], EvalCase, int]], int]:
+    by_id = {c.id: c for c in cases}
+    by_message: dict[str, list[EvalCase]] = defaultdict(list)
+    for c in cases:
+        by_message[c.message].append(c)
+    seen: Counter[str] = Counter()
+    matched = []
+    unmatched = 0
+    for t in turns:
+        rid = t.get("request_id")
+        case: EvalCase | None = None
+        if rid:
+            case_id, repeat = parse_request_id(str(rid))
+            case = by_id.get(case_id)
+        else:
+            candidates = by_message.get(t.get("input") or "", [])
+            if len(candidates) == 1:
+                case = candidates[0]
+                repeat = seen[case.id]
+        if case is None:
+            unmatched += 1
+            continue
+        seen[case.id] += 1
+        matched.append((t, case, repeat))
+    return matched, unmatched
+
+
+async def score_run(
+    store: Store,
+    run_id: int,
+    cases: Sequence[EvalCase],
+    grade: Grade | None = None,
+    *,
+    grader: GraderConfig | None = None,
+    catalog_ids: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """Score every turn of a run, replace the run's rows in ``eval_results``, summarise.
+
+    Returns :func:`summarize_results` of the stored rows plus ``run_id``, ``n_turns``,
+    ``unmatched_turns`` (turns no case matched) and ``skipped`` (assertions not run, by
+    type: llm-rubric without a grader).
+
+    Raises:
+        UserInputError: no such run.
+    """
+    migrate(store.db)  # the table may be newer than the Store's open
+    store.get_run(run_id)
+    turns = store.turns(run_id)
+    steps_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for s in store.steps(run_id):
+        steps_by_turn[s["turn_id"]].append(s)
+    calls_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for c in store.calls(run_id):
+        calls_by_turn[c["turn_id"]].append(c)
+    config = grader or GraderConfig()
+    matched, unmatched = _match_turns(turns, cases)
+    rows: list[dict[str, Any]] = []
+    skipped: Counter[str] = Counter()
+    now = utc_now()
+    for turn, case, repeat in matched:
+        verdicts = await score_turn(
+            turn, steps_by_turn[turn["id"]], calls_by_turn[turn["id"]], case, grade,
+            grader=config, catalog_ids=catalog_ids,
+        )  # fmt: skip
+        n_rubric = sum(1 for a in case.asserts if a.type == "llm-rubric")
+        if grade is None and n_rubric:
+            skipped["llm-rubric"] += n_rubric
+        for v in verdicts:
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "turn_id": turn["id"],
+                    "case_id": case.id,
+                    "repeat": repeat,
+                    "type": v.type,
+                    "step": v.step,
+                    "passed": int(v.passed),
+                    "detail": v.detail,
+                    "grader": json.dumps(v.grader, sort_keys=True) if v.grader else None,
+                    "scored_at": now,
+                }
+            )
+    with store.transaction():
+        store.db.execute("delete from eval_results where run_id = ?", [run_id])
+        if rows:
+            store.db.table("eval_results").insert_all(rows)
+    summary = summarize_results(rows)
+    return {
+        "run_id": run_id,
+        "n_turns": len(turns),
+        "unmatched_turns": unmatched,
+        "skipped": dict(skipped),
+        **summary,
+    }
+
+
+def load_results(store: Store, run_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """The ``eval_results`` rows of some runs (empty when the table does not exist yet)."""
+    ids = list(run_ids)
+    if not ids or "eval_results" not in store.db.table_names():
+        return []
+    marks = ",".join("?" for _ in ids)
+    return list(
+        store.db.table("eval_results").rows_where(f"run_id in ({marks})", ids, order_by="id")
+    )
+
+
+def _repeat_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, bool]]:
+    out: dict[str, dict[int, bool]] = defaultdict(dict)
+    for r in rows:
+        case, rep = str(r["case_id"]), int(r["repeat"] or 0)
+        out[case][rep] = out[case].get(rep, True) and bool(r["passed"])
+    return out
+
+
+def case_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
+    """case id → passed: all assertions passed in a strict majority of the case's repeats."""
+    return {
+        case: sum(reps.values()) * 2 > len(reps) for case, reps in _repeat_outcomes(rows).items()
+    }
+
+
+def flip_rate(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """How often a repeated case's verdict differs across its repeats.
+
+    Returns ``{"n_cases": cases with ≥ 2 repeats, "flipped": how many of them had both a
+    passing and a failing repeat, "flip_rate": flipped / n_cases (None when 0),
+    "cases": the flipped case ids}``.
+    """
+    repeated = {c: reps for c, reps in _repeat_outcomes(rows).items() if len(reps) >= 2}
+    flipped = sorted(c for c, reps in repeated.items() if len(set(reps.values())) > 1)
+    n = len(repeated)
+    return {
+        "n_cases": n,
+        "flipped": len(flipped),
+        "flip_rate": round(len(flipped) / n, 4) if n else None,
+        "cases": flipped,
+    }
+
+
+def summarize_results(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pass rates from ``eval_results`` rows, each ``{n, passed, pass_rate, pass_rate_ci}``.
+
+    Returns ``{"n_verdicts", "cases": per case (majority over repeats), "by_type": {type:
+    ...} over verdicts, "by_step": {step or "turn": ...} over verdicts, "flip": flip_rate}``.
+    Intervals are Wilson 95% (they treat verdicts as independent, which repeats of one
+    case are not: read them as a guide).
+    """
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    by_step: dict[str, list[bool]] = defaultdict(list)
+    for r in rows:
+        by_type[str(r["type"])].append(bool(r["passed"]))
+        by_step[str(r["step"]) if r["step"] is not None else TURN_KEY].append(bool(r["passed"]))
+    cases = case_outcomes(rows)
+    return {
+        "n_verdicts": len(rows),
+        "cases": pass_rate(sum(cases.values()), len(cases)),
+        "by_type": {k: pass_rate(sum(v), len(v)) for k, v in sorted(by_type.items())},
+        "by_step": {k: pass_rate(sum(v), len(v)) for k, v in sorted(by_step.items())},
+        "flip": flip_rate(rows),
+    }

@@ -1,0 +1,266 @@
+"""``compare``: latency percentiles with honest intervals, the LLM split, paired evals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chainrun.compare import compare, parse_live_window, regression
+from chainrun.errors import UserInputError
+from chainrun.evals import eval_request_id, parse_case, score_run
+from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.store import Store
+
+#: per turn i: (TTFT ms, completion tokens or None, ms between chunks)
+Profile = Callable[[int], tuple[float, int | None, float]]
+
+
+def base(i: int) -> tuple[float, int | None, float]:
+    return 200.0 + (i * 37) % 50, 45 + i % 11, 15.0 + (i % 5) * 0.5
+
+
+def more_tokens(i: int) -> tuple[float, int | None, float]:
+    ttft, tokens, gap = base(i)
+    assert tokens is not None
+    return ttft, tokens + 20, gap  # median 50 -> 70: +40%
+
+
+def served_slower(i: int) -> tuple[float, int | None, float]:
+    ttft, tokens, gap = base(i)
+    return ttft + 400.0, tokens, gap
+
+
+def make_run(
+    store: Store,
+    n: int,
+    profile: Profile = base,
+    *,
+    kind: str = "eval",
+    started_at: Callable[[int], str] | None = None,
+    original_ms: Callable[[int], float] | None = None,
+    answers: Callable[[int], str] | None = None,
+    request_ids: Callable[[int], str] | None = None,
+) -> int:
+    """A run of ``n`` turns: classify (LLM), retrieve, compose (LLM, streamed)."""
+    run = store.create_run(kind, "{}", label=f"{n} turns")  # type: ignore[arg-type]
+    for i in range(n):
+        ttft, tokens, gap = profile(i)
+        compose_ms = ttft + (tokens or 50) * gap
+        classify_ms = 80.0 + (i * 13) % 40
+        turn = TurnRecord(
+            input=f"message {i}",
+            output=answers(i) if answers else "Try the Storm Shell.",
+            request_id=request_ids(i) if request_ids else None,
+            label="product_search",
+            started_at=started_at(i) if started_at else None,
+            duration_ms=classify_ms + 5.0 + compose_ms,
+            original_ms=original_ms(i) if original_ms else None,
+        )
+        turn.steps = [
+            StepRecord(step="classify", duration_ms=classify_ms, output="product_search"),
+            StepRecord(step="retrieve", kind="retrieve", duration_ms=5.0, output="[]"),
+            StepRecord(step="compose", duration_ms=compose_ms, output=turn.output),
+        ]
+        turn.calls = [
+            CallRecord(step="classify", ttft_ms=classify_ms, output_tokens=2),
+            CallRecord(
+                step="compose",
+                attempt=1,
+                outcome="cancelled",  # a loser: must never count
+                ttft_ms=9999.0,
+                output_tokens=999,
+                chunk_gaps_ms=[999.0],
+            ),
+            CallRecord(
+                step="compose",
+                attempt=2,
+                outcome="duplicate",
+                stream=True,
+                ttft_ms=ttft,
+                output_tokens=tokens,
+                chunk_gaps_ms=[gap] * (tokens or 50),
+            ),
+        ]
+        store.log_turn(run, turn)
+    store.finish_run(run, "complete")
+    return run
+
+
+@pytest.fixture
+def store() -> Store:
+    s = Store.open(":memory:")
+    yield s
+    s.close()
+
+
+def test_12_turns_against_400_reports_n_and_null_intervals(store: Store) -> None:
+    a, b = make_run(store, 12), make_run(store, 400)
+    result = compare(store, str(a), str(b))
+    assert result["a"]["n_turns"] == 12 and result["b"]["n_turns"] == 400
+    assert list(result["metrics"]) == ["turn", "classify", "retrieve", "compose"]
+    for name, m in result["metrics"].items():
+        assert m["a"]["n"] == 12 and m["b"]["n"] == 400, name
+        assert m["diff"]["n_a"] == 12 and m["diff"]["n_b"] == 400
+        # 12 values bound the median but neither the p90 nor the p99
+        assert m["a"]["p50_ci"] is not None
+        assert m["a"]["p90_ci"] is None and m["a"]["p99_ci"] is None
+        assert m["b"]["p90_ci"] is not None and m["b"]["p99_ci"] is not None  # n >= 368
+        assert m["diff"]["p90_ci"] is None and m["diff"]["p99_ci"] is None
+        assert m["diff"]["p90_ms"] is not None  # the estimate is still given
+        assert m["verdict"] in ("better", "worse", "inconclusive")
+    split = result["metrics"]["compose"]["llm"]
+    assert split["a"]["n_calls"] == 12 and split["b"]["n_calls"] == 400
+    assert split["a"]["ttft"]["n"] == 12 and split["a"]["completion_tokens"]["n"] == 12
+    assert "llm" not in result["metrics"]["retrieve"]
+
+
+def test_a_against_itself_is_inconclusive(store: Store) -> None:
+    run = make_run(store, 150)
+    result = compare(store, str(run), str(run))
+    assert result["regressions"] == []
+    for m in result["metrics"].values():
+        assert m["verdict"] == "inconclusive"
+        assert all(m["diff"][f"p{p}_ms"] == 0 for p in (50, 90, 99))
+    assert result["metrics"]["compose"]["llm"]["explanation"].startswith("no clear change")
+    assert not regression(result)
+
+
+@given(st.lists(st.floats(min_value=1.0, max_value=30_000.0), min_size=1, max_size=80))
+@settings(max_examples=15, deadline=None)
+def test_a_a_property_never_a_regression(durations: list[float]) -> None:
+    with Store.open(":memory:") as s:
+        run = make_run(s, len(durations), lambda i: (durations[i], 10 + i % 3, 5.0))
+        result = compare(s, str(run), str(run))
+        assert not regression(result)
+        assert {m["verdict"] for m in result["metrics"].values()} == {"inconclusive"}
+
+
+def test_slower_because_more_tokens(store: Store) -> None:
+    a, b = make_run(store, 120), make_run(store, 120, more_tokens)
+    result = compare(store, str(a), str(b))
+    compose = result["metrics"]["compose"]
+    assert compose["verdict"] == "worse"
+    assert compose["diff"]["p50_ci"][0] > 0
+    llm = compose["llm"]
+    assert llm["cause"] == "more_tokens"
+    assert llm["explanation"].startswith("slower: +40% completion tokens")
+    assert "TTFT unchanged" in llm["explanation"]
+    assert "time between tokens unchanged" in llm["explanation"]
+    assert result["metrics"]["classify"]["verdict"] == "inconclusive"
+    assert "compose" in result["regressions"] and "classify" not in result["regressions"]
+    assert (
+        regression(result, "compose") and regression(result) and not regression(result, "classify")
+    )
+
+
+def test_slower_because_served_slower(store: Store) -> None:
+    a, b = make_run(store, 120), make_run(store, 120, served_slower)
+    llm = compare(store, str(a), str(b))["metrics"]["compose"]["llm"]
+    assert llm["cause"] == "served_slower"
+    assert llm["explanation"].startswith("slower: +")
+    assert "% TTFT" in llm["explanation"] and "completion tokens unchanged" in llm["explanation"]
+    faster = compare(store, str(b), str(a))["metrics"]["compose"]
+    assert faster["verdict"] == "better" and faster["llm"]["cause"] == "served_faster"
+
+
+def test_unknown_token_counts_are_excluded_and_counted(store: Store) -> None:
+    def some_unknown(i: int) -> tuple[float, int | None, float]:
+        ttft, tokens, gap = base(i)
+        return ttft, None if i % 4 == 0 else tokens, gap
+
+    a = make_run(store, 40, some_unknown)
+    split = compare(store, str(a), str(a), metric="compose")["metrics"]["compose"]["llm"]["a"]
+    assert split["n_calls"] == 40
+    assert split["unknown"]["completion_tokens"] == 10
+    assert split["completion_tokens"]["n"] == 30
+    assert split["time_between_tokens"]["n"] == 40
+
+
+def test_metric_selection_and_errors(store: Store) -> None:
+    a = make_run(store, 10)
+    only = compare(store, str(a), str(a), metric="compose")
+    assert list(only["metrics"]) == ["compose"]
+    assert list(compare(store, str(a), str(a), metric="turn")["metrics"]) == ["turn"]
+    with pytest.raises(UserInputError, match="unknown metric"):
+        compare(store, str(a), str(a), metric="nope")
+    with pytest.raises(UserInputError, match="unknown metric"):
+        regression(only, "turn")
+    with pytest.raises(UserInputError, match="no such run"):
+        compare(store, str(a), "999")
+    with pytest.raises(UserInputError, match="run id or live"):
+        compare(store, "latest", str(a))
+
+
+def _at(day: int, hour: int) -> str:
+    return f"2025-05-{day:02d}T{hour:02d}:00:00.000+00:00"
+
+
+def test_live_windows(store: Store) -> None:
+    make_run(store, 24, kind="live", started_at=lambda i: _at(1, i))  # May 1st, hourly
+    make_run(store, 10, kind="live", started_at=lambda i: _at(2, i))  # May 2nd 00:00-09:00
+    make_run(store, 5, kind="eval", started_at=lambda i: _at(1, i))  # not live: never selected
+    assert compare(store, "live", "live")["a"]["n_turns"] == 34
+    day1 = compare(store, "live:2025-05-01..2025-05-02", "live:2025-05-02T00:00..")
+    assert day1["a"]["n_turns"] == 24 and day1["b"]["n_turns"] == 10
+    assert day1["a"]["kind"] == "live" and day1["a"]["window"]["to"].startswith("2025-05-02")
+    assert day1["metrics"]["turn"]["a"]["n"] == 24
+    morning = compare(store, "live:..2025-05-01T06:00", "live:2025-05-02T05:00+00:00..")
+    assert morning["a"]["n_turns"] == 6 and morning["b"]["n_turns"] == 5
+    with pytest.raises(UserInputError, match="no turns"):
+        compare(store, "live:2026-01-01..", "live")
+    with pytest.raises(UserInputError, match="ISO-8601"):
+        compare(store, "live:yesterday..", "live")
+    with pytest.raises(UserInputError, match=r"live:FROM\.\.TO"):
+        compare(store, "live:2025-05-01", "live")
+    with pytest.raises(UserInputError, match="ends before"):
+        parse_live_window("live:2025-05-02..2025-05-01")
+
+
+def test_replayed_turns_report_original_and_replay_wall_time(store: Store) -> None:
+    live = make_run(store, 20)
+    replay = make_run(store, 20, kind="replay", original_ms=lambda i: 5000.0 + i)
+    turn = compare(store, str(live), str(replay))["metrics"]["turn"]
+    assert turn["replayed"]["a"] is None
+    rep = turn["replayed"]["b"]
+    assert rep["n"] == 20
+    assert "original live" in rep["original_live"]["label"]
+    assert "replay" in rep["replay_wall"]["label"]
+    assert rep["original_live"]["p50_ms"] == 5009.0
+    assert rep["replay_wall"]["p50_ms"] == turn["b"]["p50_ms"]  # the replay's own wall time
+
+
+async def test_evals_are_compared_paired(store: Store) -> None:
+    cases = [
+        parse_case(
+            {
+                "id": f"c{i}",
+                "message": f"message {i}",
+                "assert": [{"type": "icontains", "value": "storm"}],
+            }
+        )
+        for i in range(20)
+    ]
+    ids = lambda i: eval_request_id(f"c{i}", 0)  # noqa: E731
+    a = make_run(store, 20, request_ids=ids)
+    b = make_run(
+        store, 20, request_ids=ids, answers=lambda i: "No idea." if i < 12 else "Storm Shell"
+    )
+    await score_run(store, a, cases)
+    await score_run(store, b, cases)
+    result = compare(store, str(a), str(b))
+    evals = result["evals"]
+    assert evals["n_pairs"] == 20
+    assert evals["a"]["pass_rate"] == 1.0 and evals["b"]["pass_rate"] == 0.4
+    assert (evals["a_only_passed"], evals["b_only_passed"]) == (12, 0)
+    assert evals["verdict"] == "worse"
+    assert evals["by_type"]["icontains"]["verdict"] == "worse"
+    assert result["metrics"]["turn"]["verdict"] == "inconclusive"  # same latency profile
+    assert regression(result, "evals") and not regression(result, "turn")
+    assert result["regressions"] == ["evals"]
+    aa = compare(store, str(b), str(b))
+    assert aa["evals"]["verdict"] == "inconclusive" and not regression(aa, "evals")
+    unscored = make_run(store, 5)
+    assert compare(store, str(unscored), str(unscored))["evals"] is None

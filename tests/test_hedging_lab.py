@@ -1,0 +1,214 @@
+"""Hedged steps against the latency lab over real HTTP, through the real ``openai`` client.
+
+Each test runs the chain with one hedged step on lab servers whose latency is known,
+and uses the lab's own per-request records to prove what happened on the server side
+(a copy was or was not sent; a loser's connection was closed; generation stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.lab import LabServer
+from chainrun.store import Store
+
+
+@pytest.fixture(scope="module")
+def fast_lab() -> Iterator[LabServer]:
+    with LabServer("fast", n_tokens=20, per_token_ms=2) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def slow_lab() -> Iterator[LabServer]:
+    # time to first token 1.5 s (sigma tiny: every request is slow)
+    with LabServer("lognormal", median_ms=1500, sigma=0.01, n_tokens=20) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def error_lab() -> Iterator[LabServer]:
+    with LabServer("fast", server_error=1.0) as lab:
+        yield lab
+
+
+def one_step_config(primary: str, backup: str | None, hedge: dict[str, Any] | None,
+                    *, stream: bool = True, max_connections: int = 100,
+                    deadline_s: float = 10.0) -> Any:  # fmt: skip
+    providers = {"primary": {"base_url": primary, "max_connections": max_connections}}
+    if backup:
+        providers["backup"] = {"base_url": backup, "max_connections": max_connections}
+    step: dict[str, Any] = {
+        "provider": "primary", "prompt": "{message}", "stream": stream,
+        "max_output_tokens": 20, "deadline_s": deadline_s, "on_failure": "closed",
+    }  # fmt: skip
+    if hedge is not None:
+        step["hedge"] = {**hedge, "targets": ["backup"] if backup else []}
+    return config_from_dict(
+        {"order": ["answer"], "answer_step": "answer", "providers": providers,
+         "steps": {"answer": step}}
+    )  # fmt: skip
+
+
+def requests_for(lab: LabServer, message: str) -> list[dict[str, Any]]:
+    return [r for r in lab.requests() if message in str(r.get("metadata") or "")
+            or r.get("request_id") == message]  # fmt: skip
+
+
+async def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
+    """Poll the lab (its records settle a moment after the client closed a stream)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_fast_primary_never_starts_a_copy(fast_lab: LabServer, slow_lab: LabServer) -> None:
+    fast_lab.reset()
+    slow_lab.reset()
+    cfg = one_step_config(fast_lab.base_url, slow_lab.base_url,
+                          {"delay_ms": 500, "max_attempts": 2, "max_extra_load": 1.0})  # fmt: skip
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store) as chain:
+            for i in range(5):
+                done = await chain.run_turn(f"fast {i}")
+                assert done.status == "ok"
+            calls = store.calls(chain.run_id)
+    assert len(fast_lab.requests()) == 5
+    assert slow_lab.requests() == []  # the backup never saw a copy
+    assert {c["outcome"] for c in calls} == {"not_fired"}
+
+
+async def test_slow_primary_gets_a_copy_at_d_and_the_first_token_wins(
+    fast_lab: LabServer, slow_lab: LabServer
+) -> None:
+    fast_lab.reset()
+    slow_lab.reset()
+    cfg = one_step_config(slow_lab.base_url, fast_lab.base_url,
+                          {"delay_ms": 100, "max_attempts": 2, "max_extra_load": 1.0})  # fmt: skip
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store) as chain:
+            t0 = time.perf_counter()
+            done = await chain.run_turn("slow one")
+            elapsed = time.perf_counter() - t0
+            calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
+    assert done.status == "ok" and done.output
+    assert elapsed < 1.2  # did not wait for the 1.5 s primary
+    assert calls[1]["outcome"] == "cancelled" and calls[1]["target"] == "primary"
+    assert calls[2]["outcome"] == "duplicate" and calls[2]["target"] == "backup"
+    assert 95 <= calls[2]["started_offset_ms"] < 400
+    assert calls[1]["output_tokens"] is None  # a loser's cost is unknown, never 0
+    # the lab saw the loser's client disconnect before it generated anything
+    await wait_for(lambda: any(r["disconnected"] for r in slow_lab.requests()))
+    loser = slow_lab.requests()[0]
+    assert loser["disconnected"] and loser["tokens_sent"] == 0 and not loser["completed"]
+    winner = fast_lab.requests()[0]
+    assert winner["completed"] and winner["tokens_sent"] == winner["planned_tokens"]
+
+
+async def test_loser_stream_closed_mid_generation_stops_the_server(
+    fast_lab: LabServer, slow_lab: LabServer
+) -> None:
+    """A streamed loser that already started generating is closed when the winner settles."""
+    with LabServer(
+        "lognormal", median_ms=30, sigma=0.01, n_tokens=400, per_token_ms=20
+    ) as long_lab:
+        cfg = one_step_config(long_lab.base_url, fast_lab.base_url,
+                              {"delay_ms": 80, "max_attempts": 2, "max_extra_load": 1.0},
+                              stream=False)  # fmt: skip
+        # non-streamed settle: the copy (fast, 20 tokens) finishes while the primary streams
+        with Store.open(":memory:") as store:
+            async with Chain(cfg, store=store) as chain:
+                done = await chain.run_turn("long answer")
+        assert done.status == "ok"
+        await wait_for(lambda: long_lab.requests()[0]["disconnected"])
+        rec = long_lab.requests()[0]
+        assert 0 < rec["tokens_sent"] < rec["planned_tokens"] and not rec["completed"]
+
+
+async def test_an_error_ends_the_race_without_a_copy(
+    error_lab: LabServer, fast_lab: LabServer
+) -> None:
+    fast_lab.reset()
+    error_lab.reset()
+    cfg = one_step_config(error_lab.base_url, fast_lab.base_url,
+                          {"delay_ms": 50, "max_attempts": 3, "max_extra_load": 1.0})  # fmt: skip
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store) as chain:
+            done = await chain.run_turn("will fail")
+            calls = store.calls(chain.run_id)
+    assert done.status == "refused" and done.error_type == "http_500"
+    assert [c["outcome"] for c in calls] == ["error"]
+    await asyncio.sleep(0.2)
+    assert fast_lab.requests() == []  # no copy of a failure
+
+
+async def test_no_leak_with_two_connections_over_100_hedged_races(
+    fast_lab: LabServer,
+) -> None:
+    with LabServer("lognormal", median_ms=80, sigma=0.01, n_tokens=5) as slowish:
+        cfg = one_step_config(slowish.base_url, fast_lab.base_url,
+                              {"delay_ms": 5, "max_attempts": 2, "max_extra_load": 2.0},
+                              max_connections=2, deadline_s=5.0)  # fmt: skip
+        with Store.open(":memory:") as store:
+            async with Chain(cfg, store=store) as chain:
+                before = len(asyncio.all_tasks())
+                for i in range(100):
+                    done = await chain.run_turn(f"race {i}")
+                    assert done.status == "ok", (i, done)
+                # every loser's task and stream is gone once its race is over
+                assert len(asyncio.all_tasks()) <= before
+                steps = store.steps(chain.run_id)
+        assert sum(s["hedge_won"] for s in steps) >= 90  # the copy won nearly every race
+        await wait_for(lambda: sum(r["disconnected"] for r in slowish.requests()) >= 90)
+
+
+async def test_budget_caps_extra_load_under_an_all_slow_backend() -> None:
+    with LabServer("lognormal", median_ms=120, sigma=0.01, n_tokens=3) as slow:
+        cfg = one_step_config(slow.base_url, None,
+                              {"delay_ms": 10, "max_attempts": 2, "max_extra_load": 0.1})  # fmt: skip
+        n = 60
+        with Store.open(":memory:") as store:
+            async with Chain(cfg, store=store) as chain:
+                sem = asyncio.Semaphore(6)
+
+                async def one(i: int) -> None:
+                    async with sem:
+                        await chain.run_turn(f"budget {i}")
+
+                await asyncio.gather(*(one(i) for i in range(n)))
+                calls = store.calls(chain.run_id)
+        copies = [c for c in calls if c["attempt"] > 1 and c["outcome"] != "budget_exhausted"]
+        refused = [c for c in calls if c["outcome"] == "budget_exhausted"]
+        # every primary is slow, so every turn wants a copy; the bucket allows ~10% (+1 reserve)
+        assert len(copies) <= 0.1 * n + 2
+        assert len(refused) >= n - len(copies) - 2
+        assert len(slow.requests()) == n + len(copies)
+
+
+async def test_shadow_losers_finish_and_their_times_are_logged(fast_lab: LabServer) -> None:
+    with LabServer("lognormal", median_ms=400, sigma=0.01, n_tokens=5) as slow:
+        cfg = one_step_config(slow.base_url, fast_lab.base_url,
+                              {"delay_ms": 50, "max_attempts": 2, "max_extra_load": 1.0,
+                               "shadow_fraction": 1.0})  # fmt: skip
+        with Store.open(":memory:") as store:
+            async with Chain(cfg, store=store) as chain:
+                done = await chain.run_turn("shadow me")
+                calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
+                step = store.steps(chain.run_id)[0]
+        assert done.status == "ok"
+        assert calls[1]["outcome"] == "shadow_finished" and calls[1]["ttft_ms"] >= 350
+        assert calls[2]["outcome"] == "duplicate"
+        # time saved = the primary's first token minus the copy's, both from the step start
+        assert step["hedge_won"] == 1 and step["time_saved_ms"] is not None
+        assert 250 <= step["time_saved_ms"] <= 450
+        await wait_for(lambda: len(slow.requests()) == 1 and slow.requests()[0]["tokens_sent"] > 0)
