@@ -151,7 +151,8 @@ def test_unknown_run_and_not_a_database(tmp_path: Path) -> None:
 def test_eval_repeat_and_compare(lab_config: Path, tmp_path: Path) -> None:
     cases = tmp_path / "cases.jsonl"
     cases.write_text(
-        '{"id": "c1", "message": "a jacket please", "assert": [{"type": "contains", "value": "a"}]}\n'
+        '{"id": "c1", "message": "a jacket please",'
+        ' "assert": [{"type": "contains", "value": "a"}]}\n'
         '{"id": "c2", "message": "my order?", "assert": [{"type": "max-tokens", "step": "compose",'
         ' "threshold": 100}]}\n'
     )

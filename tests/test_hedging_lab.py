@@ -174,8 +174,8 @@ async def test_no_leak_with_two_connections_over_100_hedged_races(
 
 async def test_budget_caps_extra_load_under_an_all_slow_backend() -> None:
     with LabServer("lognormal", median_ms=120, sigma=0.01, n_tokens=3) as slow:
-        cfg = one_step_config(slow.base_url, None,
-                              {"delay_ms": 10, "max_attempts": 2, "max_extra_load": 0.1})  # fmt: skip
+        hedge = {"delay_ms": 10, "max_attempts": 2, "max_extra_load": 0.1}
+        cfg = one_step_config(slow.base_url, None, hedge)
         n = 60
         with Store.open(":memory:") as store:
             async with Chain(cfg, store=store) as chain:
