@@ -32,7 +32,14 @@ from chainrun import local
 from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
 from chainrun.errors import ChainrunError, ProviderError, ProviderUnavailable
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
-from chainrun.hedging import BreakerRegistry, HedgeOutcome, HedgePolicy, Hedger
+from chainrun.hedging import (
+    BreakerRegistry,
+    HedgeOutcome,
+    HedgePolicy,
+    Hedger,
+    LoopLagMonitor,
+    get_loop_lag_monitor,
+)
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.records import CallRecord, RunKind, StepRecord, TurnRecord
@@ -125,6 +132,7 @@ def _call_record(
         started_offset_ms=attempt.started_offset_ms or 0.0,
         outcome=attempt.outcome,
         loop_lag_ms=attempt.loop_lag_ms,
+        fired_late=attempt.fired_during_loop_lag,
         error_type=_error_type(attempt.error),
         error_message=str(attempt.error) if attempt.error else None,
     )
@@ -208,7 +216,7 @@ class Chain:
         self._owned: list[Provider] = []
         self._breakers = BreakerRegistry()
         self._hedgers: dict[str, Hedger[ChatStream]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._loop_lag: LoopLagMonitor | None = None
 
     @classmethod
     def from_config(
@@ -269,13 +277,18 @@ class Chain:
         except BaseException:
             await self.aclose("failed")
             raise
+        if any(s.hedge is not None for s in self.config.steps.values()):
+            # the client's own event-loop lag, recorded with every attempt of hedged steps
+            self._loop_lag = get_loop_lag_monitor()
+            await self._loop_lag.__aenter__()
         for step_name in self.config.order:
             step = self.config.steps[step_name]
             if step.kind == "llm":
                 targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
                 self._hedgers[step_name] = Hedger(
-                    policy_from_config(step), targets, breakers=self._breakers
-                )
+                    policy_from_config(step), targets, breakers=self._breakers,
+                    loop_lag=self._loop_lag,
+                )  # fmt: skip
 
     async def _open_providers(self) -> None:
         for name in self._used_providers():
@@ -296,8 +309,11 @@ class Chain:
 
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers), close providers, end the run."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        for hedger in self._hedgers.values():
+            await hedger.aclose()  # shadow losers still running
+        if self._loop_lag is not None:
+            await self._loop_lag.__aexit__(None, None, None)
+            self._loop_lag = None
         for p in self._owned:
             await p.aclose()
         self._owned.clear()

@@ -65,6 +65,7 @@ class CallRecord:
     error_message: str | None = None
     outcome: AttemptOutcome = "not_fired"
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
+    fired_late: bool = False  # a copy fired while the client's event loop was late
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
 
     def row(self) -> dict[str, Any]:

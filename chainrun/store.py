@@ -136,9 +136,15 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("calls").create_index(["turn_id"])
 
 
+def _m002_fired_late(db: sqlite_utils.Database) -> None:
+    # a copy fired while the client's own event loop was late (chainrun.hedging.looplag)
+    db.table("calls").add_column("fired_late", int)
+
+
 #: Numbered, append-only migrations. Never edit one that has shipped: add a new one.
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("001_initial", _m001_initial),
+    ("002_fired_late", _m002_fired_late),
 ]
 
 
