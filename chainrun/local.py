@@ -12,6 +12,7 @@ template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see FIE
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -171,10 +172,27 @@ def up(
     running = status()
     if running:
         return running
+    home().mkdir(parents=True, exist_ok=True)
+    # one starter at a time: two commands started together must share one server
+    with open(home() / "local-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        running = status()
+        if running:
+            return running
+        return _start(slots, context, port, quiet, extra_args, timeout_s)
+
+
+def _start(
+    slots: int,
+    context: int,
+    port: int | None,
+    quiet: bool,
+    extra_args: list[str] | None,
+    timeout_s: float,
+) -> LocalServer:
     binary = server_binary()
     model = model_path()
     port = port or free_port()
-    home().mkdir(parents=True, exist_ok=True)
     log_path = home() / "llama-server.log"
     args = [
         str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
