@@ -22,13 +22,17 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import sqlite_utils
+
 from chainrun import local
+from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
 from chainrun.errors import ChainrunError, ProviderError, ProviderUnavailable
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
@@ -43,6 +47,7 @@ from chainrun.hedging import (
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.records import CallRecord, RunKind, StepRecord, TurnRecord
+from chainrun.retrieval import build_retriever
 from chainrun.store import DEFAULT_DB, Store, utc_now
 
 REFUSAL = "Sorry, I can't help with that right now. Please try again in a moment."
@@ -217,6 +222,7 @@ class Chain:
         self._breakers = BreakerRegistry()
         self._hedgers: dict[str, Hedger[ChatStream]] = {}
         self._loop_lag: LoopLagMonitor | None = None
+        self._owned_retriever: Any = None
 
     @classmethod
     def from_config(
@@ -277,6 +283,7 @@ class Chain:
         except BaseException:
             await self.aclose("failed")
             raise
+        await self._open_retriever()
         if any(s.hedge is not None for s in self.config.steps.values()):
             # the client's own event-loop lag, recorded with every attempt of hedged steps
             self._loop_lag = get_loop_lag_monitor()
@@ -289,6 +296,24 @@ class Chain:
                     policy_from_config(step), targets, breakers=self._breakers,
                     loop_lag=self._loop_lag,
                 )  # fmt: skip
+
+    async def _open_retriever(self) -> None:
+        """Build the retrieve step's searches over the catalogue in the log database
+        (loading the sample catalogue when it has none), unless one was injected."""
+        steps = [self.config.steps[n] for n in self.config.order]
+        retrieve = next((s for s in steps if s.kind == "retrieve"), None)
+        if self.retriever is not None or retrieve is None:
+            return
+        db = self.store.db if self.store is not None else sqlite_utils.Database(memory=True)
+        ensure_sample_catalog(db)  # sqlite connections are bound to their thread
+        built = build_retriever(retrieve.retrieval, db)
+        self._owned_retriever = built
+        self.retriever = built
+        try:
+            await built.warm()  # embeds the catalogue once (cached in the database)
+        except ProviderError as e:
+            if not self.quiet:
+                print(f"chainrun: vector search unavailable ({e})", file=sys.stderr)
 
     async def _open_providers(self) -> None:
         for name in self._used_providers():
@@ -314,6 +339,10 @@ class Chain:
         if self._loop_lag is not None:
             await self._loop_lag.__aexit__(None, None, None)
             self._loop_lag = None
+        if self._owned_retriever is not None:
+            await self._owned_retriever.aclose()
+            self._owned_retriever = None
+            self.retriever = None
         for p in self._owned:
             await p.aclose()
         self._owned.clear()

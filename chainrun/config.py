@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chainrun.errors import ConfigError
+from chainrun.retrieval.settings import RetrievalSettings
 
 #: Values the OpenAI API has accepted for ``reasoning_effort`` over time (see FIELD.md).
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -161,6 +162,8 @@ class StepConfig(_Strict):
     #: the answer must parse as a JSON object; a hedged step's quality gate then
     #: refuses a fast answer that does not
     expect_json: bool = False
+    #: ``kind = "retrieve"`` only: searches in priority order, ``min_results`` (early exit)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
 
     @field_validator("prompt", "system")
     @classmethod

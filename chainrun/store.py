@@ -10,7 +10,6 @@ the *name* of the key's environment variable).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
 from chainrun.errors import UserInputError
 from chainrun.records import CallRecord, RunKind, RunStatus, TurnRecord

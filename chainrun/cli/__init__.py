@@ -31,7 +31,10 @@ local_app = typer.Typer(help="Start, stop and inspect the embedded local model s
                         no_args_is_help=True)  # fmt: skip
 lab_app = typer.Typer(help="The latency lab: an OpenAI-compatible server with known latencies.",
                       no_args_is_help=True)  # fmt: skip
+catalog_app = typer.Typer(help="The product catalogue the retrieve step searches.",
+                          no_args_is_help=True)  # fmt: skip
 app.add_typer(local_app, name="local")
+app.add_typer(catalog_app, name="catalog")
 app.add_typer(lab_app, name="lab")
 
 out = Console(highlight=False, soft_wrap=True)
@@ -82,7 +85,13 @@ def run_async(coro: Any) -> Any:
 
 
 # The commands live in one module per noun; importing them registers them on `app`.
-from chainrun.cli import commands_core, commands_eval, commands_hedge, commands_lab  # noqa: E402,F401
+from chainrun.cli import (  # noqa: E402,F401
+    commands_core,
+    commands_eval,
+    commands_hedge,
+    commands_lab,
+    commands_retrieve,
+)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""``chainrun retrieve QUERY``: run the retrieve stage alone and show what each search did.
+"""``chainrun retrieve QUERY`` (the retrieve stage alone: what each search did, where it
+stopped) and ``chainrun catalog load FILE``.
 
 Thin: loads the config, opens the log database, calls :mod:`chainrun.retrieval` and prints
 (rich tables, or the ``--json`` document of :meth:`RetrievalResult.as_json`).
@@ -6,12 +7,26 @@ Thin: loads the config, opens the log database, calls :mod:`chainrun.retrieval` 
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
+import typer
 from rich.table import Table
 
-from chainrun.catalog import ensure_sample_catalog, get_products
-from chainrun.cli import err, out, print_json, run_async
+from chainrun.catalog import ensure_sample_catalog, get_products, load_catalog
+from chainrun.cli import (
+    DEFAULT_DB_PATH,
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    app,
+    catalog_app,
+    err,
+    handle_errors,
+    out,
+    print_json,
+    run_async,
+)
 from chainrun.config import load_config
 from chainrun.errors import ProviderError
 from chainrun.retrieval import RetrievalResult, RetrievalSettings, build_retriever
@@ -19,17 +34,16 @@ from chainrun.store import Store
 
 
 def retrieval_settings(config_path: str | None) -> RetrievalSettings:
-    """The ``[steps.retrieve.retrieval]`` settings of the config (defaults if it has none).
+    """The retrieve step's ``retrieval`` settings of the config (defaults if it has none).
 
     Raises:
         ConfigError: the config file is invalid.
     """
     cfg = load_config(config_path)
-    for step in cfg.steps.values():
+    for name in cfg.order:
+        step = cfg.steps[name]
         if step.kind == "retrieve":
-            found = getattr(step, "retrieval", None)
-            if isinstance(found, RetrievalSettings):
-                return found
+            return step.retrieval
     return RetrievalSettings()
 
 
@@ -76,8 +90,10 @@ def print_result(
         merged.add_column(col, justify="right" if col in ("#", "price") else "left")
     for rank, item in enumerate(result.items, start=1):
         sizes = [s for s, n in (item.get("sizes") or {}).items() if n > 0]
-        merged.add_row(str(rank), item["id"], item["title"], item["category"],
-                       _price(item["price"]), ", ".join(sizes), item.get("source", "-"))  # fmt: skip
+        merged.add_row(
+            str(rank), item["id"], item["title"], item["category"], _price(item["price"]),
+            ", ".join(sizes), item.get("source", "-"),
+        )  # fmt: skip
     out.print(merged)
     if result.stopped_after:
         out.print(f"early exit: stopped after [bold]{result.stopped_after}[/] with "
@@ -123,3 +139,31 @@ def retrieve_command(query: str, db_path: str, config_path: str | None, as_json:
             print_result(result, settings, products)
     finally:
         store.close()
+
+
+@app.command("retrieve")
+@handle_errors
+def retrieve(
+    query: Annotated[str, typer.Argument(help="What the shopper asked.")],
+    config: ConfigOpt = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the retrieve step alone: each search's hits and time, the merged list, the stop."""
+    retrieve_command(query, str(db), str(config) if config else None, as_json)
+
+
+@catalog_app.command("load")
+@handle_errors
+def catalog_load(
+    file: Annotated[Path, typer.Argument(help="Products as JSONL or CSV.")],
+    db: DbOpt = DEFAULT_DB_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load (replace) the product catalogue from JSONL or CSV; a bad row loads nothing."""
+    with Store.open(db) as store:
+        n = load_catalog(store.db, file)
+    if as_json:
+        print_json({"loaded": n, "file": str(file), "db": str(db)})
+    else:
+        out.print(f"loaded {n} products from {file} into {db}")

@@ -1,0 +1,155 @@
+"""The search protocol and the result types of retrieval.
+
+A search is anything with a ``name`` and ``async search(query, k, *, filters=None)``
+returning at most ``k`` :class:`Hit` s, best first. Keyword (FTS5 bm25), vector, filter
+and hybrid (RRF) searches all implement it, and so do the fakes in the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from chainrun.retrieval.filters import Filters
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked result of one search.
+
+    ``score`` is the search's own score, higher = better (its scale differs per search:
+    negated bm25 for keyword, cosine similarity for vector, RRF sum for hybrid).
+    """
+
+    id: str
+    score: float
+    source: str
+
+
+class Hits(list[Hit]):
+    """A ranked list of hits that may note partial failures.
+
+    ``errors`` names components that failed while others answered (a hybrid search whose
+    vector half failed still returns its keyword half): the stage logs them.
+    """
+
+    def __init__(self, hits: list[Hit] | None = None, errors: list[str] | None = None) -> None:
+        super().__init__(hits or [])
+        self.errors: list[str] = list(errors or [])
+
+
+class Search(Protocol):
+    """A ranked search over the catalogue."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def search(self, query: str, k: int, *, filters: Filters | None = None) -> list[Hit]:
+        """At most ``k`` hits for ``query``, best first, each passing ``filters``.
+
+        Raises:
+            ChainrunError: the search could not answer (e.g. the embedder is unavailable).
+        """
+        ...
+
+
+@dataclass
+class SearchLog:
+    """What one search of a retrieve stage did. Times in ms.
+
+    ``n`` counts its hits, ``new`` those not already found by an earlier search;
+    ``hedged`` is None when no fallback was raced, else why and how the race ended
+    (``"primary_won"``, ``"fallback_won"``, ``"fallback_after_error"``).
+    """
+
+    name: str
+    ms: float
+    n: int
+    new: int = 0
+    error: str | None = None
+    hedged: str | None = None
+    #: the search (primary or its fallback) whose hits were used
+    answered_by: str | None = None
+    #: hit ids in rank order
+    ids: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ms"] = round(self.ms, 3)
+        return d
+
+
+@dataclass
+class RetrievalResult:
+    """The outcome of one retrieve stage.
+
+    Attributes:
+        items: merged products in first-seen order (at most ``k``); each a product dict
+            (id, title, description, category, colours, sizes, price in EUR, stock, tags)
+            plus ``source``, the search that found it first.
+        searches: one :class:`SearchLog` per search run, in the order run.
+        stopped_after: the search after which the stage stopped early (it had
+            ``min_results``), or None when every configured search ran.
+        filters: the structured filters parsed from the message and label.
+        query: the text the searches were given (the message without filter phrases).
+        ms: the whole stage, in ms.
+    """
+
+    items: list[dict[str, Any]]
+    searches: list[SearchLog]
+    stopped_after: str | None
+    filters: Filters
+    query: str = ""
+    ms: float = 0.0
+
+    @property
+    def ids(self) -> list[str]:
+        return [item["id"] for item in self.items]
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``chainrun retrieve --json`` document (also stored in the step's ``detail``).
+
+        Keys: ``query``, ``filters``, ``results`` (merged items, each with ``id``),
+        ``searches`` (each with ``name``, ``ms``, ``n``, ``new``, ``error``, ``hedged``,
+        ``ids``), ``stopped_after`` and ``ms``.
+        """
+        return {
+            "query": self.query,
+            "filters": self.filters.as_json(),
+            "results": self.items,
+            "searches": [s.as_json() for s in self.searches],
+            "stopped_after": self.stopped_after,
+            "ms": round(self.ms, 3),
+        }
+
+    def prompt_text(self) -> str:
+        """The items as the compose step's prompt gets them (see :func:`format_for_prompt`)."""
+        return format_for_prompt(self.items)
+
+
+def _price(value: Any) -> str:
+    return f"€{float(value):.2f}"
+
+
+def format_for_prompt(items: list[dict[str, Any]]) -> str:
+    """A compact list for a prompt: one line per product, "" when there is none.
+
+    ``- [JKT-005] Women's City Drizzle Packable Rain Jacket | jackets | €49.95 |
+    yellow | in stock: S, M, L``
+    """
+    lines = []
+    for item in items:
+        parts = [
+            f"- [{item['id']}] {item['title']}",
+            str(item.get("category", "")),
+            _price(item["price"]),
+        ]
+        if item.get("colours"):
+            parts.append("/".join(item["colours"]))
+        sizes = item.get("sizes") or {}
+        in_stock = [s for s, n in sizes.items() if n > 0]
+        if sizes:
+            parts.append("in stock: " + ", ".join(in_stock) if in_stock else "sold out")
+        lines.append(" | ".join(p for p in parts if p))
+    return "\n".join(lines)

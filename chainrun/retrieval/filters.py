@@ -1,0 +1,340 @@
+"""Structured filters parsed from the shopper's message (and the classify label).
+
+"a rain jacket under 100 in size M" → price ≤ 100 EUR, size M in stock, category in
+(jackets, coats, sportswear), and the query text left for the searches is
+"a rain jacket". Every search applies the same filters (as SQL), so a ranked list is
+never cut down after the fact; :class:`FilterSearch` browses by filters alone, for a
+message that is nothing but constraints ("anything under 30 in XL?").
+
+The parser is a few regular expressions, not a model: cheap enough for the critical
+path and predictable enough to test.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlite_utils
+
+from chainrun.retrieval.base import Hit
+
+#: word (singular, lower case) → the categories of the sample catalogue it points to.
+#: A jacket can be sold as a coat or as sportswear, so some words name several.
+CATEGORY_WORDS: dict[str, tuple[str, ...]] = {
+    # multi-word and hyphenated names first (matched on the text before single words)
+    "t-shirt": ("tops", "sportswear"),
+    "tshirt": ("tops", "sportswear"),
+    "belt bag": ("bags",),
+    "bum bag": ("bags",),
+    "sports bra": ("sportswear",),
+    "swim shorts": ("sportswear",),
+    "rain coat": ("jackets", "coats"),
+    # single words
+    "jacket": ("jackets", "coats", "sportswear"),
+    "raincoat": ("jackets", "coats"),
+    "anorak": ("jackets",),
+    "windbreaker": ("jackets",),
+    "poncho": ("jackets",),
+    "blazer": ("jackets",),
+    "coat": ("coats", "jackets"),
+    "overcoat": ("coats",),
+    "parka": ("coats",),
+    "trench": ("coats",),
+    "dress": ("dresses",),
+    "jeans": ("jeans",),
+    "trousers": ("trousers",),
+    "pants": ("trousers", "jeans"),
+    "chinos": ("trousers",),
+    "joggers": ("trousers",),
+    "skirt": ("skirts",),
+    "shirt": ("shirts",),
+    "blouse": ("shirts",),
+    "tee": ("tops", "sportswear"),
+    "top": ("tops",),
+    "hoodie": ("tops",),
+    "polo": ("tops",),
+    "henley": ("tops",),
+    "jumper": ("knitwear",),
+    "sweater": ("knitwear",),
+    "pullover": ("knitwear",),
+    "cardigan": ("knitwear",),
+    "knitwear": ("knitwear",),
+    "shoe": ("shoes",),
+    "footwear": ("shoes",),
+    "boot": ("shoes",),
+    "sneaker": ("shoes",),
+    "trainer": ("shoes",),
+    "sandal": ("shoes",),
+    "loafer": ("shoes",),
+    "heel": ("shoes",),
+    "flat": ("shoes",),
+    "wellies": ("shoes",),
+    "wellington": ("shoes",),
+    "espadrille": ("shoes",),
+    "bag": ("bags",),
+    "backpack": ("bags",),
+    "rucksack": ("bags",),
+    "tote": ("bags",),
+    "handbag": ("bags",),
+    "duffel": ("bags",),
+    "scarf": ("accessories",),
+    "scarves": ("accessories",),
+    "hat": ("accessories",),
+    "beanie": ("accessories",),
+    "cap": ("accessories",),
+    "glove": ("accessories",),
+    "belt": ("accessories",),
+    "umbrella": ("accessories",),
+    "sunglasses": ("accessories",),
+    "sock": ("accessories",),
+    "accessory": ("accessories",),
+    "accessories": ("accessories",),
+    "leggings": ("sportswear",),
+    "swimsuit": ("sportswear",),
+    "swimwear": ("sportswear",),
+    "bikini": ("sportswear",),
+    "sportswear": ("sportswear",),
+}
+
+_SIZE_WORDS = {
+    "extra small": "XS",
+    "extra-small": "XS",
+    "small": "S",
+    "medium": "M",
+    "large": "L",
+    "extra large": "XL",
+    "extra-large": "XL",
+    "one size": "ONE SIZE",
+}
+_NUM = r"(\d{1,5}(?:[.,]\d{1,2})?)"
+_CUR = r"(?:\s*(?:€|eur(?:o|os)?\b))?"
+_PRE = r"(?:€\s*)?"
+_MAX_PRICE = [
+    re.compile(
+        r"\b(?:under|below|less than|cheaper than|up to|max(?:imum)?|no more than|not more than"
+        r"|at most|within|budget(?: is| of)?|for less than)\s*" + _PRE + _NUM + _CUR,
+        re.I,
+    ),
+    re.compile(r"<\s*" + _PRE + _NUM + _CUR, re.I),
+    re.compile(
+        _PRE + _NUM + _CUR + r"\s*(?:or less|or under|or below|max(?:imum)?\b|tops\b)", re.I
+    ),
+]
+_MIN_PRICE = [
+    re.compile(r"\b(?:over|above|more than|at least|pricier than)\s*" + _PRE + _NUM + _CUR, re.I),
+]
+_BETWEEN = re.compile(
+    r"\bbetween\s*" + _PRE + _NUM + _CUR + r"\s*(?:and|to|-)\s*" + _PRE + _NUM + _CUR, re.I
+)
+_SIZE_TOKEN = r"(?:xxxl|xxl|xxs|xs|xl|s|m|l|\d{2}|extra[ -]small|extra[ -]large|small|medium|large)"
+_SIZE_LIST = re.compile(
+    r"\b(?:in\s+)?(?:a\s+)?(?:eu\s+)?sizes?\s+(?:eu\s+)?("
+    + _SIZE_TOKEN
+    + r"(?:\s*(?:,|/|or|and)\s*"
+    + _SIZE_TOKEN
+    + r")*)\b",
+    re.I,
+)
+_SIZE_ALONE = [
+    re.compile(r"\b(xxxl|xxl|xxs|xs|xl)\b", re.I),  # unambiguous letters
+    re.compile(r"\b(?:in|an?)\s+(S|M|L)\b"),  # "in M", "an L": capitals only
+    re.compile(r"\bin\s+(?:a\s+)?(extra[ -]small|extra[ -]large|small|medium|large)\b", re.I),
+    re.compile(r"\beu\s*(\d{2})\b", re.I),
+    re.compile(r"\bw(\d{2})\b", re.I),  # jeans waist W32
+]
+_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
+
+
+def _price(s: str) -> float:
+    return float(s.replace(",", "."))
+
+
+def _norm_size(s: str) -> str:
+    s = re.sub(r"\s+", " ", s.strip().lower())
+    return _SIZE_WORDS.get(s, s.upper())
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Constraints every search applies. Prices in EUR, inclusive.
+
+    ``sizes``: any of these sizes must be in stock (upper-case labels: "M", "38");
+    ``categories``: the product's category must be one of these; ``in_stock``: the
+    product must have stock (sold-out items are not recommended).
+    """
+
+    max_price: float | None = None
+    min_price: float | None = None
+    sizes: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    in_stock: bool = True
+
+    @property
+    def constrains(self) -> bool:
+        """Whether any filter beyond ``in_stock`` is set (a message with constraints)."""
+        return bool(
+            self.max_price is not None or self.min_price is not None or self.sizes
+            or self.categories
+        )  # fmt: skip
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "max_price": self.max_price,
+            "min_price": self.min_price,
+            "sizes": list(self.sizes),
+            "categories": list(self.categories),
+            "in_stock": self.in_stock,
+        }
+
+    def sql(self, alias: str = "p") -> tuple[str, list[Any]]:
+        """A WHERE fragment over ``products`` aliased ``alias`` and its parameters.
+
+        Returns ``("1", [])`` when nothing is filtered.
+        """
+        clauses: list[str] = []
+        params: list[Any] = []
+        if self.max_price is not None:
+            clauses.append(f"{alias}.price <= ?")
+            params.append(self.max_price)
+        if self.min_price is not None:
+            clauses.append(f"{alias}.price >= ?")
+            params.append(self.min_price)
+        if self.categories:
+            clauses.append(f"{alias}.category in ({','.join('?' * len(self.categories))})")
+            params.extend(self.categories)
+        if self.sizes:
+            clauses.append(
+                f"exists (select 1 from product_sizes ps where ps.product_id = {alias}.id "
+                f"and upper(ps.size) in ({','.join('?' * len(self.sizes))}) and ps.stock > 0)"
+            )
+            params.extend(self.sizes)
+        elif self.in_stock:
+            clauses.append(f"{alias}.stock > 0")
+        return (" and ".join(clauses) or "1"), params
+
+    def matches(self, product: dict[str, Any]) -> bool:
+        """The same test as :meth:`sql`, on a product dict (see ``catalog.get_products``)."""
+        price = float(product["price"])
+        if self.max_price is not None and price > self.max_price:
+            return False
+        if self.min_price is not None and price < self.min_price:
+            return False
+        if self.categories and product["category"] not in self.categories:
+            return False
+        sizes = {str(s).upper(): n for s, n in (product.get("sizes") or {}).items()}
+        if self.sizes:
+            return any(sizes.get(s, 0) > 0 for s in self.sizes)
+        return not self.in_stock or int(product.get("stock") or 0) > 0
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """A message split into the text for the searches and the structured filters."""
+
+    text: str
+    filters: Filters = field(default_factory=Filters)
+
+
+def _word_categories(word: str) -> tuple[str, ...]:
+    """Categories of one lower-case word, trying it as a plural too ("boots" → "boot")."""
+    for candidate in (word, word[:-1] if word.endswith("s") else "", word[:-2]):
+        if candidate and candidate in CATEGORY_WORDS:
+            return CATEGORY_WORDS[candidate]
+    return ()
+
+
+def _categories(text: str, label: str | None) -> tuple[str, ...]:
+    low = text.lower()
+    found: list[str] = []
+    for phrase, cats in CATEGORY_WORDS.items():
+        if " " in phrase or "-" in phrase:
+            pattern = rf"\b{re.escape(phrase)}s?\b"
+            if re.search(pattern, low):
+                found.extend(cats)
+                low = re.sub(pattern, " ", low)
+    for word in _WORD.findall(low):
+        found.extend(_word_categories(word))
+    if label:
+        lab = label.strip().lower()
+        all_categories = {c for cats in CATEGORY_WORDS.values() for c in cats}
+        found.extend((lab,) if lab in all_categories else _word_categories(lab))
+    return tuple(dict.fromkeys(found))
+
+
+def parse_query(message: str, label: str | None = None, *, in_stock: bool = True) -> ParsedQuery:
+    """Split ``message`` into search text and :class:`Filters`.
+
+    Price: "under 100", "below €80", "less than 50 euros", "up to 120", "< 60",
+    "100 or less", "max 90" (ceiling); "over 50", "at least 40" (floor);
+    "between 50 and 100" (both). Size: "size M", "sizes M or L", "size 38", "in a
+    medium", "XL", "in M" (capital), "EU 42", "W32". Category: garment words ("jacket",
+    "boots", "jumper", ...) through :data:`CATEGORY_WORDS`, and the classify ``label``
+    when it names a category or such a word. Price and size phrases are cut from the
+    text; garment words stay (they are good search terms).
+    """
+    text = message
+    max_price: float | None = None
+    min_price: float | None = None
+    m = _BETWEEN.search(text)
+    if m:
+        lo, hi = sorted((_price(m.group(1)), _price(m.group(2))))
+        min_price, max_price = lo, hi
+        text = text[: m.start()] + " " + text[m.end() :]
+    for pattern in _MAX_PRICE:
+        for m in pattern.finditer(text):
+            value = _price(m.group(1))
+            max_price = value if max_price is None else min(max_price, value)
+        text = pattern.sub(" ", text)
+    for pattern in _MIN_PRICE:
+        for m in pattern.finditer(text):
+            value = _price(m.group(1))
+            min_price = value if min_price is None else max(min_price, value)
+        text = pattern.sub(" ", text)
+    sizes: list[str] = []
+    for m in _SIZE_LIST.finditer(text):
+        sizes.extend(_norm_size(s) for s in re.split(r"\s*(?:,|/|\bor\b|\band\b)\s*", m.group(1)))
+    text = _SIZE_LIST.sub(" ", text)
+    for pattern in _SIZE_ALONE:
+        sizes.extend(_norm_size(m.group(1)) for m in pattern.finditer(text))
+        text = pattern.sub(" ", text)
+    filters = Filters(
+        max_price=max_price,
+        min_price=min_price,
+        sizes=tuple(dict.fromkeys(s for s in sizes if s)),
+        categories=_categories(text, label),
+        in_stock=in_stock,
+    )
+    return ParsedQuery(re.sub(r"\s+", " ", text).strip(" ,.?!;:"), filters)
+
+
+def parse_filters(message: str, label: str | None = None) -> Filters:
+    """The :class:`Filters` of ``message`` (see :func:`parse_query`)."""
+    return parse_query(message, label).filters
+
+
+class FilterSearch:
+    """Browse by filters alone: products passing them, cheapest first.
+
+    Answers [] when the message set no constraint (browsing the whole catalogue answers
+    nothing). It is the last resort of the default order: "anything under 30 in XL?"
+    has no search terms but clear constraints.
+    """
+
+    name = "filter"
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+
+    async def search(self, query: str, k: int, *, filters: Filters | None = None) -> list[Hit]:
+        if filters is None or not filters.constrains:
+            return []
+        where, params = filters.sql("p")
+        rows = self.db.execute(
+            f"select p.id from products p where {where} order by p.price, p.id limit ?",
+            [*params, k],
+        ).fetchall()
+        n = len(rows)
+        # a browse has no relevance: score by position so that higher is better
+        return [Hit(r[0], float(n - i), self.name) for i, r in enumerate(rows)]

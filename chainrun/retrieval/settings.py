@@ -1,0 +1,123 @@
+"""Retrieval settings: the ``retrieval`` table of ``[steps.retrieve]`` in chainrun.toml.
+
+::
+
+    [steps.retrieve.retrieval]
+    searches = ["keyword", "hybrid", "filter"]   # priority order
+    min_results = 4                              # stop as soon as this many are found
+    k = 8                                        # products handed to the compose step
+    fallbacks = { hybrid = "keyword_any" }       # race a fallback instead of waiting
+
+    [steps.retrieve.retrieval.embedding]
+    backend = "minilm"                           # or "openai" (base_url, model) or "hash"
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Search names a config may use (see :func:`chainrun.retrieval.stage.build_searches`):
+#: ``keyword`` FTS5 with every term required; ``keyword_any`` FTS5 bm25 over any term;
+#: ``vector`` nearest embeddings; ``hybrid`` keyword_any and vector fused by RRF;
+#: ``filter`` browse by price/size/category alone.
+SEARCH_NAMES = ("keyword", "keyword_any", "vector", "hybrid", "filter")
+#: Searches that need an embedder.
+EMBEDDING_SEARCHES = frozenset({"vector", "hybrid"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmbeddingSettings(_Strict):
+    """Which embedder the vector search uses (see :mod:`chainrun.retrieval.embeddings`)."""
+
+    backend: Literal["minilm", "openai", "hash"] = "minilm"
+    #: openai: the server, e.g. "http://127.0.0.1:8081/v1" (llama-server --embeddings)
+    base_url: str | None = None
+    #: openai: the model name sent in the request
+    model: str | None = None
+    #: openai: environment variable holding the API key (never the key itself)
+    api_key_env: str | None = None
+    #: minilm: a model directory to use instead of the installed package's
+    model_dir: str | None = None
+    #: hash: vector size
+    dims: int = Field(default=256, ge=8, le=4096)
+    #: openai: per request, in s
+    timeout_s: float = Field(default=10.0, gt=0)
+    #: texts per forward pass / request when embedding the catalogue
+    batch_size: int = Field(default=16, ge=1, le=512)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+
+class RetrievalSettings(_Strict):
+    """How the retrieve stage searches and when it stops (early exit).
+
+    The stage runs ``searches`` in this order, merges their hits (first seen first,
+    repeats dropped) and stops as soon as it holds ``min_results`` products; at most
+    ``k`` go to the compose step. A search named in ``fallbacks`` is raced against its
+    fallback: the fallback starts if the search is silent for ``hedge_delay_ms`` (or
+    fails), and the first answer wins.
+    """
+
+    searches: list[str] = Field(default_factory=lambda: ["keyword", "hybrid", "filter"])
+    min_results: int = Field(default=4, ge=1)
+    #: False: run every search even when min_results is reached (to measure early exit)
+    early_exit: bool = True
+    k: int = Field(default=8, ge=1, le=100)
+    #: RRF constant k (Cormack, Clarke & Büttcher, SIGIR 2009: 60)
+    rrf_k: int = Field(default=60, ge=1)
+    #: hits each half of a hybrid search contributes to the fusion
+    candidates: int = Field(default=20, ge=1, le=500)
+    #: search name → fallback search name
+    fallbacks: dict[str, str] = Field(default_factory=dict)
+    #: head start of a search over its fallback, in ms
+    hedge_delay_ms: float = Field(default=50.0, gt=0)
+    #: copies per call the hedge budget allows (1.0: every call may enlist its fallback;
+    #: fallbacks are local searches, so extra load is cheap)
+    hedge_max_extra_load: float = Field(default=1.0, gt=0)
+    #: recommend sold-out products too
+    include_out_of_stock: bool = False
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+
+    @field_validator("searches")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("expected at least one search")
+        for name in v:
+            if name not in SEARCH_NAMES:
+                raise ValueError(f"unknown search {name!r}; expected one of {list(SEARCH_NAMES)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a search is listed twice: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RetrievalSettings:
+        if self.min_results > self.k:
+            raise ValueError(f"min_results ({self.min_results}) must be <= k ({self.k})")
+        for name, fallback in self.fallbacks.items():
+            if name not in self.searches:
+                raise ValueError(f"fallbacks: {name!r} is not one of searches {self.searches}")
+            if fallback not in SEARCH_NAMES:
+                raise ValueError(
+                    f"fallbacks.{name}: unknown search {fallback!r}; "
+                    f"expected one of {list(SEARCH_NAMES)}"
+                )
+            if fallback == name:
+                raise ValueError(f"fallbacks.{name}: a search cannot be its own fallback")
+        return self
+
+    @property
+    def needs_embedder(self) -> bool:
+        used = set(self.searches) | set(self.fallbacks.values())
+        return bool(used & EMBEDDING_SEARCHES)

@@ -1,0 +1,335 @@
+"""The retrieve stage: searches in priority order, merged, with early exit.
+
+The stage runs the configured searches one after another (cheapest and most precise
+first, by config), merges their hits keeping the first-seen order and dropping repeats,
+and **stops as soon as it holds ``min_results`` products**: a message that a keyword
+search answers well never pays for embedding the query. Every search is logged (name,
+ms, hits, new hits, error) with the point where the stage stopped (``stopped_after``).
+
+A failing search fails open: its error is logged and the next search runs. A search
+with a configured fallback is hedged rather than timed out (:func:`hedged_search`): it
+gets a head start, then the fallback is enlisted once, and the first answer wins, so a
+slow but valid primary can still win.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlite_utils
+
+from chainrun.catalog import ensure_catalog_tables, get_products
+from chainrun.hedging import ErrorInfo, HedgePolicy, Hedger
+from chainrun.retrieval.base import Hit, RetrievalResult, Search, SearchLog
+from chainrun.retrieval.embeddings import Embedder, build_embedder
+from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
+from chainrun.retrieval.hybrid import RRF_K, HybridSearch
+from chainrun.retrieval.keyword import KeywordSearch
+from chainrun.retrieval.settings import EMBEDDING_SEARCHES, SEARCH_NAMES, RetrievalSettings
+from chainrun.retrieval.vector import VectorIndex, VectorSearch
+
+#: status the fallback hedger gives every search error: listed as non-fatal, so a
+#: primary that fails starts its fallback at once (a different search, not a copy of
+#: the failed one, so the FIELD.md rule "errors are not hedged" does not apply)
+_SEARCH_ERROR = "search_error"
+
+
+@dataclass(frozen=True)
+class HedgedAnswer:
+    """What :func:`hedged_search` returns.
+
+    ``hedged``: None (the primary answered before the fallback was due),
+    ``"primary_won"`` (the fallback was enlisted but the primary answered first),
+    ``"fallback_won"`` (the primary was silent past the head start and the fallback
+    answered first), ``"fallback_after_error"`` (the primary failed) or
+    ``"primary_circuit_open"`` (the primary failed repeatedly and is skipped for a while).
+    """
+
+    hits: list[Hit]
+    answered_by: str
+    hedged: str | None
+
+
+def fallback_hedger(
+    primary: str,
+    fallback: str,
+    *,
+    delay_ms: float,
+    max_extra_load: float = 1.0,
+    deadline_s: float | None = None,
+) -> Hedger[list[Hit]]:
+    """A :class:`~chainrun.hedging.Hedger` racing ``primary`` against ``fallback``.
+
+    Two attempts at most: the primary at 0, the fallback at ``delay_ms`` (or at once if
+    the primary fails). Keep one per call site: it holds the latency window, the load
+    budget and the circuit breakers of that search.
+    """
+    policy = HedgePolicy(
+        delay_ms=delay_ms,
+        max_attempts=2,
+        deadline_s=deadline_s,
+        non_fatal=frozenset({_SEARCH_ERROR}),
+        max_extra_load=max_extra_load,
+    )
+    return Hedger(policy, [primary, fallback])
+
+
+def _search_error(exc: BaseException) -> ErrorInfo:
+    return ErrorInfo(_SEARCH_ERROR)
+
+
+async def hedged_search(
+    primary: Search,
+    fallback: Search,
+    query: str,
+    k: int,
+    *,
+    filters: Filters | None,
+    hedger: Hedger[list[Hit]],
+) -> HedgedAnswer:
+    """Race ``primary`` against ``fallback`` through the hedging engine.
+
+    The primary gets a head start of the hedger's delay; if it has not answered by then
+    the fallback starts (once), and the first to answer wins; the loser is cancelled.
+    A primary error starts the fallback at once.
+
+    Raises:
+        Exception: the error of the last search that failed when neither answered.
+    """
+    by_target = {primary.name: primary, fallback.name: fallback}
+
+    async def attempt(info: Any) -> list[Hit]:
+        return await by_target[info.target].search(query, k, filters=filters)
+
+    outcome = await hedger.run(attempt, classify_error=_search_error)
+    hits = outcome.result()
+    winner = next(a for a in outcome.attempts if a.number == outcome.winner)
+    primary_attempts = [a for a in outcome.attempts if a.target == primary.name and a.sent]
+    hedged: str | None
+    if winner.target == primary.name:
+        hedged = "primary_won" if outcome.fired else None
+    elif not primary_attempts:
+        hedged = "primary_circuit_open"
+    elif any(a.outcome == "error" for a in primary_attempts):
+        hedged = "fallback_after_error"
+    else:
+        hedged = "fallback_won"
+    return HedgedAnswer(list(hits), winner.target, hedged)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Retriever:
+    """The retrieve stage over a set of named searches (see the module docstring).
+
+    Args:
+        settings: order, ``min_results``, ``k``, fallbacks.
+        db: the database holding the catalogue.
+        searches: search name → search; every name in ``settings.searches`` and
+            ``settings.fallbacks`` must be there.
+        index: the vector index behind the vector searches, if any (for :meth:`warm`).
+        embedder: closed by :meth:`aclose` if it has an ``aclose``.
+
+    Raises:
+        ValueError: a configured search is missing from ``searches``.
+    """
+
+    def __init__(
+        self,
+        settings: RetrievalSettings,
+        db: sqlite_utils.Database,
+        searches: Mapping[str, Search],
+        *,
+        index: VectorIndex | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        needed = [*settings.searches, *settings.fallbacks.values()]
+        missing = [n for n in needed if n not in searches]
+        if missing:
+            raise ValueError(f"no search named {missing[0]!r} was given")
+        self.settings = settings
+        self.db = db
+        self.searches = dict(searches)
+        self.index = index
+        self.embedder = embedder
+        self.hedgers = {
+            name: fallback_hedger(
+                name,
+                fallback,
+                delay_ms=settings.hedge_delay_ms,
+                max_extra_load=settings.hedge_max_extra_load,
+            )
+            for name, fallback in settings.fallbacks.items()
+        }
+
+    async def warm(self) -> int:
+        """Embed the catalogue now if a vector search needs it (a no-op otherwise).
+
+        Also embeds one word, so that the model is loaded (or the server connection
+        open) before the first turn. Returns the number of products embedded. Call at
+        start-up: the first turn then finds the vectors ready.
+
+        Raises:
+            ProviderError: the embedder failed.
+        """
+        if self.index is None:
+            return 0
+        n = await self.index.ensure()
+        await self.index.embedder.embed(["warm-up"])  # load the model / open the connection
+        return n
+
+    async def aclose(self) -> None:
+        """Stop background indexing, hedge shadows and the embedder's client."""
+        if self.index is not None:
+            await self.index.aclose()
+        for hedger in self.hedgers.values():
+            await hedger.aclose()
+        close = getattr(self.embedder, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def __aenter__(self) -> Retriever:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run_one(self, name: str, text: str, filters: Filters) -> tuple[list[Hit], SearchLog]:
+        t0 = time.perf_counter()
+        log = SearchLog(name=name, ms=0.0, n=0, answered_by=name)
+        hits: list[Hit] = []
+        try:
+            fallback = self.settings.fallbacks.get(name)
+            if fallback is None:
+                hits = await self.searches[name].search(text, self.settings.k, filters=filters)
+            else:
+                answer = await hedged_search(
+                    self.searches[name],
+                    self.searches[fallback],
+                    text,
+                    self.settings.k,
+                    filters=filters,
+                    hedger=self.hedgers[name],
+                )
+                hits, log.answered_by, log.hedged = answer.hits, answer.answered_by, answer.hedged
+            partial = getattr(hits, "errors", None)
+            if partial:
+                log.error = "partial: " + "; ".join(partial)
+        except Exception as e:  # fail open: one search failing must not fail the turn
+            log.error = _error_text(e)
+            hits = []
+        log.ms = (time.perf_counter() - t0) * 1000.0
+        log.n = len(hits)
+        log.ids = [h.id for h in hits]
+        return hits, log
+
+    async def retrieve(self, query: str, *, label: str | None = None) -> RetrievalResult:
+        """Products for the shopper's ``query`` (and the classify ``label``, if known).
+
+        Never raises for a failing search (its error is in ``searches``); an empty
+        result means nothing was found.
+        """
+        t0 = time.perf_counter()
+        s = self.settings
+        parsed = parse_query(query, label, in_stock=not s.include_out_of_stock)
+        found: dict[str, str] = {}  # id → the search that found it first (insertion order)
+        logs: list[SearchLog] = []
+        stopped_after: str | None = None
+        for i, name in enumerate(s.searches):
+            hits, log = await self._run_one(name, parsed.text, parsed.filters)
+            for hit in hits:
+                if hit.id not in found:
+                    found[hit.id] = log.answered_by or name
+                    log.new += 1
+            logs.append(log)
+            if s.early_exit and len(found) >= s.min_results and i < len(s.searches) - 1:
+                stopped_after = name  # early exit: the later searches never run
+                break
+        ids = list(found)[: s.k]
+        items = [{**p, "source": found[p["id"]]} for p in get_products(self.db, ids)]
+        return RetrievalResult(
+            items=items,
+            searches=logs,
+            stopped_after=stopped_after,
+            filters=parsed.filters,
+            query=parsed.text,
+            ms=(time.perf_counter() - t0) * 1000.0,
+        )
+
+
+def build_searches(
+    names: Iterable[str],
+    db: sqlite_utils.Database,
+    *,
+    index: VectorIndex | None = None,
+    rrf_k: int = RRF_K,
+    candidates: int = 20,
+) -> dict[str, Search]:
+    """The searches called ``names`` (see ``settings.SEARCH_NAMES``), built on ``db``.
+
+    ``vector`` and ``hybrid`` need ``index``. A hybrid search brings its components
+    (``keyword_any``, ``vector``) along.
+
+    Raises:
+        ValueError: an unknown name, or a vector search without an index.
+    """
+    wanted = set(names)
+    unknown = wanted - set(SEARCH_NAMES)
+    if unknown:
+        raise ValueError(f"unknown search {sorted(unknown)[0]!r}; expected one of {SEARCH_NAMES}")
+    if wanted & EMBEDDING_SEARCHES and index is None:
+        raise ValueError("vector and hybrid searches need a vector index")
+    out: dict[str, Search] = {}
+    if "keyword" in wanted:
+        out["keyword"] = KeywordSearch(db, "all")
+    if wanted & {"keyword_any", "hybrid"}:
+        out["keyword_any"] = KeywordSearch(db, "any")
+    if index is not None and wanted & EMBEDDING_SEARCHES:
+        out["vector"] = VectorSearch(index)
+    if "hybrid" in wanted:
+        out["hybrid"] = HybridSearch(
+            [out["keyword_any"], out["vector"]], rrf_k=rrf_k, candidates=candidates
+        )
+    if "filter" in wanted:
+        out["filter"] = FilterSearch(db)
+    return out
+
+
+def build_retriever(
+    settings: RetrievalSettings | None,
+    db: sqlite_utils.Database,
+    *,
+    embedder: Embedder | None = None,
+    searches: Mapping[str, Search] | None = None,
+) -> Retriever:
+    """The retrieve stage for ``settings`` (None: the defaults) over the catalogue in ``db``.
+
+    Args:
+        embedder: for vector and hybrid searches; default: the one
+            ``settings.embedding`` describes (built only if a search needs it).
+        searches: searches to use instead of the built ones, by name (tests).
+
+    Creates the catalogue tables if needed; does not load a catalogue (see
+    :func:`chainrun.catalog.ensure_sample_catalog`) nor embed it (see
+    :meth:`Retriever.warm`).
+
+    Raises:
+        ConfigError: the embedding settings are incomplete.
+    """
+    settings = settings or RetrievalSettings()
+    ensure_catalog_tables(db)
+    given = dict(searches or {})
+    wanted = (set(settings.searches) | set(settings.fallbacks.values())) - set(given)
+    index = None
+    if wanted & EMBEDDING_SEARCHES:
+        embedder = embedder or build_embedder(settings.embedding)
+        index = VectorIndex(db, embedder, batch_size=settings.embedding.batch_size)
+    built = build_searches(
+        wanted, db, index=index, rrf_k=settings.rrf_k, candidates=settings.candidates
+    )
+    return Retriever(settings, db, {**built, **given}, index=index, embedder=embedder)

@@ -1,0 +1,317 @@
+"""Vector search: nearest product embeddings by cosine similarity.
+
+Vectors live in ``product_embeddings`` (float32 BLOBs, one row per product and embedding
+model), computed once per product text and reused across runs. The nearest ones are
+found with sqlite-vec's ``vec_distance_cosine`` in SQL when the extension loads (it
+needs ``pysqlite3-binary``: CPython's own sqlite3 here cannot load extensions, see
+FIELD.md), else with NumPy over the same vectors; both scan every vector (exact search,
+as sqlite-vec's ``vec0`` tables do too), which takes well under a millisecond for a
+catalogue of hundreds of products. Filters are applied in SQL in both cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlite_utils
+
+from chainrun.catalog import (
+    SAMPLE_CATALOG,
+    all_products,
+    catalog_version,
+    ensure_catalog_tables,
+    product_text,
+)
+from chainrun.errors import ProviderUnavailable
+from chainrun.retrieval.base import Hit
+from chainrun.retrieval.embeddings import Embedder
+from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.keyword import query_terms
+
+logger = logging.getLogger(__name__)
+
+#: all-MiniLM-L6-v2 vectors of the sample catalogue, made by
+#: ``python benchmarks/make_catalog.py --embeddings``: the default chain's first turn
+#: then finds its vectors ready instead of embedding 285 products (about 10 s on 2 cores).
+SAMPLE_VECTORS = SAMPLE_CATALOG.with_name("catalog.minilm.npz")
+
+
+def load_sqlite_vec(db: sqlite_utils.Database) -> bool:
+    """Load sqlite-vec into ``db``'s connection if possible; True when ``vec_*`` work.
+
+    False (not an error) when the ``sqlite-vec`` package is missing or the connection
+    cannot load extensions (CPython's sqlite3 built without ``enable_load_extension``).
+    """
+    try:
+        db.execute("select vec_version()").fetchone()
+        return True
+    except Exception:  # "no such function": not loaded yet (the error class is the driver's)
+        pass
+    try:
+        import sqlite_vec  # type: ignore[import-not-found,unused-ignore]
+
+        conn: Any = db.conn
+        conn.enable_load_extension(True)
+        try:
+            sqlite_vec.load(conn)
+        finally:
+            conn.enable_load_extension(False)
+        db.execute("select vec_version()").fetchone()
+        return True
+    except Exception as e:  # ImportError, AttributeError (no enable_load_extension), SQL errors
+        logger.debug("sqlite-vec not available (%s); vector search uses NumPy", e)
+        return False
+
+
+def _log_failure(task: asyncio.Task[int]) -> None:
+    # retrieve the exception so that asyncio does not warn; the next query retries
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("embedding the catalogue failed: %s", task.exception())
+
+
+def text_hash(model: str, text: str) -> str:
+    """Key of one stored vector: the embedding model and the exact text embedded."""
+    return hashlib.sha1(f"{model}\n{text}".encode()).hexdigest()
+
+
+def _row(pid: str, model: str, h: str, vec: np.ndarray) -> dict[str, Any]:
+    return {
+        "product_id": pid,
+        "model": model,
+        "text_hash": h,
+        "dims": int(vec.shape[0]),
+        "embedding": vec.astype("<f4").tobytes(),
+    }
+
+
+class VectorIndex:
+    """The catalogue's vectors for one embedder, kept in step with the catalogue.
+
+    Args:
+        db: the database holding the catalogue tables.
+        embedder: makes the vectors.
+        batch_size: products per :meth:`Embedder.embed` call while indexing.
+        use_sqlite_vec: force the SQL path (True; ValueError if sqlite-vec cannot be
+            loaded) or the NumPy path (False); default: sqlite-vec when it loads.
+        seeds: ``.npz`` files of precomputed vectors (keys ``model``, ``text_hashes``,
+            ``vectors``) used instead of embedding when model and text match; default:
+            the MiniLM vectors of the sample catalogue (:data:`SAMPLE_VECTORS`).
+    """
+
+    def __init__(
+        self,
+        db: sqlite_utils.Database,
+        embedder: Embedder,
+        *,
+        batch_size: int = 64,
+        use_sqlite_vec: bool | None = None,
+        seeds: Sequence[Path] = (SAMPLE_VECTORS,),
+    ) -> None:
+        self.db = db
+        self.seeds = list(seeds)
+        self.embedder = embedder
+        self.batch_size = batch_size
+        self.use_sqlite_vec = use_sqlite_vec is not False and load_sqlite_vec(db)
+        if use_sqlite_vec and not self.use_sqlite_vec:
+            raise ValueError("sqlite-vec cannot be loaded into this database connection")
+        self._version: int | None = None
+        self._build: asyncio.Task[int] | None = None
+        self._ids: list[str] = []
+        self._matrix = np.zeros((0, 0), np.float32)
+
+    @property
+    def backend(self) -> str:
+        return "sqlite-vec" if self.use_sqlite_vec else "numpy"
+
+    def _current(self) -> bool:
+        return self._version is not None and self._version == catalog_version(self.db)
+
+    async def ensure(self) -> int:
+        """Embed the products that are new or changed since their vector was made; wait.
+
+        Cheap when the catalogue has not changed since the last call. A caller that is
+        cancelled does not cancel the indexing (it is shared by every caller). Returns
+        the number of products embedded by the refresh awaited (0 if none was needed).
+
+        Raises:
+            ProviderError: the embedder failed (vectors made so far are kept).
+        """
+        if self._current():
+            return 0
+        return await asyncio.shield(self._start())
+
+    def ready_for_query(self) -> bool:
+        """Whether vectors can answer now; starts a background refresh if one is due.
+
+        True when the vectors are current, or when vectors of this model are stored
+        (from an earlier run or load) while a refresh runs; False only while a
+        catalogue is embedded for the first time.
+        """
+        if self._current():
+            return True
+        self._start()
+        if not self._ids:
+            self._load_matrix(self.embedder.model)
+        return bool(self._ids)
+
+    def _start(self) -> asyncio.Task[int]:
+        if self._build is None or self._build.done():
+            self._build = asyncio.get_running_loop().create_task(
+                self._refresh_current(), name="chainrun-vector-index"
+            )
+            self._build.add_done_callback(_log_failure)
+        return self._build
+
+    async def _refresh_current(self) -> int:
+        version = catalog_version(self.db)
+        n = await self._refresh()
+        self._version = version
+        return n
+
+    async def aclose(self) -> None:
+        """Cancel a refresh still running and wait for it to end."""
+        task = self._build
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _refresh(self) -> int:
+        ensure_catalog_tables(self.db)
+        model = self.embedder.model
+        products = all_products(self.db)
+        texts = {p["id"]: product_text(p) for p in products}
+        hashes = {pid: text_hash(model, t) for pid, t in texts.items()}
+        stored = dict(
+            self.db.execute(
+                "select product_id, text_hash from product_embeddings where model = ?", [model]
+            ).fetchall()
+        )
+        todo = [pid for pid in texts if stored.get(pid) != hashes[pid]]
+        seeded = self._from_seeds(model, todo, hashes)
+        self._write(seeded, gone=[pid for pid in stored if pid not in texts])
+        done = {r["product_id"] for r in seeded}
+        todo = [pid for pid in todo if pid not in done]
+        for start in range(0, len(todo), self.batch_size):
+            batch = todo[start : start + self.batch_size]
+            vectors = await self.embedder.embed([texts[pid] for pid in batch])
+            # written per batch: an interrupted first indexing resumes where it stopped
+            self._write(
+                [_row(pid, model, hashes[pid], v) for pid, v in zip(batch, vectors, strict=True)]
+            )
+        if todo or seeded:
+            logger.info("embedded %d products with %s (%d precomputed)", len(todo), model,
+                        len(seeded))  # fmt: skip
+        self._load_matrix(model)
+        return len(todo)
+
+    def _write(self, rows: list[dict[str, Any]], gone: Sequence[str] = ()) -> None:
+        with self.db.atomic():
+            if rows:
+                self.db.table("product_embeddings").upsert_all(rows, pk=("product_id", "model"))
+            for pid in gone:
+                self.db.execute(
+                    "delete from product_embeddings where product_id = ? and model = ?",
+                    [pid, self.embedder.model],
+                )
+
+    def _from_seeds(
+        self, model: str, todo: list[str], hashes: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """Rows for the ``todo`` products whose vector a seed file holds for the same text."""
+        rows: list[dict[str, Any]] = []
+        wanted = {hashes[pid]: pid for pid in todo}
+        for path in self.seeds:
+            if not wanted or not path.exists():
+                continue
+            with np.load(path) as seed:
+                if str(seed["model"]) != model:
+                    continue
+                for h, vec in zip(seed["text_hashes"].tolist(), seed["vectors"], strict=True):
+                    pid = wanted.pop(h, None)
+                    if pid is not None:
+                        rows.append(_row(pid, model, h, np.asarray(vec, dtype=np.float32)))
+        return rows
+
+    def _load_matrix(self, model: str) -> None:
+        rows = self.db.execute(
+            "select product_id, embedding from product_embeddings where model = ? "
+            "order by product_id",
+            [model],
+        ).fetchall()
+        self._ids = [r[0] for r in rows]
+        self._matrix = (
+            np.stack([np.frombuffer(r[1], dtype="<f4") for r in rows]).astype(np.float32)
+            if rows
+            else np.zeros((0, 0), np.float32)
+        )
+
+    def nearest(self, vector: np.ndarray, k: int, filters: Filters | None = None) -> list[Hit]:
+        """The ``k`` products nearest ``vector`` (cosine) that pass ``filters``, best first.
+
+        ``Hit.score`` is the cosine similarity (1 = same direction). Call :meth:`ensure`
+        first.
+        """
+        where, params = (filters or Filters()).sql("p")
+        q = np.asarray(vector, dtype="<f4")
+        if self.use_sqlite_vec:
+            rows = self.db.execute(
+                f"""
+                select e.product_id, vec_distance_cosine(e.embedding, ?) as d
+                from product_embeddings e join products p on p.id = e.product_id
+                where e.model = ? and {where}
+                order by d, e.product_id
+                limit ?
+                """,
+                [q.tobytes(), self.embedder.model, *params, k],
+            ).fetchall()
+            return [Hit(r[0], 1.0 - float(r[1]), "vector") for r in rows]
+        if not self._ids:
+            return []
+        allowed = None
+        if where != "1":
+            allowed = {
+                r[0] for r in self.db.execute(f"select p.id from products p where {where}", params)
+            }
+        sims = self._matrix @ q
+        # ids are sorted, so a stable sort breaks ties by id (as the SQL path does)
+        hits = []
+        for i in np.argsort(-sims, kind="stable"):
+            if allowed is None or self._ids[i] in allowed:
+                hits.append(Hit(self._ids[i], float(sims[i]), "vector"))
+                if len(hits) == k:
+                    break
+        return hits
+
+
+class VectorSearch:
+    """Embed the query and return the nearest products (see :class:`VectorIndex`).
+
+    Never embeds the catalogue on a shopper's turn: until the first vectors exist it
+    raises :class:`ProviderUnavailable` (a hybrid search then answers from its keyword
+    half) while the index is built in the background. ``Retriever.warm()`` at start-up
+    builds it ahead of the first turn.
+    """
+
+    name = "vector"
+
+    def __init__(self, index: VectorIndex) -> None:
+        self.index = index
+
+    async def search(self, query: str, k: int, *, filters: Filters | None = None) -> list[Hit]:
+        if not query_terms(query):
+            return []  # no content word ("anything in"): nearest neighbours would be noise
+        if not self.index.ready_for_query():
+            raise ProviderUnavailable(
+                "the vector index is still being built (the catalogue is embedded once, "
+                "then cached in the database); its first query comes a little later"
+            )
+        vector = (await self.index.embedder.embed([query]))[0]
+        return self.index.nearest(vector, k, filters)
