@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,10 @@ app.add_typer(local_app, name="local")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(lab_app, name="lab")
 
-out = Console(highlight=False, soft_wrap=True)
+# Outside a terminal rich would squeeze tables into 80 columns; tables of timings read
+# better wide (COLUMNS, else 120).
+_width = None if sys.stdout.isatty() else shutil.get_terminal_size((120, 24)).columns
+out = Console(highlight=False, soft_wrap=True, width=_width)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # shared options (the pattern of simonw/llm: one definition, many commands)
