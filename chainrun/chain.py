@@ -170,6 +170,17 @@ def _call_record(
 
 
 @dataclass
+class _PendingShadows:
+    """A hedged step whose shadow losers were still running when it settled."""
+
+    name: str
+    step: StepConfig
+    outcome: HedgeOutcome[ChatStream]
+    streams: dict[int, ChatStream]
+    deadline: float  # event-loop time
+
+
+@dataclass
 class _StepResult:
     output: str | None = None
     ok: bool = True
@@ -178,6 +189,7 @@ class _StepResult:
     calls: list[CallRecord] = field(default_factory=list)
     ttft_ms: float | None = None
     output_tokens: int | None = None
+    shadows: _PendingShadows | None = None
 
 
 class Chain:
@@ -223,6 +235,7 @@ class Chain:
         self._hedgers: dict[str, Hedger[ChatStream]] = {}
         self._loop_lag: LoopLagMonitor | None = None
         self._owned_retriever: Any = None
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_config(
@@ -334,8 +347,10 @@ class Chain:
 
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers), close providers, end the run."""
+        if self._background:  # shadow losers (bounded by their step's deadline)
+            await asyncio.gather(*self._background, return_exceptions=True)
         for hedger in self._hedgers.values():
-            await hedger.aclose()  # shadow losers still running
+            await hedger.aclose()
         if self._loop_lag is not None:
             await self._loop_lag.__aexit__(None, None, None)
             self._loop_lag = None
@@ -404,6 +419,7 @@ class Chain:
         refused = False
         unavailable: ProviderUnavailable | None = None
         current: _StepResult | None = None  # the step in flight, for a cancelled turn's log
+        shadows: list[_PendingShadows] = []
         try:
             for name in self.config.order:
                 step = self.config.steps[name]
@@ -426,6 +442,8 @@ class Chain:
                         async for ev in step_events:
                             yield ev
                 current = None
+                if result.shadows is not None:
+                    shadows.append(result.shadows)
                 rec = result.record
                 assert rec is not None
                 rec.started_offset_ms = offset
@@ -469,6 +487,7 @@ class Chain:
                 turn.status = "error"
                 turn.error_type = unavailable.error_type
             turn_id = self._log_turn(run_id, turn)
+            self._spawn_shadow_updates(run_id, turn_id, shadows)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms, label=turn.label, verdicts=turn.verdicts,
@@ -590,22 +609,34 @@ class Chain:
             for s in streams.values():
                 if s is not winner and outcome is None:
                     await s.aclose()  # cancelled from outside before the engine settled
-            if outcome is not None and self._has_shadows(outcome):
-                await self._wait_shadows(outcome, deadline)
             self._finish_llm_step(name, step, t_step, outcome, streams, winner, error, result)
+            if outcome is not None and outcome.shadows_pending:
+                # shadow losers finish unseen: the step (and the turn) does not wait for
+                # them; their rows are updated once they are done (see _settle_shadows)
+                result.shadows = _PendingShadows(name, step, outcome, streams, deadline)
 
-    @staticmethod
-    def _has_shadows(outcome: HedgeOutcome[ChatStream]) -> bool:
-        return any(a.outcome == "shadow_finished" for a in outcome.attempts) or any(
-            a.outcome == "cancelled" and a.answered_offset_ms is None for a in outcome.attempts
-        )
+    def _spawn_shadow_updates(
+        self, run_id: int | None, turn_id: int | None, pending: list[_PendingShadows]
+    ) -> None:
+        for p in pending:
+            task = asyncio.create_task(self._settle_shadows(turn_id, p))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    async def _wait_shadows(outcome: HedgeOutcome[ChatStream], deadline: float) -> None:
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+    async def _settle_shadows(self, turn_id: int | None, p: _PendingShadows) -> None:
+        """Wait (inside the step's deadline) for a step's shadow losers, then rewrite the
+        step's ``calls`` rows and its measured ``time_saved_ms`` in the log."""
+        remaining = max(0.0, p.deadline - asyncio.get_running_loop().time())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(remaining):
-                await outcome.shadows_done()
+                await p.outcome.shadows_done()
+        if self.store is None or turn_id is None:
+            return
+        calls = [
+            _call_record(p.name, p.step, a, p.streams.get(a.number), self._providers.get(a.target))
+            for a in p.outcome.attempts
+        ]
+        self.store.update_step_calls(turn_id, p.name, calls, p.outcome.time_saved_ms)
 
     def _finish_llm_step(
         self,

@@ -193,6 +193,10 @@ class Store:
             else:
                 db = sqlite_utils.Database(str(path))
                 db.enable_wal()
+                # With WAL, NORMAL syncs at checkpoints instead of every commit: a commit
+                # no longer waits for an fsync on the event loop (a power loss may drop
+                # the last turns; the database stays consistent). SQLite docs, "WAL mode".
+                db.execute("pragma synchronous = normal")
             migrate(db)
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
@@ -305,6 +309,27 @@ class Store:
                     [self._call_row(run_id, turn_id, c) for c in turn.calls]
                 )
         return turn_id
+
+    def update_step_calls(
+        self, turn_id: int, step: str, calls: list[CallRecord], time_saved_ms: float | None
+    ) -> None:
+        """Rewrite a logged step's ``calls`` rows (matched by attempt) and its
+        ``time_saved_ms``: how shadow losers that finished after the turn was logged
+        reach the log."""
+        with self.db.conn:
+            for c in calls:
+                row = self._call_row(0, turn_id, c)
+                del row["run_id"], row["turn_id"]
+                self.db.execute(
+                    "update calls set "
+                    + ", ".join(f"{k} = ?" for k in row)
+                    + " where turn_id = ? and step = ? and attempt = ?",
+                    [*row.values(), turn_id, step, c.attempt],
+                )
+            self.db.execute(
+                "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
+                [time_saved_ms, turn_id, step],
+            )
 
     @staticmethod
     def _call_row(run_id: int, turn_id: int, c: CallRecord) -> dict[str, Any]:

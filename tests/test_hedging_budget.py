@@ -46,11 +46,28 @@ def test_extra_load_over_many_calls() -> None:
 
 
 def test_balance_is_capped() -> None:
-    budget = HedgeBudget(0.5, reserve=1.0)  # capacity max(1, 1, 0.5) = 1
+    budget = HedgeBudget(0.5, reserve=1.0, capacity=1.0)
     for _ in range(100):
         budget.deposit()
     assert budget.balance == 1.0
     assert budget.try_withdraw()
+    assert not budget.try_withdraw()
+
+
+def test_default_capacity_holds_the_deposits_of_100_calls() -> None:
+    budget = HedgeBudget(0.1, reserve=1.0)
+    assert budget.capacity == pytest.approx(10.0)
+    for _ in range(1000):
+        budget.deposit()
+    assert budget.balance == pytest.approx(10.0)
+
+
+def test_calls_in_flight_together_can_each_spend_their_deposit() -> None:
+    # 20 calls start together, each deposits 1.0, then each wants one copy
+    budget = HedgeBudget(1.0, reserve=0.0)
+    for _ in range(20):
+        budget.deposit()
+    assert all(budget.try_withdraw() for _ in range(20))
     assert not budget.try_withdraw()
 
 

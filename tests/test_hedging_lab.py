@@ -202,10 +202,14 @@ async def test_shadow_losers_finish_and_their_times_are_logged(fast_lab: LabServ
                                "shadow_fraction": 1.0})  # fmt: skip
         with Store.open(":memory:") as store:
             async with Chain(cfg, store=store) as chain:
+                t0 = time.perf_counter()
                 done = await chain.run_turn("shadow me")
-                calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
-                step = store.steps(chain.run_id)[0]
+                turn_s = time.perf_counter() - t0
+            # closing the chain waited for the shadow loser and updated its rows
+            calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
+            step = store.steps(chain.run_id)[0]
         assert done.status == "ok"
+        assert turn_s < 0.35  # the turn did not wait for the 400 ms shadow primary
         assert calls[1]["outcome"] == "shadow_finished" and calls[1]["ttft_ms"] >= 350
         assert calls[2]["outcome"] == "duplicate"
         # time saved = the primary's first token minus the copy's, both from the step start

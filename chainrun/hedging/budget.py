@@ -75,6 +75,10 @@ class CopyThrottler(Throttler):
             await asyncio.sleep(self.retry_interval)
 
 
+#: how many calls' deposits the budget's bucket holds by default
+CAPACITY_CALLS = 100
+
+
 class HedgeBudget:
     """Token bucket bounding the extra load of hedge copies (Finagle/gRPC style).
 
@@ -85,8 +89,12 @@ class HedgeBudget:
             has accumulated (Finagle's ``minRetriesPerSec`` plays this role).
         capacity: the most tokens the bucket holds; deposits above it are lost, which
             bounds a burst of copies after a quiet spell. Default
-            ``max(1, reserve, max_extra_load)`` (at least one whole copy; with a load
-            above 1, every call can still spend what it deposited).
+            ``max(1, reserve, max_extra_load * CAPACITY_CALLS)``: the deposits of the
+            last 100 calls, so that calls in flight together can each spend what they
+            deposited (a capacity of one call's deposit refused the copies of
+            concurrent calls), while a burst after a quiet spell stays bounded by
+            ``max_extra_load`` × 100 copies. Finagle bounds the same burst in time
+            (deposits expire after a 10 s TTL); counting calls needs no clock.
         max_copies_per_s: optional hard cap on copies per second, whatever the balance.
         clock: monotonic seconds, for the copies-per-second cap; injectable for tests.
 
@@ -107,7 +115,9 @@ class HedgeBudget:
         if max_extra_load <= 0 or reserve < 0:
             raise ValueError(f"need max_extra_load > 0 and reserve >= 0, got {max_extra_load=}")
         self.max_extra_load = max_extra_load
-        self.capacity = max(1.0, reserve, max_extra_load) if capacity is None else capacity
+        self.capacity = (
+            max(1.0, reserve, max_extra_load * CAPACITY_CALLS) if capacity is None else capacity
+        )
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1 (one copy costs 1), got {capacity}")
         self._balance = min(reserve, self.capacity)

@@ -102,6 +102,11 @@ class HedgeOutcome(Generic[T]):
     attempts: list[AttemptRecord]
     _shadows: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
+    @property
+    def shadows_pending(self) -> bool:
+        """Whether a shadow loser of this call is still running."""
+        return any(not task.done() for task in self._shadows)
+
     async def shadows_done(self) -> None:
         """Wait until every shadow loser of this call has finished (or been cancelled)."""
         pending = [task for task in self._shadows if not task.done()]

@@ -439,7 +439,9 @@ def serve(
     _check_loopback(host)
     bind_host = "127.0.0.1" if host == "localhost" else host
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections; without
+    # it Nagle holds a response written in two sends until the delayed ACK (40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((bind_host, port))

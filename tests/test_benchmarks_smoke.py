@@ -1,0 +1,92 @@
+"""Smoke test of the hedging benchmarks: each runs end to end with tiny sizes.
+
+Each benchmark is run as the user runs it (``python benchmarks/NAME.py ... --json``, a
+subprocess that starts its own lab server) and its JSON document is checked for its
+keys and for numbers in range. Not a timing assertion: the sizes are far too small to
+say anything about hedging, and the result file goes to a temporary directory so the
+recorded results in ``benchmarks/results/`` stay untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(name: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/{name}.py", *args, "--json", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert json.loads(out.read_text(encoding="utf-8")) == doc
+    assert doc["benchmark"] == name
+    assert doc["command"].startswith(f"python benchmarks/{name}.py")
+    assert doc["date"].endswith("+00:00")
+    assert {"platform", "python", "cpu_count"} <= doc["machine"].keys()
+    assert isinstance(doc["parameters"], dict)
+    return doc["results"]
+
+
+def unit(x: Any) -> bool:
+    return isinstance(x, int | float) and 0.0 <= x <= 1.0
+
+
+def test_hedge_bimodal(tmp_path: Path) -> None:
+    res = run_benchmark("hedge_bimodal", tmp_path, "--turns", "20", "--concurrency", "20")
+    assert res["predicted"]["single"] == pytest.approx(0.5)
+    assert res["predicted"]["hedged"] == pytest.approx(0.875)
+    assert res["predicted"]["hedged_calls_per_turn"] == pytest.approx(1.75)
+    for mode in ("single", "hedged", "hedged_stock_budget"):
+        m = res[mode]
+        assert m["n"] == 20
+        assert unit(m["success_rate"])
+        assert 1.0 <= m["calls_per_turn"] <= 3.0
+        assert unit(m["client_lag"]["share_turns_lagging"])
+    assert res["single"]["calls_per_turn"] == 1.0
+    assert res["hedged"]["hedge"]["budget_exhausted"] == 0
+
+
+def test_hedge_work_noise(tmp_path: Path) -> None:
+    res = run_benchmark(
+        "hedge_work_noise",
+        tmp_path,
+        *("--turns", "30", "--concurrency", "15", "--min-samples", "5", "--deadline-s", "8"),
+    )
+    assert "N1 - N2 > d" in res["explanation"]
+    for name in ("low_noise", "noisy"):
+        h = res[name]["hedge"]
+        assert h["n"] == 30
+        assert h["n_warmup"] + h["n_armed"] == 30
+        for key in ("fire_rate", "win_rate"):
+            assert h[key] is None or unit(h[key])
+        assert 0.0 <= h["extra_calls_per_turn"] <= 1.0
+        assert h["time_saved_per_win_ms"] is None or h["time_saved_per_win_ms"] > 0
+        p = res[name]["predicted"]
+        assert unit(p["fire_rate"]) and p["delay_ms"] > 0
+    assert res["low_noise"]["predicted"]["win_rate"] == pytest.approx(0.0, abs=0.01)
+
+
+def test_hedge_overhead(tmp_path: Path) -> None:
+    res = run_benchmark("hedge_overhead", tmp_path, "--calls", "20", "--warmup", "2")
+    for arm in ("bare", "hedger", "chain_nolog", "chain"):
+        assert res[arm]["n"] == 20
+        assert res[arm]["median_ms"] > 0
+    for arm in ("hedger", "chain_nolog", "chain"):
+        assert isinstance(res[arm]["added_median_ms"], float)
+        assert res[arm]["ratio_of_medians"] > 0
+    assert res["checks"]["hedger_fires"] == 0
+    assert res["checks"]["turns_logged"] == 22  # measured rounds plus warm-up rounds
