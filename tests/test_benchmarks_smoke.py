@@ -50,7 +50,7 @@ def test_hedge_bimodal(tmp_path: Path) -> None:
     assert res["predicted"]["single"] == pytest.approx(0.5)
     assert res["predicted"]["hedged"] == pytest.approx(0.875)
     assert res["predicted"]["hedged_calls_per_turn"] == pytest.approx(1.75)
-    for mode in ("single", "hedged", "hedged_stock_budget"):
+    for mode in ("single", "hedged"):
         m = res[mode]
         assert m["n"] == 20
         assert unit(m["success_rate"])

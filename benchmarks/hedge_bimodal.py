@@ -1,0 +1,252 @@
+"""Hedging a bimodal guard step: success within a 3 s deadline, single call vs hedged.
+
+Scenario ``bimodal-guard`` (FIELD.md): the time to first token is 0.1-0.3 s with
+probability 0.5 (warm path) and 3-19 s otherwise (cold path), drawn by the lab per
+request, so every copy is an independent draw. The guard step settles on the whole
+answer (``stream = false``) within a 3 s deadline (``on_failure = "closed"``: a miss
+refuses the turn).
+
+* single: one call per turn; it answers in time iff it draws the warm path: P = 0.5.
+* hedged: copies at 1 s and 2 s (``delay_ms = 1000``, ``max_attempts = 3``); every copy
+  started at <= 2 s answers by 2.3 s if it draws the warm path, so the turn fails only
+  when all three draw the cold path: P(success) = 1 - 0.5^3 = 0.875, with
+  1 + 0.5 + 0.25 = 1.75 calls per turn.
+
+Run: ``python benchmarks/hedge_bimodal.py [--turns 1000] [--concurrency 50] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import _common as c
+
+from chainrun.lab import LabServer
+from chainrun.report import SENT_OUTCOMES
+
+DEADLINE_S = 3.0
+P_FAST = 0.5
+DELAY_MS = 1000.0
+MAX_ATTEMPTS = 3
+MODES = ("single", "hedged")
+
+
+def predicted() -> dict[str, float]:
+    """Independent-draw predictions for the bimodal guard (see the module docstring)."""
+    p_slow = 1 - P_FAST
+    return {
+        "single": P_FAST,
+        "hedged": 1 - p_slow**MAX_ATTEMPTS,
+        "single_calls_per_turn": 1.0,
+        "hedged_calls_per_turn": sum(p_slow**k for k in range(MAX_ATTEMPTS)),
+    }
+
+
+def guard_step(hedged: bool, max_extra_load: float) -> dict[str, Any]:
+    step: dict[str, Any] = {
+        "max_output_tokens": 8,
+        "deadline_s": DEADLINE_S,
+        "stream": False,
+        "on_failure": "closed",
+    }
+    if hedged:
+        step["hedge"] = {
+            "delay_ms": DELAY_MS,
+            "max_attempts": MAX_ATTEMPTS,
+            "max_extra_load": max_extra_load,
+        }
+    return step
+
+
+def lab_draws(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the lab drew, per attempt number: n and share on the warm path.
+
+    A copy must be an independent draw: its warm share should be about 0.5 too.
+    ``warm_draws``: warm draws over all requests. A copy is sent only while every earlier
+    attempt of its turn is on the cold path (a warm one has answered by 0.3 s + k s), so
+    each turn holds at most one warm draw, and if the client does its part, successes =
+    warm draws exactly: the gap between measured and predicted success is then the luck
+    of the lab's draws, not hedging. Also how the requests ended (completed, or closed
+    early by the client).
+    """
+    by_attempt: dict[str, list[float]] = {}
+    for rec in records:
+        by_attempt.setdefault(rec["attempt"] or "?", []).append(rec["planned_ttft_ms"])
+    warm = {
+        k: {"n": len(v), "warm_share": round(sum(t < 1000 for t in v) / len(v), 4)}
+        for k, v in sorted(by_attempt.items())
+    }
+    ends = Counter(
+        "completed" if rec["completed"] else "disconnected" if rec["disconnected"] else "other"
+        for rec in records
+    )
+    n_warm = sum(1 for rec in records if rec["planned_ttft_ms"] < 1000)
+    return {"per_attempt": warm, "warm_draws": n_warm, "ended": dict(ends)}
+
+
+async def run_mode(
+    lab: LabServer, mode: str, turns: int, concurrency: int, max_extra_load: float
+) -> dict[str, Any]:
+    """Run ``turns`` turns in one mode, ``single`` or ``hedged``."""
+    hedged = mode == "hedged"
+    config = c.one_step_config(
+        lab.base_url,
+        guard_step(hedged, max_extra_load),
+        max_connections=max(100, concurrency * MAX_ATTEMPTS * 2),
+    )
+    messages = [f"turn {i} ({mode}): is this message safe to answer?" for i in range(turns)]
+    lab.reset()
+    t0 = time.perf_counter()
+    with c.temp_store() as store:
+        async with c.LagSampler() as lag, c.open_chain(config, store, mode) as chain:
+            driven = await c.drive_turns(chain, messages, concurrency=concurrency, lag=lag)
+            run_id = chain.run_id
+        assert run_id is not None
+        steps = store.steps(run_id)
+        calls = store.calls(run_id)
+        stats = c.step_hedge_stats(store, run_id)
+    wall_s = c.elapsed(t0)
+    n = len(steps)
+    ok = [s for s in steps if s["status"] == "ok"]
+    sent = sum(1 for call in calls if call["outcome"] in SENT_OUTCOMES)
+    over = sum(1 for s in ok if s["duration_ms"] > DEADLINE_S * 1000)
+    ok_ms = [s["duration_ms"] for s in ok]
+    draws = lab_draws(lab.requests())
+    return {
+        "n": n,
+        "success": len(ok),
+        "success_rate": round(len(ok) / n, 4) if n else None,
+        "success_ci95": c.wilson(len(ok), n),
+        "calls_per_turn": round(sent / n, 4) if n else None,
+        "n_calls": sent,
+        "answered_after_deadline": over,
+        "answered_p50_ms": c.r(c.median(ok_ms)),
+        "answered_p99_ms": c.r(c.quantile(ok_ms, 99)),
+        "turn_status": dict(Counter(t.status for t in driven)),
+        "hedge": {
+            k: stats.get(k)
+            for k in ("fire_rate", "win_rate", "extra_calls_per_turn", "budget_exhausted")
+        },
+        "client_lag": c.lag_report(driven, calls, lag, concurrency),
+        "lab": draws,
+        # 0 when every warm draw answered in time (see lab_draws)
+        "success_minus_warm_draws": len(ok) - draws["warm_draws"],
+        "wall_s": wall_s,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    doc = c.new_document(
+        "hedge_bimodal",
+        sys.argv[1:],
+        {
+            "turns": args.turns,
+            "concurrency": args.concurrency,
+            "scenario": "bimodal-guard",
+            "deadline_s": DEADLINE_S,
+            "delay_ms": DELAY_MS,
+            "max_attempts": MAX_ATTEMPTS,
+            "max_extra_load": args.max_extra_load,
+            "stream": False,
+            "seed": args.seed,
+        },
+    )
+    with LabServer("bimodal-guard", seed=args.seed) as lab:
+        modes = {}
+        for mode in MODES:
+            modes[mode] = await run_mode(
+                lab, mode, args.turns, args.concurrency, args.max_extra_load
+            )
+    pred = predicted()
+    res: dict[str, Any] = {**modes, "predicted": pred}
+    res["checks"] = {
+        "hedged_minus_predicted": round(modes["hedged"]["success_rate"] - pred["hedged"], 4),
+        "single_minus_predicted": round(modes["single"]["success_rate"] - pred["single"], 4),
+        "predicted_in_hedged_ci95": _inside(pred["hedged"], modes["hedged"]["success_ci95"]),
+        "predicted_in_single_ci95": _inside(pred["single"], modes["single"]["success_ci95"]),
+    }
+    doc["results"] = res
+    return doc
+
+
+def _inside(x: float, ci: list[float] | None) -> bool | None:
+    return None if ci is None else ci[0] <= x <= ci[1]
+
+
+def summary(doc: dict[str, Any]) -> str:
+    res = doc["results"]
+    pred = res["predicted"]
+    par = doc["parameters"]
+    lines = [
+        "",
+        f"guard step, bimodal-guard, {DEADLINE_S:g} s deadline, copies every {DELAY_MS:g} ms "
+        f"(turns={par['turns']}, concurrency={par['concurrency']}, "
+        f"max_extra_load={par['max_extra_load']:g})",
+        f"{'mode':7} {'n':>5} {'success':>7} {'95% CI':>16} {'pred.':>6} {'warm':>5} "
+        f"{'calls/turn':>10} {'pred.':>5} {'refused':>7} {'lag>100ms':>9} {'(later)':>7}",
+    ]
+    for mode in MODES:
+        m = res[mode]
+        kind = "single" if mode == "single" else "hedged"
+        lines.append(
+            f"{mode:7} {m['n']:>5} {m['success_rate']:>7.3f} "
+            f"{fmt_ci(m['success_ci95']):>16} {pred[kind]:>6.3f} "
+            f"{m['lab']['warm_draws'] / m['n']:>5.3f} {m['calls_per_turn']:>10.3f} "
+            f"{pred[kind + '_calls_per_turn']:>5.2f} "
+            f"{c.fmt(m['hedge']['budget_exhausted'], 'd'):>7} "
+            f"{m['client_lag']['share_turns_lagging']:>9.1%} "
+            f"{m['client_lag']['share_turns_lagging_after_first_wave']:>7.1%}"
+        )
+    lines.append(
+        "warm = the lab's warm-path draws per turn (success = warm if no warm answer was "
+        "lost); lag>100ms = share of turns during which the client's loop lagged > 100 ms "
+        "(later: turns after the first wave, which sees the client's warm-up)"
+    )
+    for mode in ("hedged",):
+        h = res[mode]
+        draws = ", ".join(
+            f"#{k} {v['warm_share']:.2f} (n={v['n']})" for k, v in h["lab"]["per_attempt"].items()
+        )
+        lines.append(
+            f"\n{mode}: fire rate {c.fmt(h['hedge']['fire_rate'])}, win rate "
+            f"{c.fmt(h['hedge']['win_rate'])}, extra calls/turn "
+            f"{c.fmt(h['hedge']['extra_calls_per_turn'])}\n  lab warm-path share per attempt: "
+            f"{draws}"
+        )
+    chk = res["checks"]
+    lines.append(
+        f"\nhedged - predicted = {chk['hedged_minus_predicted']:+.3f}; "
+        f"single - predicted = {chk['single_minus_predicted']:+.3f}"
+    )
+    return "\n".join(lines)
+
+
+def fmt_ci(ci: list[float] | None) -> str:
+    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, default=1000, help="turns per mode (default 1000)")
+    parser.add_argument("--concurrency", type=int, default=50, help="turns in flight (default 50)")
+    parser.add_argument(
+        "--max-extra-load",
+        type=float,
+        default=2.0,
+        help="hedge.max_extra_load of the hedged step (default 2.0: never refuses a copy)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the lab's RNG seed (default 0)")
+    c.add_common_options(parser)
+    args = parser.parse_args(argv)
+    doc = asyncio.run(run(args))
+    c.finish(doc, as_json=args.json, summary=summary, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""What chainrun adds to a call whose hedge never fires, against the bare ``openai`` client.
+
+The lab's ``fast`` scenario (no time to first token; by default also no pause between
+tokens, ``--per-token-ms 0``) serves the same request to four arms, one call at a time,
+interleaved round by round (the order rotates every round) so that drift of a shared,
+noisy machine falls on all arms alike:
+
+* ``bare``: ``openai.AsyncOpenAI`` with ``stream=True`` and ``include_usage``, read to
+  the end (the text joined, as any caller would).
+* ``hedger``: chainrun's provider path without the chain: ``OpenAICompatProvider`` +
+  ``ChatStream`` (pump task, timing accumulator) inside ``Hedger.run`` (policy with a
+  10 s delay: the copy is never due), settled on the whole answer.
+* ``chain_nolog``: a one-step ``Chain`` (the same step, ``stream = false``) with no store:
+  adds the chain's per-step work (prompt formatting, events, records).
+* ``chain``: the same chain logging every turn to a SQLite file (one transaction per
+  turn: turn, step and call rows), as chainrun runs by default.
+
+Reported per arm: n and the median (p90, mean) per-call time in ms; against ``bare``:
+the median of the per-round differences (ms per call) and the ratio of the medians.
+
+Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import _common as c
+import openai
+
+from chainrun.chain import Chain
+from chainrun.hedging import AttemptInfo, HedgePolicy, Hedger
+from chainrun.lab import LabServer
+from chainrun.providers import ChatRequest, ChatStream, OpenAICompatProvider
+
+ARMS = ("bare", "hedger", "chain_nolog", "chain")
+MESSAGE = "Does the linen shirt run small?"
+MODEL = "chainrun-lab"
+NEVER_MS = 10_000.0
+
+
+def step_config(max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_output_tokens": max_tokens,
+        "deadline_s": 30.0,
+        "stream": False,
+        "hedge": {"delay_ms": NEVER_MS, "max_attempts": 2},
+    }
+
+
+class Arms:
+    """The four ways of making the same call; each ``call`` coroutine makes one."""
+
+    def __init__(self, base_url: str, max_tokens: int, store: Any) -> None:
+        self.max_tokens = max_tokens
+        self.bare = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        self.provider = OpenAICompatProvider("lab", base_url)
+        self.hedger: Hedger[ChatStream] = Hedger(
+            HedgePolicy(delay_ms=NEVER_MS, max_attempts=2, deadline_s=30.0), ["lab"]
+        )
+        self.request = ChatRequest(
+            model=MODEL,
+            messages=[{"role": "user", "content": MESSAGE}],
+            max_output_tokens=max_tokens,
+        )
+        config = c.one_step_config(base_url, step_config(max_tokens), max_connections=100)
+        self.chain_nolog = Chain(config, quiet=True)
+        self.chain = Chain(config, store=store, kind="live", label="overhead", quiet=True)
+
+    async def __aenter__(self) -> Arms:
+        await self.chain_nolog.open()
+        await self.chain.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.chain.aclose()
+        await self.chain_nolog.aclose()
+        await self.hedger.aclose()
+        await self.provider.aclose()
+        await self.bare.close()
+
+    def calls(self) -> dict[str, Callable[[], Awaitable[str]]]:
+        return {
+            "bare": self.call_bare,
+            "hedger": self.call_hedger,
+            "chain_nolog": lambda: self.call_chain(self.chain_nolog),
+            "chain": lambda: self.call_chain(self.chain),
+        }
+
+    async def call_bare(self) -> str:
+        stream = await self.bare.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": MESSAGE}],
+            max_completion_tokens=self.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        parts: list[str] = []
+        async with stream:
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+        return "".join(parts)
+
+    async def call_hedger(self) -> str:
+        async def attempt(info: AttemptInfo) -> ChatStream:
+            s = ChatStream(self.provider, self.request)
+            try:
+                return await s.collect()
+            except BaseException:
+                await s.aclose()
+                raise
+
+        async def release(s: ChatStream) -> None:
+            await s.aclose()
+
+        outcome = await self.hedger.run(attempt, release=release)
+        winner = outcome.result()
+        await winner.aclose()
+        return winner.timer.text
+
+    @staticmethod
+    async def call_chain(chain: Chain) -> str:
+        done = await chain.run_turn(MESSAGE)
+        if done.status != "ok":
+            raise RuntimeError(f"chain turn ended {done.status}: {done.error_type}")
+        return done.output or ""
+
+
+async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[str, list[float]]:
+    """Per-call times in ms per arm; round k runs the arms in an order rotated by k.
+
+    ``pause_s`` (untimed) separates consecutive calls, e.g. to look at a server whose
+    connections keep Nagle on (before commit abe3a47 the lab's did, and a request sent
+    on a keep-alive connection soon after its previous response waited ~44 ms for a
+    delayed ACK; see README).
+    """
+    fns = arms.calls()
+    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    texts: set[str] = set()
+    for k in range(warmup + rounds):
+        order = ARMS[k % len(ARMS) :] + ARMS[: k % len(ARMS)]
+        for arm in order:
+            t0 = time.perf_counter()
+            text = await fns[arm]()
+            dt = (time.perf_counter() - t0) * 1000.0
+            texts.add(text)
+            if k >= warmup:
+                times[arm].append(dt)
+            if pause_s > 0:
+                await asyncio.sleep(pause_s)
+    if len(texts) != 1:
+        raise RuntimeError(f"the arms did not get the same answer: {texts}")
+    return times
+
+
+def describe(times: dict[str, list[float]]) -> dict[str, Any]:
+    bare = times["bare"]
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        ms = times[arm]
+        row: dict[str, Any] = {
+            "n": len(ms),
+            "median_ms": c.r(statistics.median(ms), 3),
+            "p90_ms": c.r(c.quantile(ms, 90), 3),
+            "mean_ms": c.r(statistics.fmean(ms), 3),
+        }
+        if arm != "bare":
+            diffs = [a - b for a, b in zip(ms, bare, strict=True)]
+            row["added_median_ms"] = c.r(statistics.median(diffs), 3)
+            row["added_median_ms_vs_median"] = c.r(
+                statistics.median(ms) - statistics.median(bare), 3
+            )
+            row["ratio_of_medians"] = c.r(statistics.median(ms) / statistics.median(bare), 3)
+        out[arm] = row
+    # what each layer adds on top of the one below (medians of paired differences)
+    layers = (("hedger", "bare"), ("chain_nolog", "hedger"), ("chain", "chain_nolog"))
+    out["layers_added_median_ms"] = {
+        f"{upper} - {lower}": c.r(
+            statistics.median([a - b for a, b in zip(times[upper], times[lower], strict=True)]), 3
+        )
+        for upper, lower in layers
+    }
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    params = {
+        "calls": args.calls,
+        "warmup_rounds": args.warmup,
+        "scenario": "fast",
+        "per_token_ms": args.per_token_ms,
+        "n_tokens": args.tokens,
+        "hedge_delay_ms": NEVER_MS,
+        "order": "interleaved, rotated every round, sequential calls",
+        "pause_ms": args.pause_ms,
+    }
+    doc = c.new_document("hedge_overhead", sys.argv[1:], params)
+    t0 = time.perf_counter()
+    with (
+        LabServer("fast", per_token_ms=args.per_token_ms, n_tokens=args.tokens) as lab,
+        c.temp_store() as store,
+    ):
+        async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store) as arms:
+            times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
+            fired = arms.hedger.stats.fires
+            chain_run = arms.chain.run_id
+        logged = len(store.turns(chain_run)) if chain_run is not None else 0
+    results = describe(times)
+    results["checks"] = {
+        "hedger_fires": fired,
+        "turns_logged": logged,
+        "same_answer_every_arm": True,
+    }
+    results["client_lag"] = lag.summary()
+    results["wall_s"] = c.elapsed(t0)
+    results["includes"] = {
+        "hedger": "OpenAICompatProvider (openai client; model_dump_json of every chunk to count "
+        "bytes) + ChatStream pump task and StreamTimer + Hedger.run (one attempt task, "
+        "budget deposit, latency window)",
+        "chain_nolog": "hedger + Chain.run_turn: prompt formatting, request building, "
+        "events, StepRecord/CallRecord building (no store)",
+        "chain": "chain_nolog + one SQLite transaction per turn (turn, step and call rows) "
+        "on a temporary file, written synchronously on the event loop",
+    }
+    doc["results"] = results
+    return doc
+
+
+def summary(doc: dict[str, Any]) -> str:
+    res = doc["results"]
+    par = doc["parameters"]
+    lines = [
+        "",
+        f"sequential calls on the lab's fast scenario ({par['n_tokens']} tokens, "
+        f"{par['per_token_ms']:g} ms per token), hedge never due",
+        f"{'arm':12} {'n':>5} {'median ms':>10} {'p90 ms':>8} {'added ms':>9} {'ratio':>6}",
+    ]
+    for arm in ARMS:
+        row = res[arm]
+        lines.append(
+            f"{arm:12} {row['n']:>5} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
+            f"{c.fmt(row.get('added_median_ms'), '.2f'):>9} "
+            f"{c.fmt(row.get('ratio_of_medians'), '.2f'):>6}"
+        )
+    lines.append(
+        "\nper layer (median of paired differences, ms): "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in res["layers_added_median_ms"].items())
+    )
+    lines.append(
+        "added ms = median over rounds of (arm - bare); ratio = median(arm) / median(bare)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=400, help="measured calls per arm (400)")
+    parser.add_argument("--warmup", type=int, default=20, help="rounds not measured (20)")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (16)")
+    parser.add_argument(
+        "--per-token-ms", type=float, default=0.0, help="the lab's pause between tokens (0)"
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="untimed pause between calls, in ms (default 0)",
+    )
+    c.add_common_options(parser)
+    args = parser.parse_args(argv)
+    doc = asyncio.run(run(args))
+    c.finish(doc, as_json=args.json, summary=summary, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
