@@ -171,6 +171,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "predicted_in_single_ci95": _inside(pred["single"], modes["single"]["success_ci95"]),
     }
     doc["results"] = res
+    # the interface of issue 5: `single`, `hedged` and `predicted` at the top level too
+    doc.update(single=modes["single"], hedged=modes["hedged"], predicted=pred)
     return doc
 
 
