@@ -34,7 +34,7 @@ import sqlite_utils
 from chainrun import local
 from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
-from chainrun.errors import ChainrunError, ProviderError, ProviderUnavailable
+from chainrun.errors import ChainrunError, InvalidAnswer, ProviderError, ProviderUnavailable
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import (
     BreakerRegistry,
@@ -137,7 +137,7 @@ def _call_record(
         started_offset_ms=attempt.started_offset_ms or 0.0,
         outcome=attempt.outcome,
         loop_lag_ms=attempt.loop_lag_ms,
-        fired_late=attempt.fired_during_loop_lag,
+        fired_late=attempt.number > 1 and attempt.fired_during_loop_lag,
         error_type=_error_type(attempt.error),
         error_message=str(attempt.error) if attempt.error else None,
     )
@@ -666,6 +666,10 @@ class Chain:
             result.output_tokens = winner.timer.usage.output_tokens if winner.timer.usage else None
             if error is None and winner.error is not None:
                 error = winner.error
+        wants_json = step.expect_json or step.json_schema is not None
+        if error is None and winner is not None and wants_json:
+            if parse_json_object(winner.timer.text) is None:
+                error = InvalidAnswer(f"{name}: the answer is not a JSON object")
         if error is None and winner is not None:
             result.output = rec.output = winner.timer.text
         else:

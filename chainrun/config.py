@@ -13,6 +13,7 @@ field path and the bad value, before anything is written.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 import string
@@ -183,6 +184,15 @@ class StepConfig(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _no_hedge_on_retrieve(self) -> StepConfig:
+        if self.kind == "retrieve" and self.hedge is not None:
+            raise ValueError(
+                "hedge: a retrieve step is not hedged this way; name a fallback in "
+                "retrieval.fallbacks instead"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _no_hedge_with_side_effects(self) -> StepConfig:
         if self.side_effects and self.hedge is not None:
             raise ValueError("a step with side_effects = true must not be hedged (remove [hedge])")
@@ -200,9 +210,27 @@ class ChainConfig(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
+        if not self.order:
+            raise ValueError("order: expected at least one step")
+        seen: set[str] = set()
         for name in self.order:
             if name not in self.steps:
                 raise ValueError(f"order names step {name!r} which has no [steps.{name}] table")
+            if name in seen:
+                raise ValueError(f"order: step {name!r} appears twice")
+            seen.add(name)
+        for name in self.steps:
+            if name not in seen:
+                close = difflib.get_close_matches(name, self.order, n=1)
+                hint = f" (did you mean [steps.{close[0]}]?)" if close else ""
+                raise ValueError(
+                    f"steps.{name}: step is not in order {self.order}{hint}; "
+                    "add it to order or remove the table"
+                )
+        if self.answer_step not in seen or self.steps[self.answer_step].kind != "llm":
+            raise ValueError(
+                f"answer_step: expected an LLM step named in order, got {self.answer_step!r}"
+            )
         for name, step in self.steps.items():
             if step.kind == "llm" and step.provider not in self.providers:
                 raise ValueError(
@@ -317,7 +345,7 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def _format_validation_error(source: str, err: ValidationError) -> str:
     first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    path = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
@@ -325,7 +353,7 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
     if "(got" in msg or "got " in msg:
         shown = ""
-    return f"{source}: {path}: {msg}{shown}"
+    return f"{source}: {path + ': ' if path else ''}{msg}{shown}"
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ChainConfig:
@@ -335,6 +363,14 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> ChainConfi
         ConfigError: one line naming ``source``, the field path and the bad value.
     """
     merged = deep_merge(DEFAULT_CHAIN, data)
+    # A built-in step the user's order leaves out is dropped (a shorter chain needs only
+    # `order`); a step the user wrote but left out of order is a mistake, reported below.
+    order = merged.get("order")
+    user_steps = data.get("steps", {}) if isinstance(data.get("steps"), dict) else {}
+    if isinstance(order, list) and isinstance(merged.get("steps"), dict):
+        merged["steps"] = {
+            k: v for k, v in merged["steps"].items() if k in order or k in user_steps
+        }
     try:
         return ChainConfig.model_validate(merged)
     except ValidationError as e:
@@ -356,9 +392,11 @@ def load_config(path: str | Path | None = None) -> ChainConfig:
         path = default
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (expected UTF-8 TOML)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

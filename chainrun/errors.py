@@ -10,6 +10,7 @@
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
         ├── ProviderTimeout       no answer within the step's deadline
+        ├── InvalidAnswer         an answer not in the required form (not JSON)
         └── StreamTruncated       the stream ended without a finish_reason
 
 User mistakes and provider failures are kept apart on purpose: the first is fixed
@@ -75,6 +76,12 @@ class ProviderTimeout(ProviderError):
     """No answer arrived within the step's deadline."""
 
     error_type = "timeout"
+
+
+class InvalidAnswer(ProviderError):
+    """The model answered, but not in the form the step requires (e.g. not JSON)."""
+
+    error_type = "invalid_answer"
 
 
 class StreamTruncated(ProviderError):

@@ -79,6 +79,14 @@ def _read_state() -> LocalServer | None:
         return None
 
 
+def _is_llama_server(pid: int) -> bool:
+    """Whether ``pid`` is a llama-server (a recorded pid may have been reused since)."""
+    try:
+        return b"llama-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -147,7 +155,7 @@ def server_binary() -> Path:
 def status() -> LocalServer | None:
     """The recorded server if its process is alive and healthy, else None."""
     state = _read_state()
-    if state and _pid_alive(state.pid) and healthy(state.port):
+    if state and _pid_alive(state.pid) and _is_llama_server(state.pid) and healthy(state.port):
         return state
     return None
 
@@ -240,7 +248,7 @@ def down() -> LocalServer | None:
     state = _read_state()
     if state is None:
         return None
-    if _pid_alive(state.pid):
+    if _pid_alive(state.pid) and _is_llama_server(state.pid):
         try:
             os.killpg(state.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):

@@ -17,7 +17,7 @@ from typing import Any
 
 from chainrun.chain import Chain, Retriever
 from chainrun.config import ChainConfig
-from chainrun.errors import InputFileError, ProviderUnavailable
+from chainrun.errors import InputFileError
 from chainrun.events import TurnFinished
 from chainrun.providers.base import Provider
 from chainrun.records import RunKind
@@ -43,7 +43,7 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     """
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise InputFileError(str(p), None, f"cannot read file ({e})") from None
     out: list[ReplayRequest] = []
@@ -120,10 +120,11 @@ async def run_requests(
         tasks = [asyncio.create_task(one(r)) for r in requests]
         try:
             await asyncio.gather(*tasks)
-        except ProviderUnavailable:
+        finally:
+            # stopped (unreachable provider, Ctrl-C, SIGTERM): cancel the turns in flight
+            # and let them log themselves as cancelled before the run is closed
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            raise
     assert chain.run_id is not None
     return chain.run_id

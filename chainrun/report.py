@@ -111,9 +111,13 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
         if s["hedge_delay_ms"] is not None:
             a["n_armed"] += 1
             a["delays"].append(s["hedge_delay_ms"])
-        a["fired"] += bool(s["hedge_fired"])
-        a["won"] += bool(s["hedge_won"])
-        if s["hedge_won"] and s["time_saved_ms"] is not None:
+        fired = bool(s["hedge_fired"])
+        a["fired"] += fired
+        # a win is a copy settling first *after the delay fired*; a copy started at once
+        # after a non-fatal error is a retry, not a hedge win (keeps win rate <= 1)
+        won = fired and bool(s["hedge_won"])
+        a["won"] += won
+        if won and s["time_saved_ms"] is not None:
             a["saved"].append(s["time_saved_ms"])
     sent: dict[str, int] = defaultdict(int)
     refused: dict[str, int] = defaultdict(int)

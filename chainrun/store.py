@@ -185,18 +185,41 @@ class Store:
         self.db = db
 
     @classmethod
-    def open(cls, path: str | Path = DEFAULT_DB) -> Store:
-        """Open (creating and migrating if needed) the log at ``path``; ``":memory:"`` works."""
+    def open(cls, path: str | Path = DEFAULT_DB, *, create: bool = True) -> Store:
+        """Open (creating and migrating if needed) the log at ``path``; ``":memory:"`` works.
+
+        Args:
+            create: False for read-only commands: a missing file is an error, not a new log.
+
+        Raises:
+            UserInputError: the directory does not exist; ``create`` is False and the file
+                does not exist; the file is not SQLite; or it is a SQLite database of
+                something else (tables but no chainrun ``_migrations``), which is left as is.
+        """
+        if str(path) == ":memory:":
+            db = sqlite_utils.Database(memory=True)
+            migrate(db)
+            return cls(db)
+        p = Path(path)
+        if not p.parent.is_dir():
+            raise UserInputError(f"{path}: directory {p.parent} does not exist")
+        if not create and not p.exists():
+            raise UserInputError(f"{path}: no such log (run a replay or a turn first)")
         try:
-            if str(path) == ":memory:":
-                db = sqlite_utils.Database(memory=True)
-            else:
-                db = sqlite_utils.Database(str(path))
-                db.enable_wal()
-                # With WAL, NORMAL syncs at checkpoints instead of every commit: a commit
-                # no longer waits for an fsync on the event loop (a power loss may drop
-                # the last turns; the database stays consistent). SQLite docs, "WAL mode".
-                db.execute("pragma synchronous = normal")
+            db = sqlite_utils.Database(str(p))
+            tables = db.table_names()
+            if tables and "_migrations" not in tables:
+                db.close()
+                raise UserInputError(
+                    f"{path}: a SQLite database of something else (no chainrun _migrations "
+                    "table); use another --db"
+                )
+            db.enable_wal()
+            # With WAL, NORMAL syncs at checkpoints instead of every commit: a commit
+            # no longer waits for an fsync on the event loop (a power loss may drop
+            # the last turns; the database stays consistent). SQLite docs, "WAL mode".
+            db.execute("pragma synchronous = normal")
+            db.execute("pragma busy_timeout = 10000")  # concurrent commands wait, not fail
             migrate(db)
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
@@ -256,6 +279,8 @@ class Store:
         Raises:
             UserInputError: no such run.
         """
+        if not 0 < run_id < 2**63:
+            raise UserInputError(f"run {run_id}: no such run in this log")
         rows = list(self.db.table("runs").rows_where("id = ?", [run_id]))
         if not rows:
             raise UserInputError(f"run {run_id}: no such run in this log")

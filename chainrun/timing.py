@@ -129,8 +129,9 @@ class StreamTimer:
 
     @property
     def truncated(self) -> bool:
-        """The stream ended without a finish_reason (cut, cancelled or failed)."""
-        return self.ended and self.finish_reason is None
+        """The stream started (a chunk arrived) and ended without a finish_reason (cut,
+        cancelled or failed). A call that failed before any chunk is not truncated."""
+        return self.ended and self.n_chunks > 0 and self.finish_reason is None
 
     @property
     def time_between_tokens_ms(self) -> float | None:

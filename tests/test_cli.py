@@ -140,8 +140,25 @@ def test_run_streams_answer_and_prints_table(lab_config: Path, tmp_path: Path) -
 
 def test_unknown_run_and_not_a_database(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
-    proc = chainrun("show", "99", "--db", str(db))
-    assert proc.returncode == 2 and "no such run" in proc.stderr
+    proc = chainrun("show", "99", "--db", str(db))  # a read command does not create a log
+    assert proc.returncode == 2 and "no such log" in proc.stderr and not db.exists()
+    Store.open(db).close()
+    for args in (["show", "99"], ["show", "99999999999999999999999"], ["hedge-stats", "7"]):
+        proc = chainrun(*args, "--db", str(db))
+        assert proc.returncode == 2 and "no such run" in proc.stderr, args
+        assert "Traceback" not in proc.stderr
+    other = tmp_path / "other.db"
+    import sqlite3
+
+    with sqlite3.connect(other) as conn:
+        conn.execute("create table runs (x)")
+    proc = chainrun("runs", "--db", str(other))
+    assert proc.returncode == 2 and "something else" in proc.stderr
+    with sqlite3.connect(other) as conn:  # left untouched
+        names = {r[0] for r in conn.execute("select name from sqlite_master")}
+    assert names == {"runs"}
+    proc = chainrun("runs", "--db", str(tmp_path / "no-such-dir" / "x.db"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
     junk = tmp_path / "junk.db"
     junk.write_text("not sqlite " * 200)
     proc = chainrun("runs", "--db", str(junk))

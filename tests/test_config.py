@@ -90,3 +90,15 @@ def test_hedge_percentile_and_snapshot_has_no_key(monkeypatch: pytest.MonkeyPatc
     assert hedge is not None and hedge.delay_percentile == 95.0
     snap = cfg.snapshot()
     assert "SECRET_KEY_VAR" in snap and "sk-very-secret" not in snap
+
+
+def test_a_shorter_chain_needs_only_order() -> None:
+    cfg = config_from_dict({"order": ["classify", "compose"]})
+    assert list(cfg.steps) == ["classify", "compose"]
+
+
+def test_binary_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "bin.toml"
+    p.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="not a text file"):
+        load_config(p)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from sqlite_utils.utils import sqlite3
 
 from chainrun.errors import ChainrunError
 
@@ -71,6 +74,8 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except ChainrunError as e:
             fail(str(e).replace("[", r"\["))
+        except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
+            fail(f"the log database is busy or unwritable ({e})")
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
@@ -85,7 +90,14 @@ def print_json(doc: Any) -> None:
 
 
 def run_async(coro: Any) -> Any:
-    return asyncio.run(coro)
+    """Run ``coro``; SIGTERM is handled as SIGINT (Ctrl-C), so that a terminated command
+    cancels its turns, logs them as cancelled and marks its run ``interrupted``."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        return asyncio.run(coro)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # The commands live in one module per noun; importing them registers them on `app`.

@@ -134,12 +134,14 @@ def replay(
 @app.command()
 @handle_errors
 def runs(
-    limit: Annotated[int, typer.Option(min=1, help="How many runs (newest first).")] = 20,
+    limit: Annotated[
+        int, typer.Option(min=1, max=100_000, help="How many runs (newest first).")
+    ] = 20,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
 ) -> None:
     """List the runs in the log, newest first."""
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         rows = store.list_runs(limit)
     keys = ("id", "kind", "label", "status", "n_turns", "started_at", "ended_at", "source")
     if as_json:
@@ -161,7 +163,7 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a run: its turns, and each turn's steps and calls."""
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         detail = run_detail(store, run_id)
         summary = latency_summary(store, run_id)
     if as_json:

@@ -53,7 +53,7 @@ def eval_command(
     """Run an eval set through the chain (kind eval) and print pass rates with n."""
     cfg = load_config(config)
     cases = load_cases(file)  # validated before any run exists
-    store = Store.open(db)
+    store = Store.open(db, create=run is None)
     progress = Progress(
         TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err, disable=as_json or run is not None, transient=True,
@@ -123,7 +123,7 @@ def compare_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         result = compare(store, a, b, metric=metric)
     metrics = result.pop("metrics")
     doc = {**result, "turn": metrics.get("turn"),

@@ -21,7 +21,7 @@ def hedge_stats_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Fire rate, win rate, time saved per win and extra calls per turn, per step."""
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         rid = run_id if run_id is not None else store.latest_run_id()
         if rid is None:
             raise UserInputError(f"{db}: no runs in this log yet")

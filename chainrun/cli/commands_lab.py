@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from chainrun.cli import JsonOpt, err, handle_errors, lab_app, print_json
+from chainrun.cli import JsonOpt, handle_errors, lab_app, print_json
 from chainrun.lab import load_scenario, serve
 
 
@@ -34,6 +34,4 @@ def lab_serve(
     sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed)
     if as_json:
         print_json({"scenario": sc.model_dump(mode="json"), "host": host, "port": port})
-    else:
-        err.print(f"chainrun lab: scenario {sc.name!r} on http://{host}:{port}/v1 (Ctrl-C stops)")
-    serve(sc, host=host, port=port)
+    serve(sc, host=host, port=port)  # announces the address it bound on stderr

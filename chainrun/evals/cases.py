@@ -88,9 +88,11 @@ def load_cases(path: str | Path = DEFAULT_CASES) -> list[EvalCase]:
     """
     p = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise InputFileError(p, None, f"cannot read eval file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputFileError(p, None, "not a text file (expected UTF-8 JSON Lines)") from None
     cases: list[EvalCase] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
