@@ -191,3 +191,28 @@ def test_eval_repeat_and_compare(lab_config: Path, tmp_path: Path) -> None:
     bad.write_text('{"id": "x", "message": "m", "assert": [{"type": "no-such-type"}]}\n')
     proc = chainrun("eval", str(bad), "--config", str(lab_config), "--db", str(db))
     assert proc.returncode == 2 and f"{bad}:1" in proc.stderr
+
+
+def test_sigterm_marks_the_run_interrupted_and_logs_cancelled_turns(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    with LabServer("lognormal", median_ms=5000, sigma=0.01) as slow:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{slow.base_url}"\n')
+        db = tmp_path / "log.db"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "replay", str(REPLAY), "--config", str(cfg),
+             "--db", str(db), "--concurrency", "2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(slow.requests()) < 2:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "terminated" in stderr
+    (run,) = runs_in(db)
+    assert run["status"] == "interrupted" and run["n_turns"] == 2
+    with Store.open(db) as store:
+        assert {t["status"] for t in store.turns(run["id"])} == {"cancelled"}

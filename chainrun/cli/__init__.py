@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import shutil
 import signal
 import sys
@@ -79,6 +78,9 @@ def handle_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
+        except Terminated:
+            err.print("chainrun: terminated")
+            raise typer.Exit(143) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -89,15 +91,36 @@ def print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
+class Terminated(Exception):
+    """The command received SIGTERM (its work was cancelled and logged as such)."""
+
+
 def run_async(coro: Any) -> Any:
-    """Run ``coro``; SIGTERM is handled as SIGINT (Ctrl-C), so that a terminated command
+    """Run ``coro``. SIGTERM cancels it like Ctrl-C does, so that a terminated command
     cancels its turns, logs them as cancelled and marks its run ``interrupted``."""
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-    try:
-        return asyncio.run(coro)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        terminated = False
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if terminated:
+                raise Terminated() from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    return asyncio.run(main())
 
 
 # The commands live in one module per noun; importing them registers them on `app`.

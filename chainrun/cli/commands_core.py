@@ -123,6 +123,7 @@ def replay(
         hedging = hedge_stats(store, run_id)
     finally:
         store.close()
+    _warn_failed_turns(store_path=db, run_id=run_id)
     if as_json:
         print_json({**summary, "hedging": hedging["steps"]})
         return
@@ -243,3 +244,21 @@ def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
         print_json(doc)
     else:
         out.print(f"{state}: {server.base_url} (pid {server.pid}, log {server.log_path})")
+
+
+def _warn_failed_turns(store_path: Path, run_id: int) -> None:
+    """One stderr line when turns of a finished run were refused or failed (a server that
+    answers but is not an OpenAI-compatible API completes a run of refusals)."""
+    with Store.open(store_path, create=False) as store:
+        turns = store.turns(run_id)
+        failed = [t for t in turns if t["status"] != "ok"]
+        if not failed:
+            return
+        kinds: dict[str, int] = {}
+        for s in store.steps(run_id):
+            if s["status"] in ("failed_open", "failed_closed"):
+                key = f"{s['step']}:{s['error_type']}"
+                kinds[key] = kinds.get(key, 0) + 1
+    shown = ", ".join(f"{k} ×{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:4])
+    err.print(f"chainrun: warning: {len(failed)} of {len(turns)} turns not ok ({shown}); "
+              f"see chainrun show {run_id}")  # fmt: skip

@@ -43,7 +43,11 @@ def latency_table(summary: dict[str, Any]) -> Table:
         t.add_row(name, str(s["n"]), _f(s["p50_ms"]), _f(s["p90_ms"]), _f(s["ttft_p50_ms"]),
                   _f(s["output_tokens_mean"], 1), str(s["n_failed"]), s["model"] or "-",
                   s["reasoning_effort"] or "-")  # fmt: skip
-    t.caption = "percentiles with n values each; with n=12 a p90 is in effect the 2nd-slowest"
+    n = turn["n"]
+    if n and n < 36:  # below 36 values no order-statistic interval bounds a p90
+        rank = n - max(1, -(-n * 90 // 100)) + 1
+        ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")
+        t.caption = f"n = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
     return t
 
 
