@@ -9,6 +9,7 @@ the *name* of the key's environment variable).
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -206,7 +207,19 @@ class Store:
         if not create and not p.exists():
             raise UserInputError(f"{path}: no such log (run a replay or a turn first)")
         try:
-            db = sqlite_utils.Database(str(p))
+            # One opener at a time per file: two commands starting on a new log would
+            # otherwise race to switch it to WAL and to apply the same migrations.
+            # (flock is separate from SQLite's own fcntl byte-range locks on Linux.)
+            with open(p, "ab") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                return cls(cls._open_file(p, path))
+        except sqlite3.DatabaseError as e:
+            raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
+
+    @staticmethod
+    def _open_file(p: Path, path: str | Path) -> sqlite_utils.Database:
+        db = sqlite_utils.Database(str(p))
+        try:
             tables = db.table_names()
             if tables and "_migrations" not in tables:
                 db.close()
@@ -221,9 +234,10 @@ class Store:
             db.execute("pragma synchronous = normal")
             db.execute("pragma busy_timeout = 10000")  # concurrent commands wait, not fail
             migrate(db)
-        except sqlite3.DatabaseError as e:
-            raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
-        return cls(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self.db.close()

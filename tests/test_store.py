@@ -46,3 +46,24 @@ def test_unknown_run_and_non_database_file(tmp_path: Path) -> None:
     bad.write_text("this is not sqlite " * 100)
     with pytest.raises(UserInputError, match="not a chainrun log"):
         Store.open(bad)
+
+
+def test_concurrent_openers_of_a_new_log_share_it(tmp_path: Path) -> None:
+    """Two commands starting on a new file must not race on WAL and migrations."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared.db"
+    code = (
+        "import sys; from chainrun.store import Store; s = Store.open(sys.argv[1]); "
+        "s.create_run('live', '{}'); s.close()"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    for p in procs:
+        _, stderr = p.communicate(timeout=60)
+        assert p.returncode == 0, stderr.decode()
+    with Store.open(path) as s:
+        assert len(s.list_runs()) == 4
