@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -60,30 +61,16 @@ class Retriever(Protocol):
     async def retrieve(self, query: str, *, label: str | None = None) -> Any: ...
 
 
-def policy_from_config(step: StepConfig) -> HedgePolicy | None:
-    """The hedging engine's policy for a step (None: the step is not hedged)."""
+def policy_from_config(step: StepConfig) -> HedgePolicy:
+    """The hedging engine's policy for a step (one attempt inside the deadline when the
+    step has no ``[hedge]``). The config's fields carry the engine's names."""
     h: HedgeConfig | None = step.hedge
     if h is None:
         return HedgePolicy(deadline_s=step.deadline_s, max_attempts=1)
-    return HedgePolicy(
-        delay_ms=h.delay_ms,
-        delay_percentile=h.delay_percentile,
-        max_attempts=h.max_attempts,
-        deadline_s=step.deadline_s,
-        non_fatal=frozenset(h.non_fatal),
-        max_extra_load=h.max_extra_load,
-        max_copies_per_s=h.max_copies_per_s,
-        shadow_fraction=h.shadow_fraction,
-        min_samples=h.min_samples,
-        floor_ms=h.floor_ms,
-        window_s=h.window_s,
-        refresh_s=h.refresh_s,
-        max_loop_lag_ms=h.max_loop_lag_ms,
-        rotate_primary=h.rotate_primary,
-        breaker_failures=h.breaker_failures,
-        breaker_window_s=h.breaker_window_s,
-        breaker_cooldown_s=h.breaker_cooldown_s,
-    )
+    names = {f.name for f in dataclasses.fields(HedgePolicy)}
+    shared = {k: v for k, v in h.model_dump().items() if k in names}
+    shared["non_fatal"] = frozenset(h.non_fatal)
+    return HedgePolicy(**shared, delay_percentile=h.delay_percentile, deadline_s=step.deadline_s)
 
 
 def parse_label(text: str | None) -> str:

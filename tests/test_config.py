@@ -102,3 +102,15 @@ def test_binary_config_file_is_a_clear_error(tmp_path: Path) -> None:
     p.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ConfigError, match="not a text file"):
         load_config(p)
+
+
+def test_every_hedge_setting_reaches_the_engine() -> None:
+    """A [hedge] key the engine does not know would be silently dropped: pin the names."""
+    import dataclasses
+
+    from chainrun.config import HedgeConfig
+    from chainrun.hedging import HedgePolicy
+
+    engine = {f.name for f in dataclasses.fields(HedgePolicy)}
+    # delay (as delay_percentile) and targets (the Hedger's own argument) are translated
+    assert set(HedgeConfig.model_fields) - {"delay", "targets"} <= engine

@@ -53,6 +53,8 @@ ConfigOpt = Annotated[
     typer.Option("--config", "-c", help="chainrun.toml (default: ./chainrun.toml or built-in)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Turns in flight at once.")]
+LabelOpt = Annotated[str | None, typer.Option(help="A label for the run.")]
 DEFAULT_DB_PATH = Path("chainrun.db")
 
 F = TypeVar("F", bound=Callable[..., Any])

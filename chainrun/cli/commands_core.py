@@ -14,9 +14,11 @@ from chainrun import local
 from chainrun.chain import Chain
 from chainrun.cli import (
     DEFAULT_DB_PATH,
+    ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
+    LabelOpt,
     app,
     err,
     handle_errors,
@@ -91,8 +93,8 @@ def run(
 @handle_errors
 def replay(
     file: Annotated[Path, typer.Argument(help="Replay set: JSON Lines with id and message.")],
-    concurrency: Annotated[int, typer.Option(min=1, help="Turns in flight at once.")] = 1,
-    label: Annotated[str | None, typer.Option(help="A label for the run.")] = None,
+    concurrency: ConcurrencyOpt = 1,
+    label: LabelOpt = None,
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,

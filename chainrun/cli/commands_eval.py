@@ -11,9 +11,11 @@ from rich.table import Table
 
 from chainrun.cli import (
     DEFAULT_DB_PATH,
+    ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
+    LabelOpt,
     app,
     err,
     handle_errors,
@@ -44,8 +46,8 @@ def eval_command(
         int | None, typer.Option("--run", help="Score this existing run instead of running.")
     ] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Run each case K times (flip rate).")] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="Turns in flight at once.")] = 1,
-    label: Annotated[str | None, typer.Option(help="A label for the run.")] = None,
+    concurrency: ConcurrencyOpt = 1,
+    label: LabelOpt = None,
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
