@@ -19,10 +19,11 @@ The result is plain JSON-ready data (see :func:`compare`); the CLI only prints i
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chainrun.errors import UserInputError
@@ -94,8 +95,12 @@ def _parse_ts(text: str, selector: str) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
+_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
 def parse_live_window(selector: str) -> tuple[datetime | None, datetime | None]:
-    """``(FROM, TO)`` of ``live`` / ``live:FROM..TO`` (either side may be empty).
+    """``(FROM, TO)`` of ``live`` / ``live:FROM..TO`` (either side may be empty); the
+    window is [FROM, TO), and a date-only TO includes that whole day.
 
     Raises:
         UserInputError: not of that form, or a timestamp that does not parse.
@@ -108,6 +113,8 @@ def parse_live_window(selector: str) -> tuple[datetime | None, datetime | None]:
     lo, hi = rest.split("..", 1)
     start = _parse_ts(lo, selector) if lo.strip() else None
     end = _parse_ts(hi, selector) if hi.strip() else None
+    if end is not None and _DATE_ONLY.match(hi.strip()):
+        end += timedelta(days=1)  # a date-only end means the whole of that day
     if start and end and end <= start:
         raise UserInputError(f"{selector!r}: the window ends before it starts")
     return start, end

@@ -203,9 +203,12 @@ def test_live_windows(store: Store) -> None:
     make_run(store, 10, kind="live", started_at=lambda i: _at(2, i))  # May 2nd 00:00-09:00
     make_run(store, 5, kind="eval", started_at=lambda i: _at(1, i))  # not live: never selected
     assert compare(store, "live", "live")["a"]["n_turns"] == 34
-    day1 = compare(store, "live:2025-05-01..2025-05-02", "live:2025-05-02T00:00..")
+    # a date-only end includes that whole day: May 1st alone is ..2025-05-01
+    day1 = compare(store, "live:2025-05-01..2025-05-01", "live:2025-05-02T00:00..")
     assert day1["a"]["n_turns"] == 24 and day1["b"]["n_turns"] == 10
     assert day1["a"]["kind"] == "live" and day1["a"]["window"]["to"].startswith("2025-05-02")
+    both_days = compare(store, "live:2025-05-01..2025-05-02", "live")
+    assert both_days["a"]["n_turns"] == 34
     assert day1["metrics"]["turn"]["a"]["n"] == 24
     morning = compare(store, "live:..2025-05-01T06:00", "live:2025-05-02T05:00+00:00..")
     assert morning["a"]["n_turns"] == 6 and morning["b"]["n_turns"] == 5

@@ -154,7 +154,7 @@ def _ci(v: Any) -> str:
 def _print_compare(doc: dict[str, Any]) -> None:
     table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
     for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
-                "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
+                "p99 A [95% CI]", "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("", "verdict") else "right")
     rows = [("turn", doc["turn"]), *doc["steps"].items()]
     for name, m in rows:
@@ -164,7 +164,7 @@ def _print_compare(doc: dict[str, Any]) -> None:
         table.add_row(
             name, str(a["n"]), str(b["n"]), _ms(a["p50_ms"]), _ms(b["p50_ms"]),
             f"{_ms(a['p90_ms'])} {_ci(a['p90_ci'])}", f"{_ms(b['p90_ms'])} {_ci(b['p90_ci'])}",
-            f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
+            f"{_ms(a['p99_ms'])} {_ci(a['p99_ci'])}", f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
             f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", m["verdict"],
         )  # fmt: skip
     out.print(table)
