@@ -181,6 +181,7 @@ def test_eval_repeat_and_compare(lab_config: Path, tmp_path: Path) -> None:
     assert doc["n_cases"] == 2 and doc["n_turns"] == 4 and 0 <= doc["pass_rate"] <= 1
     assert doc["by_type"]["max-tokens"]["n"] == 2 and doc["by_type"]["contains"]["n"] == 2
     assert doc["flip"]["n_cases"] == 2
+    assert len(doc["verdicts"]) == 4 and {"case_id", "passed", "grader"} <= set(doc["verdicts"][0])
     rid = str(doc["run_id"])
     same = json.loads(chainrun("compare", rid, rid, "--db", str(db), "--json").stdout)
     assert same["turn"]["verdict"] == "inconclusive"

@@ -25,7 +25,7 @@ from chainrun.cli import (
 )
 from chainrun.compare import compare, regression
 from chainrun.config import load_config
-from chainrun.evals import load_cases
+from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import run_eval, score_existing
 from chainrun.store import Store
 
@@ -72,6 +72,10 @@ def eval_command(
                              label=label, source=str(file), quiet=as_json,
                              on_turn=lambda *_: progress.advance(task))
                 )  # fmt: skip
+        verdicts = [
+            {k: r[k] for k in ("case_id", "repeat", "type", "step", "passed", "detail", "grader")}
+            for r in load_results(store, [result["run_id"]])
+        ]
     finally:
         store.close()
     keys = ("n", "passed", "pass_rate", "pass_rate_ci")
@@ -88,6 +92,7 @@ def eval_command(
         "flip": result["flip"],
         "skipped": result["skipped"],
         "unmatched_turns": result["unmatched_turns"],
+        "verdicts": verdicts,  # one per assertion and repeat, with the grader config
     }
     if as_json:
         print_json(doc)
@@ -106,6 +111,8 @@ def eval_command(
         out.print(f"flip rate: {flip['flipped']}/{flip['n_cases']} repeated cases changed verdict")
     if result["skipped"]:
         out.print(f"skipped: {result['skipped']}")
+    if result["unmatched_turns"]:
+        out.print(f"[yellow]{result['unmatched_turns']} turns of the run matched no case[/]")
 
 
 @app.command("compare")
