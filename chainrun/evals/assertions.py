@@ -618,7 +618,9 @@ class LlmRubric(_Assertion):
         grade: Grade | None = None,
         grader: GraderConfig | None = None,
     ) -> Verdict | None:
-        """Grade one turn. Raises whatever ``grade`` raises (e.g. a ProviderError)."""
+        """Grade one turn; None when there is no grader or its reply is not understood.
+
+        Raises whatever ``grade`` raises (e.g. a ProviderError)."""
         if grade is None:
             return None
         config = (grader or GraderConfig()).model_dump()
@@ -629,7 +631,9 @@ class LlmRubric(_Assertion):
         reply = await grade(prompt)
         parsed = parse_grade(reply)
         if parsed is None:
-            return self.verdict(False, f"grader reply not understood: {_short(reply)!r}", config)
+            # the grader failed, not the answer: no verdict (counted as skipped by the
+            # scorer), so that an unusable grader cannot pass as a failing chain
+            return None
         ok, reason = parsed
         return self.verdict(ok, reason or ("pass" if ok else "fail"), config)
 

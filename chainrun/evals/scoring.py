@@ -215,8 +215,9 @@ async def score_run(
             grader=config, catalog_ids=catalog_ids,
         )  # fmt: skip
         n_rubric = sum(1 for a in case.asserts if a.type == "llm-rubric")
-        if grade is None and n_rubric:
-            skipped["llm-rubric"] += n_rubric
+        n_graded = sum(1 for v in verdicts if v.type == "llm-rubric")
+        if n_rubric > n_graded:  # no grader, or a grader reply that was not understood
+            skipped["llm-rubric"] += n_rubric - n_graded
         for v in verdicts:
             rows.append(
                 {
