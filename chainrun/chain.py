@@ -35,7 +35,13 @@ import sqlite_utils
 from chainrun import local
 from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
-from chainrun.errors import ChainrunError, InvalidAnswer, ProviderError, ProviderUnavailable
+from chainrun.errors import (
+    ChainrunError,
+    ConfigError,
+    InvalidAnswer,
+    ProviderError,
+    ProviderUnavailable,
+)
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import (
     BreakerRegistry,
@@ -321,6 +327,11 @@ class Chain:
                 self._providers[name] = self._injected[name]
                 continue
             pc = self.config.providers[name]
+            if pc.api != "chat_completions":
+                raise ConfigError(
+                    f"providers.{name}.api: {pc.api!r} is not supported yet; "
+                    "use 'chat_completions' (the Responses API adapter is still to come)"
+                )
             base_url = pc.base_url
             if base_url is None:
                 server = await asyncio.to_thread(local.up, quiet=self.quiet)
