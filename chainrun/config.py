@@ -280,7 +280,9 @@ _VALIDATE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "ok": {"type": "boolean"},
-        "reason": {"type": "string", "maxLength": 80},
+        # short enough that the JSON closes inside the validate step's max_output_tokens
+        # (a 270M model may spend one token per character: measured on the replay set)
+        "reason": {"type": "string", "maxLength": 40},
     },
     "required": ["ok", "reason"],
 }
@@ -312,7 +314,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
         "validate": {
             "prompt": _VALIDATE_PROMPT,
             "json_schema": _VALIDATE_SCHEMA,
-            "max_output_tokens": 64,
+            "max_output_tokens": 96,
             "temperature": 0.0,
             "deadline_s": 30.0,
             "on_failure": "open",
