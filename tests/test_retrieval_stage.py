@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import time
 from collections.abc import Iterator
@@ -276,13 +275,8 @@ async def test_build_retriever_without_embedding_searches(db: sqlite_utils.Datab
 
 # -- hedged fallbacks (the seam to chainrun.hedging) ----------------------------------
 
-needs_hedging = pytest.mark.skipif(
-    importlib.util.find_spec("chainrun.hedging") is None,
-    reason="the hedging engine (chainrun.hedging) has not landed yet",
-)
 
 
-@needs_hedging
 async def test_slow_primary_is_hedged_by_its_fallback() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
@@ -299,7 +293,6 @@ async def test_slow_primary_is_hedged_by_its_fallback() -> None:
     await hedger.aclose()
 
 
-@needs_hedging
 async def test_slow_but_valid_primary_can_still_win() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
@@ -312,7 +305,6 @@ async def test_slow_but_valid_primary_can_still_win() -> None:
     await hedger.aclose()
 
 
-@needs_hedging
 async def test_fast_primary_never_enlists_the_fallback() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
@@ -323,7 +315,6 @@ async def test_fast_primary_never_enlists_the_fallback() -> None:
     await hedger.aclose()
 
 
-@needs_hedging
 async def test_failing_primary_starts_the_fallback_at_once() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
@@ -340,7 +331,6 @@ async def test_failing_primary_starts_the_fallback_at_once() -> None:
     await hedger.aclose()
 
 
-@needs_hedging
 async def test_stage_records_the_hedge(db: sqlite_utils.Database) -> None:
     slow = CountingSearch("hybrid", IDS[:6], delay_s=0.5)
     fallback = CountingSearch("keyword_any", IDS[6:12])
@@ -364,7 +354,6 @@ async def test_retriever_rejects_missing_searches(db: sqlite_utils.Database) -> 
     assert HashEmbedder().model == "hash-256"
 
 
-@needs_hedging
 async def test_build_retriever_with_a_fallback(db: sqlite_utils.Database) -> None:
     settings = RetrievalSettings(
         searches=["hybrid", "filter"],
