@@ -485,7 +485,7 @@ class Chain:
                 turn.status = "error"
                 turn.error_type = unavailable.error_type
             turn_id = self._log_turn(run_id, turn)
-            self._spawn_shadow_updates(run_id, turn_id, shadows)
+            self._spawn_shadow_updates(turn_id, shadows)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms, label=turn.label, verdicts=turn.verdicts,
@@ -613,9 +613,7 @@ class Chain:
                 # them; their rows are updated once they are done (see _settle_shadows)
                 result.shadows = _PendingShadows(name, step, outcome, streams, deadline)
 
-    def _spawn_shadow_updates(
-        self, run_id: int | None, turn_id: int | None, pending: list[_PendingShadows]
-    ) -> None:
+    def _spawn_shadow_updates(self, turn_id: int | None, pending: list[_PendingShadows]) -> None:
         for p in pending:
             task = asyncio.create_task(self._settle_shadows(turn_id, p))
             self._background.add(task)
