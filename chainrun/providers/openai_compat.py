@@ -224,8 +224,13 @@ class OpenAICompatProvider:
                 retry_after_s=_retry_after_s(e.response.headers),
             ) from e
         try:
+            # bytes as received from the wire (httpx counts them as it reads): a cheap
+            # attribute read per chunk instead of re-serialising every chunk to count it
+            seen = 0
             async for raw in stream:
-                yield normalise_chunk(raw, nbytes=len(raw.model_dump_json(exclude_unset=True)))
+                total = stream.response.num_bytes_downloaded
+                yield normalise_chunk(raw, nbytes=total - seen)
+                seen = total
         except openai.APIError as e:
             raise ProviderError(f"{self.name}: stream failed: {e}") from e
         except httpx2.HTTPError as e:
