@@ -329,3 +329,8 @@ def elapsed(t0: float) -> float:
 def fmt(x: Any, spec: str = ".3f") -> str:
     """Format a number for the summary ("-" for None)."""
     return "-" if x is None else format(x, spec)
+
+
+def fmt_ci(ci: list[float] | None) -> str:
+    """An interval ``[lo, hi]`` to 3 decimals, or "-" when there is none."""
+    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"

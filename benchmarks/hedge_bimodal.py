@@ -197,12 +197,12 @@ def summary(doc: dict[str, Any]) -> str:
         kind = "single" if mode == "single" else "hedged"
         lines.append(
             f"{mode:7} {m['n']:>5} {m['success_rate']:>7.3f} "
-            f"{fmt_ci(m['success_ci95']):>16} {pred[kind]:>6.3f} "
+            f"{c.fmt_ci(m['success_ci95']):>16} {pred[kind]:>6.3f} "
             f"{m['lab']['warm_draws'] / m['n']:>5.3f} {m['calls_per_turn']:>10.3f} "
             f"{pred[kind + '_calls_per_turn']:>5.2f} "
             f"{c.fmt(m['hedge']['budget_exhausted'], 'd'):>7} "
-            f"{m['client_lag']['share_turns_lagging']:>9.1%} "
-            f"{m['client_lag']['share_turns_lagging_after_first_wave']:>7.1%}"
+            f"{c.fmt(m['client_lag']['share_turns_lagging'], '.1%'):>9} "
+            f"{c.fmt(m['client_lag']['share_turns_lagging_after_first_wave'], '.1%'):>7}"
         )
     lines.append(
         "warm = the lab's warm-path draws per turn (success = warm if no warm answer was "
@@ -226,10 +226,6 @@ def summary(doc: dict[str, Any]) -> str:
         f"single - predicted = {chk['single_minus_predicted']:+.3f}"
     )
     return "\n".join(lines)
-
-
-def fmt_ci(ci: list[float] | None) -> str:
-    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

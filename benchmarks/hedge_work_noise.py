@@ -287,17 +287,13 @@ def summary(doc: dict[str, Any]) -> str:
             a["step_wait_after_winner_ms"]["without_losers"],
         )
         lines.append(
-            f"  win rate 95% CI {_ci(h['win_rate_ci95'])}; the step went on after its winner "
+            f"  win rate 95% CI {c.fmt_ci(h['win_rate_ci95'])}; the step went on after its winner "
             f"answered: median {c.fmt(w['p50'], '.0f')} ms / max {c.fmt(w['max'], '.0f')} ms "
             f"with shadow losers (n={w['n']}), median {c.fmt(wo['p50'], '.0f')} ms without "
             f"(n={wo['n']})"
         )
     lines.append("\n" + res["explanation"])
     return "\n".join(lines)
-
-
-def _ci(ci: list[float] | None) -> str:
-    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

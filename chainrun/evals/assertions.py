@@ -21,6 +21,7 @@ pinned grader configuration with its verdict.
 
 from __future__ import annotations
 
+import abc
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -261,6 +262,19 @@ def find_json_values(text: str) -> list[Any]:
 # -- the assertion types ---------------------------------------------------------------
 
 
+def _compiles(pattern: str) -> str:
+    """``pattern`` if it is a valid regular expression (a pydantic validator body).
+
+    Raises:
+        ValueError: naming the regex error.
+    """
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regular expression ({e})") from None
+    return pattern
+
+
 class _Assertion(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -272,9 +286,9 @@ class _Assertion(BaseModel):
     def verdict(self, passed: bool, detail: str, grader: dict[str, Any] | None = None) -> Verdict:
         return Verdict(self.type, self.step, passed, detail, grader)
 
+    @abc.abstractmethod
     def check(self, view: TurnView) -> Verdict:
         """Check one turn (synchronous; ``llm-rubric`` needs :meth:`evaluate`)."""
-        raise NotImplementedError
 
     async def evaluate(self, view: TurnView, grade: Grade | None = None) -> Verdict | None:
         """Check one turn; ``None`` when the assertion cannot be run (llm-rubric, no grader)."""
@@ -298,8 +312,9 @@ class _TextAssertion(_Assertion):
             return self.missing()
         return self.check_text(text)
 
+    @abc.abstractmethod
     def check_text(self, text: str) -> Verdict:
-        raise NotImplementedError
+        """Check the text the assertion looks at (never None here)."""
 
 
 class Equals(_TextAssertion):
@@ -383,11 +398,7 @@ class Regex(_TextAssertion):
     @field_validator("value")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"invalid regular expression ({e})") from None
-        return v
+        return _compiles(v)
 
     def check_text(self, text: str) -> Verdict:
         flags = 0
@@ -470,7 +481,7 @@ class JsonSchema(_SchemaMixin):
 DEFAULT_PRODUCT_ID = r"\b[A-Z]{3}-\d{3,5}\b"
 
 
-class CatalogIds(_TextAssertion):
+class CatalogIds(_Assertion):
     """Every product id the text mentions (ids found by ``pattern``) is in the allowed set.
 
     The set is ``ids`` when given; else, with ``within = "retrieved"``, the ids the
@@ -487,11 +498,7 @@ class CatalogIds(_TextAssertion):
     @field_validator("pattern")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"invalid regular expression ({e})") from None
-        return v
+        return _compiles(v)
 
     def _allowed(self, view: TurnView) -> frozenset[str] | None:
         if self.ids is not None:
