@@ -602,12 +602,16 @@ class Chain:
         except (ProviderError, TimeoutError) as e:
             error = e
         finally:
-            if winner is not None:
-                await winner.aclose()
-            for s in streams.values():
-                if s is not winner and outcome is None:
-                    await s.aclose()  # cancelled from outside before the engine settled
-            self._finish_llm_step(name, step, t_step, outcome, streams, winner, error, result)
+            try:
+                if winner is not None:
+                    await winner.aclose()
+                for s in streams.values():
+                    if s is not winner and outcome is None:
+                        await s.aclose()  # cancelled from outside before the engine settled
+            finally:
+                # a cancelled task's aclose() re-raises the cancel: the step is still logged
+                self._finish_llm_step(name, step, t_step, outcome, streams, winner, error,
+                                      result)  # fmt: skip
             if outcome is not None and outcome.shadows_pending:
                 # shadow losers finish unseen: the step (and the turn) does not wait for
                 # them; their rows are updated once they are done (see _settle_shadows)

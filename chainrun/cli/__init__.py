@@ -132,6 +132,7 @@ from chainrun.cli import (  # noqa: E402,F401
     commands_hedge,
     commands_lab,
     commands_retrieve,
+    commands_serve,
 )
 
 

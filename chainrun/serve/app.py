@@ -1,0 +1,191 @@
+"""The ASGI app of ``chainrun serve``: a chat backend a shop could run as is or copy from.
+
+Routes::
+
+    GET  /                        the chat page (static HTML/CSS/JS, works offline)
+    GET  /static/...              its files
+    GET  /healthz                 200 {"status": "ok"} while the process serves
+    GET  /readyz                  200 once the providers answered their preflight, else 503
+    POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
+    GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
+    POST /v1/chat/completions
+
+One :class:`~chainrun.Chain` (one connection pool per provider, one run of kind
+``live``) serves every chat. It is opened in the background at start-up, retried every
+``retry_s`` until its providers answer, and closed (the run marked ``complete``) at
+shutdown. With a token set, every route but ``/``, ``/static``, ``/healthz`` and
+``/readyz`` needs ``Authorization: Bearer TOKEN`` (the page asks for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from chainrun.chain import Chain
+from chainrun.errors import ChainrunError
+from chainrun.serve import chat, openai_face
+from chainrun.serve.turns import TurnObserver, TurnRunner
+
+log = logging.getLogger("chainrun.serve")
+
+STATIC_DIR = Path(__file__).parent / "static"
+#: routes open without the bearer token (the page itself holds no data)
+PUBLIC_PATHS = ("/healthz", "/readyz", "/static/")
+
+
+class ServeState:
+    """The app's shared state: the chain once open, and why it is not (yet).
+
+    Args:
+        chain_factory: builds a new (unopened) chain; called again after a failed open.
+        observers: told about every logged turn (e.g. the OpenTelemetry exporter).
+        model_id: the model id of the OpenAI-compatible face.
+        retry_s: wait between attempts to open the chain, in s.
+    """
+
+    def __init__(
+        self,
+        chain_factory: Callable[[], Chain],
+        *,
+        observers: Sequence[TurnObserver] = (),
+        model_id: str = openai_face.DEFAULT_MODEL_ID,
+        retry_s: float = 2.0,
+    ) -> None:
+        self.chain_factory = chain_factory
+        self.observers = list(observers)
+        self.model_id = model_id
+        self.retry_s = retry_s
+        self.chain: Chain | None = None
+        self.runner: TurnRunner | None = None
+        self.last_error: str | None = None
+        self._opener: asyncio.Task[None] | None = None
+
+    def not_ready_reason(self) -> str:
+        return self.last_error or "starting: the providers have not answered their preflight yet"
+
+    async def _open_until_ready(self) -> None:
+        while True:
+            chain = self.chain_factory()
+            try:
+                await chain.open()
+            except ChainrunError as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("chain not ready (%s); retrying in %g s", self.last_error, self.retry_s)
+                await asyncio.sleep(self.retry_s)
+                continue
+            self.chain, self.last_error = chain, None
+            self.runner = TurnRunner(chain, self.observers)
+            return
+
+    def start(self) -> None:
+        """Start opening the chain in the background (``/readyz`` says when it is done)."""
+        self._opener = asyncio.create_task(self._open_until_ready())
+
+    async def wait_ready(self) -> None:
+        """Wait until the chain is open (for tests and embedding code)."""
+        assert self._opener is not None, "start() first"
+        await asyncio.shield(self._opener)
+
+    async def aclose(self) -> None:
+        """Stop opening, close the chain (ending its run ``complete``)."""
+        if self._opener is not None and not self._opener.done():
+            self._opener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._opener
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            await runner.drain()
+        chain, self.chain = self.chain, None
+        if chain is not None:
+            await chain.aclose("complete")
+
+
+class BearerAuth:
+    """ASGI middleware: require ``Authorization: Bearer TOKEN`` except on ``/`` and
+    :data:`PUBLIC_PATHS` (compared in constant time). Pure ASGI, so streamed responses
+    and their disconnects pass through untouched."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path == "/" or path.startswith(PUBLIC_PATHS):
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("authorization", "").encode()
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            openai_face.error_body("missing or wrong bearer token", "invalid_request_error",
+                                   code="invalid_api_key"),
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+        await response(scope, receive, send)
+
+
+async def _page(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _readyz(request: Request) -> Response:
+    state: ServeState = request.app.state.serve
+    if state.runner is None:
+        return JSONResponse({"status": "starting", "detail": state.not_ready_reason()},
+                            status_code=503)  # fmt: skip
+    chain = state.runner.chain
+    return JSONResponse({"status": "ready", "run_id": chain.run_id,
+                         "steps": list(chain.config.order), "model": state.model_id})  # fmt: skip
+
+
+def create_app(state: ServeState, *, token: str | None = None) -> Starlette:
+    """The app serving ``state``'s chain; ``token``: require it as a bearer token.
+
+    The app's lifespan starts opening the chain and closes it at shutdown.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.start()
+        try:
+            yield
+        finally:
+            await state.aclose()
+
+    middleware = [Middleware(BearerAuth, token=token)] if token else []
+    app = Starlette(
+        routes=[
+            Route("/", _page, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+            Route("/healthz", _healthz, methods=["GET"]),
+            Route("/readyz", _readyz, methods=["GET"]),
+            Route("/chat", chat.chat, methods=["POST"]),
+            Route("/v1/models", openai_face.models, methods=["GET"]),
+            Route("/v1/chat/completions", openai_face.chat_completions, methods=["POST"]),
+        ],
+        middleware=middleware,
+        lifespan=lifespan,
+    )
+    app.state.serve = state
+    return app

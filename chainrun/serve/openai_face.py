@@ -1,0 +1,276 @@
+"""The OpenAI-compatible face: the whole chain as one model of a Chat Completions API.
+
+Routes::
+
+    GET  /v1/models              {"object": "list", "data": [{"id": MODEL, ...}]}
+    POST /v1/chat/completions    stream=false: one chat.completion
+                                 stream=true:  SSE of chat.completion.chunk, "data: [DONE]"
+
+A client that already speaks the API (the ``openai`` SDK, a chat UI) sets its
+``base_url`` to ``http://HOST:PORT/v1`` and its model to the served model id (default
+``chainrun-shop``); the bearer token, if the server has one, is its API key.
+
+What is taken from the request: the text of the **last** ``user`` message (the chain
+answers one message per turn; earlier messages are not sent to it) and a conversation
+id from ``metadata.conversation_id`` or ``user``. Sampling parameters are the chain's
+own (its config); ``n`` other than 1 and ``tools`` are refused with 400.
+
+What comes back besides the answer:
+
+* ``usage`` sums the chain's tokens over every model call of the turn, hedge copies
+  included: ``prompt_tokens`` (includes cached), ``completion_tokens`` (includes
+  reasoning), ``completion_tokens_details.reasoning_tokens``,
+  ``prompt_tokens_details.cached_tokens``. Streamed, it rides on a last chunk with empty
+  ``choices`` when ``stream_options.include_usage`` is set (as OpenAI does).
+* ``chainrun``: an extra field on the completion (streamed: on the chunk carrying
+  ``finish_reason``) holding the turn summary of
+  :func:`chainrun.serve.turns.turn_summary` (turn id, status, per-step timings and
+  attempts, ``usage.unknown_calls``: calls whose tokens the server never reported).
+* ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn the
+  chain refused (a fail-closed step); a refused streamed turn whose answer had already
+  begun ends there, its ``chainrun.status`` says ``refused``.
+
+A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
+stream has begun, an ``error`` object in the stream (the ``openai`` client raises
+``APIError`` on it). Closing the stream early, or disconnecting while waiting for a
+non-streamed answer, cancels the turn's in-flight calls; the turn is logged ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, MAX_MESSAGE_CHARS, not_ready
+from chainrun.serve.disconnect import run_until_disconnected
+from chainrun.serve.turns import TurnRunner
+
+DEFAULT_MODEL_ID = "chainrun-shop"
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """The parts of a Chat Completions request the chain uses."""
+
+    message: str
+    conversation_id: str | None
+    stream: bool
+    include_usage: bool
+
+
+class InvalidRequest(ValueError):
+    """A request the face refuses: ``param`` names the field, as OpenAI's 400s do."""
+
+    def __init__(self, message: str, param: str | None, status: int = 400,
+                 code: str = "invalid_value") -> None:  # fmt: skip
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+def error_body(message: str, kind: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """An OpenAI-shaped error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        texts = [p for p in parts if isinstance(p, str)]
+        return "\n".join(texts) if texts else None
+    return None
+
+
+def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
+    """The chain's view of a ``/v1/chat/completions`` body.
+
+    Raises:
+        InvalidRequest: not an object; ``model`` is not ``model_id`` (404
+            ``model_not_found``); ``messages`` holds no user message with text; the text
+            is over :data:`~chainrun.serve.chat.MAX_MESSAGE_CHARS`; ``n`` is not 1;
+            ``tools`` are given.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", None)
+    model = body.get("model")
+    if model != model_id:
+        raise InvalidRequest(
+            f"The model {model!r} does not exist; this server serves {model_id!r}",
+            "model", status=404, code="model_not_found",
+        )  # fmt: skip
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: expected a non-empty list", "messages")
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    text = _text(users[-1].get("content")) if users else None
+    if not text or not text.strip():
+        raise InvalidRequest("messages: expected a user message with text content", "messages")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidRequest(
+            f"messages: the last user message is over {MAX_MESSAGE_CHARS} characters",
+            "messages",
+        )
+    if body.get("n") not in (None, 1):
+        raise InvalidRequest("n: only 1 choice is supported", "n")
+    if body.get("tools"):
+        raise InvalidRequest("tools: the chain takes no tools", "tools")
+    metadata = body.get("metadata")
+    conv = metadata.get("conversation_id") if isinstance(metadata, dict) else None
+    conv = conv if isinstance(conv, str) else body.get("user")
+    if not isinstance(conv, str) or not conv or len(conv) > MAX_CONVERSATION_ID_CHARS:
+        conv = None
+    options = body.get("stream_options")
+    return CompletionRequest(
+        message=text,
+        conversation_id=conv,
+        stream=bool(body.get("stream")),
+        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+    )
+
+
+def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
+    """The turn summary's summed usage in the Chat Completions ``usage`` shape."""
+    u = summary["usage"]
+    return {
+        "prompt_tokens": u["input_tokens"],
+        "completion_tokens": u["output_tokens"],
+        "total_tokens": u["input_tokens"] + u["output_tokens"],
+        "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
+    }
+
+
+def _finish_reason(status: str) -> str:
+    return "content_filter" if status == "refused" else "stop"
+
+
+async def models(request: Request) -> Response:
+    """``GET /v1/models``: the chain as one model."""
+    model_id = request.app.state.serve.model_id
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}],
+        }
+    )
+
+
+async def chat_completions(request: Request) -> Response:
+    """``POST /v1/chat/completions`` (see the module docstring)."""
+    state = request.app.state.serve
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        return JSONResponse(
+            error_body("the body is not JSON", "invalid_request_error"), status_code=400
+        )
+    try:
+        req = parse_completion_request(body, state.model_id)
+    except InvalidRequest as e:
+        return JSONResponse(
+            error_body(str(e), "invalid_request_error", e.param, e.code), status_code=e.status
+        )
+    runner: TurnRunner | None = state.runner
+    if runner is None:
+        return not_ready(request)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if req.stream:
+        return EventSourceResponse(
+            _chunks(runner, req, completion_id, state.model_id),
+            ping=15,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+    summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
+    if summary is None:  # the client went away; the turn was cancelled and logged
+        return Response(status_code=499)
+    if summary["status"] == "error":
+        return JSONResponse(
+            error_body(f"the chain failed: {summary['error_type']}", "server_error",
+                       code=summary["error_type"]),
+            status_code=502,
+        )  # fmt: skip
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": state.model_id,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": summary["output"],
+                        "refusal": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": _finish_reason(summary["status"]),
+                }
+            ],
+            "usage": openai_usage(summary),
+            "chainrun": summary,
+        }
+    )
+
+
+async def _whole_turn(runner: TurnRunner, req: CompletionRequest) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    async for ev in runner.stream(req.message, req.conversation_id):
+        if ev.event == "turn":
+            summary = ev.data
+    return summary
+
+
+async def _chunks(
+    runner: TurnRunner, req: CompletionRequest, completion_id: str, model_id: str
+) -> AsyncIterator[ServerSentEvent]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> ServerSentEvent:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        doc = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_id,
+            "system_fingerprint": None,
+            "choices": [choice],
+            **extra,
+        }
+        return ServerSentEvent(data=json.dumps(doc))
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent_text = False
+    async for ev in runner.stream(req.message, req.conversation_id):
+        if ev.event == "token" and ev.data["step"] == runner.answer_step:
+            sent_text = True
+            yield chunk({"content": ev.data["text"]})
+        elif ev.event == "turn":
+            summary = ev.data
+            if summary["status"] == "error":
+                message = f"the chain failed: {summary['error_type']}"
+                body = error_body(message, "server_error", code=summary["error_type"])
+                yield ServerSentEvent(data=json.dumps({**body, "chainrun": summary}))
+                break
+            if not sent_text and summary["output"]:
+                yield chunk({"content": summary["output"]})  # e.g. the refusal text
+            yield chunk({}, _finish_reason(summary["status"]), chainrun=summary)
+            if req.include_usage:
+                doc = {"id": completion_id, "object": "chat.completion.chunk",
+                       "created": created, "model": model_id, "system_fingerprint": None,
+                       "choices": [], "usage": openai_usage(summary)}  # fmt: skip
+                yield ServerSentEvent(data=json.dumps(doc))
+    yield ServerSentEvent(data="[DONE]")

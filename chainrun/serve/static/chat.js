@@ -1,0 +1,314 @@
+// The chat page of `chainrun serve`: POST /chat, read its Server-Sent Events, stream the
+// answer and draw a live waterfall of the turn's steps. No framework, no build step.
+// Every string from the user or a model goes in through textContent, never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { conversationId: null, token: sessionStorage.getItem("chainrun-token"),
+                controller: null, turn: null };
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function ms(value) {
+  if (value === null || value === undefined) return "–";
+  return value >= 1000 ? (value / 1000).toFixed(2) + " s" : Math.round(value) + " ms";
+}
+
+function headers() {
+  const h = { "Content-Type": "application/json", "Accept": "text/event-stream" };
+  if (state.token) h["Authorization"] = "Bearer " + state.token;
+  return h;
+}
+
+async function checkReady() {
+  const badge = $("ready");
+  try {
+    const r = await fetch("/readyz", { cache: "no-store" });
+    const body = await r.json();
+    badge.dataset.state = r.ok ? "ready" : "starting";
+    badge.textContent = r.ok ? "ready" : "starting: " + (body.detail || "");
+    if (!r.ok) setTimeout(checkReady, 1000);
+  } catch (e) {
+    badge.dataset.state = "down";
+    badge.textContent = "server unreachable";
+    setTimeout(checkReady, 2000);
+  }
+}
+
+// ---- Server-Sent Events over fetch (EventSource cannot POST) ------------------------
+async function* sseEvents(response, signal) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer = (buffer + decoder.decode(value, { stream: true })).replace(/\r\n/g, "\n");
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let event = "message";
+        const data = [];
+        for (const line of block.split("\n")) {
+          if (line.startsWith(":")) continue; // comment (keep-alive ping)
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          let v = colon < 0 ? "" : line.slice(colon + 1);
+          if (v.startsWith(" ")) v = v.slice(1);
+          if (field === "event") event = v;
+          else if (field === "data") data.push(v);
+        }
+        if (data.length) yield { event, data: JSON.parse(data.join("\n")) };
+      }
+    }
+  } finally {
+    if (signal.aborted) reader.cancel().catch(() => {});
+  }
+}
+
+// ---- the waterfall --------------------------------------------------------------------
+class Waterfall {
+  constructor(steps, answerStep) {
+    this.t0 = performance.now();
+    this.steps = new Map();
+    this.answerStep = answerStep;
+    this.scale = 1000; // ms across the track; grows with the turn
+    this.done = false;
+    $("rows").replaceChildren();
+    $("turn-facts").replaceChildren();
+    $("turn-status").textContent = "running";
+    for (const name of steps) this.row(name);
+    this.tick = this.tick.bind(this);
+    requestAnimationFrame(this.tick);
+  }
+
+  row(name) {
+    if (this.steps.has(name)) return this.steps.get(name);
+    const row = el("div", "wf-row");
+    row.dataset.step = name;
+    row.dataset.status = "pending";
+    const track = el("div", "wf-track");
+    const bar = el("div", "wf-bar");
+    bar.hidden = true;
+    track.append(bar);
+    const facts = el("div", "wf-facts");
+    row.append(el("div", "wf-name", name), track, facts);
+    $("rows").append(row);
+    const s = { row, track, bar, facts, start: null, duration: null, ttft: null, attempts: [] };
+    this.steps.set(name, s);
+    return s;
+  }
+
+  now() { return performance.now() - this.t0; }
+
+  started(d) {
+    const s = this.row(d.step);
+    s.row.dataset.status = "running";
+    s.row.dataset.kind = d.kind;
+    s.start = d.started_ms;
+    s.bar.hidden = false;
+    s.facts.textContent = "running…";
+  }
+
+  finished(d) {
+    const s = this.row(d.step);
+    Object.assign(s, { start: d.started_ms ?? s.start, duration: d.duration_ms, ttft: d.ttft_ms });
+    s.row.dataset.status = d.status;
+    s.row.dataset.kind = d.kind;
+    s.bar.hidden = s.start === null || s.start === undefined;
+    s.bar.title = d.output ? String(d.output).slice(0, 300) : "";
+    this.facts(s, d);
+  }
+
+  facts(s, d) {
+    s.facts.replaceChildren();
+    const parts = [ms(d.duration_ms)];
+    if (d.ttft_ms !== null && d.ttft_ms !== undefined) parts.push("TTFT " + ms(d.ttft_ms));
+    if (d.output_tokens !== null && d.output_tokens !== undefined) parts.push(d.output_tokens + " tok");
+    if (d.status !== "ok") parts.push(d.status + (d.error_type ? " (" + d.error_type + ")" : ""));
+    s.facts.append(el("div", null, parts.join(" · ")));
+    if (d.n_attempts > 1 || d.hedge_fired) {
+      const won = (d.attempts || []).find((a) => a.outcome === "primary" || a.outcome === "duplicate");
+      let text = "hedge fired, " + d.n_attempts + " attempts";
+      if (won) text += ", #" + won.attempt + " won";
+      else if (d.hedge_won) text += ", a copy won";
+      s.facts.append(el("div", "hedge", text));
+    }
+  }
+
+  attempts(stepSummary) {
+    const s = this.row(stepSummary.step);
+    for (const a of s.attempts) a.remove();
+    s.attempts = [];
+    const sent = stepSummary.attempts.filter((a) => a.duration_ms !== null);
+    if (sent.length < 2 && !stepSummary.hedge_fired) return;
+    sent.forEach((a, i) => {
+      const bar = el("div", "wf-attempt");
+      bar.dataset.attempt = a.attempt;
+      bar.dataset.outcome = a.outcome;
+      bar.dataset.won = String(a.outcome === "primary" || a.outcome === "duplicate");
+      bar.title = "attempt " + a.attempt + " (" + (a.target || "") + "): " + a.outcome;
+      bar._start = (stepSummary.started_ms || 0) + (a.started_ms || 0);
+      bar._duration = a.duration_ms;
+      bar.style.top = 20 + i * 8 + "px";
+      s.track.append(bar);
+      s.attempts.push(bar);
+    });
+    s.track.style.minHeight = 22 + sent.length * 8 + "px";
+  }
+
+  summary(t) {
+    this.done = true;
+    this.total = t.duration_ms;
+    $("turn-status").textContent = t.status + (t.turn_id ? " · turn " + t.turn_id : "");
+    for (const step of t.steps) {
+      const s = this.row(step.step);
+      this.finished(step);
+      this.attempts(step);
+      if (step.status === "skipped") s.bar.hidden = true;
+    }
+    const facts = $("turn-facts");
+    const u = t.usage;
+    const rows = [
+      ["turn", ms(t.duration_ms)],
+      ["answer TTFT", ms(t.answer_ttft_ms)],
+      ["tokens", u.input_tokens + " in (" + u.cached_input_tokens + " cached) · " +
+                 u.output_tokens + " out (" + u.reasoning_tokens + " reasoning) over " +
+                 u.calls + " calls" + (u.unknown_calls ? ", " + u.unknown_calls + " unknown" : "")],
+      ["label", t.label ?? "–"],
+    ];
+    for (const [k, v] of rows) facts.append(el("dt", null, k), el("dd", null, v));
+    this.draw();
+  }
+
+  tick() {
+    this.draw();
+    if (!this.done) requestAnimationFrame(this.tick);
+  }
+
+  draw() {
+    const now = this.done ? this.total : this.now();
+    let end = now;
+    for (const s of this.steps.values()) {
+      if (s.start !== null && s.duration !== null) end = Math.max(end, s.start + s.duration);
+    }
+    while (end > this.scale) this.scale *= 2;
+    const pct = (v) => (100 * v) / this.scale + "%";
+    for (const s of this.steps.values()) {
+      if (s.start === null || s.start === undefined) continue;
+      const width = s.duration ?? Math.max(0, now - s.start);
+      s.bar.style.left = pct(s.start);
+      s.bar.style.width = pct(width);
+      let marker = s.track.querySelector(".wf-ttft");
+      if (s.ttft !== null && s.ttft !== undefined) {
+        if (!marker) { marker = el("div", "wf-ttft"); s.track.append(marker); }
+        marker.style.left = pct(s.start + s.ttft);
+        marker.title = "TTFT " + ms(s.ttft);
+      }
+      for (const a of s.attempts) {
+        a.style.left = pct(a._start);
+        a.style.width = pct(a._duration || 0);
+      }
+    }
+    const axis = $("axis");
+    axis.replaceChildren();
+    for (let i = 0; i <= 4; i++) {
+      const tick = el("span", null, ms((this.scale * i) / 4));
+      tick.style.left = 25 * i + "%";
+      axis.append(tick);
+    }
+  }
+}
+
+// ---- one turn ---------------------------------------------------------------------------
+function addMessage(role, text) {
+  const li = el("li", role, text);
+  $("messages").append(li);
+  li.scrollIntoView({ block: "end" });
+  return li;
+}
+
+async function ask(message) {
+  addMessage("user", message);
+  const answer = addMessage("assistant", "");
+  answer.id = "answer";
+  for (const old of document.querySelectorAll("#messages li.assistant")) {
+    if (old !== answer) old.removeAttribute("id");
+  }
+  answer.dataset.status = "running";
+  const controller = new AbortController();
+  state.controller = controller;
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  let wf = null;
+  try {
+    const body = { message };
+    if (state.conversationId) body.conversation_id = state.conversationId;
+    const response = await fetch("/chat", { method: "POST", headers: headers(),
+                                            body: JSON.stringify(body), signal: controller.signal });
+    if (response.status === 401) {
+      $("auth").hidden = false;
+      answer.dataset.status = "error";
+      answer.textContent = "This server needs a bearer token: enter it below and ask again.";
+      return;
+    }
+    if (!response.ok) {
+      const err = await response.json().catch(() => ({}));
+      answer.dataset.status = "error";
+      answer.textContent = "Error " + response.status + ": " + (err.error || "") +
+                           (err.detail ? " (" + err.detail + ")" : "");
+      return;
+    }
+    for await (const { event, data } of sseEvents(response, controller.signal)) {
+      if (event === "turn_started") {
+        state.conversationId = data.conversation_id;
+        wf = new Waterfall(data.steps, data.answer_step);
+      } else if (event === "step" && wf) {
+        if (data.phase === "started") wf.started(data); else wf.finished(data);
+      } else if (event === "token" && wf && data.step === wf.answerStep) {
+        answer.textContent += data.text;
+        answer.scrollIntoView({ block: "end" });
+      } else if (event === "turn") {
+        answer.dataset.status = data.status;
+        if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
+        if (wf) wf.summary(data);
+      }
+    }
+  } catch (e) {
+    if (e.name === "AbortError") {
+      answer.dataset.status = "cancelled";
+      if (wf) { wf.done = true; wf.total = wf.now(); $("turn-status").textContent = "cancelled"; }
+    } else {
+      answer.dataset.status = "error";
+      answer.textContent += " [" + e.message + "]";
+    }
+  } finally {
+    state.controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+$("ask").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const input = $("message");
+  const message = input.value.trim();
+  if (!message || state.controller) return;
+  input.value = "";
+  ask(message);
+});
+$("stop").addEventListener("click", () => { if (state.controller) state.controller.abort(); });
+$("auth").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  state.token = $("token").value;
+  sessionStorage.setItem("chainrun-token", state.token);
+  $("auth").hidden = true;
+});
+checkReady();

@@ -1,0 +1,278 @@
+"""One chat turn as a backend streams it: the chain's typed events turned into wire events.
+
+Both faces (``POST /chat`` and the OpenAI-compatible ``/v1/chat/completions``) run a
+turn through :class:`TurnRunner`, which wraps :meth:`chainrun.Chain.stream_turn` and
+yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
+
+    turn_started  {conversation_id, request_id, answer_step, steps: [names in order]}
+    step          {phase: "started", step, kind, started_ms}
+    token         {step, text}
+    step          {phase: "finished", step, kind, status, started_ms, duration_ms,
+                   ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
+                   error_type, model, reasoning_effort, output}
+    turn          the summary of :func:`turn_summary`, read back from the log
+
+All times are in ms from the turn's start. Closing the runner's iterator (a client that
+went away) cancels the turn's in-flight model calls; the chain logs the turn
+``cancelled`` and the runner's observers still get it, found in the log by request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chainrun.chain import Chain
+from chainrun.events import StepFinished, StepStarted, TokenDelta, TurnFinished
+from chainrun.serve.disconnect import detached
+from chainrun.turnlog import LoggedTurn, Usage, find_turn, read_turn
+
+log = logging.getLogger("chainrun.serve")
+
+
+class TurnObserver(Protocol):
+    """Told about every turn once it is in the log (finished or cancelled).
+
+    Called on the event loop right after the turn was logged: keep it quick
+    (:class:`chainrun.telemetry.Telemetry` only hands spans to a batch exporter).
+    """
+
+    def turn_logged(self, turn: LoggedTurn) -> None: ...
+
+
+@dataclass(frozen=True)
+class WireEvent:
+    """One event of a turn as it goes on the wire: an SSE event name and its JSON payload."""
+
+    event: str
+    data: dict[str, Any]
+
+
+@dataclass
+class _Progress:
+    """What the runner saw of a turn so far (the live part of the summary)."""
+
+    t0: float
+    started_ms: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, dict[str, Any]] = field(default_factory=dict)
+    answer_ttft_ms: float | None = None
+
+    def now_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+
+def turn_summary(
+    logged: LoggedTurn | None,
+    done: TurnFinished,
+    conversation_id: str,
+    answer_ttft_ms: float | None,
+    live_steps: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``turn`` event's payload: the turn's outcome, its summed usage and per step the
+    logged timings with every attempt (the documented ``chainrun`` extra field of the
+    OpenAI-compatible face carries the same object).
+
+    Shape::
+
+        {turn_id, run_id, conversation_id, status, output, label, error_type,
+         duration_ms, answer_ttft_ms,
+         usage: {input_tokens, output_tokens, reasoning_tokens, cached_input_tokens,
+                 calls, unknown_calls},
+         steps: [{step, kind, status, started_ms, duration_ms, ttft_ms, output_tokens,
+                  n_attempts, hedge_fired, hedge_won, hedge_delay_ms, error_type,
+                  attempts: [{attempt, target, started_ms, ttft_ms, duration_ms,
+                              outcome, output_tokens, error_type}]}]}
+
+    ``started_ms`` of a step is from the turn's start, of an attempt from its step's
+    start. Without a log (``logged`` None) the steps come from the events alone.
+    """
+    steps: list[dict[str, Any]] = []
+    if logged is not None:
+        for row in logged.steps:
+            live = live_steps.get(row["step"], {})
+            steps.append(
+                {
+                    "step": row["step"],
+                    "kind": row["kind"],
+                    "status": row["status"],
+                    "started_ms": row["started_offset_ms"],
+                    "duration_ms": row["duration_ms"],
+                    "ttft_ms": live.get("ttft_ms"),
+                    "output_tokens": live.get("output_tokens"),
+                    "n_attempts": row["n_attempts"],
+                    "hedge_fired": bool(row["hedge_fired"]),
+                    "hedge_won": bool(row["hedge_won"]),
+                    "hedge_delay_ms": row["hedge_delay_ms"],
+                    "error_type": row["error_type"],
+                    "attempts": [
+                        {
+                            "attempt": c["attempt"],
+                            "target": c["target"],
+                            "started_ms": c["started_offset_ms"],
+                            "ttft_ms": c["ttft_ms"],
+                            "duration_ms": c["duration_ms"],
+                            "outcome": c["outcome"],
+                            "output_tokens": c["output_tokens"],
+                            "error_type": c["error_type"],
+                        }
+                        for c in logged.calls_of(row["step"])
+                    ],
+                }
+            )
+    else:
+        steps = [{**s, "attempts": []} for s in live_steps.values()]
+    usage = logged.usage() if logged is not None else Usage()
+    return {
+        "turn_id": done.turn_id,
+        "run_id": done.run_id,
+        "conversation_id": conversation_id,
+        "status": done.status,
+        "output": done.output,
+        "label": done.label,
+        "error_type": done.error_type,
+        "duration_ms": done.duration_ms,
+        "answer_ttft_ms": answer_ttft_ms,
+        "usage": usage.as_json(),
+        "steps": steps,
+    }
+
+
+class TurnRunner:
+    """Runs chat turns on one shared :class:`~chainrun.Chain` (one connection pool, one run
+    of kind ``live``) and streams them as :class:`WireEvent` s.
+
+    Args:
+        chain: an opened chain; every turn of every chat goes through it.
+        observers: told about each logged turn (e.g. the OpenTelemetry exporter).
+    """
+
+    def __init__(self, chain: Chain, observers: Sequence[TurnObserver] = ()) -> None:
+        self.chain = chain
+        self.observers = list(observers)
+        #: turns in flight, each in a task of its own (see :func:`detached`)
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait for the turns in flight (cancelled ones log themselves first)."""
+        while self.background:
+            await asyncio.gather(*self.background, return_exceptions=True)
+
+    @property
+    def answer_step(self) -> str:
+        return self.chain.config.answer_step
+
+    def stream(
+        self, message: str, conversation_id: str | None = None
+    ) -> AsyncGenerator[WireEvent, None]:
+        """Run one turn; yield its wire events (see the module docstring), ``turn`` last.
+
+        The turn runs in a task of its own; closing the returned generator (a client
+        gone) cancels it once, and it logs itself ``cancelled``. A provider that cannot be
+        reached at all ends the turn with status ``error`` (its ``turn`` event is still
+        sent; the error is not re-raised here).
+        """
+        return detached(self._turn(message, conversation_id), self.background)
+
+    async def _turn(
+        self, message: str, conversation_id: str | None
+    ) -> AsyncGenerator[WireEvent, None]:
+        conversation_id = conversation_id or uuid.uuid4().hex
+        request_id = uuid.uuid4().hex
+        progress = _Progress(t0=time.perf_counter())
+        yield WireEvent(
+            "turn_started",
+            {
+                "conversation_id": conversation_id,
+                "request_id": request_id,
+                "answer_step": self.answer_step,
+                "steps": list(self.chain.config.order),
+            },
+        )
+        done: TurnFinished | None = None
+        events = self.chain.stream_turn(
+            message, request_id=request_id, conversation_id=conversation_id
+        )
+        try:
+            async with contextlib.aclosing(events):
+                async for ev in events:
+                    if isinstance(ev, TurnFinished):
+                        done = ev
+                        break
+                    yield self._wire(ev, progress)
+        except Exception as e:
+            # the chain logged the turn (status error) and yielded TurnFinished before
+            # raising, e.g. ProviderUnavailable: the backend reports it, it does not crash
+            if done is None:
+                raise
+            log.warning("turn %s: %s", done.turn_id, e)
+        finally:
+            if done is None:  # cancelled (client gone) or crashed: the chain logged it
+                self._observe_by_request_id(request_id)
+        assert done is not None
+        logged = self._read(done.turn_id)
+        if logged is not None:
+            self._notify(logged)
+        yield WireEvent(
+            "turn",
+            turn_summary(logged, done, conversation_id, progress.answer_ttft_ms,
+                         progress.finished),
+        )  # fmt: skip
+
+    def _wire(self, ev: Any, progress: _Progress) -> WireEvent:
+        if isinstance(ev, TokenDelta):
+            if ev.step == self.answer_step and progress.answer_ttft_ms is None:
+                progress.answer_ttft_ms = progress.now_ms()
+            return WireEvent("token", {"step": ev.step, "text": ev.text})
+        if isinstance(ev, StepStarted):
+            started = progress.started_ms[ev.step] = progress.now_ms()
+            return WireEvent(
+                "step",
+                {"phase": "started", "step": ev.step, "kind": ev.kind, "started_ms": started},
+            )
+        assert isinstance(ev, StepFinished)
+        data = {
+            "phase": "finished",
+            "step": ev.step,
+            "kind": self.chain.config.steps[ev.step].kind,
+            "status": ev.status,
+            "started_ms": progress.started_ms.get(ev.step),
+            "duration_ms": ev.duration_ms,
+            "ttft_ms": ev.ttft_ms,
+            "output_tokens": ev.output_tokens,
+            "n_attempts": ev.n_attempts,
+            "hedge_fired": ev.hedge_fired,
+            "hedge_won": ev.hedge_won,
+            "error_type": ev.error_type,
+            "model": ev.model,
+            "reasoning_effort": ev.reasoning_effort,
+            "output": ev.output,
+        }
+        progress.finished[ev.step] = data
+        return WireEvent("step", data)
+
+    def _read(self, turn_id: int | None) -> LoggedTurn | None:
+        store = self.chain.store
+        if store is None or turn_id is None:
+            return None
+        return read_turn(store, turn_id)
+
+    def _observe_by_request_id(self, request_id: str) -> None:
+        store, run_id = self.chain.store, self.chain.run_id
+        if store is None or run_id is None or not self.observers:
+            return
+        logged = find_turn(store, run_id, request_id)
+        if logged is not None:
+            self._notify(logged)
+
+    def _notify(self, logged: LoggedTurn) -> None:
+        for obs in self.observers:
+            try:
+                obs.turn_logged(logged)
+            except Exception:  # an exporter's fault must not fail the chat
+                log.exception("observer %r failed on turn %s", obs, logged.turn_id)

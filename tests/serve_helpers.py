@@ -1,0 +1,81 @@
+"""Helpers for the serve tests: the app under a real uvicorn on loopback, and an SSE reader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import uvicorn
+
+from chainrun.chain import Chain
+from chainrun.serve import ServeState, create_app
+from chainrun.serve.server import bind
+from chainrun.serve.turns import TurnObserver
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    factory: Callable[[], Chain],
+    *,
+    token: str | None = None,
+    observers: list[TurnObserver] | None = None,
+    wait_ready: bool = True,
+    retry_s: float = 2.0,
+) -> AsyncIterator[tuple[str, ServeState]]:
+    """The serve app on a free loopback port in this event loop; yields (base URL, state)."""
+    state = ServeState(factory, observers=observers or [], retry_s=retry_s)
+    app = create_app(state, token=token)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        if wait_ready:
+            await asyncio.wait_for(state.wait_ready(), 30)
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def sse(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
+    """(event, data) pairs of a text/event-stream response; data JSON-decoded when it is JSON."""
+    event, data = "message", []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                raw = "\n".join(data)
+                try:
+                    yield event, json.loads(raw)
+                except ValueError:
+                    yield event, raw
+            event, data = "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+async def chat(client: httpx.AsyncClient, message: str, **body: Any) -> list[tuple[str, Any]]:
+    """All events of one ``POST /chat``."""
+    events = []
+    async with client.stream("POST", "/chat", json={"message": message, **body}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for ev in sse(r):
+            events.append(ev)
+    return events
