@@ -32,12 +32,10 @@ from typing import Any, Protocol
 
 import sqlite_utils
 
-from chainrun import local
 from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
 from chainrun.errors import (
     ChainrunError,
-    ConfigError,
     InvalidAnswer,
     ProviderError,
     ProviderUnavailable,
@@ -52,7 +50,7 @@ from chainrun.hedging import (
     get_loop_lag_monitor,
 )
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
-from chainrun.providers.openai_compat import OpenAICompatProvider
+from chainrun.providers.factory import open_provider
 from chainrun.records import CallRecord, RunKind, StepRecord, TurnRecord
 from chainrun.retrieval import build_retriever
 from chainrun.store import DEFAULT_DB, Store, utc_now
@@ -326,22 +324,9 @@ class Chain:
             if name in self._injected:
                 self._providers[name] = self._injected[name]
                 continue
-            pc = self.config.providers[name]
-            if pc.api != "chat_completions":
-                raise ConfigError(
-                    f"providers.{name}.api: {pc.api!r} is not supported yet; "
-                    "use 'chat_completions' (the Responses API adapter is still to come)"
-                )
-            base_url = pc.base_url
-            if base_url is None:
-                server = await asyncio.to_thread(local.up, quiet=self.quiet)
-                base_url = server.base_url
-            provider = OpenAICompatProvider(
-                name, base_url, pc.api_key_env, pc.max_connections, pc.connect_timeout_s
-            )
+            provider = await open_provider(name, self.config.providers[name], quiet=self.quiet)
             self._providers[name] = provider
             self._owned.append(provider)
-            await provider.check()  # an unreachable server fails here, before any run exists
 
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers), close providers, end the run."""
@@ -549,6 +534,7 @@ class Chain:
             max_output_tokens=step.max_output_tokens,
             temperature=step.temperature,
             reasoning_effort=step.reasoning_effort,
+            reasoning_summary=step.reasoning_summary,
             seed=step.seed,
             stop=step.stop,
             json_schema=step.json_schema,

@@ -44,25 +44,57 @@ class _Strict(BaseModel):
 class ProviderConfig(_Strict):
     """Where a step's model is served.
 
+    ``kind = "openai"`` (the default): any OpenAI-compatible server at ``base_url``;
     ``base_url = None`` means the embedded local model: chainrun starts llama-server
     on a free loopback port on first use (see :mod:`chainrun.local`).
-    The API key is never stored: ``api_key_env`` names the environment variable holding it.
+    ``kind = "azure"``: an Azure OpenAI resource at ``endpoint`` with ``api_version``
+    and ``deployment`` (None: the step's ``model`` names the deployment), authenticated
+    by the key in ``api_key_env`` or the Entra ID token in ``entra_token_env``.
+    ``api`` picks the wire format: Chat Completions or the Responses API.
+    Secrets are never stored: ``api_key_env`` / ``entra_token_env`` name the
+    environment variables holding them.
     """
 
+    kind: Literal["openai", "azure"] = "openai"
     base_url: str | None = None
     api_key_env: str | None = None
     api: Literal["chat_completions", "responses"] = "chat_completions"
+    #: azure: ``https://RESOURCE.openai.azure.com``
+    endpoint: str | None = None
+    #: azure: the ``api-version`` query parameter, e.g. ``2024-10-21``
+    api_version: str | None = None
+    #: azure: the deployment name (None: the step's ``model``)
+    deployment: str | None = None
+    #: azure: environment variable holding an Entra ID (Azure AD) bearer token
+    entra_token_env: str | None = None
     #: connect timeout in s (the step deadline bounds the rest)
     connect_timeout_s: float = Field(default=5.0, gt=0)
     #: size of the HTTP connection pool of this provider's client
     max_connections: int = Field(default=100, ge=1)
 
-    @field_validator("base_url")
+    @field_validator("base_url", "endpoint")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://", v):
             raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> ProviderConfig:
+        azure_only = ("endpoint", "api_version", "deployment", "entra_token_env")
+        if self.kind == "openai":
+            for f in azure_only:
+                if getattr(self, f) is not None:
+                    raise ValueError(f"{f}: only for kind = 'azure' (this provider is 'openai')")
+            return self
+        if self.base_url is not None:
+            raise ValueError("base_url: kind 'azure' takes endpoint (and api_version) instead")
+        for f in ("endpoint", "api_version"):
+            if getattr(self, f) is None:
+                raise ValueError(f"{f}: required for kind = 'azure'")
+        if self.api_key_env is None and self.entra_token_env is None:
+            raise ValueError("kind 'azure' needs api_key_env or entra_token_env")
+        return self
 
 
 class HedgeConfig(_Strict):
@@ -144,6 +176,8 @@ class StepConfig(_Strict):
     prompt: str = "{message}"
     system: str | None = None
     reasoning_effort: ReasoningEffort | None = None
+    #: Responses API: ask for a reasoning summary (streamed as reasoning before the text)
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
     #: cap on generated tokens, visible plus reasoning (sent as max_completion_tokens)
     max_output_tokens: int = Field(default=128, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)

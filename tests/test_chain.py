@@ -199,14 +199,3 @@ async def test_provider_never_gets_the_key_in_the_log(store, monkeypatch) -> Non
     store.create_run("live", cfg.snapshot())
     dump = json.dumps(list(store.db["runs"].rows))
     assert "sk-secret-123" not in dump
-
-
-async def test_responses_api_is_refused_clearly(store) -> None:
-    from chainrun.errors import ConfigError
-
-    cfg = config_from_dict({"providers": {"local": {"base_url": "http://127.0.0.1:9/v1",
-                                                    "api": "responses"}}})  # fmt: skip
-    with pytest.raises(ConfigError, match=r"providers\.local\.api"):
-        async with Chain(cfg, store=store):
-            pass
-    assert store.list_runs() == []

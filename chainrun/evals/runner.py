@@ -9,12 +9,10 @@ chain's configuration, and that configuration is stored with every verdict.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from chainrun import local
 from chainrun.chain import Retriever
 from chainrun.config import ChainConfig
 from chainrun.errors import ConfigError
@@ -22,7 +20,7 @@ from chainrun.evals.assertions import Grade, GraderConfig
 from chainrun.evals.cases import EvalCase
 from chainrun.evals.scoring import eval_request_id, score_run
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
-from chainrun.providers.openai_compat import OpenAICompatProvider
+from chainrun.providers.factory import open_provider
 from chainrun.replay import ReplayRequest, run_requests
 from chainrun.store import Store
 
@@ -51,10 +49,7 @@ async def grader_from_config(
             f"grader.provider: unknown provider {grader.provider!r}; "
             f"expected one of {sorted(config.providers)}"
         )
-    base_url = pc.base_url
-    if base_url is None:
-        base_url = (await asyncio.to_thread(local.up, quiet=quiet)).base_url
-    provider = OpenAICompatProvider(grader.provider, base_url, pc.api_key_env)
+    provider = await open_provider(grader.provider, pc, quiet=quiet)
 
     async def grade(prompt: str) -> str:
         request = ChatRequest(

@@ -11,6 +11,8 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     seed = 7
     per_token_ms = 2          # pace of tokens after the first (non-work models)
     n_tokens = 16             # tokens per answer (non-work models), capped by max_tokens
+    reasoning_tokens = 0      # Responses API: hidden reasoning tokens before the text
+    reasoning_summary_tokens = 8   # Responses API: summary deltas when a summary is asked
 
     [latency]                 # the TTFT distribution; "model" picks the kind
     model = "lognormal"       # fast | lognormal | bimodal | work_noise
@@ -202,6 +204,12 @@ class Scenario(_Strict):
     n_tokens: int = Field(default=16, ge=1)
     faults: Faults = Faults()
     seed: int | None = 0
+    #: Responses API only: hidden reasoning tokens per answer (one token interval each,
+    #: before the text; none when the request's reasoning.effort is "none")
+    reasoning_tokens: int = Field(default=0, ge=0)
+    #: Responses API only: summary deltas streamed over the reasoning phase when the
+    #: request asks for reasoning.summary (at most ``reasoning_tokens``)
+    reasoning_summary_tokens: int = Field(default=8, ge=1)
 
     @property
     def token_interval_ms(self) -> float:

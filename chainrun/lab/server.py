@@ -4,6 +4,11 @@ Routes (all JSON unless said otherwise)::
 
     POST /v1/chat/completions   stream=true: SSE of chat.completion.chunk objects, then
                                 "data: [DONE]"; stream=false: one chat.completion
+    POST /v1/responses          the Responses API (typed events; see lab/responses.py)
+    POST /openai/deployments/{name}/chat/completions?api-version=...
+    POST /openai/responses?api-version=...
+                                Azure OpenAI's URL shape (``api-key`` header or a
+                                bearer token; see lab/azure.py)
     GET  /v1/models             one model, "chainrun-lab"
     GET  /health                {"status": "ok", "scenario": {...}}
     GET  /admin/requests        list of per-request records (see RequestRecord)
@@ -89,6 +94,11 @@ class RequestRecord:
     disconnected_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
+    #: the URL path the request came on (``/v1/chat/completions``, ``/v1/responses``,
+    #: Azure's ``/openai/deployments/{name}/chat/completions``)
+    route: str | None = None
+    #: how an Azure-shaped request authenticated: "api-key" or "bearer" (never the secret)
+    auth: str | None = None
 
 
 class LabState:
@@ -160,7 +170,7 @@ async def _sleep_unless_disconnected(receive: Receive, seconds: float | None) ->
                 await watcher
 
 
-async def _chat_completions(request: Request) -> Response:
+async def _chat_completions(request: Request, *, deployment: str | None = None) -> Response:
     lab: LabState = request.app.state.lab
     try:
         body = await request.json()
@@ -175,7 +185,7 @@ async def _chat_completions(request: Request) -> Response:
     stream = bool(body.get("stream"))
     messages = body["messages"]
     plan = lab.planner.plan(messages, _max_tokens(body))
-    model = str(body.get("model") or MODEL_ID)
+    model = deployment or str(body.get("model") or MODEL_ID)
     rec = RequestRecord(
         id=lab.next_id(),
         received_at=lab.now(),
@@ -187,6 +197,8 @@ async def _chat_completions(request: Request) -> Response:
         planned_ttft_ms=round(plan.ttft_ms, 3),
         planned_tokens=plan.tokens,
         fault=plan.fault,
+        route=request.url.path,
+        auth=request.scope.get("chainrun.auth"),
     )
     lab.records.append(rec)
 
@@ -382,9 +394,19 @@ async def _admin_reset(request: Request) -> Response:
 
 def create_app(scenario: Scenario) -> Starlette:
     """The lab as an ASGI app serving ``scenario`` (routes in this module's docstring)."""
+    from chainrun.lab.azure import azure_chat_completions, azure_responses
+    from chainrun.lab.responses import responses
+
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route(
+                "/openai/deployments/{deployment}/chat/completions",
+                azure_chat_completions,
+                methods=["POST"],
+            ),
+            Route("/openai/responses", azure_responses, methods=["POST"]),
             Route("/v1/models", _models, methods=["GET"]),
             Route("/health", _health, methods=["GET"]),
             Route("/admin/requests", _admin_requests, methods=["GET"]),

@@ -38,6 +38,8 @@ class ChatRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
     reasoning_effort: str | None = None
+    #: Responses API only: ``reasoning.summary`` ("auto", "concise" or "detailed")
+    reasoning_summary: str | None = None
     seed: int | None = None
     stop: list[str] | None = None
     #: a JSON Schema for the answer (sent as ``response_format`` json_schema)

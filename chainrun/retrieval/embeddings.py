@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -29,8 +28,6 @@ import numpy as np
 
 from chainrun.errors import (
     ConfigError,
-    ProviderStatusError,
-    ProviderTimeout,
     ProviderUnavailable,
 )
 
@@ -198,29 +195,23 @@ class OpenAIEmbedder:
         self._model = model
         self.model = f"openai:{model}"
         if client is None:
-            import openai
+            from chainrun.providers.openai_client import build_client, read_api_key
 
-            key = os.environ.get(api_key_env, "") if api_key_env else ""
-            client = openai.AsyncOpenAI(
-                base_url=base_url, api_key=key or "none", timeout=timeout_s, max_retries=0
-            )
+            key = read_api_key(api_key_env, field="retrieval.embedding.api_key_env")
+            client = build_client(base_url=base_url, api_key=key, timeout_s=timeout_s)
         self.client = client
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         import openai
 
+        from chainrun.providers.openai_client import map_openai_error
+
         if not texts:
             return np.zeros((0, 0), np.float32)
         try:
             resp = await self.client.embeddings.create(model=self._model, input=list(texts))
-        except openai.APITimeoutError as e:
-            raise ProviderTimeout(f"embeddings at {self.base_url}: timed out") from e
-        except openai.APIConnectionError as e:
-            raise ProviderUnavailable(f"embeddings at {self.base_url}: cannot connect") from e
-        except openai.APIStatusError as e:
-            raise ProviderStatusError(
-                f"embeddings at {self.base_url}: HTTP {e.status_code}", e.status_code
-            ) from e
+        except openai.APIError as e:
+            raise map_openai_error(e, name="embeddings", where=self.base_url) from e
         rows = sorted(resp.data, key=lambda d: d.index)
         return _normalise(np.array([r.embedding for r in rows], dtype=np.float32))
 

@@ -1,0 +1,339 @@
+"""The lab's Responses API route: ``POST /v1/responses`` (and Azure's ``/openai/responses``).
+
+Same scenarios, plans and faults as Chat Completions (:mod:`chainrun.lab.server`): the
+request's ``instructions`` and ``input`` are turned back into chat ``messages``, so a
+request carries the same work (``work_noise``) and gets the same words on both APIs.
+
+A stream sends typed SSE events (``event:`` and ``data:`` lines, each with a
+``sequence_number``) in the documented order, and no ``[DONE]``::
+
+    response.created, response.in_progress                      at once
+    [reasoning item]  response.output_item.added
+      [summary asked] response.reasoning_summary_part.added,
+                      response.reasoning_summary_text.delta x S,
+                      response.reasoning_summary_text.done,
+                      response.reasoning_summary_part.done
+                      response.output_item.done
+    response.output_item.added, response.content_part.added     (the message)
+    response.output_text.delta x N                              one per token
+    response.output_text.done, response.content_part.done, response.output_item.done
+    response.completed | response.incomplete (reason max_output_tokens)
+
+Timing: the planned TTFT, then the scenario's ``reasoning_tokens`` R (hidden reasoning,
+one token interval each; skipped when the request's ``reasoning.effort`` is "none"),
+then the text tokens, one interval apart. When the request asks for a summary
+(``reasoning.summary``), S = min(R, ``reasoning_summary_tokens``) summary deltas are
+spread over the reasoning phase, the first at the TTFT; without one, nothing visible
+arrives before the text. R counts in ``usage.output_tokens`` and
+``output_tokens_details.reasoning_tokens`` and against ``max_output_tokens``.
+Faults: 429/500 before the stream, hang, cut (the body ends with no terminal event),
+no_usage (the terminal event's ``usage`` is null).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from chainrun.lab.scenarios import content_key
+from chainrun.lab.server import (
+    MODEL_ID,
+    LabState,
+    RequestRecord,
+    _error,
+    _sleep_unless_disconnected,
+    _words,
+)
+
+
+def messages_of(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Chat ``messages`` equivalent to a Responses request (None: ``input`` is malformed)."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return [*messages, {"role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        return None
+    for item in raw:
+        if not isinstance(item, dict) or "role" not in item:
+            return None
+        messages.append({"role": item["role"], "content": item.get("content")})
+    return messages
+
+
+def _usage(prompt: int, text: int, reasoning: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": text + reasoning,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + text + reasoning,
+    }
+
+
+def _response(rec: RequestRecord, model: str, status: str, **fields: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rec.id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "usage": None,
+    }
+    out.update(fields)
+    return out
+
+
+async def responses(request: Request) -> Response:
+    """``POST /v1/responses``: plan the request as a chat one, then play it as events."""
+    lab: LabState = request.app.state.lab
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "request body is not JSON", "invalid_request_error")
+    arrived = asyncio.get_running_loop().time()
+    messages = messages_of(body) if isinstance(body, dict) else None
+    if messages is None:
+        problem = "'input' must be a string or a list of messages"
+        return _error(400, problem, "invalid_request_error")
+    sc = lab.scenario
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    n_reason = 0 if reasoning.get("effort") == "none" else sc.reasoning_tokens
+    cap = body.get("max_output_tokens")
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        cap = None
+    text_cap = None if cap is None else max(1, cap - n_reason)
+    plan = lab.planner.plan(messages, text_cap)
+    model = str(body.get("model") or MODEL_ID)
+    rec = RequestRecord(
+        id=lab.next_id().replace("chatcmpl-", "resp_"),
+        received_at=lab.now(),
+        stream=bool(body.get("stream")),
+        model=model,
+        request_id=request.headers.get("x-request-id"),
+        attempt=request.headers.get("x-chainrun-attempt"),
+        metadata=body.get("metadata"),
+        planned_ttft_ms=round(plan.ttft_ms, 3),
+        planned_tokens=plan.tokens,
+        fault=plan.fault,
+        route=request.url.path,
+        auth=request.scope.get("chainrun.auth"),
+    )
+    lab.records.append(rec)
+    if plan.fault == "rate_limit":
+        retry = sc.faults.retry_after_s
+        rec.status_code = 429
+        rec.finished_at = lab.now()
+        headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
+        return _error(429, "lab: rate limited", "rate_limit_exceeded", headers)
+    if plan.fault == "server_error":
+        rec.status_code = 500
+        rec.finished_at = lab.now()
+        return _error(500, "lab: injected server error", "server_error")
+    if plan.fault == "hang":
+        await _sleep_unless_disconnected(request.receive, None)
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)
+
+    prompt_tokens = max(1, len(content_key(messages)) // 4)
+    usage = None if plan.fault == "no_usage" else _usage(prompt_tokens, plan.tokens, n_reason)
+    words = _words(messages, plan.tokens)
+    n_summary = min(n_reason, sc.reasoning_summary_tokens) if reasoning.get("summary") else 0
+    if not rec.stream:
+        interval = plan.token_interval_ms
+        total_s = (plan.ttft_ms + (n_reason + plan.tokens) * interval) / 1000.0
+        total_s -= asyncio.get_running_loop().time() - arrived
+        if await _sleep_unless_disconnected(request.receive, max(0.0, total_s)):
+            rec.disconnected = True
+            rec.disconnected_at = rec.finished_at = lab.now()
+            return Response(status_code=499)
+        rec.first_token_at = rec.finished_at = lab.now()
+        rec.tokens_sent = plan.tokens
+        rec.completed = True
+        rec.status_code = 200
+        rec.finish_reason = plan.finish_reason
+        text = "".join(words)
+        output = [_message_item(rec, text, "completed")]
+        return JSONResponse(_final(rec, model, plan.finish_reason, usage, output))
+    rec.status_code = 200
+    events = _events(lab, rec, plan, model, words, usage, n_reason, n_summary, arrived)
+    return EventSourceResponse(events, ping=0, sep="\n", headers={"x-lab-request-id": rec.id})
+
+
+def _message_item(rec: RequestRecord, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    return {
+        "type": "message",
+        "id": f"msg_{rec.id}",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _final(
+    rec: RequestRecord,
+    model: str,
+    finish: str,
+    usage: dict[str, Any] | None,
+    output: list[dict[str, Any]],
+) -> dict[str, Any]:
+    if finish == "length":
+        return _response(
+            rec,
+            model,
+            "incomplete",
+            output=output,
+            usage=usage,
+            incomplete_details={"reason": "max_output_tokens"},
+        )
+    return _response(rec, model, "completed", output=output, usage=usage)
+
+
+async def _events(
+    lab: LabState,
+    rec: RequestRecord,
+    plan: Any,
+    model: str,
+    words: list[str],
+    usage: dict[str, Any] | None,
+    n_reason: int,
+    n_summary: int,
+    start: float,
+) -> AsyncIterator[bytes]:
+    """The SSE body, each event sent at its planned time (absolute schedule, as chat)."""
+    loop = asyncio.get_running_loop()
+    seq = 0
+
+    def ev(kind: str, **data: Any) -> bytes:
+        nonlocal seq
+        payload = json.dumps({"type": kind, "sequence_number": seq, **data})
+        seq += 1
+        return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+    interval = plan.token_interval_ms / 1000.0
+    t_ttft = start + plan.ttft_ms / 1000.0
+    t_text = t_ttft + n_reason * interval
+    n_send = plan.tokens if plan.cut_after is None else plan.cut_after
+    msg_index = 1 if n_reason else 0
+    item_id = f"msg_{rec.id}"
+
+    async def at(due: float) -> None:
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    try:
+        yield ev("response.created", response=_response(rec, model, "in_progress"))
+        yield ev("response.in_progress", response=_response(rec, model, "in_progress"))
+        summary = ""
+        if n_reason:
+            rs_id = f"rs_{rec.id}"
+            yield ev(
+                "response.output_item.added",
+                output_index=0,
+                item={"type": "reasoning", "id": rs_id, "summary": []},
+            )
+            if n_summary:
+                part = {"item_id": rs_id, "output_index": 0, "summary_index": 0}
+                yield ev(
+                    "response.reasoning_summary_part.added",
+                    **part,
+                    part={"type": "summary_text", "text": ""},
+                )
+                step = n_reason / n_summary
+                for k in range(n_summary):
+                    await at(t_ttft + k * step * interval)
+                    delta = ("" if k == 0 else " ") + f"thinking{k + 1}"
+                    summary += delta
+                    if rec.first_token_at is None:
+                        rec.first_token_at = lab.now()
+                    yield ev("response.reasoning_summary_text.delta", **part, delta=delta)
+                yield ev("response.reasoning_summary_text.done", **part, text=summary)
+                yield ev(
+                    "response.reasoning_summary_part.done",
+                    **part,
+                    part={"type": "summary_text", "text": summary},
+                )
+            await at(t_text)
+            done_summary = [{"type": "summary_text", "text": summary}] if summary else []
+            yield ev(
+                "response.output_item.done",
+                output_index=0,
+                item={"type": "reasoning", "id": rs_id, "summary": done_summary},
+            )
+        where = {"item_id": item_id, "output_index": msg_index, "content_index": 0}
+        yield ev(
+            "response.output_item.added",
+            output_index=msg_index,
+            item=_message_item(rec, None, "in_progress"),
+        )
+        yield ev(
+            "response.content_part.added",
+            **where,
+            part={"type": "output_text", "text": "", "annotations": []},
+        )
+        i = 0
+        while i < n_send:
+            due = t_text + i * interval
+            await at(due)
+            now = loop.time()
+            j = n_send if interval <= 0 else min(n_send, i + 1 + int((now - due) / interval))
+            batch = b"".join(
+                ev("response.output_text.delta", **where, delta=words[t], logprobs=[])
+                for t in range(i, j)
+            )
+            if rec.first_token_at is None:
+                rec.first_token_at = lab.now()
+            rec.tokens_sent = j
+            yield batch
+            i = j
+        if plan.cut_after is not None:
+            rec.finished_at = lab.now()  # cut: no done events, no terminal event
+            return
+        text = "".join(words)
+        yield ev("response.output_text.done", **where, text=text, logprobs=[])
+        yield ev(
+            "response.content_part.done",
+            **where,
+            part={"type": "output_text", "text": text, "annotations": []},
+        )
+        item = _message_item(rec, text, "completed")
+        yield ev("response.output_item.done", output_index=msg_index, item=item)
+        output = [item]
+        if n_reason:
+            output.insert(
+                0,
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{rec.id}",
+                    "summary": [{"type": "summary_text", "text": summary}] if summary else [],
+                },
+            )
+        final = _final(rec, model, plan.finish_reason, usage, output)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        rec.finish_reason = plan.finish_reason
+        yield ev(kind, response=final)
+        rec.completed = True
+        rec.finished_at = lab.now()
+    except (asyncio.CancelledError, GeneratorExit):
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        raise

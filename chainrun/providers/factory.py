@@ -1,0 +1,66 @@
+"""The one place a configured provider is built: :func:`open_provider`.
+
+Used by the chain, the eval grader and anything else that needs a model behind a
+``[providers.NAME]`` table, so that every caller gets the same thing: the local model
+started when ``base_url`` is None, the configured pool size and connect timeout, the
+wire format ``api`` asks for (Chat Completions or the Responses API), Azure when
+``kind = "azure"``, and the preflight check that fails fast on an unreachable server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from chainrun import local
+from chainrun.config import ProviderConfig
+from chainrun.providers.base import Provider
+from chainrun.providers.openai_client import AzureTarget, read_api_key
+from chainrun.providers.openai_compat import OpenAICompatProvider
+from chainrun.providers.responses import ResponsesProvider
+
+
+async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) -> Provider:
+    """Build, check and return the provider ``[providers.NAME]`` describes.
+
+    Args:
+        name: the provider's name in the config (used in messages and the log).
+        cfg: its configuration.
+        quiet: say nothing on stderr when the local model is started.
+
+    Returns:
+        A ready provider; the caller owns it and must ``await provider.aclose()``.
+
+    Raises:
+        ConfigError: an API key or Entra ID token variable is not set.
+        ProviderUnavailable: the local model cannot be started, or the server cannot
+            be reached (the provider is closed before this is raised).
+    """
+    base_url = cfg.base_url
+    azure: AzureTarget | None = None
+    if cfg.kind == "azure":
+        assert cfg.endpoint is not None and cfg.api_version is not None  # config validated
+        azure = AzureTarget(
+            endpoint=cfg.endpoint,
+            api_version=cfg.api_version,
+            deployment=cfg.deployment,
+            entra_token=read_api_key(
+                cfg.entra_token_env, field=f"providers.{name}.entra_token_env"
+            ),
+        )
+    elif base_url is None:
+        base_url = (await asyncio.to_thread(local.up, quiet=quiet)).base_url
+    cls = ResponsesProvider if cfg.api == "responses" else OpenAICompatProvider
+    provider: OpenAICompatProvider | ResponsesProvider = cls(
+        name,
+        base_url,
+        cfg.api_key_env,
+        cfg.max_connections,
+        cfg.connect_timeout_s,
+        azure=azure,
+    )
+    try:
+        await provider.check()  # an unreachable server fails here, before any run exists
+    except BaseException:
+        await provider.aclose()
+        raise
+    return provider

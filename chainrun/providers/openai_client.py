@@ -1,0 +1,305 @@
+"""The ``openai`` SDK client behind every OpenAI-style adapter and the embeddings client.
+
+One place for what the adapters share, whatever their wire format:
+
+- :func:`read_api_key`: the one API-key reader (keys live in the environment; the
+  config only names the variable).
+- :func:`build_client`: an ``openai.AsyncOpenAI`` (any OpenAI-compatible server) or an
+  ``openai.AsyncAzureOpenAI`` (an Azure OpenAI deployment: ``api-key`` header or an
+  Entra ID bearer token, ``?api-version=`` on every URL), always with
+  ``max_retries=0``: chainrun decides what is retried or hedged, in one place (the
+  hedging engine), not the SDK behind its back.
+- :func:`map_openai_error`: the one mapping from the SDK's exceptions to chainrun's
+  (:mod:`chainrun.errors`), keeping the server's ``Retry-After`` as ``retry_after_s``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import openai
+
+from chainrun.errors import (
+    ConfigError,
+    ProviderError,
+    ProviderStatusError,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
+
+#: what the SDK is given when a server needs no key (it refuses to build without one)
+NO_KEY = "not-needed"
+
+
+def read_api_key(env_name: str | None, *, field: str) -> str | None:
+    """The API key held by the environment variable ``env_name``.
+
+    Args:
+        env_name: the variable's *name* (from the config); None = no key configured.
+        field: the config path naming it, for the error (``providers.openai.api_key_env``).
+
+    Returns:
+        The key, or None when ``env_name`` is None.
+
+    Raises:
+        ConfigError: ``env_name`` names a variable that is unset or empty.
+    """
+    if not env_name:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise ConfigError(f"{field}: environment variable {env_name} is not set")
+    return key
+
+
+@dataclass(frozen=True)
+class AzureTarget:
+    """An Azure OpenAI resource (classic ``/openai/deployments/...`` surface).
+
+    Attributes:
+        endpoint: ``https://RESOURCE.openai.azure.com`` (no path).
+        api_version: the ``api-version`` query parameter, e.g. ``2024-10-21``.
+        deployment: the deployment name; None = the request's model names it.
+        entra_token: an Entra ID (Azure AD) bearer token, used when no API key is given.
+    """
+
+    endpoint: str
+    api_version: str
+    deployment: str | None = None
+    entra_token: str | None = None
+
+
+def build_http_client(max_connections: int, connect_timeout_s: float) -> httpx2.AsyncClient:
+    """The HTTP client of one provider: a pool of ``max_connections``, connect timeout in s.
+
+    Idle connections are kept for less than servers commonly do (5 s), so that the
+    client rarely reuses one the server is closing. The read timeout (600 s) is only a
+    backstop: the step deadline bounds a call.
+    """
+    return openai.DefaultAsyncHttpxClient(
+        limits=httpx2.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=2.0,
+        ),
+        timeout=httpx2.Timeout(600.0, connect=connect_timeout_s),
+    )
+
+
+def build_client(
+    *,
+    base_url: str | None,
+    api_key: str | None,
+    http_client: httpx2.AsyncClient | None = None,
+    azure: AzureTarget | None = None,
+    timeout_s: float | None = None,
+) -> openai.AsyncOpenAI:
+    """An SDK client with ``max_retries=0``.
+
+    Args:
+        base_url: an OpenAI-compatible ``.../v1`` URL (ignored when ``azure`` is given).
+        api_key: the key (:func:`read_api_key`); None = a server that needs none, or
+            Azure with an Entra ID token.
+        http_client: the HTTP client to use (its pool and timeouts); None = the SDK's.
+        azure: build an ``AsyncAzureOpenAI`` for this resource instead.
+        timeout_s: the SDK's per-request timeout in s (None: the HTTP client's).
+
+    Raises:
+        ConfigError: Azure without an API key or an Entra ID token.
+    """
+    extra: dict[str, Any] = {}
+    if http_client is not None:
+        extra["http_client"] = http_client
+    if timeout_s is not None:
+        extra["timeout"] = timeout_s
+    if azure is None:
+        return openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or NO_KEY, max_retries=0, **extra
+        )
+    if api_key is None and azure.entra_token is None:
+        raise ConfigError("azure provider: needs an API key or an Entra ID token")
+    auth: dict[str, Any] = (
+        {"api_key": api_key} if api_key is not None else {"azure_ad_token": azure.entra_token}
+    )
+    return openai.AsyncAzureOpenAI(
+        azure_endpoint=azure.endpoint,
+        api_version=azure.api_version,
+        azure_deployment=azure.deployment,
+        max_retries=0,
+        **auth,
+        **extra,
+    )
+
+
+def retry_after_s(headers: Any) -> float | None:
+    """``retry-after-ms`` or ``Retry-After`` (seconds form) from response headers, in s.
+
+    The HTTP-date form of ``Retry-After`` (RFC 9110) gives None.
+    """
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def map_openai_error(
+    e: BaseException, *, name: str, where: str, streaming: bool = False
+) -> ProviderError:
+    """The chainrun error for an ``openai`` (or ``httpx2``) exception.
+
+    Args:
+        e: what the SDK raised.
+        name: the provider's name (``providers.NAME``) for the message.
+        where: the server (a URL) for the message.
+        streaming: ``e`` was raised while reading a stream that had started (the
+            server was reached: a broken connection is then no "cannot reach").
+
+    Returns:
+        :class:`ProviderTimeout` (the HTTP client timed out), :class:`ProviderUnavailable`
+        (cannot connect), :class:`ProviderStatusError` (an HTTP error status, with
+        ``retry_after_s`` from its headers), or :class:`ProviderError` (a stream that
+        failed after it started, or anything else the SDK raised).
+    """
+    if streaming and not isinstance(e, openai.APIStatusError):
+        detail = str(e) if isinstance(e, openai.APIError) else f"{type(e).__name__}: {e}"
+        return ProviderError(f"{name}: stream failed: {detail}")
+    if isinstance(e, openai.APITimeoutError):
+        return ProviderTimeout(f"{name}: request timed out ({e})")
+    if isinstance(e, openai.APIConnectionError):
+        return ProviderUnavailable(f"cannot reach provider {name!r} at {where}")
+    if isinstance(e, openai.APIStatusError):
+        return ProviderStatusError(
+            f"{name}: HTTP {e.status_code}: {e.message}",
+            status=e.status_code,
+            retry_after_s=retry_after_s(e.response.headers),
+        )
+    if isinstance(e, openai.APIError):
+        return ProviderError(f"{name}: stream failed: {e}")
+    return ProviderError(f"{name}: stream failed: {type(e).__name__}: {e}")
+
+
+def stale_connection(e: BaseException) -> bool:
+    """True when ``e`` came from reusing a keep-alive connection the server had closed."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, httpx2.RemoteProtocolError) and "without sending" in str(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+class OpenAIClientProvider:
+    """What every provider over the ``openai`` SDK shares: the client and its lifecycle.
+
+    Subclasses add the wire format (:class:`~chainrun.providers.openai_compat.
+    OpenAICompatProvider` for Chat Completions, :class:`~chainrun.providers.responses.
+    ResponsesProvider` for the Responses API).
+
+    Args:
+        name: the provider's name in the config.
+        base_url: e.g. ``http://127.0.0.1:8080/v1``; None = the OpenAI default
+            (ignored for Azure, whose URLs come from ``azure.endpoint``).
+        api_key_env: name of the environment variable holding the key (never the key).
+        max_connections: HTTP connection pool size.
+        connect_timeout_s: connect timeout in s.
+        http_client: an HTTP client to use instead (not closed by :meth:`aclose`).
+        azure: an Azure OpenAI resource to call instead of ``base_url``.
+
+    Raises:
+        ConfigError: ``api_key_env`` names a variable that is not set; Azure without
+            a key or an Entra ID token.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str | None,
+        api_key_env: str | None = None,
+        max_connections: int = 100,
+        connect_timeout_s: float = 5.0,
+        http_client: httpx2.AsyncClient | None = None,
+        *,
+        azure: AzureTarget | None = None,
+    ) -> None:
+        self.name = name
+        key = read_api_key(api_key_env, field=f"providers.{name}.api_key_env")
+        if azure is not None and key is None and azure.entra_token is None:
+            raise ConfigError(
+                f"providers.{name}: kind 'azure' needs api_key_env or entra_token_env"
+            )
+        self.base_url = base_url
+        self.azure = azure
+        url = azure.endpoint if azure is not None else (base_url or "https://api.openai.com/v1")
+        self.where = url
+        parts = urlsplit(url)
+        self.server_address: str | None = (
+            f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        )
+        self._connect_timeout_s = connect_timeout_s
+        self._owns_http = http_client is None
+        self._http = http_client or build_http_client(max_connections, connect_timeout_s)
+        self.client = build_client(
+            base_url=base_url, api_key=key, http_client=self._http, azure=azure
+        )
+
+    def _error(self, e: BaseException, *, streaming: bool = False) -> ProviderError:
+        return map_openai_error(e, name=self.name, where=self.where, streaming=streaming)
+
+    async def _send(self, create: Callable[..., Awaitable[Any]], params: dict[str, Any]) -> Any:
+        """``await create(**params)``; once more if a pooled keep-alive connection was stale.
+
+        A server may close an idle or much-used keep-alive connection (llama.cpp's
+        HTTP server caps requests per connection) just as the client reuses it; the
+        request then fails with "Server disconnected without sending a response"
+        before the server saw it. Sending it again on a fresh connection is safe and
+        is what browsers do; any other failure is not retried here (hedging decides).
+
+        Raises:
+            ProviderError: mapped by :func:`map_openai_error`.
+        """
+        try:
+            try:
+                return await create(**params)
+            except openai.APIConnectionError as e:
+                if not stale_connection(e):
+                    raise
+                return await create(**params)
+        except openai.APIError as e:
+            raise self._error(e) from e
+
+    async def check(self) -> None:
+        """Fail fast when the server cannot be reached at all (``GET .../models``).
+
+        Only a connection failure counts: a server without a models endpoint, or one that
+        wants a different key for it, is left for the first real call to judge.
+
+        Raises:
+            ProviderUnavailable: cannot connect (refused, DNS, connect timeout).
+        """
+        try:
+            await self.client.models.list(timeout=self._connect_timeout_s + 5.0)
+        except openai.APIConnectionError as e:
+            raise self._error(e) from e
+        except openai.APIError:
+            pass
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (when this provider built it)."""
+        if self._owns_http:
+            await self._http.aclose()

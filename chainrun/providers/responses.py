@@ -1,0 +1,249 @@
+"""Adapter for OpenAI's Responses API (``POST /v1/responses``) over the ``openai`` SDK.
+
+The request (:func:`response_params`): system messages become ``instructions``, the
+other messages ``input``; ``reasoning_effort`` is sent as ``reasoning={"effort": ...}``
+(with ``"summary"`` when the step asks for a reasoning summary), the token cap as
+``max_output_tokens`` (visible plus reasoning tokens), a JSON Schema as
+``text={"format": {"type": "json_schema", ...}}``. The Responses API has no ``stop``
+and no ``seed``: a step that sets them is refused before any call
+(:mod:`chainrun.capabilities`), never silently dropped.
+
+The stream is typed SSE events (``openai.types.responses``), turned into the same
+normalised :class:`~chainrun.timing.Chunk` objects as Chat Completions so that the
+same :class:`~chainrun.timing.StreamTimer` measures both (:class:`ResponseEvents`, a
+pure accumulator):
+
+- ``response.output_text.delta`` → content; ``response.reasoning_summary_text.delta``
+  and ``response.reasoning_text.delta`` → reasoning. These are the chunks: TTFT is the
+  first of them, chunk gaps are the gaps between them (``response.created``,
+  ``response.in_progress`` and the other bookkeeping events are no tokens: their
+  bytes and the response's model and id ride on the next chunk).
+- The terminal ``response.completed`` (finish reason ``stop``) or ``response.incomplete``
+  (``incomplete_details.reason``; ``max_output_tokens`` → ``length``) is one more
+  chunk carrying the usage: ``input_tokens``, ``input_tokens_details.cached_tokens``,
+  ``output_tokens`` (includes reasoning) and ``output_tokens_details.reasoning_tokens``.
+- ``response.failed`` and ``error`` events raise :class:`ResponseFailed` with the
+  server's message. A stream that ends without a terminal event is truncated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import openai
+
+from chainrun.errors import ProviderError
+from chainrun.providers.base import ChatRequest
+from chainrun.providers.openai_client import OpenAIClientProvider
+from chainrun.timing import Chunk, Usage
+
+#: ``incomplete_details.reason`` → the Chat Completions finish reason of the same meaning
+INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+_CONTENT_EVENTS = frozenset({"response.output_text.delta", "response.refusal.delta"})
+_REASONING_EVENTS = frozenset(
+    {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
+)
+
+
+class ResponseFailed(ProviderError):
+    """The server ended a Responses stream with ``response.failed`` or an ``error`` event.
+
+    Attributes:
+        code: the server's error code (e.g. ``server_error``), when it sent one.
+        param: the request parameter the error names, when it named one.
+    """
+
+    error_type = "response_failed"
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def response_params(request: ChatRequest) -> dict[str, Any]:
+    """The ``client.responses.create`` keyword arguments for ``request`` (always streamed)."""
+    system = [m["content"] for m in request.messages if m.get("role") in ("system", "developer")]
+    params: dict[str, Any] = {
+        "model": request.model,
+        "input": [
+            {"role": m["role"], "content": m["content"]}
+            for m in request.messages
+            if m.get("role") not in ("system", "developer")
+        ],
+        "stream": True,
+    }
+    if system:
+        params["instructions"] = "\n\n".join(system)
+    if request.max_output_tokens is not None:
+        params["max_output_tokens"] = request.max_output_tokens
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    reasoning: dict[str, Any] = {}
+    if request.reasoning_effort is not None:
+        reasoning["effort"] = request.reasoning_effort
+    if request.reasoning_summary is not None:
+        reasoning["summary"] = request.reasoning_summary
+    if reasoning:
+        params["reasoning"] = reasoning
+    if request.json_schema is not None:
+        params["text"] = {
+            "format": {"type": "json_schema", "name": "answer", "schema": request.json_schema}
+        }
+    if request.headers:
+        params["extra_headers"] = request.headers
+    return params
+
+
+def _usage(u: Any) -> Usage | None:
+    if u is None:
+        return None
+    out_details = getattr(u, "output_tokens_details", None)
+    in_details = getattr(u, "input_tokens_details", None)
+    return Usage(
+        input_tokens=getattr(u, "input_tokens", None),
+        output_tokens=getattr(u, "output_tokens", None),
+        reasoning_tokens=getattr(out_details, "reasoning_tokens", None),
+        cached_input_tokens=getattr(in_details, "cached_tokens", None),
+    )
+
+
+class ResponseEvents:
+    """Turns Responses stream events into chunks (pure: no I/O).
+
+    Feed each event with :meth:`on_event` (and the bytes it took on the wire); it
+    returns the :class:`Chunk` to time, or None for a bookkeeping event.
+
+    Raises (from :meth:`on_event`):
+        ResponseFailed: a ``response.failed`` or ``error`` event.
+    """
+
+    def __init__(self, provider_name: str) -> None:
+        self.name = provider_name
+        self._model: str | None = None
+        self._id: str | None = None
+        self._pending_bytes = 0
+        self.events = 0
+
+    def _chunk(self, nbytes: int, **fields: Any) -> Chunk:
+        chunk = Chunk(
+            model=self._model, response_id=self._id, nbytes=self._pending_bytes + nbytes, **fields
+        )
+        self._pending_bytes = 0
+        return chunk
+
+    def on_event(self, event: Any, nbytes: int = 0) -> Chunk | None:
+        """The chunk for one event (None: not a token, finish or usage event)."""
+        self.events += 1
+        kind = getattr(event, "type", None)
+        response = getattr(event, "response", None)
+        if response is not None:
+            self._model = getattr(response, "model", None) or self._model
+            self._id = getattr(response, "id", None) or self._id
+        if kind in _CONTENT_EVENTS:
+            return self._chunk(nbytes, content=event.delta)
+        if kind in _REASONING_EVENTS:
+            return self._chunk(nbytes, reasoning=event.delta)
+        if kind == "response.completed":
+            usage = _usage(getattr(response, "usage", None))
+            return self._chunk(nbytes, finish_reason="stop", usage=usage)
+        if kind == "response.incomplete":
+            details = getattr(response, "incomplete_details", None)
+            reason = getattr(details, "reason", None) or "incomplete"
+            return self._chunk(
+                nbytes,
+                finish_reason=INCOMPLETE_REASONS.get(reason, reason),
+                usage=_usage(getattr(response, "usage", None)),
+            )
+        if kind == "response.failed":
+            err = getattr(response, "error", None)
+            code = getattr(err, "code", None)
+            message = getattr(err, "message", None) or "response failed"
+            raise ResponseFailed(
+                f"{self.name}: response failed ({code or 'no code'}): {message}",
+                code=code,
+                param=getattr(err, "param", None),
+            )
+        if kind == "error":
+            code = getattr(event, "code", None)
+            raise ResponseFailed(
+                f"{self.name}: error event ({code or 'no code'}): "
+                f"{getattr(event, 'message', None) or 'no message'}",
+                code=code,
+                param=getattr(event, "param", None),
+            )
+        self._pending_bytes += nbytes
+        return None
+
+
+@functools.cache
+def warm_event_models() -> None:
+    """Let the SDK build its tables for the stream-event union once per process.
+
+    The first event the SDK parses costs about 1 s of CPU (measured on this project's
+    2-core machine, openai 3.57: ``construct_type`` of a ``response.created`` event
+    0.999 s the first time, under 1 ms after). Paid inside a call, it would land in
+    that call's TTFT and chunk gaps; :meth:`ResponsesProvider.check` pays it up front.
+    Best effort: it uses the SDK's private parser and does nothing if that moved.
+    """
+    with contextlib.suppress(Exception):
+        from openai._models import construct_type
+        from openai.types.responses import ResponseStreamEvent
+
+        construct_type(
+            type_=ResponseStreamEvent,
+            value={
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {"id": "warm", "object": "response", "output": []},
+            },
+        )
+
+
+class ResponsesProvider(OpenAIClientProvider):
+    """A Responses API provider (``api = "responses"``) backed by the ``openai`` SDK.
+
+    Constructor arguments and errors: see
+    :class:`~chainrun.providers.openai_client.OpenAIClientProvider`.
+    """
+
+    async def check(self) -> None:
+        """The preflight check, plus :func:`warm_event_models` so that the first call's
+        timings do not carry the SDK's one-off set-up.
+
+        Raises:
+            ProviderUnavailable: cannot connect.
+        """
+        await asyncio.to_thread(warm_event_models)
+        await super().check()
+
+    async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        """Stream ``request``; yields normalised chunks; the response is closed in ``finally``.
+
+        Raises:
+            ProviderUnavailable: cannot connect.
+            ProviderTimeout: the HTTP client timed out.
+            ProviderStatusError: an HTTP error status (``retry_after_s`` from its headers).
+            ResponseFailed: a ``response.failed`` or ``error`` event.
+            ProviderError: the stream failed after it started.
+        """
+        stream = await self._send(self.client.responses.create, response_params(request))
+        events = ResponseEvents(self.name)
+        try:
+            seen = 0
+            async for event in stream:
+                total = stream.response.num_bytes_downloaded
+                chunk = events.on_event(event, nbytes=total - seen)
+                seen = total
+                if chunk is not None:
+                    yield chunk
+        except (openai.APIError, httpx2.HTTPError) as e:
+            raise self._error(e, streaming=True) from e
+        finally:
+            await stream.close()
