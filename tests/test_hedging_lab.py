@@ -140,8 +140,9 @@ async def test_an_error_ends_the_race_without_a_copy(
 ) -> None:
     fast_lab.reset()
     error_lab.reset()
+    # d well above a loaded machine's first-request time: the 500 must come back first
     cfg = one_step_config(error_lab.base_url, fast_lab.base_url,
-                          {"delay_ms": 50, "max_attempts": 3, "max_extra_load": 1.0})  # fmt: skip
+                          {"delay_ms": 1000, "max_attempts": 3, "max_extra_load": 1.0})  # fmt: skip
     with Store.open(":memory:") as store:
         async with Chain(cfg, store=store) as chain:
             done = await chain.run_turn("will fail")
