@@ -127,6 +127,7 @@ def run_async(coro: Any) -> Any:
 
 # The commands live in one module per noun; importing them registers them on `app`.
 from chainrun.cli import (  # noqa: E402,F401
+    commands_audit,
     commands_core,
     commands_eval,
     commands_hedge,
