@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import re
 import sys
@@ -33,7 +32,7 @@ from typing import Any, Protocol
 import sqlite_utils
 
 from chainrun.catalog import ensure_sample_catalog
-from chainrun.config import ChainConfig, HedgeConfig, StepConfig, load_config
+from chainrun.config import ChainConfig, StepConfig, load_config
 from chainrun.errors import (
     ChainrunError,
     InvalidAnswer,
@@ -44,7 +43,6 @@ from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFi
 from chainrun.hedging import (
     BreakerRegistry,
     HedgeOutcome,
-    HedgePolicy,
     Hedger,
     LoopLagMonitor,
     get_loop_lag_monitor,
@@ -63,18 +61,6 @@ class Retriever(Protocol):
     """What the retrieve step needs (filled by :mod:`chainrun.retrieval`)."""
 
     async def retrieve(self, query: str, *, label: str | None = None) -> Any: ...
-
-
-def policy_from_config(step: StepConfig) -> HedgePolicy:
-    """The hedging engine's policy for a step (one attempt inside the deadline when the
-    step has no ``[hedge]``). The config's fields carry the engine's names."""
-    h: HedgeConfig | None = step.hedge
-    if h is None:
-        return HedgePolicy(deadline_s=step.deadline_s, max_attempts=1)
-    names = {f.name for f in dataclasses.fields(HedgePolicy)}
-    shared = {k: v for k, v in h.model_dump().items() if k in names}
-    shared["non_fatal"] = frozenset(h.non_fatal)
-    return HedgePolicy(**shared, delay_percentile=h.delay_percentile, deadline_s=step.deadline_s)
 
 
 def parse_label(text: str | None) -> str:
@@ -223,6 +209,7 @@ class Chain:
         self._providers: dict[str, Provider] = {}
         self._owned: list[Provider] = []
         self._breakers = BreakerRegistry()
+        self._input_checks = config.checks.checker()
         self._hedgers: dict[str, Hedger[ChatStream]] = {}
         self._loop_lag: LoopLagMonitor | None = None
         self._owned_retriever: Any = None
@@ -297,7 +284,7 @@ class Chain:
             if step.kind == "llm":
                 targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
                 self._hedgers[step_name] = Hedger(
-                    policy_from_config(step), targets, breakers=self._breakers,
+                    step.hedge_policy(), targets, breakers=self._breakers,
                     loop_lag=self._loop_lag,
                 )  # fmt: skip
 
@@ -400,6 +387,14 @@ class Chain:
             "answer": "",
         }
         refused = False
+        # deterministic checks first: microseconds, before any model call (issue 11)
+        checked = self._input_checks.check(message)
+        if checked.findings:
+            turn.input = vars_["message"] = checked.text  # the log keeps no card number
+            turn.verdicts["checks"] = checked.as_json()
+            if checked.blocked:
+                refused = True
+                turn.status = "refused"
         unavailable: ProviderUnavailable | None = None
         current: _StepResult | None = None  # the step in flight, for a cancelled turn's log
         shadows: list[_PendingShadows] = []

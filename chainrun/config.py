@@ -23,7 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
 from chainrun.errors import ConfigError
+from chainrun.hedging.policy import HedgePolicy
 from chainrun.retrieval.settings import RetrievalSettings
 
 #: Values the OpenAI API has accepted for ``reasoning_effort`` over time (see FIELD.md).
@@ -97,44 +99,37 @@ class ProviderConfig(_Strict):
         return self
 
 
-class HedgeConfig(_Strict):
+class HedgeConfig(HedgePolicy):
     """Per-step hedging policy (``[steps.NAME.hedge]``).
 
-    Delay: either a fixed ``delay_ms`` or ``delay = "pNN"``: that percentile of the
-    step's own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013,
-    suggest the p95, which bounds extra load near 5%).
+    The fields, defaults and checks are the engine's :class:`~chainrun.hedging.HedgePolicy`
+    (one definition; see its docstring), plus ``targets`` (the providers copies go to) and
+    the spelling ``delay = "pNN"`` for ``delay_percentile``: that percentile of the step's
+    own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013, suggest the
+    p95, which bounds extra load near 5%). Exactly one of ``delay_ms`` and ``delay`` is
+    set. ``deadline_s`` is the step's: :meth:`StepConfig.hedge_policy` adds it.
     """
 
-    delay_ms: float | None = Field(default=None, gt=0)
     delay: str | None = None
-    #: the original plus copies started at d, 2d, ... (gRFC A6 caps this at 5)
-    max_attempts: int = Field(default=2, ge=1, le=5)
     #: provider names copies rotate over; empty = copies go to the step's own provider
     targets: list[str] = Field(default_factory=list)
-    #: statuses (HTTP codes or error types such as "timeout") that start the next copy at once
-    non_fatal: list[int | str] = Field(default_factory=list)
-    #: cap on copies as a fraction of calls, token-bucket style (Finagle BackupRequestFilter)
-    max_extra_load: float = Field(default=0.1, gt=0, le=4)
-    #: cap on copies per second for this step (asyncio-throttle); None = no cap
-    max_copies_per_s: float | None = Field(default=None, gt=0)
-    #: fraction of losers left to finish unseen so that time saved per win is measured
-    shadow_fraction: float = Field(default=0.0, ge=0, le=1)
-    #: warm-up: no percentile delay until the window holds this many samples
-    min_samples: int = Field(default=20, ge=1)
-    #: floor of a percentile delay, in ms (Finagle uses 1 ms)
-    floor_ms: float = Field(default=1.0, ge=0)
-    #: length of the latency window, in s (Finagle: 3 buckets of 10 s)
-    window_s: float = Field(default=30.0, gt=0)
-    #: how often the percentile delay is recomputed, in s (Finagle: 3 s)
-    refresh_s: float = Field(default=3.0, gt=0)
-    #: suppress copies while the client's own event-loop lag exceeds this, in ms
-    max_loop_lag_ms: float | None = Field(default=None, gt=0)
-    #: rotate which target is primary so the backup does not see only slow leftovers
-    rotate_primary: bool = False
-    #: circuit breaker: failures within ``breaker_window_s`` that open a target
-    breaker_failures: int = Field(default=5, ge=1)
-    breaker_window_s: float = Field(default=30.0, gt=0)
-    breaker_cooldown_s: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, hint in (
+            ("deadline_s", "set deadline_s on the step ([steps.NAME] deadline_s)"),
+            ("delay_percentile", "write delay = 'p95'"),
+        ):
+            if key in data:
+                raise ValueError(f"{key} is not a [hedge] key: {hint}")
+        delay = data.get("delay")
+        m = _PERCENTILE_RE.match(delay) if isinstance(delay, str) else None
+        if m is None:
+            return data  # a bad `delay` is reported by _percentile, with its path
+        return {**data, "delay_percentile": float(m.group(1))}
 
     @field_validator("delay")
     @classmethod
@@ -151,15 +146,6 @@ class HedgeConfig(_Strict):
         if (self.delay_ms is None) == (self.delay is None):
             raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
         return self
-
-    @property
-    def delay_percentile(self) -> float | None:
-        """The percentile of ``delay`` as a number (95.0 for "p95"), or None for a fixed delay."""
-        if self.delay is None:
-            return None
-        m = _PERCENTILE_RE.match(self.delay)
-        assert m is not None
-        return float(m.group(1))
 
 
 class StepConfig(_Strict):
@@ -232,6 +218,71 @@ class StepConfig(_Strict):
             raise ValueError("a step with side_effects = true must not be hedged (remove [hedge])")
         return self
 
+    @model_validator(mode="after")
+    def _hedge_fits_deadline(self) -> StepConfig:
+        problem = self.hedge.deadline_problem(self.deadline_s) if self.hedge else None
+        if problem:
+            raise ValueError(f"hedge: {problem}")
+        return self
+
+    def hedge_policy(self) -> HedgePolicy:
+        """The hedging engine's policy for this step: its ``[hedge]`` table with the step's
+        ``deadline_s``, or one attempt inside the deadline when the step has no ``[hedge]``.
+
+        The only place config becomes engine policy (the table *is* a
+        :class:`~chainrun.hedging.HedgePolicy`, validated when the config was loaded).
+        """
+        if self.hedge is None:
+            return HedgePolicy(deadline_s=self.deadline_s, max_attempts=1)
+        return self.hedge.for_deadline(self.deadline_s)
+
+
+CheckAction = Literal["block", "redact", "off"]
+
+
+class PatternConfig(_Strict):
+    """A configured regex check (``[[checks.patterns]]``): Python ``re`` syntax."""
+
+    name: str = Field(min_length=1)
+    regex: str
+    action: Literal["block", "redact"] = "block"
+    ignore_case: bool = False
+
+    @model_validator(mode="after")
+    def _compiles(self) -> PatternConfig:
+        PatternCheck.custom(self.name, self.regex, self.action, ignore_case=self.ignore_case)
+        return self
+
+
+class ChecksConfig(_Strict):
+    """Deterministic checks (``[checks]``), run on the user's message before any step and
+    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
+
+    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
+    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
+    A blocked or redacted message is logged with its matches masked.
+    """
+
+    card: CheckAction = "block"
+    iban: CheckAction = "redact"
+    api_key: CheckAction = "redact"
+    email: CheckAction = "off"
+    phone: CheckAction = "off"
+    patterns: list[PatternConfig] = Field(default_factory=list)
+
+    def checker(self) -> PatternChecker:
+        """The checks in force, built-ins first (in :data:`BUILTIN_CHECKS` order)."""
+        checks = [
+            PatternCheck.builtin(name, action)
+            for name in BUILTIN_CHECKS
+            if (action := getattr(self, name)) != "off"
+        ]
+        checks += [
+            PatternCheck.custom(p.name, p.regex, p.action, ignore_case=p.ignore_case)
+            for p in self.patterns
+        ]
+        return PatternChecker(checks)
+
 
 class ChainConfig(_Strict):
     """The whole chain: providers, steps and their order."""
@@ -241,6 +292,8 @@ class ChainConfig(_Strict):
     answer_step: str = "compose"
     providers: dict[str, ProviderConfig]
     steps: dict[str, StepConfig]
+    #: deterministic checks on the user's message, before any model call
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:

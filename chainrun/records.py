@@ -11,21 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from chainrun.hedging.outcome import AttemptOutcome
+
 RunKind = Literal["replay", "live", "eval"]
 RunStatus = Literal["running", "complete", "failed", "interrupted"]
-
-#: Outcome of one attempt of a (possibly hedged) step, see chainrun.hedging.
-AttemptOutcome = Literal[
-    "not_fired",  # the only attempt of a step whose hedge never fired (or no hedge)
-    "primary",  # the first attempt won a race in which a copy fired
-    "duplicate",  # a copy won
-    "cancelled",  # a loser, closed when the winner settled
-    "shadow_finished",  # a loser left to finish unseen (shadow measurement)
-    "budget_exhausted",  # a copy the load budget refused (never sent)
-    "suppressed",  # a copy not sent (loop lag over threshold, circuit open)
-    "rejected",  # answered but failed the quality gate
-    "error",  # failed (status, connection, deadline)
-]
 
 
 @dataclass
@@ -63,7 +52,7 @@ class CallRecord:
     truncated: bool = False
     error_type: str | None = None  # error.type
     error_message: str | None = None
-    outcome: AttemptOutcome = "not_fired"
+    outcome: AttemptOutcome = "not_fired"  # its place in the hedged race (chainrun.hedging)
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
     fired_late: bool = False  # a copy fired while the client's event loop was late
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent

@@ -10,6 +10,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn
 from chainrun.stats import percentile
 from chainrun.store import Store
 
@@ -87,61 +88,60 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
     """Whether hedging pays, per step of a run.
 
     Per step: ``n`` (step executions), ``n_armed`` (executions with a hedge delay in
-    force), ``fire_rate`` (share of armed executions whose primary was still running
-    at the delay d), ``win_rate`` (share of fires a copy won), ``time_saved_per_win_ms``
-    (mean over wins whose loser was shadow-measured; ``n_saved_measured`` says how
-    many), ``extra_calls_per_turn`` (attempts sent beyond one per step, per turn),
-    ``budget_exhausted`` (copies refused by the load budget), ``mean_delay_ms``.
-    Rates are None where their denominator is 0. Source of the three numbers:
-    Dean & Barroso, "The Tail at Scale" (CACM 2013); Finagle's backup-request counters.
+    force), ``n_fired``, ``n_won``, ``fire_rate``, ``win_rate``, ``time_saved_per_win_ms``
+    (``n_saved_measured`` says over how many wins), ``extra_calls_per_turn``,
+    ``budget_exhausted`` (copies refused by the load budget), ``mean_delay_ms``. The rates
+    are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
+    execution); None where their denominator is 0. Source of the numbers: Dean & Barroso,
+    "The Tail at Scale" (CACM 2013); Finagle's backup-request counters.
 
     Raises:
         UserInputError: no such run.
     """
     store.get_run(run_id)
     n_turns = len(store.turns(run_id))
-    agg: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"n": 0, "n_armed": 0, "fired": 0, "won": 0, "saved": [], "delays": []}
-    )
+    agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
+    delays: dict[str, list[float]] = defaultdict(list)
     for s in store.steps(run_id):
         if s["kind"] != "llm" or s["status"] == "skipped":
             continue
-        a = agg[s["step"]]
-        a["n"] += 1
-        if s["hedge_delay_ms"] is not None:
-            a["n_armed"] += 1
-            a["delays"].append(s["hedge_delay_ms"])
+        st = agg[s["step"]]
         fired = bool(s["hedge_fired"])
-        a["fired"] += fired
-        # a win is a copy settling first *after the delay fired*; a copy started at once
-        # after a non-fatal error is a retry, not a hedge win (keeps win rate <= 1)
-        won = fired and bool(s["hedge_won"])
-        a["won"] += won
-        if won and s["time_saved_ms"] is not None:
-            a["saved"].append(s["time_saved_ms"])
-    sent: dict[str, int] = defaultdict(int)
-    refused: dict[str, int] = defaultdict(int)
+        st.add_call(
+            armed=s["hedge_delay_ms"] is not None, fired=fired, won_by_copy=bool(s["hedge_won"])
+        )
+        if s["hedge_delay_ms"] is not None:
+            delays[s["step"]].append(s["hedge_delay_ms"])
+        if fired and s["hedge_won"] and s["time_saved_ms"] is not None:
+            st.record_time_saved(s["time_saved_ms"])
     for c in store.calls(run_id):
-        if c["outcome"] in SENT_OUTCOMES:
-            sent[c["step"]] += 1
+        if c["step"] not in agg:
+            continue
+        st = agg[c["step"]]
+        if c["outcome"] in SENT_OUTCOMES and c["attempt"] > 1:
+            st.copies_sent += 1
         elif c["outcome"] == "budget_exhausted":
-            refused[c["step"]] += 1
+            st.budget_exhausted += 1
     steps = {}
-    for name, a in agg.items():
+    for name, st in agg.items():
         steps[name] = {
-            "n": a["n"],
-            "n_armed": a["n_armed"],
-            "n_fired": a["fired"],
-            "n_won": a["won"],
-            "fire_rate": round(a["fired"] / a["n_armed"], 4) if a["n_armed"] else None,
-            "win_rate": round(a["won"] / a["fired"], 4) if a["fired"] else None,
-            "time_saved_per_win_ms": _mean(a["saved"]),
-            "n_saved_measured": len(a["saved"]),
-            "extra_calls_per_turn": round((sent[name] - a["n"]) / n_turns, 4) if n_turns else None,
-            "budget_exhausted": refused[name],
-            "mean_delay_ms": _mean(a["delays"]),
+            "n": st.calls,
+            "n_armed": st.armed,
+            "n_fired": st.fires,
+            "n_won": st.copy_wins,
+            "fire_rate": _round(st.fire_rate, 4),
+            "win_rate": _round(st.win_rate, 4),
+            "time_saved_per_win_ms": _round(st.time_saved_per_win_ms, 1),
+            "n_saved_measured": len(st.time_saved_ms),
+            "extra_calls_per_turn": _round(extra_calls_per_turn(st.copies_sent, n_turns), 4),
+            "budget_exhausted": st.budget_exhausted,
+            "mean_delay_ms": _mean(delays[name]),
         }
     return {"run_id": run_id, "n_turns": n_turns, "steps": steps}
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def run_detail(store: Store, run_id: int) -> dict[str, Any]:

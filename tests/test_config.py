@@ -105,12 +105,35 @@ def test_binary_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_every_hedge_setting_reaches_the_engine() -> None:
-    """A [hedge] key the engine does not know would be silently dropped: pin the names."""
-    import dataclasses
-
+    """One definition: the [hedge] table is the engine's HedgePolicy plus targets and the
+    `delay = "pNN"` spelling, and the step's policy carries every value and the deadline."""
     from chainrun.config import HedgeConfig
     from chainrun.hedging import HedgePolicy
 
-    engine = {f.name for f in dataclasses.fields(HedgePolicy)}
-    # delay (as delay_percentile) and targets (the Hedger's own argument) are translated
-    assert set(HedgeConfig.model_fields) - {"delay", "targets"} <= engine
+    assert issubclass(HedgeConfig, HedgePolicy)
+    assert set(HedgeConfig.model_fields) - set(HedgePolicy.model_fields) == {"delay", "targets"}
+    cfg = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+        "delay": "p90", "max_attempts": 7, "initial_delay_ms": 400, "breaker_failures": 2,
+        "non_fatal": [429, "timeout"], "max_extra_load": 1.0}}}})  # fmt: skip
+    policy = cfg.steps["classify"].hedge_policy()
+    assert isinstance(policy, HedgePolicy)
+    assert (policy.delay_percentile, policy.max_attempts, policy.deadline_s) == (90.0, 7, 3.0)
+    assert policy.initial_delay_ms == 400 and policy.breaker_failures == 2
+    assert policy.non_fatal == frozenset({429, "timeout"})
+    unhedged = cfg.steps["compose"].hedge_policy()
+    assert unhedged.max_attempts == 1 and unhedged.deadline_s == cfg.steps["compose"].deadline_s
+
+
+def test_hedge_limits_and_deadline_fit() -> None:
+    """max_attempts up to 10 (5 is gRFC A6's cap and the recommendation); a fixed delay's
+    attempts must start before the step's deadline; deadline_s belongs to the step."""
+    ok = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+        "delay_ms": 350, "max_attempts": 8, "max_extra_load": 1.0}}}})  # fmt: skip
+    assert ok.steps["classify"].hedge_policy().max_attempts == 8
+    with pytest.raises(ConfigError, match=r"steps\.classify\.hedge\.max_attempts"):
+        config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 100, "max_attempts": 11}}}})
+    with pytest.raises(ConfigError, match=r"attempt 10 would start at 3600 ms.*at most 8"):
+        config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+            "delay_ms": 400, "max_attempts": 10}}}})  # fmt: skip
+    with pytest.raises(ConfigError, match="set deadline_s on the step"):
+        config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 100, "deadline_s": 2}}}})

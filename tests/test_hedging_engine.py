@@ -943,3 +943,64 @@ def test_winner_is_the_earliest_accepted_answer(
     else:  # every attempt answered "bad" or 429, and no attempt was left
         assert all(steps[a.number - 1][1] in ("bad", "busy") for a in sent)
         assert isinstance(outcome.error, (StatusError, NoAcceptableAnswer))
+
+
+# ------------------------------------------------------------------ warm-up and many attempts
+
+
+def test_warm_up_uses_the_initial_delay_then_the_percentile() -> None:
+    """No unprotected warm-up: until min_samples answers, d = initial_delay_ms (default: a
+    third of the deadline); after that, the window's percentile."""
+
+    async def main() -> None:
+        loop = vloop()
+        policy = HedgePolicy(
+            delay_percentile=50.0, min_samples=3, deadline_s=3.0, refresh_s=0.0,
+            max_extra_load=5, max_attempts=3,
+        )  # fmt: skip
+        assert policy.warmup_delay_ms == pytest.approx(1000.0)
+        hedger: Hedger[str] = Hedger(policy, ["a", "b"], clock=loop.time)
+        slow_first = FakeBackend(by_number({1: Step(20.0), 2: Step(0.2)}))
+        outcome = await hedger.run(slow_first)
+        assert outcome.delay_ms == pytest.approx(1000.0) and outcome.won_by_copy
+        assert outcome.attempts[1].started_offset_ms == pytest.approx(1000.0)
+        for latency in (0.1, 0.3):
+            await hedger.run(FakeBackend(by_number({1: Step(latency)})))
+        # three answers in the window (0.2 from the copy, 0.1, 0.3): the p50 takes over
+        assert hedger.current_delay_ms() == pytest.approx(200.0)
+
+        warm_policy = HedgePolicy(
+            delay_percentile=95.0, initial_delay_ms=250.0, max_attempts=2, max_extra_load=5
+        )
+        explicit = Hedger(warm_policy, ["a"], clock=loop.time)
+        assert explicit.current_delay_ms() == 250.0
+        # no deadline and no initial delay: Finagle's behaviour, no copies while warming up
+        assert Hedger(HedgePolicy(delay_percentile=95.0), ["a"]).current_delay_ms() is None
+
+    run_virtual(main)
+
+
+def test_copies_every_400_ms_fit_seven_useful_attempts_into_3_s() -> None:
+    """A bimodal classifier: every attempt slow except the 7th; 8 attempts (more than gRFC
+    A6's 5), all inside the deadline; the copy due at 2.8 s is the last one sent."""
+
+    async def main() -> None:
+        policy = HedgePolicy(delay_ms=400, max_attempts=8, deadline_s=3.0, max_extra_load=10)
+        hedger: Hedger[str] = Hedger(policy, ["a", "b"])
+        script = {n: Step(5.0) for n in range(1, 11)}
+        script[7] = Step(0.25)  # starts at 2.4 s, answers at 2.65 s
+        outcome = await hedger.run(FakeBackend(by_number(script)))
+        assert outcome.winner == 7 and outcome.result() == "answer-7"
+        starts = [a.started_offset_ms for a in outcome.attempts]
+        assert starts == pytest.approx([0, 400, 800, 1200, 1600, 2000, 2400])
+
+        slow = FakeBackend(by_number({n: Step(5.0) for n in range(1, 11)}))
+        failed = await hedger.run(slow)
+        assert isinstance(failed.error, DeadlineExceeded)
+        sent = [a.started_offset_ms for a in failed.attempts if a.sent]
+        assert len(sent) == 8 and max(sent) == pytest.approx(2800)
+        with pytest.raises(ValueError, match="at most 8 attempts fit"):
+            HedgePolicy(delay_ms=400, max_attempts=9, deadline_s=3.0)  # 3200 ms would be late
+        assert HedgePolicy(delay_ms=100, max_attempts=10).max_attempts == 10
+
+    run_virtual(main)

@@ -64,3 +64,59 @@ def hedge_table(stats: dict[str, Any]) -> Table:
                   str(s["n_saved_measured"]), _f(s["extra_calls_per_turn"], 3),
                   str(s["budget_exhausted"]), _f(s["mean_delay_ms"]))  # fmt: skip
     return t
+
+
+def simulate_table(result: dict[str, Any]) -> Table:
+    """``chainrun simulate``: p50/p90/p99 per k and mode (log-normal) or the bimodal grid."""
+    if result["dist"] == "bimodal":
+        t = Table(title=f"bimodal checks, deadline {result['deadline_s']:g} s, "
+                        f"n = {result['requests']} per row")  # fmt: skip
+        for col in ("copy every ms", "attempts", "in time", "95% CI", "calls/check",
+                    "closed form", "p50 ms", "p99 ms"):  # fmt: skip
+            t.add_column(col, justify="right")
+        for g in result["grid"]:
+            cf = g["closed_form"]
+            t.add_row(_f(float(g["every_ms"])), str(g["attempts"]), _f(g["in_time"], 4),
+                      f"{g['in_time_ci95'][0]:.4f}-{g['in_time_ci95'][1]:.4f}",
+                      _f(g["calls_per_check"], 3),
+                      "-" if cf is None else f"{cf['in_time']:.4f} / {cf['calls_per_check']:.3f}",
+                      _f(g["p50_ms"]), _f(g["p99_ms"]))  # fmt: skip
+        return t
+    title = (f"k log-normal checks, median {result['median_ms']:g} ms, sigma {result['sigma']:g}; "
+             f"hedged at the q={result['hedge_quantile']:g} quantile "
+             f"({result['hedge_delay_ms']:.2f} ms); n = {result['requests']}")  # fmt: skip
+    t = Table(title=title)
+    for col in ("k", "mode", "p50 ms", "p90 ms", "p99 ms", "p99 95% CI", "extra load"):
+        t.add_column(col, justify="right")
+    for k, modes in result["by_k"].items():
+        for mode, s in modes.items():
+            ci = s["p99_ci95_ms"]
+            t.add_row(k, mode, _f(s["p50_ms"], 2), _f(s["p90_ms"], 2), _f(s["p99_ms"], 2),
+                      f"{ci[0]:.2f}-{ci[1]:.2f}", _f(s.get("extra_load"), 4))  # fmt: skip
+    return t
+
+
+def advise_table(result: dict[str, Any], top: int = 8) -> Table:
+    """``chainrun advise``: the baseline and the best candidates, by share in time then p99."""
+    rec = result["recommendation"]
+    verdict = (f"hedge: delay {rec['delay_ms']:g} ms, {rec['attempts']} attempts"
+               if rec["hedge"] else "do not hedge")  # fmt: skip
+    t = Table(title=f"advise {result['step']} (run {result['run_id']}, {result['n_calls']} calls, "
+                    f"{result['n_censored']} censored; deadline {result['deadline_s']:g} s): "
+                    f"{verdict}")  # fmt: skip
+    for col in ("delay ms", "attempts", "in time", "p50 ms", "p99 ms", "extra calls/turn",
+                "fire rate", "win rate"):  # fmt: skip
+        t.add_column(col, justify="right")
+
+    def row(c: dict[str, Any], label: str | None = None) -> None:
+        t.add_row(label or _f(c["delay_ms"]), str(c["attempts"]), _f(c["in_time"], 4),
+                  _f(c["p50_ms"]), _f(c["p99_ms"]), _f(c["extra_calls_per_turn"], 3),
+                  _f(c["fire_rate"], 3), _f(c["win_rate"], 3))  # fmt: skip
+
+    row(result["baseline"], "no hedge")
+    ranked = sorted(result["candidates"],
+                    key=lambda c: (-c["in_time"], c["p99_ms"] or float("inf")))  # fmt: skip
+    for c in ranked[:top]:
+        row(c)
+    t.caption = rec["reason"]
+    return t

@@ -16,6 +16,12 @@ from typing import Literal
 
 BreakerState = Literal["closed", "open", "half_open"]
 
+#: Default breaker settings (the one place they are defined; HedgePolicy and the config use
+#: them): 5 failures within 30 s open a target for 10 s.
+BREAKER_FAILURES = 5
+BREAKER_WINDOW_S = 30.0
+BREAKER_COOLDOWN_S = 10.0
+
 
 class CircuitBreaker:
     """The breaker of one target.
@@ -37,9 +43,9 @@ class CircuitBreaker:
 
     def __init__(
         self,
-        failures: int = 5,
-        window_s: float = 30.0,
-        cooldown_s: float = 10.0,
+        failures: int = BREAKER_FAILURES,
+        window_s: float = BREAKER_WINDOW_S,
+        cooldown_s: float = BREAKER_COOLDOWN_S,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -128,9 +134,9 @@ class BreakerRegistry:
 
     def __init__(
         self,
-        failures: int = 5,
-        window_s: float = 30.0,
-        cooldown_s: float = 10.0,
+        failures: int = BREAKER_FAILURES,
+        window_s: float = BREAKER_WINDOW_S,
+        cooldown_s: float = BREAKER_COOLDOWN_S,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

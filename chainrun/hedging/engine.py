@@ -138,8 +138,9 @@ class Hedger(Generic[T]):
     def current_delay_ms(self) -> float | None:
         """The hedge delay d for a call starting now, in ms; None = no timed copies.
 
-        The fixed ``delay_ms``, or the ``delay_percentile`` of the latency window (None
-        while it warms up), or None when the policy has no delay or cannot hedge.
+        The fixed ``delay_ms``, or the ``delay_percentile`` of the latency window (while
+        it warms up: the policy's ``warmup_delay_ms``, which may be None), or None when
+        the policy has no delay or cannot hedge.
         """
         p = self._policy
         if not p.hedges:
@@ -147,7 +148,8 @@ class Hedger(Generic[T]):
         if p.delay_ms is not None:
             return p.delay_ms
         if p.delay_percentile is not None:
-            return self.window.percentile(p.delay_percentile)
+            warm = self.window.percentile(p.delay_percentile)
+            return warm if warm is not None else p.warmup_delay_ms
         return None
 
     async def run(

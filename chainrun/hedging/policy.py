@@ -1,12 +1,28 @@
-"""What a call site asks of the hedging engine: :class:`HedgePolicy`."""
+"""What a call site asks of the hedging engine: :class:`HedgePolicy`.
+
+This is the one definition of the hedging settings, their defaults and their checks: the
+config's ``[steps.NAME.hedge]`` table (:class:`chainrun.config.HedgeConfig`) is this
+model plus the copy targets, and :meth:`chainrun.config.StepConfig.hedge_policy` turns
+it into the engine's policy.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chainrun.hedging.breaker import BREAKER_COOLDOWN_S, BREAKER_FAILURES, BREAKER_WINDOW_S
+
+#: gRFC A6 caps hedged attempts at 5; that stays the recommended cap. The engine allows up
+#: to 10 for classifiers whose fast path is much shorter than the deadline (copies every
+#: 0.4 s fit seven attempts into 3 s), always inside the deadline and the load budget.
+MAX_ATTEMPTS_RECOMMENDED = 5
+MAX_ATTEMPTS_LIMIT = 10
+
+#: Without ``initial_delay_ms``, a percentile delay's warm-up uses this share of the deadline.
+INITIAL_DELAY_SHARE_OF_DEADLINE = 1 / 3
 
 
-@dataclass(frozen=True)
-class HedgePolicy:
+class HedgePolicy(BaseModel):
     """How one call site (a chain step) is hedged. Times in ms unless the name ends in ``_s``.
 
     Delay (Dean and Barroso, "The Tail at Scale", CACM 2013: send a copy if the request
@@ -14,14 +30,19 @@ class HedgePolicy:
 
     * ``delay_ms``: a fixed hedge delay d, in ms; or
     * ``delay_percentile``: d = this percentile (e.g. 95.0) of the call site's latency
-      window (Finagle ``BackupRequestFilter``); no hedging while the window warms up.
+      window (Finagle ``BackupRequestFilter``). Until the window holds ``min_samples``
+      answers, d = ``initial_delay_ms`` (default: a third of ``deadline_s``), so the first
+      calls after a start are not the unprotected ones; with neither an initial delay nor
+      a deadline, nothing is hedged during warm-up (Finagle's behaviour).
     * neither: no timed copies; ``max_attempts`` then only bounds the attempts started by
       non-fatal errors and rejected answers.
 
-    Attempts (gRFC A6 hedging policy): ``max_attempts`` counts the original plus copies;
-    copy k starts at (k-1)·d while none has answered, all inside ``deadline_s`` (seconds).
-    An error whose status is in ``non_fatal`` starts the next attempt at once (after the
-    error's ``retry_after_s`` pushback); any other error ends the call.
+    Attempts (gRFC A6 hedging policy): ``max_attempts`` counts the original plus copies
+    (1..10; 5 is the gRFC cap and the recommended one); copy k starts at (k-1)·d while
+    none has answered, all inside ``deadline_s`` (seconds): a copy due at or after the
+    deadline is never sent. An error whose status is in ``non_fatal`` starts the next
+    attempt at once (after the error's ``retry_after_s`` pushback); any other error ends
+    the call.
 
     Load (Finagle budget): each call deposits ``max_extra_load`` tokens, each copy costs 1;
     ``max_copies_per_s`` optionally caps copies per second.
@@ -29,58 +50,108 @@ class HedgePolicy:
     Measurement: ``shadow_fraction`` of the losers are left to finish unseen to measure
     the time saved per win.
 
-    Latency window: ``min_samples`` (warm-up), ``floor_ms``, ``window_s``, ``refresh_s``.
+    Latency window: ``min_samples`` (warm-up), ``floor_ms``, ``window_s``, ``refresh_s``
+    (Finagle: 3 buckets of 10 s, refreshed every 3 s, floor 1 ms).
 
     ``max_loop_lag_ms``: suppress copies while the event loop lags more than this.
     ``rotate_primary``: round-robin the primary target over the targets per call.
     Circuit breakers: ``breaker_failures`` failures within ``breaker_window_s`` seconds
-    open a target for ``breaker_cooldown_s`` seconds.
+    open a target for ``breaker_cooldown_s`` seconds (defaults in
+    :mod:`chainrun.hedging.breaker`).
 
     Raises:
-        ValueError: inconsistent values (both delays set, max_attempts < 1, a percentile
-            outside (0, 100), a fraction outside [0, 1], non-positive times or loads).
+        pydantic.ValidationError (a ValueError): inconsistent values (both delays set,
+            max_attempts outside 1..10, a percentile outside (0, 100), a fraction outside
+            [0, 1], non-positive times or loads, or a fixed delay whose last attempt could
+            only start at or after the deadline).
     """
 
-    delay_ms: float | None = None
-    delay_percentile: float | None = None
-    max_attempts: int = 2
-    deadline_s: float | None = None
-    non_fatal: frozenset[int | str] = frozenset()
-    max_extra_load: float = 0.1
-    max_copies_per_s: float | None = None
-    shadow_fraction: float = 0.0
-    min_samples: int = 20
-    floor_ms: float = 1.0
-    window_s: float = 30.0
-    refresh_s: float = 3.0
-    max_loop_lag_ms: float | None = None
-    rotate_primary: bool = False
-    breaker_failures: int = 5
-    breaker_window_s: float = 30.0
-    breaker_cooldown_s: float = 10.0
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        problems: list[str] = []
+    delay_ms: float | None = Field(default=None, ge=0)
+    delay_percentile: float | None = Field(default=None, gt=0, lt=100)
+    #: hedge delay while a percentile delay's window warms up, in ms (None: deadline / 3)
+    initial_delay_ms: float | None = Field(default=None, ge=0)
+    #: the original plus copies started at d, 2d, ... (gRFC A6's cap of 5 is recommended)
+    max_attempts: int = Field(default=2, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    deadline_s: float | None = Field(default=None, gt=0)
+    #: statuses (HTTP codes or names such as "timeout") that start the next attempt at once
+    non_fatal: frozenset[int | str] = frozenset()
+    #: cap on copies as a fraction of calls, token-bucket style (Finagle BackupRequestFilter);
+    #: fewer than MAX_ATTEMPTS_LIMIT copies per call can ever be sent
+    max_extra_load: float = Field(default=0.1, gt=0, le=MAX_ATTEMPTS_LIMIT)
+    #: cap on copies per second (asyncio-throttle); None = no cap
+    max_copies_per_s: float | None = Field(default=None, gt=0)
+    #: fraction of losers left to finish unseen so that time saved per win is measured
+    shadow_fraction: float = Field(default=0.0, ge=0, le=1)
+    #: warm-up: no percentile delay until the window holds this many samples
+    min_samples: int = Field(default=20, ge=1)
+    #: floor of a percentile delay, in ms (Finagle uses 1 ms)
+    floor_ms: float = Field(default=1.0, ge=0)
+    #: length of the latency window, in s (Finagle: 3 buckets of 10 s)
+    window_s: float = Field(default=30.0, gt=0)
+    #: how often the percentile delay is recomputed, in s (Finagle: 3 s)
+    refresh_s: float = Field(default=3.0, ge=0)
+    #: suppress copies while the client's own event-loop lag exceeds this, in ms
+    max_loop_lag_ms: float | None = Field(default=None, ge=0)
+    #: rotate which target is primary so the backup does not see only slow leftovers
+    rotate_primary: bool = False
+    #: circuit breaker: failures within ``breaker_window_s`` that open a target
+    breaker_failures: int = Field(default=BREAKER_FAILURES, ge=1)
+    breaker_window_s: float = Field(default=BREAKER_WINDOW_S, gt=0)
+    breaker_cooldown_s: float = Field(default=BREAKER_COOLDOWN_S, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HedgePolicy:
         if self.delay_ms is not None and self.delay_percentile is not None:
-            problems.append("set delay_ms or delay_percentile, not both")
-        if self.delay_ms is not None and self.delay_ms < 0:
-            problems.append(f"delay_ms must be >= 0, got {self.delay_ms}")
-        if self.delay_percentile is not None and not 0 < self.delay_percentile < 100:
-            problems.append(f"delay_percentile must be in (0, 100), got {self.delay_percentile}")
-        if self.max_attempts < 1:
-            problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            problems.append(f"deadline_s must be > 0, got {self.deadline_s}")
-        if self.max_extra_load <= 0:
-            problems.append(f"max_extra_load must be > 0, got {self.max_extra_load}")
-        if self.max_copies_per_s is not None and self.max_copies_per_s <= 0:
-            problems.append(f"max_copies_per_s must be > 0, got {self.max_copies_per_s}")
-        if not 0 <= self.shadow_fraction <= 1:
-            problems.append(f"shadow_fraction must be in [0, 1], got {self.shadow_fraction}")
-        if self.max_loop_lag_ms is not None and self.max_loop_lag_ms < 0:
-            problems.append(f"max_loop_lag_ms must be >= 0, got {self.max_loop_lag_ms}")
-        if problems:
-            raise ValueError("invalid HedgePolicy: " + "; ".join(problems))
+            raise ValueError("set delay_ms or delay_percentile, not both")
+        problem = self.deadline_problem(self.deadline_s)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def deadline_problem(self, deadline_s: float | None) -> str | None:
+        """Why a fixed delay cannot fit ``max_attempts`` inside ``deadline_s``, or None.
+
+        With ``delay_ms`` fixed and no ``non_fatal`` statuses (which start attempts off the
+        schedule), attempt k starts at (k-1)·d; an attempt due at or after the deadline is
+        never sent, so such a ``max_attempts`` promises copies that cannot exist.
+        """
+        if deadline_s is None or self.delay_ms is None or self.non_fatal:
+            return None
+        last_ms = (self.max_attempts - 1) * self.delay_ms
+        if self.max_attempts > 1 and last_ms >= deadline_s * 1000:
+            fit = 1 + int((deadline_s * 1000 - 1e-9) // self.delay_ms)  # delay_ms > 0 here
+            return (
+                f"max_attempts = {self.max_attempts} with delay_ms = {self.delay_ms:g}: attempt "
+                f"{self.max_attempts} would start at {last_ms:g} ms, not before the deadline "
+                f"({deadline_s:g} s); at most {fit} attempts fit"
+            )
+        return None
+
+    def for_deadline(self, deadline_s: float | None) -> HedgePolicy:
+        """This policy with ``deadline_s`` set (a step's deadline), checked again.
+
+        Raises:
+            ValueError: the delays cannot fit ``max_attempts`` inside the new deadline.
+        """
+        problem = self.deadline_problem(deadline_s)
+        if problem:
+            raise ValueError(problem)
+        return self.model_copy(update={"deadline_s": deadline_s})
+
+    @property
+    def warmup_delay_ms(self) -> float | None:
+        """The delay used while a percentile delay's window warms up, in ms (None: no copies).
+
+        ``initial_delay_ms``, else a third of ``deadline_s`` (issue 11: the calls right after
+        a start are the ones most exposed to the tail), else None.
+        """
+        if self.initial_delay_ms is not None:
+            return self.initial_delay_ms
+        if self.deadline_s is not None:
+            return self.deadline_s * 1000 * INITIAL_DELAY_SHARE_OF_DEADLINE
+        return None
 
     @property
     def hedges(self) -> bool:

@@ -1,27 +1,67 @@
-"""Counters of one hedged call site: fire rate, win rate, time saved per win.
+"""The economics of one hedged call site: fire rate, win rate, time saved per win, extra calls.
 
-These are the numbers FIELD practice asks for per hedged call site (and Finagle exports
-as ``backups_sent``, ``backups_won``, ``budget_exhausted``): a hedge that fires often and
-rarely wins costs load and saves nothing (Dean and Barroso: the copy wins only when the
+The one definition of these numbers in chainrun: the engine's live counters
+(:class:`HedgeStats`) and the log report (``chainrun hedge-stats``, :mod:`chainrun.report`)
+both compute them with the functions here. They are the numbers FIELD practice asks for
+per hedged call site (Finagle exports ``backups_sent``, ``backups_won``,
+``budget_exhausted``): a hedge that fires often and rarely wins costs load and saves
+nothing (Dean and Barroso, "The Tail at Scale", CACM 2013: the copy wins only when the
 primary's serving noise exceeds the copy's by more than the delay).
+
+Definitions (each None while its denominator is 0):
+
+* **fire rate** = fires / armed calls: of the calls with a hedge delay in force, the share
+  whose primary was still outstanding at the delay d (a copy was due, sent or refused).
+* **win rate** = copy wins / fires: of the fires, the share a copy won. A copy started at
+  once after a non-fatal error is a retry, not a hedge: a win counts only after a fire.
+* **time saved per win** = mean of (primary's answer − winning copy's answer) in ms over the
+  wins whose primary was left to finish unseen (a shadow); other wins are unmeasured.
+* **extra calls per turn** = attempts sent beyond the first of each call / turns (per call
+  for the engine, where one call is one turn of the step).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from chainrun.hedging.outcome import HedgeOutcome
 
 
+def fire_rate(fires: int, armed: int) -> float | None:
+    """Fires per armed call (calls with a hedge delay in force); None when ``armed`` is 0."""
+    return fires / armed if armed else None
+
+
+def win_rate(wins: int, fires: int) -> float | None:
+    """Copy wins per fire; None when ``fires`` is 0."""
+    return wins / fires if fires else None
+
+
+def time_saved_per_win_ms(saved_ms: Sequence[float]) -> float | None:
+    """Mean time saved over the measured wins, in ms; None when none was measured."""
+    return sum(saved_ms) / len(saved_ms) if saved_ms else None
+
+
+def extra_calls_per_turn(extra_calls: int, turns: int) -> float | None:
+    """Attempts sent beyond each call's first, per turn; None when ``turns`` is 0."""
+    return extra_calls / turns if turns else None
+
+
 @dataclass
 class HedgeStats:
-    """Accumulated counts of one call site. Rates are None until their denominator is > 0."""
+    """Counts of one call site, from the engine's outcomes or read back from the log.
+
+    Rates are None until their denominator is > 0 (see the module's definitions).
+    """
 
     calls: int = 0
+    #: calls with a hedge delay in force (a copy could be timed)
+    armed: int = 0
     #: calls whose hedge timer went off (a copy was due)
     fires: int = 0
-    #: copies actually sent
+    #: copies and retries actually sent (attempts beyond each call's first)
     copies_sent: int = 0
     #: calls in which a copy fired and a copy won
     copy_wins: int = 0
@@ -29,40 +69,48 @@ class HedgeStats:
     budget_exhausted: int = 0
     #: copies not sent because the loop lagged or every target's circuit was open
     suppressed: int = 0
-    time_saved_sum_ms: float = 0.0
-    time_saved_count: int = 0
+    #: time saved by each measured copy win, in ms
+    time_saved_ms: list[float] = field(default_factory=list)
 
     def record(self, outcome: HedgeOutcome[Any]) -> None:
         """Count one finished call (time saved is counted by :meth:`record_time_saved`)."""
-        self.calls += 1
-        self.fires += outcome.fired
-        self.copy_wins += outcome.fired and outcome.won_by_copy
+        self.add_call(
+            armed=outcome.delay_ms is not None,
+            fired=outcome.fired,
+            won_by_copy=outcome.won_by_copy,
+        )
         for attempt in outcome.attempts:
             self.copies_sent += attempt.number > 1 and attempt.sent
             self.budget_exhausted += attempt.outcome == "budget_exhausted"
             self.suppressed += attempt.outcome == "suppressed"
 
+    def add_call(self, *, armed: bool, fired: bool, won_by_copy: bool) -> None:
+        """Count one call's hedge state (a win counts only when the hedge fired)."""
+        self.calls += 1
+        self.armed += armed
+        self.fires += fired
+        self.copy_wins += fired and won_by_copy
+
     def record_time_saved(self, ms: float) -> None:
         """Count the time one copy win saved, in ms (known only when a shadow primary finished)."""
-        self.time_saved_sum_ms += ms
-        self.time_saved_count += 1
+        self.time_saved_ms.append(ms)
 
     @property
     def fire_rate(self) -> float | None:
-        """Fires per call."""
-        return self.fires / self.calls if self.calls else None
+        """Fires per armed call (:func:`fire_rate`)."""
+        return fire_rate(self.fires, self.armed)
 
     @property
     def win_rate(self) -> float | None:
-        """Copy wins per fire."""
-        return self.copy_wins / self.fires if self.fires else None
+        """Copy wins per fire (:func:`win_rate`)."""
+        return win_rate(self.copy_wins, self.fires)
 
     @property
     def time_saved_per_win_ms(self) -> float | None:
-        """Mean time saved per measured copy win, in ms."""
-        return self.time_saved_sum_ms / self.time_saved_count if self.time_saved_count else None
+        """Mean time saved per measured copy win, in ms (:func:`time_saved_per_win_ms`)."""
+        return time_saved_per_win_ms(self.time_saved_ms)
 
     @property
     def extra_calls_per_call(self) -> float | None:
-        """Copies sent per call: the extra load hedging adds."""
-        return self.copies_sent / self.calls if self.calls else None
+        """Attempts sent beyond the first, per call: the extra load hedging adds."""
+        return extra_calls_per_turn(self.copies_sent, self.calls)

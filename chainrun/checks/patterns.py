@@ -1,0 +1,257 @@
+"""Deterministic pattern checks: card numbers, IBANs, API keys, e-mail, phone, custom regexes.
+
+They cost microseconds, so they run before any model check and outside its budget, on the
+user's message (a message with a card number is blocked with no model call at all) and on
+every window of a streamed answer (:mod:`chainrun.checks.holdback`). Each check either
+``block`` s the text or ``redact`` s the match (replaced by ``[NAME]``).
+
+Validation beyond the shape, so that ordinary numbers are not flagged:
+
+* payment cards: 13-19 digits, single spaces or dashes allowed between them, and the Luhn
+  checksum (ISO/IEC 7812-1, annex B);
+* IBANs: 2 letters, 2 check digits, 11-30 letters or digits (written compact or in groups
+  of four), valid when the number rearranged (first four characters moved to the end,
+  letters as 10..35) is 1 modulo 97 (ISO 13616-1; FIELD.md);
+* API keys: the published prefixes of OpenAI (``sk-``), AWS access key ids
+  (``AKIA``/``ASIA`` + 16), GitHub tokens (``ghp_`` ...), Slack (``xox?-``), Google
+  (``AIza`` + 35), Stripe (``sk_live_`` ...) and JSON Web Tokens;
+* phone numbers: an international ``+`` number or a national one with a trunk ``0`` or the
+  North American ``(555) 123-4567`` shape, 7-15 digits (ITU-T E.164's maximum), not a date.
+
+Findings carry positions and the check's name, never the matched text, so a log of them
+holds no secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Action = Literal["block", "redact"]
+
+#: The built-in checks, in the order they claim text (an earlier finding wins an overlap).
+BUILTIN_CHECKS = ("card", "iban", "api_key", "email", "phone")
+
+
+def luhn_valid(digits: str) -> bool:
+    """Whether a string of digits passes the Luhn checksum (ISO/IEC 7812-1 annex B).
+
+    Raises:
+        ValueError: ``digits`` holds a non-digit.
+    """
+    if not digits.isdigit():
+        raise ValueError(f"expected digits only, got {digits!r}")
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def iban_valid(iban: str) -> bool:
+    """Whether ``iban`` (spaces allowed, any case) passes the ISO 13616 mod-97 check.
+
+    The first four characters move to the end, letters become 10..35, and the number
+    must be 1 modulo 97.
+    """
+    s = iban.replace(" ", "").upper()
+    if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}", s):
+        return False
+    rearranged = s[4:] + s[:4]
+    number = "".join(str(int(ch, 36)) for ch in rearranged)
+    return int(number) % 97 == 1
+
+
+Span = tuple[int, int]
+#: Given the text and a regex match, the span of what really is a finding (or None).
+Locate = Callable[[str, "re.Match[str]"], "Span | None"]
+
+
+def _card(text: str, m: re.Match[str]) -> Span | None:
+    digits = re.sub(r"[ -]", "", m.group(0))
+    return m.span() if 13 <= len(digits) <= 19 and luhn_valid(digits) else None
+
+
+def _iban(text: str, m: re.Match[str]) -> Span | None:
+    """The longest valid IBAN at the match's start, trimming trailing groups (a four-letter
+    word after a grouped IBAN looks like one more group)."""
+    start, end = m.span()
+    while end - start >= 15:
+        if iban_valid(text[start:end]):
+            return start, end
+        cut = text.rfind(" ", start, end)
+        if cut <= start:
+            return None
+        end = cut
+    return None
+
+
+_DATE = re.compile(r"\d{1,4}[./-]\d{1,2}[./-]\d{1,4}")
+
+
+def _phone(text: str, m: re.Match[str]) -> Span | None:
+    digits = re.sub(r"\D", "", m.group(0))
+    ok = 7 <= len(digits) <= 15 and not _DATE.fullmatch(m.group(0).strip())
+    return m.span() if ok else None
+
+
+_PATTERNS: dict[str, tuple[str, Locate | None]] = {
+    "card": (r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d])", _card),
+    "iban": (
+        # compact, or in groups of four with a last group of one to three
+        r"\b[A-Za-z]{2}\d{2}"
+        r"(?:[A-Za-z0-9]{11,30}|(?: [A-Za-z0-9]{4}){2,7}(?: [A-Za-z0-9]{1,3})?)\b",
+        _iban,
+    ),
+    "api_key": (
+        r"\b(?:sk-(?:proj-|svcacct-|admin-|ant-)?[A-Za-z0-9_-]{20,}"
+        r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+        r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
+        r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+        r"|AIza[0-9A-Za-z_-]{35}"
+        r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})",
+        None,
+    ),
+    "email": (r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", None),
+    "phone": (
+        r"(?<![\w+])(?:\+\d{1,3}[ ./-]?(?:\(\d{1,4}\)[ ./-]?)?\d{1,4}(?:[ ./-]?\d{1,4}){1,5}"
+        r"|\(?0\d{1,4}\)?[ ./-]?\d{2,4}(?:[ ./-]?\d{2,4}){1,3}"
+        r"|\(\d{3}\) ?\d{3}[ .-]\d{4}|\b\d{3}[.-]\d{3}[.-]\d{4})(?![\w])",
+        _phone,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PatternCheck:
+    """One check: a name, a compiled pattern, what a match does, an optional validator.
+
+    ``locate`` gets the text and a match and returns the span of what really is a finding
+    (the match if its Luhn checksum holds, for cards), or None; None accepts every match.
+    """
+
+    name: str
+    pattern: re.Pattern[str]
+    action: Action
+    locate: Locate | None = None
+
+    @classmethod
+    def builtin(cls, name: str, action: Action) -> PatternCheck:
+        """One of :data:`BUILTIN_CHECKS` with the given action.
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        if name not in _PATTERNS:
+            raise ValueError(f"unknown check {name!r}; expected one of {list(BUILTIN_CHECKS)}")
+        regex, locate = _PATTERNS[name]
+        return cls(name, re.compile(regex), action, locate)
+
+    @classmethod
+    def custom(
+        cls, name: str, regex: str, action: Action, *, ignore_case: bool = False
+    ) -> PatternCheck:
+        """A configured regular expression (Python ``re`` syntax).
+
+        Raises:
+            ValueError: the regex does not compile, or matches the empty string.
+        """
+        try:
+            pattern = re.compile(regex, re.IGNORECASE if ignore_case else 0)
+        except re.error as e:
+            raise ValueError(f"check {name!r}: invalid regex ({e})") from None
+        if pattern.fullmatch(""):
+            raise ValueError(f"check {name!r}: the regex matches the empty string")
+        return cls(name, pattern, action)
+
+    def spans(self, text: str) -> Iterable[Span]:
+        """The (start, end) character spans of valid matches in ``text``."""
+        for m in self.pattern.finditer(text):
+            span = m.span() if self.locate is None else self.locate(text, m)
+            if span is not None:
+                yield span
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A valid match: the check's name, its action and the span (character offsets)."""
+
+    check: str
+    action: Action
+    start: int
+    end: int
+
+    def as_json(self) -> dict[str, object]:
+        """``{check, action, start, end}``: no matched text, so it can be logged."""
+        return {"check": self.check, "action": self.action, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What the checks made of a text: ``text`` with redactions applied, ``findings``, and
+    ``blocked`` when any finding's action is ``block``."""
+
+    text: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocked(self) -> bool:
+        """Whether a ``block`` check matched."""
+        return any(f.action == "block" for f in self.findings)
+
+    @property
+    def redacted(self) -> bool:
+        """Whether a ``redact`` check changed the text."""
+        return any(f.action == "redact" for f in self.findings)
+
+    def as_json(self) -> dict[str, object]:
+        """``{blocked, findings: [...]}`` for the turn's log (no matched text)."""
+        return {"blocked": self.blocked, "findings": [f.as_json() for f in self.findings]}
+
+
+class PatternChecker:
+    """Runs a list of checks over a text; earlier checks claim overlapping text first.
+
+    Args:
+        checks: the checks, in priority order (cards before phones, so a card number is
+            not also a phone number).
+    """
+
+    def __init__(self, checks: Sequence[PatternCheck]) -> None:
+        self.checks = tuple(checks)
+
+    def __bool__(self) -> bool:
+        return bool(self.checks)
+
+    def findings(self, text: str) -> list[Finding]:
+        """Every valid match, sorted by start; a span overlapping an earlier check's is dropped."""
+        taken: list[Finding] = []
+        for check in self.checks:
+            for start, end in check.spans(text):
+                if any(start < f.end and f.start < end for f in taken):
+                    continue
+                taken.append(Finding(check.name, check.action, start, end))
+        return sorted(taken, key=lambda f: f.start)
+
+    def check(self, text: str) -> CheckResult:
+        """Find matches and apply redactions (``[NAME]`` in place of the match).
+
+        A blocked text is redacted too (every finding masked), so that what is logged of it
+        holds no card number.
+        """
+        found = self.findings(text)
+        if not found:
+            return CheckResult(text, ())
+        out: list[str] = []
+        pos = 0
+        for f in found:
+            out.append(text[pos : f.start])
+            out.append(f"[{f.check}]")
+            pos = f.end
+        out.append(text[pos:])
+        return CheckResult("".join(out), tuple(found))

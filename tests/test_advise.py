@@ -1,0 +1,116 @@
+"""chainrun advise: the hedge delay from a step's logged calls."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from chainrun.advise import advise, candidate_delays
+from chainrun.cli import app
+from chainrun.errors import UserInputError
+from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.store import Store
+
+
+def _config(deadline_s: float, hedge: dict | None = None) -> str:  # type: ignore[type-arg]
+    step: dict = {"deadline_s": deadline_s}  # type: ignore[type-arg]
+    if hedge:
+        step["hedge"] = hedge
+    return json.dumps({"steps": {"guard": step}})
+
+
+def log_bimodal_guard(store: Store, n: int = 400, seed: int = 5) -> int:
+    """An unhedged guard on a bimodal classifier with a 3 s deadline: slow calls time out."""
+    rng = random.Random(seed)
+    run = store.create_run("replay", _config(3.0))
+    for _ in range(n):
+        fast = rng.random() < 0.5
+        ms = rng.uniform(100, 300) + rng.uniform(2, 15)  # plus client overhead
+        if fast:
+            call = CallRecord(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=1,
+                              n_chunks=1, outcome="not_fired")  # fmt: skip
+            step = StepRecord(step="guard", duration_ms=ms, n_attempts=1)
+        else:
+            call = CallRecord(step="guard", outcome="error", error_type="timeout")
+            step = StepRecord(step="guard", status="failed_closed", duration_ms=3000.0,
+                              error_type="timeout", n_attempts=1)  # fmt: skip
+        store.log_turn(run, TurnRecord(input="m", steps=[step], calls=[call]))
+    return run
+
+
+def log_work_noise(store: Store, n: int = 400, seed: int = 6) -> int:
+    """Latency = work (tokens x 15 ms, tokens vary a lot) + small noise: hedging cannot help."""
+    rng = random.Random(seed)
+    run = store.create_run("replay", _config(60.0))
+    for _ in range(n):
+        tokens = rng.randint(20, 400)
+        ms = tokens * 15.0 + rng.lognormvariate(np.log(30), 0.3)
+        call = CallRecord(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=tokens,
+                          n_chunks=1, outcome="not_fired")  # fmt: skip
+        step = StepRecord(step="guard", duration_ms=ms, n_attempts=1)
+        store.log_turn(run, TurnRecord(input="m", steps=[step], calls=[call]))
+    return run
+
+
+def test_bimodal_guard_gets_copies_just_after_the_fast_path(store: Store) -> None:
+    run = log_bimodal_guard(store)
+    res = advise(store, run, "guard", max_extra_calls=1.05, simulations=5000)
+    assert res["n_censored"] > 150 and res["baseline"]["in_time"] == pytest.approx(0.5, abs=0.06)
+    rec = res["recommendation"]
+    assert rec["hedge"]
+    assert 300 < rec["delay_ms"] < 420
+    assert 7 <= rec["attempts"] <= 9
+    assert rec["predicted"]["in_time"] >= 0.99
+    assert rec["predicted"]["extra_calls_per_turn"] <= 1.05
+    assert f"delay_ms = {rec['delay_ms']:g}" in res["toml"]
+    assert f"max_attempts = {rec['attempts']}" in res["toml"]
+    # a tight load budget buys fewer copies
+    tight = advise(store, run, "guard", max_extra_calls=0.6, simulations=5000)["recommendation"]
+    assert tight["hedge"] and tight["predicted"]["extra_calls_per_turn"] <= 0.6
+    assert tight["predicted"]["in_time"] < rec["predicted"]["in_time"]
+
+
+def test_long_answers_do_not_look_hedgeable(store: Store) -> None:
+    run = log_work_noise(store)
+    res = advise(store, run, "guard", max_extra_calls=0.5, simulations=5000)
+    assert res["per_token_fit_ms"] == pytest.approx(15.0, rel=0.05)
+    assert res["recommendation"]["hedge"] is False
+    assert "do not hedge" in res["toml"]
+    # every candidate's copies lose: win rate near 0 wherever the hedge fired
+    for c in res["candidates"]:
+        assert c["win_rate"] is None or c["win_rate"] < 0.05
+
+
+def test_candidates_include_the_gap_of_a_bimodal_distribution() -> None:
+    lat = np.array([100.0, 200, 280, 300] * 10 + [np.inf] * 40)
+    ds = candidate_delays(lat, 3000)
+    assert any(300 < d <= 350 for d in ds) and all(d < 3000 for d in ds)
+
+
+def test_errors(store: Store) -> None:
+    run = log_bimodal_guard(store, n=20)
+    with pytest.raises(UserInputError, match="no logged calls for step 'nope'"):
+        advise(store, run, "nope")
+    with pytest.raises(UserInputError, match="no such run"):
+        advise(store, 99, "guard")
+
+
+def test_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    db = tmp_path / "log.db"
+    with Store.open(db) as s:
+        run = log_bimodal_guard(s, n=200)
+    runner = CliRunner()
+    res = runner.invoke(app, ["advise", "--run", str(run), "--step", "guard", "--db", str(db),
+                              "--max-extra-calls", "1.05", "--simulations", "2000"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "[steps.guard.hedge]" in res.output and "delay_ms" in res.output
+    res = runner.invoke(app, ["advise", "--run", str(run), "--step", "guard", "--db", str(db),
+                              "--json", "--simulations", "2000"])  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert {"recommendation", "candidates", "baseline", "toml", "validation"} <= set(doc)
+    bad = runner.invoke(app, ["advise", "--run", str(run), "--step", "x", "--db", str(db)])
+    assert bad.exit_code == 2
