@@ -30,6 +30,7 @@ from typing import Any
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
+from chainrun.records import CallRow
 from chainrun.report import hedge_stats
 from chainrun.store import Store
 
@@ -284,7 +285,7 @@ def step_hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
 
 def lag_report(
     turns: Sequence[TurnResult],
-    calls: Sequence[dict[str, Any]],
+    calls: Sequence[CallRow],
     lag: LagSampler,
     first_wave: int,
 ) -> dict[str, Any]:
@@ -299,7 +300,7 @@ def lag_report(
     later = [t for t in turns if t.index >= first_wave]
     late_later = sum(1 for t in later if t.max_lag_ms > LAG_THRESHOLD_MS)
     copy_lags = [
-        c["loop_lag_ms"] for c in calls if c["attempt"] > 1 and c["loop_lag_ms"] is not None
+        c.loop_lag_ms for c in calls if c.attempt > 1 and c.loop_lag_ms is not None
     ]
     return {
         "threshold_ms": LAG_THRESHOLD_MS,
@@ -316,7 +317,7 @@ def lag_report(
         "copies_timer_late_max_ms": r(max(copy_lags, default=None)),
         # the engine's own flag (calls.fired_late, where the log has it): a copy due while
         # the loop lagged over max_loop_lag_ms, or over half the hedge delay if unset
-        "copies_fired_late": sum(1 for c in calls if c["attempt"] > 1 and c.get("fired_late")),
+        "copies_fired_late": sum(1 for c in calls if c.attempt > 1 and c.fired_late),
         "sampler": lag.summary(),
     }
 

@@ -27,7 +27,7 @@ from typing import Any
 import _common as c
 
 from chainrun.lab import LabServer
-from chainrun.report import SENT_OUTCOMES
+from chainrun.records import SENT_OUTCOMES
 
 DEADLINE_S = 3.0
 P_FAST = 0.5
@@ -112,10 +112,10 @@ async def run_mode(
         stats = c.step_hedge_stats(store, run_id)
     wall_s = c.elapsed(t0)
     n = len(steps)
-    ok = [s for s in steps if s["status"] == "ok"]
-    sent = sum(1 for call in calls if call["outcome"] in SENT_OUTCOMES)
-    over = sum(1 for s in ok if s["duration_ms"] > DEADLINE_S * 1000)
-    ok_ms = [s["duration_ms"] for s in ok]
+    ok = [s for s in steps if s.status == "ok"]
+    sent = sum(1 for call in calls if call.outcome in SENT_OUTCOMES)
+    over = sum(1 for s in ok if s.duration_ms > DEADLINE_S * 1000)
+    ok_ms = [s.duration_ms for s in ok]
     draws = lab_draws(lab.requests())
     return {
         "n": n,

@@ -35,7 +35,7 @@ import _common as c
 
 from chainrun.lab import LabServer, load_scenario
 from chainrun.lab.scenarios import Scenario, WorkNoise
-from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES
+from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, StepRow
 
 EXPLANATION = (
     "The primary answers at W + N1 and a copy sent at d at d + W + N2 (W: the work the "
@@ -100,15 +100,15 @@ def hedged_step(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def analyse(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
+def analyse(steps: list[StepRow], calls: list[CallRow]) -> dict[str, Any]:
     """Per-turn analysis from the log: W of fired turns, the N1 - N2 > d rule, shadow waits.
 
     N is read as each call's own client-side TTFT (request sent to first token), d as the
     copy's actual start offset; W as output tokens of the turn's answer.
     """
-    by_turn: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
+    by_turn: dict[int | None, dict[int, CallRow]] = defaultdict(dict)
     for call in calls:
-        by_turn[call["turn_id"]][call["attempt"]] = call
+        by_turn[call.turn_id][call.attempt] = call
     armed_tokens, fired_tokens = [], []
     agree = checked = 0
     margins, winner_ms = [], []
@@ -117,29 +117,29 @@ def analyse(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[st
     # (before commit abe3a47 the chain waited for them: the step took the slower attempt)
     waits: dict[str, list[float]] = {"with_losers": [], "without_losers": []}
     for s in steps:
-        attempts = by_turn.get(s["turn_id"], {})
-        winner = next((a for a in attempts.values() if a["outcome"] in WINNER_OUTCOMES), None)
+        attempts = by_turn.get(s.turn_id, {})
+        winner = next((a for a in attempts.values() if a.outcome in WINNER_OUTCOMES), None)
         if winner is None:
             continue
-        done_at = winner["started_offset_ms"] + (winner["duration_ms"] or 0.0)
+        done_at = winner.started_offset_ms + (winner.duration_ms or 0.0)
         winner_ms.append(done_at)
-        wait = max(0.0, s["duration_ms"] - done_at)
-        sent = sum(1 for a in attempts.values() if a["outcome"] in SENT_OUTCOMES)
+        wait = max(0.0, s.duration_ms - done_at)
+        sent = sum(1 for a in attempts.values() if a.outcome in SENT_OUTCOMES)
         waits["with_losers" if sent > 1 else "without_losers"].append(wait)
-        if s["hedge_delay_ms"] is None:
+        if s.hedge_delay_ms is None:
             continue
-        tokens = winner["output_tokens"]
+        tokens = winner.output_tokens
         armed_tokens.append(tokens)
-        if not s["hedge_fired"]:
+        if not s.hedge_fired:
             continue
         fired_tokens.append(tokens)
         first, copy = attempts.get(1), attempts.get(2)
-        if first is None or copy is None or first["ttft_ms"] is None or copy["ttft_ms"] is None:
+        if first is None or copy is None or first.ttft_ms is None or copy.ttft_ms is None:
             continue
-        margin = first["ttft_ms"] - copy["ttft_ms"] - copy["started_offset_ms"]
+        margin = first.ttft_ms - copy.ttft_ms - copy.started_offset_ms
         margins.append(margin)
         checked += 1
-        agree += (margin > 0) == bool(s["hedge_won"])
+        agree += (margin > 0) == bool(s.hedge_won)
     return {
         "output_tokens_mean_armed": c.r(_mean(armed_tokens)),
         "output_tokens_mean_fired": c.r(_mean(fired_tokens)),

@@ -68,33 +68,34 @@ class _Calls:
 
 
 def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
-    calls = [c for c in store.calls(run_id) if c["step"] == step]
+    calls = [c for c in store.calls(run_id) if c.step == step]
     if not calls:
-        known = sorted({c["step"] for c in store.calls(run_id)})
+        known = sorted({c.step for c in store.calls(run_id)})
         raise UserInputError(
             f"run {run_id}: no logged calls for step {step!r}"
             + (f"; steps with calls: {', '.join(known)}" if known else "")
         )
     step_rows = {
-        s["turn_id"]: s for s in store.steps(run_id) if s["step"] == step and s["duration_ms"]
+        s.turn_id: s for s in store.steps(run_id) if s.step == step and s.duration_ms
     }
-    stream = any(bool(c["stream"]) for c in calls)
+    stream = any(bool(c.stream) for c in calls)
     # when each turn's race settled (ms from the step's start): losers were closed then
-    settled_at: dict[int, float] = {}
+    settled_at: dict[int | None, float] = {}
     for c in calls:
-        took = c["ttft_ms"] if stream else c["duration_ms"]
-        if c["outcome"] in ("not_fired", "primary", "duplicate") and took is not None:
-            settled_at[c["turn_id"]] = (c["started_offset_ms"] or 0.0) + took
+        took = c.ttft_ms if stream else c.duration_ms
+        if c.outcome in ("not_fired", "primary", "duplicate") and took is not None:
+            settled_at[c.turn_id] = (c.started_offset_ms or 0.0) + took
     settle, ttft, per_token, work, cens = [], [], [], [], []
     n_split = n_fast_errors = 0
     for c in calls:
-        outcome = c["outcome"]
-        if outcome in _ANSWERED and c["error_type"] in (None, "truncated"):
-            t, d, tokens = c["ttft_ms"], c["duration_ms"], c["output_tokens"] or c["n_chunks"]
-            if d is None and t is None:
-                continue
-            t = t if t is not None else d
-            d = d if d is not None else t
+        outcome = c.outcome
+        if outcome in _ANSWERED and c.error_type in (None, "truncated"):
+            t, d, tokens = c.ttft_ms, c.duration_ms, c.output_tokens or c.n_chunks
+            if d is None or t is None:
+                if d is None and t is None:
+                    continue
+                t = d = t if t is not None else d
+            assert t is not None and d is not None
             if stream and tokens and tokens > 1 and d > t:
                 tpt = (d - t) / (tokens - 1)
                 n_split += 1
@@ -106,15 +107,15 @@ def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
             work.append(float(tokens) if tokens else math.nan)
             cens.append(math.nan)
         elif outcome in _CUT:
-            timed_out = c["error_type"] in ("timeout", "DeadlineExceeded")
+            timed_out = c.error_type in ("timeout", "DeadlineExceeded")
             if outcome == "error" and not timed_out:
                 n_fast_errors += 1  # errors are not hedged and never enter the window
                 continue
-            row = step_rows.get(c["turn_id"])
-            end = settled_at.get(c["turn_id"]) if outcome == "cancelled" else None
+            row = step_rows.get(c.turn_id)
+            end = settled_at.get(c.turn_id) if outcome == "cancelled" else None
             if end is None and row is not None:
-                end = row["duration_ms"]
-            ran = None if end is None else end - (c["started_offset_ms"] or 0.0)
+                end = row.duration_ms
+            ran = None if end is None else end - (c.started_offset_ms or 0.0)
             if ran is None or ran <= 0:
                 continue
             settle.append(math.nan)
@@ -270,7 +271,7 @@ def advise(
             f"{max_extra_calls}, {simulations}"
         )
     run = store.get_run(run_id)
-    config = json.loads(run["config"]) if run.get("config") else {}
+    config = json.loads(run.config) if run.config else {}
     step_cfg = config.get("steps", {}).get(step, {})
     if deadline_s is None:
         deadline_s = step_cfg.get("deadline_s")
@@ -437,12 +438,12 @@ def _validate(
 
 def _extra_calls_ci(store: Store, run_id: int, step: str) -> list[float] | None:
     """95% interval of the mean extra calls per execution (normal approximation)."""
-    per_turn: dict[int, int] = {}
+    per_turn: dict[int | None, int] = {}
     for c in store.calls(run_id):
-        if c["step"] == step:
-            per_turn.setdefault(c["turn_id"], 0)
-            if c["attempt"] > 1 and c["outcome"] not in ("budget_exhausted", "suppressed"):
-                per_turn[c["turn_id"]] += 1
+        if c.step == step:
+            per_turn.setdefault(c.turn_id, 0)
+            if c.attempt > 1 and c.outcome not in ("budget_exhausted", "suppressed"):
+                per_turn[c.turn_id] += 1
     values = np.array(list(per_turn.values()), dtype=float)
     if len(values) < 2:
         return None

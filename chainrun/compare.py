@@ -18,7 +18,6 @@ The result is plain JSON-ready data (see :func:`compare`); the CLI only prints i
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 from chainrun.errors import UserInputError
 from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, winning_calls
+from chainrun.records import CallRow, StepRow, TurnRow
 from chainrun.stats import (
     SUMMARY_PERCENTILES,
     ComparisonVerdict,
@@ -44,6 +44,9 @@ LIVE = "live"
 ALL = "all"
 #: the metric name of the whole turn's latency (turns.duration_ms)
 TURN = "turn"
+#: the shopper's wait: first answer token, and answer complete (from the turn's start)
+ANSWER_TTFT = "answer_ttft"
+ANSWER_DONE = "answer_done"
 #: the metric name of the paired eval comparison in :func:`regression`
 EVALS = "evals"
 #: ``regression`` metric meaning "any metric or the evals"
@@ -59,16 +62,16 @@ class Side:
     selector: str
     kind: str  # "run" | "live"
     run_ids: list[int]
-    turns: list[dict[str, Any]]
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[TurnRow]
+    steps: list[StepRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)
     label: str | None = None
     run_kind: str | None = None
     window: tuple[str | None, str | None] | None = None
 
     @property
     def turn_ids(self) -> set[int]:
-        return {int(t["id"]) for t in self.turns}
+        return {t.id for t in self.turns if t.id is not None}
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -120,15 +123,6 @@ def parse_live_window(selector: str) -> tuple[datetime | None, datetime | None]:
     return start, end
 
 
-def _rows_of_runs(store: Store, table: str, run_ids: Sequence[int]) -> list[dict[str, Any]]:
-    if not run_ids:
-        return []
-    marks = ",".join("?" for _ in run_ids)
-    return list(
-        store.db.table(table).rows_where(f"run_id in ({marks})", list(run_ids), order_by="id")
-    )
-
-
 def select(store: Store, selector: str) -> Side:
     """Resolve one side of a comparison.
 
@@ -142,7 +136,7 @@ def select(store: Store, selector: str) -> Side:
     if not sel.isdigit():
         raise UserInputError(f"{selector!r}: expected a run id or live[:FROM..TO]")
     run = store.get_run(int(sel))
-    rid = int(run["id"])
+    rid = int(sel)
     return Side(
         selector=sel,
         kind="run",
@@ -150,20 +144,17 @@ def select(store: Store, selector: str) -> Side:
         turns=store.turns(rid),
         steps=store.steps(rid),
         calls=store.calls(rid),
-        label=run.get("label"),
-        run_kind=run.get("kind"),
+        label=run.label,
+        run_kind=run.kind,
     )
 
 
 def _select_live(store: Store, sel: str) -> Side:
     start, end = parse_live_window(sel)
-    runs = {
-        int(r["id"]): r
-        for r in store.db.table("runs").rows_where("kind = ?", [LIVE], order_by="id")
-    }
+    runs = {r.id: r for r in store.runs_of_kind("live") if r.id is not None}
     turns = []
-    for t in _rows_of_runs(store, "turns", list(runs)):
-        stamp = t.get("started_at") or runs[int(t["run_id"])].get("started_at")
+    for t in store.turns(list(runs)):
+        stamp = t.started_at or runs[t.run_id or 0].started_at
         if start is not None or end is not None:
             if not stamp:
                 continue
@@ -174,10 +165,10 @@ def _select_live(store: Store, sel: str) -> Side:
     window = (start.isoformat() if start else None, end.isoformat() if end else None)
     if not turns:
         raise UserInputError(f"{sel!r}: no turns of live runs in this window")
-    ids = {int(t["id"]) for t in turns}
-    run_ids = sorted({int(t["run_id"]) for t in turns})
-    steps = [s for s in _rows_of_runs(store, "steps", run_ids) if s["turn_id"] in ids]
-    calls = [c for c in _rows_of_runs(store, "calls", run_ids) if c["turn_id"] in ids]
+    ids = {t.id for t in turns}
+    run_ids = sorted({t.run_id for t in turns if t.run_id is not None})
+    steps = [s for s in store.steps(run_ids) if s.turn_id in ids]
+    calls = [c for c in store.calls(run_ids) if c.turn_id in ids]
     return Side(sel, LIVE, run_ids, turns, steps, calls, window=window)
 
 
@@ -206,32 +197,31 @@ def _latency_metric(a: Sequence[float], b: Sequence[float], confidence: float) -
     }
 
 
-def _turn_ms(turns: Iterable[Mapping[str, Any]]) -> list[float]:
-    return [
-        float(t["duration_ms"])
-        for t in turns
-        if t.get("duration_ms") is not None and t.get("status") != "cancelled"
-    ]
+def _turn_ms(turns: Iterable[TurnRow], what: str = "duration_ms") -> list[float]:
+    """``what`` (duration_ms, answer_ttft_ms or answer_done_ms) of the turns that were
+    not cancelled and where it is known."""
+    values = ((t, getattr(t, what)) for t in turns)
+    return [float(v) for t, v in values if v is not None and t.status != "cancelled"]
 
 
-def _step_ms(steps: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
+def _step_ms(steps: Iterable[StepRow]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for s in steps:
-        out.setdefault(str(s["step"]), [])
-        if s.get("duration_ms") is not None and s.get("status") not in ("skipped", "cancelled"):
-            out[str(s["step"])].append(float(s["duration_ms"]))
+        out.setdefault(s.step, [])
+        if s.status not in ("skipped", "cancelled"):
+            out[s.step].append(s.duration_ms)
     return out
 
 
-def _replayed(turns: Sequence[Mapping[str, Any]], confidence: float) -> dict[str, Any] | None:
-    replayed = [t for t in turns if t.get("original_ms") is not None]
+def _replayed(turns: Sequence[TurnRow], confidence: float) -> dict[str, Any] | None:
+    replayed = [t for t in turns if t.original_ms is not None]
     if not replayed:
         return None
     return {
         "n": len(replayed),
         "original_live": {
             "label": "original live latency (recorded when the turn was first served)",
-            **summarize([float(t["original_ms"]) for t in replayed], confidence),
+            **summarize([float(t.original_ms or 0.0) for t in replayed], confidence),
         },
         "replay_wall": {
             "label": "this replay's own wall time for the same turns",
@@ -249,10 +239,7 @@ _COMPONENTS = (
 )
 
 
-def _mean_gap(raw: Any) -> float | None:
-    if raw is None:
-        return None
-    gaps = json.loads(raw) if isinstance(raw, str) else raw
+def _mean_gap(gaps: Sequence[float]) -> float | None:
     return statistics.fmean(gaps) if gaps else None
 
 
@@ -262,9 +249,9 @@ def _split_values(side: Side, step: str) -> tuple[dict[str, list[float]], dict[s
     winners = [c for (_, s), c in winning_calls(side.calls).items() if s == step]
     for c in winners:
         raw = {
-            "ttft": c.get("ttft_ms"),
-            "time_between_tokens": _mean_gap(c.get("chunk_gaps_ms")),
-            "completion_tokens": c.get("output_tokens"),
+            "ttft": c.ttft_ms,
+            "time_between_tokens": _mean_gap(c.chunk_gaps_ms),
+            "completion_tokens": c.output_tokens,
         }
         for k, v in raw.items():
             if v is None:
@@ -396,7 +383,9 @@ def compare(
                                "cause": ..., "explanation": "slower: +40% ..."}},
          },
          "evals": EVALS | None,
-         "regressions": ["turn", "compose", "evals", ...]}
+         "answer_ttft": {like "turn": the shopper's wait for the first answer token},
+         "answer_done": {like "turn": until the answer was complete},
+         "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
 
         SUMMARY  = {"n", "p50_ms", "p90_ms", "p99_ms", "p50_ci", "p90_ci", "p99_ci"}
         DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...}   (B − A)
@@ -415,12 +404,17 @@ def compare(
     known = [TURN, *step_names]
     if metric != ALL and metric not in known:
         raise UserInputError(f"unknown metric {metric!r}; expected {ALL} or one of {known}")
-    llm_steps = {str(c["step"]) for c in [*sa.calls, *sb.calls]}
+    llm_steps = {c.step for c in [*sa.calls, *sb.calls]}
     metrics: dict[str, Any] = {}
+    answer: dict[str, Any] = {}  # the shopper's wait, shaped like the turn block
     if metric in (ALL, TURN):
         m = _latency_metric(_turn_ms(sa.turns), _turn_ms(sb.turns), confidence)
         m["replayed"] = {"a": _replayed(sa.turns, confidence), "b": _replayed(sb.turns, confidence)}
         metrics[TURN] = m
+        for key, column in ((ANSWER_TTFT, "answer_ttft_ms"), (ANSWER_DONE, "answer_done_ms")):
+            answer[key] = _latency_metric(
+                _turn_ms(sa.turns, column), _turn_ms(sb.turns, column), confidence
+            )
     for name in step_names:
         if metric not in (ALL, name):
             continue
@@ -430,6 +424,7 @@ def compare(
         metrics[name] = m
     evals = _evals(store, sa, sb)
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
+    regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
     if evals is not None and evals["verdict"] == "worse":
         regressions.append(EVALS)
     return {
@@ -437,6 +432,7 @@ def compare(
         "b": sb.describe(),
         "confidence": confidence,
         "metrics": metrics,
+        **answer,
         "evals": evals,
         "regressions": regressions,
     }
@@ -457,6 +453,8 @@ def regression(result: Mapping[str, Any], metric: str = ANY) -> bool:
     if metric == EVALS:
         evals = result.get("evals")
         return evals is not None and evals["verdict"] == "worse"
+    if metric in (ANSWER_TTFT, ANSWER_DONE) and metric in result:
+        return bool(result[metric]["verdict"] == "worse")
     metrics = result["metrics"]
     if metric not in metrics:
         raise UserInputError(

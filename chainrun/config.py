@@ -32,6 +32,8 @@ from chainrun.retrieval.settings import RetrievalSettings
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
+#: the default classify step's labels (a shop's message categories)
+CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
 
 #: Placeholders a prompt template may use; filled by the chain at run time.
 PROMPT_FIELDS = frozenset({"message", "label", "products", "answer"})
@@ -151,12 +153,17 @@ class HedgeConfig(HedgePolicy):
 class StepConfig(_Strict):
     """One step of the chain (``[steps.NAME]``).
 
-    ``kind = "llm"`` steps call a model; ``kind = "retrieve"`` is the retrieval slot.
+    ``kind = "llm"`` steps call a model; ``kind = "retrieve"`` is the retrieval slot;
+    other kinds are step classes registered with
+    :func:`chainrun.steps.register_step_kind` (checked when the chain is built).
     ``on_failure`` says what a missing answer (error, timeout, truncation) means:
     ``"open"`` continue unchecked, ``"closed"`` refuse the turn.
+
+    When a step starts follows from what it reads (see :mod:`chainrun.graph`);
+    ``after`` adds explicit edges.
     """
 
-    kind: Literal["llm", "retrieve"] = "llm"
+    kind: str = Field(default="llm", min_length=1)
     provider: str = "local"
     model: str = "gemma-3-270m"
     prompt: str = "{message}"
@@ -185,6 +192,13 @@ class StepConfig(_Strict):
     expect_json: bool = False
     #: ``kind = "retrieve"`` only: searches in priority order, ``min_results`` (early exit)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    #: an LLM step with labels writes the turn's ``label``: the first of these its
+    #: answer names ("other" when none)
+    labels: list[str] | None = None
+    #: steps that must end before this one starts, besides what it reads
+    after: list[str] = Field(default_factory=list)
+    #: settings of a custom step kind (read by its class)
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("prompt", "system")
     @classmethod
@@ -319,6 +333,11 @@ class ChainConfig(_Strict):
                 f"answer_step: expected an LLM step named in order, got {self.answer_step!r}"
             )
         for name, step in self.steps.items():
+            for dep in step.after:
+                if dep not in seen or dep == name:
+                    raise ValueError(
+                        f"steps.{name}.after: {dep!r} is not another step in order {self.order}"
+                    )
             if step.kind == "llm" and step.provider not in self.providers:
                 raise ValueError(
                     f"steps.{name}.provider: unknown provider {step.provider!r}; "
@@ -381,6 +400,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
     "steps": {
         "classify": {
             "prompt": _CLASSIFY_PROMPT,
+            "labels": list(CLASSIFY_LABELS),
             "stop": ["\n"],
             "max_output_tokens": 8,
             "temperature": 0.0,

@@ -20,6 +20,10 @@ exits 2 for both (a clear one-line message, never a traceback).
 
 from __future__ import annotations
 
+import asyncio
+
+from chainrun.hedging.errors import CircuitOpen, NoAcceptableAnswer
+
 
 class ChainrunError(Exception):
     """Root of every exception chainrun raises on purpose."""
@@ -88,3 +92,33 @@ class StreamTruncated(ProviderError):
     """The stream ended (or was cut) before a ``finish_reason`` arrived."""
 
     error_type = "truncated"
+
+
+def error_type(err: BaseException | None) -> str | None:
+    """The ``error.type`` stored for ``err`` in ``calls`` and ``steps`` (None: no error).
+
+    One vocabulary for the whole log:
+
+    * ``timeout``: no answer inside the step's deadline;
+    * ``unavailable``, ``http_NNN``, ``truncated``, ``invalid_answer``,
+      ``provider_error``: the provider failures of this module (their ``error_type``);
+    * ``circuit_open``: every target's circuit breaker was open, nothing was sent;
+    * ``cancelled``: the caller went away (or a sibling step failed closed);
+    * ``internal_error``: anything else (a bug: the message is logged with it).
+
+    The hedging engine's own exceptions (:mod:`chainrun.hedging.errors`) are mapped
+    here, so that the engine stays free of chainrun's error tree.
+    """
+    if err is None:
+        return None
+    if isinstance(err, ChainrunError):
+        return getattr(err, "error_type", None) or "internal_error"
+    if isinstance(err, TimeoutError):
+        return "timeout"
+    if isinstance(err, CircuitOpen):
+        return "circuit_open"
+    if isinstance(err, NoAcceptableAnswer):
+        return "invalid_answer"
+    if isinstance(err, asyncio.CancelledError):
+        return "cancelled"
+    return "internal_error"

@@ -1,7 +1,8 @@
 """Typed events a turn yields to a chat backend (see :meth:`chainrun.chain.Chain.stream_turn`).
 
 Order within a turn: for each step ``StepStarted`` → (``TokenDelta`` …) →
-``StepFinished``; then one ``TurnFinished``. All durations are in ms.
+``StepFinished``; steps that run concurrently interleave; then one ``TurnFinished``.
+All durations and offsets are in ms.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class StepStarted:
+    """A step started; ``started_offset_ms`` from the turn's start (concurrent steps
+    start at about the same offset)."""
+
     step: str
     kind: str
+    started_offset_ms: float = 0.0
     type: Literal["step_started"] = "step_started"
 
 
@@ -43,12 +48,21 @@ class StepFinished:
     hedge_won: bool = False
     error_type: str | None = None
     detail: dict[str, Any] | None = None
+    #: when the step started, ms from the turn's start
+    started_offset_ms: float = 0.0
+    #: the step only follows the answer: its time is not part of the shopper's wait
+    post_answer: bool = False
     type: Literal["step_finished"] = "step_finished"
 
 
 @dataclass(frozen=True)
 class TurnFinished:
-    """The turn ended; ``status`` is ok | refused | error | cancelled."""
+    """The turn ended; ``status`` is ok | refused | error | cancelled.
+
+    ``duration_ms``: all steps done (checks after the answer included);
+    ``answer_ttft_ms``: the shopper's wait for the first answer token;
+    ``answer_done_ms``: until the answer was complete (None: no answer reached the user).
+    """
 
     turn_id: int | None
     run_id: int | None
@@ -58,6 +72,8 @@ class TurnFinished:
     label: str | None = None
     verdicts: dict[str, Any] = field(default_factory=dict)
     error_type: str | None = None
+    answer_ttft_ms: float | None = None
+    answer_done_ms: float | None = None
     type: Literal["turn_finished"] = "turn_finished"
 
 

@@ -1,26 +1,175 @@
-"""What the run log stores: one record type per table row.
+"""The run log's rows: one typed model per table, used both to write and to read.
+
+``runs`` → ``turns`` → ``steps`` and ``calls`` (one ``calls`` row per model call
+attempt). The same class is filled by the chain, written by :class:`~chainrun.store.Store`
+and handed back by ``Store.turns/steps/calls``, so report, compare, scoring and the
+CLI read attributes, not dict keys. ``tests/test_store.py`` pins every model's fields
+to its table's columns after all migrations (:mod:`chainrun.migrations`).
 
 Column names follow the OpenTelemetry GenAI semantic conventions where one fits
 (noted per field); chainrun-specific ones (hedging, reasoning effort) have no
-convention and would be exported with a ``chainrun.`` prefix.
-All times are in ms unless the name says otherwise.
+convention and are exported with a ``chainrun.`` prefix. Times are in ms unless the
+name says otherwise. ``None`` means unknown and is stored as NULL, never as 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chainrun.hedging.outcome import AttemptOutcome
 
+__all__ = [
+    "AttemptOutcome",
+    "CallRow",
+    "RunKind",
+    "RunRow",
+    "RunStatus",
+    "StepRow",
+    "StepStatus",
+    "TurnLog",
+    "TurnRow",
+    "TurnStatus",
+]
+
 RunKind = Literal["replay", "live", "eval"]
 RunStatus = Literal["running", "complete", "failed", "interrupted"]
+#: ok: answered; refused: a step failed closed (or a check refused); error: a provider
+#: could not be reached; cancelled: the caller went away (Ctrl-C, a closed stream)
+TurnStatus = Literal["ok", "refused", "error", "cancelled"]
+#: failed_open: no answer, the turn went on; failed_closed: no answer, the turn was
+#: refused; skipped: never started (the turn was refused first); cancelled: stopped
+#: while running (the caller went away, or a sibling failed closed)
+StepStatus = Literal["ok", "failed_open", "failed_closed", "skipped", "cancelled"]
+
+#: the attempt outcomes whose answer a step used (the race's winner)
+WINNER_OUTCOMES: tuple[AttemptOutcome, ...] = ("not_fired", "primary", "duplicate")
+#: the attempt outcomes of requests really sent to a server
+SENT_OUTCOMES: tuple[AttemptOutcome, ...] = (
+    "not_fired", "primary", "duplicate", "cancelled", "shadow_finished", "rejected", "error",
+)  # fmt: skip
 
 
-@dataclass
-class CallRecord:
-    """One model call attempt: a row of ``calls``."""
+class _Row(BaseModel):
+    """A table row. JSON columns (lists, dicts) are encoded on write, decoded on read."""
 
+    model_config = ConfigDict(extra="ignore")
+    #: fields stored as JSON text
+    json_fields: ClassVar[frozenset[str]] = frozenset()
+
+    def to_db(self) -> dict[str, Any]:
+        """The row as the table's columns (``id`` left out while it is None)."""
+        row = self.model_dump()
+        for name in self.json_fields:
+            value = row[name]
+            row[name] = None if value is None else json.dumps(value, ensure_ascii=False)
+        if row.get("id") is None:
+            row.pop("id", None)
+        return row
+
+    @classmethod
+    def from_db(cls, row: Mapping[str, Any]) -> Self:
+        """A row read back from SQLite (JSON columns decoded, 0/1 as bool)."""
+        data = dict(row)
+        for name in cls.json_fields:
+            value = data.get(name)
+            if isinstance(value, str):
+                data[name] = json.loads(value)
+        return cls.model_validate(data)
+
+
+class RunRow(_Row):
+    """One run: a replay, an eval or the live turns of one chain object."""
+
+    json_fields = frozenset({"meta"})
+    id: int | None = None
+    kind: RunKind
+    label: str | None = None
+    #: the ChainConfig as canonical JSON (holds no API key: only the key's variable name)
+    config: str | None = None
+    #: the replay / eval file, if any
+    source: str | None = None
+    started_at: str | None = None  # ISO-8601 UTC
+    ended_at: str | None = None
+    status: RunStatus = "running"
+    n_turns: int | None = 0
+    meta: dict[str, Any] | None = None
+
+
+class TurnRow(_Row):
+    """One turn of the chain: a row of ``turns``."""
+
+    json_fields = frozenset({"verdicts"})
+    id: int | None = None
+    run_id: int | None = None
+    request_id: str | None = None
+    conversation_id: str | None = None  # gen_ai.conversation.id
+    input: str
+    output: str | None = None
+    label: str | None = None
+    status: TurnStatus = "ok"
+    verdicts: dict[str, Any] = Field(default_factory=dict)
+    started_at: str | None = None
+
+    @field_validator("verdicts", mode="before")
+    @classmethod
+    def _no_verdicts(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    #: all steps done, checks that ran after the answer included
+    duration_ms: float | None = None
+    #: for replayed turns: the latency the original live turn recorded, if known
+    original_ms: float | None = None
+    error_type: str | None = None
+    #: from the turn's start to the first token of the answer that reached the user
+    #: (the shopper's wait); NULL for a turn with no answer, and for turns logged
+    #: before migration 003
+    answer_ttft_ms: float | None = None
+    #: from the turn's start to the answer being complete
+    answer_done_ms: float | None = None
+
+
+class StepRow(_Row):
+    """One step of one turn: a row of ``steps`` (a summary over its attempts)."""
+
+    json_fields = frozenset({"detail"})
+    id: int | None = None
+    run_id: int | None = None
+    turn_id: int | None = None
+    step: str
+    kind: str = "llm"
+    status: StepStatus = "ok"
+    #: when the step really started, from the turn's start (concurrent steps overlap)
+    started_offset_ms: float = 0.0
+    duration_ms: float = 0.0
+    output: str | None = None
+    error_type: str | None = None
+    n_attempts: int = 0
+    hedge_delay_ms: float | None = None  # the delay d in force (None: no hedging)
+    hedge_fired: bool = False  # the primary was still running at d and a copy was due
+    hedge_won: bool = False  # a copy settled first
+    time_saved_ms: float | None = None  # measured from a shadow loser, else unknown
+    detail: dict[str, Any] | None = None  # step-specific (e.g. retrieval searches)
+    #: the step only reads the answer and does not hold it back: its time is not part
+    #: of the shopper's wait (validate, critique)
+    post_answer: bool = False
+
+
+class CallRow(_Row):
+    """One model call attempt: a row of ``calls``.
+
+    The request fields (model, reasoning effort, token cap, stop) are those of the
+    request actually sent, after any per-target override.
+    """
+
+    json_fields = frozenset({"chunk_gaps_ms", "server_timings", "stop"})
+    id: int | None = None
+    run_id: int | None = None
+    turn_id: int | None = None
     step: str
     attempt: int = 1
     #: provider name from the config (the hedge target this attempt used)
@@ -34,6 +183,7 @@ class CallRecord:
     stream: bool = False  # gen_ai.request.stream
     temperature: float | None = None  # gen_ai.request.temperature
     max_tokens: int | None = None  # gen_ai.request.max_tokens
+    stop: list[str] | None = None  # gen_ai.request.stop_sequences
     prompt: str | None = None  # the messages sent, as JSON
     output: str | None = None
     reasoning: str | None = None
@@ -41,7 +191,7 @@ class CallRecord:
     started_offset_ms: float = 0.0  # from the step's start
     ttft_ms: float | None = None  # gen_ai.client.operation.time_to_first_chunk (as ms)
     duration_ms: float | None = None  # gen_ai.client.operation.duration (as ms)
-    chunk_gaps_ms: list[float] = field(default_factory=list)  # time between chunks
+    chunk_gaps_ms: list[float] = Field(default_factory=list)  # time between chunks
     n_chunks: int = 0
     bytes_received: int = 0
     input_tokens: int | None = None  # gen_ai.usage.input_tokens (includes cached)
@@ -50,51 +200,23 @@ class CallRecord:
     cached_input_tokens: int | None = None  # gen_ai.usage.cache_read.input_tokens
     finish_reason: str | None = None  # gen_ai.response.finish_reasons[0]
     truncated: bool = False
-    error_type: str | None = None  # error.type
+    error_type: str | None = None  # error.type (vocabulary: chainrun.errors.error_type)
     error_message: str | None = None
-    outcome: AttemptOutcome = "not_fired"  # its place in the hedged race (chainrun.hedging)
+    outcome: AttemptOutcome = "not_fired"
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
     fired_late: bool = False  # a copy fired while the client's event loop was late
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
 
-    def row(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_db(self) -> dict[str, Any]:
+        row = super().to_db()
+        row["chunk_gaps_ms"] = json.dumps([round(g, 3) for g in self.chunk_gaps_ms])
+        return row
 
 
 @dataclass
-class StepRecord:
-    """One step of one turn: a row of ``steps`` (summary over its attempts)."""
+class TurnLog:
+    """A turn as it is written: its row plus its steps' and calls' rows (one transaction)."""
 
-    step: str
-    kind: str = "llm"
-    status: str = "ok"  # ok | failed_open | failed_closed | skipped | cancelled
-    started_offset_ms: float = 0.0  # from the turn's start
-    duration_ms: float = 0.0
-    output: str | None = None
-    error_type: str | None = None
-    n_attempts: int = 0
-    hedge_delay_ms: float | None = None  # the delay d in force (None: no hedging)
-    hedge_fired: bool = False  # the primary was still running at d and a copy was due
-    hedge_won: bool = False  # a copy settled first
-    time_saved_ms: float | None = None  # measured from a shadow loser, else unknown
-    detail: dict[str, Any] | None = None  # step-specific (e.g. retrieval searches)
-
-
-@dataclass
-class TurnRecord:
-    """One turn of the chain: a row of ``turns``, with its steps and calls."""
-
-    input: str
-    request_id: str | None = None
-    conversation_id: str | None = None  # gen_ai.conversation.id
-    output: str | None = None
-    label: str | None = None
-    status: str = "ok"  # ok | refused | error | cancelled
-    verdicts: dict[str, Any] = field(default_factory=dict)
-    started_at: str | None = None
-    duration_ms: float | None = None
-    #: for replayed turns: the latency the original live turn recorded, if known
-    original_ms: float | None = None
-    error_type: str | None = None
-    steps: list[StepRecord] = field(default_factory=list)
-    calls: list[CallRecord] = field(default_factory=list)
+    turn: TurnRow
+    steps: list[StepRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)

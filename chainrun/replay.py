@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chainrun.chain import Chain, Retriever
+from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import InputFileError
 from chainrun.events import TurnFinished
 from chainrun.providers.base import Provider
 from chainrun.records import RunKind
+from chainrun.steps import Retriever
 from chainrun.store import Store
 
 

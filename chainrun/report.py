@@ -11,13 +11,9 @@ from collections import defaultdict
 from typing import Any
 
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn
+from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES
 from chainrun.stats import percentile
 from chainrun.store import Store
-
-#: outcomes of attempts that were really sent to a server
-SENT_OUTCOMES = ("not_fired", "primary", "duplicate", "cancelled", "shadow_finished",
-                 "rejected", "error")  # fmt: skip
-WINNER_OUTCOMES = ("not_fired", "primary", "duplicate")
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -28,10 +24,18 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
+def _p50_p90(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90)}
+
+
 def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     """p50/p90 with n per turn and per step, plus TTFT and tokens per LLM step.
 
+    ``answer_ttft`` is the shopper's wait for the first answer token, ``answer_done``
+    until the answer is complete; ``turn`` is all steps done (post-answer checks too).
+
     Returns ``{run_id, kind, label, status, n_turns, turn: {n, p50_ms, p90_ms},
+    answer_ttft: {...}, answer_done: {...},
     steps: {NAME: {n, p50_ms, p90_ms, model, reasoning_effort, ttft_p50_ms,
     output_tokens_mean, n_failed}}}``.
 
@@ -40,26 +44,28 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     """
     run = store.get_run(run_id)
     turns = store.turns(run_id)
-    durations = [t["duration_ms"] for t in turns if t["duration_ms"] is not None]
+    durations = [t.duration_ms for t in turns if t.duration_ms is not None]
+    answer_ttft = [t.answer_ttft_ms for t in turns if t.answer_ttft_ms is not None]
+    answer_done = [t.answer_done_ms for t in turns if t.answer_done_ms is not None]
     by_step: dict[str, list[float]] = defaultdict(list)
     failed: dict[str, int] = defaultdict(int)
     for s in store.steps(run_id):
-        if s["status"] == "skipped":
+        if s.status == "skipped":
             continue
-        by_step[s["step"]].append(s["duration_ms"])
-        if s["status"] != "ok":
-            failed[s["step"]] += 1
+        by_step[s.step].append(s.duration_ms)
+        if s.status != "ok":
+            failed[s.step] += 1
     ttft: dict[str, list[float]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str | None, str | None]] = {}
     for c in store.calls(run_id):
-        meta.setdefault(c["step"], (c["model"], c["reasoning_effort"]))
-        if c["outcome"] not in WINNER_OUTCOMES:
+        meta.setdefault(c.step, (c.model, c.reasoning_effort))
+        if c.outcome not in WINNER_OUTCOMES:
             continue
-        if c["ttft_ms"] is not None:
-            ttft[c["step"]].append(c["ttft_ms"])
-        if c["output_tokens"] is not None:
-            tokens[c["step"]].append(c["output_tokens"])
+        if c.ttft_ms is not None:
+            ttft[c.step].append(c.ttft_ms)
+        if c.output_tokens is not None:
+            tokens[c.step].append(c.output_tokens)
     steps = {}
     for name, values in by_step.items():
         model, effort = meta.get(name, (None, None))
@@ -75,11 +81,13 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         }
     return {
         "run_id": run_id,
-        "kind": run["kind"],
-        "label": run["label"],
-        "status": run["status"],
+        "kind": run.kind,
+        "label": run.label,
+        "status": run.status,
         "n_turns": len(turns),
-        "turn": {"n": len(durations), "p50_ms": _pct(durations, 50), "p90_ms": _pct(durations, 90)},
+        "turn": _p50_p90(durations),
+        "answer_ttft": _p50_p90(answer_ttft),
+        "answer_done": _p50_p90(answer_done),
         "steps": steps,
     }
 
@@ -103,24 +111,24 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
     agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
     delays: dict[str, list[float]] = defaultdict(list)
     for s in store.steps(run_id):
-        if s["kind"] != "llm" or s["status"] == "skipped":
+        if s.kind != "llm" or s.status == "skipped":
             continue
-        st = agg[s["step"]]
-        fired = bool(s["hedge_fired"])
+        st = agg[s.step]
+        fired = bool(s.hedge_fired)
         st.add_call(
-            armed=s["hedge_delay_ms"] is not None, fired=fired, won_by_copy=bool(s["hedge_won"])
+            armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won)
         )
-        if s["hedge_delay_ms"] is not None:
-            delays[s["step"]].append(s["hedge_delay_ms"])
-        if fired and s["hedge_won"] and s["time_saved_ms"] is not None:
-            st.record_time_saved(s["time_saved_ms"])
+        if s.hedge_delay_ms is not None:
+            delays[s.step].append(s.hedge_delay_ms)
+        if fired and s.hedge_won and s.time_saved_ms is not None:
+            st.record_time_saved(s.time_saved_ms)
     for c in store.calls(run_id):
-        if c["step"] not in agg:
+        if c.step not in agg:
             continue
-        st = agg[c["step"]]
-        if c["outcome"] in SENT_OUTCOMES and c["attempt"] > 1:
+        st = agg[c.step]
+        if c.outcome in SENT_OUTCOMES and c.attempt > 1:
             st.copies_sent += 1
-        elif c["outcome"] == "budget_exhausted":
+        elif c.outcome == "budget_exhausted":
             st.budget_exhausted += 1
     steps = {}
     for name, st in agg.items():
@@ -147,29 +155,25 @@ def _round(value: float | None, digits: int) -> float | None:
 def run_detail(store: Store, run_id: int) -> dict[str, Any]:
     """A run with its turns and, per turn, its steps and calls (for ``chainrun show``).
 
+    Returns the run's row as a dict (``config`` decoded) with ``turns``: each turn's
+    row with its ``steps`` and ``calls`` rows, in display order.
+
     Raises:
         UserInputError: no such run.
     """
-    run = dict(store.get_run(run_id))
+    run = store.get_run(run_id).model_dump()
     run["config"] = json.loads(run["config"]) if run.get("config") else None
-    run["meta"] = json.loads(run["meta"]) if run.get("meta") else {}
-    steps_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    steps_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
     for s in store.steps(run_id):
-        s = dict(s)
-        s["detail"] = json.loads(s["detail"]) if s.get("detail") else None
-        steps_by_turn[s["turn_id"]].append(s)
-    calls_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        steps_by_turn[s.turn_id].append(s.model_dump())
+    calls_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
     for c in store.calls(run_id):
-        c = dict(c)
-        c["chunk_gaps_ms"] = json.loads(c["chunk_gaps_ms"]) if c.get("chunk_gaps_ms") else []
-        c["server_timings"] = json.loads(c["server_timings"]) if c.get("server_timings") else None
-        calls_by_turn[c["turn_id"]].append(c)
+        calls_by_turn[c.turn_id].append(c.model_dump())
     turns = []
     for t in store.turns(run_id):
-        t = dict(t)
-        t["verdicts"] = json.loads(t["verdicts"]) if t.get("verdicts") else {}
-        t["steps"] = steps_by_turn[t["id"]]
-        t["calls"] = calls_by_turn[t["id"]]
-        turns.append(t)
+        turn = t.model_dump()
+        turn["steps"] = steps_by_turn[t.id]
+        turn["calls"] = calls_by_turn[t.id]
+        turns.append(turn)
     run["turns"] = turns
     return run

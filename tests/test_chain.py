@@ -9,12 +9,14 @@ import json
 import pytest
 from conftest import reply_by_step
 
-from chainrun.chain import REFUSAL, Chain, parse_json_object, parse_label
-from chainrun.config import ChainConfig, config_from_dict
+from chainrun.chain import REFUSAL, Chain
+from chainrun.config import CLASSIFY_LABELS, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.jsonout import parse_json_object
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.providers.openai_compat import OpenAICompatProvider
+from chainrun.steps.llm import parse_label
 
 
 async def collect(chain: Chain, message: str) -> list:
@@ -40,14 +42,14 @@ async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> 
     assert done.label == "product_search"
     assert done.verdicts["validate"] == {"ok": True, "reason": "fine"}
     calls = store.calls(done.run_id)
-    assert [c["step"] for c in calls] == ["classify", "compose", "validate", "critique"]
+    assert [c.step for c in calls] == ["classify", "compose", "validate", "critique"]
     for c in calls:
-        assert c["ttft_ms"] > 0 and c["duration_ms"] >= c["ttft_ms"]
-        assert len(json.loads(c["chunk_gaps_ms"])) == c["n_chunks"] - 1
-        assert c["output_tokens"] > 0 and c["outcome"] == "not_fired" and c["attempt"] == 1
-        assert c["finish_reason"] == "stop" and c["truncated"] == 0
-    assert store.get_run(done.run_id)["status"] == "complete"
-    assert store.get_run(done.run_id)["kind"] == "live"
+        assert c.ttft_ms > 0 and c.duration_ms >= c.ttft_ms
+        assert len(c.chunk_gaps_ms) == c.n_chunks - 1
+        assert c.output_tokens > 0 and c.outcome == "not_fired" and c.attempt == 1
+        assert c.finish_reason == "stop" and c.truncated == 0
+    assert store.get_run(done.run_id).status == "complete"
+    assert store.get_run(done.run_id).kind == "live"
 
 
 async def test_closed_step_failure_refuses_turn_and_skips_the_rest(config, store) -> None:
@@ -57,10 +59,10 @@ async def test_closed_step_failure_refuses_turn_and_skips_the_rest(config, store
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hello")
     assert done.status == "refused" and done.output == REFUSAL
-    steps = {s["step"]: s for s in store.steps(done.run_id)}
-    assert steps["compose"]["status"] == "failed_closed"
-    assert steps["compose"]["error_type"] == "http_500"
-    assert steps["validate"]["status"] == "skipped"
+    steps = {s.step: s for s in store.steps(done.run_id)}
+    assert steps["compose"].status == "failed_closed"
+    assert steps["compose"].error_type == "http_500"
+    assert steps["validate"].status == "skipped"
 
 
 async def test_open_step_failure_continues_unchecked(config, store) -> None:
@@ -70,9 +72,9 @@ async def test_open_step_failure_continues_unchecked(config, store) -> None:
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hello")
     assert done.status == "ok"
-    steps = {s["step"]: s for s in store.steps(done.run_id)}
-    assert steps["validate"]["status"] == "failed_open"
-    assert steps["critique"]["status"] == "ok"
+    steps = {s.step: s for s in store.steps(done.run_id)}
+    assert steps["validate"].status == "failed_open"
+    assert steps["critique"].status == "ok"
 
 
 async def test_truncated_stream_is_not_success(config, store) -> None:
@@ -82,9 +84,9 @@ async def test_truncated_stream_is_not_success(config, store) -> None:
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hello")
     assert done.status == "refused"  # compose fails closed by default
-    call = next(c for c in store.calls(done.run_id) if c["step"] == "compose")
-    assert call["truncated"] == 1 and call["finish_reason"] is None
-    assert call["error_type"] == "truncated"
+    call = next(c for c in store.calls(done.run_id) if c.step == "compose")
+    assert call.truncated == 1 and call.finish_reason is None
+    assert call.error_type == "truncated"
 
 
 async def test_stream_without_usage_records_unknown_tokens(config, store) -> None:
@@ -93,9 +95,9 @@ async def test_stream_without_usage_records_unknown_tokens(config, store) -> Non
     }))  # fmt: skip
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hello")
-    call = next(c for c in store.calls(done.run_id) if c["step"] == "compose")
-    assert call["output_tokens"] is None and call["input_tokens"] is None
-    assert call["reasoning_tokens"] is None and call["ttft_ms"] > 0
+    call = next(c for c in store.calls(done.run_id) if c.step == "compose")
+    assert call.output_tokens is None and call.input_tokens is None
+    assert call.reasoning_tokens is None and call.ttft_ms > 0
 
 
 async def test_closing_the_iterator_early_cancels_and_still_logs(config, store) -> None:
@@ -114,9 +116,9 @@ async def test_closing_the_iterator_early_cancels_and_still_logs(config, store) 
         run_id = chain.run_id
     assert fake.closed_early >= 1
     turns = store.turns(run_id)
-    assert turns[0]["status"] == "cancelled"
-    compose = next(c for c in store.calls(run_id) if c["step"] == "compose")
-    assert compose["n_chunks"] < 100 and compose["truncated"] == 1
+    assert turns[0].status == "cancelled"
+    compose = next(c for c in store.calls(run_id) if c.step == "compose")
+    assert compose.n_chunks < 100 and compose.truncated == 1
 
 
 async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
@@ -130,7 +132,7 @@ async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         run_id = chain.run_id
-    assert store.turns(run_id)[0]["status"] == "cancelled"
+    assert store.turns(run_id)[0].status == "cancelled"
     assert fake.closed_early >= 1
 
 
@@ -152,8 +154,8 @@ async def test_provider_lost_mid_run_marks_the_run_failed(config, store) -> None
     with pytest.raises(ProviderUnavailable):
         async with chain:
             await chain.run_turn("hello")
-    assert store.get_run(chain.run_id)["status"] == "failed"
-    assert store.turns(chain.run_id)[0]["status"] == "error"
+    assert store.get_run(chain.run_id).status == "failed"
+    assert store.turns(chain.run_id)[0].status == "error"
 
 
 async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:
@@ -169,20 +171,20 @@ async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:
     async with Chain(cfg, store=store, providers={"local": slow, "backup": fast}) as chain:
         done = await chain.run_turn("hello")
     assert done.label == "styling"
-    calls = [c for c in store.calls(done.run_id) if c["step"] == "classify"]
-    by_attempt = {c["attempt"]: c for c in calls}
-    assert by_attempt[1]["outcome"] == "cancelled" and by_attempt[1]["target"] == "local"
-    assert by_attempt[2]["outcome"] == "duplicate" and by_attempt[2]["target"] == "backup"
-    assert by_attempt[2]["started_offset_ms"] >= 19
-    assert by_attempt[1]["output_tokens"] is None  # cost of a cancelled loser: unknown, not 0
+    calls = [c for c in store.calls(done.run_id) if c.step == "classify"]
+    by_attempt = {c.attempt: c for c in calls}
+    assert by_attempt[1].outcome == "cancelled" and by_attempt[1].target == "local"
+    assert by_attempt[2].outcome == "duplicate" and by_attempt[2].target == "backup"
+    assert by_attempt[2].started_offset_ms >= 19
+    assert by_attempt[1].output_tokens is None  # cost of a cancelled loser: unknown, not 0
     assert slow.closed_early == 1
-    step = next(s for s in store.steps(done.run_id) if s["step"] == "classify")
-    assert step["hedge_fired"] == 1 and step["hedge_won"] == 1
+    step = next(s for s in store.steps(done.run_id) if s.step == "classify")
+    assert step.hedge_fired == 1 and step.hedge_won == 1
 
 
 def test_parsers() -> None:
-    assert parse_label("Label: Order_Status.") == "order_status"
-    assert parse_label("no idea") == "other"
+    assert parse_label("Label: Order_Status.", CLASSIFY_LABELS) == "order_status"
+    assert parse_label("no idea", CLASSIFY_LABELS) == "other"
     assert parse_json_object('```json\n{"ok": false, "reason": "x"}\n```') == {
         "ok": False,
         "reason": "x",

@@ -77,7 +77,7 @@ def test_replay_json_has_the_interface_keys(lab_config: Path, tmp_path: Path) ->
         assert {"n", "p50_ms", "p90_ms"} <= set(doc["steps"][name])
         assert doc["steps"][name]["n"] == 12
     run = runs_in(db)[0]
-    assert run["id"] == doc["run_id"] and run["status"] == "complete" and run["label"] == "lab"
+    assert run.id == doc["run_id"] and run.status == "complete" and run.label == "lab"
     # the other read commands on that run
     shown = json.loads(chainrun("show", str(doc["run_id"]), "--db", str(db), "--json").stdout)
     assert len(shown["turns"]) == 12 and shown["turns"][0]["calls"]
@@ -124,7 +124,7 @@ def test_unreachable_provider_exit_2_and_run_not_complete(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert "cannot reach provider 'local'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert all(r["status"] != "complete" for r in runs_in(db))
+    assert all(r.status != "complete" for r in runs_in(db))
 
 
 def test_run_streams_answer_and_prints_table(lab_config: Path, tmp_path: Path) -> None:
@@ -214,6 +214,6 @@ def test_sigterm_marks_the_run_interrupted_and_logs_cancelled_turns(tmp_path: Pa
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143 and "terminated" in stderr
     (run,) = runs_in(db)
-    assert run["status"] == "interrupted" and run["n_turns"] == 2
+    assert run.status == "interrupted" and run.n_turns == 2
     with Store.open(db) as store:
-        assert {t["status"] for t in store.turns(run["id"])} == {"cancelled"}
+        assert {t.status for t in store.turns(run.id)} == {"cancelled"}

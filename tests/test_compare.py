@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from chainrun.compare import compare, parse_live_window, regression
 from chainrun.errors import UserInputError
 from chainrun.evals import eval_request_id, parse_case, score_run
-from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.store import Store
 
 #: per turn i: (TTFT ms, completion tokens or None, ms between chunks)
@@ -50,7 +50,7 @@ def make_run(
         ttft, tokens, gap = profile(i)
         compose_ms = ttft + (tokens or 50) * gap
         classify_ms = 80.0 + (i * 13) % 40
-        turn = TurnRecord(
+        turn = TurnLog(TurnRow(
             input=f"message {i}",
             output=answers(i) if answers else "Try the Storm Shell.",
             request_id=request_ids(i) if request_ids else None,
@@ -58,15 +58,15 @@ def make_run(
             started_at=started_at(i) if started_at else None,
             duration_ms=classify_ms + 5.0 + compose_ms,
             original_ms=original_ms(i) if original_ms else None,
-        )
+        ))
         turn.steps = [
-            StepRecord(step="classify", duration_ms=classify_ms, output="product_search"),
-            StepRecord(step="retrieve", kind="retrieve", duration_ms=5.0, output="[]"),
-            StepRecord(step="compose", duration_ms=compose_ms, output=turn.output),
+            StepRow(step="classify", duration_ms=classify_ms, output="product_search"),
+            StepRow(step="retrieve", kind="retrieve", duration_ms=5.0, output="[]"),
+            StepRow(step="compose", duration_ms=compose_ms, output=turn.turn.output),
         ]
         turn.calls = [
-            CallRecord(step="classify", ttft_ms=classify_ms, output_tokens=2),
-            CallRecord(
+            CallRow(step="classify", ttft_ms=classify_ms, output_tokens=2),
+            CallRow(
                 step="compose",
                 attempt=1,
                 outcome="cancelled",  # a loser: must never count
@@ -74,7 +74,7 @@ def make_run(
                 output_tokens=999,
                 chunk_gaps_ms=[999.0],
             ),
-            CallRecord(
+            CallRow(
                 step="compose",
                 attempt=2,
                 outcome="duplicate",

@@ -54,28 +54,28 @@ def test_one_turn_on_the_local_model_is_timed_and_consistent(
     assert doc["status"] in ("ok", "refused")
     with Store.open(db) as store:
         calls = store.calls(doc["run_id"])
-    assert {c["step"] for c in calls} == {"classify", "compose", "validate", "critique"}
+    assert {c.step for c in calls} == {"classify", "compose", "validate", "critique"}
     for c in calls:
         where = f"{c['step']}: {c}"
-        gaps = json.loads(c["chunk_gaps_ms"])
-        assert c["ttft_ms"] is not None and c["ttft_ms"] > 0, where
-        assert c["duration_ms"] >= c["ttft_ms"], where
-        assert c["output_tokens"] is not None and c["output_tokens"] > 0, where
-        assert len(gaps) == c["n_chunks"] - 1, where
-        assert c["finish_reason"] in ("stop", "length") and not c["truncated"], where
-        if c["reasoning_tokens"] is not None:
-            assert c["reasoning_tokens"] <= c["output_tokens"]
+        gaps = c.chunk_gaps_ms
+        assert c.ttft_ms is not None and c.ttft_ms > 0, where
+        assert c.duration_ms >= c.ttft_ms, where
+        assert c.output_tokens is not None and c.output_tokens > 0, where
+        assert len(gaps) == c.n_chunks - 1, where
+        assert c.finish_reason in ("stop", "length") and not c.truncated, where
+        if c.reasoning_tokens is not None:
+            assert c.reasoning_tokens <= c.output_tokens
         # cross-check against llama-server's own timings of the same request
-        st = json.loads(c["server_timings"])
-        assert st["predicted_n"] == c["output_tokens"], where
-        assert st["prompt_n"] + st.get("cache_n", 0) == c["input_tokens"], where
+        st = c.server_timings
+        assert st["predicted_n"] == c.output_tokens, where
+        assert st["prompt_n"] + st.get("cache_n", 0) == c.input_tokens, where
         served_ms = st["prompt_ms"] + st["predicted_ms"]
         # the client cannot see the first token before the server processed the prompt,
         # nor the end before the server finished generating
-        assert c["ttft_ms"] >= 0.9 * st["prompt_ms"], where
-        assert c["duration_ms"] >= 0.9 * served_ms, where
+        assert c.ttft_ms >= 0.9 * st["prompt_ms"], where
+        assert c.duration_ms >= 0.9 * served_ms, where
         # and the HTTP + parsing overhead on loopback stays small
-        assert c["duration_ms"] <= served_ms + 3000, where
-        if c["output_tokens"] >= 5:
+        assert c.duration_ms <= served_ms + 3000, where
+        if c.output_tokens >= 5:
             # gaps between streamed chunks account for the server's generation time
             assert sum(gaps) >= 0.5 * st["predicted_ms"], where

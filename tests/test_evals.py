@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from chainrun.chain import CLASSIFY_LABELS
-from chainrun.config import STEP_NAMES_DEFAULT
+from chainrun.config import CLASSIFY_LABELS, STEP_NAMES_DEFAULT
 from chainrun.errors import InputFileError, UserInputError
 from chainrun.evals import (
     ASSERTION_TYPES,
@@ -28,7 +27,7 @@ from chainrun.evals import (
     turn_view,
 )
 from chainrun.evals.assertions import LABEL, evaluate, schema_errors
-from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -292,22 +291,22 @@ def _case(case_id: str, message: str, *asserts: dict[str, Any]) -> EvalCase:
     return parse_case({"id": case_id, "message": message, "assert": list(asserts)})
 
 
-def _turn(case_id: str, repeat: int, answer: str, tokens: int | None = 30) -> TurnRecord:
-    t = TurnRecord(
+def _turn(case_id: str, repeat: int, answer: str, tokens: int | None = 30) -> TurnLog:
+    t = TurnLog(TurnRow(
         input=f"message of {case_id}",
         request_id=eval_request_id(case_id, repeat),
         output=answer,
         label="sizing",
         duration_ms=1000.0,
-    )
+    ))
     t.steps = [
-        StepRecord(step="classify", duration_ms=100.0, output="sizing"),
-        StepRecord(step="compose", duration_ms=800.0, output=answer),
-        StepRecord(step="critique", status="skipped"),
+        StepRow(step="classify", duration_ms=100.0, output="sizing"),
+        StepRow(step="compose", duration_ms=800.0, output=answer),
+        StepRow(step="critique", status="skipped"),
     ]
     t.calls = [
-        CallRecord(step="compose", attempt=1, outcome="cancelled", output_tokens=99),
-        CallRecord(step="compose", attempt=2, outcome="duplicate", output_tokens=tokens),
+        CallRow(step="compose", attempt=1, outcome="cancelled", output_tokens=99),
+        CallRow(step="compose", attempt=2, outcome="duplicate", output_tokens=tokens),
     ]
     return t
 
@@ -349,7 +348,7 @@ async def test_score_run_stores_verdicts_and_summarises() -> None:
         for rep in range(3):
             s.log_turn(run, _turn("c1", rep, "Take a size M."))
             s.log_turn(run, _turn("c2", rep, "Size up." if rep != 1 else "No idea."))
-        s.log_turn(run, TurnRecord(input="stray", request_id="not-a-case#0"))
+        s.log_turn(run, TurnLog(TurnRow(input="stray", request_id="not-a-case#0")))
         result = await score_run(s, run, cases)
         assert result["n_turns"] == 7 and result["unmatched_turns"] == 1
         assert result["skipped"] == {"llm-rubric": 3}
@@ -390,8 +389,8 @@ async def test_turns_without_request_id_match_by_message() -> None:
     cases = [_case("c1", "hello there", {"type": "icontains", "value": "hi"})]
     with Store.open(":memory:") as s:
         run = s.create_run("eval", "{}")
-        s.log_turn(run, TurnRecord(input="hello there", output="hi!"))
-        s.log_turn(run, TurnRecord(input="hello there", output="bye"))
+        s.log_turn(run, TurnLog(TurnRow(input="hello there", output="hi!")))
+        s.log_turn(run, TurnLog(TurnRow(input="hello there", output="bye")))
         result = await score_run(s, run, cases)
         assert result["flip"]["flipped"] == 1
         assert {r["repeat"] for r in load_results(s, [run])} == {0, 1}

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from chainrun.errors import UserInputError
-from chainrun.records import CallRecord, StepRecord, TurnRecord
-from chainrun.store import MIGRATIONS, Store, migrate
+from chainrun.migrations import MIGRATIONS
+from chainrun.records import CallRow, RunRow, StepRow, TurnLog, TurnRow
+from chainrun.store import Store, migrate
 
 
 def test_migrations_apply_once(tmp_path: Path) -> None:
@@ -26,17 +26,17 @@ def test_migrations_apply_once(tmp_path: Path) -> None:
 def test_turn_round_trip_keeps_unknown_tokens_null() -> None:
     with Store.open(":memory:") as s:
         run = s.create_run("replay", "{}", label="t")
-        turn = TurnRecord(input="hi", output="hello", request_id="r1")
-        turn.steps.append(StepRecord(step="compose", duration_ms=12.5))
-        turn.calls.append(CallRecord(step="compose", ttft_ms=5.0, duration_ms=12.5,
-                                     chunk_gaps_ms=[1.0, 2.0], n_chunks=3))  # fmt: skip
+        turn = TurnLog(TurnRow(input="hi", output="hello", request_id="r1"))
+        turn.steps.append(StepRow(step="compose", duration_ms=12.5))
+        turn.calls.append(CallRow(step="compose", ttft_ms=5.0, duration_ms=12.5,
+                                  chunk_gaps_ms=[1.0, 2.0], n_chunks=3))  # fmt: skip
         s.log_turn(run, turn)
         s.finish_run(run, "complete")
         call = s.calls(run)[0]
-        assert call["input_tokens"] is None and call["output_tokens"] is None
-        assert json.loads(call["chunk_gaps_ms"]) == [1.0, 2.0]
+        assert call.input_tokens is None and call.output_tokens is None
+        assert call.chunk_gaps_ms == [1.0, 2.0]
         r = s.get_run(run)
-        assert r["status"] == "complete" and r["n_turns"] == 1
+        assert r.status == "complete" and r.n_turns == 1
 
 
 def test_unknown_run_and_non_database_file(tmp_path: Path) -> None:
@@ -67,3 +67,35 @@ def test_concurrent_openers_of_a_new_log_share_it(tmp_path: Path) -> None:
         assert p.returncode == 0, stderr.decode()
     with Store.open(path) as s:
         assert len(s.list_runs()) == 4
+
+
+@pytest.mark.parametrize("model", [RunRow, TurnRow, StepRow, CallRow])
+def test_row_models_match_their_tables(model: type) -> None:
+    """One shape per log fact: each row model's fields are exactly its table's columns
+    after every migration (a new column needs both a migration and a field)."""
+    table = {RunRow: "runs", TurnRow: "turns", StepRow: "steps", CallRow: "calls"}[model]
+    with Store.open(":memory:") as s:
+        columns = set(s.db[table].columns_dict)
+    assert set(model.model_fields) == columns
+
+
+def test_answer_timings_migrate_as_null_for_old_turns(tmp_path: Path) -> None:
+    """A log written before migration 003 keeps its turns; their answer timings are
+    unknown (NULL), never 0."""
+    import sqlite_utils
+
+    from chainrun.migrations import MIGRATIONS as ALL
+
+    path = tmp_path / "old.db"
+    db = sqlite_utils.Database(path)
+    db["_migrations"].create({"name": str, "applied_at": str}, pk="name")
+    for name, fn in ALL:
+        if name.startswith(("001", "002")):
+            fn(db)
+            db["_migrations"].insert({"name": name, "applied_at": "2026-11-29"})
+    db["runs"].insert({"id": 1, "kind": "replay", "status": "complete", "n_turns": 1})
+    db["turns"].insert({"id": 1, "run_id": 1, "input": "hi", "status": "ok", "duration_ms": 9.0})
+    db.close()
+    with Store.open(path) as s:
+        (turn,) = s.turns(1)
+    assert turn.duration_ms == 9.0 and turn.answer_ttft_ms is None and turn.answer_done_ms is None

@@ -15,16 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.store import Store
 
 
-def turn() -> TurnRecord:
-    return TurnRecord(
-        input="hi",
-        status="ok",
-        steps=[StepRecord(step="guard")],
-        calls=[CallRecord(step="guard", attempt=1)],
+def turn() -> TurnLog:
+    return TurnLog(
+        TurnRow(input="hi", status="ok"),
+        steps=[StepRow(step="guard")],
+        calls=[CallRow(step="guard", attempt=1)],
     )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +28,7 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import hedge_table, latency_table, steps_table
+from chainrun.cli.tables import hedge_table, latency_table, step_waterfall, steps_table
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
@@ -69,23 +70,27 @@ def run(
     finally:
         store.close()
     turn = finished[0]
+    steps.sort(key=lambda s: cfg.order.index(s.step))  # concurrent steps end in any order
     if as_json:
         print_json({
             "run_id": turn.run_id, "turn_id": turn.turn_id, "status": turn.status,
             "label": turn.label, "output": turn.output, "duration_ms": round(turn.duration_ms, 1),
+            "answer_ttft_ms": turn.answer_ttft_ms, "answer_done_ms": turn.answer_done_ms,
             "verdicts": turn.verdicts,
             "steps": [
                 {"step": s.step, "status": s.status, "model": s.model,
                  "reasoning_effort": s.reasoning_effort, "ttft_ms": s.ttft_ms,
                  "duration_ms": round(s.duration_ms, 1), "output_tokens": s.output_tokens,
-                 "n_attempts": s.n_attempts, "error_type": s.error_type}
+                 "n_attempts": s.n_attempts, "error_type": s.error_type,
+                 "started_offset_ms": round(s.started_offset_ms, 1),
+                 "post_answer": s.post_answer}
                 for s in steps
             ],
         })  # fmt: skip
         return
     out.print()
     if turn.status != "ok":
-        out.print(f"[yellow]turn {turn.status}[/]: {turn.output}")
+        out.print(f"[yellow]turn {turn.status}[/]: {escape(turn.output or '')}")
     out.print(steps_table(steps, turn))
 
 
@@ -148,13 +153,14 @@ def runs(
         rows = store.list_runs(limit)
     keys = ("id", "kind", "label", "status", "n_turns", "started_at", "ended_at", "source")
     if as_json:
-        print_json({"runs": [{k: r[k] for k in keys} for r in rows]})
+        print_json({"runs": [r.model_dump(include=set(keys)) for r in rows]})
         return
     table = Table(title=f"runs in {db}")
     for k in keys:
         table.add_column(k)
     for r in rows:
-        table.add_row(*("" if r[k] is None else str(r[k]) for k in keys))
+        values = r.model_dump()
+        table.add_row(*("" if values[k] is None else str(values[k]) for k in keys))
     out.print(table)
 
 
@@ -169,26 +175,30 @@ def show(
     with Store.open(db, create=False) as store:
         detail = run_detail(store, run_id)
         summary = latency_summary(store, run_id)
+        turns, steps, calls = store.turns(run_id), store.steps(run_id), store.calls(run_id)
     if as_json:
         print_json({**detail, "summary": summary})
         return
     out.print(f"run {run_id}: {detail['kind']} {detail['status']} "
-              f"label={detail['label']} source={detail['source']}")  # fmt: skip
-    for t in detail["turns"]:
-        out.print(f"\n[bold]turn {t['id']}[/] ({t['request_id'] or '-'}) {t['status']} "
-                  f"{(t['duration_ms'] or 0):.0f} ms label={t['label']}")  # fmt: skip
-        out.print(f"  > {t['input']}", markup=False)
-        out.print(f"  < {t['output']}", markup=False)
+              f"label={detail['label']} source={detail['source']}", markup=False)  # fmt: skip
+    for t in turns:
+        out.print(f"\n[bold]turn {t.id}[/] ({escape(t.request_id or '-')}) {t.status} "
+                  f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
+                  f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
+                  f"label={escape(str(t.label))}")  # fmt: skip
+        out.print(f"  > {t.input}", markup=False)
+        out.print(f"  < {t.output}", markup=False)
+        out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
                     "chunks", "in", "out", "reasoning", "finish", "error"):  # fmt: skip
             table.add_column(col)
-        for c in t["calls"]:
+        for c in (c for c in calls if c.turn_id == t.id):
             table.add_row(
-                c["step"], str(c["attempt"]), c["outcome"], str(c["target"]),
-                _ms(c["ttft_ms"]), _ms(c["duration_ms"]), str(c["n_chunks"]),
-                _n(c["input_tokens"]), _n(c["output_tokens"]), _n(c["reasoning_tokens"]),
-                str(c["finish_reason"] or ""), str(c["error_type"] or ""),
+                c.step, str(c.attempt), c.outcome, str(c.target),
+                _ms(c.ttft_ms), _ms(c.duration_ms), str(c.n_chunks),
+                _n(c.input_tokens), _n(c.output_tokens), _n(c.reasoning_tokens),
+                str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
         out.print(table)
     out.print(latency_table(summary))
@@ -253,13 +263,13 @@ def _warn_failed_turns(store_path: Path, run_id: int) -> None:
     answers but is not an OpenAI-compatible API completes a run of refusals)."""
     with Store.open(store_path, create=False) as store:
         turns = store.turns(run_id)
-        failed = [t for t in turns if t["status"] != "ok"]
+        failed = [t for t in turns if t.status != "ok"]
         if not failed:
             return
         kinds: dict[str, int] = {}
         for s in store.steps(run_id):
-            if s["status"] in ("failed_open", "failed_closed"):
-                key = f"{s['step']}:{s['error_type']}"
+            if s.status in ("failed_open", "failed_closed"):
+                key = f"{s.step}:{s.error_type}"
                 kinds[key] = kinds.get(key, 0) + 1
     shown = ", ".join(f"{k} ×{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:4])
     err.print(f"chainrun: warning: {len(failed)} of {len(turns)} turns not ok ({shown}); "

@@ -7,6 +7,10 @@ from typing import Any
 from rich.table import Table
 
 from chainrun.events import StepFinished, TurnFinished
+from chainrun.records import StepRow
+
+#: width of the waterfall bars, in characters
+_BAR = 40
 
 
 def _f(v: Any, digits: int = 0) -> str:
@@ -30,6 +34,24 @@ def steps_table(steps: list[StepFinished], turn: TurnFinished) -> Table:
     return t
 
 
+def step_waterfall(steps: list[StepRow]) -> Table:
+    """One turn's steps as a waterfall: start and end offsets (ms from the turn's start)
+    and a bar, so steps that ran concurrently show overlapping; post-answer steps
+    (not part of the shopper's wait) are marked."""
+    t = Table(show_edge=False)
+    for col in ("step", "status", "start ms", "end ms", "", "after answer"):
+        t.add_column(col, justify="right" if "ms" in col else "left")
+    end = max((s.started_offset_ms + s.duration_ms for s in steps), default=0.0) or 1.0
+    for s in steps:
+        a = int(s.started_offset_ms / end * _BAR)
+        b = max(a + 1, int((s.started_offset_ms + s.duration_ms) / end * _BAR))
+        bar = " " * a + "█" * (b - a) if s.status != "skipped" else ""
+        end_ms = s.started_offset_ms + s.duration_ms
+        t.add_row(s.step, s.status, _f(s.started_offset_ms), _f(end_ms), bar,
+                  "yes" if s.post_answer else "")  # fmt: skip
+    return t
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
     """Per turn and per step: n, p50, p90 (ms), TTFT p50 and mean output tokens."""
     t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
@@ -39,6 +61,10 @@ def latency_table(summary: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col in ("", "model", "effort") else "right")
     turn = summary["turn"]
     t.add_row("turn", str(turn["n"]), _f(turn["p50_ms"]), _f(turn["p90_ms"]), "", "", "", "", "")
+    for key, name in (("answer_ttft", "answer TTFT"), ("answer_done", "answer done")):
+        a = summary.get(key)
+        if a:
+            t.add_row(name, str(a["n"]), _f(a["p50_ms"]), _f(a["p90_ms"]), "", "", "", "", "")
     for name, s in summary["steps"].items():
         t.add_row(name, str(s["n"]), _f(s["p50_ms"]), _f(s["p90_ms"]), _f(s["ttft_p50_ms"]),
                   _f(s["output_tokens_mean"], 1), str(s["n_failed"]), s["model"] or "-",

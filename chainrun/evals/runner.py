@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import asynccontextmanager
 from typing import Any
 
-from chainrun.chain import Retriever
 from chainrun.config import ChainConfig
 from chainrun.errors import ConfigError
 from chainrun.evals.assertions import Grade, GraderConfig
@@ -22,6 +21,7 @@ from chainrun.evals.scoring import eval_request_id, score_run
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.replay import ReplayRequest, run_requests
+from chainrun.steps import Retriever
 from chainrun.store import Store
 
 

@@ -19,42 +19,20 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-import sqlite_utils
-
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
+from chainrun.migrations import utc_now
+from chainrun.records import WINNER_OUTCOMES, CallRow, StepRow, TurnRow
 from chainrun.stats import pass_rate
-from chainrun.store import Store, migrate, register_migration, utc_now
+from chainrun.store import Store
 
-#: calls.outcome values of the attempt whose answer a step used (chainrun.records).
-WINNING_OUTCOMES = ("not_fired", "primary", "duplicate")
+#: calls.outcome values of the attempt whose answer a step used
+WINNING_OUTCOMES = WINNER_OUTCOMES
 
 #: by_step key for assertions without a step (the final answer / the whole turn).
 TURN_KEY = "turn"
 
 
-def _m020_eval_results(db: sqlite_utils.Database) -> None:
-    db.table("eval_results").create(
-        {
-            "id": int,
-            "run_id": int,
-            "turn_id": int,
-            "case_id": str,
-            "repeat": int,
-            "type": str,  # assertion type (equals, regex, llm-rubric...)
-            "step": str,  # NULL = the final answer / the whole turn
-            "passed": int,
-            "detail": str,
-            "grader": str,  # JSON GraderConfig for llm-rubric, else NULL
-            "scored_at": str,
-        },
-        pk="id",
-        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
-    )
-    db.table("eval_results").create_index(["run_id", "case_id"])
-
-
-register_migration("020_eval_results", _m020_eval_results)
 
 
 def eval_request_id(case_id: str, repeat: int) -> str:
@@ -70,63 +48,59 @@ def parse_request_id(request_id: str) -> tuple[str, int]:
     return request_id, 0
 
 
-def winning_calls(
-    call_rows: Iterable[Mapping[str, Any]],
-) -> dict[tuple[int, str], Mapping[str, Any]]:
-    """The attempt whose answer each step used, by ``(turn_id, step)``.
+def winning_calls(call_rows: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
+    """The attempt whose answer each step used, by ``(turn_id, step)`` (turn id 0 for
+    rows not logged yet).
 
     That is the call with ``outcome`` in :data:`WINNING_OUTCOMES`; if a step has several
     (retries), the last one without an error.
     """
-    best: dict[tuple[int, str], Mapping[str, Any]] = {}
+    best: dict[tuple[int, str], CallRow] = {}
     for c in call_rows:
-        if c.get("outcome") not in WINNING_OUTCOMES:
+        if c.outcome not in WINNING_OUTCOMES:
             continue
-        key = (int(c["turn_id"]), str(c["step"]))
+        key = (c.turn_id or 0, c.step)
         prev = best.get(key)
-        rank = (c.get("error_type") is None, c.get("attempt") or 0)
-        if prev is None or rank >= (prev.get("error_type") is None, prev.get("attempt") or 0):
+        if prev is None or (c.error_type is None, c.attempt) >= (prev.error_type is None,
+                                                                  prev.attempt):  # fmt: skip
             best[key] = c
     return best
 
 
 def turn_view(
-    turn_row: Mapping[str, Any],
-    step_rows: Iterable[Mapping[str, Any]],
-    call_rows: Iterable[Mapping[str, Any]],
+    turn_row: TurnRow,
+    step_rows: Iterable[StepRow],
+    call_rows: Iterable[CallRow],
     catalog_ids: Collection[str] | None = None,
 ) -> TurnView:
-    """What assertions see of one logged turn (rows of ``turns``, ``steps``, ``calls``)."""
-    turn_id = turn_row.get("id")
-    steps = [s for s in step_rows if turn_id is None or s.get("turn_id") in (None, turn_id)]
-    calls = [c for c in call_rows if turn_id is None or c.get("turn_id") in (None, turn_id)]
+    """What assertions see of one logged turn (rows of ``turns``, ``steps``, ``calls``;
+    rows with no turn id yet count as this turn's)."""
+    turn_id = turn_row.id
+    steps = [s for s in step_rows if turn_id is None or s.turn_id in (None, turn_id)]
+    calls = [c for c in call_rows if turn_id is None or c.turn_id in (None, turn_id)]
     outputs: dict[str, str | None] = {}
     step_ms: dict[str, float | None] = {}
     for s in steps:
-        outputs[s["step"]] = s.get("output")
-        skipped = s.get("status") in ("skipped", "cancelled")
-        step_ms[s["step"]] = None if skipped else s.get("duration_ms")
-    tokens: dict[str, int | None] = {}
-    # rows built by hand (tests, a backend) may lack turn_id: they are all this turn's
-    winners = winning_calls({**c, "turn_id": c.get("turn_id") or 0} for c in calls)
-    for (_, step), c in winners.items():
-        tokens[step] = c.get("output_tokens")
+        outputs[s.step] = s.output
+        skipped = s.status in ("skipped", "cancelled")
+        step_ms[s.step] = None if skipped else s.duration_ms
+    tokens = {step: c.output_tokens for (_, step), c in winning_calls(calls).items()}
     return TurnView(
-        message=turn_row.get("input") or "",
-        answer=turn_row.get("output"),
-        label=turn_row.get("label"),
+        message=turn_row.input or "",
+        answer=turn_row.output,
+        label=turn_row.label,
         outputs=outputs,
         step_ms=step_ms,
-        turn_ms=turn_row.get("duration_ms"),
+        turn_ms=turn_row.duration_ms,
         output_tokens=tokens,
         catalog_ids=frozenset(catalog_ids) if catalog_ids is not None else None,
     )
 
 
 async def score_turn(
-    turn_row: Mapping[str, Any],
-    step_rows: Iterable[Mapping[str, Any]],
-    call_rows: Iterable[Mapping[str, Any]],
+    turn_row: TurnRow,
+    step_rows: Iterable[StepRow],
+    call_rows: Iterable[CallRow],
     case: EvalCase,
     grade: Grade | None = None,
     *,
@@ -149,8 +123,8 @@ async def score_turn(
 
 
 def _match_turns(
-    turns: Sequence[Mapping[str, Any]], cases: Sequence[EvalCase]
-) -> tuple[list[tuple[Mapping[str, Any], EvalCase, int]], int]:
+    turns: Sequence[TurnRow], cases: Sequence[EvalCase]
+) -> tuple[list[tuple[TurnRow, EvalCase, int]], int]:
     by_id = {c.id: c for c in cases}
     by_message: dict[str, list[EvalCase]] = defaultdict(list)
     for c in cases:
@@ -159,13 +133,13 @@ def _match_turns(
     matched = []
     unmatched = 0
     for t in turns:
-        rid = t.get("request_id")
+        rid = t.request_id
         case: EvalCase | None = None
         if rid:
             case_id, repeat = parse_request_id(str(rid))
             case = by_id.get(case_id)
         else:
-            candidates = by_message.get(t.get("input") or "", [])
+            candidates = by_message.get(t.input or "", [])
             if len(candidates) == 1:
                 case = candidates[0]
                 repeat = seen[case.id]
@@ -195,15 +169,14 @@ async def score_run(
     Raises:
         UserInputError: no such run.
     """
-    migrate(store.db)  # the table may be newer than the Store's open
     store.get_run(run_id)
     turns = store.turns(run_id)
-    steps_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    steps_by_turn: dict[int | None, list[StepRow]] = defaultdict(list)
     for s in store.steps(run_id):
-        steps_by_turn[s["turn_id"]].append(s)
-    calls_by_turn: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        steps_by_turn[s.turn_id].append(s)
+    calls_by_turn: dict[int | None, list[CallRow]] = defaultdict(list)
     for c in store.calls(run_id):
-        calls_by_turn[c["turn_id"]].append(c)
+        calls_by_turn[c.turn_id].append(c)
     config = grader or GraderConfig()
     matched, unmatched = _match_turns(turns, cases)
     rows: list[dict[str, Any]] = []
@@ -211,7 +184,7 @@ async def score_run(
     now = utc_now()
     for turn, case, repeat in matched:
         verdicts = await score_turn(
-            turn, steps_by_turn[turn["id"]], calls_by_turn[turn["id"]], case, grade,
+            turn, steps_by_turn[turn.id], calls_by_turn[turn.id], case, grade,
             grader=config, catalog_ids=catalog_ids,
         )  # fmt: skip
         n_rubric = sum(1 for a in case.asserts if a.type == "llm-rubric")
@@ -222,7 +195,7 @@ async def score_run(
             rows.append(
                 {
                     "run_id": run_id,
-                    "turn_id": turn["id"],
+                    "turn_id": turn.id,
                     "case_id": case.id,
                     "repeat": repeat,
                     "type": v.type,

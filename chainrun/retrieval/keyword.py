@@ -26,7 +26,7 @@ STOP_WORDS = frozenset(
     will with would you your yours""".split()
 )
 
-#: bm25() column weights, in the order of ``catalog.FTS_COLUMNS``
+#: bm25() column weights, in the order of ``migrations.FTS_COLUMNS``
 #: (title, description, category, colours, tags): a title or tag match counts most.
 BM25_WEIGHTS = (10.0, 1.0, 4.0, 2.0, 5.0)
 

@@ -71,6 +71,10 @@ class RetrievalSettings(_Strict):
 
     searches: list[str] = Field(default_factory=lambda: ["keyword", "hybrid", "filter"])
     min_results: int = Field(default=4, ge=1)
+    #: pass the classify label to the category parser; then retrieve waits for classify
+    #: (the default labels name no category: measured on the replay set, results are
+    #: the same without it, and the answer starts a classify call earlier)
+    use_label: bool = False
     #: False: run every search even when min_results is reached (to measure early exit)
     early_exit: bool = True
     k: int = Field(default=8, ge=1, le=100)

@@ -1,0 +1,237 @@
+"""The run log's schema history: numbered, append-only migrations, listed explicitly.
+
+Each migration runs once per database, forward only, inside a transaction, and is
+recorded in ``_migrations`` (the pattern of simonw/llm's migrations). Never edit a
+migration that has shipped: add the next number. The row models in
+:mod:`chainrun.records` must match the tables after the last migration
+(``tests/test_store.py`` pins that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import sqlite_utils
+
+#: the catalogue's columns searched by full-text search (FTS5, bm25)
+FTS_COLUMNS = ("title", "description", "category", "colours", "tags")
+
+
+def utc_now() -> str:
+    """Current wall-clock time as ISO-8601 UTC with ms (the format of every *_at column)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    db.table("runs").create(
+        {
+            "id": int,
+            "kind": str,  # replay | live | eval
+            "label": str,
+            "config": str,  # JSON snapshot of the ChainConfig
+            "source": str,  # replay / eval file, if any
+            "started_at": str,
+            "ended_at": str,
+            "status": str,  # running | complete | failed | interrupted
+            "n_turns": int,
+            "meta": str,  # JSON
+        },
+        pk="id",
+    )
+    db.table("turns").create(
+        {
+            "id": int,
+            "run_id": int,
+            "request_id": str,
+            "conversation_id": str,  # gen_ai.conversation.id
+            "input": str,
+            "output": str,
+            "label": str,
+            "status": str,  # ok | refused | error | cancelled
+            "verdicts": str,  # JSON
+            "started_at": str,
+            "duration_ms": float,
+            "original_ms": float,
+            "error_type": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db.table("steps").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "step": str,
+            "kind": str,
+            "status": str,
+            "started_offset_ms": float,
+            "duration_ms": float,
+            "output": str,
+            "error_type": str,
+            "n_attempts": int,
+            "hedge_delay_ms": float,
+            "hedge_fired": int,
+            "hedge_won": int,
+            "time_saved_ms": float,
+            "detail": str,  # JSON
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("calls").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "step": str,
+            "attempt": int,
+            "target": str,
+            "provider": str,  # gen_ai.provider.name
+            "server_address": str,  # server.address:server.port
+            "model": str,  # gen_ai.request.model
+            "response_model": str,  # gen_ai.response.model
+            "response_id": str,  # gen_ai.response.id
+            "reasoning_effort": str,  # chainrun.request.reasoning_effort
+            "stream": int,  # gen_ai.request.stream
+            "temperature": float,  # gen_ai.request.temperature
+            "max_tokens": int,  # gen_ai.request.max_tokens
+            "prompt": str,  # messages sent, JSON
+            "output": str,
+            "reasoning": str,
+            "started_at": str,
+            "started_offset_ms": float,
+            "ttft_ms": float,  # gen_ai.client.operation.time_to_first_chunk, in ms
+            "duration_ms": float,  # gen_ai.client.operation.duration, in ms
+            "chunk_gaps_ms": str,  # JSON list of ms between consecutive chunks
+            "n_chunks": int,
+            "bytes_received": int,
+            "input_tokens": int,  # gen_ai.usage.input_tokens (NULL = unknown)
+            "output_tokens": int,  # gen_ai.usage.output_tokens (includes reasoning)
+            "reasoning_tokens": int,  # gen_ai.usage.reasoning.output_tokens
+            "cached_input_tokens": int,  # gen_ai.usage.cache_read.input_tokens
+            "finish_reason": str,  # gen_ai.response.finish_reasons
+            "truncated": int,
+            "error_type": str,  # error.type
+            "error_message": str,
+            "outcome": str,  # hedging outcome of this attempt
+            "loop_lag_ms": float,
+            "server_timings": str,  # JSON: llama.cpp `timings`
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("turns").create_index(["run_id"])
+    db.table("steps").create_index(["run_id", "step"])
+    db.table("calls").create_index(["run_id", "step"])
+    db.table("calls").create_index(["turn_id"])
+
+
+def _m002_fired_late(db: sqlite_utils.Database) -> None:
+    # a copy fired while the client's own event loop was late (chainrun.hedging.looplag)
+    db.table("calls").add_column("fired_late", int)
+
+
+def _m003_answer_timings(db: sqlite_utils.Database) -> None:
+    # the shopper's wait (issue 15): first answer token and answer complete, per turn;
+    # NULL for turns logged before this migration (unknown, never 0)
+    db.table("turns").add_column("answer_ttft_ms", float)
+    db.table("turns").add_column("answer_done_ms", float)
+    # steps that only read the answer (validate, critique): not part of the wait
+    db.table("steps").add_column("post_answer", int)
+    # the stop sequences actually sent, JSON list
+    db.table("calls").add_column("stop", str)
+
+
+def _m010_catalog(db: sqlite_utils.Database) -> None:
+    db.table("products").create(
+        {
+            "id": str,
+            "title": str,
+            "description": str,
+            "category": str,
+            "colours": str,  # JSON list
+            "sizes": str,  # JSON {size: units in stock}
+            "price": float,  # EUR
+            "stock": int,
+            "tags": str,  # JSON list
+        },
+        pk="id",
+        not_null={"title", "category", "price", "stock"},
+    )
+    db.table("products").create_index(["category"])
+    db.table("products").create_index(["price"])
+    db.table("product_sizes").create(
+        {"product_id": str, "size": str, "stock": int},
+        pk=("product_id", "size"),
+        foreign_keys=[("product_id", "products", "id")],
+    )
+    db.table("product_sizes").create_index(["size"])
+    db.table("product_embeddings").create(
+        {
+            "product_id": str,
+            "model": str,  # the embedder's model id
+            "text_hash": str,  # hash of the text embedded: a changed product is re-embedded
+            "dims": int,
+            "embedding": bytes,  # float32 little-endian, L2-normalised
+        },
+        pk=("product_id", "model"),
+    )
+    db.table("catalog_loads").create(
+        {"id": int, "source": str, "n_products": int, "loaded_at": str}, pk="id"
+    )
+    # porter: "jackets" finds "jacket"; triggers keep the index in step with the table
+    db.table("products").enable_fts(
+        list(FTS_COLUMNS), fts_version="FTS5", tokenize="porter unicode61", create_triggers=True
+    )
+
+
+def _m020_eval_results(db: sqlite_utils.Database) -> None:
+    db.table("eval_results").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "case_id": str,
+            "repeat": int,
+            "type": str,  # assertion type (equals, regex, llm-rubric...)
+            "step": str,  # NULL = the final answer / the whole turn
+            "passed": int,
+            "detail": str,
+            "grader": str,  # JSON GraderConfig for llm-rubric, else NULL
+            "scored_at": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("eval_results").create_index(["run_id", "case_id"])
+
+
+#: Every migration in order. Append only.
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
+    ("001_initial", _m001_initial),
+    ("002_fired_late", _m002_fired_late),
+    ("003_answer_timings", _m003_answer_timings),
+    ("010_catalog", _m010_catalog),
+    ("020_eval_results", _m020_eval_results),
+)
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    """Apply every migration not yet recorded in ``_migrations``; return the names applied.
+
+    Idempotent: a second call applies nothing.
+    """
+    if "_migrations" not in db.table_names():
+        db.table("_migrations").create({"name": str, "applied_at": str}, pk="name")
+    done = {r["name"] for r in db.table("_migrations").rows}
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        with db.conn:
+            fn(db)
+            db.table("_migrations").insert({"name": name, "applied_at": utc_now()})
+        applied.append(name)
+    return applied

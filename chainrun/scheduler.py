@@ -1,0 +1,255 @@
+"""Run one turn's graph: start each step as soon as what it waits for has ended.
+
+:class:`TurnRun` folds a :class:`~chainrun.steps.base.TurnState` through the steps of
+a :class:`~chainrun.graph.TurnGraph`. Steps that are ready together run concurrently,
+each as its own task; their events reach the caller through one queue, in arrival
+order. A step that fails closed (or refuses the turn) cancels its running siblings
+(their HTTP streams are closed) and the steps not started are skipped.
+
+The answer step's tokens are held back while a step that ``holds_answer`` (an input
+guard raced against the answer) has not ended; they are released once it passes and
+dropped if it refuses. Times in ms from the turn's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from chainrun.errors import ProviderUnavailable, error_type
+from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
+from chainrun.graph import TurnGraph
+from chainrun.records import CallRow, StepRow
+from chainrun.steps.base import Step, StepContext, StepResult, TurnState
+
+
+class TurnRun:
+    """One turn in flight over a chain's steps.
+
+    After :meth:`events` ends (or :meth:`cancel` returns) the outcome is in
+    ``state`` (the folded turn state), ``verdicts``, ``refused`` / ``refusal_text``,
+    ``unavailable`` (a provider that could not be reached), ``answer_ttft_ms`` and
+    ``answer_done_ms``, and :meth:`rows` / :meth:`calls` give what to log.
+    """
+
+    def __init__(self, steps: Mapping[str, Step], graph: TurnGraph, state: TurnState) -> None:
+        self.steps = steps
+        self.graph = graph
+        self.state = state
+        self.t0 = time.perf_counter()
+        self.verdicts: dict[str, Any] = {}
+        self.refused = False
+        self.refusal_text: str | None = None
+        self.refused_by: str | None = None
+        self.unavailable: ProviderUnavailable | None = None
+        self.answer_ttft_ms: float | None = None
+        self.answer_done_ms: float | None = None
+        self._queue: asyncio.Queue[tuple[str, TokenDelta | StepResult]] = asyncio.Queue()
+        self._ctx: dict[str, StepContext] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ended: set[str] = set()
+        self._held: list[TokenDelta] = []
+        self._answer_ended = False
+
+    def now_ms(self) -> float:
+        """ms since the turn started."""
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    # -- running ---------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[Event]:
+        """Run the turn, yielding StepStarted, TokenDelta and StepFinished as they happen."""
+        while True:
+            if not self.refused:
+                for name in self._ready():
+                    yield self._start(name)
+            if not self._tasks:
+                break
+            name, item = await self._queue.get()
+            if isinstance(item, TokenDelta):
+                for ev in self._on_delta(name, item):
+                    yield ev
+                continue
+            for ev in await self._on_result(name, item):
+                yield ev
+        self._skip_not_started()
+
+    def _ready(self) -> list[str]:
+        return [
+            n for n in self.graph.order
+            if n not in self._ctx and self.graph.deps[n] <= self._ended
+        ]  # fmt: skip
+
+    def _start(self, name: str) -> StepStarted:
+        step = self.steps[name]
+        offset = self.now_ms()
+        row = StepRow(step=name, kind=step.kind, started_offset_ms=offset,
+                      post_answer=name in self.graph.post_answer)  # fmt: skip
+        ctx = self._ctx[name] = StepContext(row=row)
+        self._tasks[name] = asyncio.create_task(
+            self._drive(name, step, self.state, ctx), name=f"chainrun-step-{name}"
+        )
+        return StepStarted(step=name, kind=step.kind, started_offset_ms=offset)
+
+    async def _drive(self, name: str, step: Step, state: TurnState, ctx: StepContext) -> None:
+        result: StepResult | None = None
+        try:
+            async with contextlib.aclosing(step.run(state, ctx)) as items:
+                async for item in items:
+                    if isinstance(item, StepResult):
+                        result = item
+                    else:
+                        self._queue.put_nowait((name, item))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in a step must not hang or kill the turn
+            result = StepResult(error=e)
+        if result is None:
+            result = StepResult(error=RuntimeError(f"step {name} ended without a result"))
+        self._queue.put_nowait((name, result))
+
+    def _holding(self) -> bool:
+        """Whether a step that holds the answer back has not ended yet."""
+        return any(
+            self.steps[n].holds_answer and n not in self._ended for n in self.graph.order
+        )
+
+    def _on_delta(self, name: str, delta: TokenDelta) -> list[Event]:
+        if name != self.graph.answer_step:
+            return [delta]
+        if self._holding():
+            self._held.append(delta)
+            return []
+        if self.answer_ttft_ms is None:
+            self.answer_ttft_ms = self.now_ms()
+        return [delta]
+
+    async def _on_result(self, name: str, result: StepResult) -> list[Event]:
+        task = self._tasks.pop(name)
+        await task  # already done: it queued its result last
+        ctx = self._ctx[name]
+        self._apply(name, result, ctx.row)
+        self._ended.add(name)
+        events: list[Event] = [self._finished(name, ctx)]
+        if name == self.graph.answer_step:
+            self._answer_ended = True
+        if self.refused:
+            self._held.clear()
+            await self._cancel_running()
+        elif not self._holding():
+            events.extend(self._release())
+        return events
+
+    def _apply(self, name: str, result: StepResult, row: StepRow) -> None:
+        step = self.steps[name]
+        if result.error is not None:
+            row.error_type = row.error_type or error_type(result.error)
+            if row.error_type == "internal_error":
+                row.detail = {**(row.detail or {}), "error": repr(result.error)}
+            if isinstance(result.error, ProviderUnavailable):
+                self.unavailable = result.error
+            if step.config.on_failure == "closed":
+                row.status = "failed_closed"
+                self._refuse(name, None)
+            else:
+                row.status = "failed_open"
+            return
+        extra = set(result.updates) - step.writes
+        if extra:
+            raise RuntimeError(f"step {name} set {sorted(extra)} but declares writes {step.writes}")
+        self.state = self.state.updated(result.updates)
+        if result.verdict is not None:
+            self.verdicts[name] = result.verdict
+        if result.refuse:
+            self._refuse(name, result.refusal_text)
+
+    def _refuse(self, name: str, text: str | None) -> None:
+        if not self.refused:
+            self.refused, self.refused_by, self.refusal_text = True, name, text
+
+    def _release(self) -> list[Event]:
+        """Nothing holds the answer back: flush held tokens, stamp the answer timings."""
+        now = self.now_ms()
+        if self._held and self.answer_ttft_ms is None:
+            self.answer_ttft_ms = now
+        if self._answer_ended and self.state.answer is not None:
+            if self.answer_ttft_ms is None:  # a non-streamed answer arrives whole
+                self.answer_ttft_ms = now
+            if self.answer_done_ms is None:
+                self.answer_done_ms = now
+        held, self._held = self._held, []
+        return list(held)
+
+    def _finished(self, name: str, ctx: StepContext) -> StepFinished:
+        row, step = ctx.row, self.steps[name]
+        model = step.config.model if step.uses_providers else None
+        return StepFinished(
+            step=name, status=row.status, duration_ms=row.duration_ms, output=row.output,
+            model=model, reasoning_effort=step.config.reasoning_effort, ttft_ms=ctx.ttft_ms,
+            output_tokens=ctx.output_tokens, n_attempts=row.n_attempts,
+            hedge_fired=row.hedge_fired, hedge_won=row.hedge_won, error_type=row.error_type,
+            detail=row.detail, started_offset_ms=row.started_offset_ms,
+            post_answer=row.post_answer,
+        )  # fmt: skip
+
+    def refuse_before_start(self, by: str, text: str | None = None) -> None:
+        """Refuse the turn before any step starts (a deterministic check blocked the
+        message): every step is logged skipped, nothing is sent."""
+        self._refuse(by, text)
+        self._skip_not_started()
+
+    # -- stopping --------------------------------------------------------------------
+    async def _cancel_running(self) -> None:
+        tasks = dict(self._tasks)
+        self._tasks.clear()
+        for name in tasks:
+            row = self._ctx[name].row
+            row.status = "cancelled"
+            row.error_type = row.error_type or "cancelled"
+            self._ended.add(name)
+        for task in tasks.values():
+            task.cancel()
+        # wait for the steps to close their calls and record them, even if we are
+        # cancelled again meanwhile (then that cancellation is raised afterwards)
+        interrupted: asyncio.CancelledError | None = None
+        pending = set(tasks.values())
+        while pending:
+            try:
+                _, pending = await asyncio.wait(pending)
+            except asyncio.CancelledError as e:
+                interrupted = e
+        for name in tasks:
+            row = self._ctx[name].row
+            if row.duration_ms == 0.0:
+                row.duration_ms = self.now_ms() - row.started_offset_ms
+        self._skip_not_started()
+        if interrupted is not None:
+            raise interrupted
+
+    def _skip_not_started(self) -> None:
+        for name in self.graph.order:
+            if name not in self._ctx:
+                step = self.steps[name]
+                row = StepRow(step=name, kind=step.kind, status="skipped",
+                              started_offset_ms=self.now_ms(),
+                              post_answer=name in self.graph.post_answer)  # fmt: skip
+                self._ctx[name] = StepContext(row=row)
+
+    async def cancel(self) -> None:
+        """Stop the turn: cancel every running step (their calls are closed) and wait."""
+        await self._cancel_running()
+
+    # -- what to log -----------------------------------------------------------------
+    def rows(self) -> list[StepRow]:
+        """The steps' rows in display order (steps never reached are skipped)."""
+        return [self._ctx[n].row for n in self.graph.order if n in self._ctx]
+
+    def calls(self) -> list[CallRow]:
+        """Every step's call rows, in display order."""
+        return [c for n in self.graph.order if n in self._ctx for c in self._ctx[n].calls]
+
+    def after_log(self) -> list[Any]:
+        """Callbacks the steps left to run once the turn is logged."""
+        return [cb for n in self.graph.order if n in self._ctx for cb in self._ctx[n].after_log]

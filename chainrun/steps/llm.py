@@ -1,0 +1,317 @@
+"""The LLM step: one model call per turn, hedged by the step's policy, streamed or not.
+
+Each attempt is a :class:`~chainrun.providers.base.ChatStream` on a provider (which
+knows nothing of hedging) raced by the step's :class:`~chainrun.hedging.Hedger`
+(which knows nothing of LLMs); every attempt becomes a ``calls`` row built from the
+request actually sent.
+
+What the step writes follows from its config: the chain's ``answer_step`` writes
+``answer``; a step with ``labels`` writes ``label`` (the first label its answer names,
+"other" when none); any other LLM step is a check whose answer becomes the turn's
+verdict for it (parsed JSON when it expects JSON, else ``{"text": ...}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import string
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from chainrun.config import StepConfig
+from chainrun.errors import InvalidAnswer, ProviderError, error_type
+from chainrun.events import TokenDelta
+from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
+from chainrun.jsonout import parse_json_object
+from chainrun.providers.base import ChatRequest, ChatStream, Provider
+from chainrun.records import CallRow
+from chainrun.steps.base import (
+    STATE_FIELDS,
+    BuildContext,
+    Step,
+    StepContext,
+    StepItem,
+    StepResult,
+    TurnState,
+    register_step_kind,
+)
+from chainrun.store import Store
+
+
+def parse_label(text: str | None, labels: Sequence[str]) -> str:
+    """The first of ``labels`` named in ``text`` (case, spaces and dashes ignored), or
+    "other" when none is."""
+    low = (text or "").lower().replace("-", "_").replace(" ", "_")
+    found = [(low.find(lab), lab) for lab in labels if lab in low]
+    return min(found)[1] if found else "other"
+
+
+def template_fields(*templates: str | None) -> frozenset[str]:
+    """The ``{placeholders}`` the templates use."""
+    names: set[str] = set()
+    for t in templates:
+        if t:
+            names.update(f for _, f, _, _ in string.Formatter().parse(t) if f)
+    return frozenset(names)
+
+
+def call_row(
+    step: str, attempt: AttemptRecord, request: ChatRequest, stream: ChatStream | None,
+    provider: Provider | None,
+) -> CallRow:  # fmt: skip
+    """One ``calls`` row from the engine's attempt record, the request actually sent and
+    the attempt's stream timer (None: the attempt was never sent)."""
+    row = CallRow(
+        step=step,
+        attempt=attempt.number,
+        target=attempt.target,
+        provider=provider.name if provider else attempt.target,
+        server_address=provider.server_address if provider else None,
+        model=request.model,
+        reasoning_effort=request.reasoning_effort,
+        temperature=request.temperature,
+        max_tokens=request.max_output_tokens,
+        stop=request.stop,
+        started_offset_ms=attempt.started_offset_ms or 0.0,
+        outcome=attempt.outcome,
+        loop_lag_ms=attempt.loop_lag_ms,
+        fired_late=attempt.number > 1 and attempt.fired_during_loop_lag,
+        error_type=error_type(attempt.error),
+        error_message=str(attempt.error) if attempt.error else None,
+    )
+    if stream is None:
+        return row
+    t = stream.timer
+    row.prompt = json.dumps(request.messages, ensure_ascii=False)
+    row.output = t.text
+    row.reasoning = "".join(t.reasoning) or None
+    row.ttft_ms = t.ttft_ms
+    row.duration_ms = t.duration_ms
+    row.chunk_gaps_ms = list(t.chunk_gaps_ms)
+    row.n_chunks = t.n_chunks
+    row.bytes_received = t.nbytes
+    row.response_model = t.model
+    row.response_id = t.response_id
+    row.finish_reason = t.finish_reason
+    row.truncated = t.truncated
+    row.server_timings = t.server_timings
+    if t.usage is not None:
+        row.input_tokens = t.usage.input_tokens
+        row.output_tokens = t.usage.output_tokens
+        row.reasoning_tokens = t.usage.reasoning_tokens
+        row.cached_input_tokens = t.usage.cached_input_tokens
+    if row.error_type is None and stream.error is not None:
+        row.error_type = error_type(stream.error)
+        row.error_message = str(stream.error)
+    return row
+
+
+async def _close_all(streams: Sequence[ChatStream]) -> None:
+    """Close every stream, even if the caller is being cancelled meanwhile (then the
+    cancellation is raised once all are closed)."""
+    cancelled: asyncio.CancelledError | None = None
+    for s in streams:
+        try:
+            await s.aclose()
+        except asyncio.CancelledError as e:
+            cancelled = e
+    if cancelled is not None:
+        raise cancelled
+
+
+@register_step_kind
+class LLMStep(Step):
+    """A model call (``kind = "llm"``), hedged per ``[steps.NAME.hedge]``."""
+
+    kind = "llm"
+    uses_providers = True
+
+    def __init__(self, name: str, config: StepConfig) -> None:
+        super().__init__(name, config)
+        self._hedger: Hedger[ChatStream] | None = None
+        self._providers: dict[str, Provider] = {}
+        self._store: Store | None = None
+        self.is_answer = False
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return template_fields(self.config.prompt, self.config.system) & STATE_FIELDS
+
+    @property
+    def writes(self) -> frozenset[str]:
+        if self.is_answer:
+            return frozenset({"answer"})
+        if self.config.labels:
+            return frozenset({"label"})
+        return frozenset()
+
+    @property
+    def wants_json(self) -> bool:
+        return self.config.expect_json or self.config.json_schema is not None
+
+    def bind(self, answer_step: str) -> None:
+        """Tell the step whether it is the chain's answer step (before the graph is built)."""
+        self.is_answer = self.name == answer_step
+
+    async def open(self, ctx: BuildContext) -> None:
+        cfg = self.config
+        targets = [cfg.provider, *(cfg.hedge.targets if cfg.hedge else [])]
+        self._providers = {t: ctx.providers[t] for t in targets}
+        self._store = ctx.store
+        self._hedger = Hedger(
+            cfg.hedge_policy(), targets, breakers=ctx.breakers, loop_lag=ctx.loop_lag
+        )
+
+    async def aclose(self) -> None:
+        if self._hedger is not None:
+            await self._hedger.aclose()
+
+    def request(self, state: TurnState) -> ChatRequest:
+        """The request this step sends for ``state`` (templates filled)."""
+        cfg, values = self.config, state.prompt_vars()
+        messages = []
+        if cfg.system:
+            messages.append({"role": "system", "content": cfg.system.format(**values)})
+        messages.append({"role": "user", "content": cfg.prompt.format(**values)})
+        return ChatRequest(
+            model=cfg.model, messages=messages, max_output_tokens=cfg.max_output_tokens,
+            temperature=cfg.temperature, reasoning_effort=cfg.reasoning_effort,
+            reasoning_summary=cfg.reasoning_summary, seed=cfg.seed,
+            stop=cfg.stop, json_schema=cfg.json_schema,
+        )  # fmt: skip
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        cfg = self.config
+        assert self._hedger is not None, "LLMStep.open() was not called"
+        deadline = asyncio.get_running_loop().time() + cfg.deadline_s
+        request = self.request(state)
+        streams: dict[int, ChatStream] = {}
+
+        async def attempt(info: AttemptInfo) -> ChatStream:
+            req = replace(request, headers={"x-chainrun-attempt": str(info.number)})
+            s = ChatStream(self._providers[info.target], req)
+            streams[info.number] = s
+            try:
+                return await (s.first_token() if cfg.stream else s.collect())
+            except BaseException:
+                await s.aclose()
+                raise
+
+        async def release(s: ChatStream) -> None:
+            await s.aclose()
+
+        def accept(s: ChatStream) -> bool:
+            # quality gate: a fast answer that is not JSON must not win the race
+            return parse_json_object(s.timer.text) is not None
+
+        gate = accept if self.wants_json and cfg.hedge is not None and not cfg.stream else None
+        winner: ChatStream | None = None
+        outcome: HedgeOutcome[ChatStream] | None = None
+        error: BaseException | None = None
+        try:
+            outcome = await self._hedger.run(attempt, release=release, accept=gate)
+            if outcome.error is not None:
+                error = outcome.error
+            else:
+                winner = outcome.value
+                assert winner is not None
+                if cfg.stream:
+                    async with asyncio.timeout_at(deadline):
+                        async for text in winner.deltas():
+                            yield TokenDelta(step=self.name, text=text)
+                else:
+                    await winner.collect()
+        except (ProviderError, TimeoutError) as e:
+            error = e
+        finally:
+            # cancelled from outside before the engine settled: close every attempt
+            to_close = list(streams.values()) if outcome is None else [winner]
+            try:
+                await _close_all([s for s in to_close if s is not None])
+            finally:  # recorded even when the close is interrupted by a cancellation
+                error = self._record(ctx, request, outcome, streams, winner, error)
+                if outcome is not None and outcome.shadows_pending:
+                    ctx.after_log.append(
+                        self._shadow_settler(request, outcome, streams, deadline)
+                    )
+        yield self._result(winner, error)
+
+    def _record(
+        self,
+        ctx: StepContext,
+        request: ChatRequest,
+        outcome: HedgeOutcome[ChatStream] | None,
+        streams: dict[int, ChatStream],
+        winner: ChatStream | None,
+        error: BaseException | None,
+    ) -> BaseException | None:
+        """Fill the step's row and calls; return the step's error (None: it answered)."""
+        row = ctx.row
+        row.duration_ms = ctx.elapsed_ms()
+        if outcome is not None:
+            row.n_attempts = sum(1 for a in outcome.attempts if a.number in streams)
+            row.hedge_delay_ms = outcome.delay_ms
+            row.hedge_fired = outcome.fired
+            row.hedge_won = outcome.won_by_copy
+            row.time_saved_ms = outcome.time_saved_ms
+            ctx.calls[:] = self._call_rows(request, outcome, streams)
+        if winner is not None:
+            ctx.ttft_ms = winner.timer.ttft_ms
+            usage = winner.timer.usage
+            ctx.output_tokens = usage.output_tokens if usage is not None else None
+            if error is None and winner.error is not None:
+                error = winner.error
+            row.output = winner.timer.text  # what arrived, even before a failure
+        if error is None and winner is not None and self.wants_json:
+            if parse_json_object(winner.timer.text) is None:
+                error = InvalidAnswer(f"{self.name}: the answer is not a JSON object")
+        if error is not None:
+            row.error_type = error_type(error)
+        return error
+
+    def _call_rows(
+        self, request: ChatRequest, outcome: HedgeOutcome[ChatStream],
+        streams: dict[int, ChatStream],
+    ) -> list[CallRow]:  # fmt: skip
+        rows = []
+        for a in outcome.attempts:
+            s = streams.get(a.number)
+            rows.append(call_row(self.name, a, s.request if s else request, s,
+                                 self._providers.get(a.target)))  # fmt: skip
+        return rows
+
+    def _result(self, winner: ChatStream | None, error: BaseException | None) -> StepResult:
+        if error is not None or winner is None:
+            return StepResult(error=error)
+        text = winner.timer.text
+        if self.is_answer:
+            return StepResult(updates={"answer": text})
+        if self.config.labels:
+            return StepResult(updates={"label": parse_label(text, self.config.labels)})
+        parsed = parse_json_object(text) if self.wants_json else None
+        return StepResult(verdict=parsed if parsed is not None else {"text": text})
+
+    def _shadow_settler(
+        self, request: ChatRequest, outcome: HedgeOutcome[ChatStream],
+        streams: dict[int, ChatStream], deadline: float,
+    ) -> Any:  # fmt: skip
+        """A callback that waits (inside the step's deadline) for shadow losers, then
+        rewrites the step's ``calls`` rows and measured ``time_saved_ms`` in the log."""
+
+        async def settle(turn_id: int | None) -> None:
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await outcome.shadows_done()
+            if self._store is None or turn_id is None:
+                return
+            rows = self._call_rows(request, outcome, streams)
+            self._store.update_step_calls(turn_id, self.name, rows, outcome.time_saved_ms)
+
+        return settle
+
+
+__all__ = ["LLMStep", "call_row", "parse_label", "template_fields"]

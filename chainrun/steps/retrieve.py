@@ -1,0 +1,95 @@
+"""The retrieve step: early-exit search over the shop's catalogue (``kind = "retrieve"``).
+
+It reads the message (and the classify label when ``retrieval.use_label = true``) and
+writes ``products``: the found products as the compose prompt shows them. The searches
+themselves live in :mod:`chainrun.retrieval`; the catalogue in the log database
+(the sample catalogue is loaded there when the database has none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
+
+from chainrun.catalog import ensure_sample_catalog
+from chainrun.config import StepConfig
+from chainrun.errors import ChainrunError, ProviderError, error_type
+from chainrun.retrieval import build_retriever
+from chainrun.steps.base import (
+    BuildContext,
+    Step,
+    StepContext,
+    StepItem,
+    StepResult,
+    TurnState,
+    register_step_kind,
+)
+
+
+class Retriever(Protocol):
+    """What the retrieve step needs (filled by :mod:`chainrun.retrieval`, or a test double)."""
+
+    async def retrieve(self, query: str, *, label: str | None = None) -> Any: ...
+
+
+@register_step_kind
+class RetrieveStep(Step):
+    """Products for the shopper's message, searches in priority order, early exit."""
+
+    kind = "retrieve"
+
+    def __init__(self, name: str, config: StepConfig) -> None:
+        super().__init__(name, config)
+        self.retriever: Retriever | None = None
+        self._owned: Any = None
+
+    @property
+    def reads(self) -> frozenset[str]:
+        uses_label = self.config.retrieval.use_label
+        return frozenset({"message", "label"} if uses_label else {"message"})
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset({"products"})
+
+    async def open(self, ctx: BuildContext) -> None:
+        """Use the injected retriever, or build the searches over the catalogue in the
+        log database (loading the sample catalogue when it has none)."""
+        if ctx.retriever is not None:
+            self.retriever = ctx.retriever
+            return
+        ensure_sample_catalog(ctx.db)
+        built = build_retriever(self.config.retrieval, ctx.db)
+        self._owned = self.retriever = built
+        try:
+            await built.warm()  # embeds the catalogue once (cached in the database)
+        except ProviderError as e:
+            if not ctx.quiet:
+                print(f"chainrun: vector search unavailable ({e})", file=sys.stderr)
+
+    async def aclose(self) -> None:
+        if self._owned is not None:
+            await self._owned.aclose()
+            self._owned = self.retriever = None
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        row = ctx.row
+        result = StepResult()
+        if self.retriever is None:
+            row.detail = {"results": [], "searches": [], "stopped_after": None}
+        else:
+            label = state.label if self.config.retrieval.use_label else None
+            try:
+                async with asyncio.timeout(self.config.deadline_s):
+                    found = await self.retriever.retrieve(state.message, label=label)
+                row.detail = found.as_json()
+                result.updates["products"] = found.prompt_text() or "(none)"
+                row.output = json.dumps([item["id"] for item in row.detail.get("results", [])])
+            except (ChainrunError, TimeoutError) as e:
+                result.error = e
+                row.error_type = error_type(e)
+        row.duration_ms = ctx.elapsed_ms()
+        yield result
