@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -34,6 +35,7 @@ __all__ = [
     "TurnLog",
     "TurnRow",
     "TurnStatus",
+    "Usage",
 ]
 
 RunKind = Literal["replay", "live", "eval"]
@@ -213,10 +215,81 @@ class CallRow(_Row):
         return row
 
 
+@dataclass(frozen=True)
+class Usage:
+    """Tokens summed over a turn's model calls (every attempt: copies cost tokens too).
+
+    A count a call did not report (a cancelled loser, a server that sent no usage) is
+    unknown, not 0: ``unknown_calls`` says how many calls of ``calls`` added nothing.
+    The GenAI conventions' inclusions hold: ``input_tokens`` includes cached ones and
+    ``output_tokens`` includes reasoning ones.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_input_tokens: int = 0
+    calls: int = 0
+    unknown_calls: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "calls": self.calls,
+            "unknown_calls": self.unknown_calls,
+        }
+
+
+#: attempts the hedging engine decided not to send (no request left the process)
+UNSENT_OUTCOMES = frozenset({"budget_exhausted", "suppressed"})
+
+
 @dataclass
 class TurnLog:
-    """A turn as it is written: its row plus its steps' and calls' rows (one transaction)."""
+    """A turn's row with its steps' and calls' rows: what the chain writes in one
+    transaction and what ``Store.turn`` reads back.
+
+    ``steps`` are in display order; each call's ``started_offset_ms`` is from its
+    step's start, each step's from the turn's start.
+    """
 
     turn: TurnRow
     steps: list[StepRow] = field(default_factory=list)
     calls: list[CallRow] = field(default_factory=list)
+
+    @property
+    def turn_id(self) -> int:
+        assert self.turn.id is not None
+        return self.turn.id
+
+    @property
+    def started_at(self) -> datetime | None:
+        """The turn's wall-clock start (UTC), or None when the row has none."""
+        value = self.turn.started_at
+        return datetime.fromisoformat(value) if value else None
+
+    def calls_of(self, step: str) -> list[CallRow]:
+        """The calls rows of ``step``, by attempt number."""
+        return sorted((c for c in self.calls if c.step == step), key=lambda c: c.attempt)
+
+    def usage(self) -> Usage:
+        """The turn's tokens summed over its sent calls (see :class:`Usage`)."""
+        sums = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0,
+                "cached_input_tokens": 0}  # fmt: skip
+        calls = unknown = 0
+        for c in self.calls:
+            if c.outcome in UNSENT_OUTCOMES:
+                continue
+            calls += 1
+            if c.input_tokens is None and c.output_tokens is None:
+                unknown += 1
+            for key in sums:
+                value = getattr(c, key)
+                if value is not None:
+                    sums[key] += int(value)
+        return Usage(**sums, calls=calls, unknown_calls=unknown)
+
+

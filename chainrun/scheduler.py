@@ -201,7 +201,7 @@ class TurnRun:
         self._skip_not_started()
 
     # -- stopping --------------------------------------------------------------------
-    async def _cancel_running(self) -> None:
+    async def _cancel_running(self, *, skip_rest: bool = True) -> None:
         tasks = dict(self._tasks)
         self._tasks.clear()
         for name in tasks:
@@ -224,7 +224,8 @@ class TurnRun:
             row = self._ctx[name].row
             if row.duration_ms == 0.0:
                 row.duration_ms = self.now_ms() - row.started_offset_ms
-        self._skip_not_started()
+        if skip_rest:
+            self._skip_not_started()
         if interrupted is not None:
             raise interrupted
 
@@ -238,8 +239,9 @@ class TurnRun:
                 self._ctx[name] = StepContext(row=row)
 
     async def cancel(self) -> None:
-        """Stop the turn: cancel every running step (their calls are closed) and wait."""
-        await self._cancel_running()
+        """Stop the turn: cancel every running step (their calls are closed) and wait.
+        Steps not started yet are not logged (the turn was cancelled, not refused)."""
+        await self._cancel_running(skip_rest=False)
 
     # -- what to log -----------------------------------------------------------------
     def rows(self) -> list[StepRow]:

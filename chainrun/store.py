@@ -212,6 +212,16 @@ class Store:
         """The model call attempts of a run (or of several), in the order they were logged."""
         return [CallRow.from_db(r) for r in self._rows("calls", run_ids)]
 
+    def turn(self, turn_id: int) -> TurnLog | None:
+        """One turn's row with its steps and calls, or None when there is no such turn."""
+        rows = list(self.db.table("turns").rows_where("id = ?", [turn_id]))
+        if not rows:
+            return None
+        steps = self.db.table("steps").rows_where("turn_id = ?", [turn_id], order_by="id")
+        calls = self.db.table("calls").rows_where("turn_id = ?", [turn_id], order_by="id")
+        return TurnLog(TurnRow.from_db(rows[0]), [StepRow.from_db(r) for r in steps],
+                          [CallRow.from_db(r) for r in calls])  # fmt: skip
+
     def runs_of_kind(self, kind: RunKind) -> list[RunRow]:
         """Every run of ``kind``, oldest first."""
         rows = self.db.table("runs").rows_where("kind = ?", [kind], order_by="id")

@@ -31,7 +31,6 @@ fleet's spans tell processes apart.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ConfigError
+from chainrun.records import CallRow, StepRow
 from chainrun.turnlog import UNSENT_OUTCOMES, LoggedTurn
 
 if TYPE_CHECKING:  # the otel extra is optional: imported lazily below
@@ -147,113 +147,113 @@ class Telemetry:
         )
         _set(span, {
             "gen_ai.operation.name": "invoke_workflow",
-            "gen_ai.conversation.id": row["conversation_id"],
+            "gen_ai.conversation.id": row.conversation_id,
             "gen_ai.usage.input_tokens": usage.input_tokens if usage.calls else None,
             "gen_ai.usage.output_tokens": usage.output_tokens if usage.calls else None,
-            "chainrun.run.id": row["run_id"],
-            "chainrun.turn.id": row["id"],
-            "chainrun.turn.status": row["status"],
-            "chainrun.turn.label": row["label"],
+            "chainrun.run.id": row.run_id,
+            "chainrun.turn.id": row.id,
+            "chainrun.turn.status": row.status,
+            "chainrun.turn.label": row.label,
             "chainrun.turn.calls_usage_unknown": usage.unknown_calls,
-            "error.type": row["error_type"] or (
-                row["status"] if row["status"] in ("error", "cancelled") else None),
+            "error.type": row.error_type or (
+                row.status if row.status in ("error", "cancelled") else None),
         })  # fmt: skip
-        if row["status"] in ("error", "cancelled"):
-            span.set_status(self._trace.StatusCode.ERROR, row["status"])
+        if row.status in ("error", "cancelled"):
+            span.set_status(self._trace.StatusCode.ERROR, row.status)
         ctx = self._trace.set_span_in_context(span)
         for step in turn.steps:
             self._step(turn, step, start, ctx)
-        span.end(end_time=_ns(start, row["duration_ms"] or 0.0))
+        span.end(end_time=_ns(start, row.duration_ms or 0.0))
 
-    def _step(self, turn: LoggedTurn, step: dict[str, Any], start: datetime, ctx: Any) -> None:
-        if step["status"] == "skipped":
+    def _step(self, turn: LoggedTurn, step: StepRow, start: datetime, ctx: Any) -> None:
+        if step.status == "skipped":
             return
-        offset = step["started_offset_ms"] or 0.0
-        retrieve = step["kind"] == "retrieve"
-        name = f"retrieval {step['step']}" if retrieve else f"step {step['step']}"
+        offset = step.started_offset_ms or 0.0
+        retrieve = step.kind == "retrieve"
+        name = f"retrieval {step.step}" if retrieve else f"step {step.step}"
         span = self.tracer.start_span(name, context=ctx, start_time=_ns(start, offset))
         attrs: dict[str, Any] = {
-            "chainrun.step.name": step["step"],
-            "chainrun.step.kind": step["kind"],
-            "chainrun.step.status": step["status"],
-            "error.type": step["error_type"],
+            "chainrun.step.name": step.step,
+            "chainrun.step.kind": step.kind,
+            "chainrun.step.status": step.status,
+            "error.type": step.error_type,
         }
         if retrieve:
             attrs["gen_ai.operation.name"] = "retrieval"
-            detail = turn.step_detail(step) or {}
+            detail = step.detail or {}
             attrs["chainrun.retrieval.results"] = len(detail.get("results") or [])
             attrs["chainrun.retrieval.stopped_after"] = detail.get("stopped_after")
         else:
             attrs.update({
-                "chainrun.hedge.attempts": step["n_attempts"],
-                "chainrun.hedge.fired": bool(step["hedge_fired"]),
-                "chainrun.hedge.won_by_copy": bool(step["hedge_won"]),
-                "chainrun.hedge.delay_ms": step["hedge_delay_ms"],
-                "chainrun.hedge.time_saved_ms": step["time_saved_ms"],
+                "chainrun.hedge.attempts": step.n_attempts,
+                "chainrun.hedge.fired": bool(step.hedge_fired),
+                "chainrun.hedge.won_by_copy": bool(step.hedge_won),
+                "chainrun.hedge.delay_ms": step.hedge_delay_ms,
+                "chainrun.hedge.time_saved_ms": step.time_saved_ms,
             })  # fmt: skip
         _set(span, attrs)
-        if step["status"] in ("failed_open", "failed_closed", "cancelled"):
-            span.set_status(self._trace.StatusCode.ERROR, step["status"])
+        if step.status in ("failed_open", "failed_closed", "cancelled"):
+            span.set_status(self._trace.StatusCode.ERROR, step.status)
         step_ctx = self._trace.set_span_in_context(span)
-        for call in turn.calls_of(step["step"]):
-            if call["outcome"] not in UNSENT_OUTCOMES:
+        for call in turn.calls_of(step.step):
+            if call.outcome not in UNSENT_OUTCOMES:
                 self._attempt(call, start, offset, step_ctx)
-        span.end(end_time=_ns(start, offset + (step["duration_ms"] or 0.0)))
+        span.end(end_time=_ns(start, offset + (step.duration_ms or 0.0)))
 
-    def _attempt(self, call: dict[str, Any], start: datetime, step_offset: float,
+    def _attempt(self, call: CallRow, start: datetime, step_offset: float,
                  ctx: Any) -> None:  # fmt: skip
-        offset = step_offset + (call["started_offset_ms"] or 0.0)
-        model = call["model"]
+        offset = step_offset + (call.started_offset_ms or 0.0)
+        model = call.model
         span = self.tracer.start_span(
             f"chat {model}" if model else "chat", context=ctx,
             kind=self._trace.SpanKind.CLIENT, start_time=_ns(start, offset),
         )  # fmt: skip
-        host, port = _server(call["server_address"])
+        host, port = _server(call.server_address)
         common = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": call["provider"],
+            "gen_ai.provider.name": call.provider,
             "gen_ai.request.model": model,
-            "gen_ai.response.model": call["response_model"],
+            "gen_ai.response.model": call.response_model,
             "server.address": host,
             "server.port": port,
-            "error.type": call["error_type"],
+            "error.type": call.error_type,
         }
         _set(span, {
             **common,
-            "gen_ai.response.id": call["response_id"],
+            "gen_ai.response.id": call.response_id,
             "gen_ai.response.finish_reasons":
-                [call["finish_reason"]] if call["finish_reason"] else None,
-            "gen_ai.request.max_tokens": call["max_tokens"],
-            "gen_ai.request.temperature": call["temperature"],
-            "gen_ai.request.stream": bool(call["stream"]),
-            "gen_ai.usage.input_tokens": call["input_tokens"],
-            "gen_ai.usage.output_tokens": call["output_tokens"],
-            "gen_ai.usage.reasoning.output_tokens": call["reasoning_tokens"],
-            "gen_ai.usage.cache_read.input_tokens": call["cached_input_tokens"],
-            "chainrun.request.reasoning_effort": call["reasoning_effort"],
-            "chainrun.hedge.attempt": call["attempt"],
-            "chainrun.hedge.target": call["target"],
-            "chainrun.hedge.outcome": call["outcome"],
-            "chainrun.ttft_ms": call["ttft_ms"],
-            "chainrun.truncated": bool(call["truncated"]),
+                [call.finish_reason] if call.finish_reason else None,
+            "gen_ai.request.max_tokens": call.max_tokens,
+            "gen_ai.request.temperature": call.temperature,
+            "gen_ai.request.stream": bool(call.stream),
+            "gen_ai.usage.input_tokens": call.input_tokens,
+            "gen_ai.usage.output_tokens": call.output_tokens,
+            "gen_ai.usage.reasoning.output_tokens": call.reasoning_tokens,
+            "gen_ai.usage.cache_read.input_tokens": call.cached_input_tokens,
+            "chainrun.request.reasoning_effort": call.reasoning_effort,
+            "chainrun.hedge.attempt": call.attempt,
+            "chainrun.hedge.target": call.target,
+            "chainrun.hedge.outcome": call.outcome,
+            "chainrun.ttft_ms": call.ttft_ms,
+            "chainrun.truncated": bool(call.truncated),
         })  # fmt: skip
-        if call["error_type"]:
-            span.set_status(self._trace.StatusCode.ERROR, call["error_type"])
-        span.end(end_time=_ns(start, offset + (call["duration_ms"] or 0.0)))
+        if call.error_type:
+            span.set_status(self._trace.StatusCode.ERROR, call.error_type)
+        span.end(end_time=_ns(start, offset + (call.duration_ms or 0.0)))
         self._metrics(call, {k: v for k, v in common.items() if v is not None})
 
-    def _metrics(self, call: dict[str, Any], attrs: dict[str, Any]) -> None:
-        if call["duration_ms"] is not None:
-            self.duration.record(call["duration_ms"] / 1000.0, attrs)
-        if call["ttft_ms"] is not None:
-            self.ttfc.record(call["ttft_ms"] / 1000.0, attrs)
-        for gap in json.loads(call["chunk_gaps_ms"] or "[]"):
+    def _metrics(self, call: CallRow, attrs: dict[str, Any]) -> None:
+        if call.duration_ms is not None:
+            self.duration.record(call.duration_ms / 1000.0, attrs)
+        if call.ttft_ms is not None:
+            self.ttfc.record(call.ttft_ms / 1000.0, attrs)
+        for gap in call.chunk_gaps_ms:
             self.tpoc.record(gap / 1000.0, attrs)
         no_error = {k: v for k, v in attrs.items() if k != "error.type"}
-        if call["input_tokens"] is not None:
-            self.tokens.record(call["input_tokens"], {**no_error, "gen_ai.token.type": "input"})
-        if call["output_tokens"] is not None:
-            self.tokens.record(call["output_tokens"], {**no_error, "gen_ai.token.type": "output"})
+        if call.input_tokens is not None:
+            self.tokens.record(call.input_tokens, {**no_error, "gen_ai.token.type": "input"})
+        if call.output_tokens is not None:
+            self.tokens.record(call.output_tokens, {**no_error, "gen_ai.token.type": "output"})
 
 
 class ExportingTelemetry(Telemetry):

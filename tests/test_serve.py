@@ -79,14 +79,14 @@ async def test_chat_streams_steps_tokens_and_a_logged_turn(config, store, fake) 
     assert [s["step"] for s in turn["steps"]] == list(config.order)
     assert [len(s["attempts"]) for s in turn["steps"]] == [1, 0, 1, 1, 1]
     calls = store.calls(turn["run_id"])
-    assert turn["usage"]["input_tokens"] == sum(c["input_tokens"] for c in calls[:4])
-    assert turn["usage"]["output_tokens"] == sum(c["output_tokens"] for c in calls[:4])
+    assert turn["usage"]["input_tokens"] == sum(c.input_tokens for c in calls[:4])
+    assert turn["usage"]["output_tokens"] == sum(c.output_tokens for c in calls[:4])
     # one chain, one run of kind live, every turn logged once with its conversation id
     rows = store.turns(turn["run_id"])
-    assert [r["id"] for r in rows] == [turn["turn_id"], again[-1][1]["turn_id"]]
-    assert {r["conversation_id"] for r in rows} == {"conv-1"}
+    assert [r.id for r in rows] == [turn["turn_id"], again[-1][1]["turn_id"]]
+    assert {r.conversation_id for r in rows} == {"conv-1"}
     run = store.get_run(turn["run_id"])
-    assert run["kind"] == "live" and run["status"] == "complete"  # closed at shutdown
+    assert run.kind == "live" and run.status == "complete"  # closed at shutdown
 
 
 async def test_chat_without_conversation_id_gets_one(config, store, fake) -> None:
@@ -256,10 +256,10 @@ async def test_openai_client_streamed_and_not_with_summed_usage(quick_lab, tmp_p
     extra = whole.model_extra["chainrun"]
     assert whole.choices[0].message.content == extra["output"] and extra["status"] == "ok"
     assert whole.choices[0].finish_reason == "stop"
-    calls = [c for c in store.calls(extra["run_id"]) if c["turn_id"] == extra["turn_id"]]
+    calls = [c for c in store.calls(extra["run_id"]) if c.turn_id == extra["turn_id"]]
     assert len(calls) == 4
-    assert whole.usage.prompt_tokens == sum(c["input_tokens"] for c in calls)
-    assert whole.usage.completion_tokens == sum(c["output_tokens"] for c in calls)
+    assert whole.usage.prompt_tokens == sum(c.input_tokens for c in calls)
+    assert whole.usage.completion_tokens == sum(c.output_tokens for c in calls)
     assert whole.usage.completion_tokens_details.reasoning_tokens == 0
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert [s["step"] for s in extra["steps"]] == ["classify", "retrieve", "compose", "validate",
@@ -271,12 +271,12 @@ async def test_openai_client_streamed_and_not_with_summed_usage(quick_lab, tmp_p
     summary = finish[0].model_extra["chainrun"]
     assert text == summary["output"] and text
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    calls = [c for c in store.calls(summary["run_id"]) if c["turn_id"] == summary["turn_id"]]
-    assert chunks[-1].usage.prompt_tokens == sum(c["input_tokens"] for c in calls)
-    assert chunks[-1].usage.completion_tokens == sum(c["output_tokens"] for c in calls)
+    calls = [c for c in store.calls(summary["run_id"]) if c.turn_id == summary["turn_id"]]
+    assert chunks[-1].usage.prompt_tokens == sum(c.input_tokens for c in calls)
+    assert chunks[-1].usage.completion_tokens == sum(c.output_tokens for c in calls)
     turns = store.turns(summary["run_id"])
-    assert [t["conversation_id"] is not None for t in turns] == [True, True]
-    assert turns[0]["conversation_id"] == "shopper-7"
+    assert [t.conversation_id is not None for t in turns] == [True, True]
+    assert turns[0].conversation_id == "shopper-7"
     store.close()
 
 
@@ -313,10 +313,10 @@ async def test_chat_client_gone_mid_answer_cancels_the_turn(slow_lab, tmp_path) 
         await asyncio.sleep(0.2)  # the lab notices the closed stream
         records = _in_flight_were_disconnected(slow_lab)
     assert turn["status"] == "cancelled"
-    steps = {s["step"]: s for s in store.steps(turn["run_id"])}
-    assert steps["compose"]["status"] == "cancelled" and "validate" not in steps
-    (compose,) = [c for c in store.calls(turn["run_id"]) if c["step"] == "compose"]
-    assert compose["ttft_ms"] is not None and compose["output"]  # what had arrived
+    steps = {s.step: s for s in store.steps(turn["run_id"])}
+    assert steps["compose"].status == "cancelled" and "validate" not in steps
+    (compose,) = [c for c in store.calls(turn["run_id"]) if c.step == "compose"]
+    assert compose.ttft_ms is not None and compose.output  # what had arrived
     assert len(records) == 2  # classify, compose: nothing ran after the client left
     store.close()
 

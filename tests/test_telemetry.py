@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.server
-import json
 import os
 import signal
 import subprocess
@@ -93,7 +92,7 @@ async def test_spans_carry_the_genai_attributes_of_the_log(config, store, fake, 
     assert by["retrieval retrieve"].attributes["gen_ai.operation.name"] == "retrieval"
     steps = [s for s in spans if s.name.startswith(("step ", "retrieval "))]
     assert all(s.parent.span_id == root.context.span_id for s in steps)
-    calls = {c["step"]: c for c in store.calls(turn["run_id"])}
+    calls = {c.step: c for c in store.calls(turn["run_id"])}
     for s in spans:
         if not s.name.startswith("chat "):
             continue
@@ -101,9 +100,9 @@ async def test_spans_carry_the_genai_attributes_of_the_log(config, store, fake, 
         step = parent.attributes["chainrun.step.name"]
         c, a = calls[step], s.attributes
         assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "local"
-        assert a["gen_ai.request.model"] == c["model"]
-        assert a["gen_ai.usage.input_tokens"] == c["input_tokens"]
-        assert a["gen_ai.usage.output_tokens"] == c["output_tokens"]
+        assert a["gen_ai.request.model"] == c.model
+        assert a["gen_ai.usage.input_tokens"] == c.input_tokens
+        assert a["gen_ai.usage.output_tokens"] == c.output_tokens
         assert a["gen_ai.usage.reasoning.output_tokens"] == 0
         assert a["gen_ai.response.finish_reasons"] == ("stop",)
         assert a["chainrun.hedge.attempt"] == 1 and a["chainrun.hedge.outcome"] == "not_fired"
@@ -111,11 +110,11 @@ async def test_spans_carry_the_genai_attributes_of_the_log(config, store, fake, 
         # the log's times: the attempt lies inside its step, the step inside the turn
         assert parent.start_time <= s.start_time <= s.end_time <= parent.end_time + 1_000_000
         assert root.start_time <= parent.start_time and parent.end_time <= root.end_time + 1_000_000
-        assert (s.end_time - s.start_time) / 1e6 == pytest.approx(c["duration_ms"], abs=0.01)
+        assert (s.end_time - s.start_time) / 1e6 == pytest.approx(c.duration_ms, abs=0.01)
     m = otel.metrics()
     assert sum(p.count for p in m["gen_ai.client.operation.duration"]) == 4
     assert sum(p.count for p in m["gen_ai.client.operation.time_to_first_chunk"]) == 4
-    gaps = sum(len(json.loads(c["chunk_gaps_ms"])) for c in store.calls(turn["run_id"]))
+    gaps = sum(len(c.chunk_gaps_ms) for c in store.calls(turn["run_id"]))
     assert sum(p.count for p in m["gen_ai.client.operation.time_per_output_chunk"]) == gaps
     tokens = {p.attributes["gen_ai.token.type"]: p for p in m["gen_ai.client.token.usage"]
               if p.attributes["gen_ai.request.model"] == "gemma-3-270m"}  # fmt: skip
@@ -308,4 +307,4 @@ def test_serve_exports_to_a_local_otlp_receiver(tmp_path: Path) -> None:
     duration = metrics["gen_ai.client.operation.duration"]
     assert duration.unit == "s" and sum(p.count for p in duration.histogram.data_points) == 4
     with Store.open(db) as store:
-        assert store.list_runs()[0]["status"] == "complete"
+        assert store.list_runs()[0].status == "complete"

@@ -95,33 +95,33 @@ def turn_summary(
     steps: list[dict[str, Any]] = []
     if logged is not None:
         for row in logged.steps:
-            live = live_steps.get(row["step"], {})
+            live = live_steps.get(row.step, {})
             steps.append(
                 {
-                    "step": row["step"],
-                    "kind": row["kind"],
-                    "status": row["status"],
-                    "started_ms": row["started_offset_ms"],
-                    "duration_ms": row["duration_ms"],
+                    "step": row.step,
+                    "kind": row.kind,
+                    "status": row.status,
+                    "started_ms": row.started_offset_ms,
+                    "duration_ms": row.duration_ms,
                     "ttft_ms": live.get("ttft_ms"),
                     "output_tokens": live.get("output_tokens"),
-                    "n_attempts": row["n_attempts"],
-                    "hedge_fired": bool(row["hedge_fired"]),
-                    "hedge_won": bool(row["hedge_won"]),
-                    "hedge_delay_ms": row["hedge_delay_ms"],
-                    "error_type": row["error_type"],
+                    "n_attempts": row.n_attempts,
+                    "hedge_fired": bool(row.hedge_fired),
+                    "hedge_won": bool(row.hedge_won),
+                    "hedge_delay_ms": row.hedge_delay_ms,
+                    "error_type": row.error_type,
                     "attempts": [
                         {
-                            "attempt": c["attempt"],
-                            "target": c["target"],
-                            "started_ms": c["started_offset_ms"],
-                            "ttft_ms": c["ttft_ms"],
-                            "duration_ms": c["duration_ms"],
-                            "outcome": c["outcome"],
-                            "output_tokens": c["output_tokens"],
-                            "error_type": c["error_type"],
+                            "attempt": c.attempt,
+                            "target": c.target,
+                            "started_ms": c.started_offset_ms,
+                            "ttft_ms": c.ttft_ms,
+                            "duration_ms": c.duration_ms,
+                            "outcome": c.outcome,
+                            "output_tokens": c.output_tokens,
+                            "error_type": c.error_type,
                         }
-                        for c in logged.calls_of(row["step"])
+                        for c in logged.calls_of(row.step)
                     ],
                 }
             )
