@@ -56,7 +56,7 @@ def test_one_turn_on_the_local_model_is_timed_and_consistent(
         calls = store.calls(doc["run_id"])
     assert {c.step for c in calls} == {"classify", "compose", "validate", "critique"}
     for c in calls:
-        where = f"{c['step']}: {c}"
+        where = f"{c.step}: {c}"
         gaps = c.chunk_gaps_ms
         assert c.ttft_ms is not None and c.ttft_ms > 0, where
         assert c.duration_ms >= c.ttft_ms, where

@@ -279,8 +279,10 @@ class LLMStep(Step):
         rows = []
         for a in outcome.attempts:
             s = streams.get(a.number)
-            rows.append(call_row(self.name, a, s.request if s else request, s,
-                                 self._providers.get(a.target)))  # fmt: skip
+            row = call_row(self.name, a, s.request if s else request, s,
+                           self._providers.get(a.target))  # fmt: skip
+            row.stream = self.config.stream
+            rows.append(row)
         return rows
 
     def _result(self, winner: ChatStream | None, error: BaseException | None) -> StepResult:
