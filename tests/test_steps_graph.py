@@ -1,0 +1,205 @@
+"""Steps as a protocol and the turn as a graph (issues 8 and 15)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+
+import pytest
+from conftest import reply_by_step
+
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.errors import ConfigError
+from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.steps import Step, StepContext, StepResult, TurnState, register_step_kind
+from chainrun.steps.base import StepItem
+
+
+class Shout(Step):
+    """A step kind defined outside the package: upper-cases the answer."""
+
+    kind = "test_shout"
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return frozenset({"answer"})
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset({"answer"})
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        ctx.row.output = (state.answer or "").upper()
+        ctx.row.duration_ms = ctx.elapsed_ms()
+        yield StepResult(updates={"answer": ctx.row.output})
+
+
+register_step_kind(Shout)
+
+
+async def test_a_custom_step_kind_from_outside_the_package(store) -> None:
+    cfg = config_from_dict({
+        "order": ["classify", "retrieve", "compose", "shout"],
+        "steps": {"shout": {"kind": "test_shout"}},
+    })  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step())
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("a jacket?")
+        assert done.status == "ok" and done.output == "TRY THE STORM SHELL JACKET AT 89 EUROS."
+        steps = {s.step: s for s in store.steps(done.run_id)}
+    assert steps["shout"].kind == "test_shout" and steps["shout"].status == "ok"
+    assert steps["shout"].started_offset_ms >= steps["compose"].started_offset_ms
+
+
+async def test_unknown_step_kind_is_a_config_error() -> None:
+    cfg = config_from_dict({"order": ["classify", "retrieve", "compose"],
+                            "steps": {"classify": {"kind": "lmm"}}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"steps\.classify\.kind: unknown step kind 'lmm' "
+                                          r"\(did you mean 'llm'\?\)"):  # fmt: skip
+        Chain(cfg)
+
+
+def _offsets(store, run_id: int) -> dict[str, tuple[float, float]]:
+    return {s.step: (s.started_offset_ms, s.started_offset_ms + s.duration_ms)
+            for s in store.steps(run_id)}  # fmt: skip
+
+
+async def test_independent_steps_run_concurrently(store) -> None:
+    """Default chain: classify runs beside retrieve/compose (compose does not read the
+    label); validate and critique both need only the answer and overlap."""
+    slow = reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=0.3),
+        "validate": FakeReply('{"ok": true, "reason": "x"}', ttft_s=0.2),
+        "critique": FakeReply("fine", ttft_s=0.2),
+        "compose": FakeReply("an answer", ttft_s=0.05),
+    })  # fmt: skip
+    async with Chain(config_from_dict({}), store=store,
+                     providers={"local": FakeProvider(name="local", script=slow)}) as chain:
+        done = await chain.run_turn("a jacket?")
+    spans = _offsets(store, done.run_id)
+    assert spans["compose"][0] < spans["classify"][1]  # compose started before classify ended
+    assert spans["critique"][0] < spans["validate"][1]  # post-answer checks overlap
+    assert done.answer_ttft_ms is not None and done.answer_ttft_ms < spans["classify"][1]
+    assert done.answer_done_ms is not None and done.answer_done_ms <= done.duration_ms
+    steps = {s.step: s for s in store.steps(done.run_id)}
+    assert steps["validate"].post_answer and steps["critique"].post_answer
+    assert not steps["compose"].post_answer and not steps["classify"].post_answer
+    (turn,) = store.turns(done.run_id)
+    assert turn.answer_ttft_ms == done.answer_ttft_ms and turn.label == "sizing"
+
+
+async def test_a_compose_prompt_that_reads_the_label_waits_for_classify(store) -> None:
+    cfg = config_from_dict({"steps": {"compose": {"prompt": "{label}: {products} {message}"}}})
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=0.2),
+    }))  # fmt: skip
+    chain = Chain(cfg, store=store, providers={"local": fake})
+    assert chain.graph.deps["compose"] == {"classify", "retrieve"}
+    async with chain:
+        done = await chain.run_turn("does it run small?")
+    spans = _offsets(store, done.run_id)
+    assert spans["compose"][0] >= spans["classify"][1]
+    prompt = next(c.prompt for c in store.calls(done.run_id) if c.step == "compose")
+    assert prompt is not None and "sizing:" in prompt
+
+
+def test_retrieve_reads_the_label_only_when_asked() -> None:
+    default = Chain(config_from_dict({}))
+    assert default.graph.deps["retrieve"] == frozenset()
+    use_label = {"steps": {"retrieve": {"retrieval": {"use_label": True}}}}
+    with_label = Chain(config_from_dict(use_label))
+    assert with_label.graph.deps["retrieve"] == {"classify"}
+
+
+def test_a_cycle_is_one_config_error_naming_both_steps() -> None:
+    cfg = config_from_dict({
+        "order": ["a", "b"], "answer_step": "a",
+        "steps": {"a": {"prompt": "{label} {message}"},
+                  "b": {"prompt": "{answer}", "labels": ["x", "y"]}},
+    })  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        Chain(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and "cycle" in msg and "a" in msg and "b" in msg
+    assert "reads {label}, which b writes" in msg and "reads {answer}, which a writes" in msg
+
+
+def test_a_field_nothing_writes_is_a_config_error() -> None:
+    cfg = config_from_dict({"order": ["compose"]})  # compose reads {products}
+    with pytest.raises(ConfigError, match=r"steps\.compose: reads \{products\}, which no step"):
+        Chain(cfg)
+
+
+def test_after_adds_an_edge() -> None:
+    cfg = config_from_dict({"steps": {"critique": {"after": ["validate"]}}})
+    assert "validate" in Chain(cfg).graph.deps["critique"]
+    with pytest.raises(ConfigError, match=r"steps\.critique\.after: 'nope'"):
+        config_from_dict({"steps": {"critique": {"after": ["nope"]}}})
+
+
+async def test_a_closed_failure_cancels_running_siblings(store) -> None:
+    """compose fails closed while classify (slow) is still running: classify is
+    cancelled (its stream closed), the checks are skipped, the turn refused."""
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=5.0),
+        "compose": FakeReply(error=TimeoutError()),
+    }))  # fmt: skip
+    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+        t0 = asyncio.get_running_loop().time()
+        done = await chain.run_turn("hi")
+        took = asyncio.get_running_loop().time() - t0
+    assert done.status == "refused" and took < 3.0
+    status = {s.step: s.status for s in store.steps(done.run_id)}
+    assert status == {"classify": "cancelled", "retrieve": "ok", "compose": "failed_closed",
+                      "validate": "skipped", "critique": "skipped"}  # fmt: skip
+    assert fake.closed_early >= 1
+
+
+class HoldGate(Step):
+    """A check that holds the answer back while it runs, then refuses or passes."""
+
+    kind = "test_hold_gate"
+    holds_answer = True
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return frozenset({"message"})
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset()
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        await asyncio.sleep(0.2)
+        yield StepResult(refuse="unsafe" in state.message, verdict={"checked": True})
+
+
+register_step_kind(HoldGate)
+
+
+@pytest.mark.parametrize("message", ["a safe question", "an unsafe question"])
+async def test_an_answer_held_by_a_check_is_released_or_dropped(store, message) -> None:
+    cfg = config_from_dict({
+        "order": ["gate", "retrieve", "compose"],
+        "steps": {"gate": {"kind": "test_hold_gate"}},
+    })  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("one two three four", ttft_s=0.01, gap_s=0.01),
+    }))  # fmt: skip
+    events = []
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+        async with contextlib.aclosing(chain.stream_turn(message)) as it:
+            async for ev in it:
+                events.append(ev)
+    done = events[-1]
+    assert isinstance(done, TurnFinished)
+    text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    if "unsafe" in message:
+        assert done.status == "refused" and text == "" and done.answer_ttft_ms is None
+    else:
+        assert done.status == "ok" and text == done.output
+        assert done.answer_ttft_ms is not None and done.answer_ttft_ms >= 190  # held ~0.2 s
+    assert [e.step for e in events if isinstance(e, StepStarted)][:2] == ["gate", "retrieve"]
