@@ -204,7 +204,8 @@ class CallRow(_Row):
     truncated: bool = False
     error_type: str | None = None  # error.type (vocabulary: chainrun.errors.error_type)
     error_message: str | None = None
-    outcome: AttemptOutcome = "not_fired"
+    #: the attempt's place in its race (None: not recorded, e.g. a row written by hand)
+    outcome: AttemptOutcome | None = "not_fired"
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
     fired_late: bool = False  # a copy fired while the client's event loop was late
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent

@@ -168,7 +168,6 @@ class Store:
                 self.db.table("steps").insert_all([{**s.to_db(), **ids} for s in log.steps])
             if log.calls:
                 self.db.table("calls").insert_all([{**c.to_db(), **ids} for c in log.calls])
-        log.turn.id, log.turn.run_id = turn_id, run_id
         return turn_id
 
     def update_step_calls(

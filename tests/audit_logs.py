@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.store import Store
 
 
 def add_run(
     store: Store,
     kind: str,
-    turns: list[TurnRecord],
+    turns: list[TurnLog],
     *,
     config: dict[str, Any] | None = None,
     source: str | None = None,
@@ -33,25 +33,25 @@ def llm(
     dur: float | None = 200.0,
     tokens: int | None = 20,
     **kw: Any,
-) -> CallRecord:
+) -> CallRow:
     """One finished, unhedged LLM call."""
     kw.setdefault("output", "an answer")
     kw.setdefault("n_chunks", 5)
     kw.setdefault("chunk_gaps_ms", [10.0, 12.0, 11.0, 9.0])
     kw.setdefault("provider", "local")
-    return CallRecord(step=step, ttft_ms=ttft, duration_ms=dur, output_tokens=tokens, **kw)
+    return CallRow(step=step, ttft_ms=ttft, duration_ms=dur, output_tokens=tokens, **kw)
 
 
 def turn(
-    calls: list[CallRecord],
+    calls: list[CallRow],
     *,
     message: str = "a rain jacket?",
     answer: str = "Try the Storm Shell.",
-    steps: list[StepRecord] | None = None,
-    extra_steps: list[StepRecord] | None = None,
+    steps: list[StepRow] | None = None,
+    extra_steps: list[StepRow] | None = None,
     started_at: str | None = None,
     request_id: str | None = None,
-) -> TurnRecord:
+) -> TurnLog:
     """A turn whose steps follow one another, one step per distinct call step (its
     duration the winning call's), unless ``steps`` is given."""
     if steps is None:
@@ -60,22 +60,19 @@ def turn(
             mine = [c for c in calls if c.step == name]
             ms = max((c.started_offset_ms + (c.duration_ms or 0.0)) for c in mine)
             steps.append(
-                StepRecord(
+                StepRow(
                     step=name, started_offset_ms=offset, duration_ms=ms, n_attempts=len(mine)
                 )
             )
             offset += ms
     steps = steps + (extra_steps or [])
     total = sum(s.duration_ms for s in steps)
-    return TurnRecord(
-        input=message,
-        output=answer,
+    return TurnLog(
+        TurnRow(input=message, output=answer, duration_ms=total, started_at=started_at,
+                request_id=request_id),
         steps=steps,
         calls=calls,
-        duration_ms=total,
-        started_at=started_at,
-        request_id=request_id,
-    )
+    )  # fmt: skip
 
 
 def hedged(
@@ -88,7 +85,7 @@ def hedged(
     tokens: int = 20,
     saved: float | None = None,
     provider: str = "local",
-) -> tuple[StepRecord, list[CallRecord]]:
+) -> tuple[StepRow, list[CallRow]]:
     """A hedged step execution (non-streamed: settle time = duration)."""
     if not fired:
         calls = [llm(step, 20.0, settle, tokens, outcome="not_fired", provider=provider)]
@@ -116,7 +113,7 @@ def hedged(
         )
         calls = [first, second]
         ms = delay + copy_ms if won else settle
-    rec = StepRecord(
+    rec = StepRow(
         step=step,
         duration_ms=ms,
         n_attempts=len(calls),
@@ -128,7 +125,7 @@ def hedged(
     return rec, calls
 
 
-def hedged_turn(step: str, **kw: Any) -> TurnRecord:
+def hedged_turn(step: str, **kw: Any) -> TurnLog:
     rec, calls = hedged(step, **kw)
     return turn(calls, steps=[rec])
 
@@ -144,7 +141,7 @@ def hedge_config(step: str = "guard", delay: str = "p95", base_url: str = "http:
 
 def retrieve_step(
     stopped_after: str | None, searches: list[tuple[str, float, list[str]]], results: list[str]
-) -> StepRecord:
+) -> StepRow:
     detail = {
         "query": "q",
         "filters": {},
@@ -164,7 +161,7 @@ def retrieve_step(
         "stopped_after": stopped_after,
         "ms": sum(ms for _, ms, _ in searches),
     }
-    return StepRecord(
+    return StepRow(
         step="retrieve",
         kind="retrieve",
         duration_ms=detail["ms"],

@@ -153,7 +153,7 @@ def _eval_run(store: Store, effort: str | None, passed: list[bool], ms: float) -
         for i in range(len(passed))
     ]
     rid = add_run(store, "eval", turns, config=_effort_config(effort), source="evals/r.jsonl")
-    tids = [t["id"] for t in store.turns(rid)]
+    tids = [t.id for t in store.turns(rid)]
     add_eval_results(
         store,
         rid,
@@ -399,7 +399,7 @@ def _covered_evals(store: Store) -> None:
         _retr_turn("hybrid", _SEARCHES_ALL[:2], list("ABCDE")),
     ]
     rid = add_run(store, "eval", turns)
-    tids = [t["id"] for t in store.turns(rid)]
+    tids = [t.id for t in store.turns(rid)]
     add_eval_results(
         store,
         rid,

@@ -50,7 +50,7 @@ def _log(store: Store) -> None:
     ]
     add_run(store, "live", hedged, config=hedge_config())
     rid = add_run(store, "eval", turns[:4], config={}, source="evals/x.jsonl")
-    tids = [t["id"] for t in store.turns(rid)]
+    tids = [t.id for t in store.turns(rid)]
     add_eval_results(
         store,
         rid,

@@ -30,7 +30,7 @@ from chainrun.audit.plots import (
     WaterfallPlot,
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
-from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows
+from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows, settle_ms
 from chainrun.audit.scope import Sample, Scope
 from chainrun.evals.scoring import case_outcomes
 from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES
@@ -98,10 +98,10 @@ def needed_n(p: float, confidence: float = 0.95) -> int | None:
     return None
 
 
-def _winners(calls: Iterable[Call]) -> dict[tuple[int, str], Call]:
+def _winners(calls: Iterable[Call]) -> dict[tuple[int | None, str], Call]:
     """The attempt each step used, by (turn id, step): a winning outcome, the last
     without an error (as chainrun.evals.scoring.winning_calls)."""
-    best: dict[tuple[int, str], Call] = {}
+    best: dict[tuple[int | None, str], Call] = {}
     for c in calls:
         if c.outcome not in WINNER_OUTCOMES:
             continue
@@ -636,10 +636,11 @@ def check_hedge_delay(scope: Scope) -> Item:
         calls = [c for c in scope.calls if c.step == name]
         no_outcome = sum(c.outcome is None for c in calls)
         settle = [
-            c.settle_ms
+            ms
             for c in calls
-            if c.outcome in SETTLED_OUTCOMES and c.error_type is None and c.settle_ms is not None
-        ]
+            if c.outcome in SETTLED_OUTCOMES and c.error_type is None
+            and (ms := settle_ms(c)) is not None
+        ]  # fmt: skip
         delays = [
             s.hedge_delay_ms for s in scope.steps if s.step == name and s.hedge_delay_ms is not None
         ]
@@ -740,7 +741,7 @@ WN_EXPLANATION = (
 )
 
 
-def _period(sample: Sample, step: Step, turns: Mapping[int, Turn]) -> str:
+def _period(sample: Sample, step: Step, turns: Mapping[int | None, Turn]) -> str:
     if not sample.is_live:
         return f"run {step.run_id}"
     t = turns.get(step.turn_id)

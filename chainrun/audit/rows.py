@@ -1,19 +1,19 @@
 """The audit's one door into the run log: the rows it reads, as small typed records.
 
-Every other audit module reads these records by attribute and never touches the
-:class:`~chainrun.store.Store` or a dict row, so that a change of the log's row types
-is a change of this file alone. JSON columns (config snapshots, chunk gaps, step
-detail) are parsed here once. Times are in ms.
+Turns, steps and calls are the log's own typed rows (:mod:`chainrun.records`); a run
+comes with its config snapshot parsed. Every other audit module reads these by
+attribute and never touches the :class:`~chainrun.store.Store`. Times are in ms.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chainrun.evals.scoring import load_results
+from chainrun.records import CallRow, RunRow, StepRow, TurnRow
 from chainrun.store import Store
 
 
@@ -49,72 +49,17 @@ class Run:
     config: dict[str, Any] | None
 
 
-@dataclass(frozen=True)
-class Turn:
-    """A ``turns`` row (``duration_ms`` None when unknown)."""
-
-    id: int
-    run_id: int
-    input: str
-    output: str | None
-    status: str
-    started_at: str | None
-    duration_ms: float | None
-    request_id: str | None
+#: the log's own typed rows (chainrun.records): the audit reads them by attribute
+Turn = TurnRow
+Step = StepRow
+Call = CallRow
 
 
-@dataclass(frozen=True)
-class Step:
-    """A ``steps`` row; ``detail`` is the parsed step detail (retrieval searches, ...)."""
-
-    id: int
-    run_id: int
-    turn_id: int
-    step: str
-    kind: str
-    status: str
-    started_offset_ms: float | None
-    duration_ms: float | None
-    hedge_delay_ms: float | None
-    hedge_fired: bool
-    hedge_won: bool
-    time_saved_ms: float | None
-    detail: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class Call:
-    """A ``calls`` row: one model call attempt (unknown counts are None, never 0)."""
-
-    id: int
-    run_id: int
-    turn_id: int
-    step: str
-    attempt: int
-    target: str | None
-    provider: str | None
-    model: str | None
-    reasoning_effort: str | None
-    stream: bool
-    output: str | None
-    started_offset_ms: float | None
-    ttft_ms: float | None
-    duration_ms: float | None
-    chunk_gaps_ms: tuple[float, ...]
-    n_chunks: int | None
-    input_tokens: int | None
-    output_tokens: int | None
-    reasoning_tokens: int | None
-    finish_reason: str | None
-    error_type: str | None
-    outcome: str | None
-
-    @property
-    def settle_ms(self) -> float | None:
-        """Time to settle a race, from the attempt's own start: TTFT for a streamed step
-        (it settles on the first token), the whole duration otherwise (what the hedging
-        engine's latency window records)."""
-        return self.ttft_ms if self.stream else self.duration_ms
+def settle_ms(call: CallRow) -> float | None:
+    """Time to settle a race, from the attempt's own start: TTFT for a streamed step
+    (it settles on the first token), the whole duration otherwise (what the hedging
+    engine's latency window records)."""
+    return call.ttft_ms if call.stream else call.duration_ms
 
 
 @dataclass(frozen=True)
@@ -140,74 +85,10 @@ class RunRows:
     calls: list[Call] = field(default_factory=list)
 
 
-def _run(r: Mapping[str, Any]) -> Run:
-    return Run(
-        id=int(r["id"]),
-        kind=str(r["kind"]),
-        label=r.get("label"),
-        source=r.get("source"),
-        started_at=r.get("started_at"),
-        status=r.get("status"),
-        config=_json(r.get("config"), None),
-    )
-
-
-def _turn(r: Mapping[str, Any]) -> Turn:
-    return Turn(
-        id=int(r["id"]),
-        run_id=int(r["run_id"]),
-        input=r.get("input") or "",
-        output=r.get("output"),
-        status=r.get("status") or "ok",
-        started_at=r.get("started_at"),
-        duration_ms=_float(r.get("duration_ms")),
-        request_id=r.get("request_id"),
-    )
-
-
-def _step(r: Mapping[str, Any]) -> Step:
-    return Step(
-        id=int(r["id"]),
-        run_id=int(r["run_id"]),
-        turn_id=int(r["turn_id"]),
-        step=str(r["step"]),
-        kind=r.get("kind") or "llm",
-        status=r.get("status") or "ok",
-        started_offset_ms=_float(r.get("started_offset_ms")),
-        duration_ms=_float(r.get("duration_ms")),
-        hedge_delay_ms=_float(r.get("hedge_delay_ms")),
-        hedge_fired=bool(r.get("hedge_fired")),
-        hedge_won=bool(r.get("hedge_won")),
-        time_saved_ms=_float(r.get("time_saved_ms")),
-        detail=_json(r.get("detail"), None),
-    )
-
-
-def _call(r: Mapping[str, Any]) -> Call:
-    return Call(
-        id=int(r["id"]),
-        run_id=int(r["run_id"]),
-        turn_id=int(r["turn_id"]),
-        step=str(r["step"]),
-        attempt=int(r.get("attempt") or 1),
-        target=r.get("target"),
-        provider=r.get("provider"),
-        model=r.get("model"),
-        reasoning_effort=r.get("reasoning_effort"),
-        stream=bool(r.get("stream")),
-        output=r.get("output"),
-        started_offset_ms=_float(r.get("started_offset_ms")),
-        ttft_ms=_float(r.get("ttft_ms")),
-        duration_ms=_float(r.get("duration_ms")),
-        chunk_gaps_ms=tuple(float(g) for g in _json(r.get("chunk_gaps_ms"), [])),
-        n_chunks=_int(r.get("n_chunks")),
-        input_tokens=_int(r.get("input_tokens")),
-        output_tokens=_int(r.get("output_tokens")),
-        reasoning_tokens=_int(r.get("reasoning_tokens")),
-        finish_reason=r.get("finish_reason"),
-        error_type=r.get("error_type"),
-        outcome=r.get("outcome"),
-    )
+def _run(r: RunRow) -> Run:
+    assert r.id is not None
+    return Run(id=r.id, kind=r.kind, label=r.label, source=r.source,
+               started_at=r.started_at, status=r.status, config=_json(r.config, None))  # fmt: skip
 
 
 def all_runs(store: Store) -> list[Run]:
@@ -229,9 +110,9 @@ def run_rows(store: Store, run: Run) -> RunRows:
     """A run with its turns, steps and calls (in log order)."""
     return RunRows(
         run=run,
-        turns=[_turn(t) for t in store.turns(run.id)],
-        steps=[_step(s) for s in store.steps(run.id)],
-        calls=[_call(c) for c in store.calls(run.id)],
+        turns=store.turns(run.id),
+        steps=store.steps(run.id),
+        calls=store.calls(run.id),
     )
 
 

@@ -124,7 +124,7 @@ def _live_sample(store: Store, runs: Sequence[Run], live: str | None) -> tuple[S
     sample = Sample("live", "live", [])
     for run in live_runs:
         rows = run_rows(store, run)
-        kept: set[int] = set()
+        kept: set[int | None] = set()
         for t in rows.turns:
             stamp = _parse_ts(t.started_at or run.started_at or "")
             if start is not None or end is not None:
