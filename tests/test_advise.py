@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from chainrun.advise import advise, candidate_delays
 from chainrun.cli import app
 from chainrun.errors import UserInputError
-from chainrun.records import CallRecord, StepRecord, TurnRecord
+from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.store import Store
 
 
@@ -31,14 +31,14 @@ def log_bimodal_guard(store: Store, n: int = 400, seed: int = 5) -> int:
         fast = rng.random() < 0.5
         ms = rng.uniform(100, 300) + rng.uniform(2, 15)  # plus client overhead
         if fast:
-            call = CallRecord(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=1,
+            call = CallRow(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=1,
                               n_chunks=1, outcome="not_fired")  # fmt: skip
-            step = StepRecord(step="guard", duration_ms=ms, n_attempts=1)
+            step = StepRow(step="guard", duration_ms=ms, n_attempts=1)
         else:
-            call = CallRecord(step="guard", outcome="error", error_type="timeout")
-            step = StepRecord(step="guard", status="failed_closed", duration_ms=3000.0,
+            call = CallRow(step="guard", outcome="error", error_type="timeout")
+            step = StepRow(step="guard", status="failed_closed", duration_ms=3000.0,
                               error_type="timeout", n_attempts=1)  # fmt: skip
-        store.log_turn(run, TurnRecord(input="m", steps=[step], calls=[call]))
+        store.log_turn(run, TurnLog(TurnRow(input="m"), steps=[step], calls=[call]))
     return run
 
 
@@ -49,10 +49,10 @@ def log_work_noise(store: Store, n: int = 400, seed: int = 6) -> int:
     for _ in range(n):
         tokens = rng.randint(20, 400)
         ms = tokens * 15.0 + rng.lognormvariate(np.log(30), 0.3)
-        call = CallRecord(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=tokens,
+        call = CallRow(step="guard", ttft_ms=ms, duration_ms=ms, output_tokens=tokens,
                           n_chunks=1, outcome="not_fired")  # fmt: skip
-        step = StepRecord(step="guard", duration_ms=ms, n_attempts=1)
-        store.log_turn(run, TurnRecord(input="m", steps=[step], calls=[call]))
+        step = StepRow(step="guard", duration_ms=ms, n_attempts=1)
+        store.log_turn(run, TurnLog(TurnRow(input="m"), steps=[step], calls=[call]))
     return run
 
 

@@ -22,6 +22,8 @@ def lab() -> Iterator[LabServer]:
 def lab_chain_config(base_url: str, checks: dict | None = None):  # type: ignore[no-untyped-def,type-arg]
     return config_from_dict({
         "order": ["classify", "compose"], "providers": {"local": {"base_url": base_url}},
+        # no retrieve step here: the compose prompt must not read {products}
+        "steps": {"compose": {"prompt": "Shopper: {message}\nStylist:"}},
         "checks": checks or {},
     })  # fmt: skip
 
@@ -41,9 +43,9 @@ async def test_a_card_number_is_blocked_with_no_model_call(lab: LabServer) -> No
             assert [f["check"] for f in done.verdicts["checks"]["findings"]] == ["card"]
             assert chat_requests(lab) == []  # the lab received zero requests
             turn = store.turns(chain.run_id or 0)[0]
-            assert "4111" not in turn["input"] and "[card]" in turn["input"]
+            assert "4111" not in turn.input and "[card]" in turn.input
             steps = store.steps(chain.run_id or 0)
-            assert {s["status"] for s in steps} == {"skipped"}
+            assert {s.status for s in steps} == {"skipped"}
             assert store.calls(chain.run_id or 0) == []
 
             # a Luhn-invalid number is just a number: the turn goes on
@@ -59,7 +61,7 @@ async def test_redaction_changes_what_the_model_sees(lab: LabServer) -> None:
         async with Chain(cfg, store=store) as chain:
             done = await chain.run_turn("write to anna@example.com about my parcel")
             assert done.status == "ok"
-            prompts = [c["prompt"] for c in store.calls(chain.run_id or 0)]
+            prompts = [c.prompt for c in store.calls(chain.run_id or 0)]
             assert prompts and all("anna@example.com" not in p for p in prompts)
             assert any("[email]" in p for p in prompts)
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -59,7 +58,7 @@ def chain_config(providers: dict[str, Any], step: dict[str, Any] | None = None) 
 async def replay(cfg: Any, store: Store, messages: list[str] = MESSAGES) -> list[dict[str, Any]]:
     requests = [ReplayRequest(id=f"r{i}", message=m) for i, m in enumerate(messages)]
     run_id = await run_requests(cfg, requests, store, quiet=True)
-    return store.calls(run_id)
+    return [c.model_dump() for c in store.calls(run_id)]
 
 
 async def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
@@ -101,7 +100,7 @@ async def test_responses_replay_fills_the_same_call_columns_as_chat_completions(
         # without a summary nothing is visible while it reasons: TTFT >= 20 tokens x 5 ms
         assert r["ttft_ms"] >= 100
         # chunks: one per text delta plus the completed event (no created/in_progress)
-        assert r["n_chunks"] == 12 + 1 and len(json.loads(r["chunk_gaps_ms"])) == 12
+        assert r["n_chunks"] == 12 + 1 and len(r["chunk_gaps_ms"]) == 12
     routes = {rec["route"] for rec in lab.requests()}
     assert routes == {"/v1/chat/completions", "/v1/responses"}
 
@@ -154,7 +153,7 @@ async def test_hedged_responses_step_settles_on_the_first_token_and_the_loser_di
                 t0 = time.perf_counter()
                 done = await chain.run_turn("hedge me")
                 elapsed = time.perf_counter() - t0
-                calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
+                calls = {c.attempt: c.model_dump() for c in store.calls(chain.run_id)}
         assert done.status == "ok" and done.output
         assert elapsed < 1.2  # did not wait for the 1.5 s primary
         assert calls[1]["outcome"] == "cancelled" and calls[2]["outcome"] == "duplicate"
@@ -208,7 +207,7 @@ async def test_azure_provider_replays_against_the_lab_azure_route(
     lab.reset()
     with Store.open(":memory:") as store:
         calls = await replay(chain_config({"p": provider}), store)
-        snapshot = store.get_run(calls[0]["run_id"])["config"]
+        snapshot = store.get_run(calls[0]["run_id"]).config
     assert [c["error_type"] for c in calls] == [None] * len(MESSAGES)
     assert all(c["output_tokens"] and c["ttft_ms"] is not None for c in calls)
     records = [r for r in lab.requests() if r["route"] != "/openai/models"]
