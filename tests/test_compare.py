@@ -267,3 +267,22 @@ async def test_evals_are_compared_paired(store: Store) -> None:
     assert aa["evals"]["verdict"] == "inconclusive" and not regression(aa, "evals")
     unscored = make_run(store, 5)
     assert compare(store, str(unscored), str(unscored))["evals"] is None
+
+
+def test_answer_blocks_are_shaped_like_turn(store: Store) -> None:
+    """compare --json gives answer_ttft and answer_done blocks shaped like turn (issue 15);
+    turns logged without them (before migration 003) count as unknown, not 0."""
+    a = make_run(store, 40, lambda i: (200.0, 50, 10.0))
+    b = make_run(store, 40, lambda i: (200.0, 50, 10.0))
+    with store.transaction():
+        store.db.execute("update turns set answer_ttft_ms = 100 + id % 7, answer_done_ms = 900 "
+                         "where run_id = ?", [b])  # fmt: skip
+    res = compare(store, str(a), str(b))
+    for key in ("answer_ttft", "answer_done"):
+        block = res[key]
+        assert set(block) == set(res["metrics"]["turn"]) - {"replayed"}
+        assert block["a"]["n"] == 0 and block["b"]["n"] == 40  # A's are unknown
+        assert block["verdict"] == "inconclusive"
+    same = compare(store, str(b), str(b))
+    assert same["answer_ttft"]["verdict"] == "inconclusive"
+    assert same["answer_ttft"]["a"]["n"] == 40 and same["answer_ttft"]["a"]["p50_ms"] is not None

@@ -120,12 +120,15 @@ def eval_command(
 def compare_command(
     a: Annotated[str, typer.Argument(help="Run id, or live / live:FROM..TO (ISO times).")],
     b: Annotated[str, typer.Argument(help="Run id, or live / live:FROM..TO (ISO times).")],
-    metric: Annotated[str, typer.Option(help="all, turn or a step name.")] = "all",
+    metric: Annotated[
+        str, typer.Option(help="all, turn or a step name (turn also gives answer_ttft/_done).")
+    ] = "all",
     fail_on_regression: Annotated[
         str | None,
         typer.Option(
             "--fail-on-regression",
-            help="Exit 1 when B is worse than A on this metric (any, turn, a step name, evals).",
+            help="Exit 1 when B is worse than A on this metric (any, turn, answer_ttft, "
+            "answer_done, a step name, evals).",
         ),
     ] = None,
     db: DbOpt = DEFAULT_DB_PATH,
@@ -163,7 +166,8 @@ def _print_compare(doc: dict[str, Any]) -> None:
     for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
                 "p99 A [95% CI]", "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("", "verdict") else "right")
-    rows = [("turn", doc["turn"]), *doc["steps"].items()]
+    rows = [("turn", doc["turn"]), ("answer TTFT", doc.get("answer_ttft")),
+            ("answer done", doc.get("answer_done")), *doc["steps"].items()]
     for name, m in rows:
         if m is None:
             continue
