@@ -109,7 +109,7 @@ class HedgeConfig(HedgePolicy):
     the spelling ``delay = "pNN"`` for ``delay_percentile``: that percentile of the step's
     own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013, suggest the
     p95, which bounds extra load near 5%). Exactly one of ``delay_ms`` and ``delay`` is
-    set. ``deadline_s`` is the step's: :meth:`StepConfig.hedge_policy` adds it.
+    set. ``deadline_s`` is the step's: :func:`policy_from_config` adds it.
     """
 
     delay: str | None = None
@@ -238,18 +238,6 @@ class StepConfig(_Strict):
         if problem:
             raise ValueError(f"hedge: {problem}")
         return self
-
-    def hedge_policy(self) -> HedgePolicy:
-        """The hedging engine's policy for this step: its ``[hedge]`` table with the step's
-        ``deadline_s``, or one attempt inside the deadline when the step has no ``[hedge]``.
-
-        The only place config becomes engine policy (the table *is* a
-        :class:`~chainrun.hedging.HedgePolicy`, validated when the config was loaded).
-        """
-        if self.hedge is None:
-            return HedgePolicy(deadline_s=self.deadline_s, max_attempts=1)
-        return self.hedge.for_deadline(self.deadline_s)
-
 
 CheckAction = Literal["block", "redact", "off"]
 
@@ -436,6 +424,18 @@ DEFAULT_CHAIN: dict[str, Any] = {
         },
     },
 }
+
+
+def policy_from_config(step: StepConfig) -> HedgePolicy:
+    """The hedging engine's policy for a step: its ``[hedge]`` table with the step's
+    ``deadline_s``, or one attempt inside the deadline when the step has no ``[hedge]``.
+
+    The only place config becomes engine policy (the table *is* a
+    :class:`~chainrun.hedging.HedgePolicy`, validated when the config was loaded).
+    """
+    if step.hedge is None:
+        return HedgePolicy(deadline_s=step.deadline_s, max_attempts=1)
+    return step.hedge.for_deadline(step.deadline_s)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chainrun.config import config_from_dict, load_config
+from chainrun.config import config_from_dict, load_config, policy_from_config
 from chainrun.errors import ConfigError
 
 
@@ -115,12 +115,12 @@ def test_every_hedge_setting_reaches_the_engine() -> None:
     cfg = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
         "delay": "p90", "max_attempts": 7, "initial_delay_ms": 400, "breaker_failures": 2,
         "non_fatal": [429, "timeout"], "max_extra_load": 1.0}}}})  # fmt: skip
-    policy = cfg.steps["classify"].hedge_policy()
+    policy = policy_from_config(cfg.steps["classify"])
     assert isinstance(policy, HedgePolicy)
     assert (policy.delay_percentile, policy.max_attempts, policy.deadline_s) == (90.0, 7, 3.0)
     assert policy.initial_delay_ms == 400 and policy.breaker_failures == 2
     assert policy.non_fatal == frozenset({429, "timeout"})
-    unhedged = cfg.steps["compose"].hedge_policy()
+    unhedged = policy_from_config(cfg.steps["compose"])
     assert unhedged.max_attempts == 1 and unhedged.deadline_s == cfg.steps["compose"].deadline_s
 
 
@@ -129,7 +129,7 @@ def test_hedge_limits_and_deadline_fit() -> None:
     attempts must start before the step's deadline; deadline_s belongs to the step."""
     ok = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
         "delay_ms": 350, "max_attempts": 8, "max_extra_load": 1.0}}}})  # fmt: skip
-    assert ok.steps["classify"].hedge_policy().max_attempts == 8
+    assert policy_from_config(ok.steps["classify"]).max_attempts == 8
     with pytest.raises(ConfigError, match=r"steps\.classify\.hedge\.max_attempts"):
         config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 100, "max_attempts": 11}}}})
     with pytest.raises(ConfigError, match=r"attempt 10 would start at 3600 ms.*at most 8"):

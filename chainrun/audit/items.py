@@ -33,6 +33,8 @@ from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows, settle_ms
 from chainrun.audit.scope import Sample, Scope
 from chainrun.evals.scoring import case_outcomes
+from chainrun.hedging.stats import fire_rate as hedge_fire_rate
+from chainrun.hedging.stats import win_rate as hedge_win_rate
 from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES
 from chainrun.stats import (
     order_stat_indices,
@@ -74,6 +76,10 @@ def _median(values: Sequence[float]) -> float | None:
 
 def _share(k: int, n: int) -> float | None:
     return round(k / n, 4) if n else None
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _pct(x: float | None) -> str:
@@ -795,8 +801,9 @@ def check_win_rate(scope: Scope) -> Item:
             if c.step == name and c.attempt > 1 and c.outcome in SENT_OUTCOMES
         )
         n_turns = len({s.turn_id for sm in scope.samples for s in sm.steps if s.step == name})
-        fire_rate = _share(len(fired), len(armed))
-        win_rate = _share(len(won), len(fired))
+        # the definitions of chainrun.hedging.stats (fires per armed call, wins per fire)
+        fire_rate = _rounded(hedge_fire_rate(len(fired), len(armed)))
+        win_rate = _rounded(hedge_win_rate(len(won), len(fired)))
         # W + N: do fires land on long answers (work) or on slow servers (noise)?
         winners = _winners(scope.calls)
         tokens_all = [
@@ -830,7 +837,13 @@ def check_win_rate(scope: Scope) -> Item:
             f = [s for s in ss if s.hedge_fired]
             w = [s for s in f if s.hedge_won]
             points.append(
-                RatePoint(label, len(ss), _share(len(f), len(ss)), len(f), _share(len(w), len(f)))
+                RatePoint(
+                    label,
+                    len(ss),
+                    _rounded(hedge_fire_rate(len(f), len(ss))),
+                    len(f),
+                    _rounded(hedge_win_rate(len(w), len(f))),
+                )
             )
         series[name] = points
         # serving path changes between audited runs

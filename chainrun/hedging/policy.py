@@ -2,7 +2,7 @@
 
 This is the one definition of the hedging settings, their defaults and their checks: the
 config's ``[steps.NAME.hedge]`` table (:class:`chainrun.config.HedgeConfig`) is this
-model plus the copy targets, and :meth:`chainrun.config.StepConfig.hedge_policy` turns
+model plus the copy targets, and :func:`chainrun.config.policy_from_config` turns
 it into the engine's policy.
 """
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chainrun.config import StepConfig
+from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
@@ -162,7 +162,7 @@ class LLMStep(Step):
         self._providers = {t: ctx.providers[t] for t in targets}
         self._store = ctx.store
         self._hedger = Hedger(
-            cfg.hedge_policy(), targets, breakers=ctx.breakers, loop_lag=ctx.loop_lag
+            policy_from_config(cfg), targets, breakers=ctx.breakers, loop_lag=ctx.loop_lag
         )
 
     async def aclose(self) -> None:
