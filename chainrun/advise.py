@@ -12,8 +12,9 @@ whole latency is taken as noise (``work_split`` says how many calls were split).
 
 The log is censored: a loser closed when its race settled, or an attempt cut by the
 deadline, is known only to take longer than it ran. Such a call is replaced in each
-simulated draw by a logged latency that is longer (or by "never", when none is): the
-slow calls a hedged run cancelled still count as slow.
+simulated draw by a latency drawn from the Kaplan-Meier estimate given that it is longer
+(or by "never", for the share of calls nobody saw answer): the slow calls a hedged run
+cancelled still count as slow.
 
 Predictions per (delay, attempts): the step's p50 and p99, the share inside the deadline,
 extra calls per turn, fire rate and win rate (defined in :mod:`chainrun.hedging.stats`),
@@ -136,13 +137,48 @@ def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
     return out
 
 
+def kaplan_meier(
+    times: np.ndarray, observed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The Kaplan-Meier product-limit estimate of a survival function with censoring
+    (Kaplan and Meier, JASA 53(282), 1958).
+
+    Args:
+        times: each call's latency (observed) or the time it ran before it was cut
+            (censored), in ms.
+        observed: True where the latency was observed.
+
+    Returns:
+        (event times in ascending order, S(t) just after each): the estimated share of
+        calls slower than t. S stays above 0 after the last event when the slowest calls
+        were all censored (they never answered in sight).
+    """
+    order = np.argsort(times, kind="stable")
+    t, obs = times[order], observed[order]
+    at_risk = len(t) - np.arange(len(t))
+    factors = np.where(obs, 1.0 - 1.0 / at_risk, 1.0)
+    surv = np.cumprod(factors)
+    return t[obs], surv[obs]
+
+
 def _impute(calls: _Calls, rng: np.random.Generator) -> np.ndarray:
-    """Latencies with each censored call replaced by a longer logged one (inf if none)."""
-    known = np.sort(calls.settle[~np.isnan(calls.settle)])
+    """Latencies with each censored call replaced by a draw from the Kaplan-Meier estimate
+    of the latency given that it exceeds the time the call ran; the estimate's mass beyond
+    the last observed latency (calls nobody saw answer) is drawn as inf (never)."""
     out = calls.settle.copy()
-    for i in np.flatnonzero(np.isnan(out)):
-        longer = known[np.searchsorted(known, calls.censored_at[i], side="right") :]
-        out[i] = rng.choice(longer) if len(longer) else np.inf
+    cut = np.isnan(out)
+    if not cut.any():
+        return out
+    times = np.where(cut, calls.censored_at, out)
+    event_t, surv = kaplan_meier(times, ~cut)
+    for i in np.flatnonzero(cut):
+        c = calls.censored_at[i]
+        k = int(np.searchsorted(event_t, c, side="right"))
+        s_c = surv[k - 1] if k > 0 else 1.0
+        # X | X > c: the first event time after c where S falls to u * S(c) or below
+        target = rng.random() * s_c
+        j = k + int(np.searchsorted(-surv[k:], -target, side="left"))
+        out[i] = event_t[j] if j < len(event_t) else np.inf
     return out
 
 

@@ -114,3 +114,54 @@ def test_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert {"recommendation", "candidates", "baseline", "toml", "validation"} <= set(doc)
     bad = runner.invoke(app, ["advise", "--run", str(run), "--step", "x", "--db", str(db)])
     assert bad.exit_code == 2
+
+
+def test_kaplan_meier_matches_the_textbook_example() -> None:
+    """Kaplan and Meier's product-limit estimate on a small censored sample."""
+    from chainrun.advise import kaplan_meier
+
+    times = np.array([3.0, 4.0, 5.0, 5.0, 8.0, 10.0])
+    observed = np.array([True, False, True, True, False, True])
+    t, s = kaplan_meier(times, observed)
+    # 6 at risk at 3 -> 5/6; 4 censored; 4 at risk at 5 (two events) -> 5/6 * 2/4;
+    # 8 censored; 1 at risk at 10 -> 0
+    assert list(t) == [3.0, 5.0, 5.0, 10.0]
+    assert s[0] == pytest.approx(5 / 6)
+    assert s[2] == pytest.approx(5 / 6 * 2 / 4)
+    assert s[3] == pytest.approx(0.0)
+
+
+def test_cancelled_slow_primaries_are_imputed_as_slow(store: Store) -> None:
+    """A hedged run: slow primaries were cancelled at ~1.1 s when the copy won; a few fast
+    calls happened to take 1.2-1.4 s. The cancelled ones must not all become those."""
+    rng = random.Random(9)
+    run = store.create_run("replay", _config(3.0, {"delay_ms": 1000, "max_attempts": 2}))
+    for _ in range(300):
+        if rng.random() < 0.5:
+            ms = rng.uniform(100, 300) if rng.random() < 0.97 else rng.uniform(1200, 1400)
+            calls = [CallRow(step="guard", ttft_ms=ms, duration_ms=ms, outcome="not_fired")]
+            step = StepRow(step="guard", duration_ms=ms, n_attempts=1)
+        elif rng.random() < 0.5:  # slow primary, fast copy at 1 s: the primary is cut
+            copy_ms = rng.uniform(100, 300)
+            calls = [
+                CallRow(step="guard", outcome="cancelled"),
+                CallRow(step="guard", attempt=2, started_offset_ms=1000.0, ttft_ms=copy_ms,
+                           duration_ms=copy_ms, outcome="duplicate"),
+            ]  # fmt: skip
+            step = StepRow(step="guard", duration_ms=1000 + copy_ms, n_attempts=2,
+                              hedge_delay_ms=1000.0, hedge_fired=True, hedge_won=True)  # fmt: skip
+        else:  # both slow: cut by the deadline
+            calls = [
+                CallRow(step="guard", outcome="error", error_type="timeout"),
+                CallRow(step="guard", attempt=2, started_offset_ms=1000.0, outcome="error",
+                           error_type="timeout"),
+            ]  # fmt: skip
+            step = StepRow(step="guard", status="failed_closed", duration_ms=3000.0,
+                              n_attempts=2, hedge_delay_ms=1000.0, hedge_fired=True)  # fmt: skip
+        store.log_turn(run, TurnLog(TurnRow(input="m"), steps=[step], calls=calls))
+    res = advise(store, run, "guard", deadline_s=3.0, max_extra_calls=1.0, simulations=4000)
+    # one attempt: only the fast half is in time (imputing the cancelled slow primaries
+    # from the answered calls above their cut, 1.2-1.4 s, would give about 1.0)
+    assert res["baseline"]["in_time"] == pytest.approx(0.5, abs=0.06)
+    v = res["validation"]
+    assert v is not None and v["predicted"]["in_time"] == pytest.approx(0.75, abs=0.06)

@@ -90,3 +90,22 @@ def test_hedge_overhead(tmp_path: Path) -> None:
         assert res[arm]["ratio_of_medians"] > 0
     assert res["checks"]["hedger_fires"] == 0
     assert res["checks"]["turns_logged"] == 22  # measured rounds plus warm-up rounds
+
+
+def test_guard_advise(tmp_path: Path) -> None:
+    res = run_benchmark(
+        "guard_advise",
+        tmp_path,
+        *("--turns", "10", "--learn-turns", "30", "--concurrency", "10"),
+        *("--simulations", "300"),
+    )["results"]
+    for name in ("every_1s", "learn"):
+        m = res[name]
+        assert m["n"] == (10 if name == "every_1s" else 30)
+        assert unit(m["in_time_share"]) and m["extra_calls_per_check"] >= 0
+        assert m["in_time_ci95"][0] <= m["in_time_share"] <= m["in_time_ci95"][1]
+    assert res["learn"]["extra_calls_per_check"] == 0
+    rec = res["advise"]["recommendation"]
+    assert isinstance(rec["hedge"], bool) and "predicted" in rec
+    assert ("advised" in res) is rec["hedge"]
+    assert res["advise"]["toml"]
