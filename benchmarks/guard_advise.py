@@ -72,12 +72,12 @@ async def run_mode(
     assert run_id is not None
     steps = store.steps(run_id)
     calls = store.calls(run_id)
-    extra: dict[int, int] = {s["turn_id"]: 0 for s in steps}
+    extra: dict[int | None, int] = {s.turn_id: 0 for s in steps}
     for call in calls:
-        if call["attempt"] > 1 and call["outcome"] not in ("budget_exhausted", "suppressed"):
-            extra[call["turn_id"]] += 1
+        if call.attempt > 1 and call.outcome not in ("budget_exhausted", "suppressed"):
+            extra[call.turn_id] += 1
     n = len(steps)
-    ok = sum(1 for s in steps if s["status"] == "ok")
+    ok = sum(1 for s in steps if s.status == "ok")
     mean_extra, extra_ci = _mean_ci(list(extra.values()))
     stats = c.step_hedge_stats(store, run_id)
     return {

@@ -98,7 +98,7 @@ def test_guard_advise(tmp_path: Path) -> None:
         tmp_path,
         *("--turns", "10", "--learn-turns", "30", "--concurrency", "10"),
         *("--simulations", "300"),
-    )["results"]
+    )
     for name in ("every_1s", "learn"):
         m = res[name]
         assert m["n"] == (10 if name == "every_1s" else 30)
