@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -162,6 +163,7 @@ class TurnRun:
         self.state = self.state.updated(result.updates)
         if result.verdict is not None:
             self.verdicts[name] = result.verdict
+            self.state = dataclasses.replace(self.state, verdicts=dict(self.verdicts))
         if result.refuse:
             self._refuse(name, result.refusal_text)
 
