@@ -28,6 +28,7 @@ from typing import Any
 
 import sqlite_utils
 
+from chainrun.capabilities import check_chain as check_capabilities
 from chainrun.config import ChainConfig, load_config
 from chainrun.errors import ConfigError, error_type
 from chainrun.events import Event, TurnFinished
@@ -172,8 +173,10 @@ class Chain:
         Raises:
             ProviderUnavailable: the local model cannot be started, or a provider's
                 server cannot be reached (checked before any run is created).
-            ConfigError: a provider is misconfigured (e.g. its API key variable is unset).
+            ConfigError: a provider is misconfigured (e.g. its API key variable is unset),
+                or a step asks a model for what its capability entry refuses (before any call).
         """
+        check_capabilities(self.config)
         try:
             await self._open_providers()
             if any(s.config.hedge is not None for s in self.steps.values()):

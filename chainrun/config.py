@@ -101,6 +101,29 @@ class ProviderConfig(_Strict):
         return self
 
 
+#: The optional request parameters a capability entry can allow or refuse.
+CapabilityParam = Literal["temperature", "seed", "stop"]
+
+
+class ModelCapabilities(_Strict):
+    """One model's entry in the capability table (``[capabilities."MODEL"]``; the
+    built-ins and the check are in :mod:`chainrun.capabilities`). None = not known,
+    not checked.
+
+    Attributes:
+        reasoning_effort: the ``reasoning_effort`` values the model accepts.
+        response_format: the ``response_format`` kinds it accepts (a step's
+            ``json_schema`` needs ``json_schema``).
+        params: which of the optional parameters (temperature, seed, stop) it accepts.
+        source: where the entry comes from ("config" or "built-in"; shown in messages).
+    """
+
+    reasoning_effort: list[ReasoningEffort] | None = None
+    response_format: list[Literal["json_schema", "json_object", "text"]] | None = None
+    params: list[CapabilityParam] | None = None
+    source: str = "config"
+
+
 class HedgeConfig(HedgePolicy):
     """Per-step hedging policy (``[steps.NAME.hedge]``).
 
@@ -296,6 +319,8 @@ class ChainConfig(_Strict):
     steps: dict[str, StepConfig]
     #: deterministic checks on the user's message, before any model call
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    #: what models accept, by model name (on top of the built-ins of chainrun.capabilities)
+    capabilities: dict[str, ModelCapabilities] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
