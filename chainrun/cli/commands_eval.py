@@ -23,10 +23,13 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
+from chainrun.cli.tables import provider_compare_table
 from chainrun.compare import compare, regression
 from chainrun.config import load_config
+from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import run_eval, score_existing
+from chainrun.provider_compare import compare_providers
 from chainrun.store import Store
 
 
@@ -131,10 +134,31 @@ def compare_command(
             "answer_done, a step name, evals).",
         ),
     ] = None,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="provider: per step TTFT, time per output token and generated tokens, "
+            "and whether B is slower from work or from serving.",
+        ),
+    ] = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
+    if by is not None:
+        if by != "provider" or metric != "all" or fail_on_regression:
+            raise UserInputError(
+                f"--by: expected 'provider' (without --metric or --fail-on-regression), "
+                f"got {by!r}"
+            )
+        with Store.open(db, create=False) as store:
+            doc = compare_providers(store, a, b)
+        if as_json:
+            print_json(doc)
+        else:
+            out.print(provider_compare_table(doc))
+        return
     with Store.open(db, create=False) as store:
         result = compare(store, a, b, metric=metric)
     metrics = result.pop("metrics")

@@ -146,3 +146,35 @@ def advise_table(result: dict[str, Any], top: int = 8) -> Table:
         row(c)
     t.caption = rec["reason"]
     return t
+
+
+def _p50(summary: dict[str, Any], unit: str) -> str:
+    v, ci = summary[f"p50_{unit}"], summary["p50_ci"]
+    if v is None:
+        return "-"
+    digits = 1 if unit == "ms" and v < 100 else 0
+    return f"{v:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def provider_compare_table(doc: dict[str, Any]) -> Table:
+    """``compare --by provider``: per step and side, n and p50 [95% CI] of TTFT, time per
+    output token and generated tokens; the verdict (work or serving) as the caption."""
+    t = Table(title=f"compare by provider: A={doc['a']['selector']}  B={doc['b']['selector']}")
+    for col in ("step", "side", "provider (server)", "n", "TTFT p50 ms", "per token p50 ms",
+                "tokens p50", "change"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("step", "side", "provider (server)",
+                                                    "change") else "right")  # fmt: skip
+    verdicts = []
+    for name, s in doc["steps"].items():
+        for side in ("a", "b"):
+            x = s[side]
+            who = ", ".join(x["provider"]) + (f" ({', '.join(x['server_address'])})"
+                                              if x["server_address"] else "")  # fmt: skip
+            change = "" if side == "a" else " ".join(
+                f"{k.split('_')[0]}:{c['status']}" for k, c in s["changes"].items())  # fmt: skip
+            t.add_row(name if side == "a" else "", side.upper(), who or "-", str(x["n_calls"]),
+                      _p50(x["ttft_ms"], "ms"), _p50(x["tpot_ms"], "ms"),
+                      _p50(x["output_tokens"], "tokens"), change)  # fmt: skip
+        verdicts.append(f"{name}: {s['verdict']['explanation']}")
+    t.caption = "\n".join(verdicts)
+    return t
