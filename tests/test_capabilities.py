@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +139,11 @@ def test_bad_capability_entry_is_a_config_error() -> None:
         one_step({}, capabilities={"m": {"reasoning_effort": ["turbo"]}})
     with pytest.raises(ConfigError, match=r"capabilities\.m\.parms: unknown field"):
         one_step({}, capabilities={"m": {"parms": []}})
+
+
+def test_readme_toml_examples_are_valid_and_pass_the_capability_check() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    assert blocks
+    for block in blocks:
+        check_chain(config_from_dict(tomllib.loads(block), "README.md"))
