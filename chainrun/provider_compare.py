@@ -35,11 +35,13 @@ Rows are read by name through :func:`_col`, so this works on dict rows and typed
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from chainrun.compare import Side, select
+from chainrun.errors import ChainrunError
 from chainrun.evals.scoring import winning_calls
 from chainrun.stats import latency_verdict, quantile_diff, summarize
 from chainrun.store import Store
@@ -192,6 +194,49 @@ def _verdict(
         text += f"; tokens also rose ({work_ms:+.0f} ms)"
     head = {"worse": "B slower", "better": "B faster", "inconclusive": "no clear change"}[slower]
     return {"duration": slower, "cause": cause, "explanation": f"{head}: {text}"}
+
+
+def _without_providers(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with every provider reference removed (what must match)."""
+    out = {k: v for k, v in snapshot.items() if k != "providers"}
+    steps = {}
+    for name, step in (snapshot.get("steps") or {}).items():
+        step = {k: v for k, v in step.items() if k != "provider"}
+        if isinstance(step.get("hedge"), Mapping):
+            step["hedge"] = {k: v for k, v in step["hedge"].items() if k != "targets"}
+        steps[name] = step
+    out["steps"] = steps
+    return out
+
+
+def _providers_used(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """Per step, the provider configs it calls (by value, so a renamed provider matches)."""
+    providers = snapshot.get("providers") or {}
+    used = {}
+    for name, step in (snapshot.get("steps") or {}).items():
+        targets = [step.get("provider")]
+        if isinstance(step.get("hedge"), Mapping):
+            targets += list(step["hedge"].get("targets") or [])
+        used[name] = [providers.get(t) for t in targets]
+    return used
+
+
+def differ_only_in_provider(store: Store, a: str, b: str) -> bool:
+    """True when A and B are runs whose configs are the same but for where steps are served
+    (a step's provider, its hedge targets, or a provider's own settings).
+
+    ``chainrun compare A B`` then adds the ``--by provider`` comparison by itself.
+    Live windows and unknown runs give False.
+    """
+    if not (a.strip().isdigit() and b.strip().isdigit()):
+        return False
+    try:
+        snaps = [json.loads(_col(store.get_run(int(x)), "config")) for x in (a, b)]
+    except (ChainrunError, KeyError, TypeError, ValueError):
+        return False
+    if _without_providers(snaps[0]) != _without_providers(snaps[1]):
+        return False
+    return _providers_used(snaps[0]) != _providers_used(snaps[1])
 
 
 def compare_providers(store: Store, a: str, b: str, confidence: float = 0.95) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from chainrun.cli import app
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Lognormal
-from chainrun.provider_compare import compare_providers, tpot_ms
+from chainrun.provider_compare import compare_providers, differ_only_in_provider, tpot_ms
 from chainrun.replay import ReplayRequest, run_requests
 from chainrun.store import Store
 
@@ -117,3 +117,28 @@ def test_time_per_output_token_definition() -> None:
     assert tpot_ms({"duration_ms": 130.0, "ttft_ms": 30.0, "output_tokens": 11}) == 10.0
     assert tpot_ms({"duration_ms": 130.0, "ttft_ms": 30.0, "output_tokens": 1}) is None
     assert tpot_ms({"duration_ms": 130.0, "ttft_ms": None, "output_tokens": 11}) is None
+
+
+def test_runs_differing_only_in_provider_get_the_split_without_by(
+    runs: tuple[Path, dict[str, int]],
+) -> None:
+    db, ids = runs
+    with Store.open(db, create=False) as store:
+        assert differ_only_in_provider(store, str(ids["base"]), str(ids["noisy"]))
+        assert not differ_only_in_provider(store, str(ids["base"]), str(ids["base"]))
+        assert not differ_only_in_provider(store, "live", str(ids["base"]))
+        other = config_from_dict({
+            "order": ["answer"], "answer_step": "answer",
+            "providers": {"base": {"base_url": "http://127.0.0.1:9/v1"}},
+            "steps": {"answer": {"provider": "base", "prompt": "{message}",
+                                 "stream": True, "max_output_tokens": 50}},
+        })  # fmt: skip
+        changed = store.create_run("replay", other.snapshot())
+        # a different token cap is a different request, not only another provider
+        assert not differ_only_in_provider(store, str(ids["base"]), str(changed))
+    res = CliRunner().invoke(
+        app, ["compare", str(ids["base"]), str(ids["noisy"]), "--db", str(db), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["by_provider"]["steps"]["answer"]["verdict"]["cause"] == "serving"

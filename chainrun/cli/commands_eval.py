@@ -29,7 +29,7 @@ from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import run_eval, score_existing
-from chainrun.provider_compare import compare_providers
+from chainrun.provider_compare import compare_providers, differ_only_in_provider
 from chainrun.store import Store
 
 
@@ -161,6 +161,10 @@ def compare_command(
         return
     with Store.open(db, create=False) as store:
         result = compare(store, a, b, metric=metric)
+        # runs that differ only in where steps are served also get the by-provider split
+        by_provider = (
+            compare_providers(store, a, b) if differ_only_in_provider(store, a, b) else None
+        )
     metrics = result.pop("metrics")
     doc = {**result, "turn": metrics.get("turn"),
            "steps": {k: v for k, v in metrics.items() if k != "turn"}}  # fmt: skip
@@ -170,9 +174,11 @@ def compare_command(
         else False
     )
     if as_json:
-        print_json({**doc, "regression": regressed})
+        print_json({**doc, "by_provider": by_provider, "regression": regressed})
     else:
         _print_compare(doc)
+        if by_provider is not None:
+            out.print(provider_compare_table(by_provider))
     if regressed:
         raise typer.Exit(1)
 
