@@ -27,10 +27,11 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """One chat-completions request, provider-neutral.
+    """One model request, provider- and wire-format-neutral.
 
     ``max_output_tokens`` caps visible plus reasoning tokens (sent as
-    ``max_completion_tokens``); ``headers`` are extra HTTP headers (request id, attempt).
+    ``max_completion_tokens`` on Chat Completions, ``max_output_tokens`` on the Responses
+    API); ``headers`` are extra HTTP headers (request id, attempt).
     """
 
     model: str
