@@ -220,6 +220,9 @@ class StepConfig(_Strict):
     labels: list[str] | None = None
     #: steps that must end before this one starts, besides what it reads
     after: list[str] = Field(default_factory=list)
+    #: ``kind = "guard"`` only, required: what a missing verdict (timeout, error,
+    #: unparseable reply) means: ``open`` lets the turn through, ``closed`` refuses it
+    on_missing_verdict: Literal["open", "closed"] | None = None
     #: settings of a custom step kind (read by its class)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -351,7 +354,12 @@ class ChainConfig(_Strict):
                     raise ValueError(
                         f"steps.{name}.after: {dep!r} is not another step in order {self.order}"
                     )
-            if step.kind == "llm" and step.provider not in self.providers:
+            if step.kind == "guard" and step.on_missing_verdict is None:
+                raise ValueError(
+                    f"steps.{name}.on_missing_verdict: required for a guard: 'open' (a turn "
+                    "goes on without a verdict) or 'closed' (it is refused); no default"
+                )
+            if step.kind in ("llm", "guard") and step.provider not in self.providers:
                 raise ValueError(
                     f"steps.{name}.provider: unknown provider {step.provider!r}; "
                     f"expected one of {sorted(self.providers)}"

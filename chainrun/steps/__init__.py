@@ -1,7 +1,8 @@
 """Steps: the protocol (:mod:`.base`) and the built-in kinds, one module each.
 
 ``llm`` (:mod:`.llm`): a hedged model call; ``retrieve`` (:mod:`.retrieve`): early-exit
-catalogue search. Register your own kind with :func:`register_step_kind`.
+catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict. Register your
+own kind with :func:`register_step_kind`.
 """
 
 from chainrun.steps.base import (
@@ -13,11 +14,13 @@ from chainrun.steps.base import (
     register_step_kind,
     step_kinds,
 )
+from chainrun.steps.guard import GuardStep
 from chainrun.steps.llm import LLMStep
 from chainrun.steps.retrieve import Retriever, RetrieveStep
 
 __all__ = [
     "BuildContext",
+    "GuardStep",
     "LLMStep",
     "RetrieveStep",
     "Retriever",

@@ -1,0 +1,84 @@
+"""The guard step (``kind = "guard"``): a moderation or classifier model's verdict.
+
+A guard is an LLM step (hedged like any step, by its ``[hedge]`` table) whose answer is
+read in Llama Guard's reply format (:func:`chainrun.checks.verdict.parse_llama_guard`):
+``safe``, or ``unsafe`` with category codes. Only an explicit ``unsafe`` refuses the turn;
+its categories go into the turn's verdicts. A missing verdict (``timeout``, ``error``,
+``unparseable``) is logged with its reason and decided by the step's
+``on_missing_verdict`` (``open`` or ``closed``, required: there is no default).
+
+An *input* guard (its prompt does not read ``{answer}``) starts with the turn's first
+steps and races them: while it runs, the answer's tokens are held back
+(:attr:`~chainrun.steps.base.Step.holds_answer`), and an ``unsafe`` verdict cancels the
+running steps (their streams are closed) so nothing of their output reaches the user.
+An *output* guard reads ``{answer}`` and runs once the answer is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from chainrun.checks.verdict import GuardVerdict, MissingReason, missing_verdict, parse_llama_guard
+from chainrun.config import StepConfig
+from chainrun.errors import ConfigError
+from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState, register_step_kind
+from chainrun.steps.llm import LLMStep
+
+
+def _missing_reason(error: BaseException) -> MissingReason:
+    return "timeout" if isinstance(error, TimeoutError) else "error"
+
+
+@register_step_kind
+class GuardStep(LLMStep):
+    """A guard (``kind = "guard"``); see the module text.
+
+    Raises:
+        ConfigError: ``on_missing_verdict`` is not set, or the guard is the answer step.
+    """
+
+    kind = "guard"
+
+    def __init__(self, name: str, config: StepConfig) -> None:
+        super().__init__(name, config)
+        if config.on_missing_verdict is None:
+            raise ConfigError(
+                f"steps.{name}.on_missing_verdict: a guard needs 'open' or 'closed' "
+                "(no default: open lets a turn through when the guard gives no verdict, "
+                "closed refuses it)"
+            )
+        self.on_missing = config.on_missing_verdict
+        # an input guard races the answer step: hold the answer back until it has passed
+        self.holds_answer = "answer" not in self.reads
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self, answer_step: str) -> None:
+        if self.name == answer_step:
+            raise ConfigError(f"answer_step: {self.name!r} is a guard, not an answer")
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        result: StepResult | None = None
+        async for item in super().run(state, ctx):
+            if isinstance(item, StepResult):
+                result = item
+            else:
+                yield item
+        assert result is not None
+        if result.error is not None:
+            verdict: GuardVerdict = missing_verdict(_missing_reason(result.error))
+        else:
+            verdict = parse_llama_guard(ctx.row.output)
+        refuse = verdict.refuses(self.on_missing)
+        if verdict.status == "missing":
+            # the log's error vocabulary (chainrun.errors.error_type); the reason itself
+            # (timeout / error / unparseable) is in the verdict
+            ctx.row.error_type = ctx.row.error_type or "invalid_answer"
+            ctx.row.status = "failed_closed" if refuse else "failed_open"
+        ctx.row.detail = {**(ctx.row.detail or {}), "verdict": verdict.as_json()}
+        yield StepResult(verdict=verdict.as_json(), refuse=refuse)
+
+
+__all__ = ["GuardStep"]
