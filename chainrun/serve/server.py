@@ -38,7 +38,7 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (TCP_NODELAY on accepted connections).
+    """A listening TCP socket on ``host:port`` (TCP_NODELAY on accepted connections).
 
     Raises:
         UserInputError: the address cannot be bound (in use, not local, bad name).
@@ -53,6 +53,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise UserInputError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+    # listening now: a client connecting before uvicorn's loop runs waits in the backlog
+    # instead of being refused
+    sock.listen(2048)
     return sock
 
 

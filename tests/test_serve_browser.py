@@ -1,0 +1,137 @@
+"""The chat page in a real browser: Debian's chromium, headless, driven by Playwright.
+
+``chainrun serve`` runs as the CLI runs it (a subprocess) with the latency lab as its
+model server; the test types a question, watches the waterfall fill in while the answer
+streams, waits for the turn, checks that user text went in as text, and saves a
+screenshot (``CHAINRUN_SCREENSHOT=path`` keeps a copy, e.g. for the README).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chainrun.lab import LabServer
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):  # .ci/run installs it: missing there is a failure, not a skip
+        raise RuntimeError(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("serve-browser")
+    with LabServer("fast", n_tokens=24, per_token_ms=20) as lab:
+        cfg = tmp / "chainrun.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("CHAINRUN_SERVE_TOKEN", None)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
+             "--db", str(tmp / "log.db")],
+            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        try:
+            line = proc.stderr.readline()
+            assert line.startswith("chainrun serve: http://"), line
+            yield line.split()[2].rstrip("/")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            proc.stderr.close()
+
+
+def test_the_page_streams_the_answer_and_fills_the_waterfall(served: str, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    question = 'a linen shirt? <img src=x onerror="window.pwned=1"><b>bold</b>'
+    shot = tmp_path / "serve.png"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.goto(served + "/")
+            page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)
+            page.fill("#message", question)
+            page.press("#message", "Enter")
+            # live: a step is drawn running before the turn has finished
+            page.wait_for_selector('.wf-row[data-status="running"] .wf-bar', timeout=20_000)
+            assert page.text_content("#turn-status") == "running"
+            page.wait_for_selector('#answer[data-status="ok"]', timeout=60_000)
+            page.wait_for_selector('.wf-row[data-step="critique"][data-status="ok"]')
+            page.screenshot(path=str(shot), full_page=True)
+            answer = page.text_content("#answer") or ""
+            rows = page.eval_on_selector_all(
+                ".wf-row",
+                "rows => rows.map(r => [r.dataset.step, r.dataset.status, "
+                "r.querySelector('.wf-bar').style.width, "
+                "!!r.querySelector('.wf-ttft'), r.querySelector('.wf-facts').textContent])",
+            )
+            user = page.text_content("#messages li.user")
+            injected = page.evaluate("() => [document.querySelectorAll('#messages img, "
+                                     "#messages b').length, window.pwned === 1]")  # fmt: skip
+            status = page.text_content("#turn-status") or ""
+        finally:
+            browser.close()
+    assert answer.strip() and "<" not in answer
+    assert [r[0] for r in rows] == ["classify", "retrieve", "compose", "validate", "critique"]
+    for step, st, width, has_ttft, facts in rows:
+        # the lab's words are no JSON: validate fails open (the turn goes on unchecked)
+        assert st == ("failed_open" if step == "validate" else "ok"), (step, st)
+        assert width.endswith("%") and float(width[:-1]) > 0, (step, width)
+        assert has_ttft == (step != "retrieve"), step  # model steps show their TTFT mark
+        assert ("TTFT" in facts) == (step != "retrieve"), facts
+        assert re.match(r"\d+(\.\d+)? m?s", facts), facts  # the duration first
+    assert user == question and injected == [0, False]  # inserted as text, never as HTML
+    assert status.startswith("ok · turn ")
+    assert shot.stat().st_size > 10_000
+    keep = os.environ.get("CHAINRUN_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, keep)
+
+
+def test_the_page_is_served_without_a_token_but_chat_needs_it(tmp_path: Path) -> None:
+    # the page itself holds no data; with a token set, /chat refuses without it (and the
+    # page then asks for the token)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAINRUN_SERVE_TOKEN": "t0ken"}
+    with LabServer("fast") as lab:
+        cfg = tmp_path / "chainrun.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
+             "--db", str(tmp_path / "log.db")],
+            stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        try:
+            url = proc.stderr.readline().split()[2].rstrip("/")
+            with urllib.request.urlopen(url + "/", timeout=10) as r:
+                assert r.status == 200
+            req = urllib.request.Request(url + "/chat", data=b'{"message": "hi"}', method="POST")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 401
+            e.value.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            proc.stderr.close()
