@@ -144,6 +144,12 @@ def _m003_answer_timings(db: sqlite_utils.Database) -> None:
     db.table("calls").add_column("stop", str)
 
 
+def _m004_steps_turn_index(db: sqlite_utils.Database) -> None:
+    # a turn's steps read back by turn id (Store.turn: chainrun serve, telemetry) without
+    # scanning every step of a long-running live run
+    db.table("steps").create_index(["turn_id"], if_not_exists=True)
+
+
 def _m010_catalog(db: sqlite_utils.Database) -> None:
     db.table("products").create(
         {
@@ -213,6 +219,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("001_initial", _m001_initial),
     ("002_fired_late", _m002_fired_late),
     ("003_answer_timings", _m003_answer_timings),
+    ("004_steps_turn_index", _m004_steps_turn_index),
     ("010_catalog", _m010_catalog),
     ("020_eval_results", _m020_eval_results),
 )

@@ -29,6 +29,7 @@ from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import run_eval, score_existing
+from chainrun.fleet import merge_logs
 from chainrun.provider_compare import compare_providers, differ_only_in_provider
 from chainrun.store import Store
 
@@ -142,29 +143,42 @@ def compare_command(
             "and whether B is slower from work or from serving.",
         ),
     ] = None,
-    db: DbOpt = DEFAULT_DB_PATH,
+    db: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--db",
+            help="SQLite run log; repeat it to read several processes' logs as one "
+            "(name a run RUN@PROCESS, PROCESS being a log's file name without suffix).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
-    if by is not None:
-        if by != "provider" or metric != "all" or fail_on_regression:
-            raise UserInputError(
-                f"--by: expected 'provider' (without --metric or --fail-on-regression), "
-                f"got {by!r}"
-            )
-        with Store.open(db, create=False) as store:
-            doc = compare_providers(store, a, b)
-        if as_json:
-            print_json(doc)
-        else:
-            out.print(provider_compare_table(doc))
-        return
-    with Store.open(db, create=False) as store:
-        result = compare(store, a, b, metric=metric)
+    if by is not None and (by != "provider" or metric != "all" or fail_on_regression):
+        raise UserInputError(
+            f"--by: expected 'provider' (without --metric or --fail-on-regression), got {by!r}"
+        )
+    dbs = db or [DEFAULT_DB_PATH]
+    merged = merge_logs(dbs) if len(dbs) > 1 else None
+    sel_a, sel_b = (merged.run_id(a), merged.run_id(b)) if merged else (a, b)
+    with merged.store if merged else Store.open(dbs[0], create=False) as store:
+        if by is not None:
+            doc = compare_providers(store, sel_a, sel_b)
+            if as_json:
+                print_json(doc)
+            else:
+                out.print(provider_compare_table(doc))
+            return
+        result = compare(store, sel_a, sel_b, metric=metric)
         # runs that differ only in where steps are served also get the by-provider split
         by_provider = (
-            compare_providers(store, a, b) if differ_only_in_provider(store, a, b) else None
+            compare_providers(store, sel_a, sel_b)
+            if differ_only_in_provider(store, sel_a, sel_b)
+            else None
         )
+    if merged is not None:
+        result["a"]["selector"], result["b"]["selector"] = a, b
+        result["logs"] = merged.processes
     metrics = result.pop("metrics")
     doc = {**result, "turn": metrics.get("turn"),
            "steps": {k: v for k, v in metrics.items() if k != "turn"}}  # fmt: skip
