@@ -154,6 +154,8 @@ class Telemetry:
             "chainrun.turn.id": row.id,
             "chainrun.turn.status": row.status,
             "chainrun.turn.label": row.label,
+            "chainrun.turn.answer_ttft_ms": row.answer_ttft_ms,
+            "chainrun.turn.answer_done_ms": row.answer_done_ms,
             "chainrun.turn.calls_usage_unknown": usage.unknown_calls,
             "error.type": row.error_type or (
                 row.status if row.status in ("error", "cancelled") else None),

@@ -75,6 +75,15 @@ async def test_chat_streams_steps_tokens_and_a_logged_turn(config, store, fake) 
     turn = events[-1][1]
     assert turn["status"] == "ok" and turn["output"] == text
     assert turn["conversation_id"] == "conv-1" and turn["answer_ttft_ms"] > 0
+    assert turn["answer_done_ms"] >= turn["answer_ttft_ms"]
+    # the live offsets are the chain's own: the logged summary agrees with them
+    for s in turn["steps"]:
+        assert s["started_ms"] == finished[s["step"]]["started_ms"]
+    logged = {s["step"]: s for s in turn["steps"]}
+    assert logged["validate"]["post_answer"] and not logged["compose"]["post_answer"]
+    # classify and retrieve are independent by default: they run at once and overlap
+    classify, retrieve = logged["classify"], logged["retrieve"]
+    assert retrieve["started_ms"] < classify["started_ms"] + classify["duration_ms"]
     # the summary is what the log holds: steps in order, one attempt per model step
     assert [s["step"] for s in turn["steps"]] == list(config.order)
     assert [len(s["attempts"]) for s in turn["steps"]] == [1, 0, 1, 1, 1]

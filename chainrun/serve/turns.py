@@ -22,10 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chainrun.chain import Chain
@@ -54,24 +53,10 @@ class WireEvent:
     data: dict[str, Any]
 
 
-@dataclass
-class _Progress:
-    """What the runner saw of a turn so far (the live part of the summary)."""
-
-    t0: float
-    started_ms: dict[str, float] = field(default_factory=dict)
-    finished: dict[str, dict[str, Any]] = field(default_factory=dict)
-    answer_ttft_ms: float | None = None
-
-    def now_ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1000.0
-
-
 def turn_summary(
     logged: LoggedTurn | None,
     done: TurnFinished,
     conversation_id: str,
-    answer_ttft_ms: float | None,
     live_steps: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The ``turn`` event's payload: the turn's outcome, its summed usage and per step the
@@ -81,16 +66,20 @@ def turn_summary(
     Shape::
 
         {turn_id, run_id, conversation_id, status, output, label, error_type,
-         duration_ms, answer_ttft_ms,
+         duration_ms, answer_ttft_ms, answer_done_ms,
          usage: {input_tokens, output_tokens, reasoning_tokens, cached_input_tokens,
                  calls, unknown_calls},
          steps: [{step, kind, status, started_ms, duration_ms, ttft_ms, output_tokens,
                   n_attempts, hedge_fired, hedge_won, hedge_delay_ms, error_type,
+                  post_answer,
                   attempts: [{attempt, target, started_ms, ttft_ms, duration_ms,
                               outcome, output_tokens, error_type}]}]}
 
     ``started_ms`` of a step is from the turn's start, of an attempt from its step's
-    start. Without a log (``logged`` None) the steps come from the events alone.
+    start; steps that ran concurrently overlap. ``answer_ttft_ms`` / ``answer_done_ms``
+    are the shopper's wait for the first answer token / the whole answer (None when no
+    answer reached the user); ``post_answer`` steps (checks of the answer) are not part of
+    it. Without a log (``logged`` None) the steps come from the events alone.
     """
     steps: list[dict[str, Any]] = []
     if logged is not None:
@@ -110,6 +99,7 @@ def turn_summary(
                     "hedge_won": bool(row.hedge_won),
                     "hedge_delay_ms": row.hedge_delay_ms,
                     "error_type": row.error_type,
+                    "post_answer": bool(row.post_answer),
                     "attempts": [
                         {
                             "attempt": c.attempt,
@@ -137,7 +127,8 @@ def turn_summary(
         "label": done.label,
         "error_type": done.error_type,
         "duration_ms": done.duration_ms,
-        "answer_ttft_ms": answer_ttft_ms,
+        "answer_ttft_ms": done.answer_ttft_ms,
+        "answer_done_ms": done.answer_done_ms,
         "usage": usage.as_json(),
         "steps": steps,
     }
@@ -184,7 +175,7 @@ class TurnRunner:
     ) -> AsyncGenerator[WireEvent, None]:
         conversation_id = conversation_id or uuid.uuid4().hex
         request_id = uuid.uuid4().hex
-        progress = _Progress(t0=time.perf_counter())
+        finished: dict[str, dict[str, Any]] = {}
         yield WireEvent(
             "turn_started",
             {
@@ -204,7 +195,7 @@ class TurnRunner:
                     if isinstance(ev, TurnFinished):
                         done = ev
                         break
-                    yield self._wire(ev, progress)
+                    yield self._wire(ev, finished)
         except Exception as e:
             # the chain logged the turn (status error) and yielded TurnFinished before
             # raising, e.g. ProviderUnavailable: the backend reports it, it does not crash
@@ -220,17 +211,14 @@ class TurnRunner:
             self._notify(logged)
         yield WireEvent(
             "turn",
-            turn_summary(logged, done, conversation_id, progress.answer_ttft_ms,
-                         progress.finished),
-        )  # fmt: skip
+            turn_summary(logged, done, conversation_id, finished),
+        )
 
-    def _wire(self, ev: Any, progress: _Progress) -> WireEvent:
+    def _wire(self, ev: Any, finished: dict[str, dict[str, Any]]) -> WireEvent:
         if isinstance(ev, TokenDelta):
-            if ev.step == self.answer_step and progress.answer_ttft_ms is None:
-                progress.answer_ttft_ms = progress.now_ms()
             return WireEvent("token", {"step": ev.step, "text": ev.text})
         if isinstance(ev, StepStarted):
-            started = progress.started_ms[ev.step] = progress.now_ms()
+            started = ev.started_offset_ms
             return WireEvent(
                 "step",
                 {"phase": "started", "step": ev.step, "kind": ev.kind, "started_ms": started},
@@ -241,7 +229,7 @@ class TurnRunner:
             "step": ev.step,
             "kind": self.chain.config.steps[ev.step].kind,
             "status": ev.status,
-            "started_ms": progress.started_ms.get(ev.step),
+            "started_ms": ev.started_offset_ms,
             "duration_ms": ev.duration_ms,
             "ttft_ms": ev.ttft_ms,
             "output_tokens": ev.output_tokens,
@@ -252,8 +240,9 @@ class TurnRunner:
             "model": ev.model,
             "reasoning_effort": ev.reasoning_effort,
             "output": ev.output,
+            "post_answer": ev.post_answer,
         }
-        progress.finished[ev.step] = data
+        finished[ev.step] = data
         return WireEvent("step", data)
 
     def _read(self, turn_id: int | None) -> LoggedTurn | None:

@@ -133,6 +133,7 @@ class Waterfall {
     if (d.ttft_ms !== null && d.ttft_ms !== undefined) parts.push("TTFT " + ms(d.ttft_ms));
     if (d.output_tokens !== null && d.output_tokens !== undefined) parts.push(d.output_tokens + " tok");
     if (d.status !== "ok") parts.push(d.status + (d.error_type ? " (" + d.error_type + ")" : ""));
+    if (d.post_answer) parts.push("after the answer");
     s.facts.append(el("div", null, parts.join(" · ")));
     if (d.n_attempts > 1 || d.hedge_fired) {
       const won = (d.attempts || []).find((a) => a.outcome === "primary" || a.outcome === "duplicate");
@@ -179,6 +180,7 @@ class Waterfall {
     const rows = [
       ["turn", ms(t.duration_ms)],
       ["answer TTFT", ms(t.answer_ttft_ms)],
+      ["answer done", ms(t.answer_done_ms)],
       ["tokens", u.input_tokens + " in (" + u.cached_input_tokens + " cached) · " +
                  u.output_tokens + " out (" + u.reasoning_tokens + " reasoning) over " +
                  u.calls + " calls" + (u.unknown_calls ? ", " + u.unknown_calls + " unknown" : "")],
