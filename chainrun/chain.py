@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-from collections.abc import AsyncGenerator, Mapping
+import math
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +32,40 @@ import sqlite_utils
 
 from chainrun.capabilities import check_chain as check_capabilities
 from chainrun.config import ChainConfig, load_config
-from chainrun.errors import ConfigError, error_type
+from chainrun.errors import ConfigError, ProviderUnavailable, error_type
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
-from chainrun.providers.base import Provider
+from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.records import RunKind, TurnLog, TurnRow
 from chainrun.scheduler import TurnRun
 from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, step_kinds
 from chainrun.store import DEFAULT_DB, Store, utc_now
+from chainrun.timing import Chunk
 
 REFUSAL = "Sorry, I can't help with that right now. Please try again in a moment."
 
 __all__ = ["REFUSAL", "Chain", "Retriever", "build_steps"]
+
+
+class _Down:
+    """Stands in for a hedge target that was unreachable when the chain opened (its
+    circuit breaker is open for the chain's life, so it is never asked; if it were, it
+    fails like the server did)."""
+
+    server_address: str | None = None
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+
+    async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        raise ProviderUnavailable(self.reason)
+        yield  # an async generator, like every provider's chunks()
+
+    async def aclose(self) -> None:
+        pass
 
 
 def build_steps(config: ChainConfig) -> dict[str, Step]:
@@ -117,6 +139,8 @@ class Chain:
         self._injected = dict(providers or {})
         self._retriever = retriever
         self._providers: dict[str, Provider] = {}
+        #: one registry for every step: a target found down at open starts open here
+        self._breakers = BreakerRegistry()
         self._owned: list[Provider] = []
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
@@ -185,7 +209,7 @@ class Chain:
                 await self._loop_lag.__aenter__()
             db = self.store.db if self.store is not None else sqlite_utils.Database(memory=True)
             ctx = BuildContext(
-                config=self.config, providers=self._providers, breakers=BreakerRegistry(),
+                config=self.config, providers=self._providers, breakers=self._breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
                 retriever=self._retriever,
             )  # fmt: skip
@@ -197,11 +221,33 @@ class Chain:
             raise
 
     async def _open_providers(self) -> None:
+        """Build every provider a step uses and check that its server answers.
+
+        Only an unreachable *primary* (some step's ``provider``) stops the chain here. A
+        provider used only as a hedge target that is unreachable is reported in one
+        warning line and its circuit breaker starts open for the chain's life (a copy
+        that cannot connect would end its race: errors are not hedged), so the steps
+        hedged onto it run unhedged on their primary.
+        """
+        primaries = {self.config.steps[n].provider for n in self.config.order
+                     if self.config.steps[n].kind == "llm"}  # fmt: skip
         for name in self._used_providers():
             if name in self._injected:
                 self._providers[name] = self._injected[name]
                 continue
-            provider = await open_provider(name, self.config.providers[name], quiet=self.quiet)
+            try:
+                provider = await open_provider(
+                    name, self.config.providers[name], quiet=self.quiet
+                )
+            except ProviderUnavailable as e:
+                if name in primaries:
+                    raise
+                self._breakers.get(name).trip(math.inf)
+                self._providers[name] = _Down(name, str(e))
+                print(f"chainrun: warning: hedge target {name!r} is down ({e}); its circuit "
+                      "breaker starts open: the steps hedged onto it run unhedged",
+                      file=sys.stderr)  # fmt: skip
+                continue
             self._providers[name] = provider
             self._owned.append(provider)
 

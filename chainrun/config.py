@@ -312,8 +312,31 @@ class ChecksConfig(_Strict):
         return PatternChecker(checks)
 
 
+class GraderConfig(_Strict):
+    """The ``llm-rubric`` grader (``[grader]`` in chainrun.toml), stored with every verdict.
+
+    ``provider`` names one of ``[providers]``; the default is the embedded local model,
+    a *pre-trained* 270M model that seldom answers in a form the scorer can read (its
+    rubric assertions are then skipped, with that reason): point it at a chat model::
+
+        [grader]
+        provider = "openai"
+        model = "gpt-5-mini"
+
+    The grading call itself is whatever async ``grade(prompt) -> str`` the caller
+    injects; it must be built from this configuration (temperature 0 and a fixed seed so
+    that re-grading the same answer gives the same verdict where the server honours seeds).
+    """
+
+    provider: str = "local"
+    model: str = "gemma-3-270m"
+    temperature: float = Field(default=0.0, ge=0, le=0)
+    seed: int = 0
+    max_output_tokens: int = Field(default=60, ge=1)
+
+
 class ChainConfig(_Strict):
-    """The whole chain: providers, steps and their order."""
+    """The whole chain: providers, steps and their order (and the eval grader)."""
 
     order: list[str] = Field(default_factory=lambda: list(STEP_NAMES_DEFAULT))
     #: the step whose output is the turn's answer (streamed to the user)
@@ -324,6 +347,8 @@ class ChainConfig(_Strict):
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
     #: what models accept, by model name (on top of the built-ins of chainrun.capabilities)
     capabilities: dict[str, ModelCapabilities] = Field(default_factory=dict)
+    #: the ``llm-rubric`` grader of ``chainrun eval``
+    grader: GraderConfig = Field(default_factory=GraderConfig)
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
@@ -371,6 +396,11 @@ class ChainConfig(_Strict):
                             f"steps.{name}.hedge.targets: unknown provider {t!r}; "
                             f"expected one of {sorted(self.providers)}"
                         )
+        if self.grader.provider not in self.providers:
+            raise ValueError(
+                f"grader.provider: unknown provider {self.grader.provider!r}; "
+                f"expected one of {sorted(self.providers)}"
+            )
         return self
 
     def snapshot(self) -> str:
@@ -498,8 +528,11 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
     return f"{source}: {path + ': ' if path else ''}{msg}{shown}"
 
 
-def config_from_dict(data: dict[str, Any], source: str = "config") -> ChainConfig:
-    """Validate a config dict merged onto the default chain.
+def config_from_dict(
+    data: dict[str, Any], source: str = "config", *, path: str | None = None
+) -> ChainConfig:
+    """Validate a config dict merged onto the default chain (``path``: the file it came
+    from, recorded on the error).
 
     Raises:
         ConfigError: one line naming ``source``, the field path and the bad value.
@@ -516,7 +549,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> ChainConfi
     try:
         return ChainConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(source, e)) from None
+        raise ConfigError(_format_validation_error(source, e), path=path) from None
 
 
 def load_config(path: str | Path | None = None) -> ChainConfig:
@@ -536,11 +569,14 @@ def load_config(path: str | Path | None = None) -> ChainConfig:
     try:
         text = p.read_text(encoding="utf-8-sig")
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read config file ({e.strerror})") from None
+        raise ConfigError(f"{p}: cannot read config file ({e.strerror})", path=str(p)) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file (expected UTF-8 TOML)") from None
+        raise ConfigError(f"{p}: not a text file (expected UTF-8 TOML)", path=str(p)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML ({e})") from None
-    return config_from_dict(data, str(p))
+        at = re.search(r"at line (\d+)", str(e))
+        raise ConfigError(
+            f"{p}: not valid TOML ({e})", path=str(p), line=int(at.group(1)) if at else None
+        ) from None
+    return config_from_dict(data, str(p), path=str(p))

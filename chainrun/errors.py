@@ -15,18 +15,38 @@
 
 User mistakes and provider failures are kept apart on purpose: the first is fixed
 by editing a file, the second by waiting or pointing at another server. The CLI
-exits 2 for both (a clear one-line message, never a traceback).
+exits 2 for both (a clear one-line message, never a traceback; with ``--json`` also
+:meth:`ChainrunError.as_dict` as one JSON document on stdout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from typing import Any
 
 from chainrun.hedging.errors import CircuitOpen, NoAcceptableAnswer
 
 
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
 class ChainrunError(Exception):
-    """Root of every exception chainrun raises on purpose."""
+    """Root of every exception chainrun raises on purpose.
+
+    ``path`` and ``line`` (1-based) name the file at fault when there is one, else None.
+    """
+
+    path: str | None = None
+    line: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"type", "message", "file", "line"}``: ``type`` is the class name in snake case
+        (``config_error``, ``input_file_error``, ``provider_unavailable``...), ``file`` and
+        ``line`` are None when no file is at fault (the shape of ``--json`` errors)."""
+        return {"type": _snake(type(self).__name__), "message": str(self),
+                "file": self.path, "line": self.line}  # fmt: skip
 
 
 class UserInputError(ChainrunError):
@@ -34,7 +54,16 @@ class UserInputError(ChainrunError):
 
 
 class ConfigError(UserInputError):
-    """The chain configuration is invalid; the message names the field path and the bad value."""
+    """The chain configuration is invalid; the message names the field path and the bad value.
+
+    ``path``: the config file at fault, when the config came from a file; ``line`` when
+    the TOML parser named one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
 
 
 class InputFileError(UserInputError):

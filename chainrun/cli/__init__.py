@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.exceptions import TyperException
 from sqlite_utils.utils import sqlite3
 
 from chainrun.errors import ChainrunError
@@ -60,23 +61,37 @@ DEFAULT_DB_PATH = Path("chainrun.db")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one error line and exit with ``code``."""
-    err.print(f"[bold red]chainrun: error:[/] {message}", markup=True, highlight=False)
+def fail(message: str, code: int = 2, *, as_json: bool = False,
+         error: dict[str, Any] | None = None) -> None:
+    """Print one error line on stderr and exit with ``code``.
+
+    With ``as_json`` the error is also one JSON document on stdout,
+    ``{"error": {"type", "message", "file", "line"}}`` (``error`` gives those fields;
+    default: type ``error``, no file), so a script reading stdout never gets plain text.
+    """
+    if as_json:
+        doc = error or {"type": "error", "message": message, "file": None, "line": None}
+        print_json({"error": doc})
+    shown = message.replace("[", r"\[")  # a message is text, not rich markup
+    err.print(f"[bold red]chainrun: error:[/] {shown}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 
 def handle_errors(fn: F) -> F:
-    """Turn chainrun's exceptions into one line on stderr and exit code 2."""
+    """Turn chainrun's exceptions into one line on stderr and exit code 2 (with ``--json``,
+    also one JSON error document on stdout: see :func:`fail`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except ChainrunError as e:
-            fail(str(e).replace("[", r"\["))
+            fail(str(e), as_json=as_json, error=e.as_dict())
         except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
-            fail(f"the log database is busy or unwritable ({e})")
+            message = f"the log database is busy or unwritable ({e})"
+            fail(message, as_json=as_json, error={"type": "database_error", "message": message,
+                                                  "file": None, "line": None})  # fmt: skip
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
@@ -138,5 +153,23 @@ from chainrun.cli import (  # noqa: E402,F401
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    With ``--json`` a usage error (an unknown option, a value out of range) is also one
+    JSON document on stdout (type ``usage_error``), as every other error is.
+    """
+    if "--json" not in sys.argv[1:]:
+        app()
+        return
+    try:
+        code = app(standalone_mode=False)
+    except TyperException as e:  # click's usage errors derive from it
+        message = e.format_message()
+        print_json({"error": {"type": "usage_error", "message": message,
+                              "file": None, "line": None}})  # fmt: skip
+        err.print(f"chainrun: error: {message}", markup=False)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("Aborted!")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -225,35 +225,53 @@ def local_up(
 
 @local_app.command("down")
 @handle_errors
-def local_down(as_json: JsonOpt = False) -> None:
-    """Stop the local model server."""
-    server = local.down()
+def local_down(
+    force: Annotated[
+        bool, typer.Option("--force", help="Also stop servers other installs started.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop this install's local model server (another install's only with --force)."""
+    stopped = local.down(force=force)
     if as_json:
-        print_json({"stopped": server is not None, "pid": server.pid if server else None})
-    else:
-        out.print("stopped" if server else "not running")
+        print_json({"stopped": bool(stopped), "pid": stopped[0].pid if stopped else None,
+                    "servers": [_server_doc(s) for s in stopped]})  # fmt: skip
+        return
+    if not stopped:
+        out.print("not running")
+    for s in stopped:
+        out.print(f"stopped: {local.describe(s)}", markup=False)
 
 
 @local_app.command("status")
 @handle_errors
 def local_status(as_json: JsonOpt = False) -> None:
-    """Report whether the local model server is running, and where."""
+    """Report whether this install's local model server is running, and where (and any
+    server another install started)."""
     server = local.status()
-    if server is None:
-        if as_json:
-            print_json({"running": False})
-        else:
-            out.print("not running")
+    others = local.others()
+    if as_json:
+        doc = _server_doc(server) if server else {"running": False}
+        print_json({**doc, "others": [_server_doc(s) for s in others]})
         return
-    _print_server(server, as_json, "running")
+    if server is None:
+        out.print("not running")
+    else:
+        _print_server(server, as_json, "running")
+    for s in others:
+        out.print(f"another install's server: {local.describe(s)} "
+                  "(chainrun local down --force stops it)", markup=False)  # fmt: skip
+
+
+def _server_doc(server: local.LocalServer) -> dict[str, Any]:
+    return {"running": True, "pid": server.pid, "port": server.port,
+            "base_url": server.base_url, "model_path": server.model_path,
+            "binary": server.binary, "log": server.log_path}  # fmt: skip
 
 
 def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
-    doc: dict[str, Any] = {"running": True, "pid": server.pid, "port": server.port,
-                           "base_url": server.base_url, "model_path": server.model_path,
-                           "log": server.log_path}  # fmt: skip
     if as_json:
-        print_json(doc)
+        print_json(_server_doc(server))
     else:
         out.print(f"{state}: {server.base_url} (pid {server.pid}, log {server.log_path})")
 

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from chainrun.cli import (
     DEFAULT_DB_PATH,
-    ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
@@ -49,16 +48,36 @@ def eval_command(
     run: Annotated[
         int | None, typer.Option("--run", help="Score this existing run instead of running.")
     ] = None,
-    repeat: Annotated[int, typer.Option(min=1, help="Run each case K times (flip rate).")] = 1,
-    concurrency: ConcurrencyOpt = 1,
+    repeat: Annotated[
+        int | None, typer.Option(min=1, help="Run each case K times (flip rate). [default: 1]")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Turns in flight at once. [default: 1]")
+    ] = None,
     label: LabelOpt = None,
+    fail_on_skipped: Annotated[
+        bool,
+        typer.Option(
+            "--fail-on-skipped",
+            help="Exit 1 when an assertion got no verdict (e.g. llm-rubric, no grader).",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
 ) -> None:
     """Run an eval set through the chain (kind eval) and print pass rates with n."""
+    if run is not None:
+        given = [f"--{n}" for n, v in (("repeat", repeat), ("concurrency", concurrency),
+                                        ("label", label)) if v is not None]  # fmt: skip
+        if given:
+            raise UserInputError(
+                f"{', '.join(given)}: only for a new eval run; --run {run} scores an existing "
+                "run as it was run (drop --run to run the cases again)"
+            )
+    repeat = repeat or 1
     cfg = load_config(config)
-    cases = load_cases(file)  # validated before any run exists
+    cases = load_cases(file, steps=cfg.order)  # validated before any run exists
     store = Store.open(db, create=run is None)
     progress = Progress(
         TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -72,7 +91,7 @@ def eval_command(
                 result = {**result, "n_cases": len(cases), "repeat": None}
             else:
                 result = run_async(
-                    run_eval(cfg, cases, store, repeat=repeat, concurrency=concurrency,
+                    run_eval(cfg, cases, store, repeat=repeat, concurrency=concurrency or 1,
                              label=label, source=str(file), quiet=as_json,
                              on_turn=lambda *_: progress.advance(task))
                 )  # fmt: skip
@@ -100,6 +119,8 @@ def eval_command(
     }
     if as_json:
         print_json(doc)
+        if fail_on_skipped and result["skipped"]:
+            raise typer.Exit(1)
         return
     table = Table(title=f"eval run {doc['run_id']}: {doc['n_cases']} cases, {doc['n_turns']} turns")
     table.add_column("")
@@ -112,11 +133,17 @@ def eval_command(
     out.print(table)
     flip = result["flip"]
     if flip["n_cases"]:
-        out.print(f"flip rate: {flip['flipped']}/{flip['n_cases']} repeated cases changed verdict")
-    if result["skipped"]:
-        out.print(f"skipped: {result['skipped']}")
+        fa = flip["assertions"]
+        out.print(f"flip rate: {flip['flipped']}/{flip['n_cases']} repeated cases and "
+                  f"{fa['flipped']}/{fa['n']} repeated assertions changed verdict")  # fmt: skip
+        for key in fa["flipped_assertions"][:10]:
+            out.print(f"  flipped: {key}", markup=False)
+    for kind, sk in result["skipped"].items():  # one line per kind: how many, and why
+        out.print(f"[yellow]skipped {sk['n']} {kind}[/]: " + sk["reason"].replace("[", r"\["))
     if result["unmatched_turns"]:
         out.print(f"[yellow]{result['unmatched_turns']} turns of the run matched no case[/]")
+    if fail_on_skipped and result["skipped"]:
+        raise typer.Exit(1)
 
 
 @app.command("compare")

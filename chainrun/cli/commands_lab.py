@@ -32,6 +32,11 @@ def lab_serve(
     Per-request records (disconnects, tokens sent) are at GET /admin/requests.
     """
     sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed)
-    if as_json:
-        print_json({"scenario": sc.model_dump(mode="json"), "host": host, "port": port})
-    serve(sc, host=host, port=port)  # announces the address it bound on stderr
+
+    def announce(bound: int) -> None:  # the port bound, not the 0 asked for
+        shown = f"[{host}]" if ":" in host else host
+        print_json({"scenario": sc.model_dump(mode="json"), "host": host, "port": bound,
+                    "base_url": f"http://{shown}:{bound}/v1"})  # fmt: skip
+
+    serve(sc, host=host, port=port, on_bound=announce if as_json else None)
+    # serve() also announces the address it bound on stderr

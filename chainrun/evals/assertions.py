@@ -30,6 +30,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from chainrun.config import GraderConfig
+
 #: An async grading call: prompt in, the grader model's reply out.
 Grade = Callable[[str], Awaitable[str]]
 
@@ -41,15 +43,23 @@ LABEL = "label"
 class Verdict:
     """The result of one assertion on one turn.
 
-    ``step`` is None for the final answer / whole turn. ``grader`` is the grader
-    configuration an ``llm-rubric`` verdict was given under (None otherwise).
+    ``passed`` is None when the assertion was *skipped* (no verdict could be given:
+    ``llm-rubric`` without a grader, or with a grader reply that is not understood);
+    ``detail`` then says why. ``step`` is None for the final answer / whole turn.
+    ``grader`` is the grader configuration an ``llm-rubric`` verdict was given under
+    (None otherwise).
     """
 
     type: str
     step: str | None
-    passed: bool
+    passed: bool | None
     detail: str
     grader: dict[str, Any] | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """True when no verdict was given (``passed`` is None)."""
+        return self.passed is None
 
 
 @dataclass(frozen=True)
@@ -283,15 +293,17 @@ class _Assertion(BaseModel):
     #: what to look at: None = the final answer / whole turn; a step name; or "label"
     step: str | None = None
 
-    def verdict(self, passed: bool, detail: str, grader: dict[str, Any] | None = None) -> Verdict:
+    def verdict(
+        self, passed: bool | None, detail: str, grader: dict[str, Any] | None = None
+    ) -> Verdict:
         return Verdict(self.type, self.step, passed, detail, grader)
 
     @abc.abstractmethod
     def check(self, view: TurnView) -> Verdict:
         """Check one turn (synchronous; ``llm-rubric`` needs :meth:`evaluate`)."""
 
-    async def evaluate(self, view: TurnView, grade: Grade | None = None) -> Verdict | None:
-        """Check one turn; ``None`` when the assertion cannot be run (llm-rubric, no grader)."""
+    async def evaluate(self, view: TurnView, grade: Grade | None = None) -> Verdict:
+        """Check one turn (a skipped verdict when it cannot be run: llm-rubric, no grader)."""
         return self.check(view)
 
     def text_of(self, view: TurnView) -> str | None:
@@ -567,23 +579,6 @@ class MaxTokens(_Assertion):
         return self.verdict(ok, f"{where}: {n} output tokens (max {self.threshold})")
 
 
-class GraderConfig(BaseModel):
-    """The pinned configuration of the ``llm-rubric`` grader, stored with every verdict.
-
-    The grading call itself is whatever async ``grade(prompt) -> str`` the caller
-    injects; it must be built from this configuration (temperature 0 and a fixed seed so
-    that re-grading the same answer gives the same verdict where the server honours seeds).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    provider: str = "local"
-    model: str = "gemma-3-270m"
-    temperature: float = Field(default=0.0, ge=0, le=0)
-    seed: int = 0
-    max_output_tokens: int = Field(default=60, ge=1)
-
-
 RUBRIC_PROMPT = (
     "You grade replies of an online fashion shop's chat assistant.\n"
     "Shopper: {message}\n"
@@ -606,11 +601,20 @@ def parse_grade(reply: str) -> tuple[bool, str] | None:
     return None
 
 
+#: Why an ``llm-rubric`` is skipped, and how to give it a grader (shown by ``chainrun eval``).
+GRADER_HOWTO = (
+    'set a chat model as grader in chainrun.toml: [grader] provider = "NAME" '
+    'model = "MODEL" (README: Evals and comparisons)'
+)
+
+
 class LlmRubric(_Assertion):
     """A grader model judges the text against the rubric ``value``.
 
-    Needs an injected ``grade``; without one the assertion is skipped (no verdict).
-    A reply the grader gives in no recognisable form fails, with the reply in the detail.
+    Needs an injected ``grade``; without one, or when the grader's reply is in no
+    recognisable form, the verdict is *skipped* (``passed`` None, the reason in
+    ``detail``): the grader failed, not the answer, so an unusable grader can neither
+    pass nor fail a chain.
     """
 
     type: Literal["llm-rubric"] = "llm-rubric"
@@ -624,12 +628,12 @@ class LlmRubric(_Assertion):
         view: TurnView,
         grade: Grade | None = None,
         grader: GraderConfig | None = None,
-    ) -> Verdict | None:
-        """Grade one turn; None when there is no grader or its reply is not understood.
+    ) -> Verdict:
+        """Grade one turn (skipped without a grader or when its reply is not understood).
 
         Raises whatever ``grade`` raises (e.g. a ProviderError)."""
         if grade is None:
-            return None
+            return self.verdict(None, f"no grader configured; {GRADER_HOWTO}")
         config = (grader or GraderConfig()).model_dump()
         text = self.text_of(view)
         if text is None:
@@ -638,9 +642,12 @@ class LlmRubric(_Assertion):
         reply = await grade(prompt)
         parsed = parse_grade(reply)
         if parsed is None:
-            # the grader failed, not the answer: no verdict (counted as skipped by the
-            # scorer), so that an unusable grader cannot pass as a failing chain
-            return None
+            return self.verdict(
+                None,
+                f"the grader ({config['provider']} {config['model']}) gave no pass/fail the "
+                f"scorer could read (reply {_short(reply, 40)!r}); {GRADER_HOWTO}",
+                config,
+            )
         ok, reason = parsed
         return self.verdict(ok, reason or ("pass" if ok else "fail"), config)
 
@@ -685,8 +692,9 @@ async def evaluate(
     view: TurnView,
     grade: Grade | None = None,
     grader: GraderConfig | None = None,
-) -> Verdict | None:
-    """Check ``assertion`` on ``view``; None when it is skipped (llm-rubric without grader)."""
+) -> Verdict:
+    """Check ``assertion`` on ``view`` (``passed`` None when skipped: llm-rubric without a
+    grader or with a grader reply not understood; ``detail`` says why)."""
     if isinstance(assertion, LlmRubric):
         return await assertion.evaluate(view, grade, grader)
     return assertion.check(view)

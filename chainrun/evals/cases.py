@@ -13,14 +13,16 @@ too. Unknown keys are errors, so a typo never silently drops an assertion.
 
 from __future__ import annotations
 
+import difflib
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from chainrun.errors import InputFileError
-from chainrun.evals.assertions import Assertion
+from chainrun.evals.assertions import LABEL, Assertion
 
 DEFAULT_CASES = "evals/regression.jsonl"
 
@@ -79,12 +81,37 @@ def parse_case(data: Any, path: str = "<case>", line: int | None = None) -> Eval
         raise InputFileError(path, line, _problem(e)) from None
 
 
-def load_cases(path: str | Path = DEFAULT_CASES) -> list[EvalCase]:
+def check_steps(case: EvalCase, steps: Collection[str], path: str, line: int | None) -> None:
+    """Check that every assertion's ``step`` names a step of the chain (or ``label``).
+
+    Raises:
+        InputFileError: naming the file, line and assertion, with a did-you-mean.
+    """
+    known = [*steps, LABEL]
+    for i, a in enumerate(case.asserts):
+        if a.step is None or a.step in known:
+            continue
+        close = difflib.get_close_matches(a.step, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputFileError(
+            path, line,
+            f"assert.{i}.step: unknown step {a.step!r}{hint}; expected {LABEL!r} or a step "
+            f"of the chain: {', '.join(steps)}",
+        )  # fmt: skip
+
+
+def load_cases(
+    path: str | Path = DEFAULT_CASES, steps: Collection[str] | None = None
+) -> list[EvalCase]:
     """Read every case of a JSONL file (blank lines are skipped).
+
+    ``steps``: the chain's step names (``config.order``); when given, an assertion
+    naming any other step (than ``label``) is an error here, not a failed verdict later.
 
     Raises:
         InputFileError: the file cannot be read, has no case, a line is not JSON or not a
-            valid case (the message names the line), or a case id repeats.
+            valid case (the message names the line), a case id repeats, or an assertion
+            names a step the chain does not have.
     """
     p = str(path)
     try:
@@ -103,6 +130,8 @@ def load_cases(path: str | Path = DEFAULT_CASES) -> list[EvalCase]:
         except json.JSONDecodeError as e:
             raise InputFileError(p, lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
         case = parse_case(data, p, lineno)
+        if steps is not None:
+            check_steps(case, steps, p, lineno)
         if case.id in first_line:
             raise InputFileError(
                 p, lineno, f"duplicate case id {case.id!r} (first on line {first_line[case.id]})"

@@ -82,6 +82,7 @@ async def run_eval(
     label: str | None = None,
     source: str | None = None,
     grader: GraderConfig | None = None,
+    grade: Grade | None = None,
     providers: Mapping[str, Provider] | None = None,
     retriever: Retriever | None = None,
     catalog_ids: Collection[str] | None = None,
@@ -91,6 +92,8 @@ async def run_eval(
     """Run every case ``repeat`` times as one eval run, score it, return the summary.
 
     Returns :func:`~chainrun.evals.score_run`'s summary plus ``n_cases`` and ``repeat``.
+    ``grader`` defaults to ``config.grader``; ``grade`` replaces the grading call built
+    from it (a test double).
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
@@ -102,7 +105,7 @@ async def run_eval(
         label=label, source=source, providers=providers, retriever=retriever,
         on_turn=on_turn, quiet=quiet,
     )  # fmt: skip
-    summary = await score_existing(store, run_id, cases, config, grader=grader,
+    summary = await score_existing(store, run_id, cases, config, grader=grader, grade=grade,
                                    catalog_ids=catalog_ids, quiet=quiet)  # fmt: skip
     return {**summary, "n_cases": len(cases), "repeat": repeat}
 
@@ -119,9 +122,13 @@ async def score_existing(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Score an existing run's turns (a replay, an eval, a window of live turns) without
-    calling the chain again; the grader is only started if a case has an ``llm-rubric``.
+    calling the chain again; the grader (``grader``, else ``config.grader``) is only
+    started if a case has an ``llm-rubric``.
+
+    Raises:
+        UserInputError: no such run, or no turn of it matches a case.
     """
-    grader = grader or GraderConfig()
+    grader = grader or config.grader
     needs_grader = grade is None and any(
         a.type == "llm-rubric" for case in cases for a in case.asserts
     )

@@ -9,7 +9,12 @@ the case with the same message (repeats numbered in log order).
 
 A case *passes* in a repeat when all its assertions pass, and in a run when it passes
 in a strict majority of its repeats (one repeat: that repeat). The flip rate is the
-fraction of repeated cases whose pass/fail differs across repeats.
+fraction of repeated cases (and, alongside, of repeated assertions) whose pass/fail
+differs across repeats.
+
+A *skipped* verdict (``llm-rubric`` without a usable grader) is stored too, with
+``passed`` NULL and the reason in ``detail``: it counts in no pass rate and no flip,
+and is reported per type with its reason (``skipped``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from chainrun.errors import UserInputError
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
 from chainrun.migrations import utc_now
@@ -109,17 +115,16 @@ async def score_turn(
 ) -> list[Verdict]:
     """Check one logged turn against ``case``'s assertions, in the case's order.
 
-    ``llm-rubric`` assertions are skipped (no verdict) when ``grade`` is None; the
+    One verdict per assertion. ``llm-rubric`` verdicts are skipped (``passed`` None,
+    the reason in ``detail``) when ``grade`` is None or its reply is not understood; the
     verdicts they give carry ``grader`` (default :class:`GraderConfig`), which must be
     the configuration ``grade`` was built from. Raises whatever ``grade`` raises.
     """
     view = turn_view(turn_row, step_rows, call_rows, catalog_ids)
-    verdicts = []
-    for assertion in case.asserts:
-        v = await evaluate(assertion, view, grade, grader or GraderConfig())
-        if v is not None:
-            verdicts.append(v)
-    return verdicts
+    return [
+        await evaluate(assertion, view, grade, grader or GraderConfig())
+        for assertion in case.asserts
+    ]
 
 
 def _match_turns(
@@ -162,12 +167,12 @@ async def score_run(
 ) -> dict[str, Any]:
     """Score every turn of a run, replace the run's rows in ``eval_results``, summarise.
 
-    Returns :func:`summarize_results` of the stored rows plus ``run_id``, ``n_turns``,
-    ``unmatched_turns`` (turns no case matched) and ``skipped`` (assertions not run, by
-    type: llm-rubric without a grader).
+    Returns :func:`summarize_results` of the stored rows (``skipped`` among them) plus
+    ``run_id``, ``n_turns`` and ``unmatched_turns`` (turns no case matched).
 
     Raises:
-        UserInputError: no such run.
+        UserInputError: no such run, or no turn of the run matches any case (nothing
+            is written then: the run's earlier verdicts stay).
     """
     store.get_run(run_id)
     turns = store.turns(run_id)
@@ -179,18 +184,19 @@ async def score_run(
         calls_by_turn[c.turn_id].append(c)
     config = grader or GraderConfig()
     matched, unmatched = _match_turns(turns, cases)
+    if not matched:
+        raise UserInputError(
+            f"run {run_id}: none of its {len(turns)} turns matches a case (a turn matches by "
+            "request id '<case id>#<repeat>' or by the case's message); is it the right "
+            "run for this eval file?"
+        )
     rows: list[dict[str, Any]] = []
-    skipped: Counter[str] = Counter()
     now = utc_now()
     for turn, case, repeat in matched:
         verdicts = await score_turn(
             turn, steps_by_turn[turn.id], calls_by_turn[turn.id], case, grade,
             grader=config, catalog_ids=catalog_ids,
         )  # fmt: skip
-        n_rubric = sum(1 for a in case.asserts if a.type == "llm-rubric")
-        n_graded = sum(1 for v in verdicts if v.type == "llm-rubric")
-        if n_rubric > n_graded:  # no grader, or a grader reply that was not understood
-            skipped["llm-rubric"] += n_rubric - n_graded
         for v in verdicts:
             rows.append(
                 {
@@ -200,7 +206,7 @@ async def score_run(
                     "repeat": repeat,
                     "type": v.type,
                     "step": v.step,
-                    "passed": int(v.passed),
+                    "passed": None if v.passed is None else int(v.passed),
                     "detail": v.detail,
                     "grader": json.dumps(v.grader, sort_keys=True) if v.grader else None,
                     "scored_at": now,
@@ -215,7 +221,6 @@ async def score_run(
         "run_id": run_id,
         "n_turns": len(turns),
         "unmatched_turns": unmatched,
-        "skipped": dict(skipped),
         **summary,
     }
 
@@ -231,11 +236,39 @@ def load_results(store: Store, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     )
 
 
+def _graded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Rows with a verdict (skipped rows, ``passed`` NULL, left out)."""
+    return [r for r in rows if r["passed"] is not None]
+
+
 def _repeat_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, bool]]:
     out: dict[str, dict[int, bool]] = defaultdict(dict)
-    for r in rows:
+    for r in _graded(rows):
         case, rep = str(r["case_id"]), int(r["repeat"] or 0)
         out[case][rep] = out[case].get(rep, True) and bool(r["passed"])
+    return out
+
+
+def assertion_key(row: Mapping[str, Any], ordinal: int = 0) -> str:
+    """A readable name of one assertion of a case, the same in every repeat:
+    ``"<case id>: <type> on <step or answer>"`` (``#2``... for the 2nd of that kind)."""
+    where = row.get("step") or TURN_KEY
+    nth = f" #{ordinal + 1}" if ordinal else ""
+    return f"{row['case_id']}: {row.get('type')} on {where}{nth}"
+
+
+def _assertion_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, bool]]:
+    """assertion key → repeat → passed. Rows of one turn are in the case's assertion
+    order, so the k-th row of a kind (type, step) in a turn is the same assertion in
+    every repeat."""
+    seen: Counter[tuple[Any, ...]] = Counter()
+    out: dict[str, dict[int, bool]] = defaultdict(dict)
+    for r in rows:
+        kind = (r.get("turn_id"), r["case_id"], r["repeat"], r.get("type"), r.get("step"))
+        ordinal = seen[kind]
+        seen[kind] += 1
+        if r["passed"] is not None:
+            out[assertion_key(r, ordinal)][int(r["repeat"] or 0)] = bool(r["passed"])
     return out
 
 
@@ -247,20 +280,47 @@ def case_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
 
 
 def flip_rate(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """How often a repeated case's verdict differs across its repeats.
+    """How often a repeated case's verdict (and each repeated assertion's) differs across
+    its repeats. Skipped verdicts are left out.
 
     Returns ``{"n_cases": cases with ≥ 2 repeats, "flipped": how many of them had both a
     passing and a failing repeat, "flip_rate": flipped / n_cases (None when 0),
-    "cases": the flipped case ids}``.
+    "cases": the flipped case ids, "assertions": {"n", "flipped", "flip_rate",
+    "flipped_assertions": [assertion_key ...]}}`` (the same over assertions repeated
+    ≥ 2 times with a verdict).
     """
-    repeated = {c: reps for c, reps in _repeat_outcomes(rows).items() if len(reps) >= 2}
-    flipped = sorted(c for c, reps in repeated.items() if len(set(reps.values())) > 1)
-    n = len(repeated)
+    rows = list(rows)
+
+    def flips(outcomes: Mapping[str, Mapping[int, bool]]) -> tuple[int, list[str]]:
+        repeated = {k: reps for k, reps in outcomes.items() if len(reps) >= 2}
+        return len(repeated), sorted(k for k, r in repeated.items() if len(set(r.values())) > 1)
+
+    n, flipped = flips(_repeat_outcomes(rows))
+    n_a, flipped_a = flips(_assertion_outcomes(rows))
     return {
         "n_cases": n,
         "flipped": len(flipped),
         "flip_rate": round(len(flipped) / n, 4) if n else None,
         "cases": flipped,
+        "assertions": {
+            "n": n_a,
+            "flipped": len(flipped_a),
+            "flip_rate": round(len(flipped_a) / n_a, 4) if n_a else None,
+            "flipped_assertions": flipped_a,
+        },
+    }
+
+
+def skipped_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Skipped verdicts by assertion type: ``{type: {"n": how many, "reason": the most
+    common reason (the row's detail)}}``; empty when every assertion got a verdict."""
+    reasons: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in rows:
+        if r["passed"] is None:
+            reasons[str(r["type"])][str(r["detail"])] += 1
+    return {
+        t: {"n": sum(c.values()), "reason": c.most_common(1)[0][0]}
+        for t, c in sorted(reasons.items())
     }
 
 
@@ -268,20 +328,23 @@ def summarize_results(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Pass rates from ``eval_results`` rows, each ``{n, passed, pass_rate, pass_rate_ci}``.
 
     Returns ``{"n_verdicts", "cases": per case (majority over repeats), "by_type": {type:
-    ...} over verdicts, "by_step": {step or "turn": ...} over verdicts, "flip": flip_rate}``.
-    Intervals are Wilson 95% (they treat verdicts as independent, which repeats of one
-    case are not: read them as a guide).
+    ...} over verdicts, "by_step": {step or "turn": ...} over verdicts, "flip": flip_rate,
+    "skipped": skipped_summary}``. Skipped rows count in none of the rates
+    (``n_verdicts`` counts only verdicts given). Intervals are Wilson 95% (they treat
+    verdicts as independent, which repeats of one case are not: read them as a guide).
     """
     by_type: dict[str, list[bool]] = defaultdict(list)
     by_step: dict[str, list[bool]] = defaultdict(list)
-    for r in rows:
+    graded = _graded(rows)
+    for r in graded:
         by_type[str(r["type"])].append(bool(r["passed"]))
         by_step[str(r["step"]) if r["step"] is not None else TURN_KEY].append(bool(r["passed"]))
     cases = case_outcomes(rows)
     return {
-        "n_verdicts": len(rows),
+        "n_verdicts": len(graded),
         "cases": pass_rate(sum(cases.values()), len(cases)),
         "by_type": {k: pass_rate(sum(v), len(v)) for k, v in sorted(by_type.items())},
         "by_step": {k: pass_rate(sum(v), len(v)) for k, v in sorted(by_step.items())},
         "flip": flip_rate(rows),
+        "skipped": skipped_summary(rows),
     }

@@ -61,12 +61,13 @@ class CircuitBreaker:
         self._state: BreakerState = "closed"
         self._failure_times: deque[float] = deque()
         self._opened_at = 0.0
+        self._open_for = cooldown_s
         self._probe_in_flight = False
 
     @property
     def state(self) -> BreakerState:
         """The current state; an open breaker whose cool-down has passed reports half-open."""
-        if self._state == "open" and self._clock() - self._opened_at >= self.cooldown_s:
+        if self._state == "open" and self._clock() - self._opened_at >= self._open_for:
             self._state = "half_open"
             self._probe_in_flight = False
         return self._state
@@ -114,9 +115,17 @@ class CircuitBreaker:
         if self.state == "half_open":
             self._probe_in_flight = False
 
+    def trip(self, for_s: float | None = None) -> None:
+        """Open the breaker now, without failures counted: for a target known to be down
+        before any attempt (e.g. unreachable at start). It stays open ``for_s`` seconds
+        (default ``cooldown_s``; ``math.inf``: until :meth:`record_success`)."""
+        self._open(self._clock())
+        self._open_for = self.cooldown_s if for_s is None else for_s
+
     def _open(self, now: float) -> None:
         self._state = "open"
         self._opened_at = now
+        self._open_for = self.cooldown_s
         self._failure_times.clear()
         self._probe_in_flight = False
 

@@ -37,7 +37,7 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -443,6 +443,7 @@ def serve(
     port: int = 8090,
     *,
     port_file: str | Path | None = None,
+    on_bound: Callable[[int], None] | None = None,
 ) -> None:
     """Serve the lab on ``host:port`` until interrupted (blocking; SIGINT/SIGTERM stop it).
 
@@ -452,6 +453,8 @@ def serve(
         port: TCP port; 0 picks a free one.
         port_file: if given, the port actually bound is written there once listening
             is possible (how :class:`~chainrun.lab.LabServer` learns a port-0 choice).
+        on_bound: called with the port actually bound (not 0) before serving starts
+            (how ``chainrun lab serve --port 0 --json`` reports it).
 
     Raises:
         UserInputError: a non-loopback host, a port that cannot be bound, a bad scenario.
@@ -483,10 +486,15 @@ def serve(
         backlog=2048,
     )
     server = uvicorn.Server(config)
+    # listen now (asyncio listens again, harmlessly): a client told the port below can
+    # connect at once, its connection waiting in the backlog until serving starts
+    sock.listen(2048)
     if port_file is not None:
         tmp = Path(f"{port_file}.tmp")
         tmp.write_text(str(actual), encoding="utf-8")
         os.replace(tmp, port_file)
+    if on_bound is not None:
+        on_bound(actual)
     shown = f"[{bind_host}]" if family == socket.AF_INET6 else bind_host
     print(
         f"chainrun lab: scenario {scenario.name!r} on http://{shown}:{actual}/v1",

@@ -15,6 +15,7 @@ One place for what the adapters share, whatever their wire format:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -56,6 +57,14 @@ def read_api_key(env_name: str | None, *, field: str) -> str | None:
         raise ConfigError(f"{field}: environment variable {env_name} is not set")
     return key
 
+
+
+def _json_body(response: httpx2.Response) -> Any:
+    """The response body parsed as JSON, or None when it is not JSON."""
+    try:
+        return json.loads(response.content)
+    except (ValueError, httpx2.ResponseNotRead):
+        return None
 
 @dataclass(frozen=True)
 class AzureTarget:
@@ -284,20 +293,41 @@ class OpenAIClientProvider:
             raise self._error(e) from e
 
     async def check(self) -> None:
-        """Fail fast when the server cannot be reached at all (``GET .../models``).
+        """Fail fast when the server cannot be reached, or is not an OpenAI-compatible API
+        at all (``GET .../models``).
 
-        Only a connection failure counts: a server without a models endpoint, or one that
-        wants a different key for it, is left for the first real call to judge.
+        Not OpenAI-compatible: the answer is not JSON (a static file server's HTML page,
+        with any status), or a 2xx JSON body without the ``data`` list of a model list.
+        An HTTP error *with* a JSON body (no models endpoint, a key refused for it) is
+        left for the first real call to judge.
 
         Raises:
-            ProviderUnavailable: cannot connect (refused, DNS, connect timeout).
+            ProviderUnavailable: cannot connect (refused, DNS, connect timeout), or the
+                server is not an OpenAI-compatible API.
         """
         try:
-            await self.client.models.list(timeout=self._connect_timeout_s + 5.0)
+            raw = await self.client.models.with_raw_response.list(
+                timeout=self._connect_timeout_s + 5.0
+            )
         except openai.APIConnectionError as e:
             raise self._error(e) from e
+        except openai.APIStatusError as e:
+            if _json_body(e.response) is None:
+                raise ProviderUnavailable(self._not_openai(e.response)) from None
+            return
         except openai.APIError:
-            pass
+            return
+        body = _json_body(raw.http_response)
+        if not (isinstance(body, dict) and isinstance(body.get("data"), list)):
+            raise ProviderUnavailable(self._not_openai(raw.http_response))
+
+    def _not_openai(self, response: httpx2.Response) -> str:
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        return (
+            f"provider {self.name!r} at {self.where} is not an OpenAI-compatible API (GET "
+            f"/models answered HTTP {response.status_code} with {kind}, not a JSON model "
+            "list); check its base_url (it usually ends in /v1)"
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client (when this provider built it)."""

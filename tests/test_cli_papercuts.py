@@ -1,0 +1,359 @@
+"""What a new user tripped over (issue 16), each case as the user met it: the CLI
+against the latency lab as the model server. Commands run in-process through click's
+runner (the same code path, without a Python start-up per command); the lab server
+and the stand-in of another install's llama-server are real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from chainrun.cli import app, main
+from chainrun.lab import LabServer
+from chainrun.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LabServer]:
+    with LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8) as server:
+        yield server
+
+
+@pytest.fixture
+def lab_config(lab: LabServer, tmp_path: Path) -> Path:
+    p = tmp_path / "chainrun.toml"
+    p.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+    return p
+
+
+def _short_replay(tmp_path: Path, n: int = 3) -> Path:
+    """The first ``n`` requests of the shipped replay set (a faster run of the same kind)."""
+    p = tmp_path / f"replay-{n}.jsonl"
+    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
+    return p
+
+
+def _read_json_doc(stream: Any, timeout_s: float = 20.0) -> dict[str, Any]:
+    """Read lines until they form one JSON document."""
+    text = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        text += line
+        try:
+            doc: dict[str, Any] = json.loads(text)
+            return doc
+        except json.JSONDecodeError:
+            continue
+    raise AssertionError(f"no JSON document on stdout: {text!r}")
+
+
+def test_lab_serve_port_0_json_prints_the_bound_port() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "lab", "serve", "--port", "0", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        doc = _read_json_doc(proc.stdout)
+        assert doc["port"] != 0 and doc["base_url"].endswith(f":{doc['port']}/v1")
+        with urllib.request.urlopen(f"{doc['base_url']}/models", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+
+
+# -- --json errors ---------------------------------------------------------------------
+
+
+def test_json_errors_are_one_json_document_on_stdout(lab_config: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "message": "hi"}\n{"id": "b", "message": }\n')
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(bad), "--config", str(lab_config), "--db", str(db), "--json")
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
+    assert doc["error"]["type"] == "input_file_error"
+    assert doc["error"]["file"] == str(bad) and doc["error"]["line"] == 2
+    assert "not valid JSON" in doc["error"]["message"]
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"{bad}:2" in proc.stderr
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[steps.compose]\nreasoning_effort = "extreme"\n')
+    proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db), "--json")
+    assert proc.returncode == 2
+    err = json.loads(proc.stdout)["error"]
+    assert err["type"] == "config_error" and err["file"] == str(cfg) and err["line"] is None
+    assert "steps.compose.reasoning_effort" in err["message"]
+    toml = tmp_path / "broken.toml"
+    toml.write_text("[steps\n")
+    err = json.loads(chainrun("run", "hi", "--config", str(toml), "--json").stdout)["error"]
+    assert err["type"] == "config_error" and err["line"] == 1
+    proc = chainrun("show", "7", "--db", str(tmp_path / "none.db"), "--json")
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["message"]
+    # without --json stdout stays empty
+    proc = chainrun("replay", str(bad), "--config", str(lab_config), "--db", str(db))
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+# -- evals -----------------------------------------------------------------------------
+
+
+def _cases(path: Path, *cases: dict[str, Any]) -> Path:
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return path
+
+
+RUBRIC_ONLY = (
+    {"id": "r1", "message": "Do your slim jeans run small?",
+     "assert": [{"type": "llm-rubric", "value": "Answers the sizing question."}]},
+    {"id": "r2", "message": "Where is my parcel?",
+     "assert": [{"type": "llm-rubric", "value": "Does not invent order details."}]},
+)  # fmt: skip
+
+
+def test_eval_says_why_llm_rubric_was_skipped_and_can_fail_on_it(
+    lab_config: Path, tmp_path: Path
+) -> None:
+    # the grader is the chain's local provider (here the lab), whose replies are no pass/fail
+    cases = _cases(tmp_path / "rubric.jsonl", *RUBRIC_ONLY)
+    db = tmp_path / "log.db"
+    proc = chainrun("eval", str(cases), "--config", str(lab_config), "--db", str(db))
+    assert proc.returncode == 0, proc.stderr
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped")]
+    assert len(skipped) == 1 and "skipped 2 llm-rubric" in skipped[0]
+    assert "gave no pass/fail" in skipped[0] and "[grader]" in skipped[0]
+    proc = chainrun("eval", str(cases), "--config", str(lab_config), "--db", str(db), "--json",
+                    "--fail-on-skipped")  # fmt: skip
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["skipped"]["llm-rubric"]["n"] == 2 and doc["cases"]["n"] == 0
+    assert all(v["passed"] is None for v in doc["verdicts"]) and len(doc["verdicts"]) == 2
+
+
+def test_eval_grader_is_configured_in_chainrun_toml(lab_config: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "grader.toml"
+    cfg.write_text(lab_config.read_text() + '[grader]\nprovider = "nowhere"\n')
+    cases = _cases(tmp_path / "rubric.jsonl", *RUBRIC_ONLY)
+    proc = chainrun("eval", str(cases), "--config", str(cfg), "--db", str(tmp_path / "l.db"))
+    assert proc.returncode == 2 and "grader.provider: unknown provider 'nowhere'" in proc.stderr
+
+
+def test_eval_assertion_naming_a_missing_step_is_caught_at_load(
+    lab_config: Path, tmp_path: Path
+) -> None:
+    def case(case_id: str, step: str) -> dict[str, Any]:
+        return {"id": case_id, "message": "hi",
+                "assert": [{"type": "equals", "step": step, "value": "a"}]}  # fmt: skip
+
+    cases = _cases(tmp_path / "typo.jsonl", case("ok", "label"), case("t", "clasify"))
+    db = tmp_path / "log.db"
+    proc = chainrun("eval", str(cases), "--config", str(lab_config), "--db", str(db))
+    assert proc.returncode == 2
+    assert f"{cases}:2" in proc.stderr and "did you mean 'classify'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not db.exists()
+
+
+def test_eval_run_refuses_new_run_options_and_exits_2_without_a_match(
+    lab_config: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(_short_replay(tmp_path)), "--config", str(lab_config),
+                    "--db", str(db), "--json")  # fmt: skip
+    run_id = json.loads(proc.stdout)["run_id"]
+    cases = _cases(tmp_path / "c.jsonl", {"id": "x", "message": "not in the replay",
+                                          "assert": [{"type": "contains", "value": "a"}]})
+    proc = chainrun("eval", str(cases), "--run", str(run_id), "--config", str(lab_config),
+                    "--db", str(db), "--repeat", "2", "--concurrency", "4",
+                    "--label", "x")  # fmt: skip
+    assert proc.returncode == 2 and "existing run" in proc.stderr
+    assert "--repeat, --concurrency, --label: only for a new eval run" in proc.stderr
+    proc = chainrun("eval", str(cases), "--run", str(run_id), "--config", str(lab_config),
+                    "--db", str(db), "--repeat", "1")  # fmt: skip
+    assert proc.returncode == 2 and "--repeat: only for a new eval run" in proc.stderr
+    proc = chainrun("eval", str(cases), "--run", str(run_id), "--config", str(lab_config),
+                    "--db", str(db))  # fmt: skip
+    assert proc.returncode == 2
+    assert f"run {run_id}: none of its 3 turns matches a case" in proc.stderr
+
+
+# -- providers -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_dead_hedge_target_does_not_block_the_run(lab: LabServer, tmp_path: Path) -> None:
+    cfg = tmp_path / "hedged.toml"
+    cfg.write_text(
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        f'[providers.backup]\nbase_url = "http://127.0.0.1:{_free_port()}/v1"\n'
+        '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
+    )
+    db = tmp_path / "log.db"
+    replay = _short_replay(tmp_path)
+    proc = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db), "--json")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "backup" in line]
+    assert len(warnings) == 1 and "circuit breaker starts open" in warnings[0]
+    doc = json.loads(proc.stdout)
+    assert doc["turn"]["n"] == 3 and doc["status"] == "complete"
+    with Store.open(db) as store:
+        calls = store.calls(doc["run_id"])
+        assert all(t["status"] == "ok" for t in store.turns(doc["run_id"]))
+    to_backup = [c for c in calls if c["target"] == "backup"]
+    assert to_backup and all(c["outcome"] == "suppressed" for c in to_backup)  # never sent
+    # an unreachable primary still stops the run
+    cfg.write_text(cfg.read_text().replace('targets = ["local", "backup"]',
+                                           'targets = ["backup", "local"]')
+                   + '[steps.compose]\nprovider = "backup"\n')  # fmt: skip
+    proc = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2 and "cannot reach provider 'backup'" in proc.stderr
+
+
+@pytest.fixture
+def static_server(tmp_path: Path) -> Iterator[str]:
+    """A plain static file server (not an OpenAI API) serving an empty directory."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_is_not_an_openai_api_stops_at_preflight(
+    static_server: str, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "static.toml"
+    cfg.write_text(f'[providers.local]\nbase_url = "{static_server}/v1"\n')
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2
+    assert "not an OpenAI-compatible API" in proc.stderr
+    assert "HTTP 404 with text/html" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    # a 200 that is no model list (a file where /v1/models would be) is caught too
+    models = tmp_path / "www" / "v1" / "models"
+    models.parent.mkdir()
+    models.write_text("<html>hello</html>")
+    proc = chainrun("run", "hi", "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2 and "HTTP 200" in proc.stderr
+    with Store.open(db) as store:
+        assert all(r["status"] != "complete" for r in store.list_runs())
+
+
+# -- the local server ------------------------------------------------------------------
+
+_HEALTH_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'{"status":"ok"}')
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_local_status_and_down_leave_another_installs_server_alone(tmp_path: Path) -> None:
+    # another virtualenv's llama-server (a stand-in answering /health), recorded in the
+    # shared state directory the way that install's chainrun records it
+    other_bin = tmp_path / "other-venv" / "bin" / "llama-server"
+    other_bin.parent.mkdir(parents=True)
+    other_bin.symlink_to(sys.executable)
+    model = tmp_path / "other-model.gguf"
+    port = _free_port()
+    args = [str(other_bin), "-c", _HEALTH_SERVER, str(port), "--model", str(model)]
+    proc = subprocess.Popen(args, start_new_session=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "local-server.json").write_text(json.dumps({  # as an older chainrun wrote it
+        "pid": proc.pid, "port": port, "model_path": str(model), "started_at": time.time(),
+        "log_path": str(home / "llama-server.log")}))  # fmt: skip
+    env = {"CHAINRUN_HOME": str(home)}
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            time.sleep(0.05)
+        status = chainrun("local", "status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["running"] is False  # not this install's server
+        assert [(o["pid"], o["binary"]) for o in doc["others"]] == [(proc.pid, str(other_bin))]
+        text = chainrun("local", "status", env=env).stdout
+        assert "not running" in text and "another install's server" in text
+        down = chainrun("local", "down", env=env)
+        assert down.returncode == 2 and "another install's" in down.stderr
+        assert "--force" in down.stderr and proc.poll() is None  # left alone
+        forced = chainrun("local", "down", "--force", "--json", env=env)
+        assert forced.returncode == 0, forced.stderr
+        assert json.loads(forced.stdout)["pid"] == proc.pid
+        assert proc.wait(timeout=10) is not None
+        assert not list(home.glob("local-server*.json"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_json_usage_errors_are_a_json_document_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["chainrun", "runs", "--limit", "0", "--json"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    err = json.loads(captured.out)["error"]
+    assert err["type"] == "usage_error" and "--limit" in err["message"]
+    assert len(captured.err.strip().splitlines()) == 1
