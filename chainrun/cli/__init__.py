@@ -19,8 +19,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from typer.exceptions import TyperException
 from sqlite_utils.utils import sqlite3
+from typer.exceptions import TyperException
 
 from chainrun.errors import ChainrunError
 
