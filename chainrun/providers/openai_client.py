@@ -299,7 +299,8 @@ class OpenAIClientProvider:
         Not OpenAI-compatible: the answer is not JSON (a static file server's HTML page,
         with any status), or a 2xx JSON body without the ``data`` list of a model list.
         An HTTP error *with* a JSON body (no models endpoint, a key refused for it) is
-        left for the first real call to judge.
+        left for the first real call to judge, and so is anything an Azure resource
+        answers (its URLs are built from the endpoint, not a hand-written base_url).
 
         Raises:
             ProviderUnavailable: cannot connect (refused, DNS, connect timeout), or the
@@ -312,10 +313,12 @@ class OpenAIClientProvider:
         except openai.APIConnectionError as e:
             raise self._error(e) from e
         except openai.APIStatusError as e:
-            if _json_body(e.response) is None:
+            if self.azure is None and _json_body(e.response) is None:
                 raise ProviderUnavailable(self._not_openai(e.response)) from None
             return
         except openai.APIError:
+            return
+        if self.azure is not None:
             return
         body = _json_body(raw.http_response)
         if not (isinstance(body, dict) and isinstance(body.get("data"), list)):
