@@ -203,7 +203,7 @@ def _m020_eval_results(db: sqlite_utils.Database) -> None:
             "repeat": int,
             "type": str,  # assertion type (equals, regex, llm-rubric...)
             "step": str,  # NULL = the final answer / the whole turn
-            "passed": int,
+            "passed": int,  # NULL = skipped (no verdict; detail says why)
             "detail": str,
             "grader": str,  # JSON GraderConfig for llm-rubric, else NULL
             "scored_at": str,

@@ -236,9 +236,9 @@ def test_a_dead_hedge_target_does_not_block_the_run(lab: LabServer, tmp_path: Pa
     assert doc["turn"]["n"] == 3 and doc["status"] == "complete"
     with Store.open(db) as store:
         calls = store.calls(doc["run_id"])
-        assert all(t["status"] == "ok" for t in store.turns(doc["run_id"]))
-    to_backup = [c for c in calls if c["target"] == "backup"]
-    assert to_backup and all(c["outcome"] == "suppressed" for c in to_backup)  # never sent
+        assert all(t.status == "ok" for t in store.turns(doc["run_id"]))
+    to_backup = [c for c in calls if c.target == "backup"]
+    assert to_backup and all(c.outcome == "suppressed" for c in to_backup)  # never sent
     # an unreachable primary still stops the run
     cfg.write_text(cfg.read_text().replace('targets = ["local", "backup"]',
                                            'targets = ["backup", "local"]')
@@ -287,7 +287,7 @@ def test_a_server_that_is_not_an_openai_api_stops_at_preflight(
     proc = chainrun("run", "hi", "--config", str(cfg), "--db", str(db))
     assert proc.returncode == 2 and "HTTP 200" in proc.stderr
     with Store.open(db) as store:
-        assert all(r["status"] != "complete" for r in store.list_runs())
+        assert all(r.status != "complete" for r in store.list_runs())
 
 
 # -- the local server ------------------------------------------------------------------
