@@ -129,15 +129,35 @@ def _p50(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def hidden_reasoning(calls: Sequence[Any]) -> float | None:
+    """p50 of the reasoning tokens of calls that streamed no reasoning text (None: unknown).
+
+    Reasoning the model does not stream (no summary asked) happens before the first
+    visible token, so it sits inside TTFT; :func:`contributions` moves its time from
+    TTFT (serving) to tokens (work).
+    """
+    values = [
+        float(r)
+        for c in calls
+        if (r := _col(c, "reasoning_tokens")) is not None and not _col(c, "reasoning")
+    ]
+    return _p50(values) if values else None
+
+
 def contributions(
-    va: Mapping[str, Sequence[float]], vb: Mapping[str, Sequence[float]]
+    va: Mapping[str, Sequence[float]],
+    vb: Mapping[str, Sequence[float]],
+    hidden: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, float | None]:
     """How many ms of the p50 duration change each component accounts for (B − A).
 
     With duration ≈ TTFT + (tokens − 1) × TPOT, at the medians: ``ttft`` = ΔTTFT,
     ``per_token`` = (tokens_B − 1) × ΔTPOT (serving pace), ``tokens`` = Δtokens × TPOT_A
-    (work). An approximation (the median of a sum is not the sum of medians), shown
-    next to the measured duration change; None where a median is unknown.
+    (work). Hidden reasoning tokens (``hidden``: each side's p50 from
+    :func:`hidden_reasoning`) are generated before the first visible token: their
+    change × TPOT_A is taken out of ``ttft`` (it is work, already in ``tokens``).
+    An approximation (the median of a sum is not the sum of medians), shown next to the
+    measured duration change; None where a median is unknown.
     """
     m = {side: {k: _p50(v[k]) for k, _, _ in COMPONENTS} for side, v in (("a", va), ("b", vb))}
     a, b = m["a"], m["b"]
@@ -149,6 +169,9 @@ def contributions(
         out["per_token"] = round(max(0.0, tok_b - 1) * (tp_b - tp_a), 3)
     if tok_a is not None and tok_b is not None and tp_a is not None:
         out["tokens"] = round((tok_b - tok_a) * tp_a, 3)
+    if out["ttft"] is not None and tp_a is not None and any(h is not None for h in hidden):
+        reasoning_ms = ((hidden[1] or 0.0) - (hidden[0] or 0.0)) * tp_a
+        out["ttft"] = round(out["ttft"] - reasoning_ms, 3)
     return out
 
 
@@ -289,7 +312,7 @@ def compare_providers(store: Store, a: str, b: str, confidence: float = 0.95) ->
         dur_b = [float(d) for c in cb if (d := _col(c, "duration_ms")) is not None]
         slower = latency_verdict([quantile_diff(dur_a, dur_b, p, confidence) for p in (50, 90)])
         changes = {k: _change(va[k], vb[k], confidence) for k, _, _ in COMPONENTS}
-        parts = contributions(va, vb)
+        parts = contributions(va, vb, (hidden_reasoning(ca), hidden_reasoning(cb)))
         steps[step] = {
             **sides,
             "duration": {"a": summarize(dur_a, confidence), "b": summarize(dur_b, confidence)},

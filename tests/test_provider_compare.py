@@ -15,7 +15,13 @@ from chainrun.cli import app
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Lognormal
-from chainrun.provider_compare import compare_providers, differ_only_in_provider, tpot_ms
+from chainrun.provider_compare import (
+    compare_providers,
+    contributions,
+    differ_only_in_provider,
+    hidden_reasoning,
+    tpot_ms,
+)
 from chainrun.replay import ReplayRequest, run_requests
 from chainrun.store import Store
 
@@ -142,3 +148,16 @@ def test_runs_differing_only_in_provider_get_the_split_without_by(
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["by_provider"]["steps"]["answer"]["verdict"]["cause"] == "serving"
+
+
+def test_hidden_reasoning_time_moves_from_ttft_to_work() -> None:
+    """Unstreamed reasoning sits inside TTFT: its time is work, not serving."""
+    hidden = [{"reasoning_tokens": 16, "reasoning": None}] * 3
+    shown = [{"reasoning_tokens": 16, "reasoning": "thinking"}] * 3
+    assert hidden_reasoning(hidden) == 16 and hidden_reasoning(shown) is None
+    va = {"ttft_ms": [80.0], "tpot_ms": [4.0], "output_tokens": [24.0]}
+    vb = {"ttft_ms": [150.0], "tpot_ms": [4.0], "output_tokens": [40.0]}
+    raw = contributions(va, vb)
+    assert raw == {"ttft": 70.0, "per_token": 0.0, "tokens": 64.0}
+    # 16 hidden reasoning tokens at 4 ms: 64 ms of the TTFT rise is work
+    assert contributions(va, vb, (None, 16.0))["ttft"] == 6.0
