@@ -28,6 +28,7 @@ import sqlite_utils
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chainrun.errors import InputFileError
+from chainrun.jsonl import check_file_size, read_jsonl
 from chainrun.migrations import migrate, utc_now
 
 #: The sample catalogue shipped with chainrun (285 invented fashion products, EUR prices),
@@ -157,16 +158,6 @@ def _csv_record(raw: dict[str, str]) -> dict[str, Any]:
     return rec
 
 
-def _iter_jsonl(path: Path, text: str) -> Iterable[tuple[int, Any]]:
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputFileError(str(path), lineno, f"not valid JSON ({e.msg})") from None
-
-
 def _iter_csv(path: Path, text: str) -> Iterable[tuple[int, Any]]:
     reader = csv.DictReader(text.splitlines(keepends=True))
     header = reader.fieldnames or []
@@ -202,11 +193,15 @@ def read_catalog(path: str | Path) -> list[Product]:
     suffix = p.suffix.lower()
     if suffix not in (".jsonl", ".csv"):
         raise InputFileError(str(p), None, f"expected a .jsonl or .csv catalogue, got {suffix!r}")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputFileError(str(p), None, f"cannot read catalogue ({e})") from None
-    rows = _iter_jsonl(p, text) if suffix == ".jsonl" else _iter_csv(p, text)
+    if suffix == ".jsonl":
+        rows: Iterable[tuple[int, Any]] = read_jsonl(p, "catalogue", objects=False)
+    else:
+        check_file_size(p, "catalogue")
+        try:
+            text = p.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputFileError(str(p), None, f"cannot read catalogue ({e})") from None
+        rows = _iter_csv(p, text)
     products: list[Product] = []
     first_line: dict[str, int] = {}
     for lineno, rec in rows:

@@ -39,6 +39,7 @@ from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monit
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.records import RunKind, TurnLog, TurnRow
+from chainrun.redact import Redactor
 from chainrun.scheduler import TurnRun
 from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, step_kinds
 from chainrun.store import DEFAULT_DB, Store, utc_now
@@ -128,6 +129,8 @@ class Chain:
     ) -> None:
         self.config = config
         self.store = store
+        if store is not None and config.log.redact:
+            store.redactor = Redactor(config.log.redact)  # [log] redact: the record only
         self.kind: RunKind = kind
         self.label = label
         self.source = source
@@ -145,6 +148,8 @@ class Chain:
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
         self._background: set[asyncio.Task[None]] = set()
+        #: steps that have had an answer: a 401/403/404 after that is not a config error
+        self._answered: set[str] = set()
 
     @classmethod
     def from_config(
@@ -302,6 +307,9 @@ class Chain:
         Raises:
             ProviderUnavailable: a provider could not be reached at all (after logging
                 the turn with status ``error``), so that callers can stop a replay.
+            StepConfigError: a provider refused a step's request as misconfigured (HTTP
+                400 naming a parameter; 401/403/404 on the step's first call), after
+                logging the turn with status ``error``; the remaining steps are skipped.
         """
         run_id = self.ensure_run()
         turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
@@ -310,7 +318,7 @@ class Chain:
         checked = self._input_checks.check(message)
         if checked.findings:
             message = turn.input = checked.text  # neither model nor log sees a card number
-        run = TurnRun(self.steps, self.graph, TurnState(message=message))
+        run = TurnRun(self.steps, self.graph, TurnState(message=message), self._answered)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
         if checked.blocked:

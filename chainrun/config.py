@@ -24,8 +24,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
-from chainrun.errors import ConfigError
+from chainrun.errors import ConfigError, FirstTokenTimeout
 from chainrun.hedging.policy import HedgePolicy
+from chainrun.jsonout import check_schema
 from chainrun.retrieval.settings import RetrievalSettings
 
 #: Values the OpenAI API has accepted for ``reasoning_effort`` over time (see FIELD.md).
@@ -201,6 +202,13 @@ class StepConfig(_Strict):
     stream: bool = False
     #: deadline for the whole step (all attempts), in s
     deadline_s: float = Field(default=60.0, gt=0)
+    #: per attempt: no first content/reasoning token within this many s (counted from the
+    #: request, so a server that never sends headers is caught) abandons the attempt as
+    #: ``first_token_timeout``; a hedged step then starts its next copy at once. None = off
+    first_token_timeout_s: float | None = Field(default=None, gt=0)
+    #: per attempt, after the first token: a gap between chunks longer than this many s
+    #: abandons the attempt as ``idle_timeout``. None = off
+    idle_timeout_s: float | None = Field(default=None, gt=0)
     on_failure: Literal["open", "closed"] = "open"
     #: a step with side effects (placing an order) must never be hedged
     side_effects: bool = False
@@ -241,6 +249,13 @@ class StepConfig(_Strict):
                 f"unknown placeholder {{{sorted(unknown)[0]}}}; expected one of "
                 + ", ".join("{" + f + "}" for f in sorted(PROMPT_FIELDS))
             )
+        return v
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            check_schema(v)  # Draft 2020-12; a bad schema is a config error, not a bad answer
         return v
 
     @model_validator(mode="after")
@@ -335,6 +350,15 @@ class GraderConfig(_Strict):
     max_output_tokens: int = Field(default=60, ge=1)
 
 
+class LogConfig(_Strict):
+    """What the run log keeps (``[log]``)."""
+
+    #: personal data masked in stored prompts and outputs (see :mod:`chainrun.redact`)
+    redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(
+        default_factory=list
+    )
+
+
 class ChainConfig(_Strict):
     """The whole chain: providers, steps and their order (and the eval grader)."""
 
@@ -349,6 +373,7 @@ class ChainConfig(_Strict):
     capabilities: dict[str, ModelCapabilities] = Field(default_factory=dict)
     #: the ``llm-rubric`` grader of ``chainrun eval``
     grader: GraderConfig = Field(default_factory=GraderConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
@@ -498,7 +523,11 @@ def policy_from_config(step: StepConfig) -> HedgePolicy:
     """
     if step.hedge is None:
         return HedgePolicy(deadline_s=step.deadline_s, max_attempts=1)
-    return step.hedge.for_deadline(step.deadline_s)
+    policy = step.hedge.for_deadline(step.deadline_s)
+    if step.first_token_timeout_s is None:
+        return policy
+    # a first-token timeout is silence, not an error: it starts the next copy at once
+    return policy.model_copy(update={"non_fatal": policy.non_fatal | {FirstTokenTimeout.status}})
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -550,6 +579,20 @@ def config_from_dict(
         return ChainConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(source, e), path=path) from None
+
+
+def config_from_snapshot(snapshot: str, source: str = "run") -> ChainConfig:
+    """The config a run was made with, from its stored snapshot (:meth:`ChainConfig.snapshot`).
+
+    Raises:
+        ConfigError: the snapshot is not a valid config (written by another version).
+    """
+    try:
+        return ChainConfig.model_validate(json.loads(snapshot))
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(f"{source} (stored config)", e)) from None
+    except ValueError as e:
+        raise ConfigError(f"{source}: stored config is not JSON ({e})") from None
 
 
 def load_config(path: str | Path | None = None) -> ChainConfig:

@@ -9,9 +9,19 @@
     └── ProviderError             the model server failed us (not the user's fault)
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
+        │   └── RequestRejected   400 naming a parameter, 401/403/404: a configuration mistake
+        ├── StreamError           the server reported an error inside a 200 stream (SSE)
+        │   └── ContextLengthExceeded   ... because the prompt does not fit the context
         ├── ProviderTimeout       no answer within the step's deadline
-        ├── InvalidAnswer         an answer not in the required form (not JSON)
+        │   ├── FirstTokenTimeout no first content/reasoning token within first_token_timeout_s
+        │   └── IdleTimeout       a gap between chunks longer than idle_timeout_s
+        ├── InvalidAnswer         an answer not in the required form (not JSON, breaks its schema)
+        ├── MalformedStream       a stream line that is not valid SSE/JSON
         └── StreamTruncated       the stream ended without a finish_reason
+
+A :class:`RequestRejected` from a step is turned by the chain into a
+:class:`StepConfigError` (a :class:`ConfigError`): a replay or eval stops at the first
+one, and a live chain raises it to its caller.
 
 User mistakes and provider failures are kept apart on purpose: the first is fixed
 by editing a file, the second by waiting or pointing at another server. The CLI
@@ -105,16 +115,123 @@ class ProviderStatusError(ProviderError):
         self.error_type = f"http_{status}"
 
 
+class RequestRejected(ProviderStatusError):
+    """The provider refused the request itself: HTTP 400 naming a request parameter
+    (``param``), or 401/403/404 (bad key, no access, unknown model). Retrying or hedging
+    cannot help; the configuration must change.
+
+    Attributes:
+        param: the request parameter the provider named (None for 401/403/404).
+        value: the value chainrun sent for ``param`` (None when not sent or unknown).
+        accepted: the values the provider says it accepts, when its message lists them.
+        code: the provider's error code (e.g. ``unsupported_value``), when given.
+        provider: the name of the provider that refused.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int,
+        *,
+        param: str | None = None,
+        value: object = None,
+        accepted: tuple[str, ...] = (),
+        code: str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        super().__init__(message, status)
+        self.provider = provider
+        self.param = param
+        self.value = value
+        self.accepted = accepted
+        self.code = code
+
+
+class StepConfigError(ConfigError):
+    """A step's configuration was refused by its provider (see :class:`RequestRejected`);
+    the message is one line naming the step, the parameter, the value sent and the values
+    the provider accepts."""
+
+    def __init__(self, step: str, provider: str, rejected: RequestRejected) -> None:
+        r = rejected
+        if r.param is not None:
+            sent = f"{r.value!r}" if r.value is not None else "(not sent)"
+            accepts = (
+                "; it accepts " + ", ".join(repr(a) for a in r.accepted)
+                if r.accepted
+                else ""
+            )
+            why = f" {r.code}" if r.code else ""
+            text = (
+                f"steps.{step}: provider {provider!r} refused {r.param} = {sent} "
+                f"(HTTP {r.status}{why}){accepts}"
+            )
+        else:
+            what = {401: "the API key", 403: "access", 404: "the model or URL"}.get(
+                r.status, "the request"
+            )
+            text = (
+                f"steps.{step}: provider {provider!r} refused {what} on the step's first call "
+                f"(HTTP {r.status}): {r}"
+            )
+        super().__init__(text)
+        self.step = step
+        self.rejected = rejected
+        #: the turn's ``error_type`` in the log (that of the refusal, e.g. ``http_400``)
+        self.error_type = rejected.error_type
+
+
+class StreamError(ProviderError):
+    """The server reported an error inside an HTTP 200 stream (an SSE ``error:`` event or
+    a ``data: {"error": ...}`` line); the server's message is kept.
+
+    Attributes:
+        code: the error's ``code`` as the server sent it (e.g. 400, 503), or None.
+    """
+
+    def __init__(self, message: str, code: object = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ContextLengthExceeded(StreamError):
+    """The prompt does not fit the model's context (said by the server)."""
+
+    error_type = "context_length"
+
+
 class ProviderTimeout(ProviderError):
     """No answer arrived within the step's deadline."""
 
     error_type = "timeout"
 
 
+class FirstTokenTimeout(ProviderTimeout):
+    """No first content or reasoning token within the step's ``first_token_timeout_s``
+    (this also catches a server that accepts the connection and never sends headers).
+    A hedged step starts its next copy at once (``status`` is in every hedge's non-fatal
+    set)."""
+
+    error_type = "first_token_timeout"
+    status = "first_token_timeout"
+
+
+class IdleTimeout(ProviderTimeout):
+    """After the first token, a gap between chunks longer than ``idle_timeout_s``."""
+
+    error_type = "idle_timeout"
+
+
 class InvalidAnswer(ProviderError):
     """The model answered, but not in the form the step requires (e.g. not JSON)."""
 
     error_type = "invalid_answer"
+
+
+class MalformedStream(ProviderError):
+    """The server sent a stream line chainrun cannot decode (not JSON where JSON belongs)."""
+
+    error_type = "malformed_stream"
 
 
 class StreamTruncated(ProviderError):

@@ -9,7 +9,6 @@ The whole file is validated before any run is created.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,9 @@ from typing import Any
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
-from chainrun.errors import InputFileError
+from chainrun.errors import InputFileError, UserInputError
 from chainrun.events import TurnFinished
+from chainrun.jsonl import read_jsonl
 from chainrun.providers.base import Provider
 from chainrun.records import RunKind
 from chainrun.steps import Retriever
@@ -39,25 +39,13 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     """Read and validate a replay file.
 
     Raises:
-        InputFileError: unreadable file, a malformed line (file and line named),
-            a duplicate id, or no requests at all.
+        InputFileError: unreadable or oversized file (see :mod:`chainrun.jsonl`), a
+            malformed line (file and line named), a duplicate id, or no requests at all.
     """
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputFileError(str(p), None, f"cannot read file ({e})") from None
     out: list[ReplayRequest] = []
     seen: set[str] = set()
-    for no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputFileError(str(p), no, f"not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise InputFileError(str(p), no, "expected a JSON object with 'id' and 'message'")
+    for no, obj in read_jsonl(p, "replay set"):
         rid, msg = obj.get("id"), obj.get("message")
         if not isinstance(rid, str | int) or isinstance(rid, bool) or str(rid) == "":
             raise InputFileError(str(p), no, "expected field 'id' (a non-empty string)")
@@ -79,6 +67,35 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     return out
 
 
+def missing_requests(
+    store: Store, run_id: int, requests: list[ReplayRequest], source: str | None = None
+) -> list[ReplayRequest]:
+    """The requests of a replay set that run ``run_id`` has not yet answered: those with
+    no logged turn, or only ``cancelled`` ones (``chainrun replay FILE --resume RUN``).
+
+    Raises:
+        UserInputError: no such run, not a replay run, still being written, or made
+            from another file than ``source``.
+    """
+    run = store.get_run(run_id)
+    if run.kind != "replay":
+        raise UserInputError(f"run {run_id}: a {run.kind} run, not a replay; cannot resume")
+    if run.status == "running":
+        raise UserInputError(
+            f"run {run_id}: still running (another process is writing it); cannot resume"
+        )
+    if source is not None and run.source and Path(run.source).name != Path(source).name:
+        raise UserInputError(
+            f"run {run_id}: was made from {run.source}, not {source}; cannot resume"
+        )
+    done = {
+        t.request_id
+        for t in store.turns(run_id)
+        if t.status != "cancelled" and t.request_id is not None
+    }
+    return [r for r in requests if r.id not in done]
+
+
 async def run_requests(
     config: ChainConfig,
     requests: list[ReplayRequest],
@@ -92,27 +109,41 @@ async def run_requests(
     retriever: Retriever | None = None,
     on_turn: Callable[[ReplayRequest, TurnFinished], Any] | None = None,
     quiet: bool = False,
+    run_id: int | None = None,
 ) -> int:
     """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time.
 
     Returns the run id. The run ends ``complete``, or ``failed`` when a provider was
-    unreachable (the remaining requests are not sent), or ``interrupted``.
+    unreachable or refused a step's configuration (the remaining requests are not
+    sent), or ``interrupted``. With ``run_id``, the turns go into that existing run
+    (marked ``running`` again: see :func:`missing_requests` for a resume).
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if run_id is not None:
+        store.resume_run(run_id)
     chain = Chain(config, store=store, providers=providers, retriever=retriever, kind=kind,
-                  label=label, source=source, quiet=quiet)  # fmt: skip
+                  label=label, source=source, quiet=quiet, run_id=run_id)  # fmt: skip
     sem = asyncio.Semaphore(concurrency)
 
+    stopped = False  # set inside the semaphore, so no queued turn starts after a stop
+
     async def one(req: ReplayRequest) -> None:
+        nonlocal stopped
         async with sem:
-            done = await chain.run_turn(
-                req.message, request_id=req.id, conversation_id=req.conversation_id,
-                original_ms=req.original_ms,
-            )  # fmt: skip
+            if stopped:
+                return
+            try:
+                done = await chain.run_turn(
+                    req.message, request_id=req.id, conversation_id=req.conversation_id,
+                    original_ms=req.original_ms,
+                )  # fmt: skip
+            except BaseException:
+                stopped = True
+                raise
             if on_turn is not None:
                 on_turn(req, done)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from chainrun.errors import ProviderUnavailable, error_type
+from chainrun.errors import ProviderUnavailable, RequestRejected, StepConfigError, error_type
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
 from chainrun.graph import TurnGraph
 from chainrun.records import CallRow, StepRow
@@ -36,8 +36,17 @@ class TurnRun:
     ``answer_done_ms``, and :meth:`rows` / :meth:`calls` give what to log.
     """
 
-    def __init__(self, steps: Mapping[str, Step], graph: TurnGraph, state: TurnState) -> None:
+    def __init__(
+        self,
+        steps: Mapping[str, Step],
+        graph: TurnGraph,
+        state: TurnState,
+        answered: set[str] | None = None,
+    ) -> None:
         self.steps = steps
+        #: steps that have had an answer in this chain (shared across its turns): a
+        #: 401/403/404 after that is no configuration mistake
+        self.answered = answered if answered is not None else set()
         self.graph = graph
         self.state = state
         self.t0 = time.perf_counter()
@@ -45,7 +54,7 @@ class TurnRun:
         self.refused = False
         self.refusal_text: str | None = None
         self.refused_by: str | None = None
-        self.unavailable: ProviderUnavailable | None = None
+        self.unavailable: ProviderUnavailable | StepConfigError | None = None
         self.answer_ttft_ms: float | None = None
         self.answer_done_ms: float | None = None
         self._queue: asyncio.Queue[tuple[str, TokenDelta | StepResult]] = asyncio.Queue()
@@ -151,12 +160,18 @@ class TurnRun:
                 row.detail = {**(row.detail or {}), "error": repr(result.error)}
             if isinstance(result.error, ProviderUnavailable):
                 self.unavailable = result.error
-            if step.config.on_failure == "closed":
+            stop = self._config_stop(name, result.error)
+            if stop is not None:  # a configuration mistake: nothing else runs
+                self.unavailable = stop
+                row.status = "failed_closed"
+                self._refuse(name, None)
+            elif step.config.on_failure == "closed":
                 row.status = "failed_closed"
                 self._refuse(name, None)
             else:
                 row.status = "failed_open"
             return
+        self.answered.add(name)
         extra = set(result.updates) - step.writes
         if extra:
             raise RuntimeError(f"step {name} set {sorted(extra)} but declares writes {step.writes}")
@@ -166,6 +181,16 @@ class TurnRun:
             self.state = dataclasses.replace(self.state, verdicts=dict(self.verdicts))
         if result.refuse:
             self._refuse(name, result.refusal_text)
+
+    def _config_stop(self, name: str, err: BaseException) -> StepConfigError | None:
+        """A provider's refusal of the step's request as misconfigured: HTTP 400 naming a
+        parameter, or 401/403/404 on the step's first call (see :class:`StepConfigError`)."""
+        if not isinstance(err, RequestRejected):
+            return None
+        if err.param is None and name in self.answered:
+            return None
+        provider = err.provider or str(getattr(self.steps[name].config, "provider", "?"))
+        return StepConfigError(name, provider, err)
 
     def _refuse(self, name: str, text: str | None) -> None:
         if not self.refused:

@@ -11,6 +11,9 @@ the *name* of the key's environment variable).
 from __future__ import annotations
 
 import fcntl
+import json
+import os
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,10 +25,98 @@ from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 from chainrun.errors import UserInputError
 from chainrun.migrations import migrate, utc_now
 from chainrun.records import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
+from chainrun.redact import Redactor, redact_calls, redact_turn
 
 __all__ = ["DEFAULT_DB", "Store", "migrate", "utc_now"]
 
 DEFAULT_DB = "chainrun.db"
+
+
+@contextmanager
+def write_transaction(db: sqlite_utils.Database) -> Iterator[None]:
+    """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error).
+
+    sqlite-utils commits each statement on its own unless a transaction is open (a
+    ``with conn:`` block opens none), so every multi-row write goes through here: a
+    process killed mid-write leaves all of it or none. IMMEDIATE takes the write lock
+    at the start, so a concurrent writer waits (busy timeout) instead of failing with
+    "database is locked" on a stale read snapshot (SQLite docs, "BEGIN TRANSACTION",
+    "WAL mode"). Nested: a savepoint.
+    """
+    if db.conn.in_transaction:
+        with db.atomic():
+            yield
+        return
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.execute("ROLLBACK")
+        raise
+    db.conn.execute("COMMIT")
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: count fields after its closing ")"
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def writer_identity() -> dict[str, Any]:
+    """Who writes a run: host, pid and the process's start time (so that a reused pid is
+    not mistaken for the writer). Stored in ``runs.meta["writer"]``."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _process_start(pid)}
+
+
+def writer_alive(writer: dict[str, Any] | None) -> bool:
+    """Whether the process that wrote a run may still be writing it. A writer on another
+    host (a log on a shared disk) counts as alive: it cannot be checked from here."""
+    if not writer or writer.get("host") != socket.gethostname():
+        return True
+    pid = writer.get("pid")
+    if not isinstance(pid, int):
+        return True
+    start = _process_start(pid)
+    if start is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return writer.get("start") is None
+    return writer.get("start") in (None, start)
+
+
+def mark_interrupted_runs(db: sqlite_utils.Database) -> list[int]:
+    """Mark ``interrupted`` every run still ``running`` whose writing process is gone
+    (killed with SIGKILL, the machine lost power): the next open of the log tells the
+    truth instead of leaving it ``running``. Its committed turns are kept as they are.
+    Returns the ids marked."""
+    marked: list[int] = []
+    for run_id, raw in db.execute("select id, meta from runs where status = 'running'"):
+        try:
+            meta = json.loads(raw) if raw else {}
+        except ValueError:
+            meta = {}
+        if writer_alive(meta.get("writer") if isinstance(meta, dict) else None):
+            continue
+        n = db.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
+        with write_transaction(db):
+            db.execute(
+                "update runs set status = 'interrupted', ended_at = ?, n_turns = ? "
+                "where id = ? and status = 'running'",
+                [utc_now(), n, run_id],
+            )
+        marked.append(run_id)
+    return marked
 
 
 class Store:
@@ -37,6 +128,8 @@ class Store:
 
     def __init__(self, db: sqlite_utils.Database) -> None:
         self.db = db
+        #: masks personal data in what is logged (the chain sets it from ``[log] redact``)
+        self.redactor: Redactor | None = None
 
     @classmethod
     def open(cls, path: str | Path = DEFAULT_DB, *, create: bool = True) -> Store:
@@ -87,6 +180,7 @@ class Store:
             db.execute("pragma synchronous = normal")
             db.execute("pragma busy_timeout = 10000")  # concurrent commands wait, not fail
             migrate(db)
+            mark_interrupted_runs(db)
         except BaseException:
             db.close()
             raise
@@ -103,7 +197,7 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with self.db.conn:
+        with write_transaction(self.db):
             yield
 
     # -- runs -------------------------------------------------------------------------
@@ -117,16 +211,27 @@ class Store:
     ) -> int:
         """Insert a run with status ``running``; returns its id."""
         run = RunRow(kind=kind, label=label, config=config_snapshot, source=source,
-                     started_at=utc_now(), meta=meta or {})  # fmt: skip
-        with self.db.conn:
+                     started_at=utc_now(),
+                     meta={**(meta or {}), "writer": writer_identity()})  # fmt: skip
+        with write_transaction(self.db):
             table = self.db.table("runs").insert(run.to_db())
         assert table.last_pk is not None
         return int(table.last_pk)
 
+    def resume_run(self, run_id: int) -> None:
+        """Mark an ended run ``running`` again, written by this process (``--resume``)."""
+        meta = dict(self.get_run(run_id).meta or {})
+        meta["writer"] = writer_identity()
+        meta["resumed"] = [*meta.get("resumed", []), utc_now()]
+        with write_transaction(self.db):
+            self.db.table("runs").update(
+                run_id, {"status": "running", "ended_at": None, "meta": json.dumps(meta)}
+            )
+
     def finish_run(self, run_id: int, status: RunStatus) -> None:
         """Mark a run ended with ``status`` and store its turn count."""
         n = self.db.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
-        with self.db.conn:
+        with write_transaction(self.db):
             self.db.table("runs").update(
                 run_id, {"status": status, "ended_at": utc_now(), "n_turns": n}
             )
@@ -159,8 +264,12 @@ class Store:
 
     # -- turns, steps, calls -------------------------------------------------------------
     def log_turn(self, run_id: int, log: TurnLog) -> int:
-        """Write a turn with its steps and calls in one transaction; returns the turn id."""
-        with self.db.conn:
+        """Write a turn with its steps and calls in one transaction (a process killed
+        mid-write leaves all of it or none); returns the turn id. ``redactor`` masks
+        personal data in the texts first (``[log] redact``)."""
+        if self.redactor:
+            redact_turn(log, self.redactor)
+        with write_transaction(self.db):
             t = self.db.table("turns").insert({**log.turn.to_db(), "run_id": run_id})
             turn_id = int(t.last_pk)  # type: ignore[arg-type]
             ids = {"run_id": run_id, "turn_id": turn_id}
@@ -176,7 +285,9 @@ class Store:
         """Rewrite a logged step's ``calls`` rows (matched by attempt) and its
         ``time_saved_ms``: how shadow losers that finished after the turn was logged
         reach the log."""
-        with self.db.conn:
+        if self.redactor:
+            redact_calls(calls, self.redactor)
+        with write_transaction(self.db):
             for c in calls:
                 row = c.to_db()
                 for key in ("id", "run_id", "turn_id"):

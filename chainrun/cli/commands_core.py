@@ -29,10 +29,10 @@ from chainrun.cli import (
     run_async,
 )
 from chainrun.cli.tables import hedge_table, latency_table, step_waterfall, steps_table
-from chainrun.config import load_config
+from chainrun.config import config_from_snapshot, load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
-from chainrun.replay import ReplayRequest, load_requests, run_requests
+from chainrun.replay import ReplayRequest, load_requests, missing_requests, run_requests
 from chainrun.report import hedge_stats, latency_summary, run_detail
 from chainrun.store import Store
 
@@ -103,11 +103,26 @@ def replay(
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
+    resume: Annotated[
+        int | None,
+        typer.Option(help="Run the requests this run has not answered yet, into it "
+                     "(after a crash or kill), with the run's own config."),
+    ] = None,
 ) -> None:
     """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""
-    cfg = load_config(config)
+    if resume is not None and config is not None:
+        raise UserInputError("--resume uses the run's own config; leave out --config")
+    cfg = load_config(config) if resume is None else None
     requests = load_requests(file)  # validated before any run exists
-    store = Store.open(db)
+    store = Store.open(db, create=resume is None)
+    if resume is not None:
+        try:
+            requests = missing_requests(store, resume, requests, str(file))
+            cfg = config_from_snapshot(store.get_run(resume).config or "", f"run {resume}")
+        except BaseException:
+            store.close()
+            raise
+    assert cfg is not None
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=err, disable=as_json, transient=True,
@@ -115,7 +130,7 @@ def replay(
     task = progress.add_task("", total=len(requests))
 
     def on_turn(req: ReplayRequest, done: TurnFinished) -> None:
-        progress.update(task, advance=1, description=f"{req.id}: {done.status}")
+        progress.update(task, advance=1, description=f"{escape(req.id)}: {done.status}")
 
     try:
         with progress:
@@ -123,7 +138,7 @@ def replay(
                 run_requests(
                     cfg, requests, store, concurrency=concurrency, label=label,
                     source=str(file), on_turn=on_turn,
-                    quiet=as_json,
+                    quiet=as_json, run_id=resume,
                 )
             )  # fmt: skip
         summary = latency_summary(store, run_id)
@@ -195,7 +210,7 @@ def show(
             table.add_column(col)
         for c in (c for c in calls if c.turn_id == t.id):
             table.add_row(
-                c.step, str(c.attempt), c.outcome, str(c.target),
+                escape(c.step), str(c.attempt), c.outcome, escape(str(c.target)),
                 _ms(c.ttft_ms), _ms(c.duration_ms), str(c.n_chunks),
                 _n(c.input_tokens), _n(c.output_tokens), _n(c.reasoning_tokens),
                 str(c.finish_reason or ""), str(c.error_type or ""),

@@ -228,8 +228,13 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+#: a cell whose interval cannot be bounded at this n (one footnote under the table)
+NO_CI = "-*"
+NO_CI_NOTE = "* not enough data for a 95% interval at this n"
+
+
 def _ci(v: Any) -> str:
-    return "not enough data" if v is None else f"[{v[0]:.0f}, {v[1]:.0f}]"
+    return NO_CI if v is None else f"[{v[0]:.0f}, {v[1]:.0f}]"
 
 
 def _print_compare(doc: dict[str, Any]) -> None:
@@ -249,6 +254,8 @@ def _print_compare(doc: dict[str, Any]) -> None:
             f"{_ms(a['p99_ms'])} {_ci(a['p99_ci'])}", f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
             f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", m["verdict"],
         )  # fmt: skip
+    if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
+        table.caption = NO_CI_NOTE
     out.print(table)
     for name, m in doc["steps"].items():
         llm = m.get("llm") if m else None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from chainrun.catalog import ensure_sample_catalog, get_products, load_catalog
@@ -57,8 +58,8 @@ def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]])
         t.add_column(col, justify="right" if col in ("#", "price") else "left")
     for rank, pid in enumerate(ids, start=1):
         p = products.get(pid, {})
-        t.add_row(str(rank), pid, p.get("title", "?"), p.get("category", "?"),
-                  _price(p["price"]) if p else "-")  # fmt: skip
+        t.add_row(str(rank), escape(pid), escape(p.get("title", "?")),
+                  escape(p.get("category", "?")), _price(p["price"]) if p else "-")  # fmt: skip
     return t
 
 
@@ -71,7 +72,7 @@ def print_result(
     """
     ran = [s.name for s in result.searches]
     skipped = [n for n in settings.searches if n not in ran]
-    t = Table(title=f"query {result.query!r}  filters {result.filters.as_json()}",
+    t = Table(title=escape(f"query {result.query!r}  filters {result.filters.as_json()}"),
               title_justify="left")  # fmt: skip
     for col in ("search", "ms", "hits", "new", "hedged", "error"):
         t.add_column(col, justify="right" if col in ("ms", "hits", "new") else "left")
@@ -91,7 +92,8 @@ def print_result(
     for rank, item in enumerate(result.items, start=1):
         sizes = [s for s, n in (item.get("sizes") or {}).items() if n > 0]
         merged.add_row(
-            str(rank), item["id"], item["title"], item["category"], _price(item["price"]),
+            str(rank), escape(item["id"]), escape(item["title"]), escape(item["category"]),
+            _price(item["price"]),
             ", ".join(sizes), item.get("source", "-"),
         )  # fmt: skip
     out.print(merged)

@@ -22,7 +22,6 @@ pinned grader configuration with its verdict.
 from __future__ import annotations
 
 import abc
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from chainrun.config import GraderConfig
+from chainrun.jsonout import check_schema, find_json_values, parse_json_output, schema_errors
 
 #: An async grading call: prompt in, the grader model's reply out.
 Grade = Callable[[str], Awaitable[str]]
@@ -95,178 +95,6 @@ def _has(step: str | None, found: bool, value: str) -> str:
 def _short(text: str, limit: int = 80) -> str:
     one = " ".join(text.split())
     return one if len(one) <= limit else one[: limit - 1] + "…"
-
-
-# -- a small JSON-schema subset --------------------------------------------------------
-
-_SCHEMA_KEYWORDS = frozenset(
-    {
-        "type", "enum", "const", "properties", "required", "additionalProperties",
-        "items", "minItems", "maxItems", "minLength", "maxLength", "pattern",
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "allOf",
-    }
-)  # fmt: skip
-_SCHEMA_ANNOTATIONS = frozenset(
-    {"$schema", "$id", "$comment", "title", "description", "default", "examples"}
-)
-_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-
-
-def check_schema(schema: Any, path: str = "$") -> None:
-    """Reject a schema that uses anything outside the supported subset.
-
-    Supported (JSON Schema draft 2020-12 meanings): type, enum, const, properties,
-    required, additionalProperties, items (one schema), minItems, maxItems, minLength,
-    maxLength, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf,
-    allOf; annotations ($schema, title, description, ...) are ignored. An unsupported
-    keyword is an error rather than silently ignored, so a check never passes by accident.
-
-    Raises:
-        ValueError: naming the schema path and the keyword.
-    """
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise ValueError(f"{path}: a schema must be an object or a boolean")
-    unknown = set(schema) - _SCHEMA_KEYWORDS - _SCHEMA_ANNOTATIONS
-    if unknown:
-        raise ValueError(
-            f"{path}: unsupported JSON-schema keyword {sorted(unknown)[0]!r} "
-            f"(supported: {', '.join(sorted(_SCHEMA_KEYWORDS))})"
-        )
-    types = schema.get("type")
-    for t in [types] if isinstance(types, str) else (types or []):
-        if t not in _JSON_TYPES:
-            raise ValueError(f"{path}.type: unknown type {t!r}")
-    for name, sub in (schema.get("properties") or {}).items():
-        check_schema(sub, f"{path}.properties.{name}")
-    if isinstance(schema.get("additionalProperties"), dict):
-        check_schema(schema["additionalProperties"], f"{path}.additionalProperties")
-    if "items" in schema:
-        check_schema(schema["items"], f"{path}.items")
-    for key in ("anyOf", "allOf"):
-        for i, sub in enumerate(schema.get(key) or []):
-            check_schema(sub, f"{path}.{key}[{i}]")
-    if "pattern" in schema:
-        re.compile(schema["pattern"])
-
-
-def _is_type(value: Any, t: str) -> bool:
-    if t == "null":
-        return value is None
-    if t == "boolean":
-        return isinstance(value, bool)
-    if t == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
-        )
-    if t == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if t == "string":
-        return isinstance(value, str)
-    if t == "array":
-        return isinstance(value, list)
-    return isinstance(value, dict)
-
-
-def schema_errors(value: Any, schema: Any, path: str = "$") -> list[str]:
-    """Where ``value`` (parsed JSON) breaks ``schema`` (the subset of :func:`check_schema`).
-
-    Returns one message per violation, each naming the JSON path; empty = valid.
-    """
-    if schema is True:
-        return []
-    if schema is False:
-        return [f"{path}: not allowed"]
-    errs: list[str] = []
-    types = schema.get("type")
-    if types is not None:
-        allowed = [types] if isinstance(types, str) else list(types)
-        if not any(_is_type(value, t) for t in allowed):
-            return [f"{path}: expected {' or '.join(allowed)}, got {type(value).__name__}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errs.append(f"{path}: {value!r} not one of {schema['enum']!r}")
-    if "const" in schema and value != schema["const"]:
-        errs.append(f"{path}: expected {schema['const']!r}")
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            errs.append(f"{path}: shorter than {schema['minLength']}")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errs.append(f"{path}: longer than {schema['maxLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errs.append(f"{path}: does not match /{schema['pattern']}/")
-    if _is_type(value, "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            errs.append(f"{path}: below {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errs.append(f"{path}: above {schema['maximum']}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            errs.append(f"{path}: not above {schema['exclusiveMinimum']}")
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            errs.append(f"{path}: not below {schema['exclusiveMaximum']}")
-    if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        for name in schema.get("required") or []:
-            if name not in value:
-                errs.append(f"{path}: missing required property {name!r}")
-        extra = schema.get("additionalProperties", True)
-        for name, item in value.items():
-            if name in props:
-                errs.extend(schema_errors(item, props[name], f"{path}.{name}"))
-            elif extra is False:
-                errs.append(f"{path}: unexpected property {name!r}")
-            elif isinstance(extra, dict):
-                errs.extend(schema_errors(item, extra, f"{path}.{name}"))
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            errs.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errs.append(f"{path}: more than {schema['maxItems']} items")
-        if "items" in schema:
-            for i, item in enumerate(value):
-                errs.extend(schema_errors(item, schema["items"], f"{path}[{i}]"))
-    for i, sub in enumerate(schema.get("allOf") or []):
-        errs.extend(schema_errors(value, sub, f"{path}(allOf[{i}])"))
-    if "anyOf" in schema and all(schema_errors(value, s, path) for s in schema["anyOf"]):
-        errs.append(f"{path}: matches none of anyOf")
-    return errs
-
-
-# -- JSON extraction -----------------------------------------------------------------
-
-_FENCE_RE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```$", re.S)
-
-
-def parse_json_output(text: str) -> tuple[bool, Any]:
-    """``(True, value)`` when the whole of ``text`` is JSON (surrounding whitespace and one
-    enclosing markdown code fence allowed), else ``(False, None)``."""
-    body = text.strip()
-    m = _FENCE_RE.match(body)
-    if m:
-        body = m.group(1).strip()
-    try:
-        return True, json.loads(body)
-    except ValueError:
-        return False, None
-
-
-def find_json_values(text: str) -> list[Any]:
-    """Every JSON object or array embedded in ``text``, in order (promptfoo contains-json)."""
-    decoder = json.JSONDecoder()
-    found: list[Any] = []
-    i = 0
-    while i < len(text):
-        if text[i] in "{[":
-            try:
-                value, end = decoder.raw_decode(text, i)
-            except ValueError:
-                i += 1
-                continue
-            found.append(value)
-            i = end
-        else:
-            i += 1
-    return found
 
 
 # -- the assertion types ---------------------------------------------------------------

@@ -14,7 +14,6 @@ too. Unknown keys are errors, so a typo never silently drops an assertion.
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from chainrun.errors import InputFileError
 from chainrun.evals.assertions import LABEL, Assertion
+from chainrun.jsonl import read_jsonl
 
 DEFAULT_CASES = "evals/regression.jsonl"
 
@@ -114,21 +114,9 @@ def load_cases(
             names a step the chain does not have.
     """
     p = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise InputFileError(p, None, f"cannot read eval file ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputFileError(p, None, "not a text file (expected UTF-8 JSON Lines)") from None
     cases: list[EvalCase] = []
     first_line: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise InputFileError(p, lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
+    for lineno, data in read_jsonl(p, "eval set", objects=False):
         case = parse_case(data, p, lineno)
         if steps is not None:
             check_steps(case, steps, p, lineno)

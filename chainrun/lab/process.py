@@ -176,12 +176,17 @@ class LabServer:
         """Forget the records and restart the scenario's RNG from its seed."""
         self._post("/admin/reset")
 
+    def set_scenario(self, scenario: Scenario) -> None:
+        """Serve ``scenario`` from now on (records forgotten, RNG from its seed)."""
+        self._post("/admin/scenario", body=scenario.model_dump_json().encode())
+        self.scenario = scenario
+
     def _get(self, path: str, timeout: float = 10.0) -> Any:
         with _OPENER.open(self.url + path, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def _post(self, path: str, timeout: float = 10.0) -> Any:
-        req = urllib.request.Request(self.url + path, data=b"{}", method="POST")
+    def _post(self, path: str, timeout: float = 10.0, body: bytes = b"{}") -> Any:
+        req = urllib.request.Request(self.url + path, data=body, method="POST")
         req.add_header("Content-Type", "application/json")
         with _OPENER.open(req, timeout=timeout) as r:
             return json.loads(r.read())

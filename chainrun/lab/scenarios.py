@@ -27,6 +27,14 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     no_usage = 0.0            # omit the usage chunk
     role_only_first_frame = true
     cut_after_tokens = { k = 3, p = 0.05 }   # stream ends after k tokens, no finish_reason
+    reject = { p = 0.0, status = 400, param = "reasoning_effort" }   # a refused request
+    stream_error = { p = 0.0, after_tokens = 0, style = "event", code = 400 }  # error in a 200
+    headers_only = 0.0        # headers (200), then silence until the client disconnects
+    malformed_sse = 0.0       # one "data:" line that is not JSON, mid-stream
+    pause = { after_tokens = 1, ms = 3000, p = 0.0 }   # a pause after the first token(s)
+    usage_on_finish = false   # usage on the finish chunk instead of a usage-only chunk
+    retry_after = true        # send Retry-After with a 429
+    attempts = [1]            # faults only on these attempts (x-chainrun-attempt); all if unset
 
 The W/N split of ``work_noise`` follows FIELD.md ("The Tail at Scale", Dean and
 Barroso 2013): the work W (tokens x per-token time) is fixed by the request's
@@ -51,7 +59,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from chainrun.errors import InputFileError, UserInputError
 
-Fault = Literal["rate_limit", "server_error", "hang", "cut_after_tokens", "no_usage"]
+Fault = Literal[
+    "rate_limit", "server_error", "hang", "cut_after_tokens", "no_usage", "reject",
+    "stream_error", "headers_only", "malformed_sse",
+]  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -162,13 +173,50 @@ class CutFault(_Strict):
     p: float = Field(ge=0, le=1)
 
 
+class RejectFault(_Strict):
+    """With probability ``p``, refuse the request with an OpenAI-style error body
+    (``invalid_request_error`` naming ``param`` with ``code``), at HTTP ``status``."""
+
+    p: float = Field(ge=0, le=1)
+    status: int = Field(default=400, ge=400, le=499)
+    param: str | None = "reasoning_effort"
+    code: str | None = "unsupported_value"
+    message: str = (
+        "Unsupported value: 'reasoning_effort' does not support 'minimal' with this model. "
+        "Supported values are: 'none', 'low', 'medium', and 'high'."
+    )
+
+
+class StreamErrorFault(_Strict):
+    """With probability ``p``, a 200 stream reports an error after ``after_tokens`` tokens
+    and ends: ``style = "event"`` sends llama-server's ``error: {...}`` SSE field then
+    ``data: [DONE]``; ``style = "data"`` sends ``data: {"error": {...}}`` (e.g. a 503
+    in the middle of a stream)."""
+
+    p: float = Field(ge=0, le=1)
+    after_tokens: int = Field(default=0, ge=0)
+    style: Literal["event", "data"] = "event"
+    code: int = 400
+    message: str = "the request exceeds the available context size"
+
+
+class PauseFault(_Strict):
+    """With probability ``p``, a pause of ``ms`` after the first ``after_tokens`` tokens."""
+
+    after_tokens: int = Field(default=1, ge=1)
+    ms: float = Field(ge=0)
+    p: float = Field(default=1.0, ge=0, le=1)
+
+
 class Faults(_Strict):
     """Per-request fault probabilities (0..1).
 
-    ``rate_limit``, ``server_error``, ``hang`` and ``cut_after_tokens.p`` exclude one
-    another (one draw decides among them, so their sum must be <= 1); ``no_usage`` is
-    drawn on its own. ``cut_after_tokens`` and ``no_usage`` only affect streams
-    (``no_usage`` also drops ``usage`` from a non-streamed answer).
+    ``rate_limit``, ``server_error``, ``hang``, ``cut_after_tokens.p``, ``reject.p``,
+    ``stream_error.p``, ``headers_only`` and ``malformed_sse`` exclude one another (one
+    draw decides among them, so their sum must be <= 1); ``no_usage`` and ``pause`` are
+    drawn on their own. Stream faults only affect streams (``no_usage`` also drops
+    ``usage`` from a non-streamed answer). With ``attempts`` set, only requests whose
+    ``x-chainrun-attempt`` header is one of them get faults.
     """
 
     rate_limit: float = Field(default=0.0, ge=0, le=1)
@@ -180,15 +228,38 @@ class Faults(_Strict):
     no_usage: float = Field(default=0.0, ge=0, le=1)
     #: first streamed chunk carries only ``role`` with null content (as llama.cpp does)
     role_only_first_frame: bool = True
+    reject: RejectFault | None = None
+    stream_error: StreamErrorFault | None = None
+    headers_only: float = Field(default=0.0, ge=0, le=1)
+    malformed_sse: float = Field(default=0.0, ge=0, le=1)
+    pause: PauseFault | None = None
+    #: usage on the chunk with the finish_reason instead of a usage-only chunk
+    usage_on_finish: bool = False
+    #: send ``Retry-After`` (and ``retry-after-ms``) with a 429
+    retry_after: bool = True
+    #: only these attempt numbers (``x-chainrun-attempt``) get faults; None = every request
+    attempts: list[int] | None = None
+
+    def exclusive(self) -> tuple[tuple[Fault, float], ...]:
+        """The mutually exclusive faults and their probabilities, in draw order."""
+        return (
+            ("rate_limit", self.rate_limit),
+            ("server_error", self.server_error),
+            ("hang", self.hang),
+            ("cut_after_tokens", self.cut_after_tokens.p if self.cut_after_tokens else 0.0),
+            ("reject", self.reject.p if self.reject else 0.0),
+            ("stream_error", self.stream_error.p if self.stream_error else 0.0),
+            ("headers_only", self.headers_only),
+            ("malformed_sse", self.malformed_sse),
+        )
 
     @model_validator(mode="after")
     def _exclusive(self) -> Faults:
-        cut = self.cut_after_tokens.p if self.cut_after_tokens else 0.0
-        total = self.rate_limit + self.server_error + self.hang + cut
+        total = sum(p for _, p in self.exclusive())
         if total > 1.0 + 1e-9:
             raise ValueError(
-                "rate_limit + server_error + hang + cut_after_tokens.p must be <= 1 "
-                f"(got {total:g})"
+                "rate_limit + server_error + hang + cut_after_tokens.p + reject.p + "
+                f"stream_error.p + headers_only + malformed_sse must be <= 1 (got {total:g})"
             )
         return self
 
@@ -250,6 +321,7 @@ class Plan:
         fault: the fault applied, or None.
         cut_after: for a cut stream, the tokens sent before the cut; else None.
         token_interval_ms: time between tokens, in ms.
+        pause_after: tokens sent before a pause (None: no pause); ``pause_ms`` its length.
     """
 
     ttft_ms: float
@@ -258,6 +330,8 @@ class Plan:
     fault: Fault | None
     cut_after: int | None
     token_interval_ms: float
+    pause_after: int | None = None
+    pause_ms: float = 0.0
 
 
 def content_key(messages: Any) -> str:
@@ -276,12 +350,15 @@ class Planner:
         """Restart the RNG from the scenario's seed (same draws again)."""
         self.rng = random.Random(self.scenario.seed)
 
-    def plan(self, messages: Any, max_tokens: int | None = None) -> Plan:
+    def plan(
+        self, messages: Any, max_tokens: int | None = None, attempt: int | None = None
+    ) -> Plan:
         """Plan one request.
 
         Args:
             messages: the request's ``messages`` (any JSON value; hashed for work_noise).
             max_tokens: the request's ``max_completion_tokens``/``max_tokens``, or None.
+            attempt: the request's ``x-chainrun-attempt`` number, or None.
         """
         sc = self.scenario
         lat = sc.latency
@@ -295,12 +372,9 @@ class Planner:
         fault: Fault | None = None
         cut_after: int | None = None
         f = sc.faults
-        exclusive: tuple[tuple[Fault, float], ...] = (
-            ("rate_limit", f.rate_limit),
-            ("server_error", f.server_error),
-            ("hang", f.hang),
-            ("cut_after_tokens", f.cut_after_tokens.p if f.cut_after_tokens else 0.0),
-        )
+        if f.attempts is not None and attempt not in f.attempts:
+            f = Faults(role_only_first_frame=f.role_only_first_frame)
+        exclusive = f.exclusive()
         u = self.rng.random()
         edge = 0.0
         for name, p in exclusive:
@@ -314,8 +388,11 @@ class Planner:
         no_usage = self.rng.random() < f.no_usage
         if fault is None and no_usage:
             fault = "no_usage"
-        if fault in ("rate_limit", "server_error", "hang"):
+        if fault in ("rate_limit", "server_error", "hang", "reject", "headers_only"):
             ttft = 0.0
+        pause_after: int | None = None
+        if f.pause is not None and self.rng.random() < f.pause.p:
+            pause_after = f.pause.after_tokens
         return Plan(
             ttft_ms=ttft,
             tokens=tokens,
@@ -323,6 +400,8 @@ class Planner:
             fault=fault,
             cut_after=cut_after,
             token_interval_ms=sc.token_interval_ms,
+            pause_after=pause_after,
+            pause_ms=f.pause.ms if f.pause is not None and pause_after is not None else 0.0,
         )
 
 

@@ -13,6 +13,7 @@ Routes (all JSON unless said otherwise)::
     GET  /health                {"status": "ok", "scenario": {...}}
     GET  /admin/requests        list of per-request records (see RequestRecord)
     POST /admin/reset           forget the records, restart the RNG from the seed
+    POST /admin/scenario        serve another scenario (body: a Scenario as JSON); resets
 
 Timing of a stream: headers at once, then the role-only frame (when the scenario
 says so, as llama.cpp does), then the planned TTFT, then one token every
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -184,7 +186,9 @@ async def _chat_completions(request: Request, *, deployment: str | None = None) 
 
     stream = bool(body.get("stream"))
     messages = body["messages"]
-    plan = lab.planner.plan(messages, _max_tokens(body))
+    attempt_header = request.headers.get("x-chainrun-attempt")
+    attempt = int(attempt_header) if attempt_header and attempt_header.isdigit() else None
+    plan = lab.planner.plan(messages, _max_tokens(body), attempt)
     model = deployment or str(body.get("model") or MODEL_ID)
     rec = RequestRecord(
         id=lab.next_id(),
@@ -208,7 +212,17 @@ async def _chat_completions(request: Request, *, deployment: str | None = None) 
         rec.finished_at = lab.now()
         # Retry-After is whole seconds (RFC 9110); retry-after-ms carries the exact value
         headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
+        if not lab.scenario.faults.retry_after:
+            headers = {}
         return _error(429, "lab: rate limited", "rate_limit_exceeded", headers)
+    if plan.fault == "reject":
+        rej = lab.scenario.faults.reject
+        assert rej is not None
+        rec.status_code = rej.status
+        rec.finished_at = lab.now()
+        err = {"message": rej.message, "type": "invalid_request_error", "param": rej.param,
+               "code": rej.code}  # fmt: skip
+        return JSONResponse({"error": err}, status_code=rej.status)
     if plan.fault == "server_error":
         rec.status_code = 500
         rec.finished_at = lab.now()
@@ -310,43 +324,73 @@ async def _stream_events(
     )[:-1]
     role_only = lab.scenario.faults.role_only_first_frame
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    faults = lab.scenario.faults
+    on_finish = usage if faults.usage_on_finish else None
+
+    def chunk(
+        delta: dict[str, Any], finish: str | None = None, with_usage: Any = None
+    ) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        tail = f',"system_fingerprint":null,"choices":[{json.dumps(choice)}],"usage":null}}'
+        tail = (
+            f',"system_fingerprint":null,"choices":[{json.dumps(choice)}],'
+            f'"usage":{json.dumps(with_usage)}}}'
+        )
         return f"data: {head}{tail}\n\n".encode()
 
     try:
         if role_only:
             yield chunk({"role": "assistant", "content": None})
+        if plan.fault == "headers_only":
+            await asyncio.Event().wait()  # until the client disconnects (cancelled then)
         n_send = plan.tokens if plan.cut_after is None else plan.cut_after
+        err = faults.stream_error if plan.fault == "stream_error" else None
+        if err is not None:
+            n_send = min(n_send, err.after_tokens)
         first_due = start + plan.ttft_ms / 1000.0
         interval = plan.token_interval_ms / 1000.0
+        pause_s = plan.pause_ms / 1000.0
         i = 0
         while i < n_send:
             due = first_due + i * interval
+            if plan.pause_after is not None and i >= plan.pause_after:
+                due += pause_s
             now = loop.time()
             if due > now:
                 await asyncio.sleep(due - now)
                 now = loop.time()
             j = n_send if interval <= 0 else min(n_send, i + 1 + int((now - due) / interval))
+            if plan.pause_after is not None and i < plan.pause_after:
+                j = min(j, plan.pause_after)  # never batch tokens across the pause
             parts = []
             for t in range(i, j):
                 delta: dict[str, Any] = {"content": words[t]}
                 if t == 0 and not role_only:
                     delta = {"role": "assistant", "content": words[t]}
-                last = plan.cut_after is None and t == plan.tokens - 1
-                parts.append(chunk(delta, plan.finish_reason if last else None))
+                last = plan.cut_after is None and err is None and t == plan.tokens - 1
+                parts.append(
+                    chunk(delta, plan.finish_reason if last else None, on_finish if last else None)
+                )
+                if t == 0 and plan.fault == "malformed_sse":
+                    parts.append(b"data: {not json\n\n")
             if rec.first_token_at is None:
                 rec.first_token_at = lab.now()
             rec.tokens_sent = j
             yield b"".join(parts)
             i = j
+        if err is not None:
+            body = json.dumps({"code": err.code, "message": err.message, "type": "server_error"})
+            if err.style == "event":  # as llama-server does
+                yield f"error: {body}\n\ndata: [DONE]\n\n".encode()
+            else:
+                yield f'data: {{"error": {body}}}\n\n'.encode()
+            rec.finished_at = lab.now()
+            return
         if plan.cut_after is not None:
             # cut: the body just ends, with no finish_reason, usage or [DONE]
             rec.finished_at = lab.now()
             return
         rec.finish_reason = plan.finish_reason
-        if usage is not None:
+        if usage is not None and on_finish is None:
             final = {
                 "id": rec.id,
                 "object": "chat.completion.chunk",
@@ -392,6 +436,18 @@ async def _admin_reset(request: Request) -> Response:
     return JSONResponse({"ok": True})
 
 
+async def _admin_scenario(request: Request) -> Response:
+    lab: LabState = request.app.state.lab
+    try:
+        scenario = Scenario.model_validate(await request.json())
+    except (ValueError, ValidationError) as e:
+        return _error(400, f"not a scenario: {e}", "invalid_request_error")
+    lab.scenario = scenario
+    lab.planner = Planner(scenario)
+    lab.reset()
+    return JSONResponse({"ok": True, "scenario": scenario.name})
+
+
 def create_app(scenario: Scenario) -> Starlette:
     """The lab as an ASGI app serving ``scenario`` (routes in this module's docstring)."""
     from chainrun.lab.azure import azure_chat_completions, azure_responses
@@ -411,6 +467,7 @@ def create_app(scenario: Scenario) -> Starlette:
             Route("/health", _health, methods=["GET"]),
             Route("/admin/requests", _admin_requests, methods=["GET"]),
             Route("/admin/reset", _admin_reset, methods=["POST"]),
+            Route("/admin/scenario", _admin_scenario, methods=["POST"]),
         ]
     )
     app.state.lab = LabState(scenario)

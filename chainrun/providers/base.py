@@ -8,6 +8,14 @@ a *pump task* reads the chunks as they arrive and stamps them into a
 not where a (possibly slow) consumer reads them. Closing a ChatStream cancels the
 pump, whose ``finally`` closes the HTTP response: the server stops generating.
 
+Two timers of its own, besides the step's deadline (which the caller holds):
+``first_token_timeout_s`` (no first content or reasoning token by then, counted from
+the start of the call, so a server that never sends headers is caught too:
+:class:`~chainrun.errors.FirstTokenTimeout`) and ``idle_timeout_s`` (after the first
+token, a gap between chunks longer than this: :class:`~chainrun.errors.IdleTimeout`).
+A healthy stream that pauses after its first token is never judged by the first-token
+timer. Either timer closes the call and is recorded as the stream's ``error``.
+
 Providers know nothing of hedging; the hedging engine knows nothing of providers.
 """
 
@@ -19,7 +27,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chainrun.errors import ChainrunError, ProviderError, StreamTruncated
+from chainrun.errors import (
+    ChainrunError,
+    FirstTokenTimeout,
+    IdleTimeout,
+    ProviderError,
+    StreamTruncated,
+)
 from chainrun.timing import Chunk, StreamTimer
 
 Clock = Callable[[], float]
@@ -80,10 +94,21 @@ class ChatStream:
     including for a stream closed half way (cancelled hedging losers).
     """
 
-    def __init__(self, provider: Provider, request: ChatRequest, clock: Clock = time.perf_counter):
+    def __init__(
+        self,
+        provider: Provider,
+        request: ChatRequest,
+        clock: Clock = time.perf_counter,
+        *,
+        first_token_timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
+    ):
         self.provider = provider
         self.request = request
         self._clock = clock
+        self.first_token_timeout_s = first_token_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._started_loop = asyncio.get_running_loop().time()
         self.timer = StreamTimer(t_start=clock())
         self.error: BaseException | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -92,14 +117,36 @@ class ChatStream:
         self._closed = False
         self._pump = asyncio.create_task(self._run(), name=f"chainrun-pump-{request.model}")
 
+    def _wait_until(self, got_token: bool) -> float | None:
+        """The event-loop time by which the next chunk must arrive (None: no timer)."""
+        loop = asyncio.get_running_loop()
+        if not got_token:
+            if self.first_token_timeout_s is None:
+                return None
+            return self._started_loop + self.first_token_timeout_s
+        if self.idle_timeout_s is None:
+            return None
+        return loop.time() + self.idle_timeout_s
+
     async def _run(self) -> None:
-        it = self.provider.chunks(self.request)
+        it = aiter(self.provider.chunks(self.request))
+        got_token = False
         try:
-            async for chunk in it:
+            while True:
+                until = self._wait_until(got_token)
+                try:
+                    async with asyncio.timeout_at(until):
+                        chunk = await anext(it)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    self.error = self._timer_fired(got_token)
+                    return
                 self.timer.on_chunk(self._clock(), chunk)
                 if chunk.content:
                     self._queue.put_nowait(chunk.content)
                 if chunk.has_token:
+                    got_token = True
                     self._first.set()
             if self.timer.finish_reason is None:
                 self.error = StreamTruncated(
@@ -121,6 +168,20 @@ class ChatStream:
             self._queue.put_nowait(_END)
             self._first.set()
             self._done.set()
+
+    def _timer_fired(self, got_token: bool) -> ProviderError:
+        name = self.provider.name
+        if not got_token:
+            n = self.timer.n_chunks
+            where = "no chunk arrived" if not n else f"{n} chunk(s) without a token"
+            return FirstTokenTimeout(
+                f"{name}: no first token within first_token_timeout_s = "
+                f"{self.first_token_timeout_s:g} s ({where})"
+            )
+        return IdleTimeout(
+            f"{name}: no chunk for idle_timeout_s = {self.idle_timeout_s:g} s "
+            f"after {self.timer.n_chunks} chunk(s)"
+        )
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:

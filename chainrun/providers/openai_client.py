@@ -11,12 +11,22 @@ One place for what the adapters share, whatever their wire format:
   hedging engine), not the SDK behind its back.
 - :func:`map_openai_error`: the one mapping from the SDK's exceptions to chainrun's
   (:mod:`chainrun.errors`), keeping the server's ``Retry-After`` as ``retry_after_s``.
+
+Faults kept apart by the mapping: an HTTP 400 naming a parameter and 401/403/404 are
+:class:`~chainrun.errors.RequestRejected` (with the parameter, the value sent and the
+values the server says it accepts); an error reported *inside* a 200 stream, as a
+``data: {"error": ...}`` line or as an SSE ``error:`` field (llama-server sends
+``error: {"code": 400, "message": "the request exceeds the available context size"}``
+then ``data: [DONE]``), is a :class:`~chainrun.errors.StreamError`
+(:class:`~chainrun.errors.ContextLengthExceeded` when the message says so) with the
+server's message kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +34,17 @@ from urllib.parse import urlsplit
 
 import httpx2
 import openai
+from openai._streaming import SSEDecoder  # the SDK's own decoder, extended below
 
 from chainrun.errors import (
     ConfigError,
+    ContextLengthExceeded,
     ProviderError,
     ProviderStatusError,
     ProviderTimeout,
     ProviderUnavailable,
+    RequestRejected,
+    StreamError,
 )
 
 #: what the SDK is given when a server needs no key (it refuses to build without one)
@@ -83,6 +97,41 @@ class AzureTarget:
     entra_token: str | None = None
 
 
+class _ErrorFieldDecoder(SSEDecoder):
+    """The SDK's SSE decoder, plus the non-standard ``error:`` field llama-server uses.
+
+    The SSE standard ignores unknown fields, so ``error: {...}`` followed by
+    ``data: [DONE]`` would read as an empty stream. Here the field becomes the event's
+    data as ``{"error": ...}``, which the SDK raises as an ``APIError`` (the path a
+    ``data: {"error": ...}`` line already takes).
+    """
+
+    def decode(self, line: str) -> Any:
+        if line.startswith("error:"):
+            raw = line[len("error:") :].strip()
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw
+            if not isinstance(value, dict):
+                value = {"message": str(value) or "error event without a message"}
+            if "message" not in value:
+                value = {**value, "message": json.dumps(value)}
+            self._data.append(json.dumps({"error": value}))
+            return None
+        return super().decode(line)
+
+
+class _Client(openai.AsyncOpenAI):
+    def _make_sse_decoder(self) -> Any:
+        return _ErrorFieldDecoder()
+
+
+class _AzureClient(openai.AsyncAzureOpenAI):
+    def _make_sse_decoder(self) -> Any:
+        return _ErrorFieldDecoder()
+
+
 def build_http_client(max_connections: int, connect_timeout_s: float) -> httpx2.AsyncClient:
     """The HTTP client of one provider: a pool of ``max_connections``, connect timeout in s.
 
@@ -127,15 +176,13 @@ def build_client(
     if timeout_s is not None:
         extra["timeout"] = timeout_s
     if azure is None:
-        return openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key or NO_KEY, max_retries=0, **extra
-        )
+        return _Client(base_url=base_url, api_key=api_key or NO_KEY, max_retries=0, **extra)
     if api_key is None and azure.entra_token is None:
         raise ConfigError("azure provider: needs an API key or an Entra ID token")
     auth: dict[str, Any] = (
         {"api_key": api_key} if api_key is not None else {"azure_ad_token": azure.entra_token}
     )
-    return openai.AsyncAzureOpenAI(
+    return _AzureClient(
         azure_endpoint=azure.endpoint,
         api_version=azure.api_version,
         azure_deployment=azure.deployment,
@@ -167,8 +214,58 @@ def retry_after_s(headers: Any) -> float | None:
         return None
 
 
+_CONTEXT_RE = re.compile(
+    r"context (?:size|length|window)|maximum context|too many tokens|exceeds? the (?:available )?"
+    r"context",
+    re.I,
+)
+_ACCEPTED_RE = re.compile(
+    r"(?:supported values|valid values|allowed values|must be one of|expected one of)"
+    r"(?: are| is)?:?\s*(.*)",
+    re.I | re.S,
+)
+
+
+def accepted_values(message: str) -> tuple[str, ...]:
+    """The values an error message says are accepted ("Supported values are: 'none',
+    'low', 'medium', and 'high'." gives ('none', 'low', 'medium', 'high')); () if none."""
+    m = _ACCEPTED_RE.search(message)
+    if not m:
+        return ()
+    return tuple(a or b for a, b in re.findall(r"'([^']*)'|\"([^\"]*)\"", m.group(1)))
+
+
+def sent_value(params: dict[str, Any] | None, param: str) -> Any:
+    """The value sent for ``param`` (a top-level name, or a dotted/indexed path), or None."""
+    value: Any = params
+    for part in re.findall(r"[^.\[\]]+", param):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _stream_error(name: str, e: openai.APIError) -> StreamError:
+    """An error the server reported inside a 200 stream, its message and code kept."""
+    body = e.body if isinstance(e.body, dict) else {}
+    message = str(body.get("message") or e.message)
+    code = body.get("code")
+    text = f"{name}: stream error" + (f" {code}" if code is not None else "") + f": {message}"
+    if code == "context_length_exceeded" or _CONTEXT_RE.search(message):
+        return ContextLengthExceeded(text, code)
+    return StreamError(text, code)
+
+
 def map_openai_error(
-    e: BaseException, *, name: str, where: str, streaming: bool = False
+    e: BaseException,
+    *,
+    name: str,
+    where: str,
+    streaming: bool = False,
+    params: dict[str, Any] | None = None,
 ) -> ProviderError:
     """The chainrun error for an ``openai`` (or ``httpx2``) exception.
 
@@ -178,13 +275,23 @@ def map_openai_error(
         where: the server (a URL) for the message.
         streaming: ``e`` was raised while reading a stream that had started (the
             server was reached: a broken connection is then no "cannot reach").
+        params: the request's parameters as sent (to name the value a 400 refused).
 
     Returns:
         :class:`ProviderTimeout` (the HTTP client timed out), :class:`ProviderUnavailable`
-        (cannot connect), :class:`ProviderStatusError` (an HTTP error status, with
-        ``retry_after_s`` from its headers), or :class:`ProviderError` (a stream that
-        failed after it started, or anything else the SDK raised).
+        (cannot connect), :class:`RequestRejected` (HTTP 400 naming a parameter, or
+        401/403/404), :class:`ProviderStatusError` (any other HTTP error status, with
+        ``retry_after_s`` from its headers), :class:`StreamError` (an error the server
+        reported inside the stream; :class:`ContextLengthExceeded` when the prompt does
+        not fit), or :class:`ProviderError` (a stream that broke after it started, or
+        anything else the SDK raised).
     """
+    if (
+        streaming
+        and isinstance(e, openai.APIError)
+        and not isinstance(e, openai.APIConnectionError | openai.APIStatusError)
+    ):
+        return _stream_error(name, e)
     if streaming and not isinstance(e, openai.APIStatusError):
         detail = str(e) if isinstance(e, openai.APIError) else f"{type(e).__name__}: {e}"
         return ProviderError(f"{name}: stream failed: {detail}")
@@ -193,10 +300,19 @@ def map_openai_error(
     if isinstance(e, openai.APIConnectionError):
         return ProviderUnavailable(f"cannot reach provider {name!r} at {where}")
     if isinstance(e, openai.APIStatusError):
+        status = e.status_code
+        message = f"{name}: HTTP {status}: {e.message}"
+        param = e.param if isinstance(e.param, str) and e.param else None
+        if (status == 400 and param is not None) or status in (401, 403, 404):
+            body = e.body if isinstance(e.body, dict) else {}
+            return RequestRejected(
+                message, status, param=param,
+                value=sent_value(params, param) if param else None,
+                accepted=accepted_values(str(body.get("message") or e.message)),
+                code=e.code, provider=name,
+            )  # fmt: skip
         return ProviderStatusError(
-            f"{name}: HTTP {e.status_code}: {e.message}",
-            status=e.status_code,
-            retry_after_s=retry_after_s(e.response.headers),
+            message, status=status, retry_after_s=retry_after_s(e.response.headers)
         )
     if isinstance(e, openai.APIError):
         return ProviderError(f"{name}: stream failed: {e}")
@@ -267,8 +383,16 @@ class OpenAIClientProvider:
             base_url=base_url, api_key=key, http_client=self._http, azure=azure
         )
 
-    def _error(self, e: BaseException, *, streaming: bool = False) -> ProviderError:
-        return map_openai_error(e, name=self.name, where=self.where, streaming=streaming)
+    def _error(
+        self,
+        e: BaseException,
+        *,
+        streaming: bool = False,
+        params: dict[str, Any] | None = None,
+    ) -> ProviderError:
+        return map_openai_error(
+            e, name=self.name, where=self.where, streaming=streaming, params=params
+        )
 
     async def _send(self, create: Callable[..., Awaitable[Any]], params: dict[str, Any]) -> Any:
         """``await create(**params)``; once more if a pooled keep-alive connection was stale.
@@ -290,7 +414,7 @@ class OpenAIClientProvider:
                     raise
                 return await create(**params)
         except openai.APIError as e:
-            raise self._error(e) from e
+            raise self._error(e, params=params) from e
 
     async def check(self) -> None:
         """Fail fast when the server cannot be reached, or is not an OpenAI-compatible API

@@ -20,6 +20,7 @@ from typing import Any
 import httpx2
 import openai
 
+from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.openai_client import OpenAIClientProvider
 from chainrun.timing import Chunk, Usage
@@ -110,6 +111,10 @@ class OpenAICompatProvider(OpenAIClientProvider):
             ProviderUnavailable: cannot connect.
             ProviderTimeout: the HTTP client timed out.
             ProviderStatusError: an HTTP error status (``retry_after_s`` from its headers).
+            RequestRejected: HTTP 400 naming a parameter, or 401/403/404.
+            StreamError: the server reported an error inside the stream
+                (:class:`ContextLengthExceeded` when the prompt does not fit).
+            MalformedStream: a stream line that is not JSON.
             ProviderError: the stream failed after it started.
         """
         stream = await self._send(self.client.chat.completions.create, self._params(request))
@@ -123,5 +128,7 @@ class OpenAICompatProvider(OpenAIClientProvider):
                 seen = total
         except (openai.APIError, httpx2.HTTPError) as e:
             raise self._error(e, streaming=True) from e
+        except ValueError as e:  # a "data:" line that is not JSON
+            raise MalformedStream(f"{self.name}: malformed stream line ({e})") from e
         finally:
             await stream.close()

@@ -12,13 +12,13 @@ TREC-style evaluations).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from chainrun.errors import InputFileError
+from chainrun.jsonl import read_jsonl
 from chainrun.retrieval.base import Search
 from chainrun.retrieval.filters import parse_query
 
@@ -40,18 +40,8 @@ def load_queries(path: str | Path) -> list[LabelledQuery]:
             non-empty string) and ``expected`` (a non-empty list of ids).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputFileError(str(p), None, f"cannot read ({e.strerror})") from None
     out = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputFileError(str(p), lineno, f"not valid JSON ({e.msg})") from None
+    for lineno, rec in read_jsonl(p, "query file"):
         query, expected = rec.get("query"), rec.get("expected")
         if not isinstance(query, str) or not query.strip():
             raise InputFileError(str(p), lineno, "expected a non-empty string 'query'")

@@ -108,9 +108,15 @@ _SIZE_WORDS = {
     "extra-large": "XL",
     "one size": "ONE SIZE",
 }
-_NUM = r"(\d{1,5}(?:[.,]\d{1,2})?)"
+#: an amount: thousands grouped by comma, dot, apostrophe or a thin/no-break space
+#: ("1,299.50", "1.299,50", "1'299", "1\u202f299"), or plain digits; a decimal comma or
+#: dot with 1-2 digits; an optional "k" (thousands) suffix. Read by :func:`parse_price`.
+_NUM = (
+    r"((?:\d{1,3}(?:[,.'’\u2009\u202f\u00a0]\d{3})+(?:[.,]\d{1,2})?|\d+(?:[.,]\d{1,2})?)"
+    r"(?:\s?k\b)?)"
+)
 _CUR = r"(?:\s*(?:€|eur(?:o|os)?\b))?"
-_PRE = r"(?:€\s*)?"
+_PRE = r"(?:(?:€|eur\b)\s*)?"
 _MAX_PRICE = [
     re.compile(
         r"\b(?:under|below|less than|cheaper than|up to|max(?:imum)?|no more than|not more than"
@@ -147,8 +153,38 @@ _SIZE_ALONE = [
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
 
 
-def _price(s: str) -> float:
-    return float(s.replace(",", "."))
+_GROUPING = re.compile(r"[\s'’\u2009\u202f\u00a0]")
+
+
+def parse_price(amount: str) -> float:
+    """An amount as matched in a message, in the message's currency units.
+
+    Thousands separators (comma, dot, apostrophe, thin or no-break space) are dropped; of a
+    comma and a dot together the last is the decimal mark ("1,299.50" and "1.299,50" are
+    1299.5); a lone comma or dot is a decimal mark before 1-2 digits ("99,90" is 99.9) and
+    a thousands separator before 3 ("1,299" is 1299); a "k" suffix multiplies by 1000.
+
+    Raises:
+        ValueError: ``amount`` is not such an amount.
+    """
+    s = amount.strip().lower()
+    scale = 1.0
+    if s.endswith("k"):
+        s, scale = s[:-1].rstrip(), 1000.0
+    s = _GROUPING.sub("", s)
+    if "," in s and "." in s:
+        decimal = "," if s.rfind(",") > s.rfind(".") else "."
+        s = s.replace("." if decimal == "," else ",", "").replace(",", ".")
+    elif "," in s or "." in s:
+        sep = "," if "," in s else "."
+        head, _, tail = s.rpartition(sep)
+        if s.count(sep) > 1 or len(tail) == 3:
+            s = s.replace(sep, "")  # thousands
+        else:
+            s = f"{head}.{tail}"
+    return round(float(s) * scale, 2)
+
+
 
 
 def _norm_size(s: str) -> str:
@@ -279,17 +315,17 @@ def parse_query(message: str, label: str | None = None, *, in_stock: bool = True
     min_price: float | None = None
     m = _BETWEEN.search(text)
     if m:
-        lo, hi = sorted((_price(m.group(1)), _price(m.group(2))))
+        lo, hi = sorted((parse_price(m.group(1)), parse_price(m.group(2))))
         min_price, max_price = lo, hi
         text = text[: m.start()] + " " + text[m.end() :]
     for pattern in _MAX_PRICE:
         for m in pattern.finditer(text):
-            value = _price(m.group(1))
+            value = parse_price(m.group(1))
             max_price = value if max_price is None else min(max_price, value)
         text = pattern.sub(" ", text)
     for pattern in _MIN_PRICE:
         for m in pattern.finditer(text):
-            value = _price(m.group(1))
+            value = parse_price(m.group(1))
             min_price = value if min_price is None else max(min_price, value)
         text = pattern.sub(" ", text)
     sizes: list[str] = []

@@ -25,7 +25,7 @@ from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
-from chainrun.jsonout import parse_json_object
+from chainrun.jsonout import answer_problem, parse_json_object
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.records import CallRow
 from chainrun.steps.base import (
@@ -192,7 +192,10 @@ class LLMStep(Step):
 
         async def attempt(info: AttemptInfo) -> ChatStream:
             req = replace(request, headers={"x-chainrun-attempt": str(info.number)})
-            s = ChatStream(self._providers[info.target], req)
+            s = ChatStream(
+                self._providers[info.target], req,
+                first_token_timeout_s=cfg.first_token_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+            )  # fmt: skip
             streams[info.number] = s
             try:
                 return await (s.first_token() if cfg.stream else s.collect())
@@ -204,8 +207,8 @@ class LLMStep(Step):
             await s.aclose()
 
         def accept(s: ChatStream) -> bool:
-            # quality gate: a fast answer that is not JSON must not win the race
-            return parse_json_object(s.timer.text) is not None
+            # quality gate: a fast answer that is not JSON (or breaks its schema) must not win
+            return answer_problem(s.timer.text, cfg.json_schema) is None
 
         gate = accept if self.wants_json and cfg.hedge is not None and not cfg.stream else None
         winner: ChatStream | None = None
@@ -266,8 +269,9 @@ class LLMStep(Step):
                 error = winner.error
             row.output = winner.timer.text  # what arrived, even before a failure
         if error is None and winner is not None and self.wants_json:
-            if parse_json_object(winner.timer.text) is None:
-                error = InvalidAnswer(f"{self.name}: the answer is not a JSON object")
+            problem = answer_problem(winner.timer.text, self.config.json_schema)
+            if problem is not None:
+                error = InvalidAnswer(f"{self.name}: {problem}")
         if error is not None:
             row.error_type = error_type(error)
         return error
