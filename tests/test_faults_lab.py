@@ -295,12 +295,12 @@ async def test_hedged_step_starts_its_next_copy_at_once_on_first_token_timeout(
             t0 = time.perf_counter()
             done = await chain.run_turn("hedge me")
             elapsed = time.perf_counter() - t0
-            calls = {c["attempt"]: c for c in store.calls(chain.run_id)}
+            calls = {c.attempt: c for c in store.calls(chain.run_id)}
     assert done.status == "ok" and done.output
     assert elapsed < 2.0  # not the 5 s hedge delay
-    assert calls[1]["error_type"] == "first_token_timeout"
-    assert calls[2]["outcome"] in ("primary", "duplicate") and calls[2]["error_type"] is None
-    assert 250 <= calls[2]["started_offset_ms"] < 1500
+    assert calls[1].error_type == "first_token_timeout"
+    assert calls[2].outcome in ("primary", "duplicate") and calls[2].error_type is None
+    assert 250 <= calls[2].started_offset_ms < 1500
     recs = await settled(lab, 2)
     assert len(recs) == 2  # exactly the two copies: no hidden retries
 
@@ -326,7 +326,7 @@ async def test_caller_cancelling_mid_stream_closes_every_call(lab: LabServer) ->
                     if isinstance(ev, TokenDelta):
                         break  # the caller goes away mid-stream
             turn = store.turns(chain.run_id)[0]
-        assert turn["status"] == "cancelled"
+        assert turn.status == "cancelled"
     recs = await settled(lab, 1)
     assert 1 <= len(recs) <= 2 and all(r["disconnected"] or r["completed"] for r in recs)
     assert any(r["disconnected"] for r in recs)
@@ -345,15 +345,15 @@ async def test_replay_stops_at_the_first_parameter_refusal(lab: LabServer) -> No
         with pytest.raises(StepConfigError) as info:
             await run_requests(cfg, reqs, store, quiet=True)
         run = store.list_runs()[0]
-        turns = store.turns(run["id"])
+        turns = store.turns(run.id)
     assert str(info.value) == (
         "steps.answer: provider 'lab' refused reasoning_effort = 'minimal' "
         "(HTTP 400 unsupported_value); it accepts 'none', 'low', 'medium', 'high'"
     )
     assert "\n" not in str(info.value)
     assert len(lab.requests()) == 1  # stopped at the first
-    assert run["status"] == "failed"
-    assert [t["status"] for t in turns] == ["error"] and turns[0]["error_type"] == "http_400"
+    assert run.status == "failed"
+    assert [t.status for t in turns] == ["error"] and turns[0].error_type == "http_400"
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
@@ -368,7 +368,7 @@ async def test_auth_and_not_found_on_the_first_call_stop_a_live_chain(
             with pytest.raises(StepConfigError, match=rf"steps\.answer: .*HTTP {status}"):
                 await chain.run_turn("hello")
             turns = store.turns(chain.run_id)
-    assert [t["status"] for t in turns] == ["error"]  # logged, then raised
+    assert [t.status for t in turns] == ["error"]  # logged, then raised
     assert len(lab.requests()) == 1
 
 

@@ -82,12 +82,12 @@ async def test_answer_breaking_its_schema_fails_as_invalid_answer(store) -> None
     }))  # fmt: skip
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("a rain jacket?")
-    step = next(s for s in store.steps(done.run_id) if s["step"] == "validate")
-    assert step["status"] == "failed_open"
-    assert step["error_type"] == "invalid_answer"
+    step = next(s for s in store.steps(done.run_id) if s.step == "validate")
+    assert step.status == "failed_open"
+    assert step.error_type == "invalid_answer"
     assert "validate" not in done.verdicts  # the broken verdict is not taken as one
-    call = next(c for c in store.calls(done.run_id) if c["step"] == "validate")
-    assert call["output"] == '{"ok": "yes", "reason": 5}'
+    call = next(c for c in store.calls(done.run_id) if c.step == "validate")
+    assert call.output == '{"ok": "yes", "reason": 5}'
 
 
 # -- read_jsonl ----------------------------------------------------------------------------
