@@ -307,7 +307,8 @@ async def test_hedged_step_starts_its_next_copy_at_once_on_first_token_timeout(
 
 async def test_errors_under_a_hedge_are_not_multiplied(lab: LabServer) -> None:
     use(lab, server_error=1.0)
-    cfg = chain_config(lab, hedge={"delay_ms": 50, "max_attempts": 3, "max_extra_load": 1.0})
+    # the copies are due at 1 s and 2 s, long after the 500 even on a loaded machine
+    cfg = chain_config(lab, hedge={"delay_ms": 1000, "max_attempts": 3, "max_extra_load": 1.0})
     with Store.open(":memory:") as store:
         async with Chain(cfg, store=store) as chain:
             done = await chain.run_turn("fail fast")

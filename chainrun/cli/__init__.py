@@ -20,12 +20,48 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from sqlite_utils.utils import sqlite3
+from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.errors import ChainrunError
 
+try:  # typer >= 0.2x carries its own click
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover - typer on the click package
+    from click import exceptions as _cx  # type: ignore[no-redef]
+
+class _OneLineErrors(TyperGroup):
+    """The top-level group: a usage error (a missing argument, an unknown option, a bad
+    value) prints one line and exits 2, instead of click's usage block or typer's box."""
+
+    def main(  # type: ignore[override]
+        self, args: Any = None, prog_name: str | None = None, *,
+        standalone_mode: bool = True, **extra: Any,
+    ) -> Any:  # fmt: skip
+        if not standalone_mode:
+            return super().main(args, prog_name, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, standalone_mode=False, **extra)
+        except _cx.NoArgsIsHelpError as e:
+            assert e.ctx is not None
+            typer.echo(e.ctx.get_help())
+            sys.exit(2)
+        except _cx.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx is not None else "chainrun"
+            typer.echo(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", err=True)
+            sys.exit(2)
+        except _cx.ClickException as e:
+            typer.echo(f"chainrun: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("chainrun: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
     name="chainrun",
+    cls=_OneLineErrors,
     help="Run multi-step LLM chains fast and measurably: hedged steps, TTFT and tokens in SQLite.",
     no_args_is_help=True,
     add_completion=False,

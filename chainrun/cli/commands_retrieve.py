@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from chainrun.catalog import ensure_sample_catalog, get_products, load_catalog
+from chainrun.catalog import ensure_sample_catalog, get_products, read_catalog, write_products
 from chainrun.cli import (
     DEFAULT_DB_PATH,
     ConfigOpt,
@@ -163,8 +163,9 @@ def catalog_load(
     as_json: JsonOpt = False,
 ) -> None:
     """Load (replace) the product catalogue from JSONL or CSV; a bad row loads nothing."""
+    products = read_catalog(file)  # validated before the log is opened (or created)
     with Store.open(db) as store:
-        n = load_catalog(store.db, file)
+        n = write_products(store.db, products, source=str(file))
     if as_json:
         print_json({"loaded": n, "file": str(file), "db": str(db)})
     else:

@@ -135,8 +135,11 @@ class ChatStream:
             while True:
                 until = self._wait_until(got_token)
                 try:
-                    async with asyncio.timeout_at(until):
+                    if until is None:  # no timer: no per-chunk timeout object either
                         chunk = await anext(it)
+                    else:
+                        async with asyncio.timeout_at(until):
+                            chunk = await anext(it)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
