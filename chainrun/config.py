@@ -228,6 +228,12 @@ class StepConfig(_Strict):
     labels: list[str] | None = None
     #: steps that must end before this one starts, besides what it reads
     after: list[str] = Field(default_factory=list)
+    #: a checking step's rejection (its JSON verdict has ``"ok": false``): ``flag`` only
+    #: records it; ``refuse`` answers ``reject_text`` (default: the chain's refusal);
+    #: ``replace`` answers ``reject_text`` (required) instead. With refuse or replace
+    #: a streamed answer is held back from the user until this step's verdict.
+    on_reject: Literal["flag", "refuse", "replace"] = "flag"
+    reject_text: str | None = None
     #: ``kind = "guard"`` only, required: what a missing verdict (timeout, error,
     #: unparseable reply) means: ``open`` lets the turn through, ``closed`` refuses it
     on_missing_verdict: Literal["open", "closed"] | None = None
@@ -404,6 +410,11 @@ class ChainConfig(_Strict):
                     raise ValueError(
                         f"steps.{name}.after: {dep!r} is not another step in order {self.order}"
                     )
+            if step.on_reject == "replace" and not step.reject_text:
+                raise ValueError(
+                    f"steps.{name}.reject_text: on_reject = 'replace' needs the safe answer "
+                    "to show instead"
+                )
             if step.kind == "guard" and step.on_missing_verdict is None:
                 raise ValueError(
                     f"steps.{name}.on_missing_verdict: required for a guard: 'open' (a turn "

@@ -135,6 +135,8 @@ class LLMStep(Step):
         self._providers: dict[str, Provider] = {}
         self._store: Store | None = None
         self.is_answer = False
+        # a verdict that can refuse or replace the answer must be seen before the answer
+        self.holds_answer = config.on_reject != "flag"
 
     @property
     def reads(self) -> frozenset[str]:
@@ -298,7 +300,12 @@ class LLMStep(Step):
         if self.config.labels:
             return StepResult(updates={"label": parse_label(text, self.config.labels)})
         parsed = parse_json_object(text) if self.wants_json else None
-        return StepResult(verdict=parsed if parsed is not None else {"text": text})
+        verdict = parsed if parsed is not None else {"text": text}
+        rejected = parsed is not None and parsed.get("ok") is False
+        if rejected and self.config.on_reject != "flag":
+            # refuse: the configured text or the chain's refusal; replace: the safe answer
+            return StepResult(verdict=verdict, refuse=True, refusal_text=self.config.reject_text)
+        return StepResult(verdict=verdict)
 
     def _shadow_settler(
         self, request: ChatRequest, outcome: HedgeOutcome[ChatStream],
