@@ -424,6 +424,17 @@ def _effort_comparison(scope: Scope, step: str, a_id: int, b_id: int) -> dict[st
     }
 
 
+def _effort_in_use(scope: Scope, step: str) -> str | None:
+    """The step's effort in the newest audited run that has the step (else the newest
+    eval run that has it); None when unset (the model's default)."""
+    for runs in (scope.runs, [e.run for e in scope.evals]):
+        for run in sorted(runs, key=lambda r: r.id, reverse=True):
+            sc = _step_config(run.config, step)
+            if sc:
+                return sc.get("reasoning_effort")
+    return next((c.reasoning_effort for c in reversed(scope.calls) if c.step == step), None)
+
+
 def check_reasoning(scope: Scope) -> Item:
     """Item 2: per step the effort in use; eval runs differing only in that step's
     effort, with the paired pass-rate test and the latency and reasoning-token change."""
@@ -446,9 +457,7 @@ def check_reasoning(scope: Scope) -> Item:
     verdicts: list[Verdict] = []
     per_step: dict[str, Any] = {}
     for step in llm_steps:
-        effort = _step_config(config, step).get("reasoning_effort")
-        if effort is None:
-            effort = next((c.reasoning_effort for c in reversed(calls) if c.step == step), None)
+        effort = _effort_in_use(scope, step)
         tokens = [
             c.reasoning_tokens for c in calls if c.step == step and c.reasoning_tokens is not None
         ]
