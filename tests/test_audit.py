@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from chainrun.audit import audit, render, write_report
 from chainrun.audit.items import needed_n
 from chainrun.cli import app
+from chainrun.errors import UserInputError
 from chainrun.store import Store
 
 
@@ -93,16 +94,25 @@ def test_write_report_never_leaves_a_half_written_file(tmp_path: Path, monkeypat
         write_report("half", path)
     assert path.read_text() == "good"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.html"]
+    monkeypatch.undo()
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(UserInputError, match="cannot write the report"):
+        write_report("x", tmp_path / "dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.html", "dir"]
 
 
 # ------------------------------------------------------------------------- 1. timed
 
 
 def test_item1_pass_when_every_call_is_timed_and_counted(store) -> None:
-    add_run(store, "replay", [turn([llm("classify"), llm("compose")]) for _ in range(5)])
+    turns = [turn([llm("classify"), llm("compose")]) for _ in range(5)]
+    # a stream cut by the step deadline never delivers usage: excluded, not a logging gap
+    turns.append(turn([llm("classify"), llm("compose", tokens=None, truncated=True)]))
+    add_run(store, "replay", turns)
     it = item(store, 1)
     assert it.verdict == "pass"
-    assert it.figures["n_calls"] == 10 and it.figures["share_fully_logged"] == 1.0
+    assert it.figures["n_calls"] == 11 and it.figures["share_fully_logged"] == 1.0
+    assert it.figures["n_streams_cut_short"] == 1
 
 
 def test_item1_warn_on_a_few_unknown_counts(store) -> None:

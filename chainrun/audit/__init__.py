@@ -103,7 +103,8 @@ def write_report(text: str, path: str | Path) -> Path:
     rename, so a crash never leaves a half-written report over a good one.
 
     Raises:
-        UserInputError: the folder does not exist or cannot be written.
+        UserInputError: the folder does not exist or cannot be written, or ``path`` is
+            a directory.
     """
     p = Path(path)
     folder = p.parent if str(p.parent) else Path(".")
@@ -117,6 +118,9 @@ def write_report(text: str, path: str | Path) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserInputError(f"--out {path}: cannot write the report ({e.strerror})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -175,7 +175,15 @@ def check_timed(scope: Scope) -> Item:
         for c in scope.calls + [c for e in scope.evals for c in e.calls]
         if c.outcome in SENT_OUTCOMES or c.outcome is None
     ]
-    done = [c for c in calls if c.outcome in COMPLETED_OUTCOMES and c.error_type is None]
+    # a stream cut short (deadline, server) never delivers its usage: not a logging gap
+    cut = [
+        c for c in calls if c.outcome in COMPLETED_OUTCOMES and c.error_type is None and c.truncated
+    ]
+    done = [
+        c
+        for c in calls
+        if c.outcome in COMPLETED_OUTCOMES and c.error_type is None and not c.truncated
+    ]
     steps = scope.steps + [s for e in scope.evals for s in e.steps]
     untimed_steps = Counter(
         s.step for s in steps if s.duration_ms is None and s.status not in ("skipped", "cancelled")
@@ -232,6 +240,7 @@ def check_timed(scope: Scope) -> Item:
         "n_fully_logged": full,
         "share_fully_logged": round(share, 4),
         "n_attempts_excluded": len(calls) - len(done),
+        "n_streams_cut_short": len(cut),
         "by_step_provider": per_group,
         "untimed_steps": dict(untimed_steps),
     }
@@ -259,8 +268,8 @@ def check_timed(scope: Scope) -> Item:
         verdict = "pass"
     evidence = (
         f"{full} of {len(done)} completed LLM calls ({_pct(share)}) have TTFT, duration and "
-        f"output tokens; {len(calls) - len(done)} attempts that were cancelled or failed "
-        "are not counted."
+        f"output tokens; {len(calls) - len(done)} attempts that were cancelled, failed or "
+        f"cut short ({len(cut)} streams ended without a finish reason) are not counted."
     )
     if never:
         evidence += (
@@ -586,8 +595,10 @@ def check_reasoning(scope: Scope) -> Item:
     verdict = worst(verdicts, empty="pass")
     n_pairs = sum(len(v) for v in pairs.values())
     if verdict == "warn":
-        evidence = "Some step reasons without evidence that it needs to: " + "; ".join(
-            n for n in notes if "never been evaluated" in n or "turn " in n
+        evidence = (
+            "A step reasons more than the eval set shows it needs, or was never evaluated "
+            "with less: "
+            + "; ".join(n for n in notes if "never been evaluated" in n or "turn " in n)
         )
     else:
         evidence = (
@@ -878,8 +889,9 @@ def check_win_rate(scope: Scope) -> Item:
                 f"{name}: copies won {len(won)} of {len(fired)} fires ({_pct(win_rate)}, under "
                 f"{MIN_WIN_RATE:.0%}) and cost {extra_per_1000:.0f} extra calls per 1,000 turns."
             )
-            headlines.append(head + (cause.split(":")[0].replace(" The fired", " Fired") + "."
-                                     if cause else ""))
+            headlines.append(
+                head + (cause.split(":")[0].replace(" The fired", " Fired") + "." if cause else "")
+            )
             notes.append(
                 f"{head} {WN_EXPLANATION}{cause} Raise the delay, hedge fewer steps, or switch "
                 "hedging off for this step and re-measure."
@@ -1058,7 +1070,9 @@ def _provider_diagnosis(
 def check_latency_tokens(scope: Scope) -> Item:
     """Item 5: per provider and step, duration fitted against output tokens (Theil–Sen),
     TTFT and time per output token apart; two providers of one step compared."""
-    winners = [c for c in _winners(scope.calls).values() if c.error_type is None]
+    winners = [
+        c for c in _winners(scope.calls).values() if c.error_type is None and not c.truncated
+    ]
     groups: dict[str, dict[str, list[Call]]] = defaultdict(lambda: defaultdict(list))
     for c in winners:
         groups[c.step][c.provider or c.target or "?"].append(c)

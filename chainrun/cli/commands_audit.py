@@ -62,8 +62,10 @@ def audit_command(
         report = audit(store, run or [], live, eval_run or [], labelled)
     form: Literal["html", "md", "json"] = "json" if as_json else fmt  # type: ignore[assignment]
     text = render(report, form)
-    if as_json or str(out_path) == "-":
-        typer.echo(text, nl=False) if not as_json else print_json(report.as_json())
+    if as_json:
+        print_json(report.as_json())
+    elif str(out_path) == "-":
+        typer.echo(text, nl=False)
     else:
         path = write(text, out_path or default_path(form))
         table = Table(title=f"chainrun audit → {path}")
