@@ -203,3 +203,36 @@ async def test_an_answer_held_by_a_check_is_released_or_dropped(store, message) 
         assert done.status == "ok" and text == done.output
         assert done.answer_ttft_ms is not None and done.answer_ttft_ms >= 190  # held ~0.2 s
     assert [e.step for e in events if isinstance(e, StepStarted)][:2] == ["gate", "retrieve"]
+
+
+async def test_a_call_in_flight_when_the_turn_is_cancelled_is_still_a_row(store) -> None:
+    """Cancelled before its first token (the race not settled): the attempt is a calls
+    row with outcome cancelled, not missing (found by a new user's Ctrl-C)."""
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=5.0),
+        "compose": FakeReply("slow", ttft_s=5.0),
+    }))  # fmt: skip
+    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+        task = asyncio.create_task(chain.run_turn("hi"))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run_id = chain.run_id
+    calls = {c.step: c for c in store.calls(run_id)}
+    assert calls["classify"].outcome == "cancelled" and calls["classify"].ttft_ms is None
+    assert calls["compose"].outcome == "cancelled"
+    steps = {s.step: s for s in store.steps(run_id)}
+    assert steps["classify"].status == "cancelled" and steps["classify"].n_attempts == 1
+
+
+async def test_a_stream_cut_by_the_step_deadline_has_an_error_type(store) -> None:
+    cfg = config_from_dict({"steps": {"compose": {"deadline_s": 0.3}}})
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply(" ".join(["word"] * 100), ttft_s=0.01, gap_s=0.05),
+    }))  # fmt: skip
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+        done = await chain.run_turn("hi")
+    assert done.status == "refused"
+    (compose,) = [c for c in store.calls(done.run_id) if c.step == "compose"]
+    assert compose.error_type == "timeout" and compose.ttft_ms is not None

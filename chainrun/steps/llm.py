@@ -262,7 +262,15 @@ class LLMStep(Step):
             row.hedge_fired = outcome.fired
             row.hedge_won = outcome.won_by_copy
             row.time_saved_ms = outcome.time_saved_ms
-            ctx.calls[:] = self._call_rows(request, outcome, streams)
+            ctx.calls[:] = self._call_rows(request, outcome.attempts, streams, winner, error)
+        elif streams:  # stopped before the race settled: every attempt sent is a row
+            row.n_attempts = len(streams)
+            unsettled = [
+                AttemptRecord(number=n, target=s.provider.name, outcome="cancelled",
+                              started_offset_ms=(s.timer.t_start - ctx.started) * 1000.0)
+                for n, s in sorted(streams.items())
+            ]  # fmt: skip
+            ctx.calls[:] = self._call_rows(request, unsettled, streams, None, error)
         if winner is not None:
             ctx.ttft_ms = winner.timer.ttft_ms
             usage = winner.timer.usage
@@ -279,15 +287,21 @@ class LLMStep(Step):
         return error
 
     def _call_rows(
-        self, request: ChatRequest, outcome: HedgeOutcome[ChatStream],
-        streams: dict[int, ChatStream],
+        self, request: ChatRequest, attempts: Sequence[AttemptRecord],
+        streams: dict[int, ChatStream], winner: ChatStream | None,
+        step_error: BaseException | None,
     ) -> list[CallRow]:  # fmt: skip
+        """One row per attempt. The winner's row also carries the step's error when its
+        stream was cut by the step (the deadline), so a cut call is never error-free."""
         rows = []
-        for a in outcome.attempts:
+        for a in attempts:
             s = streams.get(a.number)
             row = call_row(self.name, a, s.request if s else request, s,
                            self._providers.get(a.target))  # fmt: skip
             row.stream = self.config.stream
+            if s is not None and s is winner and row.error_type is None and step_error:
+                row.error_type = error_type(step_error)
+                row.error_message = str(step_error)
             rows.append(row)
         return rows
 
@@ -321,7 +335,7 @@ class LLMStep(Step):
                     await outcome.shadows_done()
             if self._store is None or turn_id is None:
                 return
-            rows = self._call_rows(request, outcome, streams)
+            rows = self._call_rows(request, outcome.attempts, streams, None, None)
             self._store.update_step_calls(turn_id, self.name, rows, outcome.time_saved_ms)
 
         return settle
