@@ -236,3 +236,12 @@ async def test_a_stream_cut_by_the_step_deadline_has_an_error_type(store) -> Non
     assert done.status == "refused"
     (compose,) = [c for c in store.calls(done.run_id) if c.step == "compose"]
     assert compose.error_type == "timeout" and compose.ttft_ms is not None
+
+
+def test_terminal_control_characters_in_model_text_are_shown_not_sent() -> None:
+    from chainrun.cli.tables import printable
+
+    text = "ok\x1b[31mRED\x1b[0m\nnext\tcol\x07"
+    shown = printable(text)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert shown == "ok\\x1b[31mRED\\x1b[0m\nnext\tcol\\x07"

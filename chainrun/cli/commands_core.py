@@ -28,7 +28,7 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import hedge_table, latency_table, step_waterfall, steps_table
+from chainrun.cli.tables import hedge_table, latency_table, printable, step_waterfall, steps_table
 from chainrun.config import config_from_snapshot, load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
@@ -59,7 +59,7 @@ def run(
             async with contextlib.aclosing(chain.stream_turn(message)) as events:
                 async for ev in events:
                     if isinstance(ev, TokenDelta) and ev.step == cfg.answer_step and not as_json:
-                        out.print(ev.text, end="", markup=False)
+                        out.print(printable(ev.text), end="", markup=False)
                     elif isinstance(ev, StepFinished):
                         steps.append(ev)
                     elif isinstance(ev, TurnFinished):
@@ -90,7 +90,7 @@ def run(
         return
     out.print()
     if turn.status != "ok":
-        out.print(f"[yellow]turn {turn.status}[/]: {escape(turn.output or '')}")
+        out.print(f"[yellow]turn {turn.status}[/]: {escape(printable(turn.output))}")
     out.print(steps_table(steps, turn))
 
 
@@ -201,8 +201,8 @@ def show(
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
                   f"label={escape(str(t.label))}")  # fmt: skip
-        out.print(f"  > {t.input}", markup=False)
-        out.print(f"  < {t.output}", markup=False)
+        out.print(f"  > {printable(t.input)}", markup=False)
+        out.print(f"  < {printable(t.output)}", markup=False)
         out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.table import Table
@@ -11,6 +12,16 @@ from chainrun.records import StepRow
 
 #: width of the waterfall bars, in characters
 _BAR = 40
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str | None) -> str:
+    """Model or user text made safe for a terminal: control characters (ANSI escape
+    sequences among them) shown as ``\\xNN`` instead of being sent raw; newlines and
+    tabs kept. Print it with ``markup=False`` (or through ``rich.markup.escape``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text or "")
 
 
 def _f(v: Any, digits: int = 0) -> str:
