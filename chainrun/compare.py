@@ -10,8 +10,9 @@ time between tokens and completion tokens, so that a step that got slower becaus
 generated more tokens is told apart from one that was served slower. Eval pass rates are
 compared *paired*, on the same case ids (exact McNemar test).
 
-Latency counts every turn and step except cancelled ones (and skipped steps): errors
-and refusals are latency the shopper saw too.
+Latency follows the one rule of every summary (:func:`chainrun.report.completed_turns`):
+percentiles over completed turns (and their steps and calls) only; each side's
+cancelled, refused and errored turns are counted beside them (``turns`` of each side).
 
 The result is plain JSON-ready data (see :func:`compare`); the CLI only prints it.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from chainrun.errors import UserInputError
 from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, winning_calls
 from chainrun.records import CallRow, StepRow, TurnRow
+from chainrun.report import CompletedTurns, completed_turns
 from chainrun.stats import (
     SUMMARY_PERCENTILES,
     ComparisonVerdict,
@@ -73,12 +75,18 @@ class Side:
     def turn_ids(self) -> set[int]:
         return {t.id for t in self.turns if t.id is not None}
 
+    @property
+    def completed(self) -> CompletedTurns:
+        """The one rule: which turns latency may use, and the others' counts."""
+        return completed_turns(self.turns)
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "selector": self.selector,
             "kind": self.kind,
             "run_ids": self.run_ids,
             "n_turns": len(self.turns),
+            "turns": self.completed.counts(),
         }
         if self.kind == "run":
             out["run_kind"] = self.run_kind
@@ -188,27 +196,36 @@ def _diff_block(
 
 
 def _latency_metric(a: Sequence[float], b: Sequence[float], confidence: float) -> dict[str, Any]:
+    """Both sides' summaries, B − A per percentile, the verdict, and ``decided_by``: the
+    percentile whose difference gave the verdict (``"p90"``; None when inconclusive), so
+    a verdict never rests on a figure the reader cannot find."""
     diff, diffs = _diff_block(a, b, confidence)
+    verdict = latency_verdict(diffs)
+    decided = next((d for d in diffs if d.verdict == verdict), None)
     return {
         "a": summarize(a, confidence),
         "b": summarize(b, confidence),
         "diff": diff,
-        "verdict": latency_verdict(diffs),
+        "verdict": verdict,
+        "decided_by": f"p{int(decided.p)}" if decided and verdict != "inconclusive" else None,
     }
 
 
-def _turn_ms(turns: Iterable[TurnRow], what: str = "duration_ms") -> list[float]:
-    """``what`` (duration_ms, answer_ttft_ms or answer_done_ms) of the turns that were
-    not cancelled and where it is known."""
-    values = ((t, getattr(t, what)) for t in turns)
-    return [float(v) for t, v in values if v is not None and t.status != "cancelled"]
+def _turn_ms(turns: Sequence[TurnRow], what: str = "duration_ms") -> list[float]:
+    """``what`` (duration_ms, answer_ttft_ms or answer_done_ms) of the completed turns
+    (:func:`completed_turns`) where it is known."""
+    values = (getattr(t, what) for t in completed_turns(turns).of(turns))
+    return [float(v) for v in values if v is not None]
 
 
-def _step_ms(steps: Iterable[StepRow]) -> dict[str, list[float]]:
+def _step_ms(side: Side) -> dict[str, list[float]]:
+    """Durations per step over the steps of completed turns (skipped steps left out;
+    every step name of the side is a key, even with no value)."""
+    done = side.completed
     out: dict[str, list[float]] = {}
-    for s in steps:
+    for s in side.steps:
         out.setdefault(s.step, [])
-        if s.status not in ("skipped", "cancelled"):
+        if s.turn_id in done.ids and s.status not in ("skipped", "cancelled"):
             out[s.step].append(s.duration_ms)
     return out
 
@@ -246,7 +263,8 @@ def _mean_gap(gaps: Sequence[float]) -> float | None:
 def _split_values(side: Side, step: str) -> tuple[dict[str, list[float]], dict[str, int], int]:
     values: dict[str, list[float]] = {k: [] for k, _ in _COMPONENTS}
     unknown = {k: 0 for k, _ in _COMPONENTS}
-    winners = [c for (_, s), c in winning_calls(side.calls).items() if s == step]
+    calls = side.completed.of(side.calls)
+    winners = [c for (_, s), c in winning_calls(calls).items() if s == step]
     for c in winners:
         raw = {
             "ttft": c.ttft_ms,
@@ -399,7 +417,7 @@ def compare(
         UserInputError: unknown run id, malformed selector, empty live window, unknown metric.
     """
     sa, sb = select(store, a), select(store, b)
-    steps_a, steps_b = _step_ms(sa.steps), _step_ms(sb.steps)
+    steps_a, steps_b = _step_ms(sa), _step_ms(sb)
     step_names = list(dict.fromkeys([*steps_a, *steps_b]))
     known = [TURN, *step_names]
     if metric != ALL and metric not in known:

@@ -2,18 +2,81 @@
 
 Every percentile is reported with its n (FIELD.md: with 12 values a "p90" is in
 effect the second-slowest value). All times in ms.
+
+**The one rule of every summary** (replay's table, ``show``, ``compare``,
+``hedge-stats``, the audit): latency percentiles are over *completed* turns only
+(status ``ok``) and over the steps and calls of those turns; cancelled, refused and
+errored turns are counted beside them, never mixed in. A cancelled turn's partial
+duration is not a latency (Ctrl-C after 104 ms says nothing about the chain), and a
+refusal or an error ends the turn early on another path. :func:`completed_turns`
+applies the rule; nothing else decides it.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from typing import Any
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn
-from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES
+from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.stats import percentile
 from chainrun.store import Store
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class CompletedTurns:
+    """Which turns a latency summary may use, and the counts shown beside it.
+
+    ``ids``: ids of the completed turns (status ``ok``); ``n_cancelled``,
+    ``n_refused``, ``n_errored``: the other turns, by status.
+    """
+
+    ids: frozenset[int]
+    n_cancelled: int = 0
+    n_refused: int = 0
+    n_errored: int = 0
+
+    @property
+    def n_completed(self) -> int:
+        return len(self.ids)
+
+    def counts(self) -> dict[str, int]:
+        """``{"n_completed", "n_cancelled", "n_refused", "n_errored"}`` (turns)."""
+        return {"n_completed": self.n_completed, "n_cancelled": self.n_cancelled,
+                "n_refused": self.n_refused, "n_errored": self.n_errored}  # fmt: skip
+
+    def of(self, rows: Iterable[_R]) -> list[_R]:
+        """The rows (turns, steps or calls: anything with ``turn_id`` or a turn's ``id``)
+        that belong to a completed turn."""
+        out = []
+        for r in rows:
+            tid = getattr(r, "turn_id", None)
+            if tid is None and isinstance(r, TurnRow):
+                tid = r.id
+            if tid in self.ids:
+                out.append(r)
+        return out
+
+
+def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:
+    """The one rule of every latency summary: percentiles over completed turns only.
+
+    A turn is *completed* when its status is ``ok``; cancelled, refused and errored
+    turns are counted (see :class:`CompletedTurns`), never part of a percentile.
+    """
+    by_status: Counter[str] = Counter()
+    ids = set()
+    for t in turns:
+        by_status[t.status] += 1
+        if t.status == "ok" and t.id is not None:
+            ids.add(t.id)
+    return CompletedTurns(frozenset(ids), n_cancelled=by_status["cancelled"],
+                          n_refused=by_status["refused"], n_errored=by_status["error"])  # fmt: skip
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -29,27 +92,30 @@ def _p50_p90(values: list[float]) -> dict[str, Any]:
 
 
 def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
-    """p50/p90 with n per turn and per step, plus TTFT and tokens per LLM step.
+    """p50/p90 with n per turn and per step, plus TTFT and tokens per LLM step, over
+    completed turns only (:func:`completed_turns`), with the other turns counted.
 
     ``answer_ttft`` is the shopper's wait for the first answer token, ``answer_done``
     until the answer is complete; ``turn`` is all steps done (post-answer checks too).
 
-    Returns ``{run_id, kind, label, status, n_turns, turn: {n, p50_ms, p90_ms},
-    answer_ttft: {...}, answer_done: {...},
-    steps: {NAME: {n, p50_ms, p90_ms, model, reasoning_effort, ttft_p50_ms,
-    output_tokens_mean, n_failed}}}``.
+    Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cancelled,
+    n_refused, n_errored}, turn: {n, p50_ms, p90_ms}, answer_ttft: {...},
+    answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, model, reasoning_effort,
+    ttft_p50_ms, output_tokens_mean, n_failed}}}``.
 
     Raises:
         UserInputError: no such run.
     """
     run = store.get_run(run_id)
-    turns = store.turns(run_id)
+    all_turns = store.turns(run_id)
+    done = completed_turns(all_turns)
+    turns = done.of(all_turns)
     durations = [t.duration_ms for t in turns if t.duration_ms is not None]
     answer_ttft = [t.answer_ttft_ms for t in turns if t.answer_ttft_ms is not None]
     answer_done = [t.answer_done_ms for t in turns if t.answer_done_ms is not None]
     by_step: dict[str, list[float]] = defaultdict(list)
     failed: dict[str, int] = defaultdict(int)
-    for s in store.steps(run_id):
+    for s in done.of(store.steps(run_id)):
         if s.status == "skipped":
             continue
         by_step[s.step].append(s.duration_ms)
@@ -58,7 +124,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     ttft: dict[str, list[float]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str | None, str | None]] = {}
-    for c in store.calls(run_id):
+    for c in done.of(store.calls(run_id)):
         meta.setdefault(c.step, (c.model, c.reasoning_effort))
         if c.outcome not in WINNER_OUTCOMES:
             continue
@@ -84,7 +150,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         "kind": run.kind,
         "label": run.label,
         "status": run.status,
-        "n_turns": len(turns),
+        "n_turns": len(all_turns),
+        "turns": done.counts(),
         "turn": _p50_p90(durations),
         "answer_ttft": _p50_p90(answer_ttft),
         "answer_done": _p50_p90(answer_done),
@@ -101,16 +168,18 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
     ``budget_exhausted`` (copies refused by the load budget), ``mean_delay_ms``. The rates
     are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
     execution); None where their denominator is 0. Source of the numbers: Dean & Barroso,
-    "The Tail at Scale" (CACM 2013); Finagle's backup-request counters.
+    "The Tail at Scale" (CACM 2013); Finagle's backup-request counters. Over completed
+    turns only (``n_turns``), the others counted in ``turns`` (:func:`completed_turns`).
 
     Raises:
         UserInputError: no such run.
     """
     store.get_run(run_id)
-    n_turns = len(store.turns(run_id))
+    done = completed_turns(store.turns(run_id))
+    n_turns = done.n_completed
     agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
     delays: dict[str, list[float]] = defaultdict(list)
-    for s in store.steps(run_id):
+    for s in done.of(store.steps(run_id)):
         if s.kind != "llm" or s.status == "skipped":
             continue
         st = agg[s.step]
@@ -122,7 +191,7 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
             delays[s.step].append(s.hedge_delay_ms)
         if fired and s.hedge_won and s.time_saved_ms is not None:
             st.record_time_saved(s.time_saved_ms)
-    for c in store.calls(run_id):
+    for c in done.of(store.calls(run_id)):
         if c.step not in agg:
             continue
         st = agg[c.step]
@@ -145,7 +214,7 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
             "budget_exhausted": st.budget_exhausted,
             "mean_delay_ms": _mean(delays[name]),
         }
-    return {"run_id": run_id, "n_turns": n_turns, "steps": steps}
+    return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -25,6 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chainrun.cli import app, main
+from chainrun.cli.commands_eval import _verdict
 from chainrun.lab import LabServer
 from chainrun.store import Store
 
@@ -357,3 +358,70 @@ def test_json_usage_errors_are_a_json_document_too(
     err = json.loads(captured.out)["error"]
     assert err["type"] == "usage_error" and "--limit" in err["message"]
     assert len(captured.err.strip().splitlines()) == 1
+
+
+# -- summaries of interrupted runs: one rule -----------------------------------------
+
+
+def _interrupted_run(db: Path) -> int:
+    """A replay interrupted by Ctrl-C: 6 completed turns, 2 cancelled after 156 and 104 ms
+    (partial durations), 1 refused and 1 errored turn."""
+    from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
+
+    with Store.open(db) as store:
+        run = store.create_run("replay", "{}")
+        statuses = ["ok"] * 6 + ["cancelled", "cancelled", "refused", "error"]
+        durations = [1000.0, 1100.0, 1200.0, 1300.0, 1400.0, 1500.0, 156.0, 104.0, 900.0, 50.0]
+        for i, (status, ms) in enumerate(zip(statuses, durations, strict=True)):
+            turn = TurnLog(TurnRow(input=f"m{i}", status=status, duration_ms=ms))  # type: ignore[arg-type]
+            step_status = "cancelled" if status == "cancelled" else "ok"
+            turn.steps = [StepRow(step="compose", status=step_status, duration_ms=ms - 10)]  # type: ignore[arg-type]
+            turn.calls = [CallRow(step="compose", ttft_ms=ms / 4, output_tokens=20)]
+            store.log_turn(run, turn)
+        store.finish_run(run, "interrupted")
+    return run
+
+
+def test_every_summary_counts_only_completed_turns(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    run = _interrupted_run(db)
+    counts = {"n_completed": 6, "n_cancelled": 2, "n_refused": 1, "n_errored": 1}
+    shown = json.loads(chainrun("show", str(run), "--db", str(db), "--json").stdout)["summary"]
+    assert shown["turn"]["n"] == 6 and shown["turns"] == counts
+    assert shown["turn"]["p50_ms"] == 1200.0  # not pulled down by 156 ms and 104 ms
+    assert shown["steps"]["compose"]["n"] == 6
+    compared = json.loads(chainrun("compare", str(run), str(run), "--db", str(db),
+                                   "--json").stdout)  # fmt: skip
+    assert compared["turn"]["a"]["n"] == 6 and compared["a"]["turns"] == counts
+    assert compared["steps"]["compose"]["a"]["n"] == 6
+    hedging = json.loads(chainrun("hedge-stats", str(run), "--db", str(db), "--json").stdout)
+    assert hedging["n_turns"] == 6 and hedging["turns"] == counts
+    assert hedging["steps"]["compose"]["n"] == 6
+    text = chainrun("show", str(run), "--db", str(db)).stdout
+    assert "over 6 completed turns" in text and "2 cancelled, 1 refused, 1 errored" in text
+    text = chainrun("compare", str(run), str(run), "--db", str(db)).stdout
+    assert "A: over 6 completed turns" in text
+
+
+def test_compare_says_which_difference_decided_its_verdict(tmp_path: Path) -> None:
+    from chainrun.records import TurnLog, TurnRow
+
+    db = tmp_path / "log.db"
+    with Store.open(db) as store:
+        runs = []
+        for shift in (0.0, 500.0):  # B: its slowest 25% are 500 ms slower, the median is not
+            run = store.create_run("replay", "{}")
+            for i in range(200):
+                ms = 1000.0 + i + (shift if i >= 150 else 0.0)
+                store.log_turn(run, TurnLog(TurnRow(input=f"m{i}", duration_ms=ms)))
+            store.finish_run(run, "complete")
+            runs.append(run)
+    doc = json.loads(chainrun("compare", str(runs[0]), str(runs[1]), "--db", str(db),
+                              "--json").stdout)  # fmt: skip
+    turn = doc["turn"]
+    assert turn["verdict"] == "worse" and turn["decided_by"] in ("p90", "p99")
+    assert turn["diff"]["p50_ci"][0] <= 0  # the p50 alone would not say worse
+    # the table's verdict cell names the deciding difference and its interval
+    cell = _verdict(turn)
+    lo, hi = turn["diff"][f"{turn['decided_by']}_ci"]
+    assert cell.startswith(f"worse ({turn['decided_by']} +") and f"[{lo:.0f}, {hi:.0f}])" in cell

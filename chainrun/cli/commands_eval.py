@@ -22,7 +22,7 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import provider_compare_table
+from chainrun.cli.tables import provider_compare_table, turn_counts
 from chainrun.compare import compare, regression
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
@@ -237,6 +237,17 @@ def _ci(v: Any) -> str:
     return NO_CI if v is None else f"[{v[0]:.0f}, {v[1]:.0f}]"
 
 
+def _verdict(m: dict[str, Any]) -> str:
+    """The verdict with the difference that decided it: ``worse (p90 +12 [3, 20])``."""
+    key = m.get("decided_by")
+    if not key:
+        return str(m["verdict"])
+    d = m["diff"]
+    est = d.get(f"{key}_ms")
+    shown = "-" if est is None else f"{est:+.0f}"
+    return f"{m['verdict']} ({key} {shown} {_ci(d.get(f'{key}_ci'))})"
+
+
 def _print_compare(doc: dict[str, Any]) -> None:
     table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
     for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
@@ -252,10 +263,13 @@ def _print_compare(doc: dict[str, Any]) -> None:
             name, str(a["n"]), str(b["n"]), _ms(a["p50_ms"]), _ms(b["p50_ms"]),
             f"{_ms(a['p90_ms'])} {_ci(a['p90_ci'])}", f"{_ms(b['p90_ms'])} {_ci(b['p90_ci'])}",
             f"{_ms(a['p99_ms'])} {_ci(a['p99_ci'])}", f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
-            f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", m["verdict"],
+            f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", _verdict(m),
         )  # fmt: skip
+    notes = [f"A: {turn_counts(doc['a'].get('turns'))}",
+             f"B: {turn_counts(doc['b'].get('turns'))}"]  # fmt: skip
     if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
-        table.caption = NO_CI_NOTE
+        notes.append(NO_CI_NOTE)
+    table.caption = "\n".join(notes)
     out.print(table)
     for name, m in doc["steps"].items():
         llm = m.get("llm") if m else None

@@ -63,10 +63,23 @@ def step_waterfall(steps: list[StepRow]) -> Table:
     return t
 
 
+def turn_counts(counts: dict[str, int] | None) -> str:
+    """"over 6 completed turns; 2 cancelled, 1 refused" (the one rule, said beside)."""
+    if not counts:
+        return ""
+    others = [f"{counts[k]} {w}" for k, w in (("n_cancelled", "cancelled"),
+              ("n_refused", "refused"), ("n_errored", "errored")) if counts[k]]  # fmt: skip
+    return f"over {counts['n_completed']} completed turns" + (
+        f"; not in the percentiles: {', '.join(others)}" if others else ""
+    )
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
-    """Per turn and per step: n, p50, p90 (ms), TTFT p50 and mean output tokens."""
+    """Per turn and per step: n, p50, p90 (ms), TTFT p50 and mean output tokens, over
+    completed turns, the others counted in the title."""
     t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
-                    f"{summary['n_turns']} turns")  # fmt: skip
+                    f"{summary['n_turns']} turns, percentiles "
+                    f"{turn_counts(summary.get('turns'))}")  # fmt: skip
     for col in ("", "n", "p50 ms", "p90 ms", "TTFT p50 ms", "out tokens (mean)", "failed",
                 "model", "effort"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("", "model", "effort") else "right")
@@ -90,7 +103,7 @@ def latency_table(summary: dict[str, Any]) -> Table:
 
 def hedge_table(stats: dict[str, Any]) -> Table:
     """Whether hedging pays, per step."""
-    t = Table(title=f"hedging, run {stats['run_id']} ({stats['n_turns']} turns)")
+    t = Table(title=f"hedging, run {stats['run_id']} ({turn_counts(stats.get('turns'))})")
     cols = ("step", "n", "armed", "fire rate", "win rate", "saved/win ms", "measured",
             "extra calls/turn", "budget refused", "mean d ms")  # fmt: skip
     for col in cols:
