@@ -299,9 +299,7 @@ def lag_report(
     late = [t for t in turns if t.max_lag_ms > LAG_THRESHOLD_MS]
     later = [t for t in turns if t.index >= first_wave]
     late_later = sum(1 for t in later if t.max_lag_ms > LAG_THRESHOLD_MS)
-    copy_lags = [
-        c.loop_lag_ms for c in calls if c.attempt > 1 and c.loop_lag_ms is not None
-    ]
+    copy_lags = [c.loop_lag_ms for c in calls if c.attempt > 1 and c.loop_lag_ms is not None]
     return {
         "threshold_ms": LAG_THRESHOLD_MS,
         "share_turns_lagging": round(len(late) / len(turns), 4) if turns else None,

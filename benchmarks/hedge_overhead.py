@@ -12,13 +12,28 @@ noisy machine falls on all arms alike:
   10 s delay: the copy is never due), settled on the whole answer.
 * ``chain_nolog``: a one-step ``Chain`` (the same step, ``stream = false``) with no store:
   adds the chain's per-step work (prompt formatting, events, records).
+* ``chain_inline``: the same chain logging every turn to a second SQLite file with the
+  store's writer thread switched off (the write runs on the event loop, as before
+  issue 13): the same-run reference for what the writer thread costs or saves.
 * ``chain``: the same chain logging every turn to a SQLite file (one transaction per
-  turn: turn, step and call rows), as chainrun runs by default.
+  turn: turn, step and call rows) through the store's writer thread, as chainrun runs
+  by default.
 
 Reported per arm: n and the median (p90, mean) per-call time in ms; against ``bare``:
 the median of the per-round differences (ms per call) and the ratio of the medians.
 
-Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--json]``.
+Then the same at ``--concurrency`` (50) calls at once: rounds alternate a batch of
+``bare`` calls and a batch of ``chain`` calls (which goes first alternates), each call
+timed from the batch's start; the k-th fastest chain call of a round is paired with
+the k-th fastest bare call of the same round (a per-rank difference, since calls in a
+batch have no identity), and ``batch_added_ms_per_call`` = (chain batch wall − bare
+batch wall) / calls in the batch.
+
+Top level of the JSON document (the full chain with logging, against ``bare``):
+``median_added_ms``, ``p99_added_ms`` (with ``p99_added_ci``) and ``n`` for one call at
+a time, and ``by_concurrency`` with the same keys for 1 and ``--concurrency``.
+
+Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--concurrency 50] [--json]``.
 """
 
 from __future__ import annotations
@@ -34,12 +49,13 @@ from typing import Any
 import _common as c
 import openai
 
+from chainrun import stats
 from chainrun.chain import Chain
 from chainrun.hedging import AttemptInfo, HedgePolicy, Hedger
 from chainrun.lab import LabServer
 from chainrun.providers import ChatRequest, ChatStream, OpenAICompatProvider
 
-ARMS = ("bare", "hedger", "chain_nolog", "chain")
+ARMS = ("bare", "hedger", "chain_nolog", "chain_inline", "chain")
 MESSAGE = "Does the linen shirt run small?"
 MODEL = "chainrun-lab"
 NEVER_MS = 10_000.0
@@ -58,7 +74,7 @@ def step_config(max_tokens: int) -> dict[str, Any]:
 class Arms:
     """The four ways of making the same call; each ``call`` coroutine makes one."""
 
-    def __init__(self, base_url: str, max_tokens: int, store: Any) -> None:
+    def __init__(self, base_url: str, max_tokens: int, store: Any, inline: Any) -> None:
         self.max_tokens = max_tokens
         self.bare = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
         self.provider = OpenAICompatProvider("lab", base_url)
@@ -73,14 +89,18 @@ class Arms:
         config = c.one_step_config(base_url, step_config(max_tokens), max_connections=100)
         self.chain_nolog = Chain(config, quiet=True)
         self.chain = Chain(config, store=store, kind="live", label="overhead", quiet=True)
+        inline.writer = None  # the write on the event loop
+        self.chain_inline = Chain(config, store=inline, kind="live", label="inline", quiet=True)
 
     async def __aenter__(self) -> Arms:
         await self.chain_nolog.open()
         await self.chain.open()
+        await self.chain_inline.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.chain.aclose()
+        await self.chain_inline.aclose()
         await self.chain_nolog.aclose()
         await self.hedger.aclose()
         await self.provider.aclose()
@@ -91,6 +111,7 @@ class Arms:
             "bare": self.call_bare,
             "hedger": self.call_hedger,
             "chain_nolog": lambda: self.call_chain(self.chain_nolog),
+            "chain_inline": lambda: self.call_chain(self.chain_inline),
             "chain": lambda: self.call_chain(self.chain),
         }
 
@@ -161,6 +182,67 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
     return times
 
 
+async def measure_concurrent(arms: Arms, calls: int, width: int, warmup: int) -> dict[str, Any]:
+    """Paired per-rank differences (chain − bare, ms) at ``width`` calls at once; the
+    same for ``chain_inline`` under ``inline_log``."""
+    fns = arms.calls()
+    rounds = max(1, -(-calls // width))
+    wide_arms = ("bare", "chain_inline", "chain")
+    diffs: dict[str, list[float]] = {"chain": [], "chain_inline": []}
+    walls: dict[str, list[float]] = {a: [] for a in wide_arms}
+    per_call: dict[str, list[float]] = {a: [] for a in wide_arms}
+
+    async def batch(arm: str) -> tuple[float, list[float]]:
+        t0 = time.perf_counter()
+
+        async def one() -> float:
+            await fns[arm]()
+            return (time.perf_counter() - t0) * 1000.0
+
+        times = await asyncio.gather(*(one() for _ in range(width)))
+        return (time.perf_counter() - t0) * 1000.0, sorted(times)
+
+    for k in range(warmup + rounds):
+        order = wide_arms[k % 3 :] + wide_arms[: k % 3]
+        got = {arm: await batch(arm) for arm in order}
+        if k < warmup:
+            continue
+        for arm in wide_arms:
+            walls[arm].append(got[arm][0])
+            per_call[arm].extend(got[arm][1])
+        for arm in diffs:
+            diffs[arm].extend(a - b for a, b in zip(got[arm][1], got["bare"][1], strict=True))
+
+    def batch_added(arm: str) -> float | None:
+        per = [(a - b) / width for a, b in zip(walls[arm], walls["bare"], strict=True)]
+        return c.r(statistics.median(per), 3)
+
+    return {
+        **added_summary(diffs["chain"]),
+        "concurrency": width,
+        "rounds": rounds,
+        "bare_median_ms": c.r(statistics.median(per_call["bare"]), 3),
+        "chain_median_ms": c.r(statistics.median(per_call["chain"]), 3),
+        "batch_added_ms_per_call": batch_added("chain"),
+        "inline_log": {
+            **added_summary(diffs["chain_inline"]),
+            "chain_median_ms": c.r(statistics.median(per_call["chain_inline"]), 3),
+            "batch_added_ms_per_call": batch_added("chain_inline"),
+        },
+    }
+
+
+def added_summary(diffs: list[float]) -> dict[str, Any]:
+    """n, median and p99 (with its 95% order-statistics interval) of added ms per call."""
+    ci = stats.quantile_ci(diffs, 99)
+    return {
+        "n": len(diffs),
+        "median_added_ms": c.r(statistics.median(diffs), 3),
+        "p99_added_ms": c.r(stats.percentile(diffs, 99), 3),
+        "p99_added_ci": [c.r(ci[0], 3), c.r(ci[1], 3)] if ci else None,
+    }
+
+
 def describe(times: dict[str, list[float]]) -> dict[str, Any]:
     bare = times["bare"]
     out: dict[str, Any] = {}
@@ -181,7 +263,13 @@ def describe(times: dict[str, list[float]]) -> dict[str, Any]:
             row["ratio_of_medians"] = c.r(statistics.median(ms) / statistics.median(bare), 3)
         out[arm] = row
     # what each layer adds on top of the one below (medians of paired differences)
-    layers = (("hedger", "bare"), ("chain_nolog", "hedger"), ("chain", "chain_nolog"))
+    layers = (
+        ("hedger", "bare"),
+        ("chain_nolog", "hedger"),
+        ("chain_inline", "chain_nolog"),
+        ("chain", "chain_nolog"),
+        ("chain", "chain_inline"),
+    )
     out["layers_added_median_ms"] = {
         f"{upper} - {lower}": c.r(
             statistics.median([a - b for a, b in zip(times[upper], times[lower], strict=True)]), 3
@@ -201,22 +289,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "hedge_delay_ms": NEVER_MS,
         "order": "interleaved, rotated every round, sequential calls",
         "pause_ms": args.pause_ms,
+        "concurrency": args.concurrency,
     }
     doc = c.new_document("hedge_overhead", sys.argv[1:], params)
     t0 = time.perf_counter()
     with (
         LabServer("fast", per_token_ms=args.per_token_ms, n_tokens=args.tokens) as lab,
         c.temp_store() as store,
+        c.temp_store() as inline,
     ):
-        async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store) as arms:
+        async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store, inline) as arms:
             times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
+            wide = await measure_concurrent(arms, args.calls, args.concurrency, warmup=1)
             fired = arms.hedger.stats.fires
             chain_run = arms.chain.run_id
+            inline_run = arms.chain_inline.run_id
         logged = len(store.turns(chain_run)) if chain_run is not None else 0
+        logged_inline = len(inline.turns(inline_run)) if inline_run is not None else 0
     results = describe(times)
+    one = added_summary([a - b for a, b in zip(times["chain"], times["bare"], strict=True)])
+    results["concurrent"] = wide
+    # the acceptance interface: the full chain with logging against the bare client
+    doc.update(one)
+    doc["by_concurrency"] = {"1": {**one, "concurrency": 1}, str(args.concurrency): wide}
     results["checks"] = {
         "hedger_fires": fired,
         "turns_logged": logged,
+        "turns_run": (args.calls + args.warmup) + (wide["rounds"] + 1) * args.concurrency,
+        "turns_logged_inline": logged_inline,
         "same_answer_every_arm": True,
     }
     results["client_lag"] = lag.summary()
@@ -227,8 +327,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "budget deposit, latency window)",
         "chain_nolog": "hedger + Chain.run_turn: prompt formatting, request building, "
         "events, StepRecord/CallRecord building (no store)",
-        "chain": "chain_nolog + one SQLite transaction per turn (turn, step and call rows) "
-        "on a temporary file, written synchronously on the event loop",
+        "chain_inline": "chain_nolog + the turn's rows written on the event loop",
+        "chain": "chain_nolog + the turn's rows (turn, step and call) written to a temporary "
+        "SQLite file by the store's writer thread (the loop awaits the commit)",
     }
     doc["results"] = results
     return doc
@@ -257,6 +358,12 @@ def summary(doc: dict[str, Any]) -> str:
     lines.append(
         "added ms = median over rounds of (arm - bare); ratio = median(arm) / median(bare)"
     )
+    for key, row in doc["by_concurrency"].items():
+        lines.append(
+            f"chain with logging vs bare at {key} at once: median added "
+            f"{row['median_added_ms']:.3f} ms, p99 added {row['p99_added_ms']:.3f} ms "
+            f"(95% CI {c.fmt_ci(row['p99_added_ci'])}), n = {row['n']}"
+        )
     return "\n".join(lines)
 
 
@@ -273,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="untimed pause between calls, in ms (default 0)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="calls at once in the second part (50)"
     )
     c.add_common_options(parser)
     args = parser.parse_args(argv)

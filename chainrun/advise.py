@@ -76,9 +76,7 @@ def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
             f"run {run_id}: no logged calls for step {step!r}"
             + (f"; steps with calls: {', '.join(known)}" if known else "")
         )
-    step_rows = {
-        s.turn_id: s for s in store.steps(run_id) if s.step == step and s.duration_ms
-    }
+    step_rows = {s.turn_id: s for s in store.steps(run_id) if s.step == step and s.duration_ms}
     stream = any(bool(c.stream) for c in calls)
     # when each turn's race settled (ms from the step's start): losers were closed then
     settled_at: dict[int | None, float] = {}
@@ -137,9 +135,7 @@ def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
     return out
 
 
-def kaplan_meier(
-    times: np.ndarray, observed: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def kaplan_meier(times: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Kaplan-Meier product-limit estimate of a survival function with censoring
     (Kaplan and Meier, JASA 53(282), 1958).
 

@@ -36,7 +36,6 @@ from chainrun.migrations import migrate, utc_now
 SAMPLE_CATALOG = Path(__file__).resolve().parent / "data" / "catalog.jsonl"
 
 
-
 class Product(BaseModel):
     """One catalogue row as read from a file (JSONL object or CSV row).
 
@@ -98,8 +97,6 @@ class Product(BaseModel):
             "stock": self.stock,
             "tags": json.dumps(self.tags, ensure_ascii=False),
         }
-
-
 
 
 def ensure_catalog_tables(db: sqlite_utils.Database) -> None:

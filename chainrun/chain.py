@@ -241,9 +241,7 @@ class Chain:
                 self._providers[name] = self._injected[name]
                 continue
             try:
-                provider = await open_provider(
-                    name, self.config.providers[name], quiet=self.quiet
-                )
+                provider = await open_provider(name, self.config.providers[name], quiet=self.quiet)
             except ProviderUnavailable as e:
                 if name in primaries:
                     raise
@@ -257,9 +255,12 @@ class Chain:
             self._owned.append(provider)
 
     async def aclose(self, status: str = "complete") -> None:
-        """Wait for background work (shadow losers), close steps and providers, end the run."""
+        """Wait for background work (shadow losers) and the log writes it queued, close
+        steps and providers, end the run."""
         if self._background:  # shadow losers (bounded by their step's deadline)
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self.store is not None:
+            await self.store.flush()
         for step in reversed(self._opened):
             await step.aclose()
         self._opened.clear()
@@ -337,7 +338,7 @@ class Chain:
             try:
                 await run.cancel()  # no-op unless the turn was stopped half way
             finally:
-                turn_id = self._log_turn(run_id, run, turn)
+                turn_id = await self._log_turn(run_id, run, turn)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
@@ -347,8 +348,9 @@ class Chain:
         if run.unavailable is not None:
             raise run.unavailable
 
-    def _log_turn(self, run_id: int | None, run: TurnRun, turn: TurnRow) -> int | None:
-        """Fill the turn's row from the finished run, write it, start after-log work."""
+    async def _log_turn(self, run_id: int | None, run: TurnRun, turn: TurnRow) -> int | None:
+        """Fill the turn's row from the finished run, write it (off the loop, on the
+        store's writer thread; committed when this returns), start after-log work."""
         turn.duration_ms = run.now_ms()
         turn.label = run.state.label
         turn.verdicts = dict(run.verdicts)
@@ -365,11 +367,9 @@ class Chain:
             turn.output = run.refusal_text or REFUSAL
         turn_id = None
         if self.store is not None and run_id is not None:
-            turn_id = self.store.log_turn(run_id, TurnLog(turn, run.rows(), run.calls()))
+            turn_id = await self.store.alog_turn(run_id, TurnLog(turn, run.rows(), run.calls()))
         for callback in run.after_log():
             task = asyncio.create_task(callback(turn_id))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         return turn_id
-
-

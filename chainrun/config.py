@@ -286,6 +286,7 @@ class StepConfig(_Strict):
             raise ValueError(f"hedge: {problem}")
         return self
 
+
 CheckAction = Literal["block", "redact", "off"]
 
 
@@ -360,9 +361,7 @@ class LogConfig(_Strict):
     """What the run log keeps (``[log]``)."""
 
     #: personal data masked in stored prompts and outputs (see :mod:`chainrun.redact`)
-    redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(
-        default_factory=list
-    )
+    redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(default_factory=list)
 
 
 class ChainConfig(_Strict):

@@ -156,11 +156,7 @@ class StepConfigError(ConfigError):
         r = rejected
         if r.param is not None:
             sent = f"{r.value!r}" if r.value is not None else "(not sent)"
-            accepts = (
-                "; it accepts " + ", ".join(repr(a) for a in r.accepted)
-                if r.accepted
-                else ""
-            )
+            accepts = "; it accepts " + ", ".join(repr(a) for a in r.accepted) if r.accepted else ""
             why = f" {r.code}" if r.code else ""
             text = (
                 f"steps.{step}: provider {provider!r} refused {r.param} = {sent} "

@@ -292,5 +292,3 @@ class TurnLog:
                 if value is not None:
                     sums[key] += int(value)
         return Usage(**sums, calls=calls, unknown_calls=unknown)
-
-

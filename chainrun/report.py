@@ -184,9 +184,7 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
             continue
         st = agg[s.step]
         fired = bool(s.hedge_fired)
-        st.add_call(
-            armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won)
-        )
+        st.add_call(armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won))
         if s.hedge_delay_ms is not None:
             delays[s.step].append(s.hedge_delay_ms)
         if fired and s.hedge_won and s.time_saved_ms is not None:

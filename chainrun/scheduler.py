@@ -122,9 +122,7 @@ class TurnRun:
 
     def _holding(self) -> bool:
         """Whether a step that holds the answer back has not ended yet."""
-        return any(
-            self.steps[n].holds_answer and n not in self._ended for n in self.graph.order
-        )
+        return any(self.steps[n].holds_answer and n not in self._ended for n in self.graph.order)
 
     def _on_delta(self, name: str, delta: TokenDelta) -> list[Event]:
         if name != self.graph.answer_step:

@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
 from chainrun.errors import UserInputError
+from chainrun.logwriter import LogWriter
 from chainrun.migrations import migrate, utc_now
 from chainrun.records import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
 from chainrun.redact import Redactor, redact_calls, redact_turn
@@ -122,14 +123,20 @@ def mark_interrupted_runs(db: sqlite_utils.Database) -> list[int]:
 class Store:
     """The run log. Open with :meth:`open`; use as a context manager to close it.
 
+    A file log writes turns from the event loop through :meth:`alog_turn` on a writer
+    thread with its own connection (:mod:`chainrun.logwriter`); an in-memory log (one
+    connection, not shareable across threads) writes them inline.
+
     Raises:
         UserInputError: the file exists but is not a SQLite database.
     """
 
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(self, db: sqlite_utils.Database, path: Path | None = None) -> None:
         self.db = db
         #: masks personal data in what is logged (the chain sets it from ``[log] redact``)
         self.redactor: Redactor | None = None
+        self.path = path
+        self.writer: LogWriter | None = LogWriter(path) if path is not None else None
 
     @classmethod
     def open(cls, path: str | Path = DEFAULT_DB, *, create: bool = True) -> Store:
@@ -158,7 +165,7 @@ class Store:
             # (flock is separate from SQLite's own fcntl byte-range locks on Linux.)
             with open(p, "ab") as guard:
                 fcntl.flock(guard, fcntl.LOCK_EX)
-                return cls(cls._open_file(p, path))
+                return cls(cls._open_file(p, path), p)
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
 
@@ -187,6 +194,9 @@ class Store:
         return db
 
     def close(self) -> None:
+        """Commit queued writes, stop the writer thread, close the connections."""
+        if self.writer is not None:
+            self.writer.close()
         self.db.close()
 
     def __enter__(self) -> Store:
@@ -265,19 +275,25 @@ class Store:
     # -- turns, steps, calls -------------------------------------------------------------
     def log_turn(self, run_id: int, log: TurnLog) -> int:
         """Write a turn with its steps and calls in one transaction (a process killed
-        mid-write leaves all of it or none); returns the turn id. ``redactor`` masks
-        personal data in the texts first (``[log] redact``)."""
+        mid-write leaves all of it or none), on this thread; returns the turn id.
+        ``redactor`` masks personal data in the texts first (``[log] redact``)."""
         if self.redactor:
             redact_turn(log, self.redactor)
+        write = _prepare_turn(run_id, log)
         with write_transaction(self.db):
-            t = self.db.table("turns").insert({**log.turn.to_db(), "run_id": run_id})
-            turn_id = int(t.last_pk)  # type: ignore[arg-type]
-            ids = {"run_id": run_id, "turn_id": turn_id}
-            if log.steps:
-                self.db.table("steps").insert_all([{**s.to_db(), **ids} for s in log.steps])
-            if log.calls:
-                self.db.table("calls").insert_all([{**c.to_db(), **ids} for c in log.calls])
-        return turn_id
+            return write(self.db.conn)
+
+    async def alog_turn(self, run_id: int, log: TurnLog) -> int:
+        """:meth:`log_turn` off the event loop (on the writer thread for a file log);
+        returns once the turn is committed, so readers see it when this returns.
+        Redaction runs first, on the loop. Cancelling the caller does not cancel the
+        write."""
+        if self.writer is None:
+            return self.log_turn(run_id, log)
+        if self.redactor:
+            redact_turn(log, self.redactor)
+        write = _prepare_turn(run_id, log)
+        return await self.writer.submit(lambda db: write(db.conn))
 
     def update_step_calls(
         self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
@@ -288,20 +304,25 @@ class Store:
         if self.redactor:
             redact_calls(calls, self.redactor)
         with write_transaction(self.db):
-            for c in calls:
-                row = c.to_db()
-                for key in ("id", "run_id", "turn_id"):
-                    row.pop(key, None)
-                self.db.execute(
-                    "update calls set "
-                    + ", ".join(f"{k} = ?" for k in row)
-                    + " where turn_id = ? and step = ? and attempt = ?",
-                    [*row.values(), turn_id, step, c.attempt],
-                )
-            self.db.execute(
-                "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
-                [time_saved_ms, turn_id, step],
-            )
+            _write_step_calls(self.db, turn_id, step, calls, time_saved_ms)
+
+    async def aupdate_step_calls(
+        self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
+    ) -> None:
+        """:meth:`update_step_calls` off the event loop (see :meth:`alog_turn`)."""
+        if self.writer is None:
+            self.update_step_calls(turn_id, step, calls, time_saved_ms)
+            return
+        if self.redactor:
+            redact_calls(calls, self.redactor)
+        await self.writer.submit(
+            lambda db: _write_step_calls(db, turn_id, step, calls, time_saved_ms)
+        )
+
+    async def flush(self) -> None:
+        """Wait until every write submitted so far is committed."""
+        if self.writer is not None:
+            await self.writer.flush()
 
     def _rows(self, table: str, run_ids: int | Sequence[int]) -> Iterator[dict[str, Any]]:
         ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
@@ -336,3 +357,69 @@ class Store:
         """Every run of ``kind``, oldest first."""
         rows = self.db.table("runs").rows_where("kind = ?", [kind], order_by="id")
         return [RunRow.from_db(r) for r in rows]
+
+
+_INSERTS: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
+    key = (table, columns)
+    sql = _INSERTS.get(key)
+    if sql is None:
+        cols = ", ".join(f'"{c}"' for c in columns)
+        sql = f'insert into "{table}" ({cols}) values ({", ".join("?" for _ in columns)})'
+        _INSERTS[key] = sql
+    return sql
+
+
+def _prepare_turn(run_id: int, log: TurnLog) -> Callable[[sqlite3.Connection], int]:
+    """The turn's rows as plain SQL and parameters, built by the caller (on the event
+    loop) so that the writer thread only runs SQLite (which releases the GIL) instead of
+    competing with the loop for it; returns the write, which returns the turn id.
+
+    Plain ``insert`` statements instead of sqlite-utils' ``insert``/``insert_all``,
+    which read the table's schema on every call (profiled: most of a turn's write).
+    """
+    turn = {**log.turn.to_db(), "run_id": run_id}
+    turn_sql = _insert_sql("turns", tuple(turn))
+    turn_params = tuple(turn.values())
+    children: list[tuple[str, list[tuple[Any, ...]]]] = []
+    for table, rows in (("steps", [s.to_db() for s in log.steps]),
+                        ("calls", [c.to_db() for c in log.calls])):  # fmt: skip
+        by_cols: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        for row in rows:
+            row["run_id"] = run_id
+            row.pop("turn_id", None)
+            by_cols.setdefault((*row, "turn_id"), []).append(tuple(row.values()))
+        children += [(_insert_sql(table, cols), params) for cols, params in by_cols.items()]
+
+    def write(conn: sqlite3.Connection) -> int:
+        turn_id = conn.execute(turn_sql, turn_params).lastrowid
+        assert turn_id is not None
+        for sql, params in children:
+            conn.executemany(sql, [(*p, turn_id) for p in params])
+        return turn_id
+
+    return write
+
+
+def _write_step_calls(
+    db: sqlite_utils.Database, turn_id: int, step: str, calls: list[CallRow],
+    time_saved_ms: float | None,
+) -> None:  # fmt: skip
+    """Rewrite a logged step's calls (by attempt) and time saved (inside the caller's
+    transaction)."""
+    for c in calls:
+        row = c.to_db()
+        for key in ("id", "run_id", "turn_id"):
+            row.pop(key, None)
+        db.execute(
+            "update calls set "
+            + ", ".join(f"{k} = ?" for k in row)
+            + " where turn_id = ? and step = ? and attempt = ?",
+            [*row.values(), turn_id, step, c.attempt],
+        )
+    db.execute(
+        "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
+        [time_saved_ms, turn_id, step],
+    )

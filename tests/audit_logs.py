@@ -60,9 +60,7 @@ def turn(
             mine = [c for c in calls if c.step == name]
             ms = max((c.started_offset_ms + (c.duration_ms or 0.0)) for c in mine)
             steps.append(
-                StepRow(
-                    step=name, started_offset_ms=offset, duration_ms=ms, n_attempts=len(mine)
-                )
+                StepRow(step=name, started_offset_ms=offset, duration_ms=ms, n_attempts=len(mine))
             )
             offset += ms
     steps = steps + (extra_steps or [])

@@ -81,15 +81,26 @@ def test_hedge_work_noise(tmp_path: Path) -> None:
 
 
 def test_hedge_overhead(tmp_path: Path) -> None:
-    res = run_benchmark("hedge_overhead", tmp_path, "--calls", "20", "--warmup", "2")
-    for arm in ("bare", "hedger", "chain_nolog", "chain"):
+    out = tmp_path / "hedge_overhead.json"
+    res = run_benchmark(
+        "hedge_overhead", tmp_path, "--calls", "20", "--warmup", "2", "--concurrency", "5"
+    )
+    for arm in ("bare", "hedger", "chain_nolog", "chain_inline", "chain"):
         assert res[arm]["n"] == 20
         assert res[arm]["median_ms"] > 0
     for arm in ("hedger", "chain_nolog", "chain"):
         assert isinstance(res[arm]["added_median_ms"], float)
         assert res[arm]["ratio_of_medians"] > 0
     assert res["checks"]["hedger_fires"] == 0
-    assert res["checks"]["turns_logged"] == 22  # measured rounds plus warm-up rounds
+    # 22 one at a time (measured + warm-up rounds), 4 + 1 warm-up rounds of 5 at once
+    assert res["checks"]["turns_logged"] == res["checks"]["turns_run"] == 22 + 25
+    assert res["checks"]["turns_logged_inline"] == 22 + 25
+    assert res["concurrent"]["inline_log"]["n"] == 20
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["n"] == 20 and isinstance(doc["median_added_ms"], float)
+    assert isinstance(doc["p99_added_ms"], float) and doc["p99_added_ci"] is None  # n < 368
+    assert doc["by_concurrency"]["5"]["n"] == 20 and doc["by_concurrency"]["5"]["rounds"] == 4
+    assert doc["by_concurrency"]["1"]["median_added_ms"] == doc["median_added_ms"]
 
 
 def test_guard_advise(tmp_path: Path) -> None:
@@ -109,3 +120,15 @@ def test_guard_advise(tmp_path: Path) -> None:
     assert isinstance(rec["hedge"], bool) and "predicted" in rec
     assert ("advised" in res) is rec["hedge"]
     assert res["advise"]["toml"]
+
+
+def test_scale(tmp_path: Path) -> None:
+    res = run_benchmark("scale", tmp_path, "--levels", "1,3", "--min-turns", "3")
+    assert set(res) == {"1", "3"}
+    for key, row in res.items():
+        assert row["concurrency"] == int(key) and row["turns"] == 3
+        assert row["turns_logged"] == 3 and row["turns_logged_once"] is True
+        assert row["statuses"] == {"ok": 3}
+        assert row["calls"] == 12  # four model steps a turn
+        assert row["turns_per_s"] > 0 and row["peak_rss_mb"] > 0
+        assert row["loop_lag_p99_ms"] >= 0 and isinstance(row["added_ms_per_call"], float)

@@ -50,15 +50,17 @@ def make_run(
         ttft, tokens, gap = profile(i)
         compose_ms = ttft + (tokens or 50) * gap
         classify_ms = 80.0 + (i * 13) % 40
-        turn = TurnLog(TurnRow(
-            input=f"message {i}",
-            output=answers(i) if answers else "Try the Storm Shell.",
-            request_id=request_ids(i) if request_ids else None,
-            label="product_search",
-            started_at=started_at(i) if started_at else None,
-            duration_ms=classify_ms + 5.0 + compose_ms,
-            original_ms=original_ms(i) if original_ms else None,
-        ))
+        turn = TurnLog(
+            TurnRow(
+                input=f"message {i}",
+                output=answers(i) if answers else "Try the Storm Shell.",
+                request_id=request_ids(i) if request_ids else None,
+                label="product_search",
+                started_at=started_at(i) if started_at else None,
+                duration_ms=classify_ms + 5.0 + compose_ms,
+                original_ms=original_ms(i) if original_ms else None,
+            )
+        )
         turn.steps = [
             StepRow(step="classify", duration_ms=classify_ms, output="product_search"),
             StepRow(step="retrieve", kind="retrieve", duration_ms=5.0, output="[]"),

@@ -295,13 +295,15 @@ def _case(case_id: str, message: str, *asserts: dict[str, Any]) -> EvalCase:
 
 
 def _turn(case_id: str, repeat: int, answer: str, tokens: int | None = 30) -> TurnLog:
-    t = TurnLog(TurnRow(
-        input=f"message of {case_id}",
-        request_id=eval_request_id(case_id, repeat),
-        output=answer,
-        label="sizing",
-        duration_ms=1000.0,
-    ))
+    t = TurnLog(
+        TurnRow(
+            input=f"message of {case_id}",
+            request_id=eval_request_id(case_id, repeat),
+            output=answer,
+            label="sizing",
+            duration_ms=1000.0,
+        )
+    )
     t.steps = [
         StepRow(step="classify", duration_ms=100.0, output="sizing"),
         StepRow(step="compose", duration_ms=800.0, output=answer),

@@ -276,7 +276,6 @@ async def test_build_retriever_without_embedding_searches(db: sqlite_utils.Datab
 # -- hedged fallbacks (the seam to chainrun.hedging) ----------------------------------
 
 
-
 async def test_slow_primary_is_hedged_by_its_fallback() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 

@@ -76,8 +76,11 @@ async def test_independent_steps_run_concurrently(store) -> None:
         "critique": FakeReply("fine", ttft_s=0.2),
         "compose": FakeReply("an answer", ttft_s=0.05),
     })  # fmt: skip
-    async with Chain(config_from_dict({}), store=store,
-                     providers={"local": FakeProvider(name="local", script=slow)}) as chain:
+    async with Chain(
+        config_from_dict({}),
+        store=store,
+        providers={"local": FakeProvider(name="local", script=slow)},
+    ) as chain:
         done = await chain.run_turn("a jacket?")
     spans = _offsets(store, done.run_id)
     assert spans["compose"][0] < spans["classify"][1]  # compose started before classify ended

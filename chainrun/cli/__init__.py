@@ -30,6 +30,7 @@ try:  # typer >= 0.2x carries its own click
 except ImportError:  # pragma: no cover - typer on the click package
     from click import exceptions as _cx  # type: ignore[no-redef]
 
+
 class _OneLineErrors(TyperGroup):
     """The top-level group: a usage error (a missing argument, an unknown option, a bad
     value) prints one line and exits 2, instead of click's usage block or typer's box."""
@@ -97,8 +98,9 @@ DEFAULT_DB_PATH = Path("chainrun.db")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: str, code: int = 2, *, as_json: bool = False,
-         error: dict[str, Any] | None = None) -> None:
+def fail(
+    message: str, code: int = 2, *, as_json: bool = False, error: dict[str, Any] | None = None
+) -> None:
     """Print one error line on stderr and exit with ``code``.
 
     With ``as_json`` the error is also one JSON document on stdout,

@@ -105,8 +105,10 @@ def replay(
     as_json: JsonOpt = False,
     resume: Annotated[
         int | None,
-        typer.Option(help="Run the requests this run has not answered yet, into it "
-                     "(after a crash or kill), with the run's own config."),
+        typer.Option(
+            help="Run the requests this run has not answered yet, into it "
+            "(after a crash or kill), with the run's own config."
+        ),
     ] = None,
 ) -> None:
     """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""

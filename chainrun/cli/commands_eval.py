@@ -253,8 +253,12 @@ def _print_compare(doc: dict[str, Any]) -> None:
     for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
                 "p99 A [95% CI]", "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("", "verdict") else "right")
-    rows = [("turn", doc["turn"]), ("answer TTFT", doc.get("answer_ttft")),
-            ("answer done", doc.get("answer_done")), *doc["steps"].items()]
+    rows = [
+        ("turn", doc["turn"]),
+        ("answer TTFT", doc.get("answer_ttft")),
+        ("answer done", doc.get("answer_done")),
+        *doc["steps"].items(),
+    ]
     for name, m in rows:
         if m is None:
             continue

@@ -64,7 +64,7 @@ def step_waterfall(steps: list[StepRow]) -> Table:
 
 
 def turn_counts(counts: dict[str, int] | None) -> str:
-    """"over 6 completed turns; 2 cancelled, 1 refused" (the one rule, said beside)."""
+    """ "over 6 completed turns; 2 cancelled, 1 refused" (the one rule, said beside)."""
     if not counts:
         return ""
     others = [f"{counts[k]} {w}" for k, w in (("n_cancelled", "cancelled"),

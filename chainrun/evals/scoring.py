@@ -39,8 +39,6 @@ WINNING_OUTCOMES = WINNER_OUTCOMES
 TURN_KEY = "turn"
 
 
-
-
 def eval_request_id(case_id: str, repeat: int) -> str:
     """The ``turns.request_id`` the eval runner gives repeat ``repeat`` of a case."""
     return f"{case_id}#{repeat}"

@@ -327,9 +327,7 @@ async def _stream_events(
     faults = lab.scenario.faults
     on_finish = usage if faults.usage_on_finish else None
 
-    def chunk(
-        delta: dict[str, Any], finish: str | None = None, with_usage: Any = None
-    ) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None, with_usage: Any = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         tail = (
             f',"system_fingerprint":null,"choices":[{json.dumps(choice)}],'

@@ -72,13 +72,13 @@ def read_api_key(env_name: str | None, *, field: str) -> str | None:
     return key
 
 
-
 def _json_body(response: httpx2.Response) -> Any:
     """The response body parsed as JSON, or None when it is not JSON."""
     try:
         return json.loads(response.content)
     except (ValueError, httpx2.ResponseNotRead):
         return None
+
 
 @dataclass(frozen=True)
 class AzureTarget:

@@ -185,8 +185,6 @@ def parse_price(amount: str) -> float:
     return round(float(s) * scale, 2)
 
 
-
-
 def _norm_size(s: str) -> str:
     s = re.sub(r"\s+", " ", s.strip().lower())
     return _SIZE_WORDS.get(s, s.upper())

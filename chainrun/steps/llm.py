@@ -239,9 +239,7 @@ class LLMStep(Step):
             finally:  # recorded even when the close is interrupted by a cancellation
                 error = self._record(ctx, request, outcome, streams, winner, error)
                 if outcome is not None and outcome.shadows_pending:
-                    ctx.after_log.append(
-                        self._shadow_settler(request, outcome, streams, deadline)
-                    )
+                    ctx.after_log.append(self._shadow_settler(request, outcome, streams, deadline))
         yield self._result(winner, error)
 
     def _record(
@@ -336,7 +334,7 @@ class LLMStep(Step):
             if self._store is None or turn_id is None:
                 return
             rows = self._call_rows(request, outcome.attempts, streams, None, None)
-            self._store.update_step_calls(turn_id, self.name, rows, outcome.time_saved_ms)
+            await self._store.aupdate_step_calls(turn_id, self.name, rows, outcome.time_saved_ms)
 
         return settle
 
