@@ -54,6 +54,7 @@ from starlette.types import Receive
 
 from chainrun.errors import UserInputError
 from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key, load_scenario
+from chainrun.netlisten import listening_socket
 
 MODEL_ID = "chainrun-lab"
 
@@ -517,17 +518,7 @@ def serve(
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     _check_loopback(host)
-    bind_host = "127.0.0.1" if host == "localhost" else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    # proto=IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections; without
-    # it Nagle holds a response written in two sends until the delayed ACK (40 ms)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((bind_host, port))
-    except OSError as e:
-        sock.close()
-        raise UserInputError(f"cannot listen on {host}:{port} ({e.strerror})") from None
+    sock = listening_socket(host, port)
     actual = sock.getsockname()[1]
     _raise_open_files_limit()
     config = uvicorn.Config(
@@ -541,16 +532,14 @@ def serve(
         backlog=2048,
     )
     server = uvicorn.Server(config)
-    # listen now (asyncio listens again, harmlessly): a client told the port below can
-    # connect at once, its connection waiting in the backlog until serving starts
-    sock.listen(2048)
     if port_file is not None:
         tmp = Path(f"{port_file}.tmp")
         tmp.write_text(str(actual), encoding="utf-8")
         os.replace(tmp, port_file)
     if on_bound is not None:
         on_bound(actual)
-    shown = f"[{bind_host}]" if family == socket.AF_INET6 else bind_host
+    bound_host = sock.getsockname()[0]
+    shown = f"[{bound_host}]" if sock.family == socket.AF_INET6 else bound_host
     print(
         f"chainrun lab: scenario {scenario.name!r} on http://{shown}:{actual}/v1",
         file=sys.stderr,

@@ -17,6 +17,7 @@ import uvicorn
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import UserInputError
+from chainrun.netlisten import listening_socket
 from chainrun.serve.app import ServeState, create_app
 from chainrun.serve.openai_face import DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver
@@ -38,25 +39,12 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (TCP_NODELAY on accepted connections).
+    """A listening TCP socket on ``host:port`` (see :func:`chainrun.netlisten.listening_socket`).
 
     Raises:
         UserInputError: the address cannot be bound (in use, not local, bad name).
     """
-    bind_host = "127.0.0.1" if host == "localhost" else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    # IPPROTO_TCP: asyncio then sets TCP_NODELAY, so small SSE events are not held by Nagle
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((bind_host, port))
-    except OSError as e:
-        sock.close()
-        raise UserInputError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
-    # listening now: a client connecting before uvicorn's loop runs waits in the backlog
-    # instead of being refused
-    sock.listen(2048)
-    return sock
+    return listening_socket(host, port)
 
 
 def serve(
