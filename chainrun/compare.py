@@ -10,6 +10,11 @@ time between tokens and completion tokens, so that a step that got slower becaus
 generated more tokens is told apart from one that was served slower. Eval pass rates are
 compared *paired*, on the same case ids (exact McNemar test).
 
+A practical tolerance (``min_effect``, :class:`MinEffect`: ``5%`` of A's percentile or
+``20ms``; default :data:`DEFAULT_MIN_EFFECT`) turns a real but tiny latency difference
+into ``same`` (:func:`chainrun.stats.practical_verdict`): the intervals cover the
+sampling noise within a run, not the drift between two runs of one machine.
+
 Latency follows the one rule of every summary (:func:`chainrun.report.completed_turns`):
 percentiles over completed turns (and their steps and calls) only; each side's
 cancelled, refused and errored turns are counted beside them (``turns`` of each side).
@@ -24,7 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from chainrun.errors import UserInputError
 from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, winning_calls
@@ -32,10 +37,11 @@ from chainrun.records import CallRow, StepRow, TurnRow
 from chainrun.report import CompletedTurns, completed_turns
 from chainrun.stats import (
     SUMMARY_PERCENTILES,
-    ComparisonVerdict,
+    LatencyVerdict,
     QuantileDiff,
-    latency_verdict,
     paired_compare,
+    percentile,
+    practical_latency_verdict,
     quantile_diff,
     summarize,
 )
@@ -54,7 +60,56 @@ EVALS = "evals"
 #: ``regression`` metric meaning "any metric or the evals"
 ANY = "any"
 
-_HEAD = {"worse": "slower", "better": "faster", "inconclusive": "no clear change"}
+_HEAD = {"worse": "slower", "better": "faster", "same": "within the tolerance",
+         "inconclusive": "no clear change"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MinEffect:
+    """A practical tolerance for latency verdicts: ``value`` percent of A's percentile
+    (``unit`` ``"%"``) or ``value`` ms (``unit`` ``"ms"``). A difference shown to lie
+    within it is ``same``; ``worse``/``better`` need the estimate beyond it."""
+
+    value: float
+    unit: Literal["%", "ms"]
+
+    def tolerance_ms(self, baseline_ms: float | None) -> float:
+        """The tolerance in ms for a percentile whose value in A is ``baseline_ms``
+        (0 for a percentage of an unknown baseline)."""
+        if self.unit == "ms":
+            return self.value
+        return abs(baseline_ms) * self.value / 100 if baseline_ms is not None else 0.0
+
+    def __str__(self) -> str:
+        return f"{self.value:g}%" if self.unit == "%" else f"{self.value:g}ms"
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"text": "5%", "value": 5.0, "unit": "%"}``."""
+        return {"text": str(self), "value": self.value, "unit": self.unit}
+
+
+#: the default tolerance: 5% of A's percentile. Two runs of one chain on one machine
+#: drift by a few percent (load, warm caches) beyond what the within-run intervals
+#: cover; 5% keeps that drift from reading as a regression while a 10% change still
+#: shows (see the README, "Evals and comparisons").
+DEFAULT_MIN_EFFECT = MinEffect(5.0, "%")
+
+_MIN_EFFECT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|ms)?\s*$")
+
+
+def parse_min_effect(text: str) -> MinEffect:
+    """``"5%"``, ``"20ms"`` / ``"20 ms"`` or ``"0"`` (no tolerance) as a :class:`MinEffect`.
+
+    Raises:
+        UserInputError: anything else (a bare number other than 0 is ambiguous).
+    """
+    m = _MIN_EFFECT.match(text)
+    if m is None or (m.group(2) is None and float(m.group(1)) != 0):
+        raise UserInputError(
+            f"--min-effect {text!r}: expected a share of A's percentile such as 5% or a "
+            "time such as 20ms (0 for none)"
+        )
+    return MinEffect(float(m.group(1)), "ms" if m.group(2) == "ms" else "%")
 
 
 @dataclass
@@ -195,19 +250,25 @@ def _diff_block(
     return out, diffs
 
 
-def _latency_metric(a: Sequence[float], b: Sequence[float], confidence: float) -> dict[str, Any]:
-    """Both sides' summaries, B − A per percentile, the verdict, and ``decided_by``: the
-    percentile whose difference gave the verdict (``"p90"``; None when inconclusive), so
-    a verdict never rests on a figure the reader cannot find."""
+def _latency_metric(
+    a: Sequence[float], b: Sequence[float], confidence: float, min_effect: MinEffect
+) -> dict[str, Any]:
+    """Both sides' summaries, B − A per percentile with its tolerance (``tolerance_ms``,
+    from ``min_effect``), the verdict, and ``decided_by``: the percentile whose difference
+    gave the verdict (``"p90"``; None when inconclusive), so a verdict never rests on a
+    figure the reader cannot find."""
     diff, diffs = _diff_block(a, b, confidence)
-    verdict = latency_verdict(diffs)
-    decided = next((d for d in diffs if d.verdict == verdict), None)
+    tolerances = [min_effect.tolerance_ms(percentile(a, d.p) if a else None) for d in diffs]
+    diff["tolerance_ms"] = {
+        f"p{int(d.p)}": round(t, 3) for d, t in zip(diffs, tolerances, strict=True)
+    }
+    verdict, decided = practical_latency_verdict(diffs, tolerances)
     return {
         "a": summarize(a, confidence),
         "b": summarize(b, confidence),
         "diff": diff,
         "verdict": verdict,
-        "decided_by": f"p{int(decided.p)}" if decided and verdict != "inconclusive" else None,
+        "decided_by": f"p{int(diffs[decided].p)}" if decided is not None else None,
     }
 
 
@@ -309,8 +370,8 @@ def _phrase(name: str, change: Mapping[str, Any]) -> str:
             "unknown": f"{name} unknown"}[status]  # fmt: skip
 
 
-def _cause(verdict: ComparisonVerdict, changes: Mapping[str, Mapping[str, Any]]) -> str | None:
-    if verdict == "inconclusive":
+def _cause(verdict: LatencyVerdict, changes: Mapping[str, Mapping[str, Any]]) -> str | None:
+    if verdict in ("inconclusive", "same"):
         return None
     way = "up" if verdict == "worse" else "down"
     tokens = changes["completion_tokens"]["status"] == way
@@ -325,7 +386,7 @@ def _cause(verdict: ComparisonVerdict, changes: Mapping[str, Mapping[str, Any]])
 
 
 def _llm_split(
-    a: Side, b: Side, step: str, verdict: ComparisonVerdict, confidence: float
+    a: Side, b: Side, step: str, verdict: LatencyVerdict, confidence: float
 ) -> dict[str, Any]:
     va, ua, na = _split_values(a, step)
     vb, ub, nb = _split_values(b, step)
@@ -377,7 +438,12 @@ def _evals(store: Store, a: Side, b: Side) -> dict[str, Any] | None:
 
 
 def compare(
-    store: Store, a: str, b: str, metric: str = ALL, confidence: float = 0.95
+    store: Store,
+    a: str,
+    b: str,
+    metric: str = ALL,
+    confidence: float = 0.95,
+    min_effect: MinEffect = DEFAULT_MIN_EFFECT,
 ) -> dict[str, Any]:
     """Compare B against A: latency of the turn and each step, the LLM split, evals.
 
@@ -386,6 +452,8 @@ def compare(
         a, b: a run id (as a string) or ``live`` / ``live:FROM..TO``.
         metric: ``"all"`` (the turn and every step), ``"turn"`` or one step name.
         confidence: level of every interval (default 95%).
+        min_effect: the practical tolerance of every latency verdict (default 5% of
+            A's percentile; ``MinEffect(0, "%")`` for none).
 
     Returns (JSON-ready; times in ms, every ``*_ci`` a ``[lo, hi]`` list or None where
     the data cannot bound it)::
@@ -393,6 +461,7 @@ def compare(
         {"a": {"selector", "kind": "run"|"live", "run_ids", "n_turns", ...},
          "b": {...},
          "confidence": 0.95,
+         "min_effect": {"text": "5%", "value": 5.0, "unit": "%"},
          "metrics": {
             "turn": {"a": SUMMARY, "b": SUMMARY, "diff": DIFF, "verdict": V,
                      "replayed": {"a": REPLAYED | None, "b": REPLAYED | None}},
@@ -406,12 +475,16 @@ def compare(
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
 
         SUMMARY  = {"n", "p50_ms", "p90_ms", "p99_ms", "p50_ci", "p90_ci", "p99_ci"}
-        DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...}   (B − A)
-        V        = "better" | "worse" | "inconclusive"
+        DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...,   (B − A)
+                    "tolerance_ms": {"p50", "p90", "p99"}}
+        V        = "better" | "worse" | "same" | "inconclusive"
 
     The diff interval is :func:`chainrun.stats.quantile_diff`'s (conservative, from the
     two order-statistic intervals); ``worse`` needs some percentile's difference to be
-    above 0 across its whole interval. See the module docstring for the rest.
+    above 0 across its whole interval with its estimate beyond the tolerance; ``same``
+    needs every bounded percentile's interval within ±its tolerance
+    (:func:`chainrun.stats.practical_latency_verdict`). Each latency block also has
+    ``decided_by``. See the module docstring for the rest.
 
     Raises:
         UserInputError: unknown run id, malformed selector, empty live window, unknown metric.
@@ -426,17 +499,17 @@ def compare(
     metrics: dict[str, Any] = {}
     answer: dict[str, Any] = {}  # the shopper's wait, shaped like the turn block
     if metric in (ALL, TURN):
-        m = _latency_metric(_turn_ms(sa.turns), _turn_ms(sb.turns), confidence)
+        m = _latency_metric(_turn_ms(sa.turns), _turn_ms(sb.turns), confidence, min_effect)
         m["replayed"] = {"a": _replayed(sa.turns, confidence), "b": _replayed(sb.turns, confidence)}
         metrics[TURN] = m
         for key, column in ((ANSWER_TTFT, "answer_ttft_ms"), (ANSWER_DONE, "answer_done_ms")):
             answer[key] = _latency_metric(
-                _turn_ms(sa.turns, column), _turn_ms(sb.turns, column), confidence
+                _turn_ms(sa.turns, column), _turn_ms(sb.turns, column), confidence, min_effect
             )
     for name in step_names:
         if metric not in (ALL, name):
             continue
-        m = _latency_metric(steps_a.get(name, []), steps_b.get(name, []), confidence)
+        m = _latency_metric(steps_a.get(name, []), steps_b.get(name, []), confidence, min_effect)
         if name in llm_steps:
             m["llm"] = _llm_split(sa, sb, name, m["verdict"], confidence)
         metrics[name] = m
@@ -449,6 +522,7 @@ def compare(
         "a": sa.describe(),
         "b": sb.describe(),
         "confidence": confidence,
+        "min_effect": min_effect.as_dict(),
         "metrics": metrics,
         **answer,
         "evals": evals,

@@ -31,6 +31,8 @@ from scipy.stats import binom
 SUMMARY_PERCENTILES: tuple[int, ...] = (50, 90, 99)
 
 ComparisonVerdict = Literal["better", "worse", "inconclusive"]
+#: a latency verdict with a practical tolerance: ``same`` = a difference within it
+LatencyVerdict = Literal["better", "worse", "same", "inconclusive"]
 
 
 def _check_p(p: float) -> None:
@@ -180,6 +182,57 @@ def latency_verdict(diffs: Sequence[QuantileDiff]) -> ComparisonVerdict:
     if "better" in verdicts:
         return "better"
     return "inconclusive"
+
+
+def practical_verdict(diff: QuantileDiff, tolerance: float) -> LatencyVerdict:
+    """One percentile's verdict with a practical tolerance (same unit as the data, ≥ 0).
+
+    ``worse`` when the interval lies above 0 (a real difference) *and* the estimate
+    exceeds ``tolerance``; ``better`` mirrored; ``same`` when the whole interval lies
+    within ``±tolerance`` (the difference, real or not, is shown to be smaller than the
+    tolerance); otherwise ``inconclusive`` (also when the interval cannot be bounded, and
+    when a real difference's estimate is within the tolerance but its interval reaches
+    beyond it). With ``tolerance = 0``, ``worse`` and ``better`` are exactly
+    :attr:`QuantileDiff.verdict`'s. ``same`` is an equivalence test with margin
+    ``tolerance`` (the "smallest effect size of interest"; Lakens, "Equivalence Tests",
+    Social Psychological and Personality Science 8(4), 2017): a real 1% change of a
+    near-constant latency is not worth a verdict.
+
+    Raises:
+        ValueError: a negative ``tolerance``.
+    """
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0; got {tolerance!r}")
+    if diff.ci is None or diff.estimate is None:
+        return "inconclusive"
+    lo, hi = diff.ci
+    if lo > 0 and diff.estimate > tolerance:
+        return "worse"
+    if hi < 0 and diff.estimate < -tolerance:
+        return "better"
+    if -tolerance <= lo and hi <= tolerance:
+        return "same"
+    return "inconclusive"
+
+
+def practical_latency_verdict(
+    diffs: Sequence[QuantileDiff], tolerances: Sequence[float]
+) -> tuple[LatencyVerdict, int | None]:
+    """One verdict over several percentiles' differences, each with its tolerance
+    (:func:`practical_verdict`), and the index of the difference that decided it.
+
+    ``worse`` when any percentile is worse, else ``better`` when any is better, else
+    ``same`` when every *bounded* percentile is ``same`` (an unbounded p99 of a small run
+    does not block it; a bounded but wide one does), else ``inconclusive`` (index None).
+    """
+    verdicts = [practical_verdict(d, t) for d, t in zip(diffs, tolerances, strict=True)]
+    for v in ("worse", "better"):
+        if v in verdicts:
+            return v, verdicts.index(v)
+    bounded = [v for d, v in zip(diffs, verdicts, strict=True) if d.ci is not None]
+    if bounded and all(v == "same" for v in bounded):
+        return "same", verdicts.index("same")
+    return "inconclusive", None
 
 
 def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:

@@ -425,3 +425,58 @@ def test_compare_says_which_difference_decided_its_verdict(tmp_path: Path) -> No
     cell = _verdict(turn)
     lo, hi = turn["diff"][f"{turn['decided_by']}_ci"]
     assert cell.startswith(f"worse ({turn['decided_by']} +") and f"[{lo:.0f}, {hi:.0f}])" in cell
+
+
+def _near_constant_runs(db: Path) -> tuple[int, int]:
+    """Two runs of 200 turns with near-constant latency (1000-1006 ms); B is 2% slower
+    per turn and 1% slower in its one step: a real difference, but a tiny one."""
+    from chainrun.records import StepRow, TurnLog, TurnRow
+
+    with Store.open(db) as store:
+        runs = []
+        for factor, step_factor in ((1.0, 1.0), (1.02, 1.01)):
+            run = store.create_run("replay", "{}")
+            for i in range(200):
+                ms = 1000.0 + i % 7
+                turn = TurnLog(TurnRow(input=f"m{i}", duration_ms=ms * factor))
+                turn.steps = [StepRow(step="compose", duration_ms=(ms - 100) * step_factor)]
+                store.log_turn(run, turn)
+            store.finish_run(run, "complete")
+            runs.append(run)
+    return runs[0], runs[1]
+
+
+def test_compare_min_effect_calls_a_tiny_real_difference_same(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    a, b = (str(r) for r in _near_constant_runs(db))
+
+    def compared(*extra: str) -> dict[str, Any]:
+        proc = chainrun("compare", a, b, "--db", str(db), "--json", *extra)
+        assert proc.returncode == 0, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    strict = compared("--min-effect", "0")  # the intervals alone: B is slower, for real
+    assert strict["turn"]["verdict"] == "worse" and strict["steps"]["compose"]["verdict"] == "worse"
+    assert strict["regressions"] == ["turn", "compose"]
+    assert 0 < strict["turn"]["diff"]["p50_ci"][0] and strict["turn"]["diff"]["p50_ms"] < 25
+    doc = compared("--min-effect", "5%", "--fail-on-regression", "any")
+    assert doc["min_effect"] == {"text": "5%", "value": 5.0, "unit": "%"}
+    assert doc["turn"]["verdict"] == "same" and doc["steps"]["compose"]["verdict"] == "same"
+    assert doc["turn"]["decided_by"] == "p50" and doc["regressions"] == []
+    assert doc["turn"]["diff"]["tolerance_ms"]["p50"] == pytest.approx(50.15)
+    assert doc["regression"] is False
+    assert compared()["min_effect"]["text"] == "5%"  # the default
+    ms = compared("--min-effect", "10ms")  # 20 ms slower is beyond a 10 ms tolerance
+    assert ms["min_effect"]["unit"] == "ms" and ms["turn"]["verdict"] == "worse"
+    # compose is 9 ms slower: under 10 ms, but its interval reaches past it
+    compose = ms["steps"]["compose"]
+    assert compose["diff"]["p50_ms"] < 10 < compose["diff"]["p50_ci"][1]
+    assert compose["verdict"] == "inconclusive"
+    text = chainrun("compare", a, b, "--db", str(db), "--min-effect", "5%").stdout
+    assert "min effect 5%: a difference shown to lie within it is 'same'" in text
+    assert _verdict(doc["turn"]) == "same (p50 +20 [18, 22] within ±50)"  # the table's cell
+    for bad in ("5", "five%", "-3%", "20s"):
+        proc = chainrun("compare", a, b, "--db", str(db), "--min-effect", bad)
+        assert proc.returncode == 2 and f"--min-effect {bad!r}" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrun.compare import compare, parse_live_window, regression
+from chainrun.compare import MinEffect, compare, parse_live_window, parse_min_effect, regression
 from chainrun.errors import UserInputError
 from chainrun.evals import eval_request_id, parse_case, score_run
 from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
@@ -112,22 +112,33 @@ def test_12_turns_against_400_reports_n_and_null_intervals(store: Store) -> None
         assert m["b"]["p90_ci"] is not None and m["b"]["p99_ci"] is not None  # n >= 368
         assert m["diff"]["p90_ci"] is None and m["diff"]["p99_ci"] is None
         assert m["diff"]["p90_ms"] is not None  # the estimate is still given
-        assert m["verdict"] in ("better", "worse", "inconclusive")
+        assert m["verdict"] in ("better", "worse", "same", "inconclusive")
     split = result["metrics"]["compose"]["llm"]
     assert split["a"]["n_calls"] == 12 and split["b"]["n_calls"] == 400
     assert split["a"]["ttft"]["n"] == 12 and split["a"]["completion_tokens"]["n"] == 12
     assert "llm" not in result["metrics"]["retrieve"]
 
 
-def test_a_against_itself_is_inconclusive(store: Store) -> None:
+def test_a_against_itself_is_same_or_inconclusive(store: Store) -> None:
     run = make_run(store, 150)
-    result = compare(store, str(run), str(run))
-    assert result["regressions"] == []
+    result = compare(store, str(run), str(run))  # the default tolerance, 5%
+    assert result["regressions"] == [] and result["min_effect"]["text"] == "5%"
     for m in result["metrics"].values():
-        assert m["verdict"] == "inconclusive"
         assert all(m["diff"][f"p{p}_ms"] == 0 for p in (50, 90, 99))
-    assert result["metrics"]["compose"]["llm"]["explanation"].startswith("no clear change")
+    verdicts = {k: (m["verdict"], m["decided_by"]) for k, m in result["metrics"].items()}
+    # classify (80-120 ms) is too spread for 150 turns to bound it within ±5 ms
+    assert verdicts == {"turn": ("same", "p50"), "classify": ("inconclusive", None),
+                        "retrieve": ("same", "p50"), "compose": ("same", "p50")}  # fmt: skip
+    compose = result["metrics"]["compose"]
+    assert compose["llm"]["explanation"].startswith("within the tolerance")
+    assert compose["llm"]["cause"] is None
     assert not regression(result)
+    # without a tolerance nothing is shown to be equal, except the constant retrieve step
+    strict = compare(store, str(run), str(run), min_effect=MinEffect(0, "%"))
+    assert {k: m["verdict"] for k, m in strict["metrics"].items()} == {
+        "turn": "inconclusive", "classify": "inconclusive", "retrieve": "same",
+        "compose": "inconclusive"}  # fmt: skip
+    assert strict["metrics"]["compose"]["llm"]["explanation"].startswith("no clear change")
 
 
 @given(st.lists(st.floats(min_value=1.0, max_value=30_000.0), min_size=1, max_size=80))
@@ -135,9 +146,10 @@ def test_a_against_itself_is_inconclusive(store: Store) -> None:
 def test_a_a_property_never_a_regression(durations: list[float]) -> None:
     with Store.open(":memory:") as s:
         run = make_run(s, len(durations), lambda i: (durations[i], 10 + i % 3, 5.0))
-        result = compare(s, str(run), str(run))
-        assert not regression(result)
-        assert {m["verdict"] for m in result["metrics"].values()} == {"inconclusive"}
+        for tolerance in (MinEffect(0, "%"), MinEffect(5, "%"), MinEffect(20, "ms")):
+            result = compare(s, str(run), str(run), min_effect=tolerance)
+            assert not regression(result)
+            assert {m["verdict"] for m in result["metrics"].values()} <= {"same", "inconclusive"}
 
 
 def test_slower_because_more_tokens(store: Store) -> None:
@@ -286,5 +298,18 @@ def test_answer_blocks_are_shaped_like_turn(store: Store) -> None:
         assert block["a"]["n"] == 0 and block["b"]["n"] == 40  # A's are unknown
         assert block["verdict"] == "inconclusive"
     same = compare(store, str(b), str(b))
-    assert same["answer_ttft"]["verdict"] == "inconclusive"
+    assert same["answer_ttft"]["verdict"] == "same"  # 100-106 ms: within ±5%
     assert same["answer_ttft"]["a"]["n"] == 40 and same["answer_ttft"]["a"]["p50_ms"] is not None
+
+
+def test_min_effect_parses_shares_and_times() -> None:
+    assert parse_min_effect("5%") == MinEffect(5.0, "%")
+    assert parse_min_effect(" 2.5 % ") == MinEffect(2.5, "%")
+    assert parse_min_effect("20ms") == parse_min_effect("20 ms") == MinEffect(20.0, "ms")
+    assert parse_min_effect("0") == MinEffect(0.0, "%")
+    assert MinEffect(5, "%").tolerance_ms(1200.0) == 60.0
+    assert MinEffect(20, "ms").tolerance_ms(1200.0) == 20.0
+    assert str(MinEffect(20, "ms")) == "20ms" and str(MinEffect(2.5, "%")) == "2.5%"
+    for bad in ("5", "", "5s", "x%", "-1%"):
+        with pytest.raises(UserInputError, match="--min-effect"):
+            parse_min_effect(bad)

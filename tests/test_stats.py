@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from chainrun.stats import (
+    QuantileDiff,
     order_stat_indices,
     paired_compare,
     pass_rate,
     percentile,
+    practical_latency_verdict,
+    practical_verdict,
     quantile_ci,
     quantile_diff,
     sign_test_p,
@@ -213,3 +216,49 @@ def test_wilson_edge_cases() -> None:
         wilson_interval(3, 2)
     pr = pass_rate(0, 0)
     assert pr == {"n": 0, "passed": 0, "pass_rate": None, "pass_rate_ci": None}
+
+
+# -- a practical tolerance (compare --min-effect) ------------------------------------------
+
+
+def test_practical_verdict_cases() -> None:
+    def v(est: float, lo: float, hi: float, tol: float) -> str:
+        return practical_verdict(QuantileDiff(50, est, (lo, hi)), tol)
+
+    assert v(20, 18, 22, 0) == "worse" and v(-20, -22, -18, 0) == "better"
+    assert v(20, 18, 22, 50) == "same"  # real, but within ±50
+    assert v(0, -30, 30, 50) == "same"  # shown to be within ±50, real or not
+    assert v(0, -30, 30, 10) == "inconclusive"  # may be larger than 10 either way
+    assert v(60, 55, 70, 50) == "worse" and v(-60, -70, -55, 50) == "better"
+    assert v(8, 5, 14, 10) == "inconclusive"  # real, under 10, but may be more
+    assert v(12, 1, 40, 10) == "worse"  # real, and the estimate is beyond 10
+    assert practical_verdict(QuantileDiff(90, 5.0, None), 10) == "inconclusive"
+    assert practical_verdict(QuantileDiff(90, None, None), 10) == "inconclusive"
+    with pytest.raises(ValueError, match="tolerance"):
+        v(0, -1, 1, -1)
+
+
+@given(st.floats(-1000, 1000), st.floats(0, 500), st.floats(0, 500))
+@settings(max_examples=200, deadline=None)
+def test_practical_verdict_without_tolerance_keeps_worse_and_better(
+    est: float, below: float, above: float
+) -> None:
+    d = QuantileDiff(50, est, (est - below, est + above))
+    got = practical_verdict(d, 0.0)
+    if d.verdict in ("worse", "better"):
+        assert got == d.verdict
+    else:
+        assert got in ("same", "inconclusive")  # same only for a [0, 0] interval
+        assert got == "inconclusive" or d.ci == (0.0, 0.0)
+
+
+def test_practical_latency_verdict_needs_every_bounded_percentile_same() -> None:
+    same = QuantileDiff(50, 1.0, (-2.0, 3.0))
+    wide = QuantileDiff(90, 1.0, (-40.0, 45.0))
+    unbounded = QuantileDiff(99, 1.0, None)
+    worse = QuantileDiff(90, 30.0, (20.0, 40.0))
+    assert practical_latency_verdict([same, unbounded], [10, 10]) == ("same", 0)
+    assert practical_latency_verdict([same, wide, unbounded], [10, 10, 10]) == (
+        "inconclusive", None)  # fmt: skip
+    assert practical_latency_verdict([same, worse], [10, 10]) == ("worse", 1)
+    assert practical_latency_verdict([unbounded], [10]) == ("inconclusive", None)

@@ -23,7 +23,7 @@ from chainrun.cli import (
     run_async,
 )
 from chainrun.cli.tables import provider_compare_table, turn_counts
-from chainrun.compare import compare, regression
+from chainrun.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
@@ -162,6 +162,14 @@ def compare_command(
             "answer_done, a step name, evals).",
         ),
     ] = None,
+    min_effect: Annotated[
+        str,
+        typer.Option(
+            "--min-effect",
+            help="Practical tolerance: a latency difference within it (a share of A's "
+            "percentile such as 5%, or a time such as 20ms; 0 for none) is 'same'.",
+        ),
+    ] = str(DEFAULT_MIN_EFFECT),
     by: Annotated[
         str | None,
         typer.Option(
@@ -185,6 +193,7 @@ def compare_command(
         raise UserInputError(
             f"--by: expected 'provider' (without --metric or --fail-on-regression), got {by!r}"
         )
+    tolerance = parse_min_effect(min_effect)
     dbs = db or [DEFAULT_DB_PATH]
     merged = merge_logs(dbs) if len(dbs) > 1 else None
     sel_a, sel_b = (merged.run_id(a), merged.run_id(b)) if merged else (a, b)
@@ -196,7 +205,7 @@ def compare_command(
             else:
                 out.print(provider_compare_table(doc))
             return
-        result = compare(store, sel_a, sel_b, metric=metric)
+        result = compare(store, sel_a, sel_b, metric=metric, min_effect=tolerance)
         # runs that differ only in where steps are served also get the by-provider split
         by_provider = (
             compare_providers(store, sel_a, sel_b)
@@ -238,14 +247,19 @@ def _ci(v: Any) -> str:
 
 
 def _verdict(m: dict[str, Any]) -> str:
-    """The verdict with the difference that decided it: ``worse (p90 +12 [3, 20])``."""
+    """The verdict with the difference that decided it: ``worse (p90 +12 [3, 20])``, and
+    for ``same`` the tolerance it lies within: ``same (p50 +15 [12, 18] within ±50)``."""
     key = m.get("decided_by")
     if not key:
         return str(m["verdict"])
     d = m["diff"]
     est = d.get(f"{key}_ms")
     shown = "-" if est is None else f"{est:+.0f}"
-    return f"{m['verdict']} ({key} {shown} {_ci(d.get(f'{key}_ci'))})"
+    cell = f"{m['verdict']} ({key} {shown} {_ci(d.get(f'{key}_ci'))}"
+    tol = (d.get("tolerance_ms") or {}).get(key)
+    if m["verdict"] == "same" and tol is not None:
+        cell += f" within ±{tol:.0f}"
+    return cell + ")"
 
 
 def _print_compare(doc: dict[str, Any]) -> None:
@@ -271,6 +285,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
         )  # fmt: skip
     notes = [f"A: {turn_counts(doc['a'].get('turns'))}",
              f"B: {turn_counts(doc['b'].get('turns'))}"]  # fmt: skip
+    if doc.get("min_effect"):
+        notes.append(f"min effect {doc['min_effect']['text']}: a difference shown to lie "
+                     "within it is 'same' (--min-effect)")  # fmt: skip
     if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
         notes.append(NO_CI_NOTE)
     table.caption = "\n".join(notes)
