@@ -8,7 +8,9 @@ difference B − A per percentile with an interval, and a verdict that says ``wo
 when B is slower beyond that interval. LLM steps also get their latency split into TTFT,
 time between tokens and completion tokens, so that a step that got slower because it
 generated more tokens is told apart from one that was served slower. Eval pass rates are
-compared *paired*, on the same case ids (exact McNemar test).
+compared *paired*, on the same case ids (exact McNemar test); skipped verdicts (no
+grader for ``llm-rubric``) are in no pass rate and are counted per side and type, with
+the reason (``evals.skipped``).
 
 A practical tolerance (``min_effect``, :class:`MinEffect`: ``5%`` of A's percentile or
 ``20ms``; default :data:`DEFAULT_MIN_EFFECT`) turns a real but tiny latency difference
@@ -32,7 +34,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from chainrun.errors import UserInputError
-from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, winning_calls
+from chainrun.evals.scoring import (
+    case_outcomes,
+    flip_rate,
+    load_results,
+    skipped_summary,
+    winning_calls,
+)
 from chainrun.records import CallRow, StepRow, TurnRow
 from chainrun.report import CompletedTurns, completed_turns
 from chainrun.stats import (
@@ -412,6 +420,18 @@ def _llm_split(
 # -- evals --------------------------------------------------------------------------------
 
 
+def _skipped(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One side's skipped verdicts (``passed`` NULL: e.g. ``llm-rubric`` without a
+    grader): ``{"n", "cases": cases with at least one, "by_type": {type: {"n",
+    "reason"}}}``."""
+    skipped = [r for r in rows if r["passed"] is None]
+    return {
+        "n": len(skipped),
+        "cases": len({r["case_id"] for r in skipped}),
+        "by_type": skipped_summary(skipped),
+    }
+
+
 def _evals(store: Store, a: Side, b: Side) -> dict[str, Any] | None:
     ids_a, ids_b = a.turn_ids, b.turn_ids
     ra = [r for r in load_results(store, a.run_ids) if r["turn_id"] in ids_a]
@@ -420,7 +440,8 @@ def _evals(store: Store, a: Side, b: Side) -> dict[str, Any] | None:
         return None
     cases = paired_compare(case_outcomes(ra), case_outcomes(rb))
     by_type = {}
-    for t in sorted({r["type"] for r in ra} | {r["type"] for r in rb}):
+    graded = {r["type"] for r in [*ra, *rb] if r["passed"] is not None}
+    for t in sorted(graded):  # a type with no verdict on either side is only in "skipped"
         by_type[t] = paired_compare(
             case_outcomes(r for r in ra if r["type"] == t),
             case_outcomes(r for r in rb if r["type"] == t),
@@ -431,6 +452,7 @@ def _evals(store: Store, a: Side, b: Side) -> dict[str, Any] | None:
         **cases.as_dict(),
         "by_type": by_type,
         "flip": {"a": flip_rate(ra), "b": flip_rate(rb)},
+        "skipped": {"a": _skipped(ra), "b": _skipped(rb)},
     }
 
 
@@ -469,7 +491,9 @@ def compare(
                        "llm": {"a": SPLIT, "b": SPLIT, "changes": {...},
                                "cause": ..., "explanation": "slower: +40% ..."}},
          },
-         "evals": EVALS | None,
+         "evals": EVALS | None,  # paired pass rates; EVALS["skipped"] = {"a": SKIPPED,
+                                 # "b": SKIPPED}, SKIPPED = {"n", "cases", "by_type":
+                                 # {type: {"n", "reason"}}}
          "answer_ttft": {like "turn": the shopper's wait for the first answer token},
          "answer_done": {like "turn": until the answer was complete},
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}

@@ -216,6 +216,30 @@ def test_item2_pass_when_the_step_needs_its_effort(store) -> None:
     assert pr["verdict"] == "worse" and pr["p_value"] < 0.05
 
 
+def test_item2_skipped_verdicts_are_no_failures_and_are_named(store) -> None:
+    b = _eval_run(store, "none", [True] * 10, ms=300.0)
+    a = _eval_run(store, "high", [True] * 10, ms=900.0)
+    # run b's llm-rubric verdicts were skipped (no grader): passed NULL, not a failure
+    add_eval_results(
+        store,
+        b,
+        [
+            {"turn_id": t.id, "case_id": f"c{i}", "type": "llm-rubric", "passed": None,
+             "detail": "no grader configured: set [grader] in chainrun.toml"}
+            for i, t in enumerate(store.turns(b))
+        ],
+    )  # fmt: skip
+    it = item(store, 2)
+    pr = it.figures["steps"]["compose"]["comparison"]["pass_rate"]
+    assert pr["verdict"] == "inconclusive" and pr["b"]["passed"] == 10  # not 0 of 10
+    assert pr["skipped"]["a"] == {}
+    assert pr["skipped"]["b"]["llm-rubric"]["n"] == 10
+    assert it.verdict == "warn"  # no loss measured at none: turn it down
+    note = next(n for n in it.notes if n.startswith("compose:"))
+    assert f"10 llm-rubric verdicts of run {b} skipped: no grader configured" in note
+    assert a != b
+
+
 # ------------------------------------------------------------------------- 3. delay vs p95
 
 

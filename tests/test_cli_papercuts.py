@@ -480,3 +480,38 @@ def test_compare_min_effect_calls_a_tiny_real_difference_same(tmp_path: Path) ->
         proc = chainrun("compare", a, b, "--db", str(db), "--min-effect", bad)
         assert proc.returncode == 2 and f"--min-effect {bad!r}" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_compare_counts_and_names_skipped_eval_verdicts(lab_config: Path, tmp_path: Path) -> None:
+    # each case: one checkable assertion and one llm-rubric the lab's replies cannot grade
+    cases = _cases(
+        tmp_path / "mixed.jsonl",
+        *(
+            {**c, "assert": [*c["assert"], {"type": "not-contains", "value": "XYZZY"}]}
+            for c in RUBRIC_ONLY
+        ),
+    )
+    db = tmp_path / "log.db"
+    runs = []
+    for _ in range(2):
+        proc = chainrun("eval", str(cases), "--config", str(lab_config), "--db", str(db), "--json")
+        assert proc.returncode == 0, proc.stderr
+        runs.append(str(json.loads(proc.stdout)["run_id"]))
+    proc = chainrun("compare", *runs, "--db", str(db), "--json")
+    assert proc.returncode == 0, proc.stderr
+    ev = json.loads(proc.stdout)["evals"]
+    assert ev["n_pairs"] == 2 and ev["a"]["passed"] == 2  # the not-contains verdicts
+    for side in ("a", "b"):
+        sk = ev["skipped"][side]
+        assert sk["n"] == 2 and sk["cases"] == 2
+        assert sk["by_type"]["llm-rubric"]["n"] == 2
+        assert "gave no pass/fail" in sk["by_type"]["llm-rubric"]["reason"]
+    assert set(ev["by_type"]) == {"not-contains"}  # no verdict, no pass rate
+    text = chainrun("compare", *runs, "--db", str(db)).stdout
+    lines = [line for line in text.splitlines() if "skipped" in line]
+    assert [line.split(" (")[0] for line in lines] == [
+        "A: skipped 2 llm-rubric", "B: skipped 2 llm-rubric"]  # fmt: skip
+    assert all("in no pass rate" in line and "[grader]" in line for line in lines)
+    assert "evals (paired on 2 cases): A 2/2 = 1.00" in text
+    proc = chainrun("compare", *runs, "--db", str(db), "--fail-on-skipped")
+    assert proc.returncode == 1

@@ -32,7 +32,7 @@ from chainrun.audit.plots import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows, settle_ms
 from chainrun.audit.scope import Sample, Scope
-from chainrun.evals.scoring import case_outcomes
+from chainrun.evals.scoring import case_outcomes, skipped_summary
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
 from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES
@@ -391,7 +391,8 @@ def _eval_sample(scope: Scope, run_id: int) -> tuple[list[Step], list[Call], lis
 def _effort_comparison(scope: Scope, step: str, a_id: int, b_id: int) -> dict[str, Any]:
     sa, ca, ra = _eval_sample(scope, a_id)
     sb, cb, rb = _eval_sample(scope, b_id)
-    paired = paired_compare(case_outcomes(results_as_rows(ra)), case_outcomes(results_as_rows(rb)))
+    rows_a, rows_b = results_as_rows(ra), results_as_rows(rb)
+    paired = paired_compare(case_outcomes(rows_a), case_outcomes(rows_b))
     ms_a = [s.duration_ms for s in sa if s.step == step and s.duration_ms is not None]
     ms_b = [s.duration_ms for s in sb if s.step == step and s.duration_ms is not None]
     d = quantile_diff(ms_a, ms_b, 50)
@@ -415,6 +416,8 @@ def _effort_comparison(scope: Scope, step: str, a_id: int, b_id: int) -> dict[st
         "pass_rate": {
             **paired.as_dict(),
             "test": "exact McNemar (two-sided binomial on discordant cases)",
+            # verdicts without a pass/fail (llm-rubric, no grader): in no pass rate
+            "skipped": {"a": skipped_summary(rows_a), "b": skipped_summary(rows_b)},
         },
         "step_p50_ms": {
             "a": summarize(ms_a)["p50_ms"],
@@ -500,6 +503,9 @@ def check_reasoning(scope: Scope) -> Item:
             )
             if saved is not None:
                 text += f", step p50 {saved:+.0f} ms"
+            for side, rid in (("a", a_id), ("b", b_id)):
+                for kind, sk in pr["skipped"][side].items():
+                    text += f" ({sk['n']} {kind} verdicts of run {rid} skipped: {sk['reason']})"
             if worse:
                 notes.append(
                     text + f": the step needs its effort; keep {cmp['a']['reasoning_effort']}."

@@ -64,7 +64,9 @@ def settle_ms(call: CallRow) -> float | None:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """An ``eval_results`` row: one assertion's verdict on one turn."""
+    """An ``eval_results`` row: one assertion's verdict on one turn. ``passed`` is None
+    for a skipped verdict (``llm-rubric`` without a usable grader; the reason in
+    ``detail``): it counts in no pass rate."""
 
     run_id: int
     turn_id: int
@@ -72,7 +74,8 @@ class EvalResult:
     repeat: int
     type: str
     step: str | None
-    passed: bool
+    passed: bool | None
+    detail: str | None = None
 
 
 @dataclass
@@ -126,7 +129,8 @@ def eval_results(store: Store, run_ids: Iterable[int]) -> list[EvalResult]:
             repeat=int(r.get("repeat") or 0),
             type=str(r["type"]),
             step=r.get("step"),
-            passed=bool(r["passed"]),
+            passed=None if r["passed"] is None else bool(r["passed"]),
+            detail=r.get("detail"),
         )
         for r in load_results(store, list(run_ids))
     ]
@@ -141,6 +145,7 @@ def results_as_rows(results: Sequence[EvalResult]) -> list[dict[str, Any]]:
             "type": r.type,
             "step": r.step,
             "passed": r.passed,
+            "detail": r.detail,
         }
         for r in results
     ]

@@ -162,6 +162,14 @@ def compare_command(
             "answer_done, a step name, evals).",
         ),
     ] = None,
+    fail_on_skipped: Annotated[
+        bool,
+        typer.Option(
+            "--fail-on-skipped",
+            help="Exit 1 when either side has an eval assertion without a verdict "
+            "(e.g. llm-rubric, no grader).",
+        ),
+    ] = False,
     min_effect: Annotated[
         str,
         typer.Option(
@@ -229,7 +237,9 @@ def compare_command(
         _print_compare(doc)
         if by_provider is not None:
             out.print(provider_compare_table(by_provider))
-    if regressed:
+    ev = result.get("evals")
+    skipped = ev is not None and any(ev["skipped"][side]["n"] for side in ("a", "b"))
+    if regressed or (fail_on_skipped and skipped):
         raise typer.Exit(1)
 
 
@@ -285,9 +295,12 @@ def _print_compare(doc: dict[str, Any]) -> None:
         )  # fmt: skip
     notes = [f"A: {turn_counts(doc['a'].get('turns'))}",
              f"B: {turn_counts(doc['b'].get('turns'))}"]  # fmt: skip
-    if doc.get("min_effect"):
-        notes.append(f"min effect {doc['min_effect']['text']}: a difference shown to lie "
+    effect = doc.get("min_effect")
+    if effect and effect["value"]:
+        notes.append(f"min effect {effect['text']}: a difference shown to lie "
                      "within it is 'same' (--min-effect)")  # fmt: skip
+    elif effect:
+        notes.append("min effect 0: verdicts by the intervals alone (--min-effect)")
     if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
         notes.append(NO_CI_NOTE)
     table.caption = "\n".join(notes)
@@ -298,7 +311,11 @@ def _print_compare(doc: dict[str, Any]) -> None:
             out.print(f"{name}: {llm['explanation']}")
     ev = doc.get("evals")
     if ev:
-        out.print(f"evals (paired on {ev['n_pairs']} cases): A {ev['a']['pass_rate']} "
-                  f"B {ev['b']['pass_rate']} p={ev['p_value']:.3f} → {ev['verdict']}")  # fmt: skip
+        out.print(f"evals (paired on {ev['n_pairs']} cases): A {_fmt_rate(ev['a'])}, "
+                  f"B {_fmt_rate(ev['b'])}, p={ev['p_value']:.3f} → {ev['verdict']}")  # fmt: skip
+        for side in ("a", "b"):  # skipped verdicts: counted and named, never dropped
+            for kind, sk in ev["skipped"][side]["by_type"].items():
+                out.print(f"[yellow]{side.upper()}: skipped {sk['n']} {kind}[/] (in no pass "
+                          "rate): " + sk["reason"].replace("[", r"\["))  # fmt: skip
     if doc.get("regressions"):
         out.print(f"[red]regressions:[/] {', '.join(doc['regressions'])}")
