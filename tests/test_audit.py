@@ -464,6 +464,39 @@ def test_item6_fail_when_stopping_early_costs_recall(store) -> None:
     assert it.figures["recall_cost"] == {"mean": 0.5, "n": 4, "k": 8}
 
 
+def test_latency_items_follow_the_one_rule_of_every_summary(store) -> None:
+    """An interrupted hedged run: 80 completed turns, then 6 cancelled (Ctrl-C) whose
+    hedged step had fired with a partial 5 ms, and 2 errored turns. The audit's latency
+    figures use the completed turns only, as show and hedge-stats do."""
+    from chainrun.report import hedge_stats, latency_summary
+
+    turns = [hedged_turn("guard", delay=190.0, settle=100.0 + i, fired=i % 4 == 0,
+                         won=i % 8 == 0, saved=30.0) for i in range(80)]  # fmt: skip
+    for i in range(8):
+        t = hedged_turn("guard", delay=190.0, settle=5.0, fired=True, won=False)
+        t.turn.status = "cancelled" if i < 6 else "error"
+        turns.append(t)
+    rid = add_run(store, "replay", turns, config=hedge_config())
+    report = audit(store, runs=[rid])
+    shown, hedging = latency_summary(store, rid), hedge_stats(store, rid)
+    counts = {"n_completed": 80, "n_cancelled": 6, "n_refused": 0, "n_errored": 2}
+    assert shown["turns"] == hedging["turns"] == counts
+    assert report.scope["samples"][0]["turns"] == counts
+    i3, i4, i5, i7 = (report.items[k - 1].figures for k in (3, 4, 5, 7))
+    assert i3["steps"]["guard"]["n"] == 80 and i3["steps"]["guard"]["n_armed"] == 80
+    g4, g = i4["steps"]["guard"], hedging["steps"]["guard"]
+    assert (g4["n_armed"], g4["n_fired"], g4["n_won"]) == (g["n_armed"], g["n_fired"], g["n_won"])
+    assert g4["n_fired"] == 20 and g4["n_turns"] == 80
+    assert i5["steps"]["guard"]["local"]["n"] == 80
+    turn_fig = i7["metrics"]["turn"][f"replay run {rid}"]
+    assert turn_fig["n"] == shown["turn"]["n"] == 80
+    assert turn_fig["p50_ms"] == shown["turn"]["p50_ms"]  # not pulled down by the 5 ms
+    assert i7["turns"][f"replay run {rid}"] == counts
+    row = next(r for r in report.items[6].tables[0].rows if r[0] == "turn")
+    assert row[-1] == "6 cancelled, 2 errored"
+    assert "n = 80 completed turns (6 cancelled, 2 errored left out)" in report.items[6].evidence
+
+
 # ------------------------------------------------------------------------- 7. live/replay
 
 

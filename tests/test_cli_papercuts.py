@@ -401,6 +401,17 @@ def test_every_summary_counts_only_completed_turns(tmp_path: Path) -> None:
     assert "over 6 completed turns" in text and "2 cancelled, 1 refused, 1 errored" in text
     text = chainrun("compare", str(run), str(run), "--db", str(db)).stdout
     assert "A: over 6 completed turns" in text
+    # the audit: the same rule, the same n, the others counted beside
+    proc = chainrun("audit", "--run", str(run), "--db", str(db), "--format", "json", "--out", "-")
+    assert proc.returncode == 0, proc.stderr
+    items = {i["id"]: i for i in json.loads(proc.stdout)["items"]}
+    live_vs_replay = items[7]["figures"]
+    assert live_vs_replay["metrics"]["turn"][f"replay run {run}"]["n"] == 6
+    assert live_vs_replay["metrics"]["turn"][f"replay run {run}"]["p50_ms"] == 1200.0
+    assert live_vs_replay["metrics"]["compose"][f"replay run {run}"]["n"] == 6
+    assert live_vs_replay["turns"][f"replay run {run}"] == counts
+    assert "(2 cancelled, 1 refused, 1 errored left out)" in items[7]["evidence"]
+    assert items[5]["figures"]["steps"]["compose"]["?"]["n"] == 6  # winning calls
 
 
 def test_compare_says_which_difference_decided_its_verdict(tmp_path: Path) -> None:

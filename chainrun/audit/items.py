@@ -5,7 +5,11 @@ Each ``check_*`` takes a :class:`~chainrun.audit.scope.Scope` and returns an
 not_enough_data``), evidence in plain words, the figures behind it (every statistic
 with its n) and, where data is missing, what is missing and the command that would
 produce it. Nothing passes by default. Percentiles and their intervals are the
-order-statistic ones of :mod:`chainrun.stats`; times are in ms.
+order-statistic ones of :mod:`chainrun.stats`; times are in ms. Every latency figure
+follows the one rule of every summary (:func:`chainrun.report.completed_turns`): it is
+over the steps and calls of completed turns only (``Sample.done_*``), with the
+cancelled, refused and errored turns counted beside it; the logging checks (item 1)
+read every row.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from chainrun.audit.scope import Sample, Scope
 from chainrun.evals.scoring import case_outcomes, skipped_summary
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
-from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES
+from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES, completed_turns
 from chainrun.stats import (
     order_stat_indices,
     paired_compare,
@@ -384,7 +388,9 @@ def effort_pairs(scope: Scope) -> dict[str, list[tuple[int, int]]]:
 def _eval_sample(scope: Scope, run_id: int) -> tuple[list[Step], list[Call], list[EvalResult]]:
     for e in scope.evals:
         if e.run.id == run_id:
-            return e.steps, e.calls, [r for r in scope.results if r.run_id == run_id]
+            done = completed_turns(e.turns)  # latency of completed turns only
+            results = [r for r in scope.results if r.run_id == run_id]
+            return done.of(e.steps), done.of(e.calls), results
     return [], [], []
 
 
@@ -665,16 +671,18 @@ def check_hedge_delay(scope: Scope) -> Item:
     figs: dict[str, Any] = {}
     cdf: dict[str, dict[str, list[float]]] = {}
     for name in steps:
-        calls = [c for c in scope.calls if c.step == name]
+        calls = [c for c in scope.calls if c.step == name]  # logging: every attempt
         no_outcome = sum(c.outcome is None for c in calls)
         settle = [
             ms
-            for c in calls
-            if c.outcome in SETTLED_OUTCOMES and c.error_type is None
+            for c in scope.done_calls
+            if c.step == name and c.outcome in SETTLED_OUTCOMES and c.error_type is None
             and (ms := settle_ms(c)) is not None
         ]  # fmt: skip
         delays = [
-            s.hedge_delay_ms for s in scope.steps if s.step == name and s.hedge_delay_ms is not None
+            s.hedge_delay_ms
+            for s in scope.done_steps
+            if s.step == name and s.hedge_delay_ms is not None
         ]
         delay = _median(delays)
         p95 = percentile(settle, 95) if settle else None
@@ -815,7 +823,7 @@ def check_win_rate(scope: Scope) -> Item:
         armed: list[tuple[Sample, Step]] = [
             (sm, s)
             for sm in scope.samples
-            for s in sm.steps
+            for s in sm.done_steps
             if s.step == name and s.hedge_delay_ms is not None and s.status != "skipped"
         ]
         fired = [(sm, s) for sm, s in armed if s.hedge_fired]
@@ -823,15 +831,15 @@ def check_win_rate(scope: Scope) -> Item:
         saved = [s.time_saved_ms for _, s in won if s.time_saved_ms is not None]
         copies = sum(
             1
-            for c in scope.calls
+            for c in scope.done_calls
             if c.step == name and c.attempt > 1 and c.outcome in SENT_OUTCOMES
         )
-        n_turns = len({s.turn_id for sm in scope.samples for s in sm.steps if s.step == name})
+        n_turns = len({s.turn_id for s in scope.done_steps if s.step == name})
         # the definitions of chainrun.hedging.stats (fires per armed call, wins per fire)
         fire_rate = _rounded(hedge_fire_rate(len(fired), len(armed)))
         win_rate = _rounded(hedge_win_rate(len(won), len(fired)))
         # W + N: do fires land on long answers (work) or on slow servers (noise)?
-        winners = _winners(scope.calls)
+        winners = _winners(scope.done_calls)
         tokens_all = [
             winners[(s.turn_id, name)].output_tokens
             for _, s in armed
@@ -1077,7 +1085,7 @@ def check_latency_tokens(scope: Scope) -> Item:
     """Item 5: per provider and step, duration fitted against output tokens (Theil–Sen),
     TTFT and time per output token apart; two providers of one step compared."""
     winners = [
-        c for c in _winners(scope.calls).values() if c.error_type is None and not c.truncated
+        c for c in _winners(scope.done_calls).values() if c.error_type is None and not c.truncated
     ]
     groups: dict[str, dict[str, list[Call]]] = defaultdict(lambda: defaultdict(list))
     for c in winners:
@@ -1256,7 +1264,7 @@ def check_retrieval(scope: Scope) -> Item:
     on labelled queries when the log holds turns where every search ran."""
     retr = [
         s
-        for s in scope.steps
+        for s in scope.done_steps
         if s.kind == "retrieve" and s.status != "skipped" and s.detail is not None
     ]
     if not retr:
@@ -1416,17 +1424,22 @@ TITLE_7 = "Live percentiles next to replay numbers, with the size of each sample
 
 
 def _metric_values(sample: Sample) -> dict[str, list[float]]:
+    """Latency per metric over the sample's completed turns (the one rule)."""
     out: dict[str, list[float]] = {
-        "turn": [
-            t.duration_ms
-            for t in sample.turns
-            if t.duration_ms is not None and t.status != "cancelled"
-        ]
+        "turn": [t.duration_ms for t in sample.done_turns if t.duration_ms is not None]
     }
-    for s in sample.steps:
+    for s in sample.done_steps:
         if s.duration_ms is not None and s.status not in ("skipped", "cancelled"):
             out.setdefault(s.step, []).append(s.duration_ms)
     return out
+
+
+def _not_completed(sample: Sample) -> str:
+    """``"2 cancelled, 1 refused"`` (the turns left out of the percentiles), or ``""``."""
+    c = sample.completed
+    parts = [f"{n} {what}" for n, what in ((c.n_cancelled, "cancelled"),
+             (c.n_refused, "refused"), (c.n_errored, "errored")) if n]  # fmt: skip
+    return ", ".join(parts)
 
 
 def check_live_vs_replay(scope: Scope) -> Item:
@@ -1478,7 +1491,8 @@ def check_live_vs_replay(scope: Scope) -> Item:
                     cells.append(f"{est:.0f} (not bounded; needs n ≥ {need})")
                 else:
                     cells.append(f"{est:.0f} [{ci[0]:.0f}, {ci[1]:.0f}]")
-            rows.append([m, side.name, len(vs), *cells])
+            left_out = _not_completed(side) if m == "turn" else ""
+            rows.append([m, side.name, len(vs), *cells, left_out or "–"])
             if vs:
                 cdf.setdefault(m, {})[side.name] = vs
     slower: list[dict[str, Any]] = []
@@ -1528,9 +1542,13 @@ def check_live_vs_replay(scope: Scope) -> Item:
     elif flags or missing:
         verdict = "warn"
         n_turn = {s.name: len(values[s.name].get("turn", [])) for s in sides}
+        left = {s.name: _not_completed(s) for s in sides}
         evidence = (
             "Samples: "
-            + ", ".join(f"{k} n = {v} turns" for k, v in n_turn.items())
+            + ", ".join(
+                f"{k} n = {v} completed turns" + (f" ({left[k]} left out)" if left[k] else "")
+                for k, v in n_turn.items()
+            )
             + f". {len(flags)} quoted percentiles cannot be bounded by their sample"
             + (
                 f" (the turn p90 needs n ≥ {needed_n(90)}, the p99 n ≥ {needed_n(99)})."
@@ -1545,17 +1563,24 @@ def check_live_vs_replay(scope: Scope) -> Item:
             "Every percentile of every sample is bounded by its interval and live "
             "turns are not slower than the replay beyond them."
         )
+    if verdict != "warn" and any(_not_completed(s) for s in sides):
+        evidence += (
+            " Left out of the percentiles: "
+            + "; ".join(f"{s.name}: {_not_completed(s)}" for s in sides if _not_completed(s))
+            + " turns."
+        )
     table = Table(
-        "p50 / p90 / p99 in ms with 95% order-statistic intervals",
-        ["metric", "sample", "n", "p50 [95%]", "p90 [95%]", "p99 [95%]"],
+        "p50 / p90 / p99 in ms with 95% order-statistic intervals, over completed turns",
+        ["metric", "sample", "n", "p50 [95%]", "p90 [95%]", "p99 [95%]", "turns left out"],
         rows,
     )
+    turns = {s.name: s.completed.counts() for s in sides}
     return Item(
         7,
         TITLE_7,
         verdict,
         evidence,
-        {"metrics": figs, "unbounded": flags, "live_slower": slower},
+        {"metrics": figs, "turns": turns, "unbounded": flags, "live_slower": slower},
         notes,
         missing,
         [table],

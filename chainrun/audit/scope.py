@@ -22,12 +22,18 @@ from chainrun.audit.rows import (
 )
 from chainrun.compare import parse_live_window
 from chainrun.errors import UserInputError
+from chainrun.report import CompletedTurns, completed_turns
 from chainrun.store import Store
 
 
 @dataclass
 class Sample:
-    """Turns audited together: one run (``name`` "replay run 3") or all live turns."""
+    """Turns audited together: one run (``name`` "replay run 3") or all live turns.
+
+    Latency figures read ``done_turns`` / ``done_steps`` / ``done_calls``: the rows of
+    completed turns only, the one rule of every summary
+    (:func:`chainrun.report.completed_turns`); ``completed`` counts the others.
+    """
 
     name: str
     kind: str
@@ -40,6 +46,23 @@ class Sample:
     def is_live(self) -> bool:
         return self.kind == "live"
 
+    @property
+    def completed(self) -> CompletedTurns:
+        """Which turns latency may use, and the cancelled/refused/errored counts."""
+        return completed_turns(self.turns)
+
+    @property
+    def done_turns(self) -> list[Turn]:
+        return self.completed.of(self.turns)
+
+    @property
+    def done_steps(self) -> list[Step]:
+        return self.completed.of(self.steps)
+
+    @property
+    def done_calls(self) -> list[Call]:
+        return self.completed.of(self.calls)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -47,6 +70,7 @@ class Sample:
             "run_ids": [r.id for r in self.runs],
             "labels": [r.label for r in self.runs],
             "n_turns": len(self.turns),
+            "turns": self.completed.counts(),
         }
 
 
@@ -80,6 +104,16 @@ class Scope:
     @property
     def runs(self) -> list[Run]:
         return [r for s in self.samples for r in s.runs]
+
+    @property
+    def done_calls(self) -> list[Call]:
+        """Calls of completed turns (:attr:`Sample.done_calls`): what latency uses."""
+        return [c for s in self.samples for c in s.done_calls]
+
+    @property
+    def done_steps(self) -> list[Step]:
+        """Steps of completed turns (:attr:`Sample.done_steps`): what latency uses."""
+        return [st for s in self.samples for st in s.done_steps]
 
     def current_config(self) -> dict[str, Any] | None:
         """The config snapshot in use: the newest audited run's, else the newest eval run's."""
