@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterable
 
 from chainrun.config import (
+    MODEL_STEP_KINDS,
     CapabilityParam,
     ChainConfig,
     ModelCapabilities,
@@ -170,7 +171,8 @@ def check_step(
 
 
 def check_chain(config: ChainConfig) -> None:
-    """Check every LLM step of ``config`` on its provider and its hedge targets.
+    """Check every step that calls a model (``llm`` and ``guard`` steps: a guard's model,
+    effort and parameters are sent like any other) on its provider and its hedge targets.
 
     Raises:
         ConfigError: the first step asking a model for what it does not accept
@@ -178,7 +180,7 @@ def check_chain(config: ChainConfig) -> None:
     """
     for name in config.order:
         step = config.steps[name]
-        if step.kind != "llm":
+        if step.kind not in MODEL_STEP_KINDS:
             continue
         targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
         for target in dict.fromkeys(targets):

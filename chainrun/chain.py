@@ -31,7 +31,7 @@ from typing import Any
 import sqlite_utils
 
 from chainrun.capabilities import check_chain as check_capabilities
-from chainrun.config import ChainConfig, load_config
+from chainrun.config import MODEL_STEP_KINDS, ChainConfig, load_config
 from chainrun.errors import ConfigError, ProviderUnavailable, error_type
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
@@ -235,7 +235,7 @@ class Chain:
         hedged onto it run unhedged on their primary.
         """
         primaries = {self.config.steps[n].provider for n in self.config.order
-                     if self.config.steps[n].kind == "llm"}  # fmt: skip
+                     if self.config.steps[n].kind in MODEL_STEP_KINDS}  # fmt: skip
         for name in self._used_providers():
             if name in self._injected:
                 self._providers[name] = self._injected[name]

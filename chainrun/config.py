@@ -36,6 +36,10 @@ STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
 CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
 
+#: Step kinds that call a model: their provider must exist and their model, effort and
+#: parameters go through the capability check (:mod:`chainrun.capabilities`).
+MODEL_STEP_KINDS = frozenset({"llm", "guard"})
+
 #: Placeholders a prompt template may use; filled by the chain at run time.
 PROMPT_FIELDS = frozenset({"message", "label", "products", "answer"})
 
@@ -419,7 +423,7 @@ class ChainConfig(_Strict):
                     f"steps.{name}.on_missing_verdict: required for a guard: 'open' (a turn "
                     "goes on without a verdict) or 'closed' (it is refused); no default"
                 )
-            if step.kind in ("llm", "guard") and step.provider not in self.providers:
+            if step.kind in MODEL_STEP_KINDS and step.provider not in self.providers:
                 raise ValueError(
                     f"steps.{name}.provider: unknown provider {step.provider!r}; "
                     f"expected one of {sorted(self.providers)}"

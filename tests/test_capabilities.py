@@ -147,3 +147,39 @@ def test_readme_toml_examples_are_valid_and_pass_the_capability_check() -> None:
     assert blocks
     for block in blocks:
         check_chain(config_from_dict(tomllib.loads(block), "README.md"))
+
+
+async def test_a_guard_step_goes_through_the_same_check_as_an_llm_step() -> None:
+    cfg = config_from_dict({
+        "order": ["guard", "answer"],
+        "answer_step": "answer",
+        "providers": {"openai": {"base_url": "https://api.openai.com/v1"}},
+        "steps": {
+            "answer": {"provider": "openai", "model": "gpt-5.1", "prompt": "{message}"},
+            "guard": {"kind": "guard", "provider": "openai", "model": "gpt-5.1",
+                      "reasoning_effort": "minimal", "on_missing_verdict": "closed"},
+        },
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^steps\.guard\.reasoning_effort: 'minimal'"):
+        check_chain(cfg)
+    fake = FakeProvider(name="openai")
+    with pytest.raises(ConfigError, match=r"steps\.guard\.reasoning_effort"):
+        async with Chain(cfg, providers={"openai": fake}):
+            pass
+    assert fake.requests == []  # refused before any call
+
+
+def test_a_guard_hedged_onto_a_model_that_refuses_its_stop_is_refused() -> None:
+    cfg = config_from_dict({
+        "order": ["guard", "answer"],
+        "answer_step": "answer",
+        "providers": {"local": {}, "openai": {"base_url": "https://api.openai.com/v1"}},
+        "steps": {
+            "answer": {"provider": "local", "prompt": "{message}"},
+            "guard": {"kind": "guard", "provider": "local", "model": "o4-mini-2025-04-16",
+                      "stop": ["\n"], "on_missing_verdict": "open",
+                      "hedge": {"delay_ms": 300, "targets": ["openai"]}},
+        },
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^steps\.guard\.stop"):
+        check_chain(cfg)
