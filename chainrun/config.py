@@ -178,6 +178,73 @@ class HedgeConfig(HedgePolicy):
         return self
 
 
+CheckAction = Literal["block", "redact", "off"]
+
+
+class PatternConfig(_Strict):
+    """A configured regex check (``[[checks.patterns]]``): Python ``re`` syntax."""
+
+    name: str = Field(min_length=1)
+    regex: str
+    action: Literal["block", "redact"] = "block"
+    ignore_case: bool = False
+
+    @model_validator(mode="after")
+    def _compiles(self) -> PatternConfig:
+        PatternCheck.custom(self.name, self.regex, self.action, ignore_case=self.ignore_case)
+        return self
+
+
+class ChecksConfig(_Strict):
+    """Deterministic checks (``[checks]``), run on the user's message before any step and
+    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
+
+    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
+    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
+    A blocked or redacted message is logged with its matches masked.
+    """
+
+    card: CheckAction = "block"
+    iban: CheckAction = "redact"
+    api_key: CheckAction = "redact"
+    email: CheckAction = "off"
+    phone: CheckAction = "off"
+    patterns: list[PatternConfig] = Field(default_factory=list)
+
+    def checker(self) -> PatternChecker:
+        """The checks in force, built-ins first (in :data:`BUILTIN_CHECKS` order)."""
+        checks = [
+            PatternCheck.builtin(name, action)
+            for name in BUILTIN_CHECKS
+            if (action := getattr(self, name)) != "off"
+        ]
+        checks += [
+            PatternCheck.custom(p.name, p.regex, p.action, ignore_case=p.ignore_case)
+            for p in self.patterns
+        ]
+        return PatternChecker(checks)
+
+
+class OutputCheckConfig(ChecksConfig):
+    """Checks on the answer step's stream (``[steps.ANSWER.output_check]``), run by the
+    hold-back engine (:mod:`chainrun.checks.holdback`).
+
+    The stream is checked in windows of ``window_tokens`` (c) streamed chunks; the last c
+    are held back from the user until a check has covered them and what follows, so a
+    flagged phrase of at most c chunks never reaches the user, even split across chunks.
+    The deterministic checks (the fields of ``[checks]``, same defaults, and
+    ``[[...patterns]]``) run on every window: ``block`` stops the stream (the HTTP call is
+    closed) and refuses the turn with ``reject_text`` (default: the chain's refusal);
+    ``redact`` shows ``[NAME]`` instead of the match. Each token reaches the user about
+    c / (tokens per s) + one check later; see :func:`chainrun.checks.holdback.exposure_bound`.
+    """
+
+    #: c: streamed chunks held back (a chunk of a streamed answer is about one token)
+    window_tokens: int = Field(default=8, ge=1, le=4096)
+    #: what the user is told when a window is blocked (None: the chain's refusal)
+    reject_text: str | None = None
+
+
 class StepConfig(_Strict):
     """One step of the chain (``[steps.NAME]``).
 
@@ -241,6 +308,8 @@ class StepConfig(_Strict):
     #: ``kind = "guard"`` only, required: what a missing verdict (timeout, error,
     #: unparseable reply) means: ``open`` lets the turn through, ``closed`` refuses it
     on_missing_verdict: Literal["open", "closed"] | None = None
+    #: the answer step only: checks on its stream, in held-back windows
+    output_check: OutputCheckConfig | None = None
     #: settings of a custom step kind (read by its class)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -289,53 +358,6 @@ class StepConfig(_Strict):
         if problem:
             raise ValueError(f"hedge: {problem}")
         return self
-
-
-CheckAction = Literal["block", "redact", "off"]
-
-
-class PatternConfig(_Strict):
-    """A configured regex check (``[[checks.patterns]]``): Python ``re`` syntax."""
-
-    name: str = Field(min_length=1)
-    regex: str
-    action: Literal["block", "redact"] = "block"
-    ignore_case: bool = False
-
-    @model_validator(mode="after")
-    def _compiles(self) -> PatternConfig:
-        PatternCheck.custom(self.name, self.regex, self.action, ignore_case=self.ignore_case)
-        return self
-
-
-class ChecksConfig(_Strict):
-    """Deterministic checks (``[checks]``), run on the user's message before any step and
-    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
-
-    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
-    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
-    A blocked or redacted message is logged with its matches masked.
-    """
-
-    card: CheckAction = "block"
-    iban: CheckAction = "redact"
-    api_key: CheckAction = "redact"
-    email: CheckAction = "off"
-    phone: CheckAction = "off"
-    patterns: list[PatternConfig] = Field(default_factory=list)
-
-    def checker(self) -> PatternChecker:
-        """The checks in force, built-ins first (in :data:`BUILTIN_CHECKS` order)."""
-        checks = [
-            PatternCheck.builtin(name, action)
-            for name in BUILTIN_CHECKS
-            if (action := getattr(self, name)) != "off"
-        ]
-        checks += [
-            PatternCheck.custom(p.name, p.regex, p.action, ignore_case=p.ignore_case)
-            for p in self.patterns
-        ]
-        return PatternChecker(checks)
 
 
 class GraderConfig(_Strict):
@@ -413,6 +435,11 @@ class ChainConfig(_Strict):
                     raise ValueError(
                         f"steps.{name}.after: {dep!r} is not another step in order {self.order}"
                     )
+            if step.output_check is not None and (name != self.answer_step or not step.stream):
+                raise ValueError(
+                    f"steps.{name}.output_check: only the answer step's stream is checked "
+                    f"this way (answer_step is {self.answer_step!r}; it needs stream = true)"
+                )
             if step.on_reject == "replace" and not step.reject_text:
                 raise ValueError(
                     f"steps.{name}.reject_text: on_reject = 'replace' needs the safe answer "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -204,7 +204,7 @@ class ChatStream:
             self._raise_if_failed()
         return self
 
-    async def deltas(self) -> AsyncIterator[str]:
+    async def deltas(self) -> AsyncGenerator[str, None]:
         """Yield content text as it arrives, to the end of the stream.
 
         Raises:

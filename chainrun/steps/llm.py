@@ -21,6 +21,13 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from chainrun.checks.holdback import (
+    HoldBack,
+    OutputBlocked,
+    WindowCheck,
+    exposure_bound,
+    window_check,
+)
 from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, error_type
 from chainrun.events import TokenDelta
@@ -137,6 +144,12 @@ class LLMStep(Step):
         self.is_answer = False
         # a verdict that can refuse or replace the answer must be seen before the answer
         self.holds_answer = config.on_reject != "flag"
+        # the answer step's stream through the hold-back engine (output_check)
+        self._window_check: WindowCheck | None = (
+            window_check(patterns=config.output_check.checker())
+            if config.output_check is not None
+            else None
+        )
 
     @property
     def reads(self) -> frozenset[str]:
@@ -216,6 +229,9 @@ class LLMStep(Step):
         winner: ChatStream | None = None
         outcome: HedgeOutcome[ChatStream] | None = None
         error: BaseException | None = None
+        holdback = self._holdback()
+        shown: list[str] = []  # what reached the user (redacted by the output check)
+        blocked: OutputBlocked | None = None
         try:
             outcome = await self._hedger.run(attempt, release=release, accept=gate)
             if outcome.error is not None:
@@ -224,11 +240,17 @@ class LLMStep(Step):
                 winner = outcome.value
                 assert winner is not None
                 if cfg.stream:
-                    async with asyncio.timeout_at(deadline):
-                        async for text in winner.deltas():
+                    source = winner.deltas()
+                    if holdback is not None:
+                        source = holdback.stream(source)
+                    async with asyncio.timeout_at(deadline), contextlib.aclosing(source):
+                        async for text in source:
+                            shown.append(text)
                             yield TokenDelta(step=self.name, text=text)
                 else:
                     await winner.collect()
+        except OutputBlocked as e:
+            blocked = e  # the stream is closed below, like a loser's
         except (ProviderError, TimeoutError) as e:
             error = e
         finally:
@@ -238,9 +260,55 @@ class LLMStep(Step):
                 await _close_all([s for s in to_close if s is not None])
             finally:  # recorded even when the close is interrupted by a cancellation
                 error = self._record(ctx, request, outcome, streams, winner, error)
+                if holdback is not None:
+                    self._record_holdback(ctx, holdback, winner, blocked)
                 if outcome is not None and outcome.shadows_pending:
                     ctx.after_log.append(self._shadow_settler(request, outcome, streams, deadline))
-        yield self._result(winner, error)
+        checked = (ctx.row.detail or {}).get("output_check")
+        if blocked is not None:
+            assert self.config.output_check is not None
+            yield StepResult(verdict={"output_check": checked}, refuse=True,
+                             refusal_text=self.config.output_check.reject_text)  # fmt: skip
+            return
+        result = self._result(winner, error)
+        if holdback is not None and result.error is None:
+            result.updates["answer"] = "".join(shown)  # with the output check's redactions
+            if holdback.stats.redactions:
+                result.verdict = {"output_check": checked}
+        yield result
+
+    def _holdback(self) -> HoldBack | None:
+        """A hold-back engine for this turn's answer stream (None: no output check)."""
+        oc = self.config.output_check
+        if self._window_check is None or oc is None or not self.config.stream:
+            return None
+        return HoldBack(self._window_check, oc.window_tokens)
+
+    def _record_holdback(
+        self, ctx: StepContext, holdback: HoldBack, winner: ChatStream | None,
+        blocked: OutputBlocked | None,
+    ) -> None:  # fmt: skip
+        """The output check's figures in the step's ``detail["output_check"]``: windows
+        checked, check latency, tokens held and released, the block (reason and tokens
+        shown before it), and the exposure bound for this stream's measured generation
+        speed and slowest check (:func:`~chainrun.checks.holdback.exposure_bound`)."""
+        st, c = holdback.stats, holdback.window_tokens
+        doc: dict[str, Any] = {
+            "window_tokens": c, "checks": st.checks,
+            "check_ms_max": round(max(st.check_ms), 3) if st.check_ms else None,
+            "tokens_in": st.tokens_in, "tokens_released": st.tokens_released,
+            "max_held_tokens": st.max_held_tokens, "redactions": st.redactions,
+            "status": "blocked" if blocked is not None else "passed",
+        }  # fmt: skip
+        if blocked is not None:
+            doc["reason"] = blocked.reason
+            doc["released_before_block_tokens"] = blocked.released_tokens
+        gaps = winner.timer.token_chunk_gaps_ms if winner is not None else []
+        tokens_per_s = 1000.0 * len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None
+        if tokens_per_s is not None:
+            doc["tokens_per_s"] = round(tokens_per_s, 1)
+            doc["exposure"] = exposure_bound(c, tokens_per_s, max(st.check_ms, default=0.0))
+        ctx.row.detail = {**(ctx.row.detail or {}), "output_check": doc}
 
     def _record(
         self,
