@@ -3,6 +3,10 @@ answer held back until the verdict when it can be refused or replaced."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import reply_by_step
 
@@ -11,6 +15,7 @@ from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import TokenDelta
 from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.store import Store
 
 REJECT = FakeReply('{"ok": false, "reason": "invents a discount"}', ttft_s=0.01)
 SAFE = "Please ask our staff about current offers."
@@ -61,3 +66,25 @@ async def test_an_accepted_answer_is_released_after_the_verdict() -> None:
 def test_replace_needs_its_text() -> None:
     with pytest.raises(ConfigError, match=r"steps\.validate.*reject_text"):
         config_from_dict({"steps": {"validate": {"on_reject": "replace"}}})
+
+
+async def test_show_prints_each_turns_critique_text_and_verdicts(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    critique = FakeReply("Mention that the \x1b[31mStorm Shell is waterproof.", ttft_s=0.002)
+    fake = FakeProvider(name="local", script=reply_by_step({"critique": critique}))
+    with Store.open(db) as store:
+        async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+            await chain.run_turn("a rain jacket under 100?")
+            run_id = chain.run_id
+    with Store.open(db) as store:  # stored per turn: the step's output and the verdict
+        turn = store.turns(run_id or 0)[0]
+        critique_row = next(s for s in store.steps(run_id or 0) if s.step == "critique")
+    assert turn.verdicts["critique"] == {"text": critique_row.output}
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainrun", "show", str(run_id), "--db", str(db)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "  ✓ critique: Mention that the \\x1b[31mStorm Shell is waterproof." in lines
+    assert '  ✓ validate: ok=true, reason="fine"' in lines

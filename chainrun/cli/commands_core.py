@@ -28,7 +28,14 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import hedge_table, latency_table, printable, step_waterfall, steps_table
+from chainrun.cli.tables import (
+    hedge_table,
+    latency_table,
+    printable,
+    step_waterfall,
+    steps_table,
+    verdict_lines,
+)
 from chainrun.config import config_from_snapshot, load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
@@ -205,6 +212,8 @@ def show(
                   f"label={escape(str(t.label))}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
         out.print(f"  < {printable(t.output)}", markup=False)
+        for line in verdict_lines(t.verdicts):  # the critique's text, validate's verdict, ...
+            out.print(f"  ✓ {line}", markup=False)
         out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -43,6 +44,21 @@ def steps_table(steps: list[StepFinished], turn: TurnFinished) -> Table:
         t.add_row(s.step, s.status, s.model or "-", s.reasoning_effort or "-", _f(s.ttft_ms),
                   _f(s.duration_ms), _f(s.output_tokens), str(s.n_attempts))  # fmt: skip
     return t
+
+
+def verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
+    """One line per step verdict of a turn, made printable: a text verdict (a critique's
+    advice) as its text, another as ``key=value`` pairs (values as compact JSON)."""
+    lines = []
+    for name, v in (verdicts or {}).items():
+        if isinstance(v, dict) and set(v) == {"text"}:
+            shown = str(v["text"]).strip()
+        elif isinstance(v, dict):
+            shown = ", ".join(f"{k}={json.dumps(x, ensure_ascii=False)}" for k, x in v.items())
+        else:
+            shown = json.dumps(v, ensure_ascii=False)
+        lines.append(printable(f"{name}: {shown}"))
+    return lines
 
 
 def step_waterfall(steps: list[StepRow]) -> Table:
