@@ -355,7 +355,7 @@ class Chain:
         turn.label = run.state.label
         turn.verdicts = dict(run.verdicts)
         if turn.status == "ok" and run.refused:
-            turn.status = "refused"
+            turn.status = "replaced" if run.replaced else "refused"
             refuser = next((r for r in run.rows() if r.step == run.refused_by), None)
             turn.error_type = refuser.error_type if refuser is not None else None
         if run.unavailable is not None and turn.status != "cancelled":
@@ -363,7 +363,7 @@ class Chain:
         if turn.status == "ok":
             turn.output = run.state.answer or ""
             turn.answer_ttft_ms, turn.answer_done_ms = run.answer_ttft_ms, run.answer_done_ms
-        elif turn.status == "refused":
+        elif turn.status in ("refused", "replaced"):
             turn.output = run.refusal_text or REFUSAL
         turn_id = None
         if self.store is not None and run_id is not None:

@@ -616,6 +616,13 @@ def config_from_dict(
         merged["steps"] = {
             k: v for k, v in merged["steps"].items() if k in order or k in user_steps
         }
+    # a JSON Schema is one value: the user's replaces the default's whole (merged key by
+    # key, its "properties" and "required" would mix with the default verdict's)
+    merged_steps: dict[str, Any] = merged["steps"] if isinstance(merged.get("steps"), dict) else {}
+    for name, step in user_steps.items():
+        target = merged_steps.get(name)
+        if isinstance(step, dict) and "json_schema" in step and isinstance(target, dict):
+            target["json_schema"] = copy.deepcopy(step["json_schema"])
     try:
         return ChainConfig.model_validate(merged)
     except ValidationError as e:

@@ -57,7 +57,8 @@ class StepFinished:
 
 @dataclass(frozen=True)
 class TurnFinished:
-    """The turn ended; ``status`` is ok | refused | error | cancelled.
+    """The turn ended; ``status`` is ok | refused | replaced | error | cancelled
+    (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text).
 
     ``duration_ms``: all steps done (checks after the answer included);
     ``answer_ttft_ms``: the shopper's wait for the first answer token;

@@ -48,7 +48,7 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
             "input": str,
             "output": str,
             "label": str,
-            "status": str,  # ok | refused | error | cancelled
+            "status": str,  # ok | refused | replaced | error | cancelled
             "verdicts": str,  # JSON
             "started_at": str,
             "duration_ms": float,

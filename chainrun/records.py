@@ -42,7 +42,7 @@ RunKind = Literal["replay", "live", "eval"]
 RunStatus = Literal["running", "complete", "failed", "interrupted"]
 #: ok: answered; refused: a step failed closed (or a check refused); error: a provider
 #: could not be reached; cancelled: the caller went away (Ctrl-C, a closed stream)
-TurnStatus = Literal["ok", "refused", "error", "cancelled"]
+TurnStatus = Literal["ok", "refused", "replaced", "error", "cancelled"]
 #: failed_open: no answer, the turn went on; failed_closed: no answer, the turn was
 #: refused; skipped: never started (the turn was refused first); cancelled: stopped
 #: while running (the caller went away, or a sibling failed closed)

@@ -33,22 +33,24 @@ class CompletedTurns:
     """Which turns a latency summary may use, and the counts shown beside it.
 
     ``ids``: ids of the completed turns (status ``ok``); ``n_cancelled``,
-    ``n_refused``, ``n_errored``: the other turns, by status.
+    ``n_refused``, ``n_replaced``, ``n_errored``: the other turns, by status.
     """
 
     ids: frozenset[int]
     n_cancelled: int = 0
     n_refused: int = 0
     n_errored: int = 0
+    n_replaced: int = 0
 
     @property
     def n_completed(self) -> int:
         return len(self.ids)
 
     def counts(self) -> dict[str, int]:
-        """``{"n_completed", "n_cancelled", "n_refused", "n_errored"}`` (turns)."""
+        """``{"n_completed", "n_cancelled", "n_refused", "n_replaced", "n_errored"}`` (turns)."""
         return {"n_completed": self.n_completed, "n_cancelled": self.n_cancelled,
-                "n_refused": self.n_refused, "n_errored": self.n_errored}  # fmt: skip
+                "n_refused": self.n_refused, "n_replaced": self.n_replaced,
+                "n_errored": self.n_errored}  # fmt: skip
 
     def of(self, rows: Iterable[_R]) -> list[_R]:
         """The rows (turns, steps or calls: anything with ``turn_id`` or a turn's ``id``)
@@ -76,7 +78,8 @@ def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:
         if t.status == "ok" and t.id is not None:
             ids.add(t.id)
     return CompletedTurns(frozenset(ids), n_cancelled=by_status["cancelled"],
-                          n_refused=by_status["refused"], n_errored=by_status["error"])  # fmt: skip
+                          n_refused=by_status["refused"], n_errored=by_status["error"],
+                          n_replaced=by_status["replaced"])  # fmt: skip
 
 
 def _pct(values: list[float], p: float) -> float | None:

@@ -54,6 +54,8 @@ class TurnRun:
         self.refused = False
         self.refusal_text: str | None = None
         self.refused_by: str | None = None
+        #: the refusal is a safe answer replacing the turn's answer (on_reject = "replace")
+        self.replaced = False
         self.unavailable: ProviderUnavailable | StepConfigError | None = None
         self.answer_ttft_ms: float | None = None
         self.answer_done_ms: float | None = None
@@ -153,6 +155,8 @@ class TurnRun:
     def _apply(self, name: str, result: StepResult, row: StepRow) -> None:
         step = self.steps[name]
         if result.error is not None:
+            if result.verdict is not None:  # a missing verdict, with its reason
+                self.verdicts[name] = result.verdict
             row.error_type = row.error_type or error_type(result.error)
             if row.error_type == "internal_error":
                 row.detail = {**(row.detail or {}), "error": repr(result.error)}
@@ -178,7 +182,7 @@ class TurnRun:
             self.verdicts[name] = result.verdict
             self.state = dataclasses.replace(self.state, verdicts=dict(self.verdicts))
         if result.refuse:
-            self._refuse(name, result.refusal_text)
+            self._refuse(name, result.refusal_text, replaced=result.replaced)
 
     def _config_stop(self, name: str, err: BaseException) -> StepConfigError | None:
         """A provider's refusal of the step's request as misconfigured: HTTP 400 naming a
@@ -190,9 +194,10 @@ class TurnRun:
         provider = err.provider or str(getattr(self.steps[name].config, "provider", "?"))
         return StepConfigError(name, provider, err)
 
-    def _refuse(self, name: str, text: str | None) -> None:
+    def _refuse(self, name: str, text: str | None, *, replaced: bool = False) -> None:
         if not self.refused:
             self.refused, self.refused_by, self.refusal_text = True, name, text
+            self.replaced = replaced
 
     def _release(self) -> list[Event]:
         """Nothing holds the answer back: flush held tokens, stamp the answer timings."""

@@ -84,7 +84,8 @@ def turn_counts(counts: dict[str, int] | None) -> str:
     if not counts:
         return ""
     others = [f"{counts[k]} {w}" for k, w in (("n_cancelled", "cancelled"),
-              ("n_refused", "refused"), ("n_errored", "errored")) if counts[k]]  # fmt: skip
+              ("n_refused", "refused"), ("n_replaced", "replaced"),
+              ("n_errored", "errored")) if counts.get(k)]  # fmt: skip
     return f"over {counts['n_completed']} completed turns" + (
         f"; not in the percentiles: {', '.join(others)}" if others else ""
     )

@@ -153,7 +153,7 @@ def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finish_reason(status: str) -> str:
-    return "content_filter" if status == "refused" else "stop"
+    return "content_filter" if status in ("refused", "replaced") else "stop"
 
 
 async def models(request: Request) -> Response:

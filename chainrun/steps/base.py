@@ -113,6 +113,8 @@ class StepResult:
             a refusal cancels the turn's running steps and skips the rest.
         refusal_text: what the user is told instead of the answer (None: the chain's
             default refusal).
+        replaced: with ``refuse``: ``refusal_text`` is a safe answer that replaces the
+            answer (``on_reject = "replace"``): the turn's status is ``replaced``.
     """
 
     updates: dict[str, Any] = field(default_factory=dict)
@@ -120,6 +122,7 @@ class StepResult:
     error: BaseException | None = None
     refuse: bool = False
     refusal_text: str | None = None
+    replaced: bool = False
 
 
 @dataclass

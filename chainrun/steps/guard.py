@@ -18,15 +18,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from chainrun.checks.verdict import GuardVerdict, MissingReason, missing_verdict, parse_llama_guard
+from chainrun.checks.verdict import GuardVerdict, missing_verdict, parse_llama_guard
 from chainrun.config import StepConfig
 from chainrun.errors import ConfigError
 from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState, register_step_kind
-from chainrun.steps.llm import LLMStep
-
-
-def _missing_reason(error: BaseException) -> MissingReason:
-    return "timeout" if isinstance(error, TimeoutError) else "error"
+from chainrun.steps.llm import LLMStep, missing_reason
 
 
 @register_step_kind
@@ -68,7 +64,7 @@ class GuardStep(LLMStep):
                 yield item
         assert result is not None
         if result.error is not None:
-            verdict: GuardVerdict = missing_verdict(_missing_reason(result.error))
+            verdict: GuardVerdict = missing_verdict(missing_reason(result.error))
         else:
             verdict = parse_llama_guard(ctx.row.output)
         refuse = verdict.refuses(self.on_missing)

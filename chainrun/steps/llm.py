@@ -28,8 +28,9 @@ from chainrun.checks.holdback import (
     exposure_bound,
     window_check,
 )
+from chainrun.checks.verdict import MissingReason
 from chainrun.config import StepConfig, policy_from_config
-from chainrun.errors import InvalidAnswer, ProviderError, error_type
+from chainrun.errors import InvalidAnswer, ProviderError, ProviderTimeout, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
 from chainrun.jsonout import answer_problem, parse_json_object
@@ -46,6 +47,22 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.store import Store
+
+#: The verdict a validating step (``on_reject`` refuse or replace) must give when its
+#: config names no ``json_schema``: ``{"ok": bool, "reason": str}`` (issue 11).
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string"}},
+    "required": ["ok", "reason"],
+}
+
+
+def missing_reason(error: BaseException) -> MissingReason:
+    """Why a checking step has no verdict: ``timeout`` (its deadline or a stream timer),
+    ``unparseable`` (it answered, but not a verdict of the required form), ``error``."""
+    if isinstance(error, TimeoutError | ProviderTimeout):
+        return "timeout"
+    return "unparseable" if isinstance(error, InvalidAnswer) else "error"
 
 
 def parse_label(text: str | None, labels: Sequence[str]) -> str:
@@ -144,6 +161,11 @@ class LLMStep(Step):
         self.is_answer = False
         # a verdict that can refuse or replace the answer must be seen before the answer
         self.holds_answer = config.on_reject != "flag"
+        #: the verdict's JSON Schema, checked with jsonschema: the configured one, or
+        #: {"ok": bool, "reason": str} for a validating step (refuse or replace)
+        self.answer_schema = config.json_schema or (
+            VERDICT_SCHEMA if config.on_reject != "flag" else None
+        )
         # the answer step's stream through the hold-back engine (output_check)
         self._window_check: WindowCheck | None = (
             window_check(patterns=config.output_check.checker())
@@ -165,7 +187,7 @@ class LLMStep(Step):
 
     @property
     def wants_json(self) -> bool:
-        return self.config.expect_json or self.config.json_schema is not None
+        return self.config.expect_json or self.answer_schema is not None
 
     def bind(self, answer_step: str) -> None:
         """Tell the step whether it is the chain's answer step (before the graph is built)."""
@@ -223,7 +245,7 @@ class LLMStep(Step):
 
         def accept(s: ChatStream) -> bool:
             # quality gate: a fast answer that is not JSON (or breaks its schema) must not win
-            return answer_problem(s.timer.text, cfg.json_schema) is None
+            return self._answer_problem(s.timer.text) is None
 
         gate = accept if self.wants_json and cfg.hedge is not None and not cfg.stream else None
         winner: ChatStream | None = None
@@ -345,7 +367,7 @@ class LLMStep(Step):
                 error = winner.error
             row.output = winner.timer.text  # what arrived, even before a failure
         if error is None and winner is not None and self.wants_json:
-            problem = answer_problem(winner.timer.text, self.config.json_schema)
+            problem = self._answer_problem(winner.timer.text)
             if problem is not None:
                 error = InvalidAnswer(f"{self.name}: {problem}")
         if error is not None:
@@ -371,8 +393,28 @@ class LLMStep(Step):
             rows.append(row)
         return rows
 
+    def _answer_problem(self, text: str | None) -> str | None:
+        """Why ``text`` is not an acceptable answer of a JSON step (None: it is): not a
+        JSON object, breaks :attr:`answer_schema` (jsonschema, Draft 2020-12), or, for a
+        validating step, has no boolean ``ok`` to act on."""
+        problem = answer_problem(text, self.answer_schema)
+        if problem is None and self.config.on_reject != "flag":
+            parsed = parse_json_object(text) or {}
+            if not isinstance(parsed.get("ok"), bool):
+                problem = "the verdict has no boolean 'ok' to act on"
+        return problem
+
+    @property
+    def _gives_verdict(self) -> bool:
+        return not self.is_answer and not self.config.labels
+
     def _result(self, winner: ChatStream | None, error: BaseException | None) -> StepResult:
         if error is not None or winner is None:
+            if self._gives_verdict and self.wants_json and error is not None:
+                # a missing verdict, with its reason (never silently ok): the step's
+                # on_failure decides whether the turn goes on
+                missing = {"ok": None, "missing": missing_reason(error), "problem": str(error)}
+                return StepResult(error=error, verdict=missing)
             return StepResult(error=error)
         text = winner.timer.text
         if self.is_answer:
@@ -384,7 +426,8 @@ class LLMStep(Step):
         rejected = parsed is not None and parsed.get("ok") is False
         if rejected and self.config.on_reject != "flag":
             # refuse: the configured text or the chain's refusal; replace: the safe answer
-            return StepResult(verdict=verdict, refuse=True, refusal_text=self.config.reject_text)
+            return StepResult(verdict=verdict, refuse=True, refusal_text=self.config.reject_text,
+                              replaced=self.config.on_reject == "replace")  # fmt: skip
         return StepResult(verdict=verdict)
 
     def _shadow_settler(
