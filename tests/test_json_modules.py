@@ -85,7 +85,9 @@ async def test_answer_breaking_its_schema_fails_as_invalid_answer(store) -> None
     step = next(s for s in store.steps(done.run_id) if s.step == "validate")
     assert step.status == "failed_open"
     assert step.error_type == "invalid_answer"
-    assert "validate" not in done.verdicts  # the broken verdict is not taken as one
+    # the broken verdict is not taken as one: it is a missing verdict, with its reason
+    assert done.verdicts["validate"]["ok"] is None
+    assert done.verdicts["validate"]["missing"] == "unparseable"
     call = next(c for c in store.calls(done.run_id) if c.step == "validate")
     assert call.output == '{"ok": "yes", "reason": 5}'
 
