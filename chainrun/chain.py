@@ -137,7 +137,9 @@ class Chain:
         self.run_id = run_id
         self.quiet = quiet
         self.steps = build_steps(config)
-        self.graph: TurnGraph = build_graph(self.steps, config.order, config.answer_step)
+        self.graph: TurnGraph = build_graph(
+            self.steps, config.order, config.answer_step, config.off_path_steps
+        )
         self._input_checks = config.checks.checker()
         self._injected = dict(providers or {})
         self._retriever = retriever

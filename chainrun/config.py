@@ -396,6 +396,13 @@ class ChainConfig(_Strict):
     order: list[str] = Field(default_factory=lambda: list(STEP_NAMES_DEFAULT))
     #: the step whose output is the turn's answer (streamed to the user)
     answer_step: str = "compose"
+    #: when steps off the answer's critical path start (steps the answer step does not
+    #: wait for, that do not wait for it and that cannot end the turn: in the default
+    #: chain, classify). ``"after_answer"``: once the answer is complete, so they do not
+    #: share a compute-bound model server with the answer's prefill (measured on the
+    #: embedded model: benchmarks/README.md, issue 15). ``"when_ready"``: as soon as their
+    #: inputs exist, for capacity the answer does not share (remote APIs, other servers).
+    off_path_steps: Literal["after_answer", "when_ready"] = "after_answer"
     providers: dict[str, ProviderConfig]
     steps: dict[str, StepConfig]
     #: deterministic checks on the user's message, before any model call

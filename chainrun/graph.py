@@ -11,9 +11,16 @@ Rules, for each step S in the configured ``order``:
 * ``after = [...]`` adds explicit edges.
 
 ``order`` stays the tie-break (steps that become ready together start in that order)
-and the display order. A cycle is a config error naming the steps. Steps downstream of
-the answer step that do not hold the answer back and do not rewrite it are
-*post-answer*: their time is not part of the shopper's wait.
+and the display order. A cycle is a config error naming the steps.
+
+*Off the critical path*: a step that the answer step does not wait for (directly or
+not), that does not wait for the answer and that cannot end the turn (not a guard, not
+fail-closed, holds nothing back). With ``off_path = "after_answer"`` (the default) such
+a step also waits for the answer step, so it does not compete with the answer for a
+shared model server; with ``"when_ready"`` it starts as soon as its inputs exist.
+
+Steps downstream of the answer step that do not hold the answer back and do not rewrite
+it are *post-answer*: their time is not part of the shopper's wait.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from chainrun.errors import ConfigError
 from chainrun.steps.base import INITIAL_FIELDS, Step
@@ -35,12 +43,25 @@ class TurnGraph:
         deps: per step, the steps it waits for.
         answer_step: the step whose output is the answer.
         post_answer: steps that only follow the answer (not part of the wait for it).
+        deferred: off-path steps made to wait for the answer (``off_path = "after_answer"``).
     """
 
     order: tuple[str, ...]
     deps: Mapping[str, frozenset[str]]
     answer_step: str
     post_answer: frozenset[str]
+    deferred: frozenset[str] = frozenset()
+
+    def ancestors(self, name: str) -> frozenset[str]:
+        """Every step ``name`` waits for (directly or not)."""
+        out: set[str] = set()
+        frontier = [name]
+        while frontier:
+            for d in self.deps[frontier.pop()]:
+                if d not in out:
+                    out.add(d)
+                    frontier.append(d)
+        return frozenset(out)
 
     def descendants(self, name: str) -> frozenset[str]:
         """Every step that waits (directly or not) for ``name``."""
@@ -84,8 +105,16 @@ def _why(a: str, b: str, steps: Mapping[str, Step]) -> str:
     return f"{a} is after {b}"
 
 
-def build_graph(steps: Mapping[str, Step], order: Sequence[str], answer_step: str) -> TurnGraph:
+def build_graph(
+    steps: Mapping[str, Step],
+    order: Sequence[str],
+    answer_step: str,
+    off_path: Literal["after_answer", "when_ready"] = "after_answer",
+) -> TurnGraph:
     """Derive the turn's graph from the steps' reads/writes and ``after``.
+
+    Args:
+        off_path: when steps off the answer's critical path start (module text).
 
     Raises:
         ConfigError: a step reads a field no step writes, or the steps wait for each
@@ -93,14 +122,23 @@ def build_graph(steps: Mapping[str, Step], order: Sequence[str], answer_step: st
     """
     deps = {name: frozenset(_field_edges(name, i, order, steps)) for i, name in enumerate(order)}
     _check_acyclic(order, deps, steps)
-    answer_and_after = {answer_step}
+    deferred: frozenset[str] = frozenset()
+    if off_path == "after_answer":
+        # an off-path step is no ancestor of the answer step, so waiting for it adds no cycle
+        graph = TurnGraph(tuple(order), deps, answer_step, frozenset())
+        on_path = graph.ancestors(answer_step) | graph.descendants(answer_step) | {answer_step}
+        # a step that can end the turn must not end up after the answer, nor wait for
+        # a step that does
+        enders = {s for s in order if steps[s].may_end_turn}
+        keep = enders.union(*(graph.ancestors(s) for s in enders))
+        deferred = frozenset(s for s in order if s not in on_path and s not in keep)
+        deps = {n: d | {answer_step} if n in deferred else d for n, d in deps.items()}
     graph = TurnGraph(tuple(order), deps, answer_step, frozenset())
-    answer_and_after |= graph.descendants(answer_step)
     post = frozenset(
-        s for s in answer_and_after
-        if s != answer_step and not steps[s].holds_answer and "answer" not in steps[s].writes
+        s for s in graph.descendants(answer_step)
+        if not steps[s].holds_answer and "answer" not in steps[s].writes
     )  # fmt: skip
-    return TurnGraph(tuple(order), deps, answer_step, post)
+    return TurnGraph(tuple(order), deps, answer_step, post, deferred)
 
 
 def _check_acyclic(

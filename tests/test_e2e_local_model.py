@@ -28,7 +28,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.LocalServ
     old = os.environ.get("CHAINRUN_HOME")
     os.environ["CHAINRUN_HOME"] = str(home)
     try:
-        srv = local.up(slots=2, quiet=True)
+        # the default 4 slots: validate, critique and classify (off the critical path,
+        # after the answer) run at once, and none may queue for a slot, or the queueing
+        # would count as client overhead below
+        srv = local.up(quiet=True)
         yield srv
         local.down()
     finally:

@@ -65,7 +65,7 @@ async def test_chat_streams_steps_tokens_and_a_logged_turn(config, store, fake) 
     names = [e for e, _ in events]
     assert names[0] == "turn_started" and names[-1] == "turn"
     steps = [d for e, d in events if e == "step"]
-    assert [d["step"] for d in steps if d["phase"] == "started"] == list(config.order)
+    assert sorted(d["step"] for d in steps if d["phase"] == "started") == sorted(config.order)
     finished = {d["step"]: d for d in steps if d["phase"] == "finished"}
     assert finished["compose"]["ttft_ms"] > 0 and finished["compose"]["output_tokens"] > 0
     assert finished["compose"]["n_attempts"] == 1 and finished["compose"]["hedge_fired"] is False
@@ -326,7 +326,9 @@ async def test_chat_client_gone_mid_answer_cancels_the_turn(slow_lab, tmp_path) 
     assert steps["compose"].status == "cancelled" and "validate" not in steps
     (compose,) = [c for c in store.calls(turn["run_id"]) if c.step == "compose"]
     assert compose.ttft_ms is not None and compose.output  # what had arrived
-    assert len(records) == 2  # classify, compose: nothing ran after the client left
+    # compose only: classify (off the critical path) would start after the answer, and
+    # nothing runs after the client left
+    assert len(records) == 1
     store.close()
 
 

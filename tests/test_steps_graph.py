@@ -67,20 +67,22 @@ def _offsets(store, run_id: int) -> dict[str, tuple[float, float]]:
             for s in store.steps(run_id)}  # fmt: skip
 
 
-async def test_independent_steps_run_concurrently(store) -> None:
-    """Default chain: classify runs beside retrieve/compose (compose does not read the
-    label); validate and critique both need only the answer and overlap."""
-    slow = reply_by_step({
+def _slow_classify_script():
+    return reply_by_step({
         "classify": FakeReply("sizing", ttft_s=0.3),
         "validate": FakeReply('{"ok": true, "reason": "x"}', ttft_s=0.2),
         "critique": FakeReply("fine", ttft_s=0.2),
         "compose": FakeReply("an answer", ttft_s=0.05),
     })  # fmt: skip
-    async with Chain(
-        config_from_dict({}),
-        store=store,
-        providers={"local": FakeProvider(name="local", script=slow)},
-    ) as chain:
+
+
+async def test_independent_steps_run_concurrently_when_ready(store) -> None:
+    """off_path_steps = "when_ready": classify runs beside retrieve/compose (compose does
+    not read the label); validate and critique both need only the answer and overlap."""
+    cfg = config_from_dict({"off_path_steps": "when_ready"})
+    fake = FakeProvider(name="local", script=_slow_classify_script())
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+        assert chain.graph.deferred == frozenset()
         done = await chain.run_turn("a jacket?")
     spans = _offsets(store, done.run_id)
     assert spans["compose"][0] < spans["classify"][1]  # compose started before classify ended
@@ -92,6 +94,37 @@ async def test_independent_steps_run_concurrently(store) -> None:
     assert not steps["compose"].post_answer and not steps["classify"].post_answer
     (turn,) = store.turns(done.run_id)
     assert turn.answer_ttft_ms == done.answer_ttft_ms and turn.label == "sizing"
+
+
+async def test_off_path_steps_wait_for_the_answer_by_default(store) -> None:
+    """Default: classify (nothing on the answer's path reads the label, it cannot end the
+    turn) starts once the answer is complete, beside validate and critique, so it does not
+    share a compute-bound model server with the answer's prefill; it is post-answer."""
+    fake = FakeProvider(name="local", script=_slow_classify_script())
+    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+        assert chain.graph.deferred == {"classify"}
+        assert chain.graph.deps["classify"] == {"compose"}
+        done = await chain.run_turn("a jacket?")
+    spans = _offsets(store, done.run_id)
+    assert spans["classify"][0] >= spans["compose"][1]
+    assert spans["classify"][0] < spans["validate"][1]  # beside the post-answer checks
+    assert done.answer_done_ms is not None and done.answer_done_ms <= spans["classify"][0] + 1
+    steps = {s.step: s for s in store.steps(done.run_id)}
+    assert steps["classify"].post_answer and steps["classify"].output == "sizing"
+    (turn,) = store.turns(done.run_id)
+    assert turn.label == "sizing"
+
+
+def test_a_step_that_can_end_the_turn_is_never_deferred() -> None:
+    """A fail-closed classify (or a guard, or a step such a step waits for) keeps its
+    place before the answer: ending the turn after the answer was shown is too late."""
+    closed = Chain(config_from_dict({"steps": {"classify": {"on_failure": "closed"}}}))
+    assert closed.graph.deferred == frozenset() and closed.graph.deps["classify"] == frozenset()
+    gate = Chain(config_from_dict({
+        "order": ["classify", "gate", "retrieve", "compose"],
+        "steps": {"gate": {"prompt": "{label}", "on_failure": "closed"}},
+    }))  # fmt: skip
+    assert gate.graph.deferred == frozenset() and "compose" not in gate.graph.deps["classify"]
 
 
 async def test_a_compose_prompt_that_reads_the_label_waits_for_classify(store) -> None:
@@ -150,7 +183,8 @@ async def test_a_closed_failure_cancels_running_siblings(store) -> None:
         "classify": FakeReply("sizing", ttft_s=5.0),
         "compose": FakeReply(error=TimeoutError()),
     }))  # fmt: skip
-    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+    cfg = config_from_dict({"off_path_steps": "when_ready"})  # classify runs beside compose
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         t0 = asyncio.get_running_loop().time()
         done = await chain.run_turn("hi")
         took = asyncio.get_running_loop().time() - t0
@@ -215,7 +249,8 @@ async def test_a_call_in_flight_when_the_turn_is_cancelled_is_still_a_row(store)
         "classify": FakeReply("sizing", ttft_s=5.0),
         "compose": FakeReply("slow", ttft_s=5.0),
     }))  # fmt: skip
-    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+    cfg = config_from_dict({"off_path_steps": "when_ready"})  # classify runs beside compose
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         task = asyncio.create_task(chain.run_turn("hi"))
         await asyncio.sleep(0.3)
         task.cancel()

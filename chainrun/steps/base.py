@@ -191,6 +191,12 @@ class Step(ABC):
         self.config = config
 
     @property
+    def may_end_turn(self) -> bool:
+        """Whether the step can end the turn early (refuse it, or fail closed): such a
+        step is never deferred until after the answer (see ``off_path_steps``)."""
+        return self.holds_answer or self.config.on_failure == "closed"
+
+    @property
     @abstractmethod
     def reads(self) -> frozenset[str]:
         """Turn-state fields the step needs before it can start."""

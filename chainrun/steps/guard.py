@@ -51,6 +51,10 @@ class GuardStep(LLMStep):
     def writes(self) -> frozenset[str]:
         return frozenset()
 
+    @property
+    def may_end_turn(self) -> bool:
+        return True  # an ``unsafe`` verdict refuses the turn
+
     def bind(self, answer_step: str) -> None:
         if self.name == answer_step:
             raise ConfigError(f"answer_step: {self.name!r} is a guard, not an answer")
