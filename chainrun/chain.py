@@ -136,10 +136,15 @@ class Chain:
         self.source = source
         self.run_id = run_id
         self.quiet = quiet
-        self.steps = build_steps(config)
-        self.graph: TurnGraph = build_graph(
-            self.steps, config.order, config.answer_step, config.off_path_steps
-        )
+        try:
+            self.steps = build_steps(config)
+            self.graph: TurnGraph = build_graph(
+                self.steps, config.order, config.answer_step, config.off_path_steps
+            )
+        except ConfigError as e:
+            if e.path is not None or config.path is None:
+                raise
+            raise ConfigError(f"{config.path}: {e}", path=config.path) from None
         self._input_checks = config.checks.checker()
         self._injected = dict(providers or {})
         self._retriever = retriever

@@ -21,7 +21,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
 from chainrun.errors import ConfigError, FirstTokenTimeout
@@ -412,6 +420,14 @@ class ChainConfig(_Strict):
     #: the ``llm-rubric`` grader of ``chainrun eval``
     grader: GraderConfig = Field(default_factory=GraderConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    #: the file the config came from (None: built in, a dict or a stored snapshot), so
+    #: errors found later (the turn's graph) can name it
+    _path: str | None = PrivateAttr(default=None)
+
+    @property
+    def path(self) -> str | None:
+        """The config file this config was loaded from, if any."""
+        return self._path
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
@@ -631,9 +647,11 @@ def config_from_dict(
         if isinstance(step, dict) and "json_schema" in step and isinstance(target, dict):
             target["json_schema"] = copy.deepcopy(step["json_schema"])
     try:
-        return ChainConfig.model_validate(merged)
+        config = ChainConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(source, e), path=path) from None
+    config._path = path
+    return config
 
 
 def config_from_snapshot(snapshot: str, source: str = "run") -> ChainConfig:

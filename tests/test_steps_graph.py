@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncGenerator
 
 import pytest
@@ -161,6 +163,21 @@ def test_a_cycle_is_one_config_error_naming_both_steps() -> None:
     msg = str(e.value)
     assert "\n" not in msg and "cycle" in msg and "a" in msg and "b" in msg
     assert "reads {label}, which b writes" in msg and "reads {answer}, which a writes" in msg
+
+
+def test_a_cycle_in_a_config_file_is_one_line_naming_the_file_and_steps_exit_2(tmp_path) -> None:
+    cfg = tmp_path / "cyc.toml"
+    cfg.write_text('order = ["a", "b"]\nanswer_step = "a"\n[steps.a]\n'
+                   'prompt = "{label} {message}"\n[steps.b]\nprompt = "{answer}"\n'
+                   'labels = ["x", "y"]\n')  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainrun", "run", "hi", "--config", str(cfg),
+         "--db", str(tmp_path / "log.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"chainrun: error: {cfg}: steps a, b wait for each other in a cycle")
 
 
 def test_a_field_nothing_writes_is_a_config_error() -> None:
