@@ -132,3 +132,24 @@ def test_scale(tmp_path: Path) -> None:
         assert row["calls"] == 12  # four model steps a turn
         assert row["turns_per_s"] > 0 and row["peak_rss_mb"] > 0
         assert row["loop_lag_p99_ms"] >= 0 and isinstance(row["added_ms_per_call"], float)
+
+
+def test_vs_litellm_without_litellm(tmp_path: Path) -> None:
+    # the LiteLLM arms need the bench extra; the suite runs the two that do not
+    res = run_benchmark(
+        "vs_litellm",
+        tmp_path,
+        *("--calls", "12", "--concurrency", "6", "--arms", "single,chainrun"),
+        *("--slow-range-s", "0.3,0.6"),
+    )
+    assert set(res["arms"]) == {"single", "chainrun"}
+    for arm in ("single", "chainrun"):
+        m = res["arms"][arm]
+        assert m["n"] == 12 and m["errors"] == {}
+        assert unit(m["success_rate"])
+        assert m["p50_ms"] <= m["p99_ms"] <= m["p999_ms"] <= m["max_ms"]
+        assert m["p50_ci95"][0] is not None and m["p999_ci95"][1] is None  # n too small
+        assert sum(m["upstream_calls"].values()) == round(m["upstream_calls_per_request"] * 12)
+    assert res["arms"]["single"]["upstream_calls"] == {"lab_a": 12, "lab_b": 0}
+    assert res["arms"]["chainrun"]["upstream_calls_per_request"] >= 1.0
+    assert "chainrun_over_single" in res["ratios"]

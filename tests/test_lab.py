@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 import chainrun.lab
 from chainrun.errors import InputFileError, UserInputError
 from chainrun.lab import BUILTIN_SCENARIOS, LabServer, Scenario, load_scenario
-from chainrun.lab.scenarios import Bimodal, Faults, Planner, WorkNoise
+from chainrun.lab.scenarios import Bimodal, Faults, Lognormal, Planner, WorkNoise
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Does the linen shirt run small?"}]
 Record = dict[str, Any]
@@ -58,7 +58,9 @@ def test_public_api_is_pinned() -> None:
     assert sorted(chainrun.lab.__all__) == sorted(
         ["BUILTIN_SCENARIOS", "LabServer", "Scenario", "create_app", "load_scenario", "serve"]
     )
-    assert set(BUILTIN_SCENARIOS) == {"fast", "lognormal", "bimodal-guard", "work-noise"}
+    assert set(BUILTIN_SCENARIOS) == {
+        "fast", "lognormal", "heavy-tail", "bimodal-guard", "work-noise"
+    }
 
 
 # ------------------------------------------------------------------ streaming shape
@@ -284,6 +286,24 @@ def test_bimodal_fast_share_is_near_half() -> None:
     fast = [t for t in ttfts if t <= 300.0]
     assert all(100.0 <= t <= 300.0 or 3000.0 <= t <= 19000.0 for t in ttfts)
     assert 0.4 <= len(fast) / len(ttfts) <= 0.6
+
+
+def test_heavy_tail_has_a_five_percent_slow_path_before_the_first_token() -> None:
+    planner = Planner(BUILTIN_SCENARIOS["heavy-tail"])
+    ttfts = [planner.plan(MESSAGES).ttft_ms for _ in range(4000)]
+    slow = [t for t in ttfts if t >= 3000.0]
+    assert all(3000.0 <= t <= 10000.0 for t in slow)
+    assert 0.04 <= len(slow) / len(ttfts) <= 0.06
+    body = sorted(t for t in ttfts if t < 3000.0)
+    assert 180 <= body[len(body) // 2] <= 220
+
+
+def test_slow_path_off_draws_as_plain_lognormal() -> None:
+    plain = Planner(load_scenario("lognormal", seed=5))
+    off = Planner(Scenario(latency=Lognormal(slow_p=0.0), seed=5))
+    assert [plain.plan(MESSAGES).ttft_ms for _ in range(20)] == [
+        off.plan(MESSAGES).ttft_ms for _ in range(20)
+    ]
 
 
 def test_planner_reset_replays_the_same_draws() -> None:

@@ -85,15 +85,33 @@ class Fast(_Strict):
 
 
 class Lognormal(_Strict):
-    """TTFT = ``median_ms * exp(sigma * Z)``, Z standard normal (the median is ``median_ms``)."""
+    """TTFT = ``median_ms * exp(sigma * Z)``, Z standard normal (the median is ``median_ms``).
+
+    With ``slow_p > 0``, a share ``slow_p`` of requests take a slow path instead: TTFT
+    uniform in ``slow_range_s`` (s), before the first token (issue 13's heavy-tailed
+    scenario: a log-normal body plus 5% of 3-10 s). ``slow_p = 0`` draws exactly as
+    before (one Gaussian per request, no extra RNG draw).
+    """
 
     model: Literal["lognormal"] = "lognormal"
     median_ms: float = Field(default=200.0, gt=0)
     sigma: float = Field(default=0.5, ge=0)
+    slow_p: float = Field(default=0.0, ge=0, le=1)
+    slow_range_s: tuple[float, float] = (3.0, 10.0)
+
+    @model_validator(mode="after")
+    def _slow_range(self) -> Lognormal:
+        _check_range(self.slow_range_s, "slow_range_s")
+        if self.slow_range_s[0] < 0:
+            raise ValueError("slow_range_s: times must be >= 0")
+        return self
 
     def ttft_ms(self, rng: random.Random) -> float:
         """One TTFT draw, in ms."""
-        return self.median_ms * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+        body = self.median_ms * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+        if self.slow_p > 0 and rng.random() < self.slow_p:
+            return rng.uniform(*self.slow_range_s) * 1000.0
+        return body
 
 
 class Bimodal(_Strict):
@@ -294,6 +312,11 @@ class Scenario(_Strict):
 BUILTIN_SCENARIOS: dict[str, Scenario] = {
     "fast": Scenario(name="fast", latency=Fast()),
     "lognormal": Scenario(name="lognormal", latency=Lognormal(median_ms=200.0, sigma=0.5)),
+    # issue 13's tail scenario: log-normal body (median 200 ms) plus 5% of 3-10 s
+    "heavy-tail": Scenario(
+        name="heavy-tail",
+        latency=Lognormal(median_ms=200.0, sigma=0.5, slow_p=0.05, slow_range_s=(3.0, 10.0)),
+    ),
     "bimodal-guard": Scenario(
         name="bimodal-guard",
         latency=Bimodal(fast_p=0.5, fast_range_s=(0.1, 0.3), slow_range_s=(3.0, 19.0)),
