@@ -333,3 +333,47 @@ def product_text(product: dict[str, Any]) -> str:
     if product.get("tags"):
         parts.append("Tags: " + ", ".join(product["tags"]) + ".")
     return " ".join(parts)
+
+
+#: Words a synthetic product's title gains (see :func:`synthetic_products`).
+_SYNTHETIC_WORDS = (
+    "classic", "essential", "studio", "trail", "city", "relaxed", "slim", "heritage",
+    "everyday", "weekend", "coastal", "alpine", "urban", "soft", "light", "heavy",
+)  # fmt: skip
+
+
+def synthetic_products(n: int, *, seed: int = 0) -> list[Product]:
+    """``n`` invented products derived from the sample catalogue, for scale benchmarks and tests.
+
+    Product i is a variant of sample product ``i mod 285``: same category, sizes and tags,
+    a title with one more word, price scaled by 0.6-1.6, stock drawn per size (about one
+    size in six sold out), ids ``syn-000000``... Deterministic for a given ``seed``; never
+    written to disk by chainrun (``write_products`` loads it into a database).
+
+    Raises:
+        ValueError: ``n`` < 0.
+    """
+    import random
+
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    base = read_catalog(SAMPLE_CATALOG)
+    out: list[Product] = []
+    for i in range(n):
+        b = base[i % len(base)]
+        word = rng.choice(_SYNTHETIC_WORDS)
+        sizes = {s: (0 if rng.random() < 1 / 6 else rng.randint(1, 20)) for s in b.sizes}
+        out.append(
+            Product(
+                id=f"syn-{i:06d}",
+                title=f"{word.title()} {b.title}",
+                description=b.description,
+                category=b.category,
+                colours=list(b.colours),
+                sizes=sizes,
+                price=round(b.price * rng.uniform(0.6, 1.6), 2),
+                tags=[*b.tags, word],
+            )
+        )
+    return out

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 
@@ -10,6 +13,32 @@ from chainrun.config import ChainConfig, config_from_dict
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.store import Store
+
+T = TypeVar("T")
+
+
+async def ticks_while(work: Awaitable[T], interval_s: float = 0.005) -> tuple[T, int]:
+    """Await ``work`` while a timer ticks every ``interval_s`` s; its result and the ticks.
+
+    A loop blocked by ``work`` cannot tick: how tests show that work left the loop.
+    """
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(interval_s)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        result = await work
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return result, ticks
 
 
 def reply_by_step(

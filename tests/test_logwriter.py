@@ -4,14 +4,13 @@ readers see a turn when ``run_turn`` returns (file logs; in-memory logs write in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import sqlite_utils
-from conftest import reply_by_step
+from conftest import reply_by_step, ticks_while
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
@@ -64,21 +63,8 @@ async def test_a_slow_write_does_not_block_the_event_loop(file_store) -> None:
         time.sleep(0.3)
         return "done"
 
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    t = asyncio.create_task(ticker())
-    try:
-        assert await file_store.writer.submit(slow) == "done"
-    finally:
-        t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
+    result, ticks = await ticks_while(file_store.writer.submit(slow), interval_s=0.01)
+    assert result == "done"
     assert where and where[0] != loop_thread
     assert ticks >= 10  # a blocked loop would tick at most once in 0.3 s
 

@@ -19,6 +19,7 @@ from typing import Any
 import sqlite_utils
 
 from chainrun.retrieval.base import Hit
+from chainrun.retrieval.reader import CatalogReader, reader_for
 
 #: word (singular, lower case) → the categories of the sample catalogue it points to.
 #: A jacket can be sold as a coat or as sportswear, so some words name several.
@@ -358,17 +359,17 @@ class FilterSearch:
 
     name = "filter"
 
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(self, db: sqlite_utils.Database, *, reader: CatalogReader | None = None) -> None:
         self.db = db
+        self.reader = reader or reader_for(db)
 
     async def search(self, query: str, k: int, *, filters: Filters | None = None) -> list[Hit]:
         if filters is None or not filters.constrains:
             return []
         where, params = filters.sql("p")
-        rows = self.db.execute(
-            f"select p.id from products p where {where} order by p.price, p.id limit ?",
-            [*params, k],
-        ).fetchall()
+        sql = f"select p.id from products p where {where} order by p.price, p.id limit ?"
+        args = [*params, k]
+        rows = await self.reader.run(lambda db: db.execute(sql, args).fetchall())
         n = len(rows)
         # a browse has no relevance: score by position so that higher is better
         return [Hit(r[0], float(n - i), self.name) for i, r in enumerate(rows)]

@@ -14,6 +14,7 @@ slow but valid primary can still win.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from chainrun.retrieval.embeddings import Embedder, build_embedder
 from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
 from chainrun.retrieval.hybrid import RRF_K, HybridSearch
 from chainrun.retrieval.keyword import KeywordSearch
+from chainrun.retrieval.reader import reader_for
 from chainrun.retrieval.settings import EMBEDDING_SEARCHES, SEARCH_NAMES, RetrievalSettings
 from chainrun.retrieval.vector import VectorIndex, VectorSearch
 
@@ -154,6 +156,7 @@ class Retriever:
             raise ValueError(f"no search named {missing[0]!r} was given")
         self.settings = settings
         self.db = db
+        self.reader = reader_for(db)
         self.searches = dict(searches)
         self.index = index
         self.embedder = embedder
@@ -184,9 +187,11 @@ class Retriever:
         return n
 
     async def aclose(self) -> None:
-        """Stop background indexing, hedge shadows and the embedder's client."""
+        """Stop background indexing, hedge shadows, the embedder's client and the
+        catalogue reader's threads (a later search starts them again)."""
         if self.index is not None:
             await self.index.aclose()
+        await asyncio.to_thread(self.reader.close)
         for hedger in self.hedgers.values():
             await hedger.aclose()
         close = getattr(self.embedder, "aclose", None)
@@ -251,7 +256,8 @@ class Retriever:
                 stopped_after = name  # early exit: the later searches never run
                 break
         ids = list(found)[: s.k]
-        items = [{**p, "source": found[p["id"]]} for p in get_products(self.db, ids)]
+        products = await self.reader.run(lambda db: get_products(db, ids))
+        items = [{**p, "source": found[p["id"]]} for p in products]
         return RetrievalResult(
             items=items,
             searches=logs,

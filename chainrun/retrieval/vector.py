@@ -34,6 +34,7 @@ from chainrun.retrieval.base import Hit
 from chainrun.retrieval.embeddings import Embedder
 from chainrun.retrieval.filters import Filters
 from chainrun.retrieval.keyword import query_terms
+from chainrun.retrieval.reader import reader_for
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class VectorIndex:
         self._build: asyncio.Task[int] | None = None
         self._ids: list[str] = []
         self._matrix = np.zeros((0, 0), np.float32)
+        self._pos: dict[str, int] = {}
+        self.reader = reader_for(db)
 
     @property
     def backend(self) -> str:
@@ -246,23 +249,36 @@ class VectorIndex:
             "order by product_id",
             [model],
         ).fetchall()
-        self._ids = [r[0] for r in rows]
-        self._matrix = (
+        matrix = (
             np.stack([np.frombuffer(r[1], dtype="<f4") for r in rows]).astype(np.float32)
             if rows
             else np.zeros((0, 0), np.float32)
         )
+        ids = [r[0] for r in rows]
+        # assigned together: a search on a worker thread reads one consistent snapshot
+        self._ids, self._matrix, self._pos = ids, matrix, {pid: i for i, pid in enumerate(ids)}
 
-    def nearest(self, vector: np.ndarray, k: int, filters: Filters | None = None) -> list[Hit]:
+    def nearest(
+        self,
+        vector: np.ndarray,
+        k: int,
+        filters: Filters | None = None,
+        *,
+        db: sqlite_utils.Database | None = None,
+    ) -> list[Hit]:
         """The ``k`` products nearest ``vector`` (cosine) that pass ``filters``, best first.
 
-        ``Hit.score`` is the cosine similarity (1 = same direction). Call :meth:`ensure`
-        first.
+        ``Hit.score`` is the cosine similarity (1 = same direction). The filter is applied
+        before the limit: while ``k`` or more products pass it, ``k`` come back. ``db``:
+        the connection to read with (default the index's own; :class:`VectorSearch`
+        passes a worker thread's, see :mod:`chainrun.retrieval.reader`). Call
+        :meth:`ensure` first.
         """
+        conn = self.db if db is None else db
         where, params = (filters or Filters()).sql("p")
         q = np.asarray(vector, dtype="<f4")
         if self.use_sqlite_vec:
-            rows = self.db.execute(
+            rows = conn.execute(
                 f"""
                 select e.product_id, vec_distance_cosine(e.embedding, ?) as d
                 from product_embeddings e join products p on p.id = e.product_id
@@ -273,22 +289,33 @@ class VectorIndex:
                 [q.tobytes(), self.embedder.model, *params, k],
             ).fetchall()
             return [Hit(r[0], 1.0 - float(r[1]), "vector") for r in rows]
-        if not self._ids:
+        ids, matrix, pos = self._ids, self._matrix, self._pos  # one refresh's snapshot
+        if not ids or k < 1:
             return []
-        allowed = None
-        if where != "1":
-            allowed = {
-                r[0] for r in self.db.execute(f"select p.id from products p where {where}", params)
-            }
-        sims = self._matrix @ q
-        # ids are sorted, so a stable sort breaks ties by id (as the SQL path does)
-        hits = []
-        for i in np.argsort(-sims, kind="stable"):
-            if allowed is None or self._ids[i] in allowed:
-                hits.append(Hit(self._ids[i], float(sims[i]), "vector"))
-                if len(hits) == k:
-                    break
-        return hits
+        if where == "1":
+            rows_idx = None
+            sims = matrix @ q
+        else:
+            allowed = conn.execute(f"select p.id from products p where {where}", params)
+            rows_idx = np.fromiter(
+                (i for (pid,) in allowed if (i := pos.get(pid)) is not None), dtype=np.int64
+            )
+            rows_idx.sort()
+            if rows_idx.size == 0:
+                return []
+            sims = matrix[rows_idx] @ q
+        top = min(k, sims.shape[0])
+        # the k best by partial selection (O(n)), then ordered; ties broken by id (ids are
+        # sorted, so by row), as the SQL path's "order by d, product_id" does
+        best = np.argpartition(-sims, top - 1)[:top] if top < sims.shape[0] else np.arange(top)
+        cut = sims[best].min()
+        best = np.flatnonzero(sims >= cut)  # every row tied with the k-th, in row order
+        order = best[np.argsort(-sims[best], kind="stable")][:top]
+        rows_of = order if rows_idx is None else rows_idx[order]
+        return [
+            Hit(ids[int(r)], float(sims[int(i)]), "vector")
+            for r, i in zip(rows_of, order, strict=True)
+        ]
 
 
 class VectorSearch:
@@ -314,4 +341,5 @@ class VectorSearch:
                 "then cached in the database); its first query comes a little later"
             )
         vector = (await self.index.embedder.embed([query]))[0]
-        return self.index.nearest(vector, k, filters)
+        # the scan (SQL or NumPy) runs on a worker thread with its own connection
+        return await self.index.reader.run(lambda db: self.index.nearest(vector, k, filters, db=db))
