@@ -153,3 +153,16 @@ def test_vs_litellm_without_litellm(tmp_path: Path) -> None:
     assert res["arms"]["single"]["upstream_calls"] == {"lab_a": 12, "lab_b": 0}
     assert res["arms"]["chainrun"]["upstream_calls_per_request"] >= 1.0
     assert "chainrun_over_single" in res["ratios"]
+
+
+def test_retrieval_scale(tmp_path: Path) -> None:
+    res = run_benchmark("retrieval_scale", tmp_path, "--sizes", "600", "--searches", "6")
+    size = res["sizes"]["600"]
+    assert size["products"] == 600
+    names = {"keyword", "keyword_any", "vector_numpy", "hybrid"}
+    assert names <= set(size["searches"])
+    for s in size["searches"].values():
+        assert s["n"] == 6 and s["p50_ms"] > 0 and unit(s["share_empty"])
+        assert s["empty_while_matching"] == 0
+    for key in ("loop_lag_off_loop", "loop_lag_inline"):
+        assert size[key]["searches"] == 80 and size[key]["lag_n"] >= 1
