@@ -32,6 +32,7 @@ import _common as c
 
 from chainrun.advise import advise
 from chainrun.lab import LabServer
+from chainrun.report import hedge_stats
 
 DEADLINE_S = 3.0
 
@@ -79,7 +80,9 @@ async def run_mode(
     n = len(steps)
     ok = sum(1 for s in steps if s.status == "ok")
     mean_extra, extra_ci = _mean_ci(list(extra.values()))
-    stats = c.step_hedge_stats(store, run_id)
+    # every check, the refused ones too: they are where every attempt lost (the guard
+    # fails closed), so completed turns alone would bias the fire and win rates
+    stats = hedge_stats(store, run_id, include_failed=True)["steps"].get(c.STEP, {})
     return {
         "run_id": run_id,
         "hedge": hedge,

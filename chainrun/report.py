@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from chainrun.config import MODEL_STEP_KINDS
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn
 from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.stats import percentile
@@ -162,7 +163,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     }
 
 
-def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
+def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> dict[str, Any]:
     """Whether hedging pays, per step of a run.
 
     Per step: ``n`` (step executions), ``n_armed`` (executions with a hedge delay in
@@ -174,16 +175,28 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
     "The Tail at Scale" (CACM 2013); Finagle's backup-request counters. Over completed
     turns only (``n_turns``), the others counted in ``turns`` (:func:`completed_turns`).
 
+    ``include_failed``: count every turn the step ran in except cancelled ones (refused,
+    replaced and errored turns too; ``n_turns`` says how many). A step that fails closed
+    refuses its turn exactly when every attempt lost the race to its deadline, so over
+    completed turns only its fire rate is biased down and its win rate up (1.0 on the
+    bimodal guard of benchmarks/guard_advise.py); ``chainrun advise`` validates its
+    predictions over every turn for that reason.
+
     Raises:
         UserInputError: no such run.
     """
     store.get_run(run_id)
-    done = completed_turns(store.turns(run_id))
-    n_turns = done.n_completed
+    all_turns = store.turns(run_id)
+    done = completed_turns(all_turns)
+    counted = done
+    if include_failed:
+        ran = (t.id for t in all_turns if t.id is not None and t.status != "cancelled")
+        counted = CompletedTurns(frozenset(ran))
+    n_turns = counted.n_completed
     agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
     delays: dict[str, list[float]] = defaultdict(list)
-    for s in done.of(store.steps(run_id)):
-        if s.kind != "llm" or s.status == "skipped":
+    for s in counted.of(store.steps(run_id)):
+        if s.kind not in MODEL_STEP_KINDS or s.status == "skipped":
             continue
         st = agg[s.step]
         fired = bool(s.hedge_fired)
@@ -192,7 +205,7 @@ def hedge_stats(store: Store, run_id: int) -> dict[str, Any]:
             delays[s.step].append(s.hedge_delay_ms)
         if fired and s.hedge_won and s.time_saved_ms is not None:
             st.record_time_saved(s.time_saved_ms)
-    for c in done.of(store.calls(run_id)):
+    for c in counted.of(store.calls(run_id)):
         if c.step not in agg:
             continue
         st = agg[c.step]

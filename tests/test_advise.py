@@ -165,3 +165,57 @@ def test_cancelled_slow_primaries_are_imputed_as_slow(store: Store) -> None:
     assert res["baseline"]["in_time"] == pytest.approx(0.5, abs=0.06)
     v = res["validation"]
     assert v is not None and v["predicted"]["in_time"] == pytest.approx(0.75, abs=0.06)
+
+
+def test_validation_counts_the_turns_a_fail_closed_guard_refused(store: Store) -> None:
+    """Copies every 1 s on a half-slow guard that fails closed: the races every attempt
+    lost end in refused turns. Over completed turns only the win rate would read 1.0;
+    the validation counts every turn, so the prediction (about 0.5) is inside."""
+    from chainrun.report import hedge_stats
+
+    rng = random.Random(4)
+    run = store.create_run("replay", _config(3.0, {"delay_ms": 1000, "max_attempts": 2}))
+    for _ in range(300):
+        status = "ok"
+        if rng.random() < 0.5:
+            ms = rng.uniform(100, 300)
+            calls = [CallRow(step="guard", ttft_ms=ms, duration_ms=ms, outcome="not_fired")]
+            step = StepRow(step="guard", duration_ms=ms, n_attempts=1, hedge_delay_ms=1000.0)
+        elif rng.random() < 0.5:
+            copy_ms = rng.uniform(100, 300)
+            calls = [
+                CallRow(step="guard", outcome="cancelled"),
+                CallRow(step="guard", attempt=2, started_offset_ms=1000.0, ttft_ms=copy_ms,
+                           duration_ms=copy_ms, outcome="duplicate"),
+            ]  # fmt: skip
+            step = StepRow(step="guard", duration_ms=1000 + copy_ms, n_attempts=2,
+                              hedge_delay_ms=1000.0, hedge_fired=True, hedge_won=True)  # fmt: skip
+        else:
+            status = "refused"  # the guard failed closed: the turn was refused
+            calls = [
+                CallRow(step="guard", outcome="error", error_type="timeout"),
+                CallRow(step="guard", attempt=2, started_offset_ms=1000.0, outcome="error",
+                           error_type="timeout"),
+            ]  # fmt: skip
+            step = StepRow(step="guard", status="failed_closed", duration_ms=3000.0,
+                              n_attempts=2, hedge_delay_ms=1000.0, hedge_fired=True)  # fmt: skip
+        turn = TurnRow(input="m", status=status)  # type: ignore[arg-type]
+        store.log_turn(run, TurnLog(turn, steps=[step], calls=calls))
+    completed = hedge_stats(store, run)["steps"]["guard"]
+    every = hedge_stats(store, run, include_failed=True)["steps"]["guard"]
+    assert completed["win_rate"] == 1.0  # the lost races are all in refused turns
+    assert every["n"] == 300 and every["win_rate"] == pytest.approx(0.5, abs=0.1)
+    v = advise(store, run, "guard", max_extra_calls=1.0, simulations=4000)["validation"]
+    assert v is not None and v["observed"]["n_armed"] == 300
+    assert v["inside"] == {"fire_rate": True, "win_rate": True, "extra_calls_per_turn": True}
+
+
+def test_the_pick_comes_with_bootstrap_intervals(store: Store) -> None:
+    run = log_bimodal_guard(store)
+    rec = advise(store, run, "guard", max_extra_calls=1.05, simulations=5000)["recommendation"]
+    iv = rec["predicted"]["intervals"]
+    lo, hi = iv["extra_calls_per_turn_ci95"]
+    assert iv["n_resamples"] == 200 and lo < rec["predicted"]["extra_calls_per_turn"] < hi
+    assert hi - lo > 0.05  # 400 calls do not pin a half-slow classifier's share down
+    assert iv["in_time_ci95"][0] <= rec["predicted"]["in_time"] <= iv["in_time_ci95"][1]
+    assert "95% bootstrap" in rec["reason"]
