@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,6 +64,15 @@ class CompletedTurns:
             if tid in self.ids:
                 out.append(r)
         return out
+
+
+def left_out(counts: Mapping[str, int] | None) -> str:
+    """The turns a summary left out, from :meth:`CompletedTurns.counts`: ``"2 cancelled,
+    1 refused"`` (``""`` when none), said beside every percentile."""
+    words = (("n_cancelled", "cancelled"), ("n_refused", "refused"),
+             ("n_replaced", "replaced"), ("n_errored", "errored"))  # fmt: skip
+    given = counts or {}
+    return ", ".join(f"{given[k]} {w}" for k, w in words if given.get(k))
 
 
 def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:

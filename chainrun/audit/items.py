@@ -39,7 +39,7 @@ from chainrun.audit.scope import Sample, Scope
 from chainrun.evals.scoring import case_outcomes, skipped_summary
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
-from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES, completed_turns
+from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES, completed_turns, left_out
 from chainrun.stats import (
     order_stat_indices,
     paired_compare,
@@ -1436,10 +1436,7 @@ def _metric_values(sample: Sample) -> dict[str, list[float]]:
 
 def _not_completed(sample: Sample) -> str:
     """``"2 cancelled, 1 refused"`` (the turns left out of the percentiles), or ``""``."""
-    c = sample.completed
-    parts = [f"{n} {what}" for n, what in ((c.n_cancelled, "cancelled"),
-             (c.n_refused, "refused"), (c.n_errored, "errored")) if n]  # fmt: skip
-    return ", ".join(parts)
+    return left_out(sample.completed.counts())
 
 
 def check_live_vs_replay(scope: Scope) -> Item:

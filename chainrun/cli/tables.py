@@ -10,6 +10,7 @@ from rich.table import Table
 
 from chainrun.events import StepFinished, TurnFinished
 from chainrun.records import StepRow
+from chainrun.report import left_out
 
 #: width of the waterfall bars, in characters
 _BAR = 40
@@ -83,11 +84,9 @@ def turn_counts(counts: dict[str, int] | None) -> str:
     """ "over 6 completed turns; 2 cancelled, 1 refused" (the one rule, said beside)."""
     if not counts:
         return ""
-    others = [f"{counts[k]} {w}" for k, w in (("n_cancelled", "cancelled"),
-              ("n_refused", "refused"), ("n_replaced", "replaced"),
-              ("n_errored", "errored")) if counts.get(k)]  # fmt: skip
+    others = left_out(counts)
     return f"over {counts['n_completed']} completed turns" + (
-        f"; not in the percentiles: {', '.join(others)}" if others else ""
+        f"; not in the percentiles: {others}" if others else ""
     )
 
 
