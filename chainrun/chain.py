@@ -31,7 +31,7 @@ from typing import Any
 import sqlite_utils
 
 from chainrun.capabilities import check_chain as check_capabilities
-from chainrun.config import MODEL_STEP_KINDS, ChainConfig, load_config
+from chainrun.config import MODEL_STEP_KINDS, ChainConfig, load_config, policy_from_config
 from chainrun.errors import ConfigError, ProviderUnavailable, error_type
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
@@ -42,6 +42,7 @@ from chainrun.records import RunKind, TurnLog, TurnRow
 from chainrun.redact import Redactor
 from chainrun.scheduler import TurnRun
 from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, step_kinds
+from chainrun.steps.base import breaker_key
 from chainrun.store import DEFAULT_DB, Store, utc_now
 from chainrun.timing import Chunk
 
@@ -149,8 +150,13 @@ class Chain:
         self._injected = dict(providers or {})
         self._retriever = retriever
         self._providers: dict[str, Provider] = {}
-        #: one registry for every step: a target found down at open starts open here
-        self._breakers = BreakerRegistry()
+        #: circuit breakers shared by the steps, one registry per distinct breaker setting
+        #: (a target found down at open starts open in every one)
+        self._breakers: dict[tuple[int, float, float], BreakerRegistry] = {}
+        for step_config in config.steps.values():
+            key = breaker_key(policy_from_config(step_config))
+            if key not in self._breakers:
+                self._breakers[key] = BreakerRegistry(*key)
         self._owned: list[Provider] = []
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
@@ -252,7 +258,8 @@ class Chain:
             except ProviderUnavailable as e:
                 if name in primaries:
                     raise
-                self._breakers.get(name).trip(math.inf)
+                for registry in self._breakers.values():
+                    registry.get(name).trip(math.inf)
                 self._providers[name] = _Down(name, str(e))
                 print(f"chainrun: warning: hedge target {name!r} is down ({e}); its circuit "
                       "breaker starts open: the steps hedged onto it run unhedged",

@@ -13,6 +13,7 @@ from chainrun.chain import REFUSAL, Chain
 from chainrun.config import CLASSIFY_LABELS, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.hedging import BreakerRegistry
 from chainrun.jsonout import parse_json_object
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.providers.openai_compat import OpenAICompatProvider
@@ -202,3 +203,33 @@ async def test_provider_never_gets_the_key_in_the_log(store, monkeypatch) -> Non
     store.create_run("live", cfg.snapshot())
     dump = json.dumps(list(store.db["runs"].rows))
     assert "sk-secret-123" not in dump
+
+
+async def test_a_steps_breaker_settings_are_its_own(store) -> None:
+    """A step's [hedge] breaker_* settings hold for its targets (they were once ignored:
+    the chain shared one default registry); steps with the same settings share breakers."""
+    hedge = {"delay_ms": 20, "max_attempts": 2, "targets": ["backup"], "max_extra_load": 1.0}
+    cfg: ChainConfig = config_from_dict({
+        "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
+        "steps": {"classify": {"hedge": {**hedge, "breaker_failures": 1,
+                                         "breaker_cooldown_s": 600.0}},
+                  "validate": {"hedge": hedge}, "critique": {"hedge": hedge}},
+    })  # fmt: skip
+    down = FakeProvider(name="backup", script=FakeReply(error=ConnectionError("refused")))
+    slow = FakeProvider(name="local", script=reply_by_step({
+        "classify": FakeReply("sizing", ttft_s=0.2),
+        "validate": FakeReply('{"ok": true, "reason": "x"}', ttft_s=0.2),
+    }))  # fmt: skip
+    async with Chain(cfg, store=store, providers={"local": slow, "backup": down}) as chain:
+        classify = chain.steps["classify"]._hedger.breakers  # type: ignore[attr-defined]
+        validate = chain.steps["validate"]._hedger.breakers  # type: ignore[attr-defined]
+        critique = chain.steps["critique"]._hedger.breakers  # type: ignore[attr-defined]
+        assert (classify.failures, classify.cooldown_s) == (1, 600.0)
+        assert validate is critique and validate is not classify
+        assert validate.failures == BreakerRegistry().failures
+        done = await chain.run_turn("hello")
+    copies = {c.step for c in store.calls(done.run_id) if c.target == "backup"}
+    assert {"classify", "validate"} <= copies  # both sent a copy that failed
+    # one failed copy opens the backup for classify (failures = 1), not for the others
+    assert classify.get("backup").state == "open"
+    assert validate.get("backup").state == "closed"

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import sqlite_utils
 
     from chainrun.config import ChainConfig, StepConfig
-    from chainrun.hedging import BreakerRegistry, LoopLagMonitor
+    from chainrun.hedging import BreakerRegistry, HedgePolicy, LoopLagMonitor
     from chainrun.providers.base import Provider
     from chainrun.store import Store
 
@@ -131,7 +131,10 @@ class BuildContext:
 
     config: ChainConfig
     providers: Mapping[str, Provider]
-    breakers: BreakerRegistry
+    #: the chain's circuit breakers, one registry per distinct breaker setting
+    #: ``(breaker_failures, breaker_window_s, breaker_cooldown_s)``: steps with the same
+    #: settings share their targets' breakers (a failing target is kept away from all)
+    breakers: Mapping[tuple[int, float, float], BreakerRegistry]
     loop_lag: LoopLagMonitor | None
     #: the log database (the catalogue lives there), or an in-memory one without a log
     db: sqlite_utils.Database
@@ -140,6 +143,19 @@ class BuildContext:
     #: a retriever to use instead of building one over the catalogue (tests, benchmarks)
     retriever: Any = None
     quiet: bool = False
+
+    def breakers_for(self, policy: HedgePolicy) -> BreakerRegistry:
+        """The breaker registry with ``policy``'s breaker settings.
+
+        Raises:
+            KeyError: the chain built no registry with those settings (a bug).
+        """
+        return self.breakers[breaker_key(policy)]
+
+
+def breaker_key(policy: HedgePolicy) -> tuple[int, float, float]:
+    """A policy's circuit-breaker settings: failures, window (s), cooldown (s)."""
+    return (policy.breaker_failures, policy.breaker_window_s, policy.breaker_cooldown_s)
 
 
 @dataclass

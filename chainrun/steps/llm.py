@@ -198,8 +198,9 @@ class LLMStep(Step):
         targets = [cfg.provider, *(cfg.hedge.targets if cfg.hedge else [])]
         self._providers = {t: ctx.providers[t] for t in targets}
         self._store = ctx.store
+        policy = policy_from_config(cfg)
         self._hedger = Hedger(
-            policy_from_config(cfg), targets, breakers=ctx.breakers, loop_lag=ctx.loop_lag
+            policy, targets, breakers=ctx.breakers_for(policy), loop_lag=ctx.loop_lag
         )
 
     async def aclose(self) -> None:
