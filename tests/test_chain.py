@@ -230,6 +230,8 @@ async def test_a_steps_breaker_settings_are_its_own(store) -> None:
         done = await chain.run_turn("hello")
     copies = {c.step for c in store.calls(done.run_id) if c.target == "backup"}
     assert {"classify", "validate"} <= copies  # both sent a copy that failed
+    # ... and the failed copy did not cancel the healthy primary (another target)
+    assert done.label == "sizing" and done.verdicts["validate"]["ok"] is True
     # one failed copy opens the backup for classify (failures = 1), not for the others
     assert classify.get("backup").state == "open"
     assert validate.get("backup").state == "closed"

@@ -357,15 +357,36 @@ def test_an_error_ends_the_race_without_a_copy() -> None:
     run_virtual(main)
 
 
-def test_a_fatal_error_of_a_copy_cancels_the_primary() -> None:
+def test_a_fatal_error_of_a_copy_on_another_target_does_not_cancel_the_primary() -> None:
+    """The copy's target (a backup that just died) fails fast: the primary, on another
+    target, runs on and wins; no further copy starts after the fatal error."""
+
+    async def main() -> None:
+        steps = {1: Step(5.0), 2: Step(0.05, error=lambda: StatusError("unavailable"))}
+        backend = FakeBackend(by_number(steps))
+        policy = HedgePolicy(delay_ms=100, max_attempts=3, max_extra_load=5)
+        hedger: Hedger[str] = Hedger(policy, ["a", "b"])
+        outcome = await hedger.run(backend)
+        assert outcome.error is None and outcome.winner == 1
+        assert outcomes(outcome) == ["primary", "error"]
+        assert outcome.attempts[1].error_status == "unavailable"
+        assert backend.events("start") == [1, 2]  # no third attempt after the fatal error
+        assert vloop().time() == pytest.approx(5.0)
+
+    run_virtual(main)
+
+
+def test_a_fatal_error_with_no_other_target_in_flight_ends_the_call() -> None:
+    """One target (copies go to the same service, as in gRFC A6): a fatal error of the
+    copy cancels the primary at once."""
+
     async def main() -> None:
         steps = {1: Step(5.0), 2: Step(0.1, error=lambda: StatusError("unavailable"))}
         backend = FakeBackend(by_number(steps))
-        hedger: Hedger[str] = Hedger(HedgePolicy(delay_ms=100), ["a", "b"])
+        hedger: Hedger[str] = Hedger(HedgePolicy(delay_ms=100), ["a"])
         outcome = await hedger.run(backend)
         assert isinstance(outcome.error, StatusError)
         assert outcomes(outcome) == ["cancelled", "error"]
-        assert outcome.attempts[1].error_status == "unavailable"
         assert backend.events("cancelled") == [1]
         assert vloop().time() == pytest.approx(0.2)
 
@@ -918,17 +939,24 @@ def test_winner_is_the_earliest_accepted_answer(
     sent = [a for a in outcome.attempts if a.started_offset_ms is not None]
     assert [a.number for a in sent] == sorted(a.number for a in sent)
 
-    # the call is decided by the earliest attempt that answered "ok" or failed fatally
-    def finish_ms(number: int, start_ms: float) -> float:
-        return start_ms + steps[number - 1][0]
+    # the call is decided by the earliest attempt that answered "ok", or by an attempt
+    # that failed fatally while no attempt on another target was in flight
+    def finish_ms(a: AttemptRecord) -> float:
+        return (a.started_offset_ms or 0.0) + steps[a.number - 1][0]
 
-    deciders = [
-        (finish_ms(a.number, a.started_offset_ms or 0.0), a)
-        for a in sent
-        if steps[a.number - 1][1] in ("ok", "fail")
-    ]
+    def in_flight_elsewhere(failed: AttemptRecord, at_ms: float) -> bool:
+        return any(
+            o.target != failed.target and (o.started_offset_ms or 0.0) <= at_ms < finish_ms(o)
+            for o in sent
+        )  # fmt: skip
+
+    first = math.inf
+    for a in sorted(sent, key=lambda a: (finish_ms(a), a.number)):
+        kind = steps[a.number - 1][1]
+        if kind == "ok" or (kind == "fail" and not in_flight_elsewhere(a, finish_ms(a))):
+            first = finish_ms(a)
+            break
     deadline_ms = math.inf if policy.deadline_s is None else policy.deadline_s * 1000
-    first = min((t for t, _ in deciders), default=math.inf)
     if outcome.winner is not None:
         winner = outcome.attempts[outcome.winner - 1]
         assert steps[winner.number - 1][1] == "ok" and winner.answered_offset_ms is not None
@@ -939,9 +967,10 @@ def test_winner_is_the_earliest_accepted_answer(
         assert first >= deadline_ms - 1e-6
     elif isinstance(outcome.error, StatusError) and outcome.error.status == 500:
         failed = next(a for a in sent if a.error is outcome.error)
-        assert finish_ms(failed.number, failed.started_offset_ms or 0.0) == pytest.approx(first)
-    else:  # every attempt answered "bad" or 429, and no attempt was left
-        assert all(steps[a.number - 1][1] in ("bad", "busy") for a in sent)
+        # the deciding failure, or the last error after every other attempt ended unaccepted
+        assert finish_ms(failed) == pytest.approx(first) or first == math.inf
+    else:  # every attempt answered "bad", 429 or failed, and no attempt was left
+        assert all(steps[a.number - 1][1] in ("bad", "busy", "fail") for a in sent)
         assert isinstance(outcome.error, (StatusError, NoAcceptableAnswer))
 
 

@@ -5,8 +5,15 @@ outstanding after a delay d, send a copy to another replica, use whichever answe
 first and cancel the rest. The details follow Finagle's ``BackupRequestFilter``
 (percentile delay from a latency window, warm-up, a load budget, fast failures kept
 out of the window) and gRPC's hedging policy (gRFC A6: attempt k at (k-1)·d, at most
-``max_attempts``, a fatal status cancels everything, a non-fatal one starts the next
+``max_attempts``, a fatal status stops the call, a non-fatal one starts the next
 attempt at once after any server pushback).
+
+One departure from gRFC A6, whose attempts all go to one service: here copies go to
+other targets (independent replicas), and a fatal error says nothing about another
+target's answer. So while an attempt on another target is in flight, a fatal error
+starts nothing more but cancels nothing: the attempts in flight run on, and the call
+fails (with the last error) only when none of them answers. A copy sent to a backup that
+has just died no longer cancels a healthy primary.
 
 The engine knows nothing of what an attempt does: it calls ``attempt(info)`` and awaits
 the result. Errors are not hedged (a copy of a request that failed on quota fails the
@@ -251,6 +258,8 @@ class _Race(Generic[T]):
         self.next_due = math.inf
         self.next_is_hedge = False
         self.winner: AttemptRecord | None = None
+        #: a fatal error was seen while other targets' attempts ran on: start nothing more
+        self.stopped = False
 
     # ----------------------------------------------------------------- the race
 
@@ -340,8 +349,14 @@ class _Race(Generic[T]):
             att.breaker.record_failure()
             self.last_error = exc
             if info.status is None or info.status not in self.policy.non_fatal:
-                await self.settle_in_flight(None, "error")
-                return self._outcome(None, exc)
+                if not any(a.record.target != rec.target for a in self.in_flight):
+                    await self.settle_in_flight(None, "error")
+                    return self._outcome(None, exc)
+                # another target may still answer: start nothing more, let the attempts
+                # in flight run (the module text); the race ends on their outcome
+                self.stopped = True
+                self.next_due = math.inf
+                continue
             self._schedule(now + (info.retry_after_s or 0.0), hedge=False)
         return None
 
@@ -372,7 +387,7 @@ class _Race(Generic[T]):
 
     def _schedule(self, at: float, *, hedge: bool) -> None:
         """Set when the next attempt is due (loop seconds); a retry overrides a pending hedge."""
-        if len(self.records) < self.policy.max_attempts:
+        if not self.stopped and len(self.records) < self.policy.max_attempts:
             self.next_due, self.next_is_hedge = at, hedge
 
     def _fire_due(self, now: float) -> None:
