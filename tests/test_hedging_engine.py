@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from chainrun.hedging import (
     AttemptInfo,
+    AttemptRecord,
     CircuitOpen,
     DeadlineExceeded,
     ErrorInfo,
