@@ -27,6 +27,7 @@ from typing import Any
 import sqlite_utils
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from chainrun.dbtx import write_transaction
 from chainrun.errors import InputFileError
 from chainrun.jsonl import check_file_size, read_jsonl
 from chainrun.migrations import migrate, utc_now
@@ -237,7 +238,7 @@ def write_products(
         for p in products
         for size, n in p.sizes.items()
     ]
-    with db.atomic():
+    with write_transaction(db):  # the write lock first: see chainrun.dbtx
         if replace:
             db.execute("delete from product_sizes")
             db.execute("delete from products")

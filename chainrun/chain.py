@@ -95,6 +95,14 @@ def build_steps(config: ChainConfig) -> dict[str, Step]:
     return steps
 
 
+
+def _naming_file(error: ConfigError, config: ChainConfig) -> ConfigError:
+    """``error`` found after loading (graph, capabilities), naming the config file it
+    came from when the message does not yet."""
+    if error.path is not None or config.path is None:
+        return error
+    return ConfigError(f"{config.path}: {error}", path=config.path)
+
 class Chain:
     """A configured chain with its steps, providers, hedgers and run log.
 
@@ -143,9 +151,7 @@ class Chain:
                 self.steps, config.order, config.answer_step, config.off_path_steps
             )
         except ConfigError as e:
-            if e.path is not None or config.path is None:
-                raise
-            raise ConfigError(f"{config.path}: {e}", path=config.path) from None
+            raise _naming_file(e, config) from None
         self._input_checks = config.checks.checker()
         self._injected = dict(providers or {})
         self._retriever = retriever
@@ -218,7 +224,10 @@ class Chain:
             ConfigError: a provider is misconfigured (e.g. its API key variable is unset),
                 or a step asks a model for what its capability entry refuses (before any call).
         """
-        check_capabilities(self.config)
+        try:
+            check_capabilities(self.config)
+        except ConfigError as e:
+            raise _naming_file(e, self.config) from None
         try:
             await self._open_providers()
             if any(s.config.hedge is not None for s in self.steps.values()):

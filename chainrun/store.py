@@ -22,6 +22,7 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
+from chainrun.dbtx import write_transaction
 from chainrun.errors import UserInputError
 from chainrun.logwriter import LogWriter
 from chainrun.migrations import migrate, utc_now
@@ -31,31 +32,6 @@ from chainrun.redact import Redactor, redact_calls, redact_turn
 __all__ = ["DEFAULT_DB", "Store", "migrate", "utc_now"]
 
 DEFAULT_DB = "chainrun.db"
-
-
-@contextmanager
-def write_transaction(db: sqlite_utils.Database) -> Iterator[None]:
-    """One write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error).
-
-    sqlite-utils commits each statement on its own unless a transaction is open (a
-    ``with conn:`` block opens none), so every multi-row write goes through here: a
-    process killed mid-write leaves all of it or none. IMMEDIATE takes the write lock
-    at the start, so a concurrent writer waits (busy timeout) instead of failing with
-    "database is locked" on a stale read snapshot (SQLite docs, "BEGIN TRANSACTION",
-    "WAL mode"). Nested: a savepoint.
-    """
-    if db.conn.in_transaction:
-        with db.atomic():
-            yield
-        return
-    db.conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if db.conn.in_transaction:
-            db.conn.execute("ROLLBACK")
-        raise
-    db.conn.execute("COMMIT")
 
 
 def _process_start(pid: int) -> str | None:

@@ -216,3 +216,36 @@ def test_product_text() -> None:
     assert text == (
         "Storm Shell. Category: jackets. A test product. Colours: navy, olive. Tags: rain."
     )
+
+
+def test_a_catalogue_write_waits_for_another_writer_instead_of_failing(tmp_path: Path) -> None:
+    """Two commands on one log: a catalogue write waits for another command's write lock
+    (busy timeout) and then succeeds. (A new user saw two first replays at once end one
+    with "database is locked" while embedding the catalogue; catalogue and embedding
+    writes now take the write lock first, BEGIN IMMEDIATE. This test does not reproduce
+    that race's timing; it pins the waiting.)"""
+    import threading
+    import time
+
+    path = tmp_path / "log.db"
+    Store.open(path).close()
+    locked = threading.Event()
+
+    def other_writer() -> None:  # another command: holds the write lock for 0.5 s
+        with Store.open(path) as b:
+            b.db.execute("BEGIN IMMEDIATE")
+            b.db.execute("insert into catalog_loads (source, n_products) values ('other', 0)")
+            locked.set()
+            time.sleep(0.5)
+            b.db.execute("COMMIT")
+
+    other = threading.Thread(target=other_writer)
+    with Store.open(path) as a:
+        a.db.execute("select count(*) from products").fetchone()  # a read snapshot, as before
+        other.start()
+        try:
+            assert locked.wait(10)
+            assert load_catalog(a.db, _jsonl(tmp_path / "c.jsonl", [_p("A-1")])) == 1
+        finally:
+            other.join()
+        assert product_count(a.db) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import AsyncGenerator
@@ -178,6 +179,21 @@ def test_a_cycle_in_a_config_file_is_one_line_naming_the_file_and_steps_exit_2(t
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"chainrun: error: {cfg}: steps a, b wait for each other in a cycle")
+
+
+def test_a_capability_error_names_the_config_file_exit_2(tmp_path) -> None:
+    """Found by a new user: the capability check's error was the only config error
+    without the file's name (and ``"file": null`` with --json)."""
+    cfg = tmp_path / "cap.toml"
+    cfg.write_text('[steps.compose]\nmodel = "gpt-5.1"\nreasoning_effort = "minimal"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainrun", "run", "hi", "--config", str(cfg),
+         "--db", str(tmp_path / "log.db"), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["error"]
+    assert error["file"] == str(cfg) and error["message"].startswith(f"{cfg}: steps.compose.")
 
 
 def test_a_field_nothing_writes_is_a_config_error() -> None:

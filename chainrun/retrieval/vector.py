@@ -29,6 +29,7 @@ from chainrun.catalog import (
     ensure_catalog_tables,
     product_text,
 )
+from chainrun.dbtx import write_transaction
 from chainrun.errors import ProviderUnavailable
 from chainrun.retrieval.base import Hit
 from chainrun.retrieval.embeddings import Embedder
@@ -216,7 +217,10 @@ class VectorIndex:
         return len(todo)
 
     def _write(self, rows: list[dict[str, Any]], gone: Sequence[str] = ()) -> None:
-        with self.db.atomic():
+        # BEGIN IMMEDIATE: a deferred transaction that reads (sqlite-utils reads the table's
+        # schema) and then writes fails at once with "database is locked" when another
+        # process wrote meanwhile; taking the write lock first waits (busy timeout)
+        with write_transaction(self.db):
             if rows:
                 self.db.table("product_embeddings").upsert_all(rows, pk=("product_id", "model"))
             for pid in gone:
