@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from chainrun.config import ChainConfig, config_from_dict
+from chainrun.lab import LabServer
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.store import Store
@@ -80,3 +82,19 @@ def config() -> ChainConfig:
 @pytest.fixture
 def fake() -> FakeProvider:
     return FakeProvider(name="local", script=reply_by_step())
+
+
+# -- a latency lab shared by the CLI test modules (a module may define its own ``lab``) --
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LabServer]:
+    """A lab answering in ~5 ms with 8 tokens (log-normal, sigma 0.3), one per module."""
+    with LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8) as server:
+        yield server
+
+
+@pytest.fixture
+def lab_config(lab: LabServer, tmp_path: Path) -> Path:
+    """A chainrun.toml pointing the default provider at ``lab``."""
+    p = tmp_path / "chainrun.toml"
+    p.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+    return p

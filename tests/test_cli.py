@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import typer.main
 
 from chainrun.cli import app
@@ -29,19 +27,6 @@ def chainrun(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
         [sys.executable, "-m", "chainrun", *args],
         capture_output=True, text=True, timeout=120, cwd=cwd,
     )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[LabServer]:
-    with LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8) as server:
-        yield server
-
-
-@pytest.fixture
-def lab_config(lab: LabServer, tmp_path: Path) -> Path:
-    p = tmp_path / "chainrun.toml"
-    p.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
-    return p
 
 
 def runs_in(db: Path) -> list[dict[str, Any]]:

@@ -46,19 +46,6 @@ class Result:
     stderr: str
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[LabServer]:
-    with LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8) as server:
-        yield server
-
-
-@pytest.fixture
-def lab_config(lab: LabServer, tmp_path: Path) -> Path:
-    p = tmp_path / "chainrun.toml"
-    p.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
-    return p
-
-
 def _short_replay(tmp_path: Path, n: int = 3) -> Path:
     """The first ``n`` requests of the shipped replay set (a faster run of the same kind)."""
     p = tmp_path / f"replay-{n}.jsonl"
