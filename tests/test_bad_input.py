@@ -233,3 +233,14 @@ def test_oversized_inputs_hit_documented_limits(tmp_path: Path) -> None:
     result = _cli("replay", str(huge), "--db", str(tmp_path / "x.db"))
     assert result.exit_code == 2 and f"{huge}:1: line longer than 1.0 MiB" in result.output
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_control_character_in_an_assertion_type_keeps_the_error_one_line() -> None:
+    """Hypothesis found it: an assertion type "conta\\ns" (a newline inside the quoted
+    value) made pydantic's message two lines."""
+    from chainrun.evals.cases import parse_case
+
+    case = {"id": "c1", "message": "hi", "assert": [{"type": "conta\ns", "value": "x"}]}
+    with pytest.raises(UserInputError) as e:
+        parse_case(case, "cases.jsonl", 1)
+    assert "\n" not in str(e.value) and "conta\\ns" in str(e.value)

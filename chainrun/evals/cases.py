@@ -61,12 +61,12 @@ def _problem(err: ValidationError) -> str:
     # a misspelt key explains a "missing field" better than the missing field does
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    # a key may hold any character: escape control characters so the message stays one line
-    loc = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in loc)
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
-    return f"{loc}: {msg}"
+    # keys and values (a quoted assertion type, say) may hold any character: escape
+    # control characters so the message stays one line
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in f"{loc}: {msg}")
 
 
 def parse_case(data: Any, path: str = "<case>", line: int | None = None) -> EvalCase:
