@@ -9,28 +9,41 @@ is current without embedding 100,000 texts (this benchmark times searches, not
 indexing). Queries are the 18 of ``evals/retrieval_queries.jsonl`` cycled, parsed as a
 turn parses them (``parse_query``: filters for price, size and category, in stock).
 
-Per size and search, one search at a time (``--searches`` each, default 200):
+The ``sized`` query set is the same 18, each with a size filter added: a size that
+products passing the query's other filters have in stock, in turn the most common, the
+median and the rarest one, so that the size filter, which vec0 applies after its KNN,
+is exercised from unselective to selective.
+
+Per size and search, one search at a time (``--searches`` each, default 400: enough for
+a p99 interval):
 
 * ``keyword`` (FTS5 bm25, all terms), ``keyword_any`` (any term);
 * ``vector_numpy`` (the index's NumPy scan: filter rows selected first, then the
   partial top-k), ``vector_sqlite_vec`` (sqlite-vec's ``vec_distance_cosine`` over every
-  vector in SQL, filter in the same ``where``), both exact;
-* ``hybrid`` (keyword_any + vector by reciprocal rank fusion, the default chain's search),
-  on the index's default backend.
+  vector in SQL, filter in the same ``where``), ``vector_vec0`` (KNN on a sqlite-vec
+  ``vec0`` table: category partitions, price/stock metadata, size filters oversampled;
+  ``chainrun.retrieval.vec0``), all exact; each also on the ``sized`` queries
+  (``…_sized``);
+* ``hybrid_<backend>`` (keyword_any + vector by reciprocal rank fusion, the default
+  chain's search) on each vector backend.
 
 Each gives p50/p99 in ms with 95% order-statistic intervals and n, the share of searches
-that came back empty, and ``empty_while_matching`` (a filtered search that answered fewer
-than min(k, matching products) hits: must be 0). Then the loop's own lag while 40
-hybrid searches run at once (a 5 ms timer; p99 and max), with the reads on worker
-threads (``CatalogReader``, the default) and inline on the loop (as before issue 13).
+that came back empty, and for vector and hybrid searches ``short_of_k``: searches that
+answered fewer than min(k, products passing the filter) hits (must be 0; every query
+filters on stock, ``constrained`` of them on price, size or category too). vec0's
+build time and its KNN rounds per query (oversampling growth) and exact fallbacks are
+reported. Then the loop's own lag while 40 hybrid searches run at once (a 5 ms timer;
+p99 and max), with the reads on worker threads (``CatalogReader``, the default) and
+inline on the loop (as before issue 13).
 
-Run: ``python benchmarks/retrieval_scale.py [--sizes 10000,100000] [--searches 200] [--json]``.
+Run: ``python benchmarks/retrieval_scale.py [--sizes 10000,100000] [--searches 400] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import resource
 import sys
@@ -71,6 +84,8 @@ NOISE = 0.3
 K = 8
 CANDIDATES = 20
 CONCURRENT = 40
+#: vector backends compared (chainrun.retrieval.vector.VECTOR_BACKENDS less "auto")
+BACKENDS = ("numpy", "sqlite-vec", "vec0")
 
 
 def queries() -> list[tuple[str, Filters]]:
@@ -80,6 +95,26 @@ def queries() -> list[tuple[str, Filters]]:
         if line.strip():
             parsed = parse_query(json.loads(line)["query"], None, in_stock=True)
             out.append((parsed.text, parsed.filters))
+    return out
+
+
+def sized_queries(
+    db: sqlite_utils.Database, qs: list[tuple[str, Filters]]
+) -> list[tuple[str, Filters]]:
+    """``qs`` with a size filter each: the most common, median or rarest size (in turn)
+    in stock among the products passing the query's own filters."""
+    out = []
+    for i, (text, f) in enumerate(qs):
+        where, params = f.sql("p")
+        rows = db.execute(
+            f"""select upper(ps.size) s
+            from products p join product_sizes ps on ps.product_id = p.id
+            where {where} and ps.stock > 0 group by s order by count(*) desc, s""",
+            params,
+        )
+        sizes = [r[0] for r in rows]
+        pick = sizes[[0, len(sizes) // 2, len(sizes) - 1][i % 3]] if sizes else "M"
+        out.append((text, dataclasses.replace(f, sizes=(pick,))))
     return out
 
 
@@ -128,17 +163,19 @@ async def time_search(
 ) -> dict[str, Any]:
     """``n`` searches one at a time, cycling the queries."""
     await search.search(qs[0][0], K, filters=qs[0][1])  # warm: threads, connections, pages
-    times, empty, short = [], 0, 0
+    times, empty, short, constrained = [], 0, 0, 0
+    # a filtered search must fill k while k products pass (keyword needs its terms too)
+    checked = search.name.startswith(("vector", "hybrid"))
     for i in range(n):
         text, f = qs[i % len(qs)]
         t0 = time.perf_counter()
         hits = await search.search(text, K, filters=f)
         times.append((time.perf_counter() - t0) * 1000.0)
         empty += not hits
-        # a filtered search must fill k while k products pass (keyword needs its terms too)
-        if "vector" in search.name and len(hits) < min(K, matching[i % len(qs)]):
-            short += 1
-    return {**summarize(times), "share_empty": round(empty / n, 4), "empty_while_matching": short}
+        constrained += f.constrains
+        short += checked and len(hits) < min(K, matching[i % len(qs)])
+    out = {**summarize(times), "share_empty": round(empty / n, 4), "constrained": constrained}
+    return {**out, "short_of_k": short if checked else None}
 
 
 async def loop_lag_during(search: Search, qs: list[tuple[str, Filters]]) -> dict[str, Any]:
@@ -175,34 +212,49 @@ def _args(q: tuple[str, Filters]) -> tuple[str, int]:
 
 async def run_size(path: Path, n: int, searches: int, embedder: HashEmbedder) -> dict[str, Any]:
     db = sqlite_utils.Database(path)
-    qs = queries()
-    matching = [matching_count(db, f) for _, f in qs]
+    sets = {"": queries()}
+    sets["_sized"] = sized_queries(db, sets[""])
+    matching = {key: [matching_count(db, f) for _, f in qs] for key, qs in sets.items()}
     has_vec = load_sqlite_vec(db)
-    out: dict[str, Any] = {"products": n, "queries": len(qs), "sqlite_vec": has_vec}
-    numpy_index = VectorIndex(db, embedder, use_sqlite_vec=False, seeds=())
-    t0 = time.perf_counter()
-    embedded = await numpy_index.ensure()
-    out["index_load_s"] = round(time.perf_counter() - t0, 2)
-    assert embedded == 0, "the vectors should be current"
+    out: dict[str, Any] = {"products": n, "queries": len(sets[""]), "sqlite_vec": has_vec}
+    indexes: dict[str, VectorIndex] = {}
+    for backend in BACKENDS if has_vec else ("numpy",):
+        index = VectorIndex(db, embedder, backend=backend, seeds=())
+        t0 = time.perf_counter()
+        embedded = await index.ensure()  # numpy: loads the matrix; vec0: builds the table
+        out[f"index_ready_s_{backend}"] = round(time.perf_counter() - t0, 2)
+        assert embedded == 0, "the vectors should be current"
+        indexes[backend] = index
     kw_any = KeywordSearch(db, "any")
-    searches_by_name: dict[str, Search] = {
-        "keyword": KeywordSearch(db, "all"),
-        "keyword_any": kw_any,
-        "vector_numpy": _named(VectorSearch(numpy_index), "vector_numpy"),
-    }
-    vec_index = None
-    if has_vec:
-        vec_index = VectorIndex(db, embedder, use_sqlite_vec=True, seeds=())
-        await vec_index.ensure()
-        searches_by_name["vector_sqlite_vec"] = _named(VectorSearch(vec_index), "vector_sqlite_vec")
-    default_index = vec_index or numpy_index
-    hybrid = HybridSearch([kw_any, VectorSearch(default_index)], candidates=CANDIDATES)
-    searches_by_name["hybrid"] = hybrid
-    out["hybrid_vector_backend"] = default_index.backend
+    plain: dict[str, Search] = {"keyword": KeywordSearch(db, "all"), "keyword_any": kw_any}
+    for backend, index in indexes.items():
+        name = backend.replace("-", "_")
+        plain[f"vector_{name}"] = _named(VectorSearch(index), f"vector_{name}")
+    for backend, index in indexes.items():
+        name = f"hybrid_{backend.replace('-', '_')}"
+        plain[name] = _named(
+            HybridSearch([kw_any, VectorSearch(index)], candidates=CANDIDATES), name
+        )
+    vec0 = indexes["vec0"].vec0 if "vec0" in indexes else None
+    runs = [(name, search, "") for name, search in plain.items()]
+    for backend, index in indexes.items():
+        name = f"vector_{backend.replace('-', '_')}_sized"
+        runs.append((name, _named(VectorSearch(index), name), "_sized"))
     results: dict[str, Any] = {}
-    for name, search in searches_by_name.items():
-        results[name] = await time_search(search, qs, searches, matching)
+    for name, search, key in runs:
+        before = vec0.stats.copy() if vec0 is not None else None
+        res = await time_search(search, sets[key], searches, matching[key])
+        if vec0 is not None and before is not None and "vec0" in name:
+            used = vec0.stats - before  # KNN rounds (oversampling growth), exact fallbacks
+            res["vec0_rounds_per_search"] = round(used["rounds"] / max(1, used["queries"]), 3)
+            res["vec0_exact_scans"] = used["exact_scans"]
+            res["vec0_exact_fallbacks"] = used["exact_fallbacks"]
+        results[name] = res
     out["searches"] = results
+    auto = "sqlite-vec" if has_vec else "numpy"  # the "auto" backend, as a chain builds it
+    hybrid = HybridSearch([kw_any, VectorSearch(indexes[auto])], candidates=CANDIDATES)
+    out["loop_lag_hybrid_backend"] = auto
+    qs = sets[""]
     # the loop while 40 hybrid searches run at once: reads on worker threads vs inline
     out["loop_lag_off_loop"] = await loop_lag_during(hybrid, qs)
     reader = reader_for(db)
@@ -213,9 +265,8 @@ async def run_size(path: Path, n: int, searches: int, embedder: HashEmbedder) ->
     finally:
         reader.path = saved
     await asyncio.to_thread(reader.close)
-    for index in (numpy_index, vec_index):
-        if index is not None:
-            await index.aclose()
+    for index in indexes.values():
+        await index.aclose()
     db.close()
     return out
 
@@ -234,17 +285,25 @@ class _named:
 def summary(doc: dict[str, Any]) -> str:
     lines = []
     for size, res in doc["results"]["sizes"].items():
-        lines.append(
-            f"\n{size} products (build {res['build_s']} s, index load "
-            f"{res['index_load_s']} s, hybrid on {res['hybrid_vector_backend']})"
+        ready = ", ".join(
+            f"{k.removeprefix('index_ready_s_')} {v} s"
+            for k, v in res.items()
+            if k.startswith("index_ready_s_")
         )
-        head = f"  {'search':<18} {'n':>4} {'p50 ms':>8} {'p99 ms':>8}"
-        lines.append(f"{head} {'empty':>6} {'short':>5}")
+        lines.append(f"\n{size} products (build {res['build_s']} s; index ready: {ready})")
+        head = f"  {'search':<24} {'n':>4} {'p50 ms':>8} {'p99 ms':>8}"
+        lines.append(f"{head} {'empty':>6} {'short of k':>10}")
         for name, s in res["searches"].items():
+            short = "-" if s["short_of_k"] is None else f"{s['short_of_k']} of {s['n']}"
             lines.append(
-                f"  {name:<18} {s['n']:>4} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
-                f"{s['share_empty']:>6.3f} {s['empty_while_matching']:>5}"
+                f"  {name:<24} {s['n']:>4} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
+                f"{s['share_empty']:>6.3f} {short:>10}"
             )
+        for name, s in res["searches"].items():
+            if "vec0_rounds_per_search" in s:
+                lines.append(f"  {name}: {s['vec0_rounds_per_search']} KNN rounds per search, "
+                             f"{s['vec0_exact_scans']} exact scans (few pass), "
+                             f"{s['vec0_exact_fallbacks']} exact fallbacks")  # fmt: skip
         for key in ("loop_lag_off_loop", "loop_lag_inline"):
             lag = res[key]
             lines.append(f"  {key}: {lag['searches']} hybrid searches, {CONCURRENT} at once: "
@@ -257,7 +316,7 @@ def summary(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="10000,100000", help="catalogue sizes (products)")
-    parser.add_argument("--searches", type=int, default=200, help="searches per search kind")
+    parser.add_argument("--searches", type=int, default=400, help="searches per search kind")
     parser.add_argument("--seed", type=int, default=0)
     c.add_common_options(parser)
     args = parser.parse_args(argv)

@@ -159,10 +159,14 @@ def test_retrieval_scale(tmp_path: Path) -> None:
     res = run_benchmark("retrieval_scale", tmp_path, "--sizes", "600", "--searches", "6")
     size = res["sizes"]["600"]
     assert size["products"] == 600
-    names = {"keyword", "keyword_any", "vector_numpy", "hybrid"}
+    names = {"keyword", "keyword_any", "vector_numpy", "hybrid_numpy", "vector_numpy_sized"}
+    if size["sqlite_vec"]:
+        names |= {f"{s}_{b}" for s in ("vector", "hybrid") for b in ("sqlite_vec", "vec0")}
+        names |= {"vector_sqlite_vec_sized", "vector_vec0_sized"}
+        assert size["searches"]["vector_vec0_sized"]["vec0_rounds_per_search"] >= 1
     assert names <= set(size["searches"])
-    for s in size["searches"].values():
+    for name, s in size["searches"].items():
         assert s["n"] == 6 and s["p50_ms"] > 0 and unit(s["share_empty"])
-        assert s["empty_while_matching"] == 0
+        assert s["short_of_k"] == (None if name.startswith("keyword") else 0)
     for key in ("loop_lag_off_loop", "loop_lag_inline"):
         assert size[key]["searches"] == 80 and size[key]["lag_n"] >= 1

@@ -84,8 +84,8 @@ async def test_searches_on_a_file_agree_with_in_memory(
     a = await FilterSearch(file_db).search("", 8, filters=f)
     assert [h.id for h in a] == [h.id for h in await FilterSearch(mem_db).search("", 8, filters=f)]
     embedder = HashEmbedder()
-    on_file = VectorIndex(file_db, embedder, use_sqlite_vec=False, seeds=())
-    in_mem = VectorIndex(mem_db, embedder, use_sqlite_vec=False, seeds=())
+    on_file = VectorIndex(file_db, embedder, backend="numpy", seeds=())
+    in_mem = VectorIndex(mem_db, embedder, backend="numpy", seeds=())
     await on_file.ensure()
     await in_mem.ensure()
     a = await VectorSearch(on_file).search("rain jacket", 5, filters=f)
@@ -116,13 +116,13 @@ def _matching(db: sqlite_utils.Database, f: Filters) -> set[str]:
     return {r[0] for r in db.execute(f"select p.id from products p where {where}", params)}
 
 
-@pytest.mark.parametrize("backend", ["numpy", "sqlite-vec"])
+@pytest.mark.parametrize("backend", ["numpy", "sqlite-vec", "vec0"])
 async def test_a_filtered_vector_query_is_never_empty_while_products_match(
     big_db: sqlite_utils.Database, backend: str
 ) -> None:
-    if backend == "sqlite-vec" and not HAS_VEC:
+    if backend != "numpy" and not HAS_VEC:
         pytest.skip("sqlite-vec cannot be loaded here")
-    index = VectorIndex(big_db, HashEmbedder(), use_sqlite_vec=backend == "sqlite-vec", seeds=())
+    index = VectorIndex(big_db, HashEmbedder(), backend=backend, seeds=())
     await index.ensure()
     search = VectorSearch(index)
     prices = sorted(r[0] for r in big_db.execute("select price from products"))
@@ -132,6 +132,8 @@ async def test_a_filtered_vector_query_is_never_empty_while_products_match(
         Filters(categories=("bags",)),
         Filters(categories=("jackets",), min_price=prices[-40]),
         Filters(sizes=("XXL",), max_price=prices[len(prices) // 10]),
+        Filters(sizes=("46", "W28"), categories=("shoes", "jeans", "bags")),
+        Filters(sizes=("46",), max_price=prices[len(prices) // 20], in_stock=False),
         Filters(categories=("no-such-category",)),
     ]
     for f in cases:
@@ -146,7 +148,7 @@ async def test_a_filtered_vector_query_is_never_empty_while_products_match(
 
 async def test_numpy_top_k_equals_a_full_sort(big_db: sqlite_utils.Database) -> None:
     embedder = HashEmbedder()
-    index = VectorIndex(big_db, embedder, use_sqlite_vec=False, seeds=())
+    index = VectorIndex(big_db, embedder, backend="numpy", seeds=())
     await index.ensure()
     q = (await embedder.embed(["linen shirt"]))[0]
     sims = index._matrix @ q

@@ -216,7 +216,7 @@ async def test_filter_search_browses_cheapest_first(db: sqlite_utils.Database) -
 
 @pytest.fixture
 async def hash_index(db: sqlite_utils.Database) -> Any:
-    index = VectorIndex(db, HashEmbedder(), use_sqlite_vec=False, seeds=())
+    index = VectorIndex(db, HashEmbedder(), backend="numpy", seeds=())
     yield index
     await index.aclose()
 
@@ -254,13 +254,13 @@ async def test_index_embeds_once_and_only_changed_products(
     db: sqlite_utils.Database, tmp_path: Path
 ) -> None:
     embedder = HashEmbedder()
-    index = VectorIndex(db, embedder, use_sqlite_vec=False, seeds=())
+    index = VectorIndex(db, embedder, backend="numpy", seeds=())
     n = await index.ensure()
     assert n == len(all_products(db))
     calls = embedder.calls
     assert await index.ensure() == 0 and embedder.calls == calls  # nothing changed
     # a second index on the same database reuses the stored vectors
-    assert await VectorIndex(db, embedder, use_sqlite_vec=False, seeds=()).ensure() == 0
+    assert await VectorIndex(db, embedder, backend="numpy", seeds=()).ensure() == 0
     changed = dict(_products(db, ["JKT-003"])[0], description="Now with a fleece lining.")
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({k: v for k, v in changed.items()}) + "\n", encoding="utf-8")
@@ -272,7 +272,7 @@ async def test_index_embeds_once_and_only_changed_products(
 async def test_vector_search_fails_fast_while_the_index_is_first_built(
     db: sqlite_utils.Database,
 ) -> None:
-    index = VectorIndex(db, HashEmbedder(), use_sqlite_vec=False, seeds=())
+    index = VectorIndex(db, HashEmbedder(), backend="numpy", seeds=())
     with pytest.raises(ProviderUnavailable, match="still being built"):
         await VectorSearch(index).search("rain jacket", 5)
     await index.ensure()  # the build started by the failed search finishes
@@ -295,7 +295,7 @@ async def test_precomputed_vectors_are_used(db: sqlite_utils.Database, tmp_path:
         vectors=await embedder.embed(texts),
     )
     calls = embedder.calls
-    index = VectorIndex(db, embedder, use_sqlite_vec=False, seeds=[seed])
+    index = VectorIndex(db, embedder, backend="numpy", seeds=[seed])
     assert await index.ensure() == 0 and embedder.calls == calls
     assert await VectorSearch(index).search("rain jacket", 3)
     await index.aclose()
@@ -307,8 +307,8 @@ async def test_precomputed_vectors_are_used(db: sqlite_utils.Database, tmp_path:
 )
 async def test_sqlite_vec_and_numpy_rank_alike(db: sqlite_utils.Database) -> None:
     embedder = HashEmbedder()
-    with_vec = VectorIndex(db, embedder, use_sqlite_vec=True, seeds=())
-    with_numpy = VectorIndex(db, embedder, use_sqlite_vec=False, seeds=())
+    with_vec = VectorIndex(db, embedder, backend="sqlite-vec", seeds=())
+    with_numpy = VectorIndex(db, embedder, backend="numpy", seeds=())
     await with_vec.ensure()
     await with_numpy.ensure()
     q = (await embedder.embed(["warm winter coat"]))[0]

@@ -2,10 +2,12 @@
 behind one protocol, and a retrieve stage that stops early.
 
 Modules: ``base`` (the :class:`Search` protocol, :class:`Hit`, :class:`RetrievalResult`,
-:func:`format_for_prompt`), ``keyword`` (FTS5 bm25), ``vector`` (embeddings, sqlite-vec
-or NumPy), ``embeddings`` (MiniLM in NumPy, OpenAI-compatible endpoint, hashing),
-``filters`` (price/size/category parsed from the message), ``hybrid`` (reciprocal rank
-fusion), ``stage`` (priority order, early exit, hedged fallbacks), ``settings``.
+:func:`format_for_prompt`), ``keyword`` (FTS5 bm25), ``vector`` (embeddings, NumPy,
+sqlite-vec scan or vec0 backends), ``vec0`` (sqlite-vec ``vec0`` KNN with exact
+filters), ``reader`` (catalogue reads on worker threads), ``embeddings`` (MiniLM in
+NumPy, OpenAI-compatible endpoint, hashing), ``filters`` (price/size/category parsed
+from the message), ``hybrid`` (reciprocal rank fusion), ``stage`` (priority order, early
+exit, hedged fallbacks), ``settings``.
 
 Typical use::
 
@@ -52,10 +54,12 @@ from chainrun.retrieval.stage import (
     fallback_hedger,
     hedged_search,
 )
-from chainrun.retrieval.vector import VectorIndex, VectorSearch
+from chainrun.retrieval.vec0 import Vec0Index
+from chainrun.retrieval.vector import VECTOR_BACKENDS, VectorIndex, VectorSearch
 
 __all__ = [
     "SEARCH_NAMES",
+    "VECTOR_BACKENDS",
     "Embedder",
     "EmbeddingSettings",
     "FilterSearch",
@@ -74,6 +78,7 @@ __all__ = [
     "Retriever",
     "Search",
     "SearchLog",
+    "Vec0Index",
     "VectorIndex",
     "VectorSearch",
     "build_embedder",

@@ -27,7 +27,7 @@ from typing import TypeVar
 import sqlite_utils
 import sqlite_utils.utils
 
-__all__ = ["CatalogReader", "reader_for"]
+__all__ = ["CatalogReader", "database_file", "open_connection", "reader_for"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,33 @@ _READERS: weakref.WeakKeyDictionary[sqlite_utils.Database, CatalogReader] = (
     weakref.WeakKeyDictionary()
 )
 _READERS_LOCK = threading.Lock()
+
+#: bytes of the file a connection maps into memory instead of copying pages through
+#: SQLite's page cache (2 MB by default): a vec0 KNN over 100,000 384-dimension vectors
+#: took 47 ms with it vs 77 ms without (measured 2026-11-30; SQLite docs,
+#: "Memory-Mapped I/O"). Address space, not memory: pages are the OS's file cache.
+MMAP_SIZE = 1 << 30
+
+
+def open_connection(path: Path, *, read_only: bool = False) -> sqlite_utils.Database:
+    """A new connection to ``path`` with sqlite-vec loaded when it can be.
+
+    Pragmas: ``busy_timeout`` 10 s, ``mmap_size`` :data:`MMAP_SIZE`, and ``query_only``
+    when ``read_only``. Uses sqlite-utils' driver (pysqlite3 when installed, so that
+    sqlite-vec can load); ``check_same_thread`` is off only so that ``close()`` may run
+    on another thread than the one that used it.
+    """
+    from chainrun.retrieval.vector import load_sqlite_vec
+
+    conn = sqlite_utils.Database(
+        sqlite_utils.utils.sqlite3.connect(str(path), check_same_thread=False)
+    )
+    conn.execute("pragma busy_timeout = 10000")
+    conn.execute(f"pragma mmap_size = {MMAP_SIZE}")
+    if read_only:
+        conn.execute("pragma query_only = 1")
+    load_sqlite_vec(conn)
+    return conn
 
 
 def database_file(db: sqlite_utils.Database) -> Path | None:
@@ -53,9 +80,8 @@ class CatalogReader:
     """Runs read-only ``fn(db)`` calls on worker threads, each with its own connection.
 
     Args:
-        db: the loop's connection; its file is opened again per worker thread (pragmas:
-            ``busy_timeout`` 10 s, ``query_only``); sqlite-vec is loaded into each
-            worker connection when it loads into ``db``'s.
+        db: the loop's connection; its file is opened again per worker thread
+            (:func:`open_connection`, read-only, with sqlite-vec when it loads).
         max_workers: threads (and connections) at most.
 
     ``fn`` must only read: the worker connections are ``query_only``.
@@ -78,17 +104,8 @@ class CatalogReader:
     def _connection(self) -> sqlite_utils.Database:
         conn: sqlite_utils.Database | None = getattr(self._local, "db", None)
         if conn is None:
-            from chainrun.retrieval.vector import load_sqlite_vec
-
             assert self.path is not None
-            # sqlite-utils' driver (pysqlite3 when installed, so sqlite-vec can load);
-            # check_same_thread off only so that close() may run on the closing thread
-            conn = sqlite_utils.Database(
-                sqlite_utils.utils.sqlite3.connect(str(self.path), check_same_thread=False)
-            )
-            conn.execute("pragma busy_timeout = 10000")
-            conn.execute("pragma query_only = 1")
-            load_sqlite_vec(conn)
+            conn = open_connection(self.path, read_only=True)
             self._local.db = conn
             with self._lock:
                 self._connections.append((threading.current_thread(), conn))

@@ -7,6 +7,7 @@
     min_results = 4                              # stop as soon as this many are found
     k = 8                                        # products handed to the compose step
     fallbacks = { hybrid = "keyword_any" }       # race a fallback instead of waiting
+    vector_backend = "auto"                      # or "numpy", "sqlite-vec", "vec0"
 
     [steps.retrieve.retrieval.embedding]
     backend = "minilm"                           # or "openai" (base_url, model) or "hash"
@@ -89,6 +90,14 @@ class RetrievalSettings(_Strict):
     #: copies per call the hedge budget allows (1.0: every call may enlist its fallback;
     #: fallbacks are local searches, so extra load is cheap)
     hedge_max_extra_load: float = Field(default=1.0, gt=0)
+    #: how the vector search finds the nearest vectors (chainrun.retrieval.vector):
+    #: "numpy" or "sqlite-vec" scan every vector passing the filter; "vec0" is sqlite-vec's
+    #: KNN table (category partitions, price/stock metadata), for large catalogues;
+    #: "auto": sqlite-vec when it loads, else numpy. All exact.
+    vector_backend: Literal["auto", "numpy", "sqlite-vec", "vec0"] = "auto"
+    #: vec0: candidates per result fetched in the first round when a size filter is
+    #: applied after the KNN (grown 8x per round while short, up to 4,096)
+    vector_oversample: int = Field(default=4, ge=1, le=512)
     #: recommend sold-out products too
     include_out_of_stock: bool = False
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)

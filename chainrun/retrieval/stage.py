@@ -23,6 +23,7 @@ from typing import Any
 import sqlite_utils
 
 from chainrun.catalog import ensure_catalog_tables, get_products
+from chainrun.errors import ConfigError
 from chainrun.hedging import ErrorInfo, HedgePolicy, Hedger
 from chainrun.retrieval.base import Hit, RetrievalResult, Search, SearchLog
 from chainrun.retrieval.embeddings import Embedder, build_embedder
@@ -325,7 +326,8 @@ def build_retriever(
     :meth:`Retriever.warm`).
 
     Raises:
-        ConfigError: the embedding settings are incomplete.
+        ConfigError: the embedding settings are incomplete, or ``vector_backend`` asks
+            for sqlite-vec where it cannot be loaded.
     """
     settings = settings or RetrievalSettings()
     ensure_catalog_tables(db)
@@ -334,7 +336,16 @@ def build_retriever(
     index = None
     if wanted & EMBEDDING_SEARCHES:
         embedder = embedder or build_embedder(settings.embedding)
-        index = VectorIndex(db, embedder, batch_size=settings.embedding.batch_size)
+        try:
+            index = VectorIndex(
+                db,
+                embedder,
+                batch_size=settings.embedding.batch_size,
+                backend=settings.vector_backend,
+                oversample=settings.vector_oversample,
+            )
+        except ValueError as e:
+            raise ConfigError(f"retrieval.vector_backend: {e}") from None
     built = build_searches(
         wanted, db, index=index, rrf_k=settings.rrf_k, candidates=settings.candidates
     )

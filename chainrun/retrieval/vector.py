@@ -1,12 +1,21 @@
 """Vector search: nearest product embeddings by cosine similarity.
 
 Vectors live in ``product_embeddings`` (float32 BLOBs, one row per product and embedding
-model), computed once per product text and reused across runs. The nearest ones are
-found with sqlite-vec's ``vec_distance_cosine`` in SQL when the extension loads (it
-needs ``pysqlite3-binary``: CPython's own sqlite3 here cannot load extensions, see
-FIELD.md), else with NumPy over the same vectors; both scan every vector (exact search,
-as sqlite-vec's ``vec0`` tables do too), which takes well under a millisecond for a
-catalogue of hundreds of products. Filters are applied in SQL in both cases.
+model), computed once per product text and reused across runs. Three backends find the
+nearest ones, all exact (:data:`VECTOR_BACKENDS`):
+
+* ``numpy``: a matrix product over the vectors held in memory (rows passing the filter
+  selected first);
+* ``sqlite-vec``: sqlite-vec's ``vec_distance_cosine`` over every vector passing the
+  filter, in SQL (it needs ``pysqlite3-binary``: CPython's own sqlite3 here cannot load
+  extensions, see FIELD.md);
+* ``vec0``: KNN on a sqlite-vec ``vec0`` table built from the same vectors, with the
+  category as partition key, price and stock as metadata columns and size filters
+  oversampled (:mod:`chainrun.retrieval.vec0`): the one for large catalogues.
+
+``auto`` (the default) is ``sqlite-vec`` when the extension loads, else ``numpy``. Every
+backend applies the filter before the limit: while ``k`` products pass it, ``k`` come
+back.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from chainrun.retrieval.base import Hit
 from chainrun.retrieval.embeddings import Embedder
 from chainrun.retrieval.filters import Filters
 from chainrun.retrieval.keyword import query_terms
-from chainrun.retrieval.reader import reader_for
+from chainrun.retrieval.reader import database_file, open_connection, reader_for
+from chainrun.retrieval.vec0 import Vec0Index, scan_nearest
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,9 @@ logger = logging.getLogger(__name__)
 #: ``python benchmarks/make_catalog.py --embeddings``: the default chain's first turn
 #: then finds its vectors ready instead of embedding 285 products (about 10 s on 2 cores).
 SAMPLE_VECTORS = SAMPLE_CATALOG.with_name("catalog.minilm.npz")
+
+#: ``VectorIndex(backend=...)`` and ``retrieval.vector_backend`` values
+VECTOR_BACKENDS = ("auto", "numpy", "sqlite-vec", "vec0")
 
 
 def load_sqlite_vec(db: sqlite_utils.Database) -> bool:
@@ -100,11 +113,17 @@ class VectorIndex:
         db: the database holding the catalogue tables.
         embedder: makes the vectors.
         batch_size: products per :meth:`Embedder.embed` call while indexing.
-        use_sqlite_vec: force the SQL path (True; ValueError if sqlite-vec cannot be
-            loaded) or the NumPy path (False); default: sqlite-vec when it loads.
+        backend: one of :data:`VECTOR_BACKENDS` (see the module docstring); ``auto``:
+            ``sqlite-vec`` when the extension loads into ``db``, else ``numpy``.
+        oversample: ``vec0`` only: candidates per result in the first KNN round when a
+            size filter is applied after it (see :class:`~chainrun.retrieval.vec0.Vec0Index`).
         seeds: ``.npz`` files of precomputed vectors (keys ``model``, ``text_hashes``,
             ``vectors``) used instead of embedding when model and text match; default:
             the MiniLM vectors of the sample catalogue (:data:`SAMPLE_VECTORS`).
+
+    Raises:
+        ValueError: an unknown backend, or ``sqlite-vec``/``vec0`` when sqlite-vec
+            cannot be loaded into ``db``'s connection.
     """
 
     def __init__(
@@ -113,26 +132,42 @@ class VectorIndex:
         embedder: Embedder,
         *,
         batch_size: int = 64,
-        use_sqlite_vec: bool | None = None,
+        backend: str = "auto",
+        oversample: int = 4,
         seeds: Sequence[Path] = (SAMPLE_VECTORS,),
     ) -> None:
+        if backend not in VECTOR_BACKENDS:
+            raise ValueError(
+                f"unknown vector backend {backend!r}; expected one of {VECTOR_BACKENDS}"
+            )
         self.db = db
         self.seeds = list(seeds)
         self.embedder = embedder
         self.batch_size = batch_size
-        self.use_sqlite_vec = use_sqlite_vec is not False and load_sqlite_vec(db)
-        if use_sqlite_vec and not self.use_sqlite_vec:
-            raise ValueError("sqlite-vec cannot be loaded into this database connection")
+        has_vec = backend != "numpy" and load_sqlite_vec(db)
+        if backend in ("sqlite-vec", "vec0") and not has_vec:
+            raise ValueError(
+                f"vector backend {backend!r} needs sqlite-vec, which cannot be loaded into "
+                "this database connection (packages sqlite-vec and pysqlite3-binary)"
+            )
+        #: the backend in use: ``numpy``, ``sqlite-vec`` or ``vec0``
+        self.backend = ("sqlite-vec" if has_vec else "numpy") if backend == "auto" else backend
+        self.vec0 = (
+            Vec0Index(embedder.model, oversample=oversample) if self.backend == "vec0" else None
+        )
+        self._vec0_synced = False  # this process has brought the vec0 table up to date
         self._version: int | None = None
         self._build: asyncio.Task[int] | None = None
+        self._stored = False  # vectors of this model exist (the SQL backends' readiness)
         self._ids: list[str] = []
         self._matrix = np.zeros((0, 0), np.float32)
         self._pos: dict[str, int] = {}
         self.reader = reader_for(db)
 
     @property
-    def backend(self) -> str:
-        return "sqlite-vec" if self.use_sqlite_vec else "numpy"
+    def use_sqlite_vec(self) -> bool:
+        """Whether searches run in SQL (``sqlite-vec`` or ``vec0``) rather than NumPy."""
+        return self.backend != "numpy"
 
     def _current(self) -> bool:
         return self._version is not None and self._version == catalog_version(self.db)
@@ -161,9 +196,9 @@ class VectorIndex:
         if self._current():
             return True
         self._start()
-        if not self._ids:
+        if not (self._ids or self._stored):
             self._load_matrix(self.embedder.model)
-        return bool(self._ids)
+        return bool(self._ids or self._stored)
 
     def _start(self) -> asyncio.Task[int]:
         if self._build is None or self._build.done():
@@ -213,8 +248,40 @@ class VectorIndex:
         if todo or seeded:
             logger.info("embedded %d products with %s (%d precomputed)", len(todo), model,
                         len(seeded))  # fmt: skip
+        if self.vec0 is not None:
+            await self._sync_vec0()
         self._load_matrix(model)
         return len(todo)
+
+    async def _sync_vec0(self) -> None:
+        """Bring the vec0 table in step (prices and stock change without re-embedding).
+
+        On a file, on a thread with its own connection: the first build writes every
+        vector again (about 2 s for 100,000 on 2 cores), which must not stall the loop.
+        """
+        vec0 = self.vec0
+        assert vec0 is not None
+        path = database_file(self.db)
+        if path is None:
+            n = vec0.sync(self.db)
+        else:
+
+            def sync() -> int:
+                conn = open_connection(path)
+                try:
+                    return vec0.sync(conn)
+                finally:
+                    conn.close()
+
+            job = asyncio.ensure_future(asyncio.to_thread(sync))
+            try:
+                n = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                await asyncio.wait([job])  # the thread cannot be stopped: let it finish
+                raise
+        if n:
+            logger.info("vec0 index %s: %d rows written", vec0.table, n)
+        self._vec0_synced = True
 
     def _write(self, rows: list[dict[str, Any]], gone: Sequence[str] = ()) -> None:
         # BEGIN IMMEDIATE: a deferred transaction that reads (sqlite-utils reads the table's
@@ -228,6 +295,8 @@ class VectorIndex:
                     "delete from product_embeddings where product_id = ? and model = ?",
                     [pid, self.embedder.model],
                 )
+            if self.vec0 is not None:  # the vec0 rows change in the same transaction
+                self.vec0.write_ids(self.db, [r["product_id"] for r in rows] + list(gone))
 
     def _from_seeds(
         self, model: str, todo: list[str], hashes: dict[str, str]
@@ -248,6 +317,14 @@ class VectorIndex:
         return rows
 
     def _load_matrix(self, model: str) -> None:
+        if self.backend != "numpy":  # the SQL backends read the vectors from the database
+            self._stored = (
+                self.db.execute(
+                    "select 1 from product_embeddings where model = ? limit 1", [model]
+                ).fetchone()
+                is not None
+            )
+            return
         rows = self.db.execute(
             "select product_id, embedding from product_embeddings where model = ? "
             "order by product_id",
@@ -279,20 +356,13 @@ class VectorIndex:
         :meth:`ensure` first.
         """
         conn = self.db if db is None else db
-        where, params = (filters or Filters()).sql("p")
+        f = filters or Filters()
         q = np.asarray(vector, dtype="<f4")
-        if self.use_sqlite_vec:
-            rows = conn.execute(
-                f"""
-                select e.product_id, vec_distance_cosine(e.embedding, ?) as d
-                from product_embeddings e join products p on p.id = e.product_id
-                where e.model = ? and {where}
-                order by d, e.product_id
-                limit ?
-                """,
-                [q.tobytes(), self.embedder.model, *params, k],
-            ).fetchall()
-            return [Hit(r[0], 1.0 - float(r[1]), "vector") for r in rows]
+        if self.vec0 is not None and self._vec0_synced:
+            return self.vec0.knn(conn, q, k, f)
+        if self.use_sqlite_vec:  # also vec0 until this process has synced its table
+            return scan_nearest(conn, self.embedder.model, q.tobytes(), k, f)
+        where, params = f.sql("p")
         ids, matrix, pos = self._ids, self._matrix, self._pos  # one refresh's snapshot
         if not ids or k < 1:
             return []
