@@ -373,10 +373,11 @@ def test_public_api() -> None:
         ["SEARCH_NAMES", "Embedder", "EmbeddingSettings", "FilterSearch", "Filters",
          "HashEmbedder", "HedgedAnswer", "Hit", "Hits", "HybridSearch", "KeywordSearch",
          "MiniLMEmbedder", "OpenAIEmbedder", "ParsedQuery", "RetrievalResult",
-         "RetrievalSettings", "Retriever", "Search", "SearchLog", "VectorIndex",
-         "VectorSearch", "build_embedder", "build_retriever", "build_searches",
+         "RetrievalSettings", "Retriever", "Search", "SearchLog", "VECTOR_BACKENDS",
+         "Vec0Index", "VectorIndex", "VectorSearch", "build_embedder", "build_retriever",
+         "build_searches",
          "fallback_hedger", "format_for_prompt", "fts_query", "hedged_search",
          "parse_filters", "parse_query", "rrf_fuse"]
     )  # fmt: skip
     for name in retrieval.__all__:
-        assert getattr(retrieval, name).__doc__ or name == "SEARCH_NAMES", name
+        assert getattr(retrieval, name).__doc__ or name in ("SEARCH_NAMES", "VECTOR_BACKENDS")
