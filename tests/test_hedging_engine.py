@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chainrun.hedging import (
+    HedgeBudget,
     AttemptInfo,
     AttemptRecord,
     CircuitOpen,
@@ -499,6 +500,52 @@ def test_budget_caps_extra_load_over_100_calls() -> None:
         assert stats.calls == 100 and stats.fires == 100
         assert stats.budget_exhausted == len(refused) and stats.copies_sent == sent
         assert stats.extra_calls_per_call == pytest.approx(sent / 100)
+
+    run_virtual(main)
+
+
+def test_a_copy_the_budget_refused_waits_for_the_next_tick() -> None:
+    """Refused at d, the copy is due again at 2d and goes once another call has deposited.
+
+    Before: the refusal used up attempt 2 of ``max_attempts = 2`` and the slow primary
+    was waited out (5 s). Refusals are recorded once and do not count as attempts.
+    """
+
+    async def main() -> None:
+        loop = vloop()
+        policy = HedgePolicy(delay_ms=100, max_attempts=2, max_extra_load=0.5)
+        hedger: Hedger[str] = Hedger(policy, ["a", "b"])
+        hedger.budget = HedgeBudget(0.5, reserve=0.0)  # empty: A's own deposit is 0.5
+        slow = FakeBackend(by_number({1: Step(5.0), 2: Step(0.05), 3: Step(0.05)}))
+        fast = FakeBackend(by_number({1: Step(0.01)}))
+
+        async def later_call() -> HedgeOutcome[str]:
+            await asyncio.sleep(0.15)  # after A's refusal at 0.1 s, before its tick at 0.2 s
+            return await hedger.run(fast)
+
+        a, b = await asyncio.gather(hedger.run(slow), later_call())
+        assert b.winner == 1
+        assert outcomes(a) == ["cancelled", "budget_exhausted", "duplicate"]
+        assert a.winner == 3 and a.attempts[2].target == "b"
+        assert a.attempts[1].started_offset_ms is None
+        assert a.attempts[2].started_offset_ms == pytest.approx(200)
+        assert loop.time() == pytest.approx(0.25)
+        assert hedger.stats.budget_exhausted == 1 and hedger.stats.copies_sent == 1
+
+    run_virtual(main)
+
+
+def test_a_copy_waiting_for_the_budget_is_recorded_once() -> None:
+    """No deposit comes: the copy is refused at every tick, one record, the primary wins."""
+
+    async def main() -> None:
+        policy = HedgePolicy(delay_ms=10, max_attempts=3, max_extra_load=0.1)
+        hedger: Hedger[str] = Hedger(policy, ["a", "b"])
+        hedger.budget = HedgeBudget(0.1, reserve=0.0)
+        backend = FakeBackend(by_number({1: Step(1.0)}))
+        outcome = await hedger.run(backend)  # 99 ticks while the primary runs
+        assert outcomes(outcome) == ["primary", "budget_exhausted"]
+        assert backend.events("start") == [1]
 
     run_virtual(main)
 

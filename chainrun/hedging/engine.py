@@ -8,6 +8,13 @@ out of the window) and gRPC's hedging policy (gRFC A6: attempt k at (k-1)·d, at
 ``max_attempts``, a fatal status stops the call, a non-fatal one starts the next
 attempt at once after any server pushback).
 
+A copy the load budget refuses is not given up (Finagle gives it up): it stays due and
+is tried again at each later tick (k·d) while the call is outstanding, recorded once as
+``budget_exhausted``, and refusals do not count toward ``max_attempts``. A call that
+answers soon after d drops out of the queue by itself; one still outstanding at 2d, 3d
+(a slow path, the tail the copy exists for) gets the next token the budget earns. The
+budget still bounds the copies: at most ``max_extra_load`` per call plus its reserve.
+
 One departure from gRFC A6, whose attempts all go to one service: here copies go to
 other targets (independent replicas), and a fatal error says nothing about another
 target's answer. So while an attempt on another target is in flight, a fatal error
@@ -260,6 +267,11 @@ class _Race(Generic[T]):
         self.winner: AttemptRecord | None = None
         #: a fatal error was seen while other targets' attempts ran on: start nothing more
         self.stopped = False
+        #: copies the load budget refused (each recorded once as ``budget_exhausted``);
+        #: they do not count toward ``max_attempts``
+        self.budget_refusals = 0
+        #: the copy that is due was refused by the budget and waits for the next tick
+        self.waiting_for_budget = False
 
     # ----------------------------------------------------------------- the race
 
@@ -378,7 +390,7 @@ class _Race(Generic[T]):
 
     def _pending(self) -> bool:
         """Whether another attempt is scheduled that may still start."""
-        if self.next_due == math.inf or len(self.records) >= self.policy.max_attempts:
+        if self.next_due == math.inf or self._attempts_used() >= self.policy.max_attempts:
             return False
         if self.next_due >= self.deadline_at:
             return False
@@ -387,8 +399,12 @@ class _Race(Generic[T]):
 
     def _schedule(self, at: float, *, hedge: bool) -> None:
         """Set when the next attempt is due (loop seconds); a retry overrides a pending hedge."""
-        if not self.stopped and len(self.records) < self.policy.max_attempts:
+        if not self.stopped and self._attempts_used() < self.policy.max_attempts:
             self.next_due, self.next_is_hedge = at, hedge
+
+    def _attempts_used(self) -> int:
+        """Attempts that count toward ``max_attempts``: all but the budget's refusals."""
+        return len(self.records) - self.budget_refusals
 
     def _fire_due(self, now: float) -> None:
         """Start (or refuse) the attempt that is due, and schedule the next hedge."""
@@ -407,8 +423,13 @@ class _Race(Generic[T]):
             if target is None:
                 self._refuse(number, intended, "suppressed", lag_ms, CircuitOpen(self.copy_targets))
             elif not self.hedger.budget.try_withdraw():
-                self._refuse(number, target, "budget_exhausted", lag_ms)
+                # the copy waits: it is due again at the next tick (recorded once)
+                if not self.waiting_for_budget:
+                    self._refuse(number, target, "budget_exhausted", lag_ms)
+                    self.budget_refusals += 1
+                self.waiting_for_budget = is_hedge
             else:
+                self.waiting_for_budget = False
                 self._start(number, target, lag_ms)
         if self.delay_ms is not None:
             # attempt k at (k-1)·d; after a stall, do not fire the missed copies in a burst

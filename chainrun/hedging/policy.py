@@ -45,7 +45,9 @@ class HedgePolicy(BaseModel):
     the call.
 
     Load (Finagle budget): each call deposits ``max_extra_load`` tokens, each copy costs 1;
-    ``max_copies_per_s`` optionally caps copies per second.
+    ``max_copies_per_s`` optionally caps copies per second. A copy the budget refuses
+    waits for the next tick (k·d) instead of being dropped, and does not count toward
+    ``max_attempts`` (see :mod:`chainrun.hedging.engine`).
 
     Measurement: ``shadow_fraction`` of the losers are left to finish unseen to measure
     the time saved per win.
