@@ -29,7 +29,7 @@ from chainrun.migrations import migrate, utc_now
 from chainrun.records import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
 from chainrun.redact import Redactor, redact_calls, redact_turn
 
-__all__ = ["DEFAULT_DB", "Store", "migrate", "utc_now"]
+__all__ = ["DEFAULT_DB", "Store", "migrate", "remove_unused_log", "utc_now"]
 
 DEFAULT_DB = "chainrun.db"
 
@@ -399,3 +399,33 @@ def _write_step_calls(
         "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
         [time_saved_ms, turn_id, step],
     )
+
+
+def remove_unused_log(path: str | Path) -> bool:
+    """Delete a log file that holds no run, with its ``-wal`` and ``-shm`` files.
+
+    For a command that created a new log and then failed before starting a run (a config
+    error found while building the chain, an unreachable provider): "bad input loses
+    nothing and leaves nothing half-written". A file with a run in it is kept (an
+    interrupted replay is resumed from it). Returns True if the file was removed; a file
+    that is not a readable log is left alone (False).
+    """
+    p = Path(path)
+    if str(path) == ":memory:" or not p.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+        try:
+            has_table = conn.execute(
+                "select 1 from sqlite_master where type = 'table' and name = 'runs'"
+            ).fetchone()
+            n_runs = conn.execute("select count(*) from runs").fetchone()[0] if has_table else 0
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
+    if n_runs:
+        return False
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{p}{suffix}").unlink(missing_ok=True)
+    return True

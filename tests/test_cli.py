@@ -110,6 +110,12 @@ def test_unreachable_provider_exit_2_and_run_not_complete(tmp_path: Path) -> Non
     assert "cannot reach provider 'local'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert all(r.status != "complete" for r in runs_in(db))
+    # the log this failed first command created holds no run: it is not left behind
+    assert not db.exists() and not (tmp_path / "log.db-wal").exists()
+    # an existing log is never removed, even one without runs
+    Store.open(db).close()
+    proc = chainrun("run", "hi", "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2 and db.exists()
 
 
 def test_run_streams_answer_and_prints_table(lab_config: Path, tmp_path: Path) -> None:

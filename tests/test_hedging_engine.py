@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chainrun.hedging import (
-    HedgeBudget,
     AttemptInfo,
     AttemptRecord,
     CircuitOpen,
     DeadlineExceeded,
     ErrorInfo,
+    HedgeBudget,
     HedgeOutcome,
     HedgePolicy,
     Hedger,

@@ -179,6 +179,7 @@ def test_a_cycle_in_a_config_file_is_one_line_naming_the_file_and_steps_exit_2(t
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"chainrun: error: {cfg}: steps a, b wait for each other in a cycle")
+    assert not (tmp_path / "log.db").exists()  # no empty log left by the failed command
 
 
 def test_a_capability_error_names_the_config_file_exit_2(tmp_path) -> None:

@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.errors import ChainrunError
+from chainrun.store import remove_unused_log
 
 try:  # typer >= 0.2x carries its own click
     from typer._click import exceptions as _cx
@@ -122,8 +123,16 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json"))
+        db = kwargs.get("db")
+        # a log this command creates and then fails before a run: removed, not left empty
+        new_log = db if isinstance(db, Path) and not db.exists() else None
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except BaseException:
+                if new_log is not None:
+                    remove_unused_log(new_log)
+                raise
         except ChainrunError as e:
             fail(str(e), as_json=as_json, error=e.as_dict())
         except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
