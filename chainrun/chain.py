@@ -383,9 +383,12 @@ class Chain:
             turn.error_type = refuser.error_type if refuser is not None else None
         if run.unavailable is not None and turn.status != "cancelled":
             turn.status, turn.error_type = "error", run.unavailable.error_type
+        # the shopper's wait for the first answer token is known once a token reached them,
+        # whatever ended the turn afterwards (a cancel, a block mid-stream)
+        turn.answer_ttft_ms = run.answer_ttft_ms
         if turn.status == "ok":
             turn.output = run.state.answer or ""
-            turn.answer_ttft_ms, turn.answer_done_ms = run.answer_ttft_ms, run.answer_done_ms
+            turn.answer_done_ms = run.answer_done_ms
         elif turn.status in ("refused", "replaced"):
             turn.output = run.refusal_text or REFUSAL
         turn_id = None

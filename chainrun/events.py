@@ -61,8 +61,9 @@ class TurnFinished:
     (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text).
 
     ``duration_ms``: all steps done (checks after the answer included);
-    ``answer_ttft_ms``: the shopper's wait for the first answer token;
-    ``answer_done_ms``: until the answer was complete (None: no answer reached the user).
+    ``answer_ttft_ms``: the shopper's wait for the first answer token, whatever the status
+    (None: no answer token reached the user); ``answer_done_ms``: until the answer was
+    complete, ok turns only (None otherwise).
     """
 
     turn_id: int | None

@@ -121,6 +121,9 @@ async def test_closing_the_iterator_early_cancels_and_still_logs(config, store) 
     assert turns[0].status == "cancelled"
     compose = next(c for c in store.calls(run_id) if c.step == "compose")
     assert compose.n_chunks < 100 and compose.truncated == 1
+    # the shopper saw answer tokens: their wait for the first one is known (it was "-")
+    assert turns[0].answer_ttft_ms is not None and turns[0].answer_ttft_ms >= compose.ttft_ms
+    assert turns[0].answer_done_ms is None
 
 
 async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
@@ -135,6 +138,7 @@ async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
             await task
         run_id = chain.run_id
     assert store.turns(run_id)[0].status == "cancelled"
+    assert store.turns(run_id)[0].answer_ttft_ms is None  # no answer token was shown
     assert fake.closed_early >= 1
 
 

@@ -36,6 +36,7 @@ from chainrun.audit.plots import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows, settle_ms
 from chainrun.audit.scope import Sample, Scope
+from chainrun.config import MODEL_STEP_KINDS
 from chainrun.evals.scoring import case_outcomes, skipped_summary
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
@@ -460,7 +461,7 @@ def check_reasoning(scope: Scope) -> Item:
     llm_steps = [
         name
         for name, sc in ((config or {}).get("steps") or {}).items()
-        if sc.get("kind", "llm") == "llm"
+        if sc.get("kind", "llm") in MODEL_STEP_KINDS
     ]
     calls = scope.calls
     for c in calls:
