@@ -9,10 +9,12 @@ migration that has shipped: add the next number. The row models in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import sqlite_utils
+
+from chainrun.dbtx import write_transaction
 
 #: the catalogue's columns searched by full-text search (FTS5, bm25)
 FTS_COLUMNS = ("title", "description", "category", "colours", "tags")
@@ -187,10 +189,35 @@ def _m010_catalog(db: sqlite_utils.Database) -> None:
     db.table("catalog_loads").create(
         {"id": int, "source": str, "n_products": int, "loaded_at": str}, pk="id"
     )
-    # porter: "jackets" finds "jacket"; triggers keep the index in step with the table
-    db.table("products").enable_fts(
-        list(FTS_COLUMNS), fts_version="FTS5", tokenize="porter unicode61", create_triggers=True
-    )
+    # porter: "jackets" finds "jacket"; triggers keep the index in step with the table.
+    # The statements sqlite-utils' enable_fts(FTS_COLUMNS, fts_version="FTS5",
+    # tokenize="porter unicode61", create_triggers=True) runs, one by one: enable_fts uses
+    # executescript, which commits the migration's open transaction first
+    for sql in fts_statements("products", FTS_COLUMNS, tokenize="porter unicode61"):
+        db.execute(sql)
+
+
+def fts_statements(table: str, columns: Sequence[str], *, tokenize: str) -> list[str]:
+    """The SQL of an external-content FTS5 index on ``table`` kept in step by triggers.
+
+    The same virtual table ``{table}_fts`` and triggers ``{table}_ai/_ad/_au`` as
+    sqlite-utils' ``Table.enable_fts(columns, fts_version="FTS5", create_triggers=True)``
+    (sqlite-utils 3.x), as single statements that run inside an open transaction.
+    """
+    fts = f"{table}_fts"
+    cols = ", ".join(f'"{c}"' for c in columns)
+    new = ", ".join(f'new."{c}"' for c in columns)
+    old = ", ".join(f'old."{c}"' for c in columns)
+    delete = f'INSERT INTO "{fts}" ("{fts}", rowid, {cols}) VALUES(\'delete\', old.rowid, {old});'
+    insert = f'INSERT INTO "{fts}" (rowid, {cols}) VALUES (new.rowid, {new});'
+    return [
+        f'CREATE VIRTUAL TABLE "{fts}" USING FTS5 ({cols}, tokenize=\'{tokenize}\', '
+        f'content="{table}")',
+        f'INSERT INTO "{fts}" (rowid, {cols}) SELECT rowid, {cols} FROM "{table}"',
+        f'CREATE TRIGGER "{table}_ai" AFTER INSERT ON "{table}" BEGIN {insert} END',
+        f'CREATE TRIGGER "{table}_ad" AFTER DELETE ON "{table}" BEGIN {delete} END',
+        f'CREATE TRIGGER "{table}_au" AFTER UPDATE ON "{table}" BEGIN {delete} {insert} END',
+    ]
 
 
 def _m020_eval_results(db: sqlite_utils.Database) -> None:
@@ -228,17 +255,27 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
 def migrate(db: sqlite_utils.Database) -> list[str]:
     """Apply every migration not yet recorded in ``_migrations``; return the names applied.
 
-    Idempotent: a second call applies nothing.
+    Each migration is one write transaction (``BEGIN IMMEDIATE``, :mod:`chainrun.dbtx`)
+    with its ``_migrations`` row: a process killed mid-migration leaves none of it, and
+    of two processes opening a new log at once, the second waits for the write lock,
+    then finds the migration recorded and skips it. Idempotent: a second call applies
+    nothing. A migration must not use ``executescript`` (it commits first).
     """
-    if "_migrations" not in db.table_names():
-        db.table("_migrations").create({"name": str, "applied_at": str}, pk="name")
+    with write_transaction(db):
+        db.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
+                   '"applied_at" TEXT)')  # fmt: skip
     done = {r["name"] for r in db.table("_migrations").rows}
     applied = []
     for name, fn in MIGRATIONS:
         if name in done:
             continue
-        with db.conn:
+        with write_transaction(db):
+            # re-read under the write lock: another process may have applied it meanwhile
+            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                continue
             fn(db)
-            db.table("_migrations").insert({"name": name, "applied_at": utc_now()})
+            db.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
+            )
         applied.append(name)
     return applied

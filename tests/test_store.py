@@ -23,6 +23,48 @@ def test_migrations_apply_once(tmp_path: Path) -> None:
         assert migrate(s.db) == []
 
 
+def test_a_migration_that_fails_half_way_leaves_nothing(monkeypatch, tmp_path: Path) -> None:
+    """Each migration is one transaction with its ``_migrations`` row. The catalogue's
+    (010) used sqlite-utils' enable_fts, whose executescript committed the migration's
+    half first: a crash after it left tables with no record, and the next open failed."""
+    import sqlite_utils
+
+    from chainrun import migrations
+
+    def crash_after_fts(db: sqlite_utils.Database) -> None:
+        migrations._m010_catalog(db)
+        raise KeyboardInterrupt  # the process is stopped after the FTS index is built
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", (("010_catalog", crash_after_fts),))
+    db = sqlite_utils.Database(tmp_path / "log.db")
+    with pytest.raises(KeyboardInterrupt):
+        migrate(db)
+    assert "products" not in db.table_names() and "products_fts" not in db.table_names()
+    assert list(db["_migrations"].rows) == []
+    monkeypatch.undo()
+    assert "010_catalog" in migrate(db)  # the next open applies it whole
+    assert db.execute("select count(*) from products_fts").fetchone()[0] == 0
+    db.close()
+
+
+def test_two_processes_opening_a_new_log_apply_each_migration_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "log.db"
+    code = "import sys; from chainrun.store import Store; Store.open(sys.argv[1]).close()"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+    with Store.open(path) as s:
+        names = [r["name"] for r in s.db["_migrations"].rows]
+    assert sorted(names) == sorted(n for n, _ in MIGRATIONS)
+
+
 def test_turn_round_trip_keeps_unknown_tokens_null() -> None:
     with Store.open(":memory:") as s:
         run = s.create_run("replay", "{}", label="t")
