@@ -196,7 +196,9 @@ async def test_budget_caps_extra_load_under_an_all_slow_backend() -> None:
         # every primary is slow, so every turn wants a copy; the bucket allows ~10% (+1 reserve)
         assert len(copies) <= 0.1 * n + 2
         assert len(refused) >= n - len(copies) - 2
-        assert len(slow.requests()) == n + len(copies)
+        # a copy that waited for the budget may start just before its primary answers and
+        # be cancelled before its request reaches the lab: never more requests than calls
+        assert n < len(slow.requests()) <= n + len(copies)
 
 
 async def test_shadow_losers_finish_and_their_times_are_logged(fast_lab: LabServer) -> None:
