@@ -277,13 +277,29 @@ class Chain:
             self._providers[name] = provider
             self._owned.append(provider)
 
-    async def aclose(self, status: str = "complete") -> None:
-        """Wait for background work (shadow losers) and the log writes it queued, close
-        steps and providers, end the run."""
-        if self._background:  # shadow losers (bounded by their step's deadline)
-            await asyncio.gather(*self._background, return_exceptions=True)
+    async def flush(self) -> None:
+        """Wait until every turn this chain has returned is committed to the log (turns
+        return once their rows are queued, see ``[log] durable_turns``); a no-op
+        without a log. Shadow losers still running update their rows later.
+
+        Raises:
+            The first turn write that failed since the last flush (the turn is not in
+            the log), e.g. ``sqlite3.OperationalError`` for a full disk.
+        """
         if self.store is not None:
             await self.store.flush()
+
+    async def aclose(self, status: str = "complete") -> None:
+        """Wait for background work (shadow losers) and the log writes it queued, close
+        steps and providers, end the run (``failed`` when a queued turn write failed;
+        that error is raised after everything is closed)."""
+        if self._background:  # shadow losers (bounded by their step's deadline)
+            await asyncio.gather(*self._background, return_exceptions=True)
+        write_error: Exception | None = None
+        try:
+            await self.flush()
+        except Exception as e:
+            write_error, status = e, "failed"
         for step in reversed(self._opened):
             await step.aclose()
         self._opened.clear()
@@ -296,6 +312,8 @@ class Chain:
         if self.store is not None and self.run_id is not None:
             if self.store.get_run(self.run_id).status == "running":
                 self.store.finish_run(self.run_id, status)  # type: ignore[arg-type]
+        if write_error is not None:
+            raise write_error
 
     def ensure_run(self) -> int | None:
         """The run this chain logs into, created on first use (None without a store)."""
@@ -372,8 +390,9 @@ class Chain:
             raise run.unavailable
 
     async def _log_turn(self, run_id: int | None, run: TurnRun, turn: TurnRow) -> int | None:
-        """Fill the turn's row from the finished run, write it (off the loop, on the
-        store's writer thread; committed when this returns), start after-log work."""
+        """Fill the turn's row from the finished run, queue its write (off the loop, on
+        the store's writer thread; committed when this returns only with ``[log]
+        durable_turns``), start after-log work."""
         turn.duration_ms = run.now_ms()
         turn.label = run.state.label
         turn.verdicts = dict(run.verdicts)
@@ -393,7 +412,8 @@ class Chain:
             turn.output = run.refusal_text or REFUSAL
         turn_id = None
         if self.store is not None and run_id is not None:
-            turn_id = await self.store.alog_turn(run_id, TurnLog(turn, run.rows(), run.calls()))
+            turn_id = await self.store.alog_turn(run_id, TurnLog(turn, run.rows(), run.calls()),
+                                                 durable=self.config.log.durable_turns)
         for callback in run.after_log():
             task = asyncio.create_task(callback(turn_id))
             self._background.add(task)

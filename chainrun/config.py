@@ -396,6 +396,10 @@ class LogConfig(_Strict):
 
     #: personal data masked in stored prompts and outputs (see :mod:`chainrun.redact`)
     redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(default_factory=list)
+    #: a turn returns only once its rows are committed (false: once they are queued for
+    #: the writer thread, which commits them at once when idle; a process crash can then
+    #: lose the turns finished in the last moment: README "Run log writes")
+    durable_turns: bool = False
 
 
 class ChainConfig(_Strict):

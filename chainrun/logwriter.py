@@ -1,26 +1,39 @@
-"""The run log's writer thread: log writes leave the event loop.
+"""The run log's writer thread: log writes leave the event loop, and a turn does not
+wait for its commit.
 
 A :class:`LogWriter` owns one thread with its own SQLite connection (a connection is
 bound to the thread that made it; in WAL mode readers on other connections go on
-reading while it writes). The event loop hands it jobs (``fn(db) -> T``) and awaits
-an ``asyncio`` future per job; the thread takes every job waiting in its queue (up to
-``max_batch``), runs them in one transaction, one savepoint per job (a job that fails
-rolls back alone and its future gets the exception), commits, and resolves the
-futures on their loops. Nothing waits for a timer: a lone turn's write is committed
-at once, and under load the turns that finished meanwhile share one commit.
+reading while it writes). The event loop hands it jobs (``fn(db) -> T``) through a
+bounded queue: :meth:`LogWriter.post` (fire and forget: a turn's rows), or
+:meth:`LogWriter.submit` (awaits the job's commit and gives its result). The thread
+takes every job waiting in the queue (up to ``max_batch``), runs them in one
+transaction, one savepoint per job (a job that fails rolls back alone), and commits.
+Nothing waits for a timer: a lone job is committed at once when the thread is idle,
+and under load the jobs queued meanwhile share one commit. :meth:`LogWriter.flush`
+waits until everything posted before it is committed.
 
-Durability (see README "Run log writes"): a job's future resolves only after its
-commit, so a turn whose ``TurnFinished`` was yielded is in the file. A process crash
-loses only jobs still queued or in the open transaction: turns that had not finished
-(their ``run_turn`` had not returned) and shadow-loser updates not yet committed.
-With ``synchronous = NORMAL`` a power loss (not a process crash) can also lose the
-last commits since the WAL was synced (SQLite docs, "WAL mode"); the file stays
-consistent either way.
+Durability (see README "Run log writes (off the event loop) and what a crash can
+lose"): by default a turn returns (``TurnFinished``) once its rows are *queued*, not
+committed. A process crash (SIGKILL, a segfault, power loss) loses the jobs still in
+the queue or in the open transaction: turns that had finished but were not yet
+committed (at most ``max_queue``; on an idle writer, the ones that finished during
+the last commit, about 0.3 ms) and shadow-loser updates. A clean exit (``Chain``
+closed, ``Store.close``, Ctrl-C through the chain's ``async with``) commits all of
+them. With ``[log] durable_turns = true`` a turn waits for its commit before it
+returns: then a crash loses only turns that had not returned. With ``synchronous =
+NORMAL`` a power loss (not a process crash) can also lose the last commits since the
+WAL was synced (SQLite docs, "WAL mode"). Whatever is lost, it is lost whole: a turn
+is one transaction, so the file never holds half a turn.
+
+A posted job that fails (disk full, a lock held past the 10 s busy timeout) rolls
+back alone, is logged on the ``chainrun.logwriter`` logger at once, and its exception
+is raised by the next :meth:`LogWriter.flush` (so ``Chain.aclose`` reports it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -32,9 +45,13 @@ import sqlite_utils
 __all__ = ["LogWriter", "open_connection"]
 
 T = TypeVar("T")
+#: fn, and the loop and future to resolve (None, None for a posted job)
 Job = tuple[
-    Callable[[sqlite_utils.Database], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"
+    Callable[[sqlite_utils.Database], Any],
+    "asyncio.AbstractEventLoop | None",
+    "asyncio.Future[Any] | None",
 ]
+log = logging.getLogger(__name__)
 
 
 def open_connection(path: Path) -> sqlite_utils.Database:
@@ -73,6 +90,9 @@ class LogWriter:
         self._closed = False
         self.commits = 0  # transactions committed (for benchmarks: jobs / commits = batch size)
         self.jobs = 0
+        #: posted jobs that failed, and the first failure not yet raised by flush()
+        self.failed = 0
+        self._error: BaseException | None = None
 
     def _start(self) -> None:
         with self._lock:
@@ -84,11 +104,12 @@ class LogWriter:
                 )
                 self._thread.start()
 
-    async def submit(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
-        """Run ``fn(db)`` on the writer's connection inside a transaction; its result.
+    def future(self, fn: Callable[[sqlite_utils.Database], T]) -> asyncio.Future[T]:
+        """Queue ``fn(db)`` and return a future of its result (resolved after its
+        commit) without waiting; when the queue is full the job is put from a worker
+        thread (no back-pressure: for small, rare jobs such as id reservations).
 
         Raises:
-            Whatever ``fn`` raised (its writes are rolled back, the batch's others kept).
             RuntimeError: the writer is closed.
         """
         if self._thread is None:
@@ -99,14 +120,56 @@ class LogWriter:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            await asyncio.to_thread(self._queue.put, job)
+            loop.run_in_executor(None, self._queue.put, job)
+        return fut
+
+    async def submit(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
+        """Run ``fn(db)`` on the writer's connection inside a transaction; its result,
+        once committed.
+
+        Raises:
+            Whatever ``fn`` raised (its writes are rolled back, the batch's others kept).
+            RuntimeError: the writer is closed.
+        """
+        if self._thread is None:
+            self._start()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        await self._put((fn, loop, fut))
         # shielded: a cancelled caller does not undo a queued write, it just stops waiting
         return await asyncio.shield(fut)
 
+    async def post(self, fn: Callable[[sqlite_utils.Database], Any]) -> None:
+        """Queue ``fn(db)`` to be committed, without waiting for it (a turn's rows).
+        Returns at once unless the queue is full (then it waits, off the loop, for
+        room: the queue's bound is the back-pressure). A failure is logged and raised
+        by the next :meth:`flush`.
+
+        Raises:
+            RuntimeError: the writer is closed.
+        """
+        if self._thread is None:
+            self._start()
+        await self._put((fn, None, None))
+
+    async def _put(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            await asyncio.to_thread(self._queue.put, job)
+
     async def flush(self) -> None:
-        """Wait until every job submitted before this call is committed."""
+        """Wait until every job queued before this call is committed.
+
+        Raises:
+            The first failure of a posted job since the last flush (its turn is not in
+            the log; the other jobs of its batch are).
+        """
         if self._thread is not None and not self._closed:
             await self.submit(lambda db: None)
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread and close its connection (blocks)."""
@@ -162,6 +225,14 @@ class LogWriter:
             self.commits += 1
         self.jobs += len(batch)
         for (_, loop, fut), (result, error) in zip(batch, outcomes, strict=True):
+            if fut is None or loop is None:  # posted: nobody waits, a failure is kept
+                if error is not None:
+                    self.failed += 1
+                    if self._error is None:
+                        self._error = error
+                    log.error("run log %s: a write failed and was rolled back: %r",
+                              self.path, error)  # fmt: skip
+                continue
             try:
                 loop.call_soon_threadsafe(_resolve, fut, result, error)
             except RuntimeError:  # that loop has closed; its caller is gone

@@ -241,6 +241,14 @@ def _m020_eval_results(db: sqlite_utils.Database) -> None:
     db.table("eval_results").create_index(["run_id", "case_id"])
 
 
+def _m030_turn_ids(db: sqlite_utils.Database) -> None:
+    # the next turn id no process has reserved (chainrun.turnids): a turn's id is known
+    # before its row is committed, so a turn can return before its write (issue 13)
+    db.execute(
+        "create table _turn_ids (id integer primary key check (id = 1), next_id integer not null)"
+    )
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -249,6 +257,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("004_steps_turn_index", _m004_steps_turn_index),
     ("010_catalog", _m010_catalog),
     ("020_eval_results", _m020_eval_results),
+    ("030_turn_ids", _m030_turn_ids),
 )
 
 

@@ -28,6 +28,7 @@ from chainrun.logwriter import LogWriter
 from chainrun.migrations import migrate, utc_now
 from chainrun.records import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
 from chainrun.redact import Redactor, redact_calls, redact_turn
+from chainrun.turnids import TurnIds, release
 
 __all__ = ["DEFAULT_DB", "Store", "migrate", "remove_unused_log", "utc_now"]
 
@@ -100,8 +101,11 @@ class Store:
     """The run log. Open with :meth:`open`; use as a context manager to close it.
 
     A file log writes turns from the event loop through :meth:`alog_turn` on a writer
-    thread with its own connection (:mod:`chainrun.logwriter`); an in-memory log (one
-    connection, not shareable across threads) writes them inline.
+    thread with its own connection (:mod:`chainrun.logwriter`), without waiting for the
+    commit unless asked (``durable=True``); a turn's id is known at once, from a block
+    of ids this process reserved in the log (:mod:`chainrun.turnids`). Readers in the
+    same process :meth:`flush` first (``Chain.aclose`` does). An in-memory log (one
+    connection, not shareable across threads) writes turns inline.
 
     Raises:
         UserInputError: the file exists but is not a SQLite database.
@@ -113,6 +117,15 @@ class Store:
         self.redactor: Redactor | None = None
         self.path = path
         self.writer: LogWriter | None = LogWriter(path) if path is not None else None
+        self._ids = TurnIds(self._reserve_on_writer, self._reserve_here)
+
+    def _reserve_on_writer(self, job: Callable[[sqlite3.Connection], Any]) -> Any:
+        assert self.writer is not None
+        return self.writer.future(lambda db: job(db.conn))
+
+    def _reserve_here(self, job: Callable[[sqlite3.Connection], Any]) -> Any:
+        with write_transaction(self.db):
+            return job(self.db.conn)
 
     @classmethod
     def open(cls, path: str | Path = DEFAULT_DB, *, create: bool = True) -> Store:
@@ -170,9 +183,18 @@ class Store:
         return db
 
     def close(self) -> None:
-        """Commit queued writes, stop the writer thread, close the connections."""
+        """Commit queued writes, stop the writer thread, give back the turn ids reserved
+        and not used (when no other process reserved after them), close the connections."""
         if self.writer is not None:
             self.writer.close()
+        tail = self._ids.unused_tail()
+        if tail is not None:
+            try:
+                self.db.execute("pragma busy_timeout = 200")  # a gap beats a slow close
+                with write_transaction(self.db):
+                    release(self.db.conn, *tail)
+            except sqlite3.Error:  # another process holds the lock: a gap, no harm
+                pass
         self.db.close()
 
     def __enter__(self) -> Store:
@@ -255,21 +277,35 @@ class Store:
         ``redactor`` masks personal data in the texts first (``[log] redact``)."""
         if self.redactor:
             redact_turn(log, self.redactor)
-        write = _prepare_turn(run_id, log)
+        turn_id = self._ids.take_sync() if self.writer is not None else None
+        write = _prepare_turn(run_id, log, turn_id)
         with write_transaction(self.db):
             return write(self.db.conn)
 
-    async def alog_turn(self, run_id: int, log: TurnLog) -> int:
+    async def alog_turn(self, run_id: int, log: TurnLog, *, durable: bool = False) -> int:
         """:meth:`log_turn` off the event loop (on the writer thread for a file log);
-        returns once the turn is committed, so readers see it when this returns.
-        Redaction runs first, on the loop. Cancelling the caller does not cancel the
-        write."""
+        returns the turn's id once its rows are queued (``durable``: once committed).
+
+        Rows are built and redacted on the loop; the id comes from this process's
+        reserved block (an await on the writer only when the block runs out, once per
+        :data:`chainrun.turnids.BLOCK` turns at most). Without ``durable`` a reader on
+        another connection sees the turn after :meth:`flush`; a failed write is logged
+        and raised by the next :meth:`flush`. Cancelling the caller does not cancel the
+        write.
+
+        Raises:
+            Whatever the write raised (``durable``), or the id reservation raised.
+        """
         if self.writer is None:
             return self.log_turn(run_id, log)
         if self.redactor:
             redact_turn(log, self.redactor)
-        write = _prepare_turn(run_id, log)
-        return await self.writer.submit(lambda db: write(db.conn))
+        turn_id = await self._ids.take()
+        write = _prepare_turn(run_id, log, turn_id)
+        if durable:
+            return await self.writer.submit(lambda db: write(db.conn))
+        await self.writer.post(lambda db: write(db.conn))
+        return turn_id
 
     def update_step_calls(
         self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
@@ -296,7 +332,12 @@ class Store:
         )
 
     async def flush(self) -> None:
-        """Wait until every write submitted so far is committed."""
+        """Wait until every write submitted so far is committed.
+
+        Raises:
+            The first failure of a turn write since the last flush (see
+            :meth:`chainrun.logwriter.LogWriter.flush`).
+        """
         if self.writer is not None:
             await self.writer.flush()
 
@@ -348,15 +389,20 @@ def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
     return sql
 
 
-def _prepare_turn(run_id: int, log: TurnLog) -> Callable[[sqlite3.Connection], int]:
+def _prepare_turn(
+    run_id: int, log: TurnLog, turn_id: int | None = None
+) -> Callable[[sqlite3.Connection], int]:
     """The turn's rows as plain SQL and parameters, built by the caller (on the event
     loop) so that the writer thread only runs SQLite (which releases the GIL) instead of
     competing with the loop for it; returns the write, which returns the turn id.
 
     Plain ``insert`` statements instead of sqlite-utils' ``insert``/``insert_all``,
     which read the table's schema on every call (profiled: most of a turn's write).
+    ``turn_id``: the reserved id to insert with (None: SQLite assigns one).
     """
     turn = {**log.turn.to_db(), "run_id": run_id}
+    if turn_id is not None:
+        turn["id"] = turn_id
     turn_sql = _insert_sql("turns", tuple(turn))
     turn_params = tuple(turn.values())
     children: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -370,11 +416,11 @@ def _prepare_turn(run_id: int, log: TurnLog) -> Callable[[sqlite3.Connection], i
         children += [(_insert_sql(table, cols), params) for cols, params in by_cols.items()]
 
     def write(conn: sqlite3.Connection) -> int:
-        turn_id = conn.execute(turn_sql, turn_params).lastrowid
-        assert turn_id is not None
+        tid = conn.execute(turn_sql, turn_params).lastrowid
+        assert tid is not None
         for sql, params in children:
-            conn.executemany(sql, [(*p, turn_id) for p in params])
-        return turn_id
+            conn.executemany(sql, [(*p, tid) for p in params])
+        return tid
 
     return write
 

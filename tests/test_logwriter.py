@@ -1,5 +1,7 @@
-"""The run log's writer thread: turns are written off the event loop, once each, and
-readers see a turn when ``run_turn`` returns (file logs; in-memory logs write inline)."""
+"""The run log's writer thread: turns are written off the event loop, once each; a turn
+returns once its rows are queued (its id reserved in the log), readers see it after a
+flush, or on return with ``[log] durable_turns`` (file logs; in-memory logs write
+inline)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sqlite_utils
 from conftest import reply_by_step, ticks_while
 
 from chainrun.chain import Chain
-from chainrun.config import ChainConfig, config_from_dict
+from chainrun.config import ChainConfig, LogConfig, config_from_dict
 from chainrun.events import TokenDelta
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.records import TurnLog, TurnRow
@@ -27,29 +29,105 @@ def file_store(tmp_path: Path) -> Store:
     s.close()
 
 
-async def test_concurrent_turns_are_logged_once_each_and_visible_on_return(
+async def test_concurrent_turns_are_logged_once_each_with_the_ids_they_returned(
     config, file_store, fake
 ) -> None:
-    seen: list[bool] = []
     async with Chain(config, store=file_store, providers={"local": fake}) as chain:
-
-        async def one(i: int) -> int:
-            done = await chain.run_turn(f"question {i}")
-            # committed before run_turn returns: the loop's own connection reads it
-            seen.append(file_store.turn(done.turn_id) is not None)
-            return done.turn_id
-
-        ids = await asyncio.gather(*(one(i) for i in range(30)))
+        dones = await asyncio.gather(*(chain.run_turn(f"question {i}") for i in range(30)))
+        await chain.flush()  # turns return once queued: committed after the flush
+        for done in dones:
+            logged = file_store.turn(done.turn_id)
+            assert logged is not None and logged.turn.output == done.output
         run_id = chain.run_id
-    assert all(seen) and len(seen) == 30
-    assert len(set(ids)) == 30
+    ids = [d.turn_id for d in dones]
+    assert sorted(ids) == list(range(1, 31))  # one reserved block, handed out in order
     turns = file_store.turns(run_id)
+    assert sorted(t.id for t in turns) == sorted(ids)
+    assert {d.turn_id: d.run_id for d in dones} == {t.id: t.run_id for t in turns}
     assert sorted(t.input for t in turns) == sorted(f"question {i}" for i in range(30))
     assert len(file_store.calls(run_id)) == 30 * 4  # classify, compose, validate, critique
+    assert {c.turn_id for c in file_store.calls(run_id)} == set(ids)
     assert file_store.get_run(run_id).n_turns == 30
     writer = file_store.writer
-    assert writer is not None and writer.jobs >= 31  # 30 turns + the flush at aclose
+    assert writer is not None and writer.jobs >= 32  # 30 turns + reservation + the flush
     assert 1 <= writer.commits <= writer.jobs
+
+
+async def test_a_turn_returns_before_its_commit_unless_durable(config, file_store, fake) -> None:
+    """A writer held busy does not hold up a turn; with ``durable_turns`` it does."""
+    writer = file_store.writer
+    assert writer is not None
+    durable_cfg = config.model_copy(update={"log": LogConfig(durable_turns=True)})
+    async with (
+        Chain(config, store=file_store, providers={"local": fake}) as chain,
+        Chain(durable_cfg, store=file_store, providers={"local": fake}) as durable,
+    ):
+        await chain.run_turn("warm up")  # the runs are created, the first ids reserved
+        await durable.run_turn("warm up")
+        gate = threading.Event()
+        held = asyncio.ensure_future(writer.submit(lambda db: gate.wait(10)))
+        done = await asyncio.wait_for(chain.run_turn("while the writer is busy"), 5)
+        assert file_store.turn(done.turn_id) is None  # returned, not yet committed
+        waiting = asyncio.ensure_future(durable.run_turn("durable"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # waits for its commit
+        gate.set()
+        await held
+        durable_done = await waiting
+        assert file_store.turn(durable_done.turn_id) is not None  # committed on return
+        assert file_store.turn(done.turn_id) is not None  # committed before it (FIFO)
+        assert durable_done.turn_id == done.turn_id + 1
+
+
+async def test_two_writers_on_one_file_reserve_disjoint_turn_ids(tmp_path: Path) -> None:
+    """Two stores on one file (as two processes would): ids never collide; each one's
+    unused reserved ids are given back on close when no one reserved after them."""
+    path = tmp_path / "log.db"
+    a, b = Store.open(path), Store.open(path)
+    try:
+        run_a, run_b = a.create_run("live", "{}"), b.create_run("live", "{}")
+
+        def row(name: str) -> TurnLog:
+            return TurnLog(TurnRow(input=name, started_at="t"), [], [])
+
+        got: list[tuple[str, int]] = []
+        for i in range(5):
+            got.append(("a", await a.alog_turn(run_a, row(f"a{i}"))))
+            got.append(("b", await b.alog_turn(run_b, row(f"b{i}"))))
+        got.append(("a", a.log_turn(run_a, row("a-sync"))))  # the sync path takes ids too
+        await a.flush()
+        await b.flush()
+    finally:
+        a.close()
+    ids = [i for _, i in got]
+    assert len(set(ids)) == len(ids)
+    assert [i for who, i in got if who == "a"] == list(range(1, 7))
+    assert [i for who, i in got if who == "b"] == list(range(257, 262))  # b's own block
+    b.close()  # b reserved last: its unused ids go back
+    with Store.open(path) as c:
+        run_c = c.create_run("live", "{}")
+        assert c.log_turn(run_c, row("c")) == 262
+        by_id = {t.id: t.input for t in c.turns([run_a, run_b, run_c])}
+    assert by_id == {**{i: n for n, i in zip([f"a{k}" for k in range(5)] + ["a-sync"],
+                                             range(1, 7), strict=True)},
+                     **{257 + k: f"b{k}" for k in range(5)}, 262: "c"}  # fmt: skip
+
+
+async def test_a_failed_posted_write_is_logged_and_raised_by_flush(file_store) -> None:
+    run_id = file_store.create_run("live", "{}")
+    writer = file_store.writer
+    assert writer is not None
+
+    def bad(db: sqlite_utils.Database) -> None:
+        raise ValueError("disk full")
+
+    await writer.post(bad)
+    kept = await file_store.alog_turn(run_id, TurnLog(TurnRow(input="kept", started_at="t")))
+    with pytest.raises(ValueError, match="disk full"):
+        await file_store.flush()
+    await file_store.flush()  # raised once
+    assert writer.failed == 1
+    assert [t.id for t in file_store.turns(run_id)] == [kept]
 
 
 async def test_a_slow_write_does_not_block_the_event_loop(file_store) -> None:
@@ -82,20 +160,26 @@ async def test_a_failing_job_rolls_back_alone(file_store) -> None:
     results = await asyncio.gather(writer.submit(bad), good, return_exceptions=True)
     assert isinstance(results[0], ValueError)
     assert isinstance(results[1], int)
+    await file_store.flush()
     assert [t.input for t in file_store.turns(run_id)] == ["whole"]
 
 
 def test_close_commits_what_is_queued(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "log.db")
     run_id = store.create_run("live", "{}")
+    assert store.writer is not None
+    writer = store.writer
 
     async def queue_without_waiting() -> None:
-        for i in range(5):
-            row = TurnLog(TurnRow(input=f"t{i}", started_at="t"), [], [])
-            asyncio.get_running_loop().create_task(store.alog_turn(run_id, row))
-        await asyncio.sleep(0)  # the tasks put their jobs on the queue
+        await store.alog_turn(run_id, TurnLog(TurnRow(input="t0", started_at="t")))
+        await store.flush()  # ids reserved, t0 committed
+        gate = threading.Event()
+        await writer.post(lambda db: gate.wait(10))  # the writer is busy
+        for i in range(1, 5):  # each returns once its rows are queued
+            await store.alog_turn(run_id, TurnLog(TurnRow(input=f"t{i}", started_at="t")))
+        assert [t.input for t in store.turns(run_id)] == ["t0"]  # queued, not committed
+        threading.Timer(0.1, gate.set).start()
         store.close()  # drains the queue before the thread stops
-        await asyncio.sleep(0.05)  # let the futures resolve before the loop closes
 
     asyncio.run(queue_without_waiting())
     with Store.open(tmp_path / "log.db") as again:

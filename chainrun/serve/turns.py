@@ -204,9 +204,9 @@ class TurnRunner:
             log.warning("turn %s: %s", done.turn_id, e)
         finally:
             if done is None:  # cancelled (client gone) or crashed: the chain logged it
-                self._observe_by_request_id(request_id)
+                await self._observe_by_request_id(request_id)
         assert done is not None
-        logged = self._read(done.turn_id)
+        logged = await self._read(done.turn_id)
         if logged is not None:
             self._notify(logged)
         yield WireEvent(
@@ -245,16 +245,18 @@ class TurnRunner:
         finished[ev.step] = data
         return WireEvent("step", data)
 
-    def _read(self, turn_id: int | None) -> LoggedTurn | None:
+    async def _read(self, turn_id: int | None) -> LoggedTurn | None:
         store = self.chain.store
         if store is None or turn_id is None:
             return None
+        await store.flush()  # the turn returned once queued: committed after this
         return read_turn(store, turn_id)
 
-    def _observe_by_request_id(self, request_id: str) -> None:
+    async def _observe_by_request_id(self, request_id: str) -> None:
         store, run_id = self.chain.store, self.chain.run_id
         if store is None or run_id is None or not self.observers:
             return
+        await store.flush()
         logged = find_turn(store, run_id, request_id)
         if logged is not None:
             self._notify(logged)
