@@ -22,16 +22,20 @@ noisy machine falls on all arms alike:
 Reported per arm: n and the median (p90, mean) per-call time in ms; against ``bare``:
 the median of the per-round differences (ms per call) and the ratio of the medians.
 
-Then the same at ``--concurrency`` (50) calls at once: rounds alternate a batch of
-``bare`` calls and a batch of ``chain`` calls (which goes first alternates), each call
-timed from the batch's start; the k-th fastest chain call of a round is paired with
-the k-th fastest bare call of the same round (a per-rank difference, since calls in a
-batch have no identity), and ``batch_added_ms_per_call`` = (chain batch wall − bare
-batch wall) / calls in the batch.
+Then the same at ``--concurrency`` (50) calls at once, for ``--concurrent-rounds``
+rounds: each round runs a batch of ``bare``, ``chain_inline`` and ``chain`` calls (the
+order rotates), each batch timed from its start. What one call adds at 50 at once is
+the batch's extra wall time spread over its calls: ``(chain batch wall − bare batch
+wall) / calls in the batch``, one value per round (``added_ms_per_call``: median, p99,
+n = rounds). The 50 calls share one event loop, so a call's own latency also holds its
+wait behind the 49 others' CPU work: the k-th fastest chain call of a round paired
+with the k-th fastest bare call (``per_rank_latency``, n = calls) grows with k and
+measures that queueing (≈ 25 × the per-call cost at the median), not the cost.
 
 Top level of the JSON document (the full chain with logging, against ``bare``):
 ``median_added_ms``, ``p99_added_ms`` (with ``p99_added_ci``) and ``n`` for one call at
-a time, and ``by_concurrency`` with the same keys for 1 and ``--concurrency``.
+a time, and ``by_concurrency`` with the same keys for 1 (per call) and for
+``--concurrency`` (per call from the batch walls, n = rounds).
 
 Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--concurrency 50] [--json]``.
 """
@@ -132,7 +136,7 @@ class Arms:
 
     async def call_hedger(self) -> str:
         async def attempt(info: AttemptInfo) -> ChatStream:
-            s = ChatStream(self.provider, self.request)
+            s = ChatStream(self.provider, self.request, pump=False)  # as a non-streamed step
             try:
                 return await s.collect()
             except BaseException:
@@ -182,11 +186,11 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
     return times
 
 
-async def measure_concurrent(arms: Arms, calls: int, width: int, warmup: int) -> dict[str, Any]:
-    """Paired per-rank differences (chain − bare, ms) at ``width`` calls at once; the
-    same for ``chain_inline`` under ``inline_log``."""
+async def measure_concurrent(arms: Arms, rounds: int, width: int, warmup: int) -> dict[str, Any]:
+    """At ``width`` calls at once: the added ms per call from batch walls (one value
+    per round) and the per-rank latency differences, for ``chain`` and ``chain_inline``
+    against ``bare``."""
     fns = arms.calls()
-    rounds = max(1, -(-calls // width))
     wide_arms = ("bare", "chain_inline", "chain")
     diffs: dict[str, list[float]] = {"chain": [], "chain_inline": []}
     walls: dict[str, list[float]] = {a: [] for a in wide_arms}
@@ -213,21 +217,24 @@ async def measure_concurrent(arms: Arms, calls: int, width: int, warmup: int) ->
         for arm in diffs:
             diffs[arm].extend(a - b for a, b in zip(got[arm][1], got["bare"][1], strict=True))
 
-    def batch_added(arm: str) -> float | None:
-        per = [(a - b) / width for a, b in zip(walls[arm], walls["bare"], strict=True)]
-        return c.r(statistics.median(per), 3)
+    def per_call_added(arm: str) -> list[float]:
+        return [(a - b) / width for a, b in zip(walls[arm], walls["bare"], strict=True)]
 
     return {
-        **added_summary(diffs["chain"]),
+        **added_summary(per_call_added("chain")),
         "concurrency": width,
         "rounds": rounds,
+        "what": "added ms per call = (chain batch wall - bare batch wall) / calls per batch, "
+        "one value per round",
+        "bare_batch_wall_median_ms": c.r(statistics.median(walls["bare"]), 3),
+        "chain_batch_wall_median_ms": c.r(statistics.median(walls["chain"]), 3),
         "bare_median_ms": c.r(statistics.median(per_call["bare"]), 3),
         "chain_median_ms": c.r(statistics.median(per_call["chain"]), 3),
-        "batch_added_ms_per_call": batch_added("chain"),
+        "per_rank_latency": added_summary(diffs["chain"]),
         "inline_log": {
-            **added_summary(diffs["chain_inline"]),
+            **added_summary(per_call_added("chain_inline")),
             "chain_median_ms": c.r(statistics.median(per_call["chain_inline"]), 3),
-            "batch_added_ms_per_call": batch_added("chain_inline"),
+            "per_rank_latency": added_summary(diffs["chain_inline"]),
         },
     }
 
@@ -290,6 +297,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "order": "interleaved, rotated every round, sequential calls",
         "pause_ms": args.pause_ms,
         "concurrency": args.concurrency,
+        "concurrent_rounds": args.concurrent_rounds,
     }
     doc = c.new_document("hedge_overhead", sys.argv[1:], params)
     t0 = time.perf_counter()
@@ -300,7 +308,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store, inline) as arms:
             times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
-            wide = await measure_concurrent(arms, args.calls, args.concurrency, warmup=1)
+            wide = await measure_concurrent(
+                arms, args.concurrent_rounds, args.concurrency, warmup=1
+            )
             fired = arms.hedger.stats.fires
             chain_run = arms.chain.run_id
             inline_run = arms.chain_inline.run_id
@@ -329,7 +339,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "events, StepRecord/CallRecord building (no store)",
         "chain_inline": "chain_nolog + the turn's rows written on the event loop",
         "chain": "chain_nolog + the turn's rows (turn, step and call) written to a temporary "
-        "SQLite file by the store's writer thread (the loop awaits the commit)",
+        "SQLite file by the store's writer thread (the turn returns once its rows are "
+        "queued; they are built on the loop's next turn and committed by the thread)",
     }
     doc["results"] = results
     return doc
@@ -383,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--concurrency", type=int, default=50, help="calls at once in the second part (50)"
+    )
+    parser.add_argument(
+        "--concurrent-rounds",
+        type=int,
+        default=40,
+        help="rounds of the second part, one batch per arm each (40)",
     )
     c.add_common_options(parser)
     args = parser.parse_args(argv)

@@ -286,25 +286,31 @@ class Store:
         """:meth:`log_turn` off the event loop (on the writer thread for a file log);
         returns the turn's id once its rows are queued (``durable``: once committed).
 
-        Rows are built and redacted on the loop; the id comes from this process's
-        reserved block (an await on the writer only when the block runs out, once per
-        :data:`chainrun.turnids.BLOCK` turns at most). Without ``durable`` a reader on
-        another connection sees the turn after :meth:`flush`; a failed write is logged
-        and raised by the next :meth:`flush`. Cancelling the caller does not cancel the
-        write.
+        The id comes from this process's reserved block (an await on the writer only
+        when the block runs out, once per :data:`chainrun.turnids.BLOCK` turns at most).
+        Without ``durable`` the rows are built and redacted on the loop's next turn,
+        after this returns (:meth:`chainrun.logwriter.LogWriter.post_later`), so ``log``
+        must not change afterwards; a reader sees the turn after :meth:`flush`; a failed
+        write is logged and raised by the next :meth:`flush`. Cancelling the caller does
+        not cancel the write.
 
         Raises:
             Whatever the write raised (``durable``), or the id reservation raised.
         """
         if self.writer is None:
             return self.log_turn(run_id, log)
-        if self.redactor:
-            redact_turn(log, self.redactor)
         turn_id = await self._ids.take()
-        write = _prepare_turn(run_id, log, turn_id)
+        redactor = self.redactor
+
+        def build() -> Callable[[sqlite_utils.Database], int]:
+            if redactor:
+                redact_turn(log, redactor)
+            write = _prepare_turn(run_id, log, turn_id)
+            return lambda db: write(db.conn)
+
         if durable:
-            return await self.writer.submit(lambda db: write(db.conn))
-        await self.writer.post(lambda db: write(db.conn))
+            return await self.writer.submit(build())
+        await self.writer.post_later(build)
         return turn_id
 
     def update_step_calls(

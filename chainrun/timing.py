@@ -60,6 +60,34 @@ class Chunk:
         return bool(self.content) or bool(self.reasoning)
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def make_chunk(
+    content: str | None,
+    reasoning: str | None,
+    role: str | None,
+    finish_reason: str | None,
+    usage: Usage | None,
+    model: str | None,
+    response_id: str | None,
+    server_timings: dict[str, Any] | None,
+    nbytes: int,
+) -> Chunk:
+    """``Chunk(...)`` with every field given, built in one step: equal to the dataclass's
+    own constructor, in about half its time (a frozen dataclass's ``__init__`` sets each
+    of its nine fields through ``object.__setattr__``; measured 1.85 µs vs 0.93 µs on
+    CPython 3.11). For providers' per-chunk path (issue 13)."""
+    chunk = _new(Chunk)
+    _set(chunk, "__dict__", {
+        "content": content, "reasoning": reasoning, "role": role,
+        "finish_reason": finish_reason, "usage": usage, "model": model,
+        "response_id": response_id, "server_timings": server_timings, "nbytes": nbytes,
+    })  # fmt: skip
+    return chunk
+
+
 @dataclass
 class StreamTimer:
     """Accumulates one call's timings and tokens. All ``*_ms`` values are in ms.
@@ -93,7 +121,7 @@ class StreamTimer:
         self._t_last = t
         self.n_chunks += 1
         self.nbytes += chunk.nbytes
-        if chunk.has_token:
+        if chunk.content or chunk.reasoning:  # Chunk.has_token, without a property call
             if self.ttft_ms is None:
                 self.ttft_ms = (t - self.t_start) * 1000.0
             if self._t_last_token is not None:

@@ -83,7 +83,8 @@ def test_hedge_work_noise(tmp_path: Path) -> None:
 def test_hedge_overhead(tmp_path: Path) -> None:
     out = tmp_path / "hedge_overhead.json"
     res = run_benchmark(
-        "hedge_overhead", tmp_path, "--calls", "20", "--warmup", "2", "--concurrency", "5"
+        "hedge_overhead", tmp_path, "--calls", "20", "--warmup", "2", "--concurrency", "5",
+        "--concurrent-rounds", "4",
     )
     for arm in ("bare", "hedger", "chain_nolog", "chain_inline", "chain"):
         assert res[arm]["n"] == 20
@@ -95,11 +96,12 @@ def test_hedge_overhead(tmp_path: Path) -> None:
     # 22 one at a time (measured + warm-up rounds), 4 + 1 warm-up rounds of 5 at once
     assert res["checks"]["turns_logged"] == res["checks"]["turns_run"] == 22 + 25
     assert res["checks"]["turns_logged_inline"] == 22 + 25
-    assert res["concurrent"]["inline_log"]["n"] == 20
+    assert res["concurrent"]["inline_log"]["n"] == 4  # one added-per-call value per round
+    assert res["concurrent"]["per_rank_latency"]["n"] == 20  # 4 rounds of 5 calls
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["n"] == 20 and isinstance(doc["median_added_ms"], float)
     assert isinstance(doc["p99_added_ms"], float) and doc["p99_added_ci"] is None  # n < 368
-    assert doc["by_concurrency"]["5"]["n"] == 20 and doc["by_concurrency"]["5"]["rounds"] == 4
+    assert doc["by_concurrency"]["5"]["n"] == 4 and doc["by_concurrency"]["5"]["rounds"] == 4
     assert doc["by_concurrency"]["1"]["median_added_ms"] == doc["median_added_ms"]
 
 

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_utils
@@ -121,13 +122,36 @@ async def test_a_failed_posted_write_is_logged_and_raised_by_flush(file_store) -
     def bad(db: sqlite_utils.Database) -> None:
         raise ValueError("disk full")
 
+    def bad_build() -> Any:
+        raise TypeError("a row that cannot be built")
+
     await writer.post(bad)
     kept = await file_store.alog_turn(run_id, TurnLog(TurnRow(input="kept", started_at="t")))
     with pytest.raises(ValueError, match="disk full"):
         await file_store.flush()
     await file_store.flush()  # raised once
-    assert writer.failed == 1
+    await writer.post_later(bad_build)
+    with pytest.raises(TypeError, match="cannot be built"):
+        await file_store.flush()
+    assert writer.failed == 2
     assert [t.id for t in file_store.turns(run_id)] == [kept]
+
+
+async def test_a_turns_rows_are_built_after_it_returns_in_order(file_store) -> None:
+    """``alog_turn`` returns before the rows are built (the loop's next turn); anything
+    queued later (here a flush) builds them first, so order is kept."""
+    run_id = file_store.create_run("live", "{}")
+    writer = file_store.writer
+    assert writer is not None
+    await file_store.alog_turn(run_id, TurnLog(TurnRow(input="first", started_at="t")))
+    await file_store.flush()  # ids reserved
+    log = TurnLog(TurnRow(input="second", started_at="t"))
+    turn_id = await file_store.alog_turn(run_id, log)
+    assert writer.jobs_pending_build == 1  # not built yet
+    await file_store.flush()
+    assert writer.jobs_pending_build == 0
+    logged = file_store.turn(turn_id)
+    assert logged is not None and logged.turn.input == "second"
 
 
 async def test_a_slow_write_does_not_block_the_event_loop(file_store) -> None:

@@ -7,6 +7,10 @@ a *pump task* reads the chunks as they arrive and stamps them into a
 :class:`~chainrun.timing.StreamTimer`, so timings are taken where the bytes arrive,
 not where a (possibly slow) consumer reads them. Closing a ChatStream cancels the
 pump, whose ``finally`` closes the HTTP response: the server stops generating.
+A caller that only wants the whole answer (a step that does not stream) can make the
+stream with ``pump=False`` and read it in its own task with :meth:`ChatStream.collect`:
+the same loop, stamping each chunk as it arrives (that task does nothing else while
+it waits), without a second task per call (issue 13: chainrun's own cost per call).
 
 Two timers of its own, besides the step's deadline (which the caller holds):
 ``first_token_timeout_s`` (no first content or reasoning token by then, counted from
@@ -82,9 +86,6 @@ class Provider(Protocol):
         ...
 
 
-_END = object()
-
-
 class ChatStream:
     """A started model call: timings accumulate while chunks arrive.
 
@@ -102,6 +103,7 @@ class ChatStream:
         *,
         first_token_timeout_s: float | None = None,
         idle_timeout_s: float | None = None,
+        pump: bool = True,
     ):
         self.provider = provider
         self.request = request
@@ -111,29 +113,45 @@ class ChatStream:
         self._started_loop = asyncio.get_running_loop().time()
         self.timer = StreamTimer(t_start=clock())
         self.error: BaseException | None = None
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        #: a :meth:`deltas` reader waiting for more text (woken per content chunk)
+        self._more: asyncio.Future[None] | None = None
         self._first = asyncio.Event()
         self._done = asyncio.Event()
         self._closed = False
-        self._pump = asyncio.create_task(self._run(), name=f"chainrun-pump-{request.model}")
+        self._pump: asyncio.Task[None] | None = None
+        #: the task reading the stream itself (``pump=False``, inside :meth:`collect`)
+        self._reader: asyncio.Task[Any] | None = None
+        if pump:
+            self._start_pump()
+
+    def _start_pump(self) -> None:
+        self._pump = asyncio.create_task(self._run(), name=f"chainrun-pump-{self.request.model}")
 
     def _wait_until(self, got_token: bool) -> float | None:
         """The event-loop time by which the next chunk must arrive (None: no timer)."""
-        loop = asyncio.get_running_loop()
         if not got_token:
             if self.first_token_timeout_s is None:
                 return None
             return self._started_loop + self.first_token_timeout_s
         if self.idle_timeout_s is None:
             return None
-        return loop.time() + self.idle_timeout_s
+        return asyncio.get_running_loop().time() + self.idle_timeout_s
+
+    def _wake_reader(self) -> None:
+        more = self._more
+        if more is not None and not more.done():
+            more.set_result(None)
 
     async def _run(self) -> None:
+        """Read the stream to its end, stamping each chunk at arrival (in the pump task,
+        or in the caller's task for ``pump=False``)."""
         it = aiter(self.provider.chunks(self.request))
         got_token = False
+        timed = self.first_token_timeout_s is not None or self.idle_timeout_s is not None
+        timer, clock = self.timer, self._clock
         try:
             while True:
-                until = self._wait_until(got_token)
+                until = self._wait_until(got_token) if timed else None
                 try:
                     if until is None:  # no timer: no per-chunk timeout object either
                         chunk = await anext(it)
@@ -145,16 +163,16 @@ class ChatStream:
                 except TimeoutError:
                     self.error = self._timer_fired(got_token)
                     return
-                self.timer.on_chunk(self._clock(), chunk)
+                timer.on_chunk(clock(), chunk)
                 if chunk.content:
-                    self._queue.put_nowait(chunk.content)
-                if chunk.has_token:
+                    self._wake_reader()
+                if not got_token and (chunk.content or chunk.reasoning):
                     got_token = True
                     self._first.set()
-            if self.timer.finish_reason is None:
+            if timer.finish_reason is None:
                 self.error = StreamTruncated(
                     f"stream from {self.provider.name} ended without a finish_reason "
-                    f"after {self.timer.n_chunks} chunks"
+                    f"after {timer.n_chunks} chunks"
                 )
         except asyncio.CancelledError:
             raise
@@ -163,14 +181,14 @@ class ChatStream:
         except Exception as e:  # a bug in a provider must not vanish silently
             self.error = ProviderError(f"{type(e).__name__}: {e}")
         finally:
-            self.timer.on_end(self._clock())
+            timer.on_end(clock())
             aclose = getattr(it, "aclose", None)
             if aclose is not None:
                 # shield: the response must be closed even when we are being cancelled
                 await asyncio.shield(aclose())
-            self._queue.put_nowait(_END)
             self._first.set()
             self._done.set()
+            self._wake_reader()
 
     def _timer_fired(self, got_token: bool) -> ProviderError:
         name = self.provider.name
@@ -190,6 +208,12 @@ class ChatStream:
         if self.error is not None:
             raise self.error
 
+    def _ensure_reading(self) -> None:
+        """Start the pump if nobody reads the stream yet (``pump=False`` streams asked
+        for their first token or deltas)."""
+        if self._pump is None and self._reader is None and not self._done.is_set():
+            self._start_pump()
+
     async def first_token(self) -> ChatStream:
         """Wait until the first content or reasoning token arrived; return self.
 
@@ -197,6 +221,7 @@ class ChatStream:
             ProviderError: the call failed, or ended before any token
                 (:class:`StreamTruncated` when it ended without a finish_reason).
         """
+        self._ensure_reading()
         await self._first.wait()
         if self.timer.ttft_ms is None:
             # ended before any token: an error, a truncation, or a legitimately empty answer
@@ -205,31 +230,60 @@ class ChatStream:
         return self
 
     async def deltas(self) -> AsyncGenerator[str, None]:
-        """Yield content text as it arrives, to the end of the stream.
+        """Yield content text as it arrives (from the first chunk on, also what arrived
+        before this call), to the end of the stream.
 
         Raises:
             ProviderError: the stream failed or was truncated (after yielding what arrived).
         """
+        self._ensure_reading()
+        content = self.timer.content  # appended by the reader as chunks arrive
+        i = 0
         while True:
-            item = await self._queue.get()
-            if item is _END:
+            if i < len(content):
+                i += 1
+                yield content[i - 1]
+                continue
+            if self._done.is_set():
                 break
-            yield item
+            more: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._more = more
+            try:
+                await more
+            finally:
+                self._more = None
         self._raise_if_failed()
 
     async def collect(self) -> ChatStream:
-        """Wait for the whole answer; return self (text in ``self.timer.text``).
+        """Wait for the whole answer; return self (text in ``self.timer.text``). A
+        ``pump=False`` stream is read here, in the caller's task.
 
         Raises:
             ProviderError: the stream failed or was truncated.
         """
-        await self._done.wait()
+        if self._pump is None and self._reader is None and not self._done.is_set():
+            self._reader = asyncio.current_task()
+            await self._run()
+        else:
+            await self._done.wait()
         self._raise_if_failed()
         return self
 
     async def aclose(self) -> None:
-        """Stop the call now: cancel the pump, which closes the HTTP response."""
+        """Stop the call now: cancel the pump (or the task reading a ``pump=False``
+        stream, when it is not the caller), which closes the HTTP response."""
         self._closed = True
+        if self._pump is None:
+            reader = self._reader
+            if reader is None:  # never read: nothing was sent
+                if not self._done.is_set():
+                    self.timer.on_end(self._clock())
+                    self._first.set()
+                    self._done.set()
+            elif reader is not asyncio.current_task() and not self._done.is_set():
+                reader.cancel()
+                await self._done.wait()
+            return
         if not self._pump.done():
             self._pump.cancel()
         try:

@@ -23,7 +23,7 @@ import openai
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.openai_client import OpenAIClientProvider
-from chainrun.timing import Chunk, Usage
+from chainrun.timing import Chunk, Usage, make_chunk
 
 
 def _usage(u: Any) -> Usage | None:
@@ -46,28 +46,35 @@ def normalise_chunk(raw: Any, nbytes: int = 0) -> Chunk:
 
     Handles: role-only first frames, ``delta.reasoning_content`` (llama.cpp, vLLM,
     DeepSeek) or ``delta.reasoning``, usage on its own chunk with empty ``choices`` or
-    on the finish chunk, and llama.cpp's ``timings`` block.
+    on the finish chunk, and llama.cpp's ``timings`` block. Called once per chunk, so
+    it reads pydantic's extra fields directly (``__pydantic_extra__``, what
+    ``model_extra`` returns) and builds the chunk with :func:`~chainrun.timing.make_chunk`.
     """
-    extra = raw.model_extra or {}
     content = reasoning = role = finish = None
-    if raw.choices:
-        choice = raw.choices[0]
+    choices = raw.choices
+    if choices:
+        choice = choices[0]
         delta = choice.delta
         content = delta.content
         role = delta.role
-        dextra = getattr(delta, "model_extra", None) or {}
-        reasoning = dextra.get("reasoning_content") or dextra.get("reasoning")
+        dextra = getattr(delta, "__pydantic_extra__", None)
+        if dextra:
+            reasoning = dextra.get("reasoning_content") or dextra.get("reasoning")
+            if not isinstance(reasoning, str):
+                reasoning = None
         finish = choice.finish_reason
-    return Chunk(
-        content=content,
-        reasoning=reasoning if isinstance(reasoning, str) else None,
-        role=role,
-        finish_reason=finish,
-        usage=_usage(getattr(raw, "usage", None)),
-        model=raw.model or None,
-        response_id=raw.id or None,
-        server_timings=extra.get("timings"),
-        nbytes=nbytes,
+    usage = getattr(raw, "usage", None)
+    extra = getattr(raw, "__pydantic_extra__", None)
+    return make_chunk(
+        content,
+        reasoning,
+        role,
+        finish,
+        None if usage is None else _usage(usage),
+        raw.model or None,
+        raw.id or None,
+        extra.get("timings") if extra else None,
+        nbytes,
     )
 
 

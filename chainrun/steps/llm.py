@@ -233,6 +233,7 @@ class LLMStep(Step):
             s = ChatStream(
                 self._providers[info.target], req,
                 first_token_timeout_s=cfg.first_token_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+                pump=cfg.stream,  # a whole answer is read in this attempt's own task
             )  # fmt: skip
             streams[info.number] = s
             try:
