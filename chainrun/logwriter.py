@@ -4,8 +4,10 @@ wait for its commit.
 A :class:`LogWriter` owns one thread with its own SQLite connection (a connection is
 bound to the thread that made it; in WAL mode readers on other connections go on
 reading while it writes). The event loop hands it jobs (``fn(db) -> T``) through a
-bounded queue: :meth:`LogWriter.post` (fire and forget: a turn's rows), or
-:meth:`LogWriter.submit` (awaits the job's commit and gives its result). The thread
+bounded queue: :meth:`LogWriter.post` (fire and forget), :meth:`LogWriter.post_later`
+(fire and forget, the job itself built on the loop's next turn: a finished turn's
+rows, so the turn returns before they are even built), or :meth:`LogWriter.submit`
+(awaits the job's commit and gives its result). The thread
 takes every job waiting in the queue (up to ``max_batch``), runs them in one
 transaction, one savepoint per job (a job that fails rolls back alone), and commits.
 Nothing waits for a timer: a lone job is committed at once when the thread is idle,

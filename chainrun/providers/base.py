@@ -29,6 +29,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from types import AsyncGeneratorType
 from typing import Any, Protocol
 
 from chainrun.errors import (
@@ -146,7 +147,7 @@ class ChatStream:
         """Read the stream to its end, stamping each chunk at arrival (in the pump task,
         or in the caller's task for ``pump=False``)."""
         it = aiter(self.provider.chunks(self.request))
-        got_token = False
+        got_token = ended = False
         timed = self.first_token_timeout_s is not None or self.idle_timeout_s is not None
         timer, clock = self.timer, self._clock
         try:
@@ -159,6 +160,7 @@ class ChatStream:
                         async with asyncio.timeout_at(until):
                             chunk = await anext(it)
                 except StopAsyncIteration:
+                    ended = True
                     break
                 except TimeoutError:
                     self.error = self._timer_fired(got_token)
@@ -182,7 +184,9 @@ class ChatStream:
             self.error = ProviderError(f"{type(e).__name__}: {e}")
         finally:
             timer.on_end(clock())
-            aclose = getattr(it, "aclose", None)
+            # an async generator that ended has run its own finally (closed its response)
+            done = ended and isinstance(it, AsyncGeneratorType)
+            aclose = None if done else getattr(it, "aclose", None)
             if aclose is not None:
                 # shield: the response must be closed even when we are being cancelled
                 await asyncio.shield(aclose())
