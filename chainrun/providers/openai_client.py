@@ -97,6 +97,9 @@ class AzureTarget:
     entra_token: str | None = None
 
 
+_sse_decode = SSEDecoder.decode
+
+
 class _ErrorFieldDecoder(SSEDecoder):
     """The SDK's SSE decoder, plus the non-standard ``error:`` field llama-server uses.
 
@@ -107,19 +110,21 @@ class _ErrorFieldDecoder(SSEDecoder):
     """
 
     def decode(self, line: str) -> Any:
-        if line.startswith("error:"):
-            raw = line[len("error:") :].strip()
-            try:
-                value: Any = json.loads(raw)
-            except ValueError:
-                value = raw
-            if not isinstance(value, dict):
-                value = {"message": str(value) or "error event without a message"}
-            if "message" not in value:
-                value = {**value, "message": json.dumps(value)}
-            self._data.append(json.dumps({"error": value}))
-            return None
-        return super().decode(line)
+        # called for every line of every stream: the common case goes straight to the
+        # SDK's decode, without building a super() proxy
+        if not line.startswith("error:"):
+            return _sse_decode(self, line)
+        raw = line[len("error:") :].strip()
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        if not isinstance(value, dict):
+            value = {"message": str(value) or "error event without a message"}
+        if "message" not in value:
+            value = {**value, "message": json.dumps(value)}
+        self._data.append(json.dumps({"error": value}))
+        return None
 
 
 class _Client(openai.AsyncOpenAI):
