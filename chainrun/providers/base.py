@@ -94,6 +94,14 @@ class ChatStream:
     the text, as it arrives) or :meth:`collect` (the whole answer), and always
     :meth:`aclose` (idempotent). The ``timer`` holds the measurements at any moment,
     including for a stream closed half way (cancelled hedging losers).
+
+    Args:
+        clock: the clock chunks are stamped with, in s (``time.perf_counter``).
+        first_token_timeout_s, idle_timeout_s: see the module text (None: no timer).
+        pump: read the stream in a task of its own from the start (True), or in the
+            task that calls :meth:`collect` (False: for a caller that waits for the
+            whole answer and does nothing else meanwhile; :meth:`first_token` or
+            :meth:`deltas` on such a stream start a pump).
     """
 
     def __init__(
