@@ -9,7 +9,8 @@ bounded queue: :meth:`LogWriter.post` (fire and forget), :meth:`LogWriter.post_l
 rows, so the turn returns before they are even built), or :meth:`LogWriter.submit`
 (awaits the job's commit and gives its result). The thread
 takes every job waiting in the queue (up to ``max_batch``), runs them in one
-transaction, one savepoint per job (a job that fails rolls back alone), and commits.
+transaction and commits; if a job fails, the batch is rolled back and each of its jobs
+runs again in a transaction of its own, so the failing one rolls back alone.
 Nothing waits for a timer: a lone job is committed at once when the thread is idle,
 and under load the jobs queued meanwhile share one commit. :meth:`LogWriter.flush`
 waits until everything posted before it is committed.
@@ -95,6 +96,8 @@ class LogWriter:
         #: posted jobs that failed, and the first failure not yet raised by flush()
         self.failed = 0
         self._error: BaseException | None = None
+        #: batches rolled back because one of their jobs failed (then run job by job)
+        self.retried = 0
         #: jobs to build on the loop's next turn (:meth:`post_later`), in order
         self._builds: list[Callable[[], Callable[[sqlite_utils.Database], Any]]] = []
 
@@ -259,26 +262,49 @@ class LogWriter:
             db.close()
 
     def _commit(self, db: sqlite_utils.Database, batch: list[Job]) -> None:
-        outcomes: list[tuple[Any, BaseException | None]] = []
+        """Run ``batch`` in one transaction; if a job fails, roll back and run each job
+        in a transaction of its own, so that the failing one rolls back alone.
+
+        Optimistic: no savepoint per job (each is two more SQLite calls, and every
+        SQLite call hands the GIL to the event loop and back); jobs are SQL writes, so
+        running one again after a rollback is safe.
+        """
         try:
-            # IMMEDIATE: take the write lock at the start, so a concurrent writer makes
-            # this wait (busy timeout) rather than fail (as the store's own writes do)
-            db.conn.execute("BEGIN IMMEDIATE")
-            with db.atomic():  # inside the open transaction: a savepoint; COMMIT below
-                for fn, _, _ in batch:
+            outcomes = self._transaction(db, batch)
+        except Exception as e:
+            if len(batch) == 1:
+                outcomes = [(None, e)]
+            else:
+                self.retried += 1
+                outcomes = []
+                for job in batch:
                     try:
-                        with db.atomic():  # a savepoint: a failing job rolls back alone
-                            outcomes.append((fn(db), None))
-                    except Exception as e:
-                        outcomes.append((None, e))
-            db.conn.execute("COMMIT")
-        except Exception as e:  # the commit itself failed: every job of the batch failed
-            if db.conn.in_transaction:
-                db.conn.execute("ROLLBACK")
-            outcomes = [(None, e)] * len(batch)
-        else:
-            self.commits += 1
+                        outcomes += self._transaction(db, [job])
+                    except Exception as one:
+                        outcomes.append((None, one))
         self.jobs += len(batch)
+        self._deliver(batch, outcomes)
+
+    def _transaction(
+        self, db: sqlite_utils.Database, batch: list[Job]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """``batch`` in one transaction: its outcomes, or raises (rolled back) when a job
+        (or the commit) fails."""
+        conn = db.conn
+        # IMMEDIATE: take the write lock at the start, so a concurrent writer makes
+        # this wait (busy timeout) rather than fail (as the store's own writes do)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            results = [fn(db) for fn, _, _ in batch]
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        return [(r, None) for r in results]
+
+    def _deliver(self, batch: list[Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
         for (_, loop, fut), (result, error) in zip(batch, outcomes, strict=True):
             if fut is None or loop is None:  # posted: nobody waits, a failure is kept
                 if error is not None:

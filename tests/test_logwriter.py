@@ -188,6 +188,33 @@ async def test_a_failing_job_rolls_back_alone(file_store) -> None:
     assert [t.input for t in file_store.turns(run_id)] == ["whole"]
 
 
+async def test_a_failing_job_in_a_batch_rolls_back_alone(file_store) -> None:
+    """Jobs queued behind a busy writer share one batch; one failing job makes the
+    batch run again job by job: the others are committed, once each."""
+    run_id = file_store.create_run("live", "{}")
+    writer = file_store.writer
+    assert writer is not None
+    await file_store.alog_turn(run_id, TurnLog(TurnRow(input="t0", started_at="t")))
+    await file_store.flush()  # ids reserved
+    gate = threading.Event()
+    held = writer.future(lambda db: gate.wait(10))
+
+    def bad(db: sqlite_utils.Database) -> None:
+        db.execute("insert into turns (run_id, input, status) values (?, 'half', 'ok')", [run_id])
+        raise ValueError("boom")
+
+    ids = [await file_store.alog_turn(run_id, TurnLog(TurnRow(input="t1", started_at="t")))]
+    await writer.post(bad)
+    ids.append(await file_store.alog_turn(run_id, TurnLog(TurnRow(input="t2", started_at="t"))))
+    gate.set()
+    await held
+    with pytest.raises(ValueError, match="boom"):
+        await file_store.flush()
+    assert writer.retried == 1
+    logged = [(t.id, t.input) for t in file_store.turns(run_id)]
+    assert logged[1:] == [(ids[0], "t1"), (ids[1], "t2")]
+
+
 def test_close_commits_what_is_queued(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "log.db")
     run_id = store.create_run("live", "{}")
