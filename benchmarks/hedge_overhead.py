@@ -17,7 +17,13 @@ noisy machine falls on all arms alike:
   issue 13): the same-run reference for what the writer thread costs or saves.
 * ``chain``: the same chain logging every turn to a SQLite file (one transaction per
   turn: turn, step and call rows) through the store's writer thread, as chainrun runs
-  by default.
+  by default: the turn returns once its rows are queued; they are built on the loop's
+  next turn and committed by the thread.
+
+Work a call leaves behind (the ``chain`` arm's row building and commit) must not land
+in the next arm's timed call: after every call, untimed, the logging arms' stores are
+flushed and the loop pauses ``--pause-ms`` (1 ms), the same for every arm. So each
+timed call starts with the writer idle; what the caller waits for is what is timed.
 
 Reported per arm: n and the median (p90, mean) per-call time in ms; against ``bare``:
 the median of the per-round differences (ms per call) and the ratio of the medians.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import sys
 import time
@@ -159,13 +166,54 @@ class Arms:
         return done.output or ""
 
 
+class GcPauses:
+    """The garbage collector's own pauses while measuring (``gc.callbacks``): per
+    generation, collections and their total and longest time in ms (a tail source
+    that grows with what the arms allocate)."""
+
+    def __init__(self) -> None:
+        self.by_gen: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.by_gen[info["generation"]].append((time.perf_counter() - self._t0) * 1000.0)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            f"gen{g}": {
+                "n": len(ms),
+                "total_ms": c.r(sum(ms), 3),
+                "max_ms": c.r(max(ms), 3) if ms else None,
+            }
+            for g, ms in self.by_gen.items()
+        }
+
+
+async def settle(arms: Arms, pause_s: float) -> None:
+    """Untimed, after every call: commit what the logging arms queued, then pause."""
+    await arms.chain.flush()
+    await arms.chain_inline.flush()
+    if pause_s > 0:
+        await asyncio.sleep(pause_s)
+
+
 async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[str, list[float]]:
     """Per-call times in ms per arm; round k runs the arms in an order rotated by k.
 
-    ``pause_s`` (untimed) separates consecutive calls, e.g. to look at a server whose
-    connections keep Nagle on (before commit abe3a47 the lab's did, and a request sent
-    on a keep-alive connection soon after its previous response waited ~44 ms for a
-    delayed ACK; see README).
+    Between calls, untimed: :func:`settle` (the stores flushed, then ``pause_s``), so
+    work one call leaves behind is not timed in the next. (Before commit abe3a47 the
+    lab's connections kept Nagle on and a request sent on a keep-alive connection soon
+    after its previous response waited ~44 ms for a delayed ACK; see README.)
     """
     fns = arms.calls()
     times: dict[str, list[float]] = {a: [] for a in ARMS}
@@ -179,14 +227,15 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
             texts.add(text)
             if k >= warmup:
                 times[arm].append(dt)
-            if pause_s > 0:
-                await asyncio.sleep(pause_s)
+            await settle(arms, pause_s)
     if len(texts) != 1:
         raise RuntimeError(f"the arms did not get the same answer: {texts}")
     return times
 
 
-async def measure_concurrent(arms: Arms, rounds: int, width: int, warmup: int) -> dict[str, Any]:
+async def measure_concurrent(
+    arms: Arms, rounds: int, width: int, warmup: int, pause_s: float
+) -> dict[str, Any]:
     """At ``width`` calls at once: the added ms per call from batch walls (one value
     per round) and the per-rank latency differences, for ``chain`` and ``chain_inline``
     against ``bare``."""
@@ -204,7 +253,9 @@ async def measure_concurrent(arms: Arms, rounds: int, width: int, warmup: int) -
             return (time.perf_counter() - t0) * 1000.0
 
         times = await asyncio.gather(*(one() for _ in range(width)))
-        return (time.perf_counter() - t0) * 1000.0, sorted(times)
+        wall = (time.perf_counter() - t0) * 1000.0
+        await settle(arms, pause_s)  # untimed: the batch's queued rows committed
+        return wall, sorted(times)
 
     for k in range(warmup + rounds):
         order = wide_arms[k % 3 :] + wide_arms[: k % 3]
@@ -259,6 +310,7 @@ def describe(times: dict[str, list[float]]) -> dict[str, Any]:
             "n": len(ms),
             "median_ms": c.r(statistics.median(ms), 3),
             "p90_ms": c.r(c.quantile(ms, 90), 3),
+            "p99_ms": c.r(stats.percentile(ms, 99), 3),
             "mean_ms": c.r(statistics.fmean(ms), 3),
         }
         if arm != "bare":
@@ -307,9 +359,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         c.temp_store() as inline,
     ):
         async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store, inline) as arms:
-            times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
+            with GcPauses() as gc_pauses:
+                times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
             wide = await measure_concurrent(
-                arms, args.concurrent_rounds, args.concurrency, warmup=1
+                arms, args.concurrent_rounds, args.concurrency, 1, args.pause_ms / 1000
             )
             fired = arms.hedger.stats.fires
             chain_run = arms.chain.run_id
@@ -330,6 +383,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "same_answer_every_arm": True,
     }
     results["client_lag"] = lag.summary()
+    results["gc_during_sequential_part"] = gc_pauses.summary()
     results["wall_s"] = c.elapsed(t0)
     results["includes"] = {
         "hedger": "OpenAICompatProvider (openai client; model_dump_json of every chunk to count "
@@ -389,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pause-ms",
         type=float,
-        default=0.0,
-        help="untimed pause between calls, in ms (default 0)",
+        default=1.0,
+        help="untimed pause after every call (and batch), after the stores' flush, in ms (1)",
     )
     parser.add_argument(
         "--concurrency", type=int, default=50, help="calls at once in the second part (50)"
