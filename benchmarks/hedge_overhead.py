@@ -217,19 +217,26 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
     """
     fns = arms.calls()
     times: dict[str, list[float]] = {a: [] for a in ARMS}
+    cpu: dict[str, list[float]] = {a: [] for a in ARMS}
     texts: set[str] = set()
     for k in range(warmup + rounds):
         order = ARMS[k % len(ARMS) :] + ARMS[: k % len(ARMS)]
         for arm in order:
+            c0 = time.process_time()
             t0 = time.perf_counter()
             text = await fns[arm]()
             dt = (time.perf_counter() - t0) * 1000.0
+            await settle(arms, pause_s)
+            # the process's CPU (every thread: the writer's commit too) for the call and
+            # what it left behind; the pause and flush are the same for every arm
+            dc = (time.process_time() - c0) * 1000.0
             texts.add(text)
             if k >= warmup:
                 times[arm].append(dt)
-            await settle(arms, pause_s)
+                cpu[f"{arm}"].append(dc)
     if len(texts) != 1:
         raise RuntimeError(f"the arms did not get the same answer: {texts}")
+    times.update({f"cpu:{a}": v for a, v in cpu.items()})
     return times
 
 
@@ -329,6 +336,22 @@ def describe(times: dict[str, list[float]]) -> dict[str, Any]:
         ("chain", "chain_nolog"),
         ("chain", "chain_inline"),
     )
+    # CPU time of this process per call (all threads; the lab is another process):
+    # chainrun's own work without the other processes' share of the 2 cores
+    out["cpu_ms"] = {
+        arm: {
+            "median_ms": c.r(statistics.median(times[f"cpu:{arm}"]), 3),
+            "added_median_ms": None
+            if arm == "bare"
+            else c.r(
+                statistics.median(
+                    [a - b for a, b in zip(times[f"cpu:{arm}"], times["cpu:bare"], strict=True)]
+                ),
+                3,
+            ),
+        }
+        for arm in ARMS
+    }
     out["layers_added_median_ms"] = {
         f"{upper} - {lower}": c.r(
             statistics.median([a - b for a, b in zip(times[upper], times[lower], strict=True)]), 3
