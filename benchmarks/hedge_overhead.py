@@ -312,7 +312,7 @@ def describe(times: dict[str, list[float]]) -> dict[str, Any]:
     bare = times["bare"]
     out: dict[str, Any] = {}
     for arm in ARMS:
-        ms = times[arm]
+        ms = times[arm]  # wall ms
         row: dict[str, Any] = {
             "n": len(ms),
             "median_ms": c.r(statistics.median(ms), 3),
@@ -338,20 +338,18 @@ def describe(times: dict[str, list[float]]) -> dict[str, Any]:
     )
     # CPU time of this process per call (all threads; the lab is another process):
     # chainrun's own work without the other processes' share of the 2 cores
-    out["cpu_ms"] = {
-        arm: {
-            "median_ms": c.r(statistics.median(times[f"cpu:{arm}"]), 3),
-            "added_median_ms": None
-            if arm == "bare"
-            else c.r(
-                statistics.median(
-                    [a - b for a, b in zip(times[f"cpu:{arm}"], times["cpu:bare"], strict=True)]
-                ),
-                3,
-            ),
+    out["cpu_ms"] = {}
+    for arm in ARMS:
+        ms = times[f"cpu:{arm}"]
+        row = {
+            "median_ms": c.r(statistics.median(ms), 3),
+            "p99_ms": c.r(stats.percentile(ms, 99), 3),
         }
-        for arm in ARMS
-    }
+        if arm != "bare":
+            diffs = [a - b for a, b in zip(ms, times["cpu:bare"], strict=True)]
+            row["added_median_ms"] = c.r(statistics.median(diffs), 3)
+            row["added_p99_ms"] = c.r(stats.percentile(diffs, 99), 3)
+        out["cpu_ms"][arm] = row
     out["layers_added_median_ms"] = {
         f"{upper} - {lower}": c.r(
             statistics.median([a - b for a, b in zip(times[upper], times[lower], strict=True)]), 3
