@@ -103,6 +103,12 @@ class TurnIds:
         Raises:
             Whatever the reservation raised (the log could not be written).
         """
+        pending = self._pending
+        if pending is not None and not pending.done():
+            if pending.get_loop() is not asyncio.get_running_loop():
+                # fetched ahead on an event loop that has ended (a store used by one
+                # asyncio.run after another): that block is reserved anyway, a gap at most
+                self._pending = None
         while self._next >= self._end:
             fut = self._pending or self._prefetch()
             try:

@@ -278,3 +278,37 @@ async def test_shadow_loser_update_lands_through_the_writer(file_store) -> None:
     assert calls[1].outcome == "shadow_finished"  # rewritten after the turn was logged
     step = next(s for s in file_store.steps(done.run_id) if s.step == "classify")
     assert step.time_saved_ms is not None and step.time_saved_ms > 0
+
+
+def test_a_store_outlives_the_event_loop_that_fetched_ids_ahead(tmp_path: Path) -> None:
+    """A reservation fetched ahead on one ``asyncio.run`` does not stall the next one."""
+    store = Store.open(tmp_path / "log.db")
+    run_id = store.create_run("live", "{}")
+
+    gate = threading.Event()
+
+    async def fill_half_a_block() -> None:
+        for _ in range(128):
+            await store.alog_turn(run_id, TurnLog(TurnRow(input="t", started_at="t")))
+        assert store.writer is not None
+        await store.writer.post(lambda db: gate.wait(10))  # the writer is busy
+        # past half of the first block: the next one is fetched, and not delivered
+        await store.alog_turn(run_id, TurnLog(TurnRow(input="t", started_at="t")))
+        pending = store._ids._pending
+        assert pending is not None and not pending.done()
+        threading.Timer(0.2, gate.set).start()
+
+    async def more() -> int:
+        ids = [
+            await store.alog_turn(run_id, TurnLog(TurnRow(input="t", started_at="t")))
+            for _ in range(200)
+        ]
+        await store.flush()
+        return len(set(ids))
+
+    try:
+        asyncio.run(fill_half_a_block())
+        assert asyncio.run(asyncio.wait_for(more(), 10)) == 200
+        assert len(store.turns(run_id)) == 329
+    finally:
+        store.close()
