@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -154,6 +155,7 @@ class LagSampler:
     def __init__(self, interval_s: float = 0.05) -> None:
         self.interval_s = interval_s
         self.samples: list[tuple[float, float]] = []  # (loop time s, lag ms)
+        self._times: list[float] = []  # the samples' loop times, for bisection
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LagSampler:
@@ -173,11 +175,17 @@ class LagSampler:
             await asyncio.sleep(self.interval_s)
             now = loop.time()
             self.samples.append((now, max(0.0, now - asked) * 1000.0))
+            self._times.append(now)
 
     def max_between(self, t0: float, t1: float) -> float:
-        """Largest lag (ms) of the samples taken in [t0, t1 + interval] (loop seconds)."""
-        hi = t1 + self.interval_s
-        return max((lag for t, lag in self.samples if t0 <= t <= hi), default=0.0)
+        """Largest lag (ms) of the samples taken in [t0, t1 + interval] (loop seconds).
+
+        Samples are in time order, so the window is found by bisection: a scan of every
+        sample per turn made the harness itself quadratic (thousands of turns times
+        thousands of samples, on the loop it measures)."""
+        lo = bisect.bisect_left(self._times, t0)
+        hi = bisect.bisect_right(self._times, t1 + self.interval_s)
+        return max((lag for _, lag in self.samples[lo:hi]), default=0.0)
 
     def summary(self) -> dict[str, Any]:
         lags = [lag for _, lag in self.samples]

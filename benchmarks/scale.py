@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import statistics
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import _common as c
@@ -38,9 +41,52 @@ import _common as c
 from chainrun import stats
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
+from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.replay import load_requests
 
 REPLAY = "replays/commerce-12.jsonl"
+
+# The paced run's defaults (why these values: the module docstring).
+PACED_LEVELS = "1,10,100,1000"
+PACED_TURNS_PER_SLOT = 3
+PACED_MIN_TURNS = 4
+PACED_RAMP_S = 30.0
+PACED_TTFT_MS = 3000.0
+PACED_SIGMA = 0.3
+PACED_TOKEN_MS = 40.0
+PACED_TOKENS = 24
+
+
+def process_cpu_s() -> float:
+    """CPU time (user + system, s) this process has used, all threads (the log writer too)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU time (user + system, s) of each live thread of this process, by kind: the
+    event loop's thread (``loop``), the log writer (``log_writer``), the catalogue
+    readers (``catalog_readers``) and any other (``other``), from
+    ``/proc/self/task/TID/stat`` (fields 14 and 15, clock ticks; proc(5)). Empty where
+    ``/proc`` is not available."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            text = open(f"/proc/self/task/{t.native_id}/stat", encoding="ascii").read()
+        except (OSError, TypeError):
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if t is threading.main_thread():
+            kind = "loop"
+        elif t.name.startswith("chainrun-log-writer"):
+            kind = "log_writer"
+        elif t.name.startswith("chainrun-catalog"):
+            kind = "catalog_readers"
+        else:
+            kind = "other"
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def peak_rss_mb() -> float:
@@ -48,10 +94,79 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+@dataclass
+class Turn:
+    """One turn as the driver saw it (times in loop s)."""
+
+    index: int
+    turn_id: int | None
+    status: str
+    started: float
+    ended: float
+
+
+async def drive(
+    chain: Any, messages: list[str], n_flight: int, ramp_s: float
+) -> tuple[list[Turn], float]:
+    """Run one turn per message with ``n_flight`` workers (a closed loop: a finished turn
+    starts the next). Worker i starts ``i / n_flight * ramp_s`` s late, so the turns of
+    a paced level do not all send their first call in the same millisecond (a burst no
+    chat backend sees; 0: all start at once). Returns the turns and the loop time the
+    last message was taken (until then exactly ``n_flight`` turns were in flight)."""
+    loop = asyncio.get_running_loop()
+    turns: list[Turn] = []
+    queue = iter(enumerate(messages))
+    last_start = loop.time()
+
+    async def worker(delay: float) -> None:
+        nonlocal last_start
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for index, message in queue:
+            last_start = t0 = loop.time()
+            finished = await chain.run_turn(message)
+            turns.append(Turn(index, finished.turn_id, finished.status, t0, loop.time()))
+
+    async with asyncio.TaskGroup() as tg:
+        for i in range(min(n_flight, len(messages))):
+            tg.create_task(worker(i / n_flight * ramp_s))
+    turns.sort(key=lambda t: t.index)
+    return turns, last_start
+
+
+def paired_added_ms(calls: list[Any], lab_records: list[dict[str, Any]]) -> list[float]:
+    """Per call, the client's ``duration_ms`` minus the lab's own time for the same request
+    (``finished_at - received_at``), paired by the response id the lab sent (its record
+    id, logged as ``calls.response_id``): what the client side adds to that call."""
+    lab_ms = {
+        r["id"]: (r["finished_at"] - r["received_at"]) * 1000.0
+        for r in lab_records
+        if r["finished_at"] is not None and r["completed"]
+    }
+    return [
+        x.duration_ms - lab_ms[x.response_id]
+        for x in calls
+        if x.duration_ms is not None and x.response_id in lab_ms
+    ]
+
+
 async def level(
-    lab: LabServer, store: Any, n_flight: int, n_turns: int, messages: list[str], embedding: str
+    lab: LabServer,
+    store: Any,
+    n_flight: int,
+    n_turns: int,
+    messages: list[str],
+    embedding: str,
+    *,
+    ramp_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Run ``n_turns`` turns with ``n_flight`` in flight; the level's figures."""
+    """Run ``n_turns`` turns with ``n_flight`` in flight; the level's figures.
+
+    With ``ramp_s`` > 0 (the paced run) the workers' starts are spread over the ramp and
+    the throughput and loop-lag figures are taken over the steady window: from the end
+    of the ramp to the start of the last turn, while exactly ``n_flight`` turns were in
+    flight; without a ramp, over the whole level (the saturating run, as before).
+    """
     config = config_from_dict(
         {
             "providers": {"local": {"base_url": lab.base_url, "max_connections": 4 * n_flight}},
@@ -60,56 +175,95 @@ async def level(
         source="benchmark",
     )
     msgs = [f"{messages[i % len(messages)]} [{i}]" for i in range(n_turns)]
+    loop = asyncio.get_running_loop()
     async with c.open_chain(config, store, f"scale-{n_flight}") as chain:
         warm = await chain.run_turn("warm-up")  # first-use work stays out of the level
         lab.reset()
         async with c.LagSampler(interval_s=0.01) as lag:
-            t0 = time.perf_counter()
-            results = await c.drive_turns(chain, msgs, concurrency=n_flight, lag=lag)
+            t0, lt0 = time.perf_counter(), loop.time()
+            cpu0, lab_cpu0, threads0 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
+            results, last_start = await drive(chain, msgs, n_flight, ramp_s)
+            cpu1, lab_cpu1, threads1 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
             wall = time.perf_counter() - t0
         run_id = chain.run_id
     assert run_id is not None
     turns = [t for t in store.turns(run_id) if t.id != warm.turn_id]
     steps = [x for x in store.steps(run_id) if x.turn_id != warm.turn_id]
     calls = [x for x in store.calls(run_id) if x.turn_id != warm.turn_id]
+    records = lab.requests()
     lab_ms = [
         (r["finished_at"] - r["received_at"]) * 1000.0
-        for r in lab.requests()
+        for r in records
         if r["finished_at"] is not None
     ]
     client_ms = [x.duration_ms for x in calls if x.duration_ms is not None]
-    lags = [ms for _, ms in lag.samples]
+    added = paired_added_ms(calls, records)
+    if ramp_s > 0:  # the steady window: exactly n_flight turns in flight
+        w0, w1 = lt0 + ramp_s, last_start
+        window_s = max(0.0, w1 - w0)
+        done_in_window = sum(1 for t in results if w0 <= t.ended <= w1)
+        lags = [ms for t, ms in lag.samples if w0 <= t <= w1]
+        rate = done_in_window / window_s if window_s > 0 else None
+    else:
+        window_s, lags, rate = wall, [ms for _, ms in lag.samples], n_turns / wall
     lag_ci = stats.quantile_ci(lags, 99)
     ids = [t.turn_id for t in results]
     once = len(set(ids)) == len(ids) == len(turns) and sorted(t.input for t in turns) == sorted(
         msgs
     )
+    durations = [(t.ended - t.started) * 1000.0 for t in results]
     return {
         "concurrency": n_flight,
         "turns": n_turns,
         "wall_s": round(wall, 3),
-        "turns_per_s": c.r(n_turns / wall, 2),
-        "loop_lag_p99_ms": c.r(stats.percentile(lags, 99), 2),
+        "ramp_s": ramp_s,
+        "window_s": round(window_s, 3),
+        "turns_per_s": c.r(rate, 2),
+        "loop_lag_p99_ms": c.r(stats.percentile(lags, 99), 2) if lags else None,
         "loop_lag_p99_ci": [c.r(lag_ci[0], 2), c.r(lag_ci[1], 2)] if lag_ci else None,
         "loop_lag_n": len(lags),
+        "loop_lag_p50_ms": c.r(stats.percentile(lags, 50), 2) if lags else None,
+        "loop_lag_max_ms": c.r(max(lags), 2) if lags else None,
         "peak_rss_mb": c.r(peak_rss_mb(), 1),
         "log_rows_per_s": c.r((len(turns) + len(steps) + len(calls)) / wall, 1),
         "turns_logged": len(turns),
         "turns_logged_once": once,
         "statuses": {s: sum(1 for t in turns if t.status == s) for s in {t.status for t in turns}},
-        "turn_p50_ms": c.r(statistics.median(r.duration_ms for r in results), 1),
+        "turn_p50_ms": c.r(statistics.median(durations), 1),
         "calls": len(calls),
+        "client_cpu_ms_per_turn": c.r((cpu1 - cpu0) * 1000.0 / n_turns, 2),
+        "client_cpu_ms_per_turn_by_thread": {
+            k: c.r((v - threads0.get(k, 0.0)) * 1000.0 / n_turns, 2) for k, v in threads1.items()
+        },
+        "lab_cpu_ms_per_turn": c.r((lab_cpu1 - lab_cpu0) * 1000.0 / n_turns, 2)
+        if lab_cpu0 is not None and lab_cpu1 is not None
+        else None,
+        "client_cpu_share": c.r((cpu1 - cpu0) / wall, 3),
         "client_call_p50_ms": c.r(statistics.median(client_ms), 2) if client_ms else None,
         "lab_request_p50_ms": c.r(statistics.median(lab_ms), 2) if lab_ms else None,
-        "added_ms_per_call": c.r(statistics.median(client_ms) - statistics.median(lab_ms), 2)
-        if client_ms and lab_ms
-        else None,
+        "added_ms_per_call": c.r(statistics.median(added), 2) if added else None,
+        "added_ms_per_call_p99": c.r(stats.percentile(added, 99), 2) if added else None,
+        "added_ms_per_call_n": len(added),
     }
 
 
+def paced_scenario(args: argparse.Namespace) -> Scenario:
+    """The paced run's lab scenario (see ``--paced-*`` and the module docstring)."""
+    return Scenario(
+        name="llm-paced",
+        latency=Lognormal(median_ms=args.paced_ttft_ms, sigma=args.paced_sigma),
+        per_token_ms=args.paced_token_ms,
+        n_tokens=args.paced_tokens,
+    )
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    runs = [x.strip() for x in args.runs.split(",") if x.strip()]
     levels = [int(x) for x in args.levels.split(",")]
+    paced_levels = [int(x) for x in args.paced_levels.split(",")]
+    scenario = paced_scenario(args)
     params = {
+        "runs": runs,
         "levels": levels,
         "min_turns": args.min_turns,
         "scenario": "lognormal",
@@ -118,44 +272,123 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "chain": "default (classify, retrieve, compose, validate, critique) on the lab",
         "loop_lag_timer_ms": 10,
         "embedding": args.embedding,
+        "paced": {
+            "levels": paced_levels,
+            "turns_per_slot": args.paced_turns_per_slot,
+            "min_turns": args.paced_min_turns,
+            "ramp_s": args.paced_ramp_s,
+            "scenario": scenario.model_dump(mode="json"),
+        },
     }
     doc = c.new_document("scale", sys.argv[1:], params)
     messages = [r.message for r in load_requests(REPLAY)]
-    out: dict[str, Any] = {}
-    with (
-        LabServer("lognormal", median_ms=args.median_ms, n_tokens=args.tokens) as lab,
-        c.temp_store() as store,
-    ):
-        for n in levels:
-            out[str(n)] = await level(
-                lab, store, n, max(n, args.min_turns), messages, args.embedding
-            )
-    doc["results"] = out
+    if "saturating" in runs:
+        out: dict[str, Any] = {}
+        with (
+            LabServer("lognormal", median_ms=args.median_ms, n_tokens=args.tokens) as lab,
+            c.temp_store() as store,
+        ):
+            for n in levels:
+                out[str(n)] = await level(
+                    lab, store, n, max(n, args.min_turns), messages, args.embedding
+                )
+        doc["results"] = out
+    if "paced" in runs:
+        paced: dict[str, Any] = {}
+        with LabServer(scenario) as lab, c.temp_store() as store:
+            for n in paced_levels:
+                n_turns = max(n * args.paced_turns_per_slot, args.paced_min_turns)
+                ramp = args.paced_ramp_s if n > 1 else 0.0
+                paced[str(n)] = await level(
+                    lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp
+                )
+        doc["results_paced"] = paced
     return doc
 
 
 def summary(doc: dict[str, Any]) -> str:
-    lines = [
-        "",
-        f"{'in flight':>9} {'turns':>6} {'turns/s':>8} {'lag p99':>8} {'RSS MB':>7} "
-        f"{'rows/s':>8} {'added/call':>10} {'logged':>7}",
-    ]
-    for row in doc["results"].values():
-        lines.append(
-            f"{row['concurrency']:>9} {row['turns']:>6} {row['turns_per_s']:>8.1f} "
-            f"{row['loop_lag_p99_ms']:>8.1f} {row['peak_rss_mb']:>7.1f} "
-            f"{row['log_rows_per_s']:>8.0f} {c.fmt(row['added_ms_per_call'], '.2f'):>10} "
-            f"{row['turns_logged']:>7}"
-        )
+    lines: list[str] = []
+    for key, title in (("results", "saturating run"), ("results_paced", "paced run")):
+        if key not in doc:
+            continue
+        lines += [
+            "",
+            title,
+            f"{'in flight':>9} {'turns':>6} {'turns/s':>8} {'lag p99':>8} {'RSS MB':>7} "
+            f"{'rows/s':>8} {'added/call':>10} {'logged':>7} {'cpu/turn':>8} {'lab/turn':>8}",
+        ]
+        for row in doc[key].values():
+            lines.append(
+                f"{row['concurrency']:>9} {row['turns']:>6} {c.fmt(row['turns_per_s'], '.1f'):>8} "
+                f"{c.fmt(row['loop_lag_p99_ms'], '.1f'):>8} {row['peak_rss_mb']:>7.1f} "
+                f"{row['log_rows_per_s']:>8.0f} {c.fmt(row['added_ms_per_call'], '.2f'):>10} "
+                f"{row['turns_logged']:>7} {c.fmt(row['client_cpu_ms_per_turn'], '.1f'):>8} "
+                f"{c.fmt(row['lab_cpu_ms_per_turn'], '.1f'):>8}"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--levels", default="10,100,1000", help="turns in flight (10,100,1000)")
-    parser.add_argument("--min-turns", type=int, default=100, help="turns per level at least")
-    parser.add_argument("--median-ms", type=float, default=100.0, help="lab median TTFT (100)")
-    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (16)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="The JSON document holds the saturating run's levels under 'results' and the "
+        "paced run's under 'results_paced', each keyed by the number in flight with the "
+        "same fields (turns_per_s, loop_lag_p99_ms, peak_rss_mb, added_ms_per_call, "
+        "turns_logged, ...).",
+    )
+    parser.add_argument(
+        "--runs",
+        default="saturating,paced",
+        help="which runs: saturating (the lognormal lab, median --median-ms: the throughput "
+        "ceiling), paced (the llm-paced lab scenario below: scaling with turns in flight "
+        "under the ceiling) or both (default)",
+    )
+    parser.add_argument(
+        "--levels", default="10,100,1000", help="saturating run: turns in flight (10,100,1000)"
+    )
+    parser.add_argument(
+        "--min-turns", type=int, default=100, help="saturating run: turns per level at least (100)"
+    )
+    parser.add_argument(
+        "--median-ms", type=float, default=100.0, help="saturating run: lab median TTFT (100)"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=16, help="saturating run: tokens per answer (16)"
+    )
+    parser.add_argument(
+        "--paced-levels", default=PACED_LEVELS, help=f"paced run: turns in flight ({PACED_LEVELS})"
+    )
+    parser.add_argument(
+        "--paced-turns-per-slot", type=int, default=PACED_TURNS_PER_SLOT,
+        help=f"paced run: turns per level = in flight x this ({PACED_TURNS_PER_SLOT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-min-turns", type=int, default=PACED_MIN_TURNS,
+        help=f"paced run: turns per level at least ({PACED_MIN_TURNS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-ramp-s", type=float, default=PACED_RAMP_S,
+        help=f"paced run: the workers' starts are spread over this many s; figures are taken "
+        f"after it ({PACED_RAMP_S:g}; none at 1 in flight)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-ttft-ms", type=float, default=PACED_TTFT_MS,
+        help=f"paced run: the lab's median TTFT in ms, log-normal ({PACED_TTFT_MS:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-sigma", type=float, default=PACED_SIGMA,
+        help=f"paced run: the TTFT's log-normal sigma ({PACED_SIGMA:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-token-ms", type=float, default=PACED_TOKEN_MS,
+        help=f"paced run: time between tokens in ms ({PACED_TOKEN_MS:g}, i.e. "
+        f"{1000 / PACED_TOKEN_MS:g} tokens/s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paced-tokens", type=int, default=PACED_TOKENS,
+        help=f"paced run: tokens per answer, capped by each step's max_output_tokens "
+        f"({PACED_TOKENS})",
+    )  # fmt: skip
     parser.add_argument(
         "--embedding",
         default="hash",

@@ -125,7 +125,8 @@ def test_guard_advise(tmp_path: Path) -> None:
 
 
 def test_scale(tmp_path: Path) -> None:
-    res = run_benchmark("scale", tmp_path, "--levels", "1,3", "--min-turns", "3")
+    res = run_benchmark("scale", tmp_path, "--levels", "1,3", "--min-turns", "3", "--runs",
+                        "saturating")  # fmt: skip
     assert set(res) == {"1", "3"}
     for key, row in res.items():
         assert row["concurrency"] == int(key) and row["turns"] == 3
@@ -134,6 +135,33 @@ def test_scale(tmp_path: Path) -> None:
         assert row["calls"] == 12  # four model steps a turn
         assert row["turns_per_s"] > 0 and row["peak_rss_mb"] > 0
         assert row["loop_lag_p99_ms"] >= 0 and isinstance(row["added_ms_per_call"], float)
+        # every call paired with the lab's record of it (by response id)
+        assert row["added_ms_per_call_n"] == 12
+        assert row["client_cpu_ms_per_turn"] > 0 and row["lab_cpu_ms_per_turn"] > 0
+
+
+def test_scale_paced(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/scale.py", "--runs", "paced", "--paced-levels", "1,4",
+         "--paced-turns-per-slot", "2", "--paced-min-turns", "2", "--paced-ramp-s", "0.3",
+         "--paced-ttft-ms", "150", "--paced-token-ms", "5", "--paced-tokens", "6",
+         "--json", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["results"] == {}  # the saturating run was not asked for
+    assert doc["parameters"]["paced"]["scenario"]["latency"]["median_ms"] == 150
+    paced = doc["results_paced"]
+    assert set(paced) == {"1", "4"}
+    for key, row in paced.items():
+        n = int(key)
+        assert row["concurrency"] == n and row["turns"] == 2 * n
+        assert row["turns_logged"] == 2 * n and row["turns_logged_once"] is True
+        assert row["added_ms_per_call_n"] == row["calls"] == 8 * n
+        assert row["peak_rss_mb"] > 0 and row["loop_lag_n"] >= 0
+    assert paced["1"]["ramp_s"] == 0.0 and paced["4"]["ramp_s"] == 0.3
 
 
 def test_vs_litellm_without_litellm(tmp_path: Path) -> None:

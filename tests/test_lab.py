@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -101,6 +102,35 @@ async def test_stream_role_frame_content_finish_and_usage(fast_lab: LabServer) -
     assert rec["planned_tokens"] == rec["tokens_sent"] == 5
     assert rec["completed"] and not rec["disconnected"]
     assert rec["status_code"] == 200 and rec["finish_reason"] == "length"
+
+
+async def test_stream_frames_headers_and_cpu_reading(fast_lab: LabServer) -> None:
+    # the lab's own SSE response: sse-starlette's headers, one JSON object per data line
+    # with the same separators for the precomposed content frames as for the others
+    import httpx
+
+    before = fast_lab.cpu_s()
+    assert before is not None and before > 0 and fast_lab.pid > 0
+    body = {"model": "m", "messages": [{"role": "user", "content": 'say "hi"'}],
+            "stream": True, "max_completion_tokens": 4}  # fmt: skip
+    async with (
+        httpx.AsyncClient(trust_env=False) as http,
+        http.stream("POST", f"{fast_lab.base_url}/chat/completions", json=body) as r,
+    ):
+        assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert r.headers["cache-control"] == "no-store" and r.headers["x-lab-request-id"]
+        raw = b"".join([chunk async for chunk in r.aiter_bytes()]).decode()
+    frames = [f for f in raw.split("\n\n") if f]
+    assert frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f.removeprefix("data: ")) for f in frames[:-1]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == [None, *(
+        c["choices"][0]["delta"]["content"] for c in chunks[1:])]  # fmt: skip
+    for f, c in zip(frames[:-1], chunks, strict=True):
+        # byte-identical to encoding each choice with json.dumps' default separators
+        assert f"[{json.dumps(c['choices'][0])}]" in f
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    after = fast_lab.cpu_s()
+    assert after is not None and after >= before
 
 
 async def test_stream_without_include_usage_has_no_usage_chunk(fast_lab: LabServer) -> None:

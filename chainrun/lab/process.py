@@ -166,6 +166,31 @@ class LabServer:
         """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
         return f"{self.url}/v1"
 
+    @property
+    def pid(self) -> int:
+        """The lab subprocess's process id.
+
+        Raises:
+            RuntimeError: the lab is not running.
+        """
+        if self._proc is None:
+            raise RuntimeError("LabServer is not running: use it as a context manager or start()")
+        return self._proc.pid
+
+    def cpu_s(self) -> float | None:
+        """CPU time (user + system, in s) the lab process has used so far, from
+        ``/proc/PID/stat`` (fields 14 and 15, in clock ticks; proc(5)); None where
+        ``/proc`` is not available. The difference of two readings is the lab's CPU
+        over that interval (benchmarks report it per turn: the lab shares the cores).
+        """
+        try:
+            text = Path(f"/proc/{self.pid}/stat").read_text(encoding="ascii")
+        except OSError:
+            return None
+        # the command name (field 2) is in parentheses and may hold spaces
+        fields = text[text.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def requests(self) -> list[dict[str, Any]]:
         """The per-request records (fields of :class:`~chainrun.lab.server.RequestRecord`)."""
         data = self._get("/admin/requests")

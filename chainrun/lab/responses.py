@@ -36,10 +36,9 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -52,6 +51,7 @@ from chainrun.lab.server import (
     _sleep_unless_disconnected,
     _words,
 )
+from chainrun.lab.sse import SSEBytesResponse
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -174,7 +174,7 @@ async def responses(request: Request) -> Response:
         return JSONResponse(_final(rec, model, plan.finish_reason, usage, output))
     rec.status_code = 200
     events = _events(lab, rec, plan, model, words, usage, n_reason, n_summary, arrived)
-    return EventSourceResponse(events, ping=0, sep="\n", headers={"x-lab-request-id": rec.id})
+    return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
 
 
 def _message_item(rec: RequestRecord, text: str | None, status: str) -> dict[str, Any]:
@@ -217,7 +217,7 @@ async def _events(
     n_reason: int,
     n_summary: int,
     start: float,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The SSE body, each event sent at its planned time (absolute schedule, as chat)."""
     loop = asyncio.get_running_loop()
     seq = 0

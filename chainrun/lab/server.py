@@ -21,7 +21,8 @@ says so, as llama.cpp does), then the planned TTFT, then one token every
 non-streamed answer is sent after TTFT + tokens x token interval.
 
 Client disconnects are detected from the ASGI ``http.disconnect`` message (which
-sse-starlette turns into a cancellation of the token generator), so a record shows
+:class:`~chainrun.lab.sse.SSEBytesResponse` turns into a cancellation of the token
+generator), so a record shows
 when a hedging loser closed its stream and that generation stopped there.
 """
 
@@ -38,14 +39,13 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -54,6 +54,7 @@ from starlette.types import Receive
 
 from chainrun.errors import UserInputError
 from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key, load_scenario
+from chainrun.lab.sse import SSEBytesResponse
 from chainrun.netlisten import listening_socket
 
 MODEL_ID = "chainrun-lab"
@@ -251,7 +252,7 @@ async def _chat_completions(request: Request, *, deployment: str | None = None) 
         usage if include_usage else None,
         arrived,
     )
-    return EventSourceResponse(events, ping=0, sep="\n", headers={"x-lab-request-id": rec.id})
+    return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
 
 
 async def _complete(
@@ -307,7 +308,7 @@ async def _stream_events(
     words: list[str],
     usage: dict[str, Any] | None,
     start: float,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The SSE body: role frame, TTFT, tokens on an absolute schedule, usage, [DONE].
 
     Tokens due at the same moment (the loop fell behind, or a zero interval) are
@@ -336,6 +337,14 @@ async def _stream_events(
         )
         return f"data: {head}{tail}\n\n".encode()
 
+    # the common frame (a content-only delta, no finish, no usage) from two constant
+    # halves around the word: the same bytes as chunk({"content": word}), without
+    # encoding the frame's constant parts again for every token
+    before, after = chunk({"content": ""}).rsplit(b'""', 1)
+
+    def content_chunk(word: str) -> bytes:
+        return before + json.dumps(word).encode() + after
+
     try:
         if role_only:
             yield chunk({"role": "assistant", "content": None})
@@ -362,13 +371,18 @@ async def _stream_events(
                 j = min(j, plan.pause_after)  # never batch tokens across the pause
             parts = []
             for t in range(i, j):
-                delta: dict[str, Any] = {"content": words[t]}
-                if t == 0 and not role_only:
-                    delta = {"role": "assistant", "content": words[t]}
                 last = plan.cut_after is None and err is None and t == plan.tokens - 1
-                parts.append(
-                    chunk(delta, plan.finish_reason if last else None, on_finish if last else None)
-                )
+                if last or (t == 0 and not role_only):
+                    delta: dict[str, Any] = {"content": words[t]}
+                    if t == 0 and not role_only:
+                        delta = {"role": "assistant", "content": words[t]}
+                    parts.append(
+                        chunk(
+                            delta, plan.finish_reason if last else None, on_finish if last else None
+                        )
+                    )
+                else:
+                    parts.append(content_chunk(words[t]))
                 if t == 0 and plan.fault == "malformed_sse":
                     parts.append(b"data: {not json\n\n")
             if rec.first_token_at is None:
@@ -404,7 +418,7 @@ async def _stream_events(
         rec.completed = True
         rec.finished_at = lab.now()
     except (asyncio.CancelledError, GeneratorExit):
-        # sse-starlette cancels (or closes) this generator when the client disconnects
+        # SSEBytesResponse cancels (or closes) this generator when the client disconnects
         rec.disconnected = True
         rec.disconnected_at = rec.finished_at = lab.now()
         raise
@@ -484,6 +498,14 @@ def _check_loopback(host: str) -> None:
         raise UserInputError(f"the lab serves on loopback only (127.0.0.1, ::1); got host {host!r}")
 
 
+def _has_httptools() -> bool:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _raise_open_files_limit() -> None:
     # each stream holds a socket; the default soft limit can be 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -526,6 +548,8 @@ def serve(
         log_level="warning",
         access_log=False,
         lifespan="off",
+        # httptools (a dependency) parses HTTP in C; h11 is uvicorn's pure-Python fallback
+        http="httptools" if _has_httptools() else "h11",
         # no limit_concurrency: hundreds of concurrent streams are the point
         timeout_keep_alive=30,
         timeout_graceful_shutdown=1,  # a lab being stopped need not drain its streams
