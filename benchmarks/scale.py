@@ -1,26 +1,53 @@
-"""The default chain (four model steps and retrieve) against the lab at 10, 100 and 1,000
-concurrent turns in one process.
+"""The default chain (four model steps and retrieve) against the lab at 1 to 1,000
+concurrent turns in one process: a saturating run and a paced run.
 
-One lab server (``lognormal`` scenario, median ``--median-ms``) in its own process
-serves every model call; the chain logs to a temporary SQLite file through the store's
-writer thread. The retrieve step embeds with ``--embedding`` (``hash`` by default, so the
-figures are chainrun's and not the MiniLM model's CPU). For each concurrency level N
-(ascending), ``max(N, --min-turns)`` turns run with N in flight (a closed loop: a
-finished turn starts the next), messages cycled from the commerce replay set. The
-chain is opened (catalogue indexed) and warmed by one turn (not counted) before the
-level's clock, lag sampler and the lab's request log start.
+Each run starts its own lab server in its own process (sharing the machine's cores with
+this one) and logs to a temporary SQLite file through the store's writer thread. The
+retrieve step embeds with ``--embedding`` (``hash`` by default, so the figures are
+chainrun's and not the MiniLM model's CPU). For each concurrency level N (ascending),
+turns run with N in flight (a closed loop: a finished turn starts the next), messages
+cycled from the commerce replay set. The chain is opened (catalogue indexed) and warmed
+by one turn (not counted) before the level's clock, lag sampler and the lab's request
+log start.
 
-Per level: ``turns_per_s`` (completed turns / wall s), ``loop_lag_p99_ms`` (how late a
-10 ms timer wakes up, p99 over the level; with n and a 95% interval), ``peak_rss_mb``
-(the process's peak resident set so far: ``ru_maxrss``; levels run ascending so it is
-the peak up to this level), ``log_rows_per_s`` (turn + step + call rows written / wall s),
-``turns_logged`` (turns of the level's run in the log; every turn must be there once:
-``turns_logged_once`` checks ids and inputs), ``added_ms_per_call`` (the median of the
-client's call ``duration_ms`` minus the median of the lab's own request time
-``finished_at - received_at`` from its request log: what the client side (the
-``openai`` client, chainrun, loopback and the shared loop's queueing) adds to a call).
+**Saturating run** (``results``): the ``lognormal`` lab, median ``--median-ms`` (100 ms)
+and 16 tokens 2 ms apart: ``max(N, --min-turns)`` turns per level, all workers started
+at once. At 100 and more in flight it offers far more turns per second than two shared
+cores can serve, so it gives the throughput ceiling (turns/s at most, CPU per turn);
+its loop lag then measures saturation, not scaling.
 
-Run: ``python benchmarks/scale.py [--levels 10,100,1000] [--json]``.
+**Paced run** (``results_paced``): the ``llm-paced`` lab scenario, latencies of
+reasoning-model steps: TTFT log-normal with median ``--paced-ttft-ms`` (15 s, sigma
+0.25: p99 about 27 s, inside the default steps' 30 s deadlines), then
+``--paced-tokens`` (24) tokens ``--paced-token-ms`` (40 ms, 25 tokens/s) apart. Why
+this and not a TTFT of a few hundred ms: by Little's law 1,000 turns in flight of D s
+each complete 1,000 / D turns/s, and at about 25 ms of client CPU per turn (the
+saturating run) one process's loop is saturated at 40 turns/s; staying well under it
+(about half) needs D of 50 s or more. With a TTFT of a few hundred ms and tens of
+tokens/s a turn of the default chain takes 3 to 10 s (100 to 300 turns/s at 1,000 in
+flight), and 1,000 streams at tens of tokens/s are tens of thousands of SSE chunks per
+second, each parsed by the ``openai`` client (about 0.1 ms each): several cores, in any
+Python process. A step that spends seconds before its first visible token is what a
+reasoning model does. ``max(N * --paced-turns-per-slot, --paced-min-turns)`` turns per
+level; at N > 1 the workers' starts are spread over ``--paced-ramp-s`` (45 s, about
+one turn), and ``turns_per_s`` and the loop lag are taken over the steady window (from
+the end of the ramp to the start of the last turn: exactly N turns in flight).
+
+Per level (both runs): ``turns_per_s``, ``loop_lag_p99_ms`` (how late a 10 ms timer
+wakes up, p99; with n, a 95% interval, p50 and max), ``peak_rss_mb`` (the process's
+peak resident set so far: ``ru_maxrss``; levels run ascending so it is the peak up to
+this level), ``log_rows_per_s`` (turn + step + call rows written / wall s),
+``turns_logged`` (turns of the level in the log; every turn must be there once:
+``turns_logged_once`` checks ids and inputs), ``added_ms_per_call`` (median over calls
+of the client's call ``duration_ms`` minus the lab's own time for that same request,
+``finished_at - received_at``, paired by the response id the lab sent: what the client
+side (the ``openai`` client, chainrun, loopback and the shared loop's queueing) adds to
+a call; with its p99 and n), ``client_cpu_ms_per_turn`` (this process's CPU over the
+level per turn, and by thread: the loop, the log writer, the catalogue readers) and
+``lab_cpu_ms_per_turn`` (the lab process's, from ``/proc``).
+
+Run: ``python benchmarks/scale.py [--runs saturating,paced] [--levels 10,100,1000]
+[--paced-levels 1,10,100,1000] [--json]``.
 """
 
 from __future__ import annotations
@@ -48,11 +75,11 @@ REPLAY = "replays/commerce-12.jsonl"
 
 # The paced run's defaults (why these values: the module docstring).
 PACED_LEVELS = "1,10,100,1000"
-PACED_TURNS_PER_SLOT = 3
-PACED_MIN_TURNS = 4
-PACED_RAMP_S = 30.0
-PACED_TTFT_MS = 3000.0
-PACED_SIGMA = 0.3
+PACED_TURNS_PER_SLOT = 2
+PACED_MIN_TURNS = 3
+PACED_RAMP_S = 45.0
+PACED_TTFT_MS = 15000.0
+PACED_SIGMA = 0.25
 PACED_TOKEN_MS = 40.0
 PACED_TOKENS = 24
 
