@@ -96,7 +96,8 @@ class RetrievalSettings(_Strict):
     #: "auto": sqlite-vec when it loads, else numpy. All exact.
     vector_backend: Literal["auto", "numpy", "sqlite-vec", "vec0"] = "auto"
     #: vec0: candidates per result fetched in the first round when a size filter is
-    #: applied after the KNN (grown 8x per round while short, up to 4,096)
+    #: applied after the KNN (if too few pass: the exact scan over the products that
+    #: pass, or one round sized by the share that passed; chainrun.retrieval.vec0)
     vector_oversample: int = Field(default=4, ge=1, le=512)
     #: recommend sold-out products too
     include_out_of_stock: bool = False

@@ -18,9 +18,10 @@ filters go:
   its own): it is applied after the KNN, so the KNN is **oversampled**: ``k × factor``
   candidates. When fewer than k of them pass, the products passing the filter are
   counted (up to :data:`SCAN_BELOW`): if fewer pass than that, the exact scan over just
-  those answers (a few thousand distances at most); else the candidates grow 8× per
-  round up to sqlite-vec's limit of 4,096 per query (:data:`VEC0_MAX_K`), and if that
-  is still short, the exact filtered scan answers.
+  those answers (a few thousand distances at most). Else one more KNN round fetches as
+  many candidates as the share that passed says k needs (×1.5), if that is at most
+  :data:`MAX_GROWN_K` (a vec0 KNN slows down with k); if it is more, or the second
+  round is short too, the exact filtered scan answers.
 
 Every candidate is checked against ``Filters.sql`` on ``products`` before it is returned
 (so a vec0 row not yet synced after a catalogue load is never recommended against the
@@ -57,7 +58,15 @@ from chainrun.dbtx import write_transaction
 from chainrun.retrieval.base import Hit
 from chainrun.retrieval.filters import Filters
 
-__all__ = ["CHUNK_SIZE", "SCAN_BELOW", "VEC0_MAX_K", "Vec0Index", "scan_nearest", "table_name"]
+__all__ = [
+    "CHUNK_SIZE",
+    "MAX_GROWN_K",
+    "SCAN_BELOW",
+    "VEC0_MAX_K",
+    "Vec0Index",
+    "scan_nearest",
+    "table_name",
+]
 
 #: sqlite-vec's largest ``k`` per KNN query (0.1.9: "k value in knn query too large,
 #: provided 5000 and the limit is 4096")
@@ -70,8 +79,10 @@ SCAN_BELOW = 4096
 #: default 1,024 would reserve 1.5 MB per category of 384-dimension vectors even for the
 #: 285-product sample; 128 queried as fast at 100,000 products (measured 2026-11-30)
 CHUNK_SIZE = 128
-#: growth of the candidate count per round while too few candidates pass a size filter
-GROWTH = 8
+#: the most candidates per partition a second KNN round may fetch; beyond it the exact
+#: filtered scan answers instead (a vec0 KNN costs more the larger k:
+#: see benchmarks/README.md, "Retrieval at scale")
+MAX_GROWN_K = 512
 #: ids per ``IN (...)`` list (SQLite's default limit on parameters is far higher; this
 #: keeps each statement small)
 _BATCH = 500
@@ -97,8 +108,7 @@ class Vec0Index:
     Args:
         model: the embedder's model id (rows of ``product_embeddings`` with this model).
         oversample: candidates per result in the first round when a size filter is
-            applied after the KNN (``k × oversample``; then 8× per round, at most
-            :data:`VEC0_MAX_K`).
+            applied after the KNN (``k × oversample``, at most :data:`VEC0_MAX_K`).
 
     Every method takes the connection to use, with sqlite-vec loaded: writes on the
     index's own connection, queries on a worker thread's (``CatalogReader``).
@@ -217,25 +227,27 @@ class Vec0Index:
         if k < 1:
             return []
         q = np.asarray(vector, dtype="<f4").tobytes()
-        fetch = k * self.oversample if f.sizes else k
-        counted = False
-        while True:
-            fetch = min(fetch, VEC0_MAX_K)
+        fetch = min(k * self.oversample if f.sizes else k, VEC0_MAX_K)
+        for second in (False, True):
             self.stats["rounds"] += 1
             candidates, frontier = self._candidates(db, q, fetch, f)
             passing = self._passing(db, [c.id for c in candidates], f)
             sure = [c for c in candidates if c.id in passing and c.distance <= frontier]
             if len(sure) >= k or math.isinf(frontier):
                 return [Hit(c.id, 1.0 - c.distance * c.distance / 2.0, "vector") for c in sure[:k]]
-            if not counted:
-                counted = True
-                if _count_passing(db, f, SCAN_BELOW) < SCAN_BELOW:
-                    self.stats["exact_scans"] += 1  # few pass: scan just those
-                    return scan_nearest(db, self.model, q, k, f)
-            if fetch >= VEC0_MAX_K:
-                self.stats["exact_fallbacks"] += 1
+            if second:
+                break
+            if _count_passing(db, f, SCAN_BELOW) < SCAN_BELOW:
+                self.stats["exact_scans"] += 1  # few pass: scan just those
                 return scan_nearest(db, self.model, q, k, f)
-            fetch *= GROWTH
+            # many pass, few of them near: fetch what the share that passed says k needs
+            n_pass = sum(c.id in passing for c in candidates)
+            need = math.inf if n_pass == 0 else math.ceil(1.5 * k * len(candidates) / n_pass)
+            if need > min(MAX_GROWN_K, VEC0_MAX_K):
+                break
+            fetch = int(need)
+        self.stats["exact_fallbacks"] += 1
+        return scan_nearest(db, self.model, q, k, f)
 
     def _candidates(
         self, db: sqlite_utils.Database, q: bytes, fetch: int, f: Filters
