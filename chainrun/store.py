@@ -266,9 +266,22 @@ class Store:
         return row[0] if row else None
 
     def list_runs(self, limit: int = 50) -> list[RunRow]:
-        """The newest ``limit`` runs, newest first."""
-        rows = self.db.table("runs").rows_where(order_by="id desc", limit=limit)
-        return [RunRow.from_db(r) for r in rows]
+        """The newest ``limit`` runs, newest first.
+
+        ``n_turns`` of a run still running (a live ``chainrun serve`` run, a replay in
+        progress) is the count of its turns logged so far; an ended run's is the count
+        stored when it ended.
+        """
+        rows = [
+            RunRow.from_db(r)
+            for r in self.db.table("runs").rows_where(order_by="id desc", limit=limit)
+        ]
+        for row in rows:
+            if row.status == "running":
+                row.n_turns = self.db.execute(
+                    "select count(*) from turns where run_id = ?", [row.id]
+                ).fetchone()[0]
+        return rows
 
     # -- turns, steps, calls -------------------------------------------------------------
     def log_turn(self, run_id: int, log: TurnLog) -> int:

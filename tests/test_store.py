@@ -141,3 +141,14 @@ def test_answer_timings_migrate_as_null_for_old_turns(tmp_path: Path) -> None:
     with Store.open(path) as s:
         (turn,) = s.turns(1)
     assert turn.duration_ms == 9.0 and turn.answer_ttft_ms is None and turn.answer_done_ms is None
+
+
+def test_runs_lists_the_turns_of_a_run_still_running() -> None:
+    """A live ``chainrun serve`` run listed 0 turns until it ended (new user)."""
+    with Store.open(":memory:") as s:
+        run = s.create_run("live", "{}")
+        for i in range(2):
+            s.log_turn(run, TurnLog(TurnRow(input="hi", output="ok", request_id=f"r{i}")))
+        assert [(r.status, r.n_turns) for r in s.list_runs()] == [("running", 2)]
+        s.finish_run(run, "complete")
+        assert [(r.status, r.n_turns) for r in s.list_runs()] == [("complete", 2)]
