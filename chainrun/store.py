@@ -148,13 +148,22 @@ class Store:
             raise UserInputError(f"{path}: directory {p.parent} does not exist")
         if not create and not p.exists():
             raise UserInputError(f"{path}: no such log (run a replay or a turn first)")
+        if p.is_dir():
+            raise UserInputError(f"{path}: is a directory (expected a log file)")
         try:
-            # One opener at a time per file: two commands starting on a new log would
-            # otherwise race to switch it to WAL and to apply the same migrations.
-            # (flock is separate from SQLite's own fcntl byte-range locks on Linux.)
-            with open(p, "ab") as guard:
-                fcntl.flock(guard, fcntl.LOCK_EX)
+            # One opener at a time per directory: two commands starting on a new log
+            # would otherwise race to switch it to WAL and to apply the same migrations.
+            # The lock is a flock on the *directory*, never an fd on the log: closing any
+            # fd of the log file drops every POSIX lock this process holds on it, SQLite's
+            # included, and another process's reader then thinks it is the last one,
+            # checkpoints and deletes the WAL under our open connection (SQLite, "How To
+            # Corrupt An SQLite Database File", 2.2), losing committed turns.
+            dir_fd = os.open(p.parent, os.O_RDONLY)
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
                 return cls(cls._open_file(p, path), p)
+            finally:
+                os.close(dir_fd)  # releases the flock
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
 

@@ -152,3 +152,37 @@ def test_runs_lists_the_turns_of_a_run_still_running() -> None:
         assert [(r.status, r.n_turns) for r in s.list_runs()] == [("running", 2)]
         s.finish_run(run, "complete")
         assert [(r.status, r.n_turns) for r in s.list_runs()] == [("complete", 2)]
+
+
+def test_an_outside_reader_does_not_delete_the_wal_of_an_open_log(tmp_path: Path) -> None:
+    """New user: a `sqlite3` read of the log while chainrun had it open deleted the WAL
+    (Store.open closed an fd of the log file, which dropped SQLite's POSIX locks), and
+    every turn committed after that was lost."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "log.db"
+    count = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('select count(*) from turns').fetchone()[0]); c.close()"
+    )
+
+    def outside_count() -> int:
+        out = subprocess.run([sys.executable, "-c", count, str(path)], capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        return int(out.stdout)
+
+    with Store.open(path) as s:
+        run = s.create_run("live", "{}")
+        s.log_turn(run, TurnLog(TurnRow(input="a", output="ok", request_id="r1")))
+        assert outside_count() == 1
+        assert Path(f"{path}-wal").exists()  # the reader left the open log's WAL alone
+        s.log_turn(run, TurnLog(TurnRow(input="b", output="ok", request_id="r2")))
+        assert outside_count() == 2
+    with Store.open(path) as s:
+        assert len(s.turns(run)) == 2
+
+
+def test_a_directory_as_the_log_is_one_error(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="is a directory"):
+        Store.open(tmp_path)
