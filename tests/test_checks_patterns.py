@@ -95,3 +95,23 @@ def test_custom_regex_and_bad_regex() -> None:
 def test_a_card_is_not_also_a_phone_number() -> None:
     result = checker(card="block").check("4111 1111 1111 1111")
     assert [f.check for f in result.findings] == ["card"]
+
+
+def test_a_catastrophic_custom_regex_times_out_and_fails_closed() -> None:
+    """New user: ``(a+)+$``-style patterns held the event loop at 100% CPU for minutes
+    (SIGTERM could not stop it). Configured patterns now search under a time bound."""
+    import time
+
+    from chainrun.checks.patterns import CUSTOM_REGEX_TIMEOUT_S
+
+    check = PatternCheck.custom("x", r"(a|aa)+$", "block")
+    checker = PatternChecker([PatternCheck.builtin("card", "redact"), check])
+    text = "a" * 60 + "!"
+    t0 = time.perf_counter()
+    result = checker.check(text)
+    assert time.perf_counter() - t0 < 20 * CUSTOM_REGEX_TIMEOUT_S
+    assert result.blocked and result.text == "[x]"
+    (finding,) = result.findings
+    assert finding.timed_out and finding.as_json()["timed_out"] is True
+    # the same pattern on a text it decides fast still works as a plain check
+    assert checker.check("aaaa").blocked and not checker.check("bbb").findings

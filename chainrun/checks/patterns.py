@@ -27,9 +27,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import regex as _regex
 
 Action = Literal["block", "redact"]
+
+#: The longest a configured regex may search one text, in s. A check costs microseconds;
+#: a pattern with catastrophic backtracking (``(a|aa)+$``) would otherwise hold the event
+#: loop, uninterruptibly, for minutes. Such a search fails closed (see PatternChecker).
+CUSTOM_REGEX_TIMEOUT_S = 0.05
 
 #: The built-in checks, in the order they claim text (an earlier finding wins an overlap).
 BUILTIN_CHECKS = ("card", "iban", "api_key", "email", "phone")
@@ -136,9 +143,12 @@ class PatternCheck:
     """
 
     name: str
-    pattern: re.Pattern[str]
+    #: ``re`` for the built-in checks; a ``regex`` module pattern for configured ones
+    pattern: Any
     action: Action
     locate: Locate | None = None
+    #: a search longer than this many s raises TimeoutError (None: no bound)
+    timeout_s: float | None = None
 
     @classmethod
     def builtin(cls, name: str, action: Action) -> PatternCheck:
@@ -156,22 +166,33 @@ class PatternCheck:
     def custom(
         cls, name: str, regex: str, action: Action, *, ignore_case: bool = False
     ) -> PatternCheck:
-        """A configured regular expression (Python ``re`` syntax).
+        """A configured regular expression (Python ``re`` syntax), searched with the
+        ``regex`` module (its version-0 behaviour is ``re``'s) under
+        :data:`CUSTOM_REGEX_TIMEOUT_S`, since only ``regex`` can stop a search.
 
         Raises:
             ValueError: the regex does not compile, or matches the empty string.
         """
         try:
-            pattern = re.compile(regex, re.IGNORECASE if ignore_case else 0)
-        except re.error as e:
+            pattern = _regex.compile(regex, _regex.IGNORECASE if ignore_case else 0)
+        except (_regex.error, re.error) as e:
             raise ValueError(f"check {name!r}: invalid regex ({e})") from None
-        if pattern.fullmatch(""):
+        if pattern.fullmatch("", timeout=CUSTOM_REGEX_TIMEOUT_S):
             raise ValueError(f"check {name!r}: the regex matches the empty string")
-        return cls(name, pattern, action)
+        return cls(name, pattern, action, timeout_s=CUSTOM_REGEX_TIMEOUT_S)
 
     def spans(self, text: str) -> Iterable[Span]:
-        """The (start, end) character spans of valid matches in ``text``."""
-        for m in self.pattern.finditer(text):
+        """The (start, end) character spans of valid matches in ``text``.
+
+        Raises:
+            TimeoutError: a configured regex searched longer than its ``timeout_s``.
+        """
+        found = (
+            self.pattern.finditer(text)
+            if self.timeout_s is None
+            else self.pattern.finditer(text, timeout=self.timeout_s)
+        )
+        for m in found:
             span = m.span() if self.locate is None else self.locate(text, m)
             if span is not None:
                 yield span
@@ -185,10 +206,18 @@ class Finding:
     action: Action
     start: int
     end: int
+    #: the check's regex ran out of time: it fails closed, the whole text is its span
+    timed_out: bool = False
 
     def as_json(self) -> dict[str, object]:
-        """``{check, action, start, end}``: no matched text, so it can be logged."""
-        return {"check": self.check, "action": self.action, "start": self.start, "end": self.end}
+        """``{check, action, start, end}`` (and ``timed_out: true`` when it did): no
+        matched text, so it can be logged."""
+        out: dict[str, object] = {
+            "check": self.check, "action": self.action, "start": self.start, "end": self.end,
+        }  # fmt: skip
+        if self.timed_out:
+            out["timed_out"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -229,10 +258,18 @@ class PatternChecker:
         return bool(self.checks)
 
     def findings(self, text: str) -> list[Finding]:
-        """Every valid match, sorted by start; a span overlapping an earlier check's is dropped."""
+        """Every valid match, sorted by start; a span overlapping an earlier check's is dropped.
+
+        A configured regex that runs out of time fails closed: one ``block`` finding over
+        the whole text, ``timed_out`` set (the text is neither shown nor logged unmasked).
+        """
         taken: list[Finding] = []
         for check in self.checks:
-            for start, end in check.spans(text):
+            try:
+                spans = list(check.spans(text))
+            except TimeoutError:
+                return [Finding(check.name, "block", 0, len(text), timed_out=True)]
+            for start, end in spans:
                 if any(start < f.end and f.start < end for f in taken):
                     continue
                 taken.append(Finding(check.name, check.action, start, end))
