@@ -190,7 +190,7 @@ class CallRow(_Row):
     output: str | None = None
     reasoning: str | None = None
     started_at: str | None = None  # ISO-8601 UTC wall clock
-    started_offset_ms: float = 0.0  # from the step's start
+    started_offset_ms: float | None = None  # from the step's start; None: never sent
     ttft_ms: float | None = None  # gen_ai.client.operation.time_to_first_chunk (as ms)
     duration_ms: float | None = None  # gen_ai.client.operation.duration (as ms)
     chunk_gaps_ms: list[float] = Field(default_factory=list)  # time between chunks

@@ -58,7 +58,7 @@ def turn(
         steps, offset = [], 0.0
         for name in dict.fromkeys(c.step for c in calls):
             mine = [c for c in calls if c.step == name]
-            ms = max((c.started_offset_ms + (c.duration_ms or 0.0)) for c in mine)
+            ms = max(((c.started_offset_ms or 0.0) + (c.duration_ms or 0.0)) for c in mine)
             steps.append(
                 StepRow(step=name, started_offset_ms=offset, duration_ms=ms, n_attempts=len(mine))
             )

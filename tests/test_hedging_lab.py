@@ -193,6 +193,8 @@ async def test_budget_caps_extra_load_under_an_all_slow_backend() -> None:
                 calls = store.calls(chain.run_id)
         copies = [c for c in calls if c.attempt > 1 and c.outcome != "budget_exhausted"]
         refused = [c for c in calls if c.outcome == "budget_exhausted"]
+        # a copy never sent has no start offset (it was logged as 0.0: unknown is never 0)
+        assert refused and all(c.started_offset_ms is None for c in refused)
         # every primary is slow, so every turn wants a copy; the bucket allows ~10% (+1 reserve)
         assert len(copies) <= 0.1 * n + 2
         assert len(refused) >= n - len(copies) - 2

@@ -99,7 +99,7 @@ def call_row(
         temperature=request.temperature,
         max_tokens=request.max_output_tokens,
         stop=request.stop,
-        started_offset_ms=attempt.started_offset_ms or 0.0,
+        started_offset_ms=attempt.started_offset_ms,  # None: refused, never sent
         outcome=attempt.outcome,
         loop_lag_ms=attempt.loop_lag_ms,
         fired_late=attempt.number > 1 and attempt.fired_during_loop_lag,
