@@ -414,6 +414,15 @@ def test_unknown_scenario_and_missing_file() -> None:
         load_scenario("/nonexistent/lab.toml")
 
 
+def test_a_binary_scenario_file_is_one_error(tmp_path: Path) -> None:
+    """New user: a non-UTF-8 scenario file gave a UnicodeDecodeError traceback."""
+    f = tmp_path / "binary.toml"
+    f.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(InputFileError, match="not a text file") as info:
+        load_scenario(f)
+    assert info.value.path == str(f)
+
+
 def test_lab_server_refuses_non_loopback() -> None:
     from chainrun.lab.server import _check_loopback
 

@@ -8,6 +8,7 @@ import typer
 
 from chainrun.cli import JsonOpt, handle_errors, lab_app, print_json
 from chainrun.lab import load_scenario, serve
+from chainrun.lab.scenarios import BUILTIN_SCENARIOS
 
 
 @lab_app.command("serve")
@@ -16,8 +17,7 @@ def lab_serve(
     scenario: Annotated[
         str,
         typer.Option(
-            help="Built-in name (fast, lognormal, bimodal-guard, work-noise) "
-            "or a scenario TOML file."
+            help=f"Built-in name ({', '.join(BUILTIN_SCENARIOS)}) or a scenario TOML file."
         ),
     ] = "fast",
     host: Annotated[str, typer.Option(help="Loopback address to listen on.")] = "127.0.0.1",

@@ -546,6 +546,8 @@ def load_scenario(name_or_path: str | Path, **overrides: Any) -> Scenario:
             raise InputFileError(
                 source, None, f"cannot read scenario file ({e.strerror})"
             ) from None
+        except UnicodeDecodeError:
+            raise InputFileError(source, None, "not a text file (expected UTF-8 TOML)") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
