@@ -108,7 +108,8 @@ def test_unreachable_provider_exit_2_and_run_not_complete(tmp_path: Path) -> Non
     proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db))
     assert proc.returncode == 2
     assert "cannot reach provider 'local'" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    # exactly one line: no blank line first (the progress bar's, on a non-terminal stderr)
+    assert len(proc.stderr.splitlines()) == 1, repr(proc.stderr)
     assert all(r.status != "complete" for r in runs_in(db))
     # the log this failed first command created holds no run: it is not left behind
     assert not db.exists() and not (tmp_path / "log.db-wal").exists()

@@ -134,7 +134,8 @@ def replay(
     assert cfg is not None
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=err, disable=as_json, transient=True,
+        TextColumn("{task.description}"), console=err, transient=True,
+        disable=as_json or not err.is_terminal,  # a bar in a log file is noise
     )  # fmt: skip
     task = progress.add_task("", total=len(requests))
 

@@ -81,7 +81,7 @@ def eval_command(
     store = Store.open(db, create=run is None)
     progress = Progress(
         TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, disable=as_json or run is not None, transient=True,
+        console=err, disable=as_json or run is not None or not err.is_terminal, transient=True,
     )  # fmt: skip
     task = progress.add_task("", total=len(cases) * repeat)
     try:
