@@ -164,6 +164,9 @@ class HedgeConfig(HedgePolicy):
             if key in data:
                 raise ValueError(f"{key} is not a [hedge] key: {hint}")
         delay = data.get("delay")
+        if delay is not None and data.get("delay_ms") is not None:
+            # said here, in the config's words (the engine's check names delay_percentile)
+            raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
         m = _PERCENTILE_RE.match(delay) if isinstance(delay, str) else None
         if m is None:
             return data  # a bad `delay` is reported by _percentile, with its path

@@ -48,6 +48,11 @@ def test_toml_overrides_key_by_key(tmp_path: Path) -> None:
         ({"providers": {"local": {"base_url": "ftp://x"}}}, "providers.local.base_url"),
         ({"steps": {"compose": {"hedge": {"max_attempts": 2}}}}, "steps.compose.hedge"),
         ({"steps": {"compose": {"hedge": {"delay": "fast"}}}}, "steps.compose.hedge.delay"),
+        # in the config's words, not the engine's delay_percentile (new user)
+        (
+            {"steps": {"compose": {"hedge": {"delay": "p95", "delay_ms": 100}}}},
+            "steps.compose.hedge: set exactly one of delay_ms or delay",
+        ),
         (
             {"steps": {"compose": {"side_effects": True, "hedge": {"delay_ms": 100}}}},
             "side_effects",
