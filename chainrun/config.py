@@ -455,9 +455,14 @@ class ChainConfig(_Strict):
                     f"steps.{name}: step is not in order {self.order}{hint}; "
                     "add it to order or remove the table"
                 )
-        if self.answer_step not in seen or self.steps[self.answer_step].kind != "llm":
+        if self.answer_step not in seen:
             raise ValueError(
                 f"answer_step: expected an LLM step named in order, got {self.answer_step!r}"
+            )
+        if (kind := self.steps[self.answer_step].kind) != "llm":
+            raise ValueError(
+                f"steps.{self.answer_step}.kind: the answer step must be kind = \"llm\", "
+                f"got {kind!r}"
             )
         for name, step in self.steps.items():
             for dep in step.after:

@@ -48,6 +48,8 @@ def test_toml_overrides_key_by_key(tmp_path: Path) -> None:
         ({"providers": {"local": {"base_url": "ftp://x"}}}, "providers.local.base_url"),
         ({"steps": {"compose": {"hedge": {"max_attempts": 2}}}}, "steps.compose.hedge"),
         ({"steps": {"compose": {"hedge": {"delay": "fast"}}}}, "steps.compose.hedge.delay"),
+        # the answer step's unknown kind is named as such (it said "expected an LLM step")
+        ({"steps": {"compose": {"kind": "nosuchkind"}}}, "steps.compose.kind: the answer step"),
         # in the config's words, not the engine's delay_percentile (new user)
         (
             {"steps": {"compose": {"hedge": {"delay": "p95", "delay_ms": 100}}}},
