@@ -436,3 +436,18 @@ def test_flips_per_assertion() -> None:
     assert flips["assertions"] == {
         "n": 3, "flipped": 1, "flip_rate": 0.3333, "flipped_assertions": ["a: regex on turn #2"],
     }  # fmt: skip
+
+
+async def test_scoring_the_wrong_run_fails_before_the_grader_starts() -> None:
+    """New user: ``eval --run N`` with an llm-rubric case started the grader (the local
+    model, or a dead provider's error) before finding that no turn of run N matched."""
+    from chainrun.config import config_from_dict
+    from chainrun.evals.runner import score_existing
+
+    cfg = config_from_dict({"providers": {"local": {"base_url": "http://127.0.0.1:9/v1"}}})
+    cases = [_case("c1", "a rain jacket", {"type": "llm-rubric", "value": "Helpful."})]
+    with Store.open(":memory:") as s:
+        run = s.create_run("replay", "{}")
+        s.log_turn(run, TurnLog(TurnRow(input="something else", output="hi")))
+        with pytest.raises(UserInputError, match="none of its 1 turns matches a case"):
+            await score_existing(s, run, cases, cfg, quiet=True)

@@ -17,7 +17,7 @@ from chainrun.config import ChainConfig
 from chainrun.errors import ConfigError
 from chainrun.evals.assertions import Grade, GraderConfig
 from chainrun.evals.cases import EvalCase
-from chainrun.evals.scoring import eval_request_id, score_run
+from chainrun.evals.scoring import eval_request_id, match_run, score_run
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.replay import ReplayRequest, run_requests
@@ -135,6 +135,7 @@ async def score_existing(
     if not needs_grader:
         return await score_run(store, run_id, cases, grade, grader=grader,
                                catalog_ids=catalog_ids)  # fmt: skip
+    match_run(store, run_id, cases)  # a wrong run fails before any grader starts
     async with grader_from_config(config, grader, quiet=quiet) as made:
         return await score_run(store, run_id, cases, made, grader=grader,
                                catalog_ids=catalog_ids)  # fmt: skip

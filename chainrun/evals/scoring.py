@@ -154,6 +154,26 @@ def _match_turns(
     return matched, unmatched
 
 
+def match_run(
+    store: Store, run_id: int, cases: Sequence[EvalCase]
+) -> tuple[list[TurnRow], list[tuple[TurnRow, EvalCase, int]], int]:
+    """The run's turns, the (turn, case, repeat) matches and how many turns matched none.
+
+    Raises:
+        UserInputError: no such run, or no turn of the run matches any case.
+    """
+    store.get_run(run_id)
+    turns = store.turns(run_id)
+    matched, unmatched = _match_turns(turns, cases)
+    if not matched:
+        raise UserInputError(
+            f"run {run_id}: none of its {len(turns)} turns matches a case (a turn matches by "
+            "request id '<case id>#<repeat>' or by the case's message); is it the right "
+            "run for this eval file?"
+        )
+    return turns, matched, unmatched
+
+
 async def score_run(
     store: Store,
     run_id: int,
@@ -172,8 +192,7 @@ async def score_run(
         UserInputError: no such run, or no turn of the run matches any case (nothing
             is written then: the run's earlier verdicts stay).
     """
-    store.get_run(run_id)
-    turns = store.turns(run_id)
+    turns, matched, unmatched = match_run(store, run_id, cases)
     steps_by_turn: dict[int | None, list[StepRow]] = defaultdict(list)
     for s in store.steps(run_id):
         steps_by_turn[s.turn_id].append(s)
@@ -181,13 +200,6 @@ async def score_run(
     for c in store.calls(run_id):
         calls_by_turn[c.turn_id].append(c)
     config = grader or GraderConfig()
-    matched, unmatched = _match_turns(turns, cases)
-    if not matched:
-        raise UserInputError(
-            f"run {run_id}: none of its {len(turns)} turns matches a case (a turn matches by "
-            "request id '<case id>#<repeat>' or by the case's message); is it the right "
-            "run for this eval file?"
-        )
     rows: list[dict[str, Any]] = []
     now = utc_now()
     for turn, case, repeat in matched:
