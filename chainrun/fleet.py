@@ -35,10 +35,17 @@ class MergedLogs:
         """``RUN@PROCESS`` → the merged run id (as text); any other selector unchanged.
 
         Raises:
-            UserInputError: no such process, or no such run in that process's log.
+            UserInputError: no such process, or no such run in that process's log; or a
+                bare run id while several logs are merged (it would name a renumbered
+                run of whichever log it fell in).
         """
         run, at, process = selector.strip().partition("@")
         if not at:
+            if run.isdigit() and len(self.processes) > 1:
+                raise UserInputError(
+                    f"{selector!r}: with several --db, name a run as RUN@PROCESS "
+                    f"(e.g. {run}@{self.processes[0]}); processes: {self.processes}"
+                )
             return selector
         if process not in self.processes:
             raise UserInputError(

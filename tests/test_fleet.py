@@ -57,6 +57,9 @@ def test_merge_renumbers_ids_and_keeps_rows_joined(logs: list[Path]) -> None:
         assert all(r["run_id"] == ids[r["turn_id"]]["run_id"] for r in rows)
     assert db.table("steps").count == 9 * 5 and db.table("calls").count == 9 * 4
     assert merged.run_id("1@shop-b") == "3" and merged.run_id("live") == "live"
+    # a bare id named a renumbered run of whichever log it fell in (new user)
+    with pytest.raises(UserInputError, match="name a run as RUN@PROCESS"):
+        merged.run_id("3")
     with pytest.raises(UserInputError, match="no log named 'shop-c'"):
         merged.run_id("1@shop-c")
     with pytest.raises(UserInputError, match="no run 7"):
