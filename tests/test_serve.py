@@ -223,6 +223,8 @@ def test_serve_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
     ("body", "param", "status"),
     [
         ({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}, "model", 404),
+        # no model: a 400 naming the field (it was 404 "The model None does not exist")
+        ({"messages": [{"role": "user", "content": "x"}]}, "model", 400),
         ({"model": "m", "messages": []}, "messages", 400),
         ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, "messages", 400),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n", 400),

@@ -97,7 +97,7 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     """The chain's view of a ``/v1/chat/completions`` body.
 
     Raises:
-        InvalidRequest: not an object; ``model`` is not ``model_id`` (404
+        InvalidRequest: not an object; ``model`` missing (400) or not ``model_id`` (404
             ``model_not_found``); ``messages`` holds no user message with text; the text
             is over :data:`~chainrun.serve.chat.MAX_MESSAGE_CHARS`; ``n`` is not 1;
             ``tools`` are given.
@@ -105,6 +105,8 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", None)
     model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
     if model != model_id:
         raise InvalidRequest(
             f"The model {model!r} does not exist; this server serves {model_id!r}",
