@@ -82,6 +82,19 @@ def test_cli_writes_each_format_and_fail_on(tmp_path: Path, monkeypatch) -> None
     assert res.exit_code == 2
 
 
+def test_a_report_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    """New user: reports were written 0600 (mkstemp's mode), unreadable to a web server."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = write_report("ok", tmp_path / "r.md")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
 def test_write_report_never_leaves_a_half_written_file(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "audit.html"
     write_report("good", path)

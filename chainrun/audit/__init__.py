@@ -98,6 +98,18 @@ def default_path(fmt: Format, now: datetime | None = None) -> Path:
     return Path(f"audit-{day}.{_EXT[fmt]}")
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it to read it, which
+    races other threads creating files); 0o022 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def write_report(text: str, path: str | Path) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a
     rename, so a crash never leaves a half-written report over a good one.
@@ -117,6 +129,8 @@ def write_report(text: str, path: str | Path) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        # mkstemp makes the file 0600; a report gets the mode any new file would (umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
