@@ -330,9 +330,15 @@ class _Race(Generic[T]):
 
     async def _process_settled(self) -> HedgeOutcome[T] | None:
         """Handle the attempts that settled, earliest first; return the outcome if decided."""
+        # earliest first; at one instant answers before errors, so a fatal error never
+        # beats an answer that arrived at the same time
         settled = sorted(
             (a for a in self.in_flight if a.task.done()),
-            key=lambda a: (a.settled_at if a.settled_at is not None else math.inf, a.record.number),
+            key=lambda a: (
+                a.settled_at if a.settled_at is not None else math.inf,
+                a.task.cancelled() or a.task.exception() is not None,
+                a.record.number,
+            ),
         )
         for att in settled:
             rec = att.record
@@ -361,7 +367,11 @@ class _Race(Generic[T]):
             att.breaker.record_failure()
             self.last_error = exc
             if info.status is None or info.status not in self.policy.non_fatal:
-                if not any(a.record.target != rec.target for a in self.in_flight):
+                # "in flight" = not settled yet: one that settled at this instant has
+                # answered (it was handled first, above) or failed
+                if not any(
+                    a.record.target != rec.target and not a.task.done() for a in self.in_flight
+                ):
                     await self.settle_in_flight(None, "error")
                     return self._outcome(None, exc)
                 # another target may still answer: start nothing more, let the attempts
