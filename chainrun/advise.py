@@ -333,7 +333,10 @@ def advise(
     intervals: {n_resamples, in_time_ci95, extra_calls_per_turn_ci95}}},
     toml: str, validation: {...} or null}``. ``validation`` compares, for the delay the
     run itself used, the predicted fire rate, win rate and extra calls with the run's own
-    values and their 95% Wilson intervals.
+    values and their 95% Wilson intervals; its ``observed`` also holds the copies actually
+    sent per call and the due copies not sent (``unsent``, by reason), and ``note`` says
+    when fires sent no copy (the prediction sends every due copy; a fire with no copy
+    sent is a lost fire in the observed win rate), else null.
 
     Raises:
         UserInputError: no such run, no calls for the step, or bad arguments.
@@ -509,7 +512,11 @@ def _validate(
             "win_rate_ci95": win_ci,
             "extra_calls_per_turn": extra,
             "extra_calls_per_turn_ci95": extra_ci,
+            "copies_sent_per_call": observed["copies_sent_per_call"],
+            "n_fired_no_copy_sent": observed["n_fired_no_copy_sent"],
+            "unsent": observed["unsent"],
         },
+        "note": _unsent_note(observed),
         "predicted": predicted,
         "inside": {
             "fire_rate": inside(predicted["fire_rate"], fire_ci),
@@ -517,6 +524,20 @@ def _validate(
             "extra_calls_per_turn": inside(predicted["extra_calls_per_turn"], extra_ci),
         },
     }
+
+
+def _unsent_note(observed: dict[str, Any]) -> str | None:
+    """Why an observed win rate can sit below the prediction: fires whose copy was due but
+    never sent (budget refused, breaker open, loop lag) count as lost fires, while the
+    prediction sends every due copy. None when every fire sent a copy."""
+    n = observed["n_fired_no_copy_sent"]
+    if not n:
+        return None
+    why = ", ".join(f"{k} {v}" for k, v in observed["unsent"].items() if v)
+    return (
+        f"{n} of {observed['n_fired']} fires sent no copy ({why}): the observed win rate "
+        "counts them as lost, the prediction assumes every due copy is sent"
+    )
 
 
 def _extra_calls_ci(store: Store, run_id: int, step: str) -> list[float] | None:

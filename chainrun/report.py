@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chainrun.config import MODEL_STEP_KINDS
-from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn
+from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.stats import percentile
 from chainrun.store import Store
@@ -176,11 +176,16 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     """Whether hedging pays, per step of a run.
 
     Per step: ``n`` (step executions), ``n_armed`` (executions with a hedge delay in
-    force), ``n_fired``, ``n_won``, ``fire_rate``, ``win_rate``, ``time_saved_per_win_ms``
-    (``n_saved_measured`` says over how many wins), ``extra_calls_per_turn``,
-    ``budget_exhausted`` (copies refused by the load budget), ``mean_delay_ms``. The rates
-    are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
-    execution); None where their denominator is 0. Source of the numbers: Dean & Barroso,
+    force), ``n_fired``, ``n_won``, ``fire_rate``, ``copies_sent`` and
+    ``copies_sent_per_call`` (attempts beyond the first actually sent, per execution),
+    ``n_fired_no_copy_sent`` (fires after which no copy went out), ``unsent`` (due copies
+    not sent: ``{budget_exhausted, circuit_open, loop_lag}``), ``win_rate``,
+    ``time_saved_per_win_ms`` (``n_saved_measured`` says over how many wins),
+    ``extra_calls_per_turn``, ``budget_exhausted`` (copies refused by the load budget, also
+    in ``unsent``), ``mean_delay_ms``. The rates are defined once, in
+    :mod:`chainrun.hedging.stats` (fire rate = fires per armed execution: the hedge timer
+    went off, whether a copy was sent or not; copies sent per call says what went out);
+    None where their denominator is 0. Source of the numbers: Dean & Barroso,
     "The Tail at Scale" (CACM 2013); Finagle's backup-request counters. Over completed
     turns only (``n_turns``), the others counted in ``turns`` (:func:`completed_turns`).
 
@@ -204,24 +209,33 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     n_turns = counted.n_completed
     agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
     delays: dict[str, list[float]] = defaultdict(list)
+    fired_steps = []
     for s in counted.of(store.steps(run_id)):
         if s.kind not in MODEL_STEP_KINDS or s.status == "skipped":
             continue
         st = agg[s.step]
         fired = bool(s.hedge_fired)
         st.add_call(armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won))
+        if fired:
+            fired_steps.append(s)
         if s.hedge_delay_ms is not None:
             delays[s.step].append(s.hedge_delay_ms)
         if fired and s.hedge_won and s.time_saved_ms is not None:
             st.record_time_saved(s.time_saved_ms)
+    sent_in: dict[tuple[str, int | None], int] = defaultdict(int)
     for c in counted.of(store.calls(run_id)):
         if c.step not in agg:
             continue
         st = agg[c.step]
-        if c.outcome in SENT_OUTCOMES and c.attempt > 1:
+        if c.attempt == 1:
+            continue  # the primary is no copy (sent or not)
+        if c.outcome in SENT_OUTCOMES:
             st.copies_sent += 1
-        elif c.outcome == "budget_exhausted":
-            st.budget_exhausted += 1
+            sent_in[(c.step, c.turn_id)] += 1
+        else:
+            st.add_unsent(unsent_reason(c.outcome, c.error_type))
+    for s in fired_steps:
+        agg[s.step].fires_unsent += sent_in[(s.step, s.turn_id)] == 0
     steps = {}
     for name, st in agg.items():
         steps[name] = {
@@ -230,6 +244,10 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "n_fired": st.fires,
             "n_won": st.copy_wins,
             "fire_rate": _round(st.fire_rate, 4),
+            "copies_sent": st.copies_sent,
+            "copies_sent_per_call": _round(st.copies_sent_per_call, 4),
+            "n_fired_no_copy_sent": st.fires_unsent,
+            "unsent": dict(st.unsent),
             "win_rate": _round(st.win_rate, 4),
             "time_saved_per_win_ms": _round(st.time_saved_per_win_ms, 1),
             "n_saved_measured": len(st.time_saved_ms),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -65,6 +66,26 @@ def reply_by_step(
         )
 
     return script
+
+
+#: the handlers a test must leave as it found them (a child process inherits an ignored
+#: signal: a test that left SIGINT ignored made every later subprocess deaf to Ctrl-C)
+_WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """Fail a test that changes a process-wide signal handler and does not restore it."""
+    before = {sig: signal.getsignal(sig) for sig in _WATCHED_SIGNALS}
+    yield
+    changed = {
+        signal.Signals(sig).name: (handler, signal.getsignal(sig))
+        for sig, handler in before.items()
+        if signal.getsignal(sig) != handler
+    }
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+    assert not changed, f"the test left signal handlers changed (before, after): {changed}"
 
 
 @pytest.fixture

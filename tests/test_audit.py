@@ -23,6 +23,7 @@ from chainrun.audit import audit, render, write_report
 from chainrun.audit.items import needed_n
 from chainrun.cli import app
 from chainrun.errors import UserInputError
+from chainrun.records import CallRow, StepRow
 from chainrun.store import Store
 
 
@@ -344,6 +345,29 @@ def test_item4_pass_when_copies_win(store) -> None:
     assert it.verdict == "pass"
     f = it.figures["steps"]["guard"]
     assert f["time_saved_per_win_ms"] == {"median": 300.0, "mean": 300.0, "n": 10}
+
+
+def test_item4_fires_whose_copy_was_never_sent_are_not_called_work(store) -> None:
+    """A dead backup (breaker open): each fire's copy was suppressed, never sent. The
+    audit says so, and does not blame long answers (W + N) for the lost races."""
+    turns = [hedged_turn("guard", delay=500.0, settle=200.0, tokens=30) for _ in range(100)]
+    for _ in range(40):
+        primary = llm("guard", 20.0, 900.0, 180, outcome="primary")
+        copy = CallRow(step="guard", attempt=2, target="backup", outcome="suppressed",
+                       error_type="circuit_open", started_offset_ms=None)  # fmt: skip
+        rec = StepRow(step="guard", duration_ms=900.0, n_attempts=2, hedge_delay_ms=500.0,
+                      hedge_fired=True, hedge_won=False)  # fmt: skip
+        turns.append(turn([primary, copy], steps=[rec]))
+    add_run(store, "replay", turns, config=hedge_config())
+    it = item(store, 4)
+    f = it.figures["steps"]["guard"]
+    assert it.verdict == "fail" and f["fire_rate"] == pytest.approx(40 / 140, abs=1e-3)
+    assert f["copies_sent"] == 0 and f["copies_sent_per_call"] == 0.0
+    assert f["n_fired_no_copy_sent"] == 40
+    assert f["unsent"] == {"budget_exhausted": 0, "circuit_open": 40, "loop_lag": 0}
+    text = " ".join(it.notes)
+    assert "40 of those fires sent no copy (breaker open 40)" in it.evidence
+    assert "N1 − N2 > d" not in text and "Raise the delay" not in text
 
 
 def test_item4_warn_when_the_serving_path_changed_and_was_not_rechecked(store) -> None:

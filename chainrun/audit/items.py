@@ -38,6 +38,7 @@ from chainrun.audit.rows import Call, EvalResult, Step, Turn, results_as_rows, s
 from chainrun.audit.scope import Sample, Scope
 from chainrun.config import MODEL_STEP_KINDS
 from chainrun.evals.scoring import case_outcomes, skipped_summary
+from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_reason
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
 from chainrun.report import SENT_OUTCOMES, WINNER_OUTCOMES, completed_turns, left_out
@@ -56,6 +57,9 @@ COMPLETED_OUTCOMES = ("not_fired", "primary", "duplicate", "shadow_finished", "r
 SETTLED_OUTCOMES = ("not_fired", "primary", "duplicate", "shadow_finished")
 #: reasoning_effort values from least to most reasoning (FIELD.md)
 EFFORT_ORDER = ("none", "minimal", "low", "medium", "high", "xhigh")
+#: item 4: why a due copy was not sent, as the audit says it
+REASON_WORDS = {"budget_exhausted": "budget refused", "circuit_open": "breaker open",
+                "loop_lag": "loop lagging"}  # fmt: skip
 #: item 4: a hedge whose copies win less often than this over MIN_FIRES fires fails
 MIN_WIN_RATE = 0.05
 MIN_FIRES = 30
@@ -830,11 +834,15 @@ def check_win_rate(scope: Scope) -> Item:
         fired = [(sm, s) for sm, s in armed if s.hedge_fired]
         won = [(sm, s) for sm, s in fired if s.hedge_won]
         saved = [s.time_saved_ms for _, s in won if s.time_saved_ms is not None]
-        copies = sum(
-            1
-            for c in scope.done_calls
-            if c.step == name and c.attempt > 1 and c.outcome in SENT_OUTCOMES
-        )
+        copy_rows = [c for c in scope.done_calls if c.step == name and c.attempt > 1]
+        sent_turns = Counter(c.turn_id for c in copy_rows if c.outcome in SENT_OUTCOMES)
+        copies = sum(sent_turns.values())
+        # a due copy refused or held back never ran: its fire cannot win (not a W + N loss)
+        unsent = dict.fromkeys(UNSENT_REASONS, 0)
+        for c in copy_rows:
+            if (reason := unsent_reason(c.outcome, c.error_type)) is not None:
+                unsent[reason] += 1
+        fired_unsent = sum(1 for _, s in fired if not sent_turns[s.turn_id])
         n_turns = len({s.turn_id for s in scope.done_steps if s.step == name})
         # the definitions of chainrun.hedging.stats (fires per armed call, wins per fire)
         fire_rate = _rounded(hedge_fire_rate(len(fired), len(armed)))
@@ -890,7 +898,27 @@ def check_win_rate(scope: Scope) -> Item:
         fires_since = sum(1 for _, s in fired if s.run_id in latest_path_runs)
         extra_per_1000 = _r(copies / n_turns * 1000, 0) if n_turns else None
         v: Verdict
-        if len(fired) >= MIN_FIRES and win_rate is not None and win_rate < MIN_WIN_RATE:
+        unsent_text = ", ".join(f"{REASON_WORDS[k]} {n}" for k, n in unsent.items() if n)
+        if (
+            len(fired) >= MIN_FIRES
+            and win_rate is not None
+            and win_rate < MIN_WIN_RATE
+            and fired_unsent * 2 >= len(fired)
+        ):
+            v = "fail"
+            head = (
+                f"{name}: copies won {len(won)} of {len(fired)} fires ({_pct(win_rate)}, under "
+                f"{MIN_WIN_RATE:.0%}), but {fired_unsent} of those fires sent no copy "
+                f"({unsent_text}): the copies never ran, so the win rate says nothing of "
+                "hedging itself."
+            )
+            headlines.append(head)
+            notes.append(
+                f"{head} Make the copy target reachable (an open breaker means its calls "
+                "failed) or the load budget larger, then re-measure; the fire rate counts "
+                "the hedge timer going off, copies sent per call what went out."
+            )
+        elif len(fired) >= MIN_FIRES and win_rate is not None and win_rate < MIN_WIN_RATE:
             v = "fail"
             cause = (
                 f" The fired calls generated {statistics.median(tok_fired):.0f} tokens at the "
@@ -949,6 +977,9 @@ def check_win_rate(scope: Scope) -> Item:
                 "n": len(saved),
             },
             "copies_sent": copies,
+            "copies_sent_per_call": _rounded(copies_sent_per_call(copies, len(armed))),
+            "n_fired_no_copy_sent": fired_unsent,
+            "unsent": unsent,
             "n_turns": n_turns,
             "extra_calls_per_1000_turns": extra_per_1000,
             "output_tokens": {
@@ -968,7 +999,7 @@ def check_win_rate(scope: Scope) -> Item:
                 name,
                 len(armed),
                 _pct(fire_rate),
-                len(fired),
+                f"{len(fired)} ({fired_unsent} sent no copy)" if fired_unsent else len(fired),
                 _pct(win_rate),
                 f"{_ms(_median(saved))} (n={len(saved)})",
                 extra_per_1000,

@@ -121,4 +121,7 @@ def advise_command(
         print_json(result)
     else:
         out.print(advise_table(result))
+        note = (result.get("validation") or {}).get("note")
+        if note:
+            out.print(f"observed run {run}: {note}", markup=False)
         out.print("\n# paste into chainrun.toml:\n" + result["toml"], markup=False)

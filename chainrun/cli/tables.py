@@ -118,17 +118,28 @@ def latency_table(summary: dict[str, Any]) -> Table:
 
 
 def hedge_table(stats: dict[str, Any]) -> Table:
-    """Whether hedging pays, per step."""
+    """Whether hedging pays, per step. Fire rate is how often the hedge timer went off;
+    copies sent per call is what actually went out (a due copy the budget refused, or
+    that an open breaker or a lagging loop held back, is counted under "not sent")."""
     t = Table(title=f"hedging, run {stats['run_id']} ({turn_counts(stats.get('turns'))})")
-    cols = ("step", "n", "armed", "fire rate", "win rate", "saved/win ms", "measured",
-            "extra calls/turn", "budget refused", "mean d ms")  # fmt: skip
+    cols = ("step", "n", "armed", "fire rate", "sent/call", "fired unsent",
+            "unsent b/c/l", "win rate", "saved/win ms", "measured", "extra calls/turn",
+            "mean d ms")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
     for name, s in stats["steps"].items():
+        unsent = s["unsent"]
         t.add_row(name, str(s["n"]), str(s["n_armed"]), _f(s["fire_rate"], 3),
+                  _f(s["copies_sent_per_call"], 3), str(s["n_fired_no_copy_sent"]),
+                  f"{unsent['budget_exhausted']}/{unsent['circuit_open']}/{unsent['loop_lag']}",
                   _f(s["win_rate"], 3), _f(s["time_saved_per_win_ms"]),
                   str(s["n_saved_measured"]), _f(s["extra_calls_per_turn"], 3),
-                  str(s["budget_exhausted"]), _f(s["mean_delay_ms"]))  # fmt: skip
+                  _f(s["mean_delay_ms"]))  # fmt: skip
+    if any(s["n_fired_no_copy_sent"] for s in stats["steps"].values()):
+        t.caption = ("fire rate: the hedge timer went off (a copy was due); sent/call: copies "
+                     "actually sent per call; unsent b/c/l: due copies not sent (budget "
+                     "refused / breaker open / loop lag); a fire with no copy sent cannot win, "
+                     "so its loss says nothing of the copy")  # fmt: skip
     return t
 
 

@@ -11,13 +11,22 @@ primary's serving noise exceeds the copy's by more than the delay).
 Definitions (each None while its denominator is 0):
 
 * **fire rate** = fires / armed calls: of the calls with a hedge delay in force, the share
-  whose primary was still outstanding at the delay d (a copy was due, sent or refused).
+  whose primary was still outstanding at the delay d (a copy was *due*, whether it was sent
+  or not). It says how often the timer went off, which is what the delay controls and what
+  ``chainrun advise`` predicts; it is not how often a copy went out.
+* **copies sent per call** = attempts beyond each call's first that were actually sent /
+  calls: the load hedging really added. A due copy is not sent when the load budget
+  refuses it (``budget_exhausted``), every copy target's circuit breaker is open
+  (``circuit_open``) or the client's event loop lags (``loop_lag``): :func:`unsent_reason`.
+  With a dead backup every fire is such a copy: fire rate 1.0, copies sent per call 0.
 * **win rate** = copy wins / fires: of the fires, the share a copy won. A copy started at
   once after a non-fatal error is a retry, not a hedge: a win counts only after a fire.
 * **time saved per win** = mean of (primary's answer − winning copy's answer) in ms over the
   wins whose primary was left to finish unseen (a shadow); other wins are unmeasured.
 * **extra calls per turn** = attempts sent beyond the first of each call / turns (per call
   for the engine, where one call is one turn of the step).
+* **fires with no copy sent** = fires after which every due copy was refused or
+  suppressed: their "loss" says nothing of the copy, which never ran.
 """
 
 from __future__ import annotations
@@ -26,7 +35,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chainrun.hedging.errors import CircuitOpen
 from chainrun.hedging.outcome import HedgeOutcome
+
+#: why a due copy was not sent (Finagle counts ``budget_exhausted`` the same way)
+UNSENT_REASONS = ("budget_exhausted", "circuit_open", "loop_lag")
+
+
+def unsent_reason(outcome: str | None, error_type: str | None = None) -> str | None:
+    """Why an attempt was due but not sent: one of :data:`UNSENT_REASONS`, or None for an
+    attempt that was sent (or a row with no outcome).
+
+    ``outcome`` is the attempt's (``budget_exhausted``, ``suppressed``, ...);
+    ``error_type`` tells the two kinds of ``suppressed`` apart: ``circuit_open`` (every
+    copy target's breaker open) or none (the client's event loop lagged).
+    """
+    if outcome == "budget_exhausted":
+        return "budget_exhausted"
+    if outcome == "suppressed":
+        return "circuit_open" if error_type == "circuit_open" else "loop_lag"
+    return None
 
 
 def fire_rate(fires: int, armed: int) -> float | None:
@@ -42,6 +70,11 @@ def win_rate(wins: int, fires: int) -> float | None:
 def time_saved_per_win_ms(saved_ms: Sequence[float]) -> float | None:
     """Mean time saved over the measured wins, in ms; None when none was measured."""
     return sum(saved_ms) / len(saved_ms) if saved_ms else None
+
+
+def copies_sent_per_call(copies_sent: int, calls: int) -> float | None:
+    """Attempts actually sent beyond each call's first, per call; None when ``calls`` is 0."""
+    return copies_sent / calls if calls else None
 
 
 def extra_calls_per_turn(extra_calls: int, turns: int) -> float | None:
@@ -69,6 +102,10 @@ class HedgeStats:
     budget_exhausted: int = 0
     #: copies not sent because the loop lagged or every target's circuit was open
     suppressed: int = 0
+    #: due copies not sent, by reason (:data:`UNSENT_REASONS`)
+    unsent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNSENT_REASONS, 0))
+    #: fires after which no copy was sent (every due copy refused or suppressed)
+    fires_unsent: int = 0
     #: time saved by each measured copy win, in ms
     time_saved_ms: list[float] = field(default_factory=list)
 
@@ -79,10 +116,22 @@ class HedgeStats:
             fired=outcome.fired,
             won_by_copy=outcome.won_by_copy,
         )
-        for attempt in outcome.attempts:
-            self.copies_sent += attempt.number > 1 and attempt.sent
-            self.budget_exhausted += attempt.outcome == "budget_exhausted"
-            self.suppressed += attempt.outcome == "suppressed"
+        sent = 0
+        for attempt in outcome.attempts[1:]:  # the primary is no copy (sent or not)
+            sent += attempt.sent
+            circuit = isinstance(attempt.error, CircuitOpen)
+            self.add_unsent(unsent_reason(attempt.outcome, "circuit_open" if circuit else None))
+        self.copies_sent += sent
+        self.fires_unsent += outcome.fired and not sent
+
+    def add_unsent(self, reason: str | None) -> None:
+        """Count one due copy that was not sent (``reason`` from :func:`unsent_reason`;
+        None counts nothing)."""
+        if reason is None:
+            return
+        self.unsent[reason] += 1
+        self.budget_exhausted += reason == "budget_exhausted"
+        self.suppressed += reason != "budget_exhausted"
 
     def add_call(self, *, armed: bool, fired: bool, won_by_copy: bool) -> None:
         """Count one call's hedge state (a win counts only when the hedge fired)."""
@@ -109,6 +158,11 @@ class HedgeStats:
     def time_saved_per_win_ms(self) -> float | None:
         """Mean time saved per measured copy win, in ms (:func:`time_saved_per_win_ms`)."""
         return time_saved_per_win_ms(self.time_saved_ms)
+
+    @property
+    def copies_sent_per_call(self) -> float | None:
+        """Attempts actually sent beyond the first, per call (:func:`copies_sent_per_call`)."""
+        return copies_sent_per_call(self.copies_sent, self.calls)
 
     @property
     def extra_calls_per_call(self) -> float | None:
