@@ -61,6 +61,19 @@ def process_name(path: Path) -> str:
     return path.stem
 
 
+def process_names(paths: Sequence[str | Path]) -> list[str]:
+    """The process tags of ``paths`` (:func:`process_name`), in order.
+
+    Raises:
+        UserInputError: two logs share a process name (``RUN@PROCESS`` would be ambiguous).
+    """
+    tags = [process_name(Path(p)) for p in paths]
+    dupes = sorted({t for t in tags if tags.count(t) > 1})
+    if dupes:
+        raise UserInputError(f"--db: two logs named {dupes[0]!r}; process names must differ")
+    return tags
+
+
 def merge_logs(paths: Sequence[str | Path]) -> MergedLogs:
     """Copy the logs at ``paths`` into one in-memory log (see the module docstring).
 
@@ -68,10 +81,7 @@ def merge_logs(paths: Sequence[str | Path]) -> MergedLogs:
         UserInputError: a path is missing or not a chainrun log, or two logs share a
             process name (their file names without suffix).
     """
-    tags = [process_name(Path(p)) for p in paths]
-    dupes = sorted({t for t in tags if tags.count(t) > 1})
-    if dupes:
-        raise UserInputError(f"--db: two logs named {dupes[0]!r}; process names must differ")
+    tags = process_names(paths)
     merged = MergedLogs(Store.open(":memory:"), tags)
     db = merged.store.db
     columns = {t: set(db.table(t).columns_dict) for t in _TABLES}

@@ -32,9 +32,43 @@ except ImportError:  # pragma: no cover - typer on the click package
     from click import exceptions as _cx  # type: ignore[no-redef]
 
 
+def _refuse_repeated_options(ctx: Any, name: str | None, cmd: Any, args: list[str]) -> None:
+    """Raise a usage error when an option that takes one value is given more than once.
+
+    click keeps the last value of a repeated single-value option and drops the others
+    without a word (``chainrun runs --db a --db b`` showed b only); an option meant to
+    repeat is declared ``multiple`` (``compare --db``) and is not refused. Flags may repeat.
+    """
+    sub = cmd.context_class(cmd, info_name=name, parent=ctx, resilient_parsing=True)
+    try:
+        _, _, order = cmd.make_parser(sub).parse_args(args=list(args))
+    except _cx.UsageError:
+        return  # the real parse reports it
+    seen: dict[int, int] = {}
+    for param in order:
+        seen[id(param)] = seen.get(id(param), 0) + 1
+        if seen[id(param)] != 2 or getattr(param, "param_type_name", "") != "option":
+            continue
+        if param.multiple or getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        opt = max(param.opts, key=len)
+        raise _cx.UsageError(
+            f"{opt} given more than once; it takes one value (the last would be used "
+            "silently)",
+            ctx=sub,
+        )
+
+
 class _OneLineErrors(TyperGroup):
-    """The top-level group: a usage error (a missing argument, an unknown option, a bad
-    value) prints one line and exits 2, instead of click's usage block or typer's box."""
+    """A group of commands: a usage error (a missing argument, an unknown option, a bad
+    value, an option that takes one value given twice) prints one line and exits 2,
+    instead of click's usage block or typer's box."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not isinstance(cmd, TyperGroup):
+            _refuse_repeated_options(ctx, name, cmd, rest)
+        return name, cmd, rest
 
     def main(  # type: ignore[override]
         self, args: Any = None, prog_name: str | None = None, *,
@@ -69,11 +103,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-local_app = typer.Typer(help="Start, stop and inspect the embedded local model server.",
+local_app = typer.Typer(cls=_OneLineErrors, help="Start, stop and inspect the embedded local model server.",
                         no_args_is_help=True)  # fmt: skip
-lab_app = typer.Typer(help="The latency lab: an OpenAI-compatible server with known latencies.",
+lab_app = typer.Typer(cls=_OneLineErrors, help="The latency lab: an OpenAI-compatible server with known latencies.",
                       no_args_is_help=True)  # fmt: skip
-catalog_app = typer.Typer(help="The product catalogue the retrieve step searches.",
+catalog_app = typer.Typer(cls=_OneLineErrors, help="The product catalogue the retrieve step searches.",
                           no_args_is_help=True)  # fmt: skip
 app.add_typer(local_app, name="local")
 app.add_typer(catalog_app, name="catalog")

@@ -39,6 +39,7 @@ from chainrun.cli.tables import (
 from chainrun.config import config_from_snapshot, load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
+from chainrun.fleet import process_name, process_names
 from chainrun.replay import ReplayRequest, load_requests, missing_requests, run_requests
 from chainrun.report import hedge_stats, latency_summary, run_detail
 from chainrun.store import Store
@@ -168,25 +169,42 @@ def replay(
 @handle_errors
 def runs(
     limit: Annotated[
-        int, typer.Option(min=1, max=100_000, help="How many runs (newest first).")
+        int, typer.Option(min=1, max=100_000, help="How many runs per log (newest first).")
     ] = 20,
-    db: DbOpt = DEFAULT_DB_PATH,
+    db: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--db",
+            help="SQLite run log; repeat it to list several processes' logs (each run "
+            "also named RUN@PROCESS, as compare takes it).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the runs in the log, newest first."""
-    with Store.open(db, create=False) as store:
-        rows = store.list_runs(limit)
+    """List the runs in the log (or in each of several logs), newest first."""
+    dbs = db or [DEFAULT_DB_PATH]
+    if len(dbs) > 1:
+        process_names(dbs)  # two logs of one name could not be told apart in compare
     keys = ("id", "kind", "label", "status", "n_turns", "started_at", "ended_at", "source")
+    listed: list[tuple[Path, list[dict[str, Any]]]] = []
+    for path in dbs:
+        with Store.open(path, create=False) as store:
+            rows = [r.model_dump(include=set(keys)) for r in store.list_runs(limit)]
+        if len(dbs) > 1:
+            for r in rows:
+                r.update(log=str(path), selector=f"{r['id']}@{process_name(path)}")
+        listed.append((path, rows))
     if as_json:
-        print_json({"runs": [r.model_dump(include=set(keys)) for r in rows]})
+        print_json({"runs": [r for _, rows in listed for r in rows]})
         return
-    table = Table(title=f"runs in {db}")
-    for k in keys:
-        table.add_column(k)
-    for r in rows:
-        values = r.model_dump()
-        table.add_row(*("" if values[k] is None else str(values[k]) for k in keys))
-    out.print(table)
+    for path, rows in listed:
+        cols = keys if len(dbs) == 1 else ("selector", *keys)
+        table = Table(title=f"runs in {path}")
+        for k in cols:
+            table.add_column(k)
+        for r in rows:
+            table.add_row(*("" if r[k] is None else str(r[k]) for k in cols))
+        out.print(table)
 
 
 @app.command()
