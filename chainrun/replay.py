@@ -110,13 +110,16 @@ async def run_requests(
     on_turn: Callable[[ReplayRequest, TurnFinished], Any] | None = None,
     quiet: bool = False,
     run_id: int | None = None,
+    on_run: Callable[[int], Any] | None = None,
 ) -> int:
     """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time.
 
     Returns the run id. The run ends ``complete``, or ``failed`` when a provider was
     unreachable or refused a step's configuration (the remaining requests are not
     sent), or ``interrupted``. With ``run_id``, the turns go into that existing run
-    (marked ``running`` again: see :func:`missing_requests` for a resume).
+    (marked ``running`` again: see :func:`missing_requests` for a resume). ``on_run`` is
+    called with the run id once the run exists, before any turn: a caller stopped by
+    Ctrl-C (which never sees the return value) can still report the run's partial summary.
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
@@ -148,7 +151,9 @@ async def run_requests(
                 on_turn(req, done)
 
     async with chain:
-        chain.ensure_run()
+        started = chain.ensure_run()
+        if on_run is not None and started is not None:
+            on_run(started)
         tasks = [asyncio.create_task(one(r)) for r in requests]
         try:
             await asyncio.gather(*tasks)

@@ -3,8 +3,14 @@ met it: the CLI in-process through click's runner against the latency lab."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import socket
+import sqlite3
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +128,70 @@ def test_a_one_value_option_given_twice_is_an_error_not_the_last_one(tmp_path: P
     proc = chainrun("compare", "1@a", "1@b", "--db", a, "--db", b)
     assert "given more than once" not in proc.stderr
     assert "given more than once" not in chainrun("runs", "--json", "--json", "--db", a).stderr
+
+
+# -- 3. Ctrl-C prints the partial summary (one JSON document with --json) ----------------
+
+
+def _ctrl_c_after(args: list[str], db: Path, tmp_path: Path, n_ok: int = 3) -> Result:
+    """Run ``chainrun ARGS --config (a slow lab) --db DB`` as a real process and send it
+    SIGINT (Ctrl-C) once ``n_ok`` turns are logged ok."""
+    with LabServer("lognormal", median_ms=150, sigma=0.1, n_tokens=8) as slow:
+        cfg = tmp_path / "slow.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{slow.base_url}"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", *args, "--config", str(cfg), "--db", str(db),
+             "--concurrency", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline, done = time.monotonic() + 60, 0
+            while done < n_ok and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+                with contextlib.suppress(sqlite3.Error):  # read-only: never create the log
+                    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                    try:
+                        row = conn.execute("select count(*) from turns where status = 'ok'")
+                        done = row.fetchone()[0]
+                    finally:
+                        conn.close()
+            assert proc.poll() is None, f"ended before Ctrl-C: {proc.communicate()}"
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return Result(proc.returncode, stdout, stderr)
+
+
+def test_ctrl_c_of_replay_prints_the_partial_summary(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    res = _ctrl_c_after(["replay", str(REPLAY), "--json"], db, tmp_path)
+    assert res.returncode == 130 and "interrupted" in res.stderr
+    doc = json.loads(res.stdout)  # one JSON document, as every command prints
+    assert doc["status"] == "interrupted" and doc["run_id"] == 1
+    counts = doc["turns"]
+    assert counts["n_completed"] >= 3 and doc["turn"]["n"] == counts["n_completed"]
+    assert doc["n_turns"] < 12 and "hedging" in doc
+    shown = json.loads(chainrun("show", "1", "--db", str(db), "--json").stdout)
+    assert shown["summary"]["turns"] == counts  # the same turns as the log holds
+    assert f"--resume {doc['run_id']} runs the rest" in res.stderr
+    # text mode: the table of the turns so far, and the line saying where it stopped
+    db2 = tmp_path / "log2.db"
+    res = _ctrl_c_after(["replay", str(REPLAY)], db2, tmp_path)
+    assert res.returncode == 130
+    assert "run 1 (replay, interrupted)" in res.stdout, res.stdout
+    assert "completed turns" in res.stdout and "p90 of 3 values" not in res.stderr
+    assert "chainrun: replay interrupted: run 1 has" in res.stderr
+
+
+def test_ctrl_c_of_eval_prints_the_turns_so_far(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    cases = ROOT / "evals" / "regression.jsonl"
+    res = _ctrl_c_after(["eval", str(cases), "--json"], db, tmp_path)
+    assert res.returncode == 130 and "interrupted" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "interrupted" and doc["scored"] is False
+    assert doc["turns"]["n_completed"] >= 3 and doc["n_cases"] == 54
+    assert f"--run {doc['run_id']} scores the turns done" in doc["score_with"]

@@ -189,6 +189,16 @@ def print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
+def interrupted_line(command: str, summary: dict[str, Any]) -> str:
+    """One stderr line for a run stopped by Ctrl-C or SIGTERM: its id and its turns so far
+    (``summary`` is :func:`chainrun.report.latency_summary`'s)."""
+    c = summary["turns"]
+    done = c["n_completed"] + c["n_refused"] + c["n_replaced"] + c["n_errored"]
+    return (f"chainrun: {command} interrupted: run {summary['run_id']} has {done} turns "
+            f"answered ({c['n_completed']} completed), {c['n_cancelled']} cancelled in "
+            "flight")  # fmt: skip
+
+
 class Terminated(Exception):
     """The command received SIGTERM (its work was cancelled and logged as such)."""
 

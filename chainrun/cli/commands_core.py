@@ -20,9 +20,11 @@ from chainrun.cli import (
     DbOpt,
     JsonOpt,
     LabelOpt,
+    Terminated,
     app,
     err,
     handle_errors,
+    interrupted_line,
     local_app,
     out,
     print_json,
@@ -143,26 +145,39 @@ def replay(
     def on_turn(req: ReplayRequest, done: TurnFinished) -> None:
         progress.update(task, advance=1, description=f"{escape(req.id)}: {done.status}")
 
+    started: list[int] = []
+    stopped: BaseException | None = None  # Ctrl-C or SIGTERM: the partial summary first
     try:
-        with progress:
-            run_id = run_async(
-                run_requests(
-                    cfg, requests, store, concurrency=concurrency, label=label,
-                    source=str(file), on_turn=on_turn,
-                    quiet=as_json, run_id=resume,
-                )
-            )  # fmt: skip
+        try:
+            with progress:
+                run_id = run_async(
+                    run_requests(
+                        cfg, requests, store, concurrency=concurrency, label=label,
+                        source=str(file), on_turn=on_turn,
+                        quiet=as_json, run_id=resume, on_run=started.append,
+                    )
+                )  # fmt: skip
+        except (KeyboardInterrupt, Terminated) as e:
+            if not started:
+                raise
+            run_id, stopped = started[0], e
         summary = latency_summary(store, run_id)
         hedging = hedge_stats(store, run_id)
     finally:
         store.close()
-    _warn_failed_turns(store_path=db, run_id=run_id)
+    if stopped is None:
+        _warn_failed_turns(store_path=db, run_id=run_id)
     if as_json:
         print_json({**summary, "hedging": hedging["steps"]})
-        return
-    out.print(latency_table(summary))
-    if any(s["n_armed"] for s in hedging["steps"].values()):
-        out.print(hedge_table(hedging))
+    else:
+        out.print(latency_table(summary))
+        if any(s["n_armed"] for s in hedging["steps"].values()):
+            out.print(hedge_table(hedging))
+    if stopped is not None:
+        err.print(interrupted_line("replay", summary)
+                  + f"; chainrun replay {file} --resume {run_id} runs the rest",
+                  markup=False)  # fmt: skip
+        raise stopped
 
 
 @app.command()

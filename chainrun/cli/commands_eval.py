@@ -15,9 +15,11 @@ from chainrun.cli import (
     DbOpt,
     JsonOpt,
     LabelOpt,
+    Terminated,
     app,
     err,
     handle_errors,
+    interrupted_line,
     out,
     print_json,
     run_async,
@@ -30,6 +32,7 @@ from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import run_eval, score_existing
 from chainrun.fleet import merge_logs
 from chainrun.provider_compare import compare_providers, differ_only_in_provider
+from chainrun.report import latency_summary
 from chainrun.store import Store
 
 
@@ -84,17 +87,25 @@ def eval_command(
         console=err, disable=as_json or run is not None or not err.is_terminal, transient=True,
     )  # fmt: skip
     task = progress.add_task("", total=len(cases) * repeat)
+    started: list[int] = []
     try:
-        with progress:
-            if run is not None:
-                result = run_async(score_existing(store, run, cases, cfg, quiet=as_json))
-                result = {**result, "n_cases": len(cases), "repeat": None}
-            else:
-                result = run_async(
-                    run_eval(cfg, cases, store, repeat=repeat, concurrency=concurrency or 1,
-                             label=label, source=str(file), quiet=as_json,
-                             on_turn=lambda *_: progress.advance(task))
-                )  # fmt: skip
+        try:
+            with progress:
+                if run is not None:
+                    result = run_async(score_existing(store, run, cases, cfg, quiet=as_json))
+                    result = {**result, "n_cases": len(cases), "repeat": None}
+                else:
+                    result = run_async(
+                        run_eval(cfg, cases, store, repeat=repeat,
+                                 concurrency=concurrency or 1, label=label, source=str(file),
+                                 quiet=as_json, on_turn=lambda *_: progress.advance(task),
+                                 on_run=started.append)
+                    )  # fmt: skip
+        except (KeyboardInterrupt, Terminated):
+            if started:  # the turns so far, unscored: `eval FILE --run N` scores them
+                _print_interrupted(latency_summary(store, started[0]), file, repeat, len(cases),
+                                   as_json)  # fmt: skip
+            raise
         verdicts = [
             {k: r[k] for k in ("case_id", "repeat", "type", "step", "passed", "detail", "grader")}
             for r in load_results(store, [result["run_id"]])
@@ -144,6 +155,19 @@ def eval_command(
         out.print(f"[yellow]{result['unmatched_turns']} turns of the run matched no case[/]")
     if fail_on_skipped and result["skipped"]:
         raise typer.Exit(1)
+
+
+def _print_interrupted(
+    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool
+) -> None:
+    """An eval run stopped by Ctrl-C or SIGTERM: its turns so far (not scored)."""
+    run_id = summary["run_id"]
+    hint = f"chainrun eval {file} --run {run_id} scores the turns done"
+    if as_json:
+        print_json({"run_id": run_id, "status": summary["status"], "n_cases": n_cases,
+                    "repeat": repeat, "n_turns": summary["n_turns"],
+                    "turns": summary["turns"], "scored": False, "score_with": hint})  # fmt: skip
+    err.print(interrupted_line("eval", summary) + f"; {hint}", markup=False)
 
 
 @app.command("compare")

@@ -88,12 +88,14 @@ async def run_eval(
     catalog_ids: Collection[str] | None = None,
     on_turn: Callable[..., Any] | None = None,
     quiet: bool = False,
+    on_run: Callable[[int], Any] | None = None,
 ) -> dict[str, Any]:
     """Run every case ``repeat`` times as one eval run, score it, return the summary.
 
     Returns :func:`~chainrun.evals.score_run`'s summary plus ``n_cases`` and ``repeat``.
     ``grader`` defaults to ``config.grader``; ``grade`` replaces the grading call built
-    from it (a test double).
+    from it (a test double). ``on_run`` gets the run id once the run exists (see
+    :func:`chainrun.replay.run_requests`).
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
@@ -103,7 +105,7 @@ async def run_eval(
     run_id = await run_requests(
         config, eval_requests(cases, repeat), store, kind="eval", concurrency=concurrency,
         label=label, source=source, providers=providers, retriever=retriever,
-        on_turn=on_turn, quiet=quiet,
+        on_turn=on_turn, quiet=quiet, on_run=on_run,
     )  # fmt: skip
     summary = await score_existing(store, run_id, cases, config, grader=grader, grade=grade,
                                    catalog_ids=catalog_ids, quiet=quiet)  # fmt: skip
