@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -337,18 +338,38 @@ def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
 
 
 def _warn_failed_turns(store_path: Path, run_id: int) -> None:
-    """One stderr line when turns of a finished run were refused or failed (a server that
-    answers but is not an OpenAI-compatible API completes a run of refusals)."""
+    """Up to two stderr lines after a run: the turns that did not end ok (by status, with
+    the step failures inside them; a server that answers but is not an OpenAI-compatible
+    API completes a run of refusals), and, apart, the ok turns answered with a step that
+    failed open (its failure let the turn through unchecked)."""
     with Store.open(store_path, create=False) as store:
         turns = store.turns(run_id)
-        failed = [t for t in turns if t.status != "ok"]
-        if not failed:
-            return
-        kinds: dict[str, int] = {}
+        status_of = {t.id: t.status for t in turns}
+        in_not_ok: Counter[str] = Counter()
+        open_in_ok: Counter[str] = Counter()
+        ok_turns_hit: set[int | None] = set()
         for s in store.steps(run_id):
-            if s.status in ("failed_open", "failed_closed"):
-                key = f"{s.step}:{s.error_type}"
-                kinds[key] = kinds.get(key, 0) + 1
-    shown = ", ".join(f"{k} ×{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:4])
-    err.print(f"chainrun: warning: {len(failed)} of {len(turns)} turns not ok ({shown}); "
-              f"see chainrun show {run_id}")  # fmt: skip
+            if s.status not in ("failed_open", "failed_closed"):
+                continue
+            key = f"{s.step}:{s.error_type}"
+            if status_of.get(s.turn_id) == "ok":
+                open_in_ok[key] += 1
+                ok_turns_hit.add(s.turn_id)
+            else:
+                in_not_ok[key] += 1
+    not_ok = Counter(t.status for t in turns if t.status != "ok")
+    if not_ok:
+        by_status = ", ".join(f"{n} {status}" for status, n in not_ok.most_common())
+        steps = f"; failed steps in them: {_kinds(in_not_ok)}" if in_not_ok else ""
+        err.print(f"chainrun: warning: {sum(not_ok.values())} of {len(turns)} turns not ok "
+                  f"({by_status}{steps}); see chainrun show {run_id}", markup=False)  # fmt: skip
+    if open_in_ok:
+        n_ok = len(turns) - sum(not_ok.values())
+        err.print(f"chainrun: warning: {len(ok_turns_hit)} of {n_ok} ok turns answered with "
+                  f"a step failed open ({_kinds(open_in_ok)}); see chainrun show {run_id}",
+                  markup=False)  # fmt: skip
+
+
+def _kinds(counts: Counter[str]) -> str:
+    """``step:error_type ×n``, the four most frequent, most frequent first."""
+    return ", ".join(f"{k} ×{n}" for k, n in counts.most_common(4))
