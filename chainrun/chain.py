@@ -363,8 +363,8 @@ class Chain:
         run = TurnRun(self.steps, self.graph, TurnState(message=message), self._answered)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
-        if checked.blocked:
-            run.refuse_before_start("checks")
+        if checked.blocked:  # the shopper is told what to do, never what was blocked
+            run.refuse_before_start("checks", checked.block_text(self.config.checks.block_texts))
         try:
             async for event in run.events():
                 yield event

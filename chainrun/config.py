@@ -206,14 +206,8 @@ class PatternConfig(_Strict):
         return self
 
 
-class ChecksConfig(_Strict):
-    """Deterministic checks (``[checks]``), run on the user's message before any step and
-    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
-
-    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
-    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
-    A blocked or redacted message is logged with its matches masked.
-    """
+class _CheckRules(_Strict):
+    """The deterministic checks in force: an action per built-in check, plus patterns."""
 
     card: CheckAction = "block"
     iban: CheckAction = "redact"
@@ -236,7 +230,36 @@ class ChecksConfig(_Strict):
         return PatternChecker(checks)
 
 
-class OutputCheckConfig(ChecksConfig):
+class ChecksConfig(_CheckRules):
+    """Deterministic checks (``[checks]``), run on the user's message before any step and
+    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
+
+    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
+    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
+    A blocked or redacted message is logged with its matches masked. A blocked turn
+    answers the blocking check's text: ``block_texts[NAME]``, else the built-in one
+    (:data:`~chainrun.checks.patterns.BLOCK_TEXTS`: e.g. not to share card numbers in
+    chat), never the blocked content.
+    """
+
+    #: what the shopper is told when a check blocks their message, by check name (a
+    #: built-in or a pattern's name); unnamed checks keep their built-in text
+    block_texts: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _block_texts_name_checks(self) -> ChecksConfig:
+        known = [*BUILTIN_CHECKS, *(p.name for p in self.patterns)]
+        for name, text in self.block_texts.items():
+            if name not in known:
+                raise ValueError(
+                    f"block_texts.{name}: no such check; expected one of {', '.join(known)}"
+                )
+            if not text.strip():
+                raise ValueError(f"block_texts.{name}: expected a non-empty text")
+        return self
+
+
+class OutputCheckConfig(_CheckRules):
     """Checks on the answer step's stream (``[steps.ANSWER.output_check]``), run by the
     hold-back engine (:mod:`chainrun.checks.holdback`).
 

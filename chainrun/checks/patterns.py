@@ -25,7 +25,7 @@ holds no secret.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,6 +40,27 @@ CUSTOM_REGEX_TIMEOUT_S = 0.05
 
 #: The built-in checks, in the order they claim text (an earlier finding wins an overlap).
 BUILTIN_CHECKS = ("card", "iban", "api_key", "email", "phone")
+
+#: What the shopper is told when a check blocks their message (``[checks]``), per built-in
+#: check: what to do instead, never what was blocked (the message is not echoed). Override
+#: per check with ``[checks.block_texts]``. chainrun's own wording.
+BLOCK_TEXTS: dict[str, str] = {
+    "card": "For your security, please don't share card numbers in chat: your message was "
+    "not sent. Ask again without the number; payment details are only entered at checkout.",
+    "iban": "For your security, please don't share bank account numbers (IBAN) in chat: "
+    "your message was not sent. Ask again without the number.",
+    "api_key": "Please don't share API keys, tokens or passwords in chat: your message was "
+    "not sent. Ask again without it (and replace the key, since it has left your hands).",
+    "email": "Please don't share e-mail addresses in chat: your message was not sent. Ask "
+    "again without the address.",
+    "phone": "Please don't share phone numbers in chat: your message was not sent. Ask "
+    "again without the number.",
+}
+#: the text for a blocking check with none of its own (a configured pattern)
+DEFAULT_BLOCK_TEXT = (
+    "Your message contained details that can't be shared in chat, so it was not sent. "
+    "Please ask again without them."
+)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -237,6 +258,16 @@ class CheckResult:
     def redacted(self) -> bool:
         """Whether a ``redact`` check changed the text."""
         return any(f.action == "redact" for f in self.findings)
+
+    def block_text(self, texts: Mapping[str, str] | None = None) -> str | None:
+        """What the shopper is told about a blocked message: the text of the first
+        blocking finding's check from ``texts``, else :data:`BLOCK_TEXTS`, else
+        :data:`DEFAULT_BLOCK_TEXT`; None when nothing blocked. Never the matched text."""
+        first = next((f for f in self.findings if f.action == "block"), None)
+        if first is None:
+            return None
+        texts = texts or {}
+        return texts.get(first.check) or BLOCK_TEXTS.get(first.check) or DEFAULT_BLOCK_TEXT
 
     def as_json(self) -> dict[str, object]:
         """``{blocked, findings: [...]}`` for the turn's log (no matched text)."""
