@@ -103,12 +103,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-local_app = typer.Typer(cls=_OneLineErrors, no_args_is_help=True,
-                        help="Start, stop and inspect the embedded local model server.")  # fmt: skip
-lab_app = typer.Typer(cls=_OneLineErrors, no_args_is_help=True,
-                      help="The latency lab: an OpenAI-compatible server with known latencies.")  # fmt: skip
-catalog_app = typer.Typer(cls=_OneLineErrors, no_args_is_help=True,
-                          help="The product catalogue the retrieve step searches.")  # fmt: skip
+local_app = typer.Typer(
+    cls=_OneLineErrors, no_args_is_help=True,
+    help="Start, stop and inspect the embedded local model server.",
+)  # fmt: skip
+lab_app = typer.Typer(
+    cls=_OneLineErrors, no_args_is_help=True,
+    help="The latency lab: an OpenAI-compatible server with known latencies.",
+)  # fmt: skip
+catalog_app = typer.Typer(
+    cls=_OneLineErrors, no_args_is_help=True,
+    help="The product catalogue the retrieve step searches.",
+)  # fmt: skip
 app.add_typer(local_app, name="local")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(lab_app, name="lab")
