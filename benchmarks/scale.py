@@ -186,6 +186,7 @@ async def level(
     embedding: str,
     *,
     ramp_s: float = 0.0,
+    pool_connections: int | None = None,
 ) -> dict[str, Any]:
     """Run ``n_turns`` turns with ``n_flight`` in flight; the level's figures.
 
@@ -193,10 +194,15 @@ async def level(
     the throughput and loop-lag figures are taken over the steady window: from the end
     of the ramp to the start of the last turn, while exactly ``n_flight`` turns were in
     flight; without a ramp, over the whole level (the saturating run, as before).
+    ``pool_connections``: the provider's connections per pool (None: the config's
+    default; 0: one pool).
     """
+    provider: dict[str, Any] = {"base_url": lab.base_url, "max_connections": 4 * n_flight}
+    if pool_connections is not None:  # 0: one pool of max_connections (as before pools)
+        provider["pool_connections"] = pool_connections or provider["max_connections"]
     config = config_from_dict(
         {
-            "providers": {"local": {"base_url": lab.base_url, "max_connections": 4 * n_flight}},
+            "providers": {"local": provider},
             "steps": {"retrieve": {"retrieval": {"embedding": {"backend": embedding}}}},
         },
         source="benchmark",
@@ -210,6 +216,9 @@ async def level(
             t0, lt0 = time.perf_counter(), loop.time()
             cpu0, lab_cpu0, threads0 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
             results, last_start = await drive(chain, msgs, n_flight, ramp_s)
+            # turns return once their rows are queued: the level ends when its last
+            # commit is in, so that the log writer's tail is inside its time and rows/s
+            await chain.flush()
             cpu1, lab_cpu1, threads1 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
             wall = time.perf_counter() - t0
         run_id = chain.run_id
@@ -299,6 +308,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "chain": "default (classify, retrieve, compose, validate, critique) on the lab",
         "loop_lag_timer_ms": 10,
         "embedding": args.embedding,
+        "pool_connections": args.pool_connections,
         "paced": {
             "levels": paced_levels,
             "turns_per_slot": args.paced_turns_per_slot,
@@ -317,8 +327,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ):
             for n in levels:
                 out[str(n)] = await level(
-                    lab, store, n, max(n, args.min_turns), messages, args.embedding
-                )
+                    lab, store, n, max(n, args.min_turns), messages, args.embedding,
+                    pool_connections=args.pool_connections,
+                )  # fmt: skip
         doc["results"] = out
     if "paced" in runs:
         paced: dict[str, Any] = {}
@@ -327,8 +338,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 n_turns = max(n * args.paced_turns_per_slot, args.paced_min_turns)
                 ramp = args.paced_ramp_s if n > 1 else 0.0
                 paced[str(n)] = await level(
-                    lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp
-                )
+                    lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp,
+                    pool_connections=args.pool_connections,
+                )  # fmt: skip
         doc["results_paced"] = paced
     return doc
 
@@ -423,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the retrieve step's embedder: hash (default: chainrun's own cost, no model "
         "CPU) or minilm (the default chain's, whose model runs on the same 2 cores)",
     )
+    parser.add_argument(
+        "--pool-connections", type=int, default=None,
+        help="the provider's HTTP connections per pool (default: the config's, "
+        "chainrun.providers.pool.POOL_CONNECTIONS; 0: one pool of max_connections)",
+    )  # fmt: skip
     c.add_common_options(parser)
     args = parser.parse_args(argv)
     doc = asyncio.run(run(args))

@@ -86,8 +86,13 @@ class ProviderConfig(_Strict):
     entra_token_env: str | None = None
     #: connect timeout in s (the step deadline bounds the rest)
     connect_timeout_s: float = Field(default=5.0, gt=0)
-    #: size of the HTTP connection pool of this provider's client
+    #: HTTP connections of this provider's client at most (all its pools together)
     max_connections: int = Field(default=100, ge=1)
+    #: connections per pool: the client splits ``max_connections`` into pools of at most
+    #: this many and sends each request to the least-loaded one, so that httpcore's
+    #: per-request walk over a pool stays short with many calls in flight
+    #: (:mod:`chainrun.providers.pool`; 32 = ``POOL_CONNECTIONS``)
+    pool_connections: int = Field(default=32, ge=1)
 
     @field_validator("base_url", "endpoint")
     @classmethod

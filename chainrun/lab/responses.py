@@ -330,10 +330,12 @@ async def _events(
         final = _final(rec, model, plan.finish_reason, usage, output)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         rec.finish_reason = plan.finish_reason
-        yield ev(kind, response=final)
+        # the last event: complete once handed over (see the Chat Completions stream)
         rec.completed = True
         rec.finished_at = lab.now()
+        yield ev(kind, response=final)
     except (asyncio.CancelledError, GeneratorExit):
-        rec.disconnected = True
-        rec.disconnected_at = rec.finished_at = lab.now()
+        if not rec.completed:
+            rec.disconnected = True
+            rec.disconnected_at = rec.finished_at = lab.now()
         raise

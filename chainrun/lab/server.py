@@ -76,6 +76,8 @@ class RequestRecord:
     ``planned_tokens`` is the answer's length after the request's max-tokens cap;
     ``tokens_sent`` counts tokens handed to the transport and stays below it for a
     stream the client closed (``disconnected``) or the lab cut (``fault``).
+    ``completed``: the last frame (``[DONE]``) was handed to the transport; a client
+    that closes after it is not ``disconnected``.
     ``status_code`` is None when no response was sent (a hang, or a client gone before
     a non-streamed answer was ready).
     """
@@ -414,13 +416,17 @@ async def _stream_events(
                 "usage": usage,
             }
             yield f"data: {json.dumps(final)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+        # The last frame: the stream is complete once it is handed over. A client that
+        # closes right after reading it, before this generator resumes from the yield (a
+        # busy loop), is no disconnect (under saturation most streams ended that way).
         rec.completed = True
         rec.finished_at = lab.now()
+        yield b"data: [DONE]\n\n"
     except (asyncio.CancelledError, GeneratorExit):
         # SSEBytesResponse cancels (or closes) this generator when the client disconnects
-        rec.disconnected = True
-        rec.disconnected_at = rec.finished_at = lab.now()
+        if not rec.completed:
+            rec.disconnected = True
+            rec.disconnected_at = rec.finished_at = lab.now()
         raise
 
 

@@ -57,6 +57,7 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         cfg.max_connections,
         cfg.connect_timeout_s,
         azure=azure,
+        pool_connections=cfg.pool_connections,
     )
     try:
         await provider.check()  # an unreachable server fails here, before any run exists

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,10 @@ from chainrun.errors import (
     RequestRejected,
     StreamError,
 )
+from chainrun.providers.pool import POOL_CONNECTIONS, ShardedTransport
+
+#: s an idle pooled connection is kept (less than servers' common 5 s)
+KEEPALIVE_EXPIRY_S = 2.0
 
 #: what the SDK is given when a server needs no key (it refuses to build without one)
 NO_KEY = "not-needed"
@@ -137,20 +142,35 @@ class _AzureClient(openai.AsyncAzureOpenAI):
         return _ErrorFieldDecoder()
 
 
-def build_http_client(max_connections: int, connect_timeout_s: float) -> httpx2.AsyncClient:
-    """The HTTP client of one provider: a pool of ``max_connections``, connect timeout in s.
+def build_http_client(
+    max_connections: int, connect_timeout_s: float, pool_connections: int = POOL_CONNECTIONS
+) -> httpx2.AsyncClient:
+    """The HTTP client of one provider: ``max_connections`` in all, connect timeout in s.
+
+    The connections are split into pools of at most ``pool_connections``
+    (:class:`~chainrun.providers.pool.ShardedTransport`: each request goes to the pool
+    with the fewest requests in flight), so that httpcore's per-request walk over its
+    pool stays short with 1,000 calls in flight. Not when the environment names an HTTP
+    proxy (``HTTP_PROXY``, ...; ``urllib.request.getproxies()``): httpx honours those
+    only on its own transport, so that client keeps one pool, as before.
 
     Idle connections are kept for less than servers commonly do (5 s), so that the
     client rarely reuses one the server is closing. The read timeout (600 s) is only a
     backstop: the step deadline bounds a call.
     """
+    timeout = httpx2.Timeout(600.0, connect=connect_timeout_s)
+    if pool_connections < max_connections and not urllib.request.getproxies():
+        transport = ShardedTransport(
+            max_connections, pool_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
+        return openai.DefaultAsyncHttpxClient(transport=transport, timeout=timeout)
     return openai.DefaultAsyncHttpxClient(
         limits=httpx2.Limits(
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
-            keepalive_expiry=2.0,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         ),
-        timeout=httpx2.Timeout(600.0, connect=connect_timeout_s),
+        timeout=timeout,
     )
 
 
@@ -346,8 +366,9 @@ class OpenAIClientProvider:
         base_url: e.g. ``http://127.0.0.1:8080/v1``; None = the OpenAI default
             (ignored for Azure, whose URLs come from ``azure.endpoint``).
         api_key_env: name of the environment variable holding the key (never the key).
-        max_connections: HTTP connection pool size.
+        max_connections: HTTP connections at most (all pools together).
         connect_timeout_s: connect timeout in s.
+        pool_connections: connections per pool at most (:func:`build_http_client`).
         http_client: an HTTP client to use instead (not closed by :meth:`aclose`).
         azure: an Azure OpenAI resource to call instead of ``base_url``.
 
@@ -366,6 +387,7 @@ class OpenAIClientProvider:
         http_client: httpx2.AsyncClient | None = None,
         *,
         azure: AzureTarget | None = None,
+        pool_connections: int = POOL_CONNECTIONS,
     ) -> None:
         self.name = name
         key = read_api_key(api_key_env, field=f"providers.{name}.api_key_env")
@@ -383,7 +405,9 @@ class OpenAIClientProvider:
         )
         self._connect_timeout_s = connect_timeout_s
         self._owns_http = http_client is None
-        self._http = http_client or build_http_client(max_connections, connect_timeout_s)
+        self._http = http_client or build_http_client(
+            max_connections, connect_timeout_s, pool_connections
+        )
         self.client = build_client(
             base_url=base_url, api_key=key, http_client=self._http, azure=azure
         )
