@@ -65,10 +65,11 @@ from typing import Any
 
 import _common as c
 
-from chainrun import stats
+from chainrun import eventloop, stats
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
+from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.replay import load_requests
 
 REPLAY = "replays/commerce-12.jsonl"
@@ -250,6 +251,7 @@ async def level(
     durations = [(t.ended - t.started) * 1000.0 for t in results]
     return {
         "concurrency": n_flight,
+        "event_loop": eventloop.loop_name(loop),
         "turns": n_turns,
         "wall_s": round(wall, 3),
         "ramp_s": ramp_s,
@@ -293,11 +295,59 @@ def paced_scenario(args: argparse.Namespace) -> Scenario:
     )
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def saturating_run(
+    args: argparse.Namespace, levels: list[int], messages: list[str]
+) -> dict[str, Any]:
+    """The saturating run's levels (its own lab and log)."""
+    out: dict[str, Any] = {}
+    with (
+        LabServer("lognormal", median_ms=args.median_ms, n_tokens=args.tokens) as lab,
+        c.temp_store() as store,
+    ):
+        for n in levels:
+            out[str(n)] = await level(
+                lab, store, n, max(n, args.min_turns), messages, args.embedding,
+                pool_connections=args.pool_connections,
+            )  # fmt: skip
+    return out
+
+
+async def paced_run(
+    args: argparse.Namespace, scenario: Scenario, levels: list[int], messages: list[str]
+) -> dict[str, Any]:
+    """The paced run's levels (its own lab and log), on the running loop."""
+    out: dict[str, Any] = {}
+    with LabServer(scenario) as lab, c.temp_store() as store:
+        for n in levels:
+            n_turns = max(n * args.paced_turns_per_slot, args.paced_min_turns)
+            ramp = args.paced_ramp_s if n > 1 else 0.0
+            out[str(n)] = await level(
+                lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp,
+                pool_connections=args.pool_connections,
+            )  # fmt: skip
+    return out
+
+
+def uvloop_factory() -> Any:
+    """``uvloop.new_event_loop``, or None when uvloop is not installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both runs on asyncio's loop, then the ``--uvloop-levels`` of the paced run again on
+    uvloop (a loop of its own, with its own lab and log), all in this one process."""
     runs = [x.strip() for x in args.runs.split(",") if x.strip()]
     levels = [int(x) for x in args.levels.split(",")]
     paced_levels = [int(x) for x in args.paced_levels.split(",")]
+    # the uvloop arm repeats paced levels only
+    uv_levels = [int(x) for x in args.uvloop_levels.split(",") if x.strip()]
+    uv_levels = [n for n in uv_levels if n in paced_levels]
     scenario = paced_scenario(args)
+    factory = uvloop_factory() if "paced" in runs and uv_levels else None
     params = {
         "runs": runs,
         "levels": levels,
@@ -309,45 +359,44 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_lag_timer_ms": 10,
         "embedding": args.embedding,
         "pool_connections": args.pool_connections,
+        "sse_parser": "openai SDK" if args.sdk_sse else "chainrun (chat_sse)",
+        # the lab is uvicorn with loop="auto": uvloop when installed, in both arms
+        "lab_event_loop": "uvloop" if uvloop_factory() and eventloop.wanted() == "auto"
+        else "asyncio",
         "paced": {
             "levels": paced_levels,
             "turns_per_slot": args.paced_turns_per_slot,
             "min_turns": args.paced_min_turns,
             "ramp_s": args.paced_ramp_s,
             "scenario": scenario.model_dump(mode="json"),
+            "uvloop_levels": uv_levels if factory is not None else "uvloop not installed",
         },
     }
     doc = c.new_document("scale", sys.argv[1:], params)
     messages = [r.message for r in load_requests(REPLAY)]
-    if "saturating" in runs:
-        out: dict[str, Any] = {}
-        with (
-            LabServer("lognormal", median_ms=args.median_ms, n_tokens=args.tokens) as lab,
-            c.temp_store() as store,
-        ):
-            for n in levels:
-                out[str(n)] = await level(
-                    lab, store, n, max(n, args.min_turns), messages, args.embedding,
-                    pool_connections=args.pool_connections,
-                )  # fmt: skip
-        doc["results"] = out
-    if "paced" in runs:
-        paced: dict[str, Any] = {}
-        with LabServer(scenario) as lab, c.temp_store() as store:
-            for n in paced_levels:
-                n_turns = max(n * args.paced_turns_per_slot, args.paced_min_turns)
-                ramp = args.paced_ramp_s if n > 1 else 0.0
-                paced[str(n)] = await level(
-                    lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp,
-                    pool_connections=args.pool_connections,
-                )  # fmt: skip
-        doc["results_paced"] = paced
+    OpenAICompatProvider.sdk_sse = args.sdk_sse
+    with asyncio.Runner() as runner:  # asyncio's own loop, whatever is installed
+        if "saturating" in runs:
+            doc["results"] = runner.run(saturating_run(args, levels, messages))
+        if "paced" in runs:
+            doc["results_paced"] = runner.run(paced_run(args, scenario, paced_levels, messages))
+    if factory is not None:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            doc["results_paced_uvloop"] = runner.run(
+                paced_run(args, scenario, uv_levels, messages)
+            )
+    elif "paced" in runs and uv_levels:
+        print("scale.py: uvloop is not installed: no uvloop levels", file=sys.stderr)
     return doc
 
 
 def summary(doc: dict[str, Any]) -> str:
     lines: list[str] = []
-    for key, title in (("results", "saturating run"), ("results_paced", "paced run")):
+    for key, title in (
+        ("results", "saturating run"),
+        ("results_paced", "paced run"),
+        ("results_paced_uvloop", "paced run on uvloop"),
+    ):
         if key not in doc:
             continue
         lines += [
@@ -440,9 +489,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the provider's HTTP connections per pool (default: the config's, "
         "chainrun.providers.pool.POOL_CONNECTIONS; 0: one pool of max_connections)",
     )  # fmt: skip
+    parser.add_argument(
+        "--uvloop-levels", default="1000",
+        help="paced run: these of --paced-levels again on uvloop, after the asyncio ones, in "
+        "the same run (1000; empty: none; needs the uvloop extra)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sdk-sse", action="store_true",
+        help="parse streams in the openai client (its ChatCompletionChunk models) instead of "
+        "chainrun's ChatSSEParser, to compare",
+    )  # fmt: skip
     c.add_common_options(parser)
     args = parser.parse_args(argv)
-    doc = asyncio.run(run(args))
+    doc = run(args)
     c.finish(doc, as_json=args.json, summary=summary, out=args.out)
     return 0
 

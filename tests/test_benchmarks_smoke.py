@@ -146,7 +146,7 @@ def test_scale_paced(tmp_path: Path) -> None:
         [sys.executable, "benchmarks/scale.py", "--runs", "paced", "--paced-levels", "1,4",
          "--paced-turns-per-slot", "2", "--paced-min-turns", "2", "--paced-ramp-s", "0.3",
          "--paced-ttft-ms", "150", "--paced-token-ms", "5", "--paced-tokens", "6",
-         "--json", "--out", str(out)],
+         "--uvloop-levels", "4", "--json", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,6 +162,15 @@ def test_scale_paced(tmp_path: Path) -> None:
         assert row["added_ms_per_call_n"] == row["calls"] == 8 * n
         assert row["peak_rss_mb"] > 0 and row["loop_lag_n"] >= 0
     assert paced["1"]["ramp_s"] == 0.0 and paced["4"]["ramp_s"] == 0.3
+    assert {row["event_loop"] for row in paced.values()} == {"asyncio"}
+    try:  # the 4 level again on uvloop, in the same run, when the uvloop extra is there
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert "results_paced_uvloop" not in doc
+        assert doc["parameters"]["paced"]["uvloop_levels"] == "uvloop not installed"
+    else:
+        (row,) = doc["results_paced_uvloop"].values()
+        assert row["event_loop"] == "uvloop" and row["turns_logged_once"] is True
 
 
 def test_vs_litellm_without_litellm(tmp_path: Path) -> None:

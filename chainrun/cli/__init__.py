@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.errors import ChainrunError
+from chainrun.eventloop import loop_factory
 from chainrun.store import remove_unused_log
 
 try:  # typer >= 0.2x carries its own click
@@ -234,7 +235,9 @@ def run_async(coro: Any) -> Any:
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
 
-    return asyncio.run(main())
+    # uvloop when installed (the uvloop extra; chainrun.eventloop), else asyncio's loop
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main())
 
 
 # The commands live in one module per noun; importing them registers them on `app`.

@@ -53,6 +53,7 @@ from starlette.routing import Route
 from starlette.types import Receive
 
 from chainrun.errors import UserInputError
+from chainrun.eventloop import uvicorn_loop
 from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key, load_scenario
 from chainrun.lab.sse import SSEBytesResponse
 from chainrun.netlisten import listening_socket
@@ -553,6 +554,7 @@ def serve(
         create_app(scenario),
         log_level="warning",
         access_log=False,
+        loop=uvicorn_loop(),  # uvloop when installed (chainrun.eventloop)
         lifespan="off",
         # httptools (a dependency) parses HTTP in C; h11 is uvicorn's pure-Python fallback
         http="httptools" if _has_httptools() else "h11",

@@ -275,8 +275,19 @@ def sent_value(params: dict[str, Any] | None, param: str) -> Any:
 
 def _stream_error(name: str, e: openai.APIError) -> StreamError:
     """An error the server reported inside a 200 stream, its message and code kept."""
-    body = e.body if isinstance(e.body, dict) else {}
-    message = str(body.get("message") or e.message)
+    return stream_error_from_body(name, e.body, e.message)
+
+
+def stream_error_from_body(name: str, body: Any, message: str) -> StreamError:
+    """The error a server reported inside a 200 stream (``{"error": body}``), its message
+    and code kept; ``message``: the text when ``body`` names none.
+
+    Returns:
+        :class:`ContextLengthExceeded` when the message says the prompt does not fit
+        (or the code is ``context_length_exceeded``), else :class:`StreamError`.
+    """
+    body = body if isinstance(body, dict) else {}
+    message = str(body.get("message") or message)
     code = body.get("code")
     text = f"{name}: stream error" + (f" {code}" if code is not None else "") + f": {message}"
     if code == "context_length_exceeded" or _CONTEXT_RE.search(message):

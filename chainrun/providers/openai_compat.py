@@ -14,7 +14,9 @@ the same class with an :class:`~chainrun.providers.openai_client.AzureTarget`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -22,6 +24,7 @@ import openai
 
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
+from chainrun.providers.chat_sse import DONE, ChatSSEParser
 from chainrun.providers.openai_client import OpenAIClientProvider
 from chainrun.timing import Chunk, Usage, make_chunk
 
@@ -111,8 +114,20 @@ class OpenAICompatProvider(OpenAIClientProvider):
             params["extra_headers"] = request.headers
         return params
 
+    #: parse the stream in the ``openai`` client (its SSE decoder and a
+    #: ``ChatCompletionChunk`` model per chunk, then :func:`normalise_chunk`) instead of
+    #: :class:`~chainrun.providers.chat_sse.ChatSSEParser`: the same chunks, more CPU;
+    #: kept as the oracle the parser is tested against and for benchmarks/scale.py's
+    #: comparison (``--sdk-sse``)
+    sdk_sse: bool = False
+
     async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         """Stream ``request``; yields normalised chunks; the response is closed in ``finally``.
+
+        The request (its body, auth, headers, HTTP status errors) goes through the
+        ``openai`` client; the body's bytes are parsed by
+        :class:`~chainrun.providers.chat_sse.ChatSSEParser` as they arrive (issue 13:
+        the SDK's per-chunk models were a third of the loop at 1,000 streams).
 
         Raises:
             ProviderUnavailable: cannot connect.
@@ -121,13 +136,50 @@ class OpenAICompatProvider(OpenAIClientProvider):
             RequestRejected: HTTP 400 naming a parameter, or 401/403/404.
             StreamError: the server reported an error inside the stream
                 (:class:`ContextLengthExceeded` when the prompt does not fit).
-            MalformedStream: a stream line that is not JSON.
+            MalformedStream: a stream event whose data is not a JSON object.
             ProviderError: the stream failed after it started.
         """
+        if self.sdk_sse:
+            async for chunk in self._sdk_chunks(request):
+                yield chunk
+            return
+        raw = await self._send(self._create_raw, self._params(request))
+        response: httpx2.Response = raw.http_response
+        parser = ChatSSEParser(self.name)
+        body = response.aiter_bytes()
+        done = False
+        try:
+            # bytes as received from the wire (httpx counts them as it reads): the first
+            # chunk parsed from a read carries the bytes received since the last chunk
+            seen = 0
+            async for part in body:
+                total = response.num_bytes_downloaded
+                for item in parser.feed(part, total - seen):
+                    if item is DONE:
+                        done = True
+                        break
+                    seen = total
+                    yield item
+                if done:
+                    break
+        except httpx2.HTTPError as e:
+            raise self._error(e, streaming=True) from e
+        finally:
+            try:
+                if done:  # read the body's end so that the connection is reused
+                    await _drain(body)
+            finally:
+                await body.aclose()
+                await response.aclose()
+
+    @functools.cached_property
+    def _create_raw(self) -> Callable[..., Awaitable[Any]]:
+        return self.client.chat.completions.with_raw_response.create
+
+    async def _sdk_chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        """:meth:`chunks` through the SDK's own stream parsing (see :attr:`sdk_sse`)."""
         stream = await self._send(self.client.chat.completions.create, self._params(request))
         try:
-            # bytes as received from the wire (httpx counts them as it reads): a cheap
-            # attribute read per chunk instead of re-serialising every chunk to count it
             seen = 0
             async for raw in stream:
                 total = stream.response.num_bytes_downloaded
@@ -139,3 +191,18 @@ class OpenAICompatProvider(OpenAIClientProvider):
             raise MalformedStream(f"{self.name}: malformed stream line ({e})") from e
         finally:
             await stream.close()
+
+
+#: s to wait for the rest of a body after ``[DONE]`` (the SDK's ``_DRAIN_TIMEOUT``)
+DRAIN_TIMEOUT_S = 0.1
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    """Read what follows ``[DONE]`` (HTTP/1.1 reuses a connection only once its body was
+    read to the end), for at most :data:`DRAIN_TIMEOUT_S`; errors there are not the call's."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in body:
+                pass
+    except (TimeoutError, httpx2.HTTPError):
+        pass

@@ -17,6 +17,7 @@ import uvicorn
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import UserInputError
+from chainrun.eventloop import uvicorn_loop
 from chainrun.netlisten import listening_socket
 from chainrun.serve.app import ServeState, create_app
 from chainrun.serve.openai_face import DEFAULT_MODEL_ID
@@ -95,6 +96,7 @@ def serve(
             app,
             log_level="warning",
             access_log=False,
+            loop=uvicorn_loop(),  # uvloop when installed (chainrun.eventloop)
             timeout_keep_alive=30,
             timeout_graceful_shutdown=5,  # then open streams are cancelled (turns logged)
             backlog=2048,
