@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import gc
 import json
 import math
 import os
@@ -141,6 +142,39 @@ def r(x: float | None, digits: int = 1) -> float | None:
 
 
 # ------------------------------------------------------------------ client loop lag
+
+
+class GcPauses:
+    """The garbage collector's own pauses while measuring (``gc.callbacks``): per
+    generation, collections and their total and longest time in ms (a tail source
+    that grows with what the arms allocate)."""
+
+    def __init__(self) -> None:
+        self.by_gen: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.by_gen[info["generation"]].append((time.perf_counter() - self._t0) * 1000.0)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            f"gen{g}": {
+                "n": len(ms),
+                "total_ms": r(sum(ms), 3),
+                "max_ms": r(max(ms), 3) if ms else None,
+            }
+            for g, ms in self.by_gen.items()
+        }
 
 
 class LagSampler:

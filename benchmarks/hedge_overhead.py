@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import sys
 import time
@@ -164,39 +163,6 @@ class Arms:
         if done.status != "ok":
             raise RuntimeError(f"chain turn ended {done.status}: {done.error_type}")
         return done.output or ""
-
-
-class GcPauses:
-    """The garbage collector's own pauses while measuring (``gc.callbacks``): per
-    generation, collections and their total and longest time in ms (a tail source
-    that grows with what the arms allocate)."""
-
-    def __init__(self) -> None:
-        self.by_gen: dict[int, list[float]] = {0: [], 1: [], 2: []}
-        self._t0 = 0.0
-
-    def _cb(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.by_gen[info["generation"]].append((time.perf_counter() - self._t0) * 1000.0)
-
-    def __enter__(self) -> GcPauses:
-        gc.callbacks.append(self._cb)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._cb)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            f"gen{g}": {
-                "n": len(ms),
-                "total_ms": c.r(sum(ms), 3),
-                "max_ms": c.r(max(ms), 3) if ms else None,
-            }
-            for g, ms in self.by_gen.items()
-        }
 
 
 async def settle(arms: Arms, pause_s: float) -> None:
@@ -380,7 +346,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         c.temp_store() as inline,
     ):
         async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store, inline) as arms:
-            with GcPauses() as gc_pauses:
+            with c.GcPauses() as gc_pauses:
                 times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
             wide = await measure_concurrent(
                 arms, args.concurrent_rounds, args.concurrency, 1, args.pause_ms / 1000

@@ -44,7 +44,9 @@ of the client's call ``duration_ms`` minus the lab's own time for that same requ
 side (the ``openai`` client, chainrun, loopback and the shared loop's queueing) adds to
 a call; with its p99 and n), ``client_cpu_ms_per_turn`` (this process's CPU over the
 level per turn, and by thread: the loop, the log writer, the catalogue readers) and
-``lab_cpu_ms_per_turn`` (the lab process's, from ``/proc``).
+``lab_cpu_ms_per_turn`` (the lab process's, from ``/proc``), ``gc_pauses`` (the
+garbage collector's collections over the level per generation: n, total and longest ms;
+they stop the loop).
 
 Run: ``python benchmarks/scale.py [--runs saturating,paced] [--levels 10,100,1000]
 [--paced-levels 1,10,100,1000] [--json]``.
@@ -214,14 +216,15 @@ async def level(
         warm = await chain.run_turn("warm-up")  # first-use work stays out of the level
         lab.reset()
         async with c.LagSampler(interval_s=0.01) as lag:
-            t0, lt0 = time.perf_counter(), loop.time()
-            cpu0, lab_cpu0, threads0 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
-            results, last_start = await drive(chain, msgs, n_flight, ramp_s)
-            # turns return once their rows are queued: the level ends when its last
-            # commit is in, so that the log writer's tail is inside its time and rows/s
-            await chain.flush()
-            cpu1, lab_cpu1, threads1 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
-            wall = time.perf_counter() - t0
+            with c.GcPauses() as gc_pauses:
+                t0, lt0 = time.perf_counter(), loop.time()
+                cpu0, lab_cpu0, threads0 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
+                results, last_start = await drive(chain, msgs, n_flight, ramp_s)
+                # turns return once their rows are queued: the level ends when its last
+                # commit is in, so that the log writer's tail is inside its time and rows/s
+                await chain.flush()
+                cpu1, lab_cpu1, threads1 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
+                wall = time.perf_counter() - t0
         run_id = chain.run_id
     assert run_id is not None
     turns = [t for t in store.turns(run_id) if t.id != warm.turn_id]
@@ -277,6 +280,8 @@ async def level(
         if lab_cpu0 is not None and lab_cpu1 is not None
         else None,
         "client_cpu_share": c.r((cpu1 - cpu0) / wall, 3),
+        # the collector's pauses over the level (gc.callbacks; any thread: they hold the GIL)
+        "gc_pauses": gc_pauses.summary(),
         "client_call_p50_ms": c.r(statistics.median(client_ms), 2) if client_ms else None,
         "lab_request_p50_ms": c.r(statistics.median(lab_ms), 2) if lab_ms else None,
         "added_ms_per_call": c.r(statistics.median(added), 2) if added else None,
