@@ -455,3 +455,43 @@ async def test_300_concurrent_streams() -> None:
     # 10 tokens at 20 ms is 0.2 s per stream; the bound is loose: the client process,
     # not the lab, is what saturates first on 2 cores
     assert elapsed < 15.0, elapsed
+
+
+async def test_a_client_closing_right_after_done_is_a_completed_stream() -> None:
+    """Under load the client can read ``[DONE]`` and close before the lab's generator
+    resumes from its last send; that stream was complete, not disconnected (the paced
+    and saturating scale runs lost most of their pairings to this). Driven through the
+    lab's ASGI app with the disconnect delivered inside the send of ``[DONE]``."""
+    from chainrun.lab.server import create_app
+
+    app = create_app(Scenario(name="t", n_tokens=3, per_token_ms=0,
+                              latency=Lognormal(median_ms=1, sigma=0.01)))  # fmt: skip
+    body = json.dumps({"model": "m", "stream": True, "stream_options": {"include_usage": True},
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()  # fmt: skip
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+    gone = asyncio.Event()
+    sent: list[bytes] = []
+    bodies = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message.get("body", b""))
+        if b"[DONE]" in message.get("body", b""):
+            gone.set()  # the client read [DONE] and closed
+            for _ in range(3):  # the disconnect is seen before the generator resumes
+                await asyncio.sleep(0)
+
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    (rec,) = app.state.lab.records
+    assert any(b"[DONE]" in b for b in sent)
+    assert rec.completed and not rec.disconnected and rec.finished_at is not None
