@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import statistics
@@ -190,6 +191,8 @@ async def level(
     *,
     ramp_s: float = 0.0,
     pool_connections: int | None = None,
+    gc_freeze: bool = False,
+    gc_threshold0: int | None = None,
 ) -> dict[str, Any]:
     """Run ``n_turns`` turns with ``n_flight`` in flight; the level's figures.
 
@@ -198,7 +201,9 @@ async def level(
     of the ramp to the start of the last turn, while exactly ``n_flight`` turns were in
     flight; without a ramp, over the whole level (the saturating run, as before).
     ``pool_connections``: the provider's connections per pool (None: the config's
-    default; 0: one pool).
+    default; 0: one pool). ``gc_freeze``: ``gc.freeze()`` after the warm-up turn (the
+    objects alive then are never scanned during the level); ``gc_threshold0``: the
+    collector's first threshold during the level (None: Python's 700).
     """
     provider: dict[str, Any] = {"base_url": lab.base_url, "max_connections": 4 * n_flight}
     if pool_connections is not None:  # 0: one pool of max_connections (as before pools)
@@ -215,6 +220,12 @@ async def level(
     async with c.open_chain(config, store, f"scale-{n_flight}") as chain:
         warm = await chain.run_turn("warm-up")  # first-use work stays out of the level
         lab.reset()
+        gc_before = gc.get_threshold()
+        if gc_threshold0:
+            gc.set_threshold(gc_threshold0, *gc_before[1:])
+        if gc_freeze:  # what is alive now is never scanned again during the level
+            gc.collect()
+            gc.freeze()
         async with c.LagSampler(interval_s=0.01) as lag:
             with c.GcPauses() as gc_pauses:
                 t0, lt0 = time.perf_counter(), loop.time()
@@ -226,6 +237,8 @@ async def level(
                 cpu1, lab_cpu1, threads1 = process_cpu_s(), lab.cpu_s(), thread_cpu_s()
                 wall = time.perf_counter() - t0
         run_id = chain.run_id
+        gc.set_threshold(*gc_before)
+        gc.unfreeze()
     assert run_id is not None
     turns = [t for t in store.turns(run_id) if t.id != warm.turn_id]
     steps = [x for x in store.steps(run_id) if x.turn_id != warm.turn_id]
@@ -313,6 +326,7 @@ async def saturating_run(
             out[str(n)] = await level(
                 lab, store, n, max(n, args.min_turns), messages, args.embedding,
                 pool_connections=args.pool_connections,
+                gc_freeze=args.gc_freeze, gc_threshold0=args.gc_threshold0,
             )  # fmt: skip
     return out
 
@@ -329,6 +343,7 @@ async def paced_run(
             out[str(n)] = await level(
                 lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp,
                 pool_connections=args.pool_connections,
+                gc_freeze=args.gc_freeze, gc_threshold0=args.gc_threshold0,
             )  # fmt: skip
     return out
 
@@ -364,6 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_lag_timer_ms": 10,
         "embedding": args.embedding,
         "pool_connections": args.pool_connections,
+        "gc_freeze": args.gc_freeze,
+        "gc_threshold0": args.gc_threshold0,
         "sse_parser": "openai SDK" if args.sdk_sse else "chainrun (chat_sse)",
         # the lab is uvicorn with loop="auto": uvloop when installed, in both arms
         "lab_event_loop": "uvloop" if uvloop_factory() and eventloop.wanted() == "auto"
@@ -503,6 +520,14 @@ def main(argv: list[str] | None = None) -> int:
         "--sdk-sse", action="store_true",
         help="parse streams in the openai client (its ChatCompletionChunk models) instead of "
         "chainrun's ChatSSEParser, to compare",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gc-freeze", action="store_true",
+        help="gc.freeze() after each level's warm-up turn (start-up objects never scanned)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gc-threshold0", type=int, default=None,
+        help="the collector's first threshold during a level (default: Python's, 700)",
     )  # fmt: skip
     c.add_common_options(parser)
     args = parser.parse_args(argv)
