@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import httpcore2
 import httpx2
 import pytest
 
@@ -14,6 +15,7 @@ from chainrun.errors import ProviderUnavailable
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Lognormal
 from chainrun.providers.base import ChatRequest, ChatStream
+from chainrun.providers.netio import AsyncioBackend, use_asyncio_io
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.providers.pool import POOL_CONNECTIONS, ShardedTransport
 
@@ -105,3 +107,50 @@ async def test_one_pool_when_the_environment_names_a_proxy(
         assert isinstance(provider._http._transport, httpx2.AsyncHTTPTransport)
     finally:
         await provider.aclose()
+
+
+# ---------------------------------------------- the pools' network I/O on asyncio streams
+
+
+def test_every_pool_does_its_io_on_asyncio_streams() -> None:
+    t = ShardedTransport(10, 4, keepalive_expiry=2.0)
+    assert all(isinstance(p._pool._network_backend, AsyncioBackend) for p in t.pools)
+    with pytest.raises(TypeError):
+        use_asyncio_io(object())
+
+
+async def test_asyncio_backend_reads_writes_and_raises_httpcores_errors() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        if line == b"close\n":
+            writer.close()
+            return
+        writer.write(line.upper())
+        await writer.drain()
+        await reader.read()  # then silent until the client goes
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = AsyncioBackend()
+    try:
+        conn = await backend.connect_tcp("127.0.0.1", port, timeout=2.0)
+        await conn.write(b"hello\n", timeout=2.0)
+        assert await conn.read(100, timeout=2.0) == b"HELLO\n"
+        assert conn.get_extra_info("is_readable") is False
+        assert conn.get_extra_info("server_addr")[1] == port
+        with pytest.raises(httpcore2.ReadTimeout):
+            await conn.read(100, timeout=0.05)  # the server says nothing more
+        await conn.aclose()
+        closing = await backend.connect_tcp("127.0.0.1", port, timeout=2.0)
+        await closing.write(b"close\n")
+        assert await closing.read(100, timeout=2.0) == b""  # the server closed it
+        assert closing.get_extra_info("is_readable") is True  # an idle one would expire
+        await closing.aclose()
+        with pytest.raises(httpcore2.WriteError):
+            await closing.write(b"x", timeout=1.0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(httpcore2.ConnectError):
+        await backend.connect_tcp("127.0.0.1", 1, timeout=2.0)  # nothing listens on port 1

@@ -15,7 +15,8 @@ sends every request to the pool with the fewest requests in flight (ties: the ne
 turn), so a walk covers one small pool. The total stays bounded by ``max_connections``
 for requests in flight: a request waits for a connection only when every pool is full
 (each pool's own queue then serves it), as with one pool. A request's count is released
-when its response is closed (or its send failed).
+when its response is closed (or its send failed). Each pool does its network I/O on
+asyncio's own streams (:mod:`chainrun.providers.netio`), not through anyio.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import math
 from collections.abc import AsyncIterator, Callable
 
 import httpx2
+
+from chainrun.providers.netio import use_asyncio_io
 
 #: default connections per pool: the walk stays ~32 connections long (tens of µs) while
 #: picking the least-loaded pool stays cheap (a 4,000-connection provider has 125 pools)
@@ -84,6 +87,8 @@ class ShardedTransport(httpx2.AsyncBaseTransport):
             )
             for size in sizes
         ]
+        for pool in self.pools:  # asyncio's streams instead of anyio's (netio)
+            use_asyncio_io(pool)
         self.in_flight = [0] * n
         self._next = 0
 
