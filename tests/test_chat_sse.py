@@ -244,3 +244,39 @@ async def test_the_provider_maps_in_stream_errors_and_malformed_data() -> None:
             await s.aclose()
             await s.provider.aclose()  # type: ignore[attr-defined]
             assert s.timer.text == "a"  # what arrived before the error is kept
+
+
+async def test_the_request_is_the_one_chat_completions_create_sends() -> None:
+    """The body, path and headers of the parser's request equal those of
+    ``chat.completions.create`` (the SDK path) for a request using every parameter."""
+    seen: dict[bool, httpx2.Request] = {}
+    done = b"data: [DONE]\n\n"
+    full = ChatRequest(
+        model="m", messages=[{"role": "system", "content": "be brief"},
+                             {"role": "user", "content": "hi"}],
+        max_output_tokens=7, temperature=0.2, reasoning_effort="low", seed=3, stop=["\n"],
+        json_schema={"type": "object"}, headers={"x-chainrun-attempt": "2"},
+    )  # fmt: skip
+    for sdk in (False, True):
+
+        def handler(request: httpx2.Request, sdk: bool = sdk) -> httpx2.Response:
+            seen[sdk] = request
+            return httpx2.Response(200, headers={"content-type": "text/event-stream"},
+                                   content=done)  # fmt: skip
+
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+        provider = OpenAICompatProvider("p", "http://chat.test/v1", http_client=http)
+        provider.sdk_sse = sdk
+        s = ChatStream(provider, full, pump=False)
+        with pytest.raises(ProviderError):  # [DONE] without a finish_reason: truncated
+            await s.collect()
+        await s.aclose()
+        await provider.aclose()
+    ours, sdk_request = seen[False], seen[True]
+    assert ours.url == sdk_request.url and ours.method == sdk_request.method
+    assert json.loads(ours.content) == json.loads(sdk_request.content)
+    assert ours.headers["x-chainrun-attempt"] == "2"
+    skip = {"x-stainless-retry-count", "x-stainless-read-timeout", "content-length"}
+    assert {k: v for k, v in ours.headers.items() if k not in skip} == {
+        k: v for k, v in sdk_request.headers.items() if k not in skip
+    }

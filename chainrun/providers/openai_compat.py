@@ -15,12 +15,12 @@ the same class with an :class:`~chainrun.providers.openai_client.AzureTarget`.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
@@ -143,8 +143,8 @@ class OpenAICompatProvider(OpenAIClientProvider):
             async for chunk in self._sdk_chunks(request):
                 yield chunk
             return
-        raw = await self._send(self._create_raw, self._params(request))
-        response: httpx2.Response = raw.http_response
+        sdk_stream = await self._send(self._post_stream, self._params(request))
+        response: httpx2.Response = sdk_stream.response  # its SSE iterator is never started
         parser = ChatSSEParser(self.name)
         body = response.aiter_bytes()
         done = False
@@ -172,9 +172,21 @@ class OpenAICompatProvider(OpenAIClientProvider):
                 await body.aclose()
                 await response.aclose()
 
-    @functools.cached_property
-    def _create_raw(self) -> Callable[..., Awaitable[Any]]:
-        return self.client.chat.completions.with_raw_response.create
+    async def _post_stream(self, **params: Any) -> openai.AsyncStream[Any]:
+        """``POST /chat/completions`` through the client's own request path (auth, Azure's
+        deployment URLs, headers, status errors) as ``chat.completions.create`` sends
+        it, without ``create``'s walk over the parameters against their TypedDicts
+        (``async_maybe_transform``: identity for the plain JSON chainrun builds, and
+        about 0.5 ms a call at 1,000 in flight)."""
+        headers = params.pop("extra_headers", None)
+        return await self.client.post(
+            "/chat/completions",
+            body=params,
+            options={"headers": headers} if headers else {},
+            cast_to=ChatCompletion,
+            stream=True,
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
+        )
 
     async def _sdk_chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         """:meth:`chunks` through the SDK's own stream parsing (see :attr:`sdk_sse`)."""
