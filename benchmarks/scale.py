@@ -33,6 +33,12 @@ level; at N > 1 the workers' starts are spread over ``--paced-ramp-s`` (45 s, ab
 one turn), and ``turns_per_s`` and the loop lag are taken over the steady window (from
 the end of the ramp to the start of the last turn: exactly N turns in flight).
 
+Each level's chain is opened and warmed up, then its start-up objects are frozen out of
+the garbage collector as ``chainrun serve`` does (:mod:`chainrun.gcfreeze`;
+``--no-gc-freeze`` to compare). ``--uvloop-levels`` (1000) runs those paced levels again
+on uvloop, in the same run, when the ``uvloop`` extra is installed
+(``results_paced_uvloop``).
+
 Per level (both runs): ``turns_per_s``, ``loop_lag_p99_ms`` (how late a 10 ms timer
 wakes up, p99; with n, a 95% interval, p50 and max), ``peak_rss_mb`` (the process's
 peak resident set so far: ``ru_maxrss``; levels run ascending so it is the peak up to
@@ -70,6 +76,7 @@ import _common as c
 
 from chainrun import eventloop, stats
 from chainrun.config import config_from_dict
+from chainrun.gcfreeze import freeze_startup_objects
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.providers.openai_compat import OpenAICompatProvider
@@ -201,9 +208,10 @@ async def level(
     of the ramp to the start of the last turn, while exactly ``n_flight`` turns were in
     flight; without a ramp, over the whole level (the saturating run, as before).
     ``pool_connections``: the provider's connections per pool (None: the config's
-    default; 0: one pool). ``gc_freeze``: ``gc.freeze()`` after the warm-up turn (the
-    objects alive then are never scanned during the level); ``gc_threshold0``: the
-    collector's first threshold during the level (None: Python's 700).
+    default; 0: one pool). ``gc_freeze``: after the warm-up turn, freeze the objects
+    alive then, as ``chainrun serve`` does once its chain is open
+    (:func:`chainrun.gcfreeze.freeze_startup_objects`; unfrozen after the level);
+    ``gc_threshold0``: the collector's first threshold during the level (None: 700).
     """
     provider: dict[str, Any] = {"base_url": lab.base_url, "max_connections": 4 * n_flight}
     if pool_connections is not None:  # 0: one pool of max_connections (as before pools)
@@ -223,9 +231,8 @@ async def level(
         gc_before = gc.get_threshold()
         if gc_threshold0:
             gc.set_threshold(gc_threshold0, *gc_before[1:])
-        if gc_freeze:  # what is alive now is never scanned again during the level
-            gc.collect()
-            gc.freeze()
+        if gc_freeze:  # as chainrun serve does once its chain is open (chainrun.gcfreeze)
+            freeze_startup_objects()
         async with c.LagSampler(interval_s=0.01) as lag:
             with c.GcPauses() as gc_pauses:
                 t0, lt0 = time.perf_counter(), loop.time()
@@ -522,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         "chainrun's ChatSSEParser, to compare",
     )  # fmt: skip
     parser.add_argument(
-        "--gc-freeze", action="store_true",
-        help="gc.freeze() after each level's warm-up turn (start-up objects never scanned)",
+        "--no-gc-freeze", dest="gc_freeze", action="store_false",
+        help="do not freeze the start-up objects after each level's warm-up turn (by "
+        "default they are, as chainrun serve does: chainrun.gcfreeze)",
     )  # fmt: skip
     parser.add_argument(
         "--gc-threshold0", type=int, default=None,

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
 from chainrun.errors import ChainrunError
+from chainrun.gcfreeze import freeze_startup_objects
 from chainrun.serve import chat, openai_face
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
@@ -55,6 +56,8 @@ class ServeState:
         observers: told about every logged turn (e.g. the OpenTelemetry exporter).
         model_id: the model id of the OpenAI-compatible face.
         retry_s: wait between attempts to open the chain, in s.
+        freeze_gc: once the chain is open, ``gc.freeze()`` the objects alive then
+            (:func:`chainrun.gcfreeze.freeze_startup_objects`; ``chainrun serve`` does).
     """
 
     def __init__(
@@ -64,8 +67,10 @@ class ServeState:
         observers: Sequence[TurnObserver] = (),
         model_id: str = openai_face.DEFAULT_MODEL_ID,
         retry_s: float = 2.0,
+        freeze_gc: bool = False,
     ) -> None:
         self.chain_factory = chain_factory
+        self.freeze_gc = freeze_gc
         self.observers = list(observers)
         self.model_id = model_id
         self.retry_s = retry_s
@@ -89,6 +94,8 @@ class ServeState:
                 continue
             self.chain, self.last_error = chain, None
             self.runner = TurnRunner(chain, self.observers)
+            if self.freeze_gc:
+                freeze_startup_objects()
             return
 
     def start(self) -> None:

@@ -89,6 +89,7 @@ def serve(
         lambda: Chain(config, store=store, kind="live", quiet=True),
         observers=observers or [],
         model_id=model_id,
+        freeze_gc=True,  # a long-running process: start-up objects out of every GC pass
     )
     app = create_app(state, token=token)
     server = uvicorn.Server(

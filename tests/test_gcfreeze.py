@@ -1,0 +1,43 @@
+"""Start-up objects out of every garbage collection (chainrun.gcfreeze): what ``chainrun
+serve`` does once its chain is open."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from chainrun.chain import Chain
+from chainrun.config import ChainConfig
+from chainrun.gcfreeze import freeze_startup_objects
+from chainrun.providers.fake import FakeProvider
+from chainrun.serve import ServeState
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the test process keeps collecting everything
+
+
+def test_freezing_moves_what_is_alive_out_of_collections(unfrozen: None) -> None:
+    kept = [[i] for i in range(1000)]  # tracked containers
+    n = freeze_startup_objects()
+    assert n == gc.get_freeze_count() >= len(kept)
+    made_later = [[i] for i in range(10)]
+    assert gc.is_tracked(made_later[0]) and gc.get_freeze_count() == n
+
+
+async def test_serve_state_freezes_once_the_chain_is_open_only_when_asked(
+    unfrozen: None, config: ChainConfig, fake: FakeProvider
+) -> None:
+    for freeze in (False, True):
+        gc.unfreeze()
+        state = ServeState(lambda: Chain(config, providers={"local": fake}), freeze_gc=freeze)
+        state.start()
+        await state.wait_ready()
+        assert state.chain is not None
+        assert (gc.get_freeze_count() > 0) is freeze
+        await state.aclose()
