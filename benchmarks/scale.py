@@ -199,7 +199,7 @@ async def level(
     ramp_s: float = 0.0,
     pool_connections: int | None = None,
     gc_freeze: bool = False,
-    gc_threshold0: int | None = None,
+    gc_thresholds: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """Run ``n_turns`` turns with ``n_flight`` in flight; the level's figures.
 
@@ -211,7 +211,8 @@ async def level(
     default; 0: one pool). ``gc_freeze``: after the warm-up turn, freeze the objects
     alive then, as ``chainrun serve`` does once its chain is open
     (:func:`chainrun.gcfreeze.freeze_startup_objects`; unfrozen after the level);
-    ``gc_threshold0``: the collector's first threshold during the level (None: 700).
+    ``gc_thresholds``: the collector's thresholds during the level (None: Python's
+    700, 10, 10).
     """
     provider: dict[str, Any] = {"base_url": lab.base_url, "max_connections": 4 * n_flight}
     if pool_connections is not None:  # 0: one pool of max_connections (as before pools)
@@ -229,8 +230,8 @@ async def level(
         warm = await chain.run_turn("warm-up")  # first-use work stays out of the level
         lab.reset()
         gc_before = gc.get_threshold()
-        if gc_threshold0:
-            gc.set_threshold(gc_threshold0, *gc_before[1:])
+        if gc_thresholds:
+            gc.set_threshold(*gc_thresholds)
         if gc_freeze:  # as chainrun serve does once its chain is open (chainrun.gcfreeze)
             freeze_startup_objects()
         async with c.LagSampler(interval_s=0.01) as lag:
@@ -333,7 +334,7 @@ async def saturating_run(
             out[str(n)] = await level(
                 lab, store, n, max(n, args.min_turns), messages, args.embedding,
                 pool_connections=args.pool_connections,
-                gc_freeze=args.gc_freeze, gc_threshold0=args.gc_threshold0,
+                gc_freeze=args.gc_freeze, gc_thresholds=args.gc_thresholds,
             )  # fmt: skip
     return out
 
@@ -350,7 +351,7 @@ async def paced_run(
             out[str(n)] = await level(
                 lab, store, n, n_turns, messages, args.embedding, ramp_s=ramp,
                 pool_connections=args.pool_connections,
-                gc_freeze=args.gc_freeze, gc_threshold0=args.gc_threshold0,
+                gc_freeze=args.gc_freeze, gc_thresholds=args.gc_thresholds,
             )  # fmt: skip
     return out
 
@@ -387,7 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "embedding": args.embedding,
         "pool_connections": args.pool_connections,
         "gc_freeze": args.gc_freeze,
-        "gc_threshold0": args.gc_threshold0,
+        "gc_thresholds": args.gc_thresholds,
         "sse_parser": "openai SDK" if args.sdk_sse else "chainrun (chat_sse)",
         # the lab is uvicorn with loop="auto": uvloop when installed, in both arms
         "lab_event_loop": "uvloop" if uvloop_factory() and eventloop.wanted() == "auto"
@@ -534,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         "default they are, as chainrun serve does: chainrun.gcfreeze)",
     )  # fmt: skip
     parser.add_argument(
-        "--gc-threshold0", type=int, default=None,
-        help="the collector's first threshold during a level (default: Python's, 700)",
+        "--gc-thresholds", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+        help="the collector's three thresholds during a level, e.g. 700,10,100 (default: "
+        "Python's, 700,10,10)",
     )  # fmt: skip
     c.add_common_options(parser)
     args = parser.parse_args(argv)
