@@ -203,12 +203,16 @@ class LagSampler:
                 await self._task
 
     async def _run(self) -> None:
+        # The lag is read on time.monotonic (which asyncio's loop.time() is): uvloop's
+        # loop.time() is libuv's clock in whole ms, which would floor every lag to a
+        # whole ms. Samples are stamped with loop.time(), the clock turns are timed on.
         loop = asyncio.get_running_loop()
+        clock = time.monotonic
         while True:
-            asked = loop.time() + self.interval_s
+            asked = clock() + self.interval_s
             await asyncio.sleep(self.interval_s)
             now = loop.time()
-            self.samples.append((now, max(0.0, now - asked) * 1000.0))
+            self.samples.append((now, max(0.0, clock() - asked) * 1000.0))
             self._times.append(now)
 
     def max_between(self, t0: float, t1: float) -> float:
