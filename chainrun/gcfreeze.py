@@ -4,11 +4,12 @@ CPython's cyclic collector stops the whole process for a full (generation 2) col
 and such a pass walks every tracked object. A process serving many turns holds the
 objects of its start-up for its whole life (imported modules, the config, pydantic
 schemas, the catalogue, the providers' clients: about 170,000 with the default chain)
-and, with 1,000 turns in flight, each full collection also walks them: measured on
-``benchmarks/scale.py``'s paced 1,000 level, full collections of 0.6-1.2 s, 13 s of
-15 over 80 s of level, and the event loop's lag p99 at 589 ms; with the start-up
-objects frozen, 6.3 s and a lag p99 of 55 ms (benchmarks/README.md, "Scale in one
-process").
+and, with 1,000 turns in flight, each full collection also walks them. Measured on
+``benchmarks/scale.py``'s paced 1,000 level (2,000 turns, about 80 s): 18 full
+collections, 13.2 s in all, the longest 1.2 s, and the event loop's lag p99 589 ms;
+with the start-up objects frozen (the next run, 6 minutes later), 6.3 s in all, the
+longest 0.63 s, lag p99 55 ms (benchmarks/README.md, "Scale in one process at 1,000
+turns").
 
 :func:`freeze_startup_objects` collects once, then ``gc.freeze()``s what is left: those
 objects move to the permanent generation, which later collections ignore (Python
