@@ -34,10 +34,10 @@ one turn), and ``turns_per_s`` and the loop lag are taken over the steady window
 the end of the ramp to the start of the last turn: exactly N turns in flight).
 
 Each level's chain is opened and warmed up, then its start-up objects are frozen out of
-the garbage collector as ``chainrun serve`` does (:mod:`chainrun.gcfreeze`;
-``--no-gc-freeze`` to compare). ``--uvloop-levels`` (1000) runs those paced levels again
-on uvloop, in the same run, when the ``uvloop`` extra is installed
-(``results_paced_uvloop``).
+the garbage collector and full collections made rare, as ``chainrun serve`` does
+(:mod:`chainrun.gcfreeze`; ``--no-gc-freeze`` to compare). ``--uvloop-levels`` (1000)
+runs those paced levels again on uvloop, in the same run, when the ``uvloop`` extra is
+installed (``results_paced_uvloop``).
 
 Per level (both runs): ``turns_per_s``, ``loop_lag_p99_ms`` (how late a 10 ms timer
 wakes up, p99; with n, a 95% interval, p50 and max), ``peak_rss_mb`` (the process's
@@ -76,7 +76,7 @@ import _common as c
 
 from chainrun import eventloop, stats
 from chainrun.config import config_from_dict
-from chainrun.gcfreeze import freeze_startup_objects
+from chainrun.gcfreeze import freeze_startup_objects, rare_full_collections
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.providers.openai_compat import OpenAICompatProvider
@@ -209,8 +209,8 @@ async def level(
     flight; without a ramp, over the whole level (the saturating run, as before).
     ``pool_connections``: the provider's connections per pool (None: the config's
     default; 0: one pool). ``gc_freeze``: after the warm-up turn, freeze the objects
-    alive then, as ``chainrun serve`` does once its chain is open
-    (:func:`chainrun.gcfreeze.freeze_startup_objects`; unfrozen after the level);
+    alive then and make full collections rare, as ``chainrun serve`` does once its
+    chain is open (:mod:`chainrun.gcfreeze`; undone after the level);
     ``gc_thresholds``: the collector's thresholds during the level (None: Python's
     700, 10, 10).
     """
@@ -234,6 +234,8 @@ async def level(
             gc.set_threshold(*gc_thresholds)
         if gc_freeze:  # as chainrun serve does once its chain is open (chainrun.gcfreeze)
             freeze_startup_objects()
+            if not gc_thresholds:
+                rare_full_collections()
         async with c.LagSampler(interval_s=0.01) as lag:
             with c.GcPauses() as gc_pauses:
                 t0, lt0 = time.perf_counter(), loop.time()
@@ -531,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--no-gc-freeze", dest="gc_freeze", action="store_false",
-        help="do not freeze the start-up objects after each level's warm-up turn (by "
-        "default they are, as chainrun serve does: chainrun.gcfreeze)",
+        help="do not freeze the start-up objects nor make full collections rare after each "
+        "level's warm-up turn (by default both, as chainrun serve does: chainrun.gcfreeze)",
     )  # fmt: skip
     parser.add_argument(
         "--gc-thresholds", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,

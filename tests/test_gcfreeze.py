@@ -10,16 +10,22 @@ import pytest
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
-from chainrun.gcfreeze import freeze_startup_objects
+from chainrun.gcfreeze import (
+    FULL_COLLECTION_EVERY,
+    freeze_startup_objects,
+    rare_full_collections,
+)
 from chainrun.providers.fake import FakeProvider
 from chainrun.serve import ServeState
 
 
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
-    gc.unfreeze()  # the test process keeps collecting everything
+    gc.unfreeze()  # the test process keeps collecting everything, as before
+    gc.set_threshold(*thresholds)
 
 
 def test_freezing_moves_what_is_alive_out_of_collections(unfrozen: None) -> None:
@@ -40,4 +46,14 @@ async def test_serve_state_freezes_once_the_chain_is_open_only_when_asked(
         await state.wait_ready()
         assert state.chain is not None
         assert (gc.get_freeze_count() > 0) is freeze
+        assert (gc.get_threshold()[2] == FULL_COLLECTION_EVERY) is freeze
         await state.aclose()
+
+
+def test_rare_full_collections_sets_only_the_third_threshold() -> None:
+    before = gc.get_threshold()
+    try:
+        assert rare_full_collections() == (before[0], before[1], FULL_COLLECTION_EVERY)
+        assert rare_full_collections(50)[2] == 50
+    finally:
+        gc.set_threshold(*before)

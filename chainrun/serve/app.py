@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
 from chainrun.errors import ChainrunError
-from chainrun.gcfreeze import freeze_startup_objects
+from chainrun.gcfreeze import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
@@ -56,8 +56,8 @@ class ServeState:
         observers: told about every logged turn (e.g. the OpenTelemetry exporter).
         model_id: the model id of the OpenAI-compatible face.
         retry_s: wait between attempts to open the chain, in s.
-        freeze_gc: once the chain is open, ``gc.freeze()`` the objects alive then
-            (:func:`chainrun.gcfreeze.freeze_startup_objects`; ``chainrun serve`` does).
+        freeze_gc: once the chain is open, ``gc.freeze()`` the objects alive then and
+            make full collections rare (:mod:`chainrun.gcfreeze`; ``chainrun serve`` does).
     """
 
     def __init__(
@@ -96,6 +96,7 @@ class ServeState:
             self.runner = TurnRunner(chain, self.observers)
             if self.freeze_gc:
                 freeze_startup_objects()
+                rare_full_collections()
             return
 
     def start(self) -> None:
