@@ -11,6 +11,7 @@ The public API (pinned by tests/test_public_api.py)::
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, HedgeConfig, ProviderConfig, StepConfig, load_config
 from chainrun.errors import (
+    ChainClosed,
     ChainrunError,
     ConfigError,
     InputFileError,
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Chain",
+    "ChainClosed",
     "ChainConfig",
     "ChainrunError",
     "ConfigError",

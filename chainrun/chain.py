@@ -32,7 +32,7 @@ import sqlite_utils
 
 from chainrun.capabilities import check_chain as check_capabilities
 from chainrun.config import MODEL_STEP_KINDS, ChainConfig, load_config, policy_from_config
-from chainrun.errors import ConfigError, ProviderUnavailable, error_type
+from chainrun.errors import ChainClosed, ConfigError, ProviderUnavailable, error_type
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
@@ -45,6 +45,7 @@ from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, st
 from chainrun.steps.base import breaker_key
 from chainrun.store import DEFAULT_DB, Store, utc_now
 from chainrun.timing import Chunk
+from chainrun.turninput import check_turn_input
 
 REFUSAL = "Sorry, I can't help with that right now. Please try again in a moment."
 
@@ -169,6 +170,7 @@ class Chain:
         self._background: set[asyncio.Task[None]] = set()
         #: steps that have had an answer: a 401/403/404 after that is not a config error
         self._answered: set[str] = set()
+        self._closed = False
 
     @classmethod
     def from_config(
@@ -223,7 +225,9 @@ class Chain:
                 server cannot be reached (checked before any run is created).
             ConfigError: a provider is misconfigured (e.g. its API key variable is unset),
                 or a step asks a model for what its capability entry refuses (before any call).
+            ChainClosed: the chain was closed (build a new one).
         """
+        self._check_open()
         try:
             check_capabilities(self.config)
         except ConfigError as e:
@@ -292,7 +296,11 @@ class Chain:
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers) and the log writes it queued, close
         steps and providers, end the run (``failed`` when a queued turn write failed;
-        that error is raised after everything is closed)."""
+        that error is raised after everything is closed). From then on the chain refuses
+        turns (:class:`~chainrun.errors.ChainClosed`); closing it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self._background:  # shadow losers (bounded by their step's deadline)
             await asyncio.gather(*self._background, return_exceptions=True)
         write_error: Exception | None = None
@@ -315,8 +323,18 @@ class Chain:
         if write_error is not None:
             raise write_error
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChainClosed("the chain is closed (after aclose() or its async with block); "
+                              "build a new Chain")  # fmt: skip
+
     def ensure_run(self) -> int | None:
-        """The run this chain logs into, created on first use (None without a store)."""
+        """The run this chain logs into, created on first use (None without a store).
+
+        Raises:
+            ChainClosed: the chain was closed.
+        """
+        self._check_open()
         if self.store is None:
             return None
         if self.run_id is None:
@@ -327,7 +345,11 @@ class Chain:
 
     # -- one turn --------------------------------------------------------------------
     async def run_turn(self, message: str, **kwargs: Any) -> TurnFinished:
-        """Run a whole turn and return its :class:`TurnFinished` (events are discarded)."""
+        """Run a whole turn and return its :class:`TurnFinished` (events are discarded).
+
+        Raises:
+            what :meth:`stream_turn` raises.
+        """
         last: TurnFinished | None = None
         async with contextlib.aclosing(self.stream_turn(message, **kwargs)) as events:
             async for ev in events:
@@ -346,13 +368,22 @@ class Chain:
     ) -> AsyncGenerator[Event, None]:
         """Run one turn, yielding typed events as they happen.
 
+        ``message``: the shopper's text (a non-empty string of at most
+        :data:`chainrun.turninput.MAX_MESSAGE_CHARS` characters, valid Unicode: the rule
+        ``chainrun serve`` applies too). ``request_id`` / ``conversation_id``: stored with
+        the turn. ``original_ms``: the turn's duration in the traffic a replay came from.
+
         Raises:
+            UserInputError: a bad argument (``message: expected a string, got NoneType``),
+                at the first iteration, before anything runs or is logged.
+            ChainClosed: the chain was closed.
             ProviderUnavailable: a provider could not be reached at all (after logging
                 the turn with status ``error``), so that callers can stop a replay.
             StepConfigError: a provider refused a step's request as misconfigured (HTTP
                 400 naming a parameter; 401/403/404 on the step's first call), after
                 logging the turn with status ``error``; the remaining steps are skipped.
         """
+        check_turn_input(message, request_id, conversation_id)
         run_id = self.ensure_run()
         turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
                        started_at=utc_now(), original_ms=original_ms)  # fmt: skip

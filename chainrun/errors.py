@@ -6,6 +6,7 @@
     ├── UserInputError            the user's mistake; the CLI prints one line and exits 2
     │   ├── ConfigError           bad chainrun.toml / field path and value named
     │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
+    ├── ChainClosed               a turn asked of a Chain already closed (also a RuntimeError)
     └── ProviderError             the model server failed us (not the user's fault)
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
@@ -85,6 +86,12 @@ class InputFileError(UserInputError):
         self.path = path
         self.line = line
         self.problem = problem
+
+
+class ChainClosed(ChainrunError, RuntimeError):
+    """A :class:`~chainrun.Chain` was used after :meth:`~chainrun.Chain.aclose` (or after
+    its ``async with`` block): its providers are closed and its run has ended, so a turn
+    would be logged into a finished run. Build a new chain."""
 
 
 class ProviderError(ChainrunError):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ from chainrun.turnids import TurnIds, release
 __all__ = ["DEFAULT_DB", "Store", "migrate", "remove_unused_log", "utc_now"]
 
 DEFAULT_DB = "chainrun.db"
+logger = logging.getLogger("chainrun.store")
 
 
 def _process_start(pid: int) -> str | None:
@@ -444,13 +447,48 @@ def _prepare_turn(
         children += [(_insert_sql(table, cols), params) for cols, params in by_cols.items()]
 
     def write(conn: sqlite3.Connection) -> int:
-        tid = conn.execute(turn_sql, turn_params).lastrowid
-        assert tid is not None
-        for sql, params in children:
-            conn.executemany(sql, [(*p, tid) for p in params])
-        return tid
+        tid = None
+        try:
+            tid = conn.execute(turn_sql, turn_params).lastrowid
+            assert tid is not None
+            for sql, params in children:
+                conn.executemany(sql, [(*p, tid) for p in params])
+            return tid
+        except UnicodeEncodeError:
+            return _write_scrubbed(conn, tid, (turn_sql, turn_params), children)
 
     return write
+
+
+def _write_scrubbed(
+    conn: sqlite3.Connection, partial_id: int | None, turn: tuple[str, tuple[Any, ...]],
+    children: list[tuple[str, list[tuple[Any, ...]]]],
+) -> int:  # fmt: skip
+    """A turn's write again after SQLite refused one of its texts (``UnicodeEncodeError:
+    surrogates not allowed``: a lone surrogate, e.g. a model that streamed a cut
+    ``"\\ud83d"`` escape): undo its rows written so far (``partial_id``: the turn row,
+    when it went in) and write them with the surrogates replaced by U+FFFD, rather than
+    fail the commit and lose the turn. Only on this failure path: the hot path pays
+    nothing for it."""
+    if partial_id is not None:
+        for table, col in (("calls", "turn_id"), ("steps", "turn_id"), ("turns", "id")):
+            conn.execute(f"delete from {table} where {col} = ?", [partial_id])
+    tid = conn.execute(turn[0], scrub_surrogates(turn[1])).lastrowid
+    assert tid is not None
+    for sql, params in children:
+        conn.executemany(sql, [(*scrub_surrogates(p), tid) for p in params])
+    logger.warning("turn %s: lone surrogates in its texts were logged as U+FFFD", tid)
+    return tid
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(params: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``params`` with every UTF-16 surrogate in its strings replaced by U+FFFD (the
+    Unicode replacement character): what a log write does when SQLite refuses a text
+    (``UnicodeEncodeError: surrogates not allowed``)."""
+    return tuple(_SURROGATE.sub("\ufffd", p) if isinstance(p, str) else p for p in params)
 
 
 def _write_step_calls(
@@ -463,12 +501,13 @@ def _write_step_calls(
         row = c.to_db()
         for key in ("id", "run_id", "turn_id"):
             row.pop(key, None)
-        db.execute(
-            "update calls set "
-            + ", ".join(f"{k} = ?" for k in row)
-            + " where turn_id = ? and step = ? and attempt = ?",
-            [*row.values(), turn_id, step, c.attempt],
-        )
+        sql = ("update calls set " + ", ".join(f"{k} = ?" for k in row)
+               + " where turn_id = ? and step = ? and attempt = ?")  # fmt: skip
+        params = (*row.values(), turn_id, step, c.attempt)
+        try:
+            db.execute(sql, params)
+        except UnicodeEncodeError:  # a lone surrogate in a loser's text (see _write_scrubbed)
+            db.execute(sql, scrub_surrogates(params))
     db.execute(
         "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
         [time_saved_ms, turn_id, step],
