@@ -25,10 +25,12 @@ async def serving(
     observers: list[TurnObserver] | None = None,
     wait_ready: bool = True,
     retry_s: float = 2.0,
+    max_body_bytes: int | None = None,
 ) -> AsyncIterator[tuple[str, ServeState]]:
     """The serve app on a free loopback port in this event loop; yields (base URL, state)."""
     state = ServeState(factory, observers=observers or [], retry_s=retry_s)
-    app = create_app(state, token=token)
+    limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+    app = create_app(state, token=token, **limit)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))

@@ -664,3 +664,20 @@ def test_ctrl_c_during_a_replay_gives_one_n_everywhere(tmp_path: Path) -> None:
     assert item7["turns"]["replay run 1"] == counts
     text = chainrun("show", "1", "--db", str(db)).stdout
     assert f"over {n} completed turns" in text and f"{counts['n_cancelled']} cancelled" in text
+
+
+def test_readme_library_snippet_runs_as_a_file(lab_config: Path, tmp_path: Path) -> None:
+    """The README's "Library API" example, copied into a file, runs as is (it once was a
+    bare ``async with`` at module level: SyntaxError), here against the latency lab."""
+    import os
+
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(_readme_block("## Library API", "python"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    status, duration_ms = proc.stdout.splitlines()[-1].split()
+    assert status == "ok" and float(duration_ms) > 0
+    with Store.open(tmp_path / "chainrun.db") as store:  # the snippet's log, in its cwd
+        assert store.db.table("turns").count == 1

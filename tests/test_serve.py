@@ -131,7 +131,9 @@ async def test_bad_body_is_400_and_nothing_logged(config, store, fake) -> None:
         httpx.AsyncClient(base_url=url) as client,
     ):
         r = await client.post("/chat", content=b'{"message": ""}')
-    assert r.status_code == 400 and r.json() == {"error": "message: expected a non-empty string"}
+    assert r.status_code == 400 and r.json() == {"error": {
+        "message": "message: expected a non-empty string", "type": "invalid_request_error",
+        "param": "message", "code": "invalid_value"}}  # fmt: skip
     assert store.db.table("turns").count == 0
 
 
@@ -178,7 +180,14 @@ async def test_readyz_is_503_until_the_providers_answer(config, store, fake) -> 
         r = await client.get("/readyz")
         assert r.status_code == 503 and "ProviderUnavailable" in r.json()["detail"]
         busy = await client.post("/chat", json={"message": "hi"})
-        assert busy.status_code == 503
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        # one error shape on both faces (it was {"error": "not ready", "detail": ...})
+        oai = await client.post("/v1/chat/completions", json={
+            "model": "chainrun-shop", "messages": [{"role": "user", "content": "hi"}]})
+        for r in (busy, oai):
+            err = r.json()["error"]
+            assert r.status_code == 503 and err["code"] == "not_ready", r.text
+            assert err["type"] == "server_error" and "ProviderUnavailable" in err["message"]
         await asyncio.wait_for(state.wait_ready(), 10)
         assert (await client.get("/readyz")).status_code == 200
         events = await chat(client, "hi")

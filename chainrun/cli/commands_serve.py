@@ -9,7 +9,7 @@ import typer
 
 from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, handle_errors
 from chainrun.config import load_config
-from chainrun.serve import DEFAULT_MODEL_ID, TOKEN_ENV, TurnObserver, serve
+from chainrun.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV, TurnObserver, serve
 from chainrun.telemetry import otel_requested, telemetry_from_env
 
 
@@ -33,6 +33,11 @@ def serve_command(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set; needs chainrun[otel]).",
         ),
     ] = None,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(min=1, help="Largest request body in bytes; a larger one is answered 413 "
+                     "without being read (default 1 MiB)."),
+    ] = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -46,7 +51,7 @@ def serve_command(
         observers.append(telemetry)
     try:
         serve(cfg, db, host=host, port=port, token=os.environ.get(TOKEN_ENV) or None,
-              model_id=model_id, observers=observers)  # fmt: skip
+              model_id=model_id, observers=observers, max_body_bytes=max_body_bytes)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()

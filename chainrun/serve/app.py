@@ -39,6 +39,7 @@ from chainrun.chain import Chain
 from chainrun.errors import ChainrunError
 from chainrun.gcfreeze import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
+from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
 log = logging.getLogger("chainrun.serve")
@@ -46,6 +47,9 @@ log = logging.getLogger("chainrun.serve")
 STATIC_DIR = Path(__file__).parent / "static"
 #: routes open without the bearer token (the page itself holds no data)
 PUBLIC_PATHS = ("/healthz", "/readyz", "/static/")
+#: the largest request body accepted, in bytes (1 MiB: a chat body is a few KB, and
+#: a message is at most 8,000 characters, 32 KB of UTF-8 at most, JSON escapes aside)
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
 class ServeState:
@@ -141,12 +145,42 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         response = JSONResponse(
-            openai_face.error_body("missing or wrong bearer token", "invalid_request_error",
-                                   code="invalid_api_key"),
+            error_body("missing or wrong bearer token", "invalid_request_error",
+                       code="invalid_api_key"),
             status_code=401,
             headers={"WWW-Authenticate": "Bearer"},
         )  # fmt: skip
         await response(scope, receive, send)
+
+
+class _ServeApp(Starlette):
+    """Starlette with its request body limit (``max_body_size``) answering in the one
+    error shape: Starlette's own middleware counts the bytes of a body as they are read
+    (a chunked body stops at the limit; its 413 comes from :func:`body_too_large`), but
+    a ``Content-Length`` over the limit it answers in plain text; :class:`_DeclaredLength`
+    answers that one first, before anything reads the body."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        assert self.max_body_size is not None
+        return _DeclaredLength(stack, self.max_body_size)
+
+
+class _DeclaredLength:
+    """Pure ASGI: a request whose ``Content-Length`` is over ``limit`` bytes gets 413 at
+    once; its body is never read."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            declared = Headers(scope=scope).get("content-length", "")
+            if declared.isdigit() and int(declared) > self.limit:
+                await body_too_large_response(self.limit)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _page(request: Request) -> Response:
@@ -167,11 +201,21 @@ async def _readyz(request: Request) -> Response:
                          "steps": list(chain.config.order), "model": state.model_id})  # fmt: skip
 
 
-def create_app(state: ServeState, *, token: str | None = None) -> Starlette:
-    """The app serving ``state``'s chain; ``token``: require it as a bearer token.
+def create_app(
+    state: ServeState, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> Starlette:
+    """The app serving ``state``'s chain; ``token``: require it as a bearer token;
+    ``max_body_bytes``: the largest request body, in bytes (Starlette's own
+    ``max_body_size``): a ``Content-Length`` over it is answered 413 before any of the
+    body is read, a chunked body stops being read once over it (413 too).
 
     The app's lifespan starts opening the chain and closes it at shutdown.
+
+    Raises:
+        ValueError: ``max_body_bytes`` below 1.
     """
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes: expected at least 1, got {max_body_bytes}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -182,7 +226,7 @@ def create_app(state: ServeState, *, token: str | None = None) -> Starlette:
             await state.aclose()
 
     middleware = [Middleware(BearerAuth, token=token)] if token else []
-    app = Starlette(
+    app = _ServeApp(
         routes=[
             Route("/", _page, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
@@ -193,7 +237,10 @@ def create_app(state: ServeState, *, token: str | None = None) -> Starlette:
             Route("/v1/chat/completions", openai_face.chat_completions, methods=["POST"]),
         ],
         middleware=middleware,
+        exception_handlers={413: body_too_large},
         lifespan=lifespan,
+        max_body_size=max_body_bytes,
     )
     app.state.serve = state
+    app.state.max_body_bytes = max_body_bytes
     return app

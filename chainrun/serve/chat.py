@@ -6,59 +6,69 @@ Request body (JSON)::
 
 Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
-body is answered ``400 {"error": "..."}`` naming the field; a server not yet ready
-``503``. A client that disconnects cancels the turn (sse-starlette cancels the
-generator on the ASGI ``http.disconnect``), which closes the in-flight model calls.
+body is answered 400 naming the field, a server not yet ready 503, both in the one
+error shape of :mod:`chainrun.serve.errors` (``{"error": {"message", "type", "param",
+"code"}}``). The message follows the library's rule (:mod:`chainrun.turninput`). A
+client that disconnects cancels the turn (sse-starlette cancels the generator on the
+ASGI ``http.disconnect``), which closes the in-flight model calls.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from chainrun.serve.errors import error_response, not_ready
 from chainrun.serve.turns import TurnRunner
+from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
 
-#: longest message accepted, in characters (a chat message, not a document)
-MAX_MESSAGE_CHARS = 8000
+__all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat",
+           "parse_chat_body"]  # fmt: skip
+
 MAX_CONVERSATION_ID_CHARS = 200
 
 
 class BadRequest(ValueError):
-    """A request body that does not have the documented shape (message names the field)."""
+    """A request body that does not have the documented shape (message names the field).
+
+    ``param``: the field at fault (None: the body as a whole).
+    """
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
     """``(message, conversation_id)`` from a ``/chat`` body.
 
     Raises:
-        BadRequest: not a JSON object, ``message`` missing, empty, not a string or over
-            :data:`MAX_MESSAGE_CHARS`; ``conversation_id`` not a string or too long.
+        BadRequest: not a JSON object; ``message`` missing, blank, not a string, over
+            :data:`MAX_MESSAGE_CHARS` or holding a lone surrogate (the library's rule,
+            :func:`chainrun.turninput.check_turn_input`); ``conversation_id`` not such a
+            string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
     """
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise BadRequest("body: expected a JSON object") from None
+        raise BadRequest("body: expected a JSON object", None) from None
     if not isinstance(body, dict):
-        raise BadRequest("body: expected a JSON object")
+        raise BadRequest("body: expected a JSON object", None)
     message = body.get("message")
-    if not isinstance(message, str) or not message.strip():
-        raise BadRequest("message: expected a non-empty string")
-    if len(message) > MAX_MESSAGE_CHARS:
-        raise BadRequest(f"message: expected at most {MAX_MESSAGE_CHARS} characters")
-    conversation_id = body.get("conversation_id")
-    if conversation_id is not None and (
-        not isinstance(conversation_id, str)
-        or not conversation_id
-        or len(conversation_id) > MAX_CONVERSATION_ID_CHARS
-    ):
-        raise BadRequest(
-            f"conversation_id: expected a string of 1 to {MAX_CONVERSATION_ID_CHARS} characters"
-        )
+    problem = text_problem(message, required=True, max_chars=MAX_MESSAGE_CHARS)
+    if problem is not None:
+        raise BadRequest(f"message: {problem}", "message")
+    conversation_id: str | None = body.get("conversation_id")
+    problem = text_problem(conversation_id, required=False, max_chars=MAX_CONVERSATION_ID_CHARS)
+    if problem is None and conversation_id == "":
+        problem = "expected a non-empty string"
+    if problem is not None:
+        raise BadRequest(f"conversation_id: {problem}", "conversation_id")
+    assert isinstance(message, str)
     return message, conversation_id
 
 
@@ -77,19 +87,10 @@ async def chat(request: Request) -> Response:
     try:
         message, conversation_id = parse_chat_body(await request.body())
     except BadRequest as e:
-        return JSONResponse({"error": str(e)}, status_code=400)
+        return error_response(400, str(e), param=e.param, code="invalid_value")
     return EventSourceResponse(
         _events(runner, message, conversation_id),
         ping=15,  # a comment line every 15 s keeps idle proxies from closing the stream
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
-
-def not_ready(request: Request) -> Response:
-    """``503`` with why the chain is not ready (still starting, or its last error)."""
-    state: Any = request.app.state.serve
-    return JSONResponse(
-        {"error": "not ready", "detail": state.not_ready_reason()},
-        status_code=503,
-        headers={"Retry-After": "1"},
-    )

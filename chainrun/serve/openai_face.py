@@ -47,11 +47,13 @@ from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, MAX_MESSAGE_CHARS, not_ready
+from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
+from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
 from chainrun.serve.turns import TurnRunner
+from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
 
 DEFAULT_MODEL_ID = "chainrun-shop"
 
@@ -77,12 +79,6 @@ class InvalidRequest(ValueError):
         self.code = code
 
 
-def error_body(message: str, kind: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """An OpenAI-shaped error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def _text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
@@ -99,8 +95,11 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     Raises:
         InvalidRequest: not an object; ``model`` missing (400) or not ``model_id`` (404
             ``model_not_found``); ``messages`` holds no user message with text; the text
-            is over :data:`~chainrun.serve.chat.MAX_MESSAGE_CHARS`; ``n`` is not 1;
-            ``tools`` are given.
+            breaks the library's rule (:func:`chainrun.turninput.check_turn_input`: over
+            :data:`~chainrun.turninput.MAX_MESSAGE_CHARS` characters, a lone
+            surrogate); ``n`` is not 1; ``tools`` are given; ``stream`` or
+            ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
+            not taken as true); ``stream_options`` is not an object.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", None)
@@ -119,27 +118,38 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     text = _text(users[-1].get("content")) if users else None
     if not text or not text.strip():
         raise InvalidRequest("messages: expected a user message with text content", "messages")
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise InvalidRequest(
-            f"messages: the last user message is over {MAX_MESSAGE_CHARS} characters",
-            "messages",
-        )
-    if body.get("n") not in (None, 1):
+    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
+    if problem is not None:
+        raise InvalidRequest(f"messages: the last user message: {problem}", "messages")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise InvalidRequest("n: only 1 choice is supported", "n")
     if body.get("tools"):
         raise InvalidRequest("tools: the chain takes no tools", "tools")
     metadata = body.get("metadata")
     conv = metadata.get("conversation_id") if isinstance(metadata, dict) else None
     conv = conv if isinstance(conv, str) else body.get("user")
-    if not isinstance(conv, str) or not conv or len(conv) > MAX_CONVERSATION_ID_CHARS:
-        conv = None
+    if not conv or text_problem(conv, required=True, max_chars=MAX_CONVERSATION_ID_CHARS):
+        conv = None  # an id the chain cannot take: the turn starts a conversation of its own
     options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("stream_options: expected an object", "stream_options")
     return CompletionRequest(
         message=text,
-        conversation_id=conv,
-        stream=bool(body.get("stream")),
-        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+        conversation_id=conv if isinstance(conv, str) else None,
+        stream=_flag(body.get("stream"), "stream"),
+        include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
     )
+
+
+def _flag(value: Any, param: str) -> bool:
+    """A boolean request field: true, false or absent (null); anything else is refused."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{param}: expected a boolean (true or false), "
+                             f"got {json.dumps(value)}", param)  # fmt: skip
+    return value
 
 
 def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +171,7 @@ def _finish_reason(status: str) -> str:
 async def models(request: Request) -> Response:
     """``GET /v1/models``: the chain as one model."""
     model_id = request.app.state.serve.model_id
-    return JSONResponse(
+    return JSONBody(
         {
             "object": "list",
             "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}],
@@ -175,15 +185,11 @@ async def chat_completions(request: Request) -> Response:
     try:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError):
-        return JSONResponse(
-            error_body("the body is not JSON", "invalid_request_error"), status_code=400
-        )
+        return error_response(400, "the body is not JSON")
     try:
         req = parse_completion_request(body, state.model_id)
     except InvalidRequest as e:
-        return JSONResponse(
-            error_body(str(e), "invalid_request_error", e.param, e.code), status_code=e.status
-        )
+        return error_response(e.status, str(e), param=e.param, code=e.code)
     runner: TurnRunner | None = state.runner
     if runner is None:
         return not_ready(request)
@@ -198,12 +204,9 @@ async def chat_completions(request: Request) -> Response:
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
     if summary["status"] == "error":
-        return JSONResponse(
-            error_body(f"the chain failed: {summary['error_type']}", "server_error",
-                       code=summary["error_type"]),
-            status_code=502,
-        )  # fmt: skip
-    return JSONResponse(
+        return error_response(502, f"the chain failed: {summary['error_type']}",
+                              "server_error", code=summary["error_type"])  # fmt: skip
+    return JSONBody(
         {
             "id": completion_id,
             "object": "chat.completion",

@@ -19,7 +19,7 @@ from chainrun.config import ChainConfig
 from chainrun.errors import UserInputError
 from chainrun.eventloop import uvicorn_loop
 from chainrun.netlisten import listening_socket
-from chainrun.serve.app import ServeState, create_app
+from chainrun.serve.app import DEFAULT_MAX_BODY_BYTES, ServeState, create_app
 from chainrun.serve.openai_face import DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver
 from chainrun.store import Store
@@ -57,6 +57,7 @@ def serve(
     token: str | None = None,
     model_id: str = DEFAULT_MODEL_ID,
     observers: list[TurnObserver] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -69,11 +70,15 @@ def serve(
         token: require ``Authorization: Bearer TOKEN`` (see :data:`TOKEN_ENV`).
         model_id: the chain's model id on the OpenAI-compatible face.
         observers: told about every logged turn (e.g. the OpenTelemetry exporter).
+        max_body_bytes: the largest request body, in bytes (default 1 MiB); a larger one
+            is answered 413 without being read whole.
 
     Raises:
-        UserInputError: a non-loopback host without a token; an address that cannot be
-            bound; an unusable log file.
+        UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
+            an address that cannot be bound; an unusable log file.
     """
+    if max_body_bytes < 1:
+        raise UserInputError(f"--max-body-bytes: expected at least 1, got {max_body_bytes}")
     if not is_loopback(host) and not token:
         raise UserInputError(
             f"--host {host}: serving beyond loopback needs a bearer token; "
@@ -91,7 +96,7 @@ def serve(
         model_id=model_id,
         freeze_gc=True,  # a long-running process: start-up objects out of every GC pass
     )
-    app = create_app(state, token=token)
+    app = create_app(state, token=token, max_body_bytes=max_body_bytes)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

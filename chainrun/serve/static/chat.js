@@ -264,8 +264,8 @@ async function ask(message) {
     if (!response.ok) {
       const err = await response.json().catch(() => ({}));
       answer.dataset.status = "error";
-      answer.textContent = "Error " + response.status + ": " + (err.error || "") +
-                           (err.detail ? " (" + err.detail + ")" : "");
+      answer.textContent = "Error " + response.status + ": " +
+                           ((err.error && err.error.message) || response.statusText);
       return;
     }
     for await (const { event, data } of sseEvents(response, controller.signal)) {

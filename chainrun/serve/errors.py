@@ -1,0 +1,67 @@
+"""The one error shape of every ``chainrun serve`` route, both faces alike: OpenAI's
+(so one client parser reads them all, and the ``openai`` SDK raises its usual errors)::
+
+    {"error": {"message": "message: expected a non-empty string",
+               "type": "invalid_request_error",   # or "server_error"
+               "param": "message",                 # the request field at fault, or null
+               "code": "invalid_value"}}           # or null
+
+Statuses: 400 a bad body (``param`` names the field), 401 a missing or wrong bearer
+token (``invalid_api_key``), 404 an unknown model (``model_not_found``), 413 a body over
+the server's limit (``body_too_large``), 502 the chain failed (``code``: its error
+type), 503 the chain is not ready yet (``not_ready``, with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+__all__ = ["JSONBody", "body_too_large", "body_too_large_response", "error_body",
+           "error_response", "not_ready"]  # fmt: skip
+
+
+class JSONBody(JSONResponse):
+    """A JSON response whose non-ASCII text is escaped (``\\uXXXX``): a model can stream a
+    lone surrogate (a cut ``"\\ud83d"``), which UTF-8 cannot carry; escaped, it is still
+    valid JSON instead of a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def error_body(message: str, kind: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The error object (see the module docstring)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", *,
+    param: str | None = None, code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:  # fmt: skip
+    """``status`` with the error object (see the module docstring)."""
+    return JSONBody(error_body(message, kind, param, code), status_code=status, headers=headers)
+
+
+def not_ready(request: Request) -> Response:
+    """``503`` with why the chain is not ready (still starting, or its last error)."""
+    reason = request.app.state.serve.not_ready_reason()
+    return error_response(503, f"not ready: {reason}", "server_error", code="not_ready",
+                          headers={"Retry-After": "1"})  # fmt: skip
+
+
+def body_too_large_response(limit: int) -> Response:
+    """``413``: the request body is over ``limit`` bytes."""
+    return error_response(413, f"the request body is over this server's limit of {limit} bytes",
+                          code="body_too_large")  # fmt: skip
+
+
+async def body_too_large(request: Request, exc: Exception) -> Response:
+    """The exception handler for Starlette's body limit (``max_body_size``): its 413 in
+    the error shape."""
+    return body_too_large_response(request.app.state.max_body_bytes)
