@@ -23,6 +23,7 @@ from chainrun.providers.base import Provider
 from chainrun.records import RunKind
 from chainrun.steps import Retriever
 from chainrun.store import Store
+from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
             raise InputFileError(str(p), no, "expected field 'id' (a non-empty string)")
         if not isinstance(msg, str) or not msg.strip():
             raise InputFileError(str(p), no, "expected field 'message' (a non-empty string)")
+        problem = text_problem(msg, required=True, max_chars=MAX_MESSAGE_CHARS)
+        if problem is not None:  # the turn's own rule, said here with the line
+            raise InputFileError(str(p), no, f"field 'message': {problem}")
         if str(rid) in seen:
             raise InputFileError(str(p), no, f"duplicate id {rid!r}")
         orig = obj.get("original_ms")

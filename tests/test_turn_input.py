@@ -4,6 +4,7 @@ rule with ``chainrun serve``), a closed chain refuses turns, and a text UTF-8 ca
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -112,3 +113,19 @@ async def test_a_model_streaming_a_lone_surrogate_is_logged(
     assert len(logged.calls) == 4
     assert any("odd \ufffd note" == (s.output or "") for s in logged.steps)
     assert file_store.get_run(first.run_id).status == "complete"
+
+
+def test_a_replay_file_breaking_the_message_rule_names_its_line(tmp_path: Path) -> None:
+    """The replay loader applies the turn's rule up front (file and line named), rather
+    than stopping the replay half way at that turn."""
+    from chainrun.errors import InputFileError
+    from chainrun.replay import load_requests
+
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"id": "a", "message": "fine"}\n'
+                 '{"id": "b", "message": "cut \\ud83d"}\n')  # fmt: skip
+    with pytest.raises(InputFileError, match=r"r\.jsonl:2: field 'message': a lone UTF-16"):
+        load_requests(p)
+    p.write_text(json.dumps({"id": "c", "message": "x" * (MAX_MESSAGE_CHARS + 1)}) + "\n")
+    with pytest.raises(InputFileError, match=r"r\.jsonl:1: field 'message': expected at most"):
+        load_requests(p)
