@@ -384,6 +384,7 @@ class Chain:
                 logging the turn with status ``error``; the remaining steps are skipped.
         """
         check_turn_input(message, request_id, conversation_id)
+        self._check_open()  # also when the run exists already (ensure_run is skipped then)
         run_id = self.ensure_run()
         turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
                        started_at=utc_now(), original_ms=original_ms)  # fmt: skip
