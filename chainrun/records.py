@@ -64,14 +64,27 @@ class _Row(BaseModel):
     json_fields: ClassVar[frozenset[str]] = frozenset()
 
     def to_db(self) -> dict[str, Any]:
-        """The row as the table's columns (``id`` left out while it is None)."""
-        row = self.model_dump()
+        """The row as the table's columns (``id`` left out while it is None).
+
+        Read from the instance's ``__dict__`` (the fields, in declaration order), not
+        ``model_dump()``: every field is a scalar or JSON data that is encoded here, so
+        the deep copy ``model_dump`` makes bought nothing (it was most of the cost of
+        writing a turn's rows, on the event loop).
+        """
+        row = dict(self.__dict__)
         for name in self.json_fields:
             value = row[name]
-            row[name] = None if value is None else json.dumps(value, ensure_ascii=False)
-        if row.get("id") is None:
-            row.pop("id", None)
+            if value is not None:
+                row[name] = self._json_text(name, value)
+        if row["id"] is None:
+            del row["id"]
         return row
+
+    def _json_text(self, name: str, value: Any) -> str:
+        """A JSON column's text."""
+        if not value and isinstance(value, dict | list):
+            return "{}" if isinstance(value, dict) else "[]"  # the common empty verdicts
+        return json.dumps(value, ensure_ascii=False)
 
     @classmethod
     def from_db(cls, row: Mapping[str, Any]) -> Self:
@@ -210,10 +223,12 @@ class CallRow(_Row):
     fired_late: bool = False  # a copy fired while the client's event loop was late
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
 
-    def to_db(self) -> dict[str, Any]:
-        row = super().to_db()
-        row["chunk_gaps_ms"] = json.dumps([round(g, 3) for g in self.chunk_gaps_ms])
-        return row
+    def _json_text(self, name: str, value: Any) -> str:
+        if name == "chunk_gaps_ms":
+            # to the µs; f"{g:.3f}" parses back to the same float as round(g, 3) (both round
+            # the exact binary value correctly) at a third of json.dumps's cost per gap
+            return "[" + ",".join([f"{g:.3f}" for g in value]) + "]"
+        return super()._json_text(name, value)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,36 @@ def test_turn_round_trip_keeps_unknown_tokens_null() -> None:
         assert r.status == "complete" and r.n_turns == 1
 
 
+async def test_a_turn_written_by_the_writer_binds_unknown_as_null_and_flags_as_integers(
+    tmp_path: Path,
+) -> None:
+    """The write path's shortcuts (rows read from ``__dict__``, chunk gaps as ``%.3f``
+    text, adapters for None and bool) store what ``model_dump`` + ``json.dumps`` +
+    pysqlite3's own adaptation stored: NULL for unknown, 0/1 integers for flags, gaps
+    to the µs."""
+    gaps = [1.0, 2.00049, 0.1234567, 1234.5]
+    with Store.open(tmp_path / "log.db") as s:
+        run = s.create_run("live", "{}")
+        turn = TurnLog(TurnRow(input="hi", output="hello"))
+        turn.steps.append(StepRow(step="compose", hedge_fired=True))
+        turn.calls.append(CallRow(step="compose", chunk_gaps_ms=gaps, truncated=True,
+                                  n_chunks=5, ttft_ms=None))  # fmt: skip
+        turn_id = await s.alog_turn(run, turn)
+        await s.flush()
+        row = s.db.execute(
+            "select typeof(ttft_ms), typeof(input_tokens), typeof(truncated), truncated,"
+            " typeof(fired_late), fired_late, chunk_gaps_ms from calls where turn_id = ?",
+            [turn_id],
+        ).fetchone()
+        assert row[:6] == ("null", "null", "integer", 1, "integer", 0)
+        assert s.calls(run)[0].chunk_gaps_ms == [round(g, 3) for g in gaps]
+        step = s.db.execute(
+            "select typeof(hedge_fired), hedge_fired, typeof(time_saved_ms) from steps"
+        ).fetchone()
+        assert step == ("integer", 1, "null")
+        assert s.turns(run)[0].verdicts == {}
+
+
 def test_unknown_run_and_non_database_file(tmp_path: Path) -> None:
     with Store.open(":memory:") as s, pytest.raises(UserInputError, match="no such run"):
         s.get_run(42)

@@ -18,7 +18,6 @@ import contextlib
 import json
 import string
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import replace
 from typing import Any
 
 from chainrun.checks.holdback import (
@@ -84,53 +83,72 @@ def template_fields(*templates: str | None) -> frozenset[str]:
 
 def call_row(
     step: str, attempt: AttemptRecord, request: ChatRequest, stream: ChatStream | None,
-    provider: Provider | None,
+    provider: Provider | None, *, streamed: bool = False,
 ) -> CallRow:  # fmt: skip
     """One ``calls`` row from the engine's attempt record, the request actually sent and
-    the attempt's stream timer (None: the attempt was never sent)."""
-    row = CallRow(
-        step=step,
-        attempt=attempt.number,
-        target=attempt.target,
-        provider=provider.name if provider else attempt.target,
-        server_address=provider.server_address if provider else None,
-        model=request.model,
-        reasoning_effort=request.reasoning_effort,
-        temperature=request.temperature,
-        max_tokens=request.max_output_tokens,
-        stop=request.stop,
-        started_offset_ms=attempt.started_offset_ms,  # None: refused, never sent
-        outcome=attempt.outcome,
-        loop_lag_ms=attempt.loop_lag_ms,
-        fired_late=attempt.number > 1 and attempt.fired_during_loop_lag,
-        error_type=error_type(attempt.error),
-        error_message=str(attempt.error) if attempt.error else None,
-    )
-    if stream is None:
-        return row
-    t = stream.timer
-    row.prompt = json.dumps(request.messages, ensure_ascii=False)
-    row.output = t.text
-    row.reasoning = "".join(t.reasoning) or None
-    row.ttft_ms = t.ttft_ms
-    row.duration_ms = t.duration_ms
-    row.chunk_gaps_ms = list(t.chunk_gaps_ms)
-    row.n_chunks = t.n_chunks
-    row.bytes_received = t.nbytes
-    row.response_model = t.model
-    row.response_id = t.response_id
-    row.finish_reason = t.finish_reason
-    row.truncated = t.truncated
-    row.server_timings = t.server_timings
-    if t.usage is not None:
-        row.input_tokens = t.usage.input_tokens
-        row.output_tokens = t.usage.output_tokens
-        row.reasoning_tokens = t.usage.reasoning_tokens
-        row.cached_input_tokens = t.usage.cached_input_tokens
-    if row.error_type is None and stream.error is not None:
-        row.error_type = error_type(stream.error)
-        row.error_message = str(stream.error)
-    return row
+    the attempt's stream timer (None: the attempt was never sent); ``streamed``: the
+    step streamed its answer (``gen_ai.request.stream``).
+
+    The fields are gathered first and validated once (one ``CallRow(**fields)``, not
+    a row built and then set field by field: a third of the cost, on the event loop).
+    """
+    error = attempt.error
+    fields: dict[str, Any] = {
+        "step": step,
+        "attempt": attempt.number,
+        "target": attempt.target,
+        "provider": provider.name if provider else attempt.target,
+        "server_address": provider.server_address if provider else None,
+        "model": request.model,
+        "reasoning_effort": request.reasoning_effort,
+        "stream": streamed,
+        "temperature": request.temperature,
+        "max_tokens": request.max_output_tokens,
+        "stop": request.stop,
+        "started_offset_ms": attempt.started_offset_ms,  # None: refused, never sent
+        "outcome": attempt.outcome,
+        "loop_lag_ms": attempt.loop_lag_ms,
+        "fired_late": attempt.number > 1 and attempt.fired_during_loop_lag,
+        "error_type": error_type(error) if error is not None else None,
+        "error_message": str(error) if error else None,
+    }
+    if stream is not None:
+        t = stream.timer
+        usage = t.usage
+        fields.update(
+            prompt=json.dumps(request.messages, ensure_ascii=False),
+            output=t.text,
+            reasoning="".join(t.reasoning) or None,
+            ttft_ms=t.ttft_ms,
+            duration_ms=t.duration_ms,
+            chunk_gaps_ms=list(t.chunk_gaps_ms),
+            n_chunks=t.n_chunks,
+            bytes_received=t.nbytes,
+            response_model=t.model,
+            response_id=t.response_id,
+            finish_reason=t.finish_reason,
+            truncated=t.truncated,
+            server_timings=t.server_timings,
+        )
+        if usage is not None:
+            fields.update(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+                cached_input_tokens=usage.cached_input_tokens,
+            )
+        if fields["error_type"] is None and stream.error is not None:
+            fields["error_type"] = error_type(stream.error)
+            fields["error_message"] = str(stream.error)
+    return CallRow(**fields)
+
+
+def _with_headers(request: ChatRequest, headers: dict[str, str]) -> ChatRequest:
+    """``dataclasses.replace(request, headers=headers)`` without its per-call walk over
+    the fields (a copy of the frozen request's attributes; one per attempt, on the loop)."""
+    copy = object.__new__(ChatRequest)
+    copy.__dict__.update(request.__dict__, headers=headers)
+    return copy
 
 
 async def _close_all(streams: Sequence[ChatStream]) -> None:
@@ -229,7 +247,7 @@ class LLMStep(Step):
         streams: dict[int, ChatStream] = {}
 
         async def attempt(info: AttemptInfo) -> ChatStream:
-            req = replace(request, headers={"x-chainrun-attempt": str(info.number)})
+            req = _with_headers(request, {"x-chainrun-attempt": str(info.number)})
             s = ChatStream(
                 self._providers[info.target], req,
                 first_token_timeout_s=cfg.first_token_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
@@ -387,8 +405,7 @@ class LLMStep(Step):
         for a in attempts:
             s = streams.get(a.number)
             row = call_row(self.name, a, s.request if s else request, s,
-                           self._providers.get(a.target))  # fmt: skip
-            row.stream = self.config.stream
+                           self._providers.get(a.target), streamed=self.config.stream)  # fmt: skip
             if s is not None and s is winner and row.error_type is None and step_error:
                 row.error_type = error_type(step_error)
                 row.error_message = str(step_error)
