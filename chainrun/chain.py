@@ -168,6 +168,8 @@ class Chain:
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
         self._background: set[asyncio.Task[None]] = set()
+        #: the run's creation on the log's writer thread, while it runs (ensure_run)
+        self._creating_run: asyncio.Future[int] | None = None
         #: steps that have had an answer: a 401/403/404 after that is not a config error
         self._answered: set[str] = set()
         self._closed = False
@@ -303,6 +305,8 @@ class Chain:
         self._closed = True
         if self._background:  # shadow losers (bounded by their step's deadline)
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self._creating_run is not None:  # a run being created by a cancelled turn
+            await asyncio.gather(self._creating_run, return_exceptions=True)
         write_error: Exception | None = None
         try:
             await self.flush()
@@ -318,8 +322,7 @@ class Chain:
             await p.aclose()
         self._owned.clear()
         if self.store is not None and self.run_id is not None:
-            if self.store.get_run(self.run_id).status == "running":
-                self.store.finish_run(self.run_id, status)  # type: ignore[arg-type]
+            await self.store.afinish_run(self.run_id, status)  # type: ignore[arg-type]
         if write_error is not None:
             raise write_error
 
@@ -328,20 +331,36 @@ class Chain:
             raise ChainClosed("the chain is closed (after aclose() or its async with block); "
                               "build a new Chain")  # fmt: skip
 
-    def ensure_run(self) -> int | None:
+    async def ensure_run(self) -> int | None:
         """The run this chain logs into, created on first use (None without a store).
+
+        Created off the event loop (:meth:`Store.acreate_run`: on the log's writer
+        thread, committed before this returns), once however many turns start together.
+        A turn cancelled while it waits leaves the creation running; the next turn, or
+        :meth:`aclose`, picks its id up.
 
         Raises:
             ChainClosed: the chain was closed.
         """
         self._check_open()
-        if self.store is None:
-            return None
-        if self.run_id is None:
-            self.run_id = self.store.create_run(
-                self.kind, self.config.snapshot(), label=self.label, source=self.source
+        if self.store is None or self.run_id is not None:
+            return self.run_id
+        if self._creating_run is None:
+            self._creating_run = asyncio.ensure_future(
+                self.store.acreate_run(
+                    self.kind, self.config.snapshot(), label=self.label, source=self.source
+                )
             )
+            self._creating_run.add_done_callback(self._run_created)
+        # (a creation already done is returned by shield at once, before its callback)
+        self.run_id = await asyncio.shield(self._creating_run)
         return self.run_id
+
+    def _run_created(self, creating: asyncio.Future[int]) -> None:
+        if creating.cancelled() or creating.exception() is not None:
+            self._creating_run = None  # the next turn tries again (and sees the error)
+            return
+        self.run_id = creating.result()
 
     # -- one turn --------------------------------------------------------------------
     async def run_turn(self, message: str, **kwargs: Any) -> TurnFinished:
@@ -385,7 +404,7 @@ class Chain:
         """
         check_turn_input(message, request_id, conversation_id)
         self._check_open()  # also when the run exists already (ensure_run is skipped then)
-        run_id = self.ensure_run()
+        run_id = self.run_id if self.run_id is not None else await self.ensure_run()
         turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
                        started_at=utc_now(), original_ms=original_ms)  # fmt: skip
         # deterministic checks first: microseconds, before any model call (issue 11)

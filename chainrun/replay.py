@@ -155,7 +155,7 @@ async def run_requests(
                 on_turn(req, done)
 
     async with chain:
-        started = chain.ensure_run()
+        started = await chain.ensure_run()
         if on_run is not None and started is not None:
             on_run(started)
         tasks = [asyncio.create_task(one(r)) for r in requests]

@@ -244,14 +244,34 @@ class Store:
         source: str | None = None,
         meta: dict[str, Any] | None = None,
     ) -> int:
-        """Insert a run with status ``running``; returns its id."""
-        run = RunRow(kind=kind, label=label, config=config_snapshot, source=source,
-                     started_at=utc_now(),
-                     meta={**(meta or {}), "writer": writer_identity()})  # fmt: skip
+        """Insert a run with status ``running``; returns its id (committed). Blocks the
+        caller for the write (up to the 10 s busy timeout while another connection
+        writes): from a coroutine use :meth:`acreate_run`."""
+        run = _new_run(kind, config_snapshot, label, source, meta)
         with write_transaction(self.db):
-            table = self.db.table("runs").insert(run.to_db())
-        assert table.last_pk is not None
-        return int(table.last_pk)
+            return _insert_run(self.db.conn, run)
+
+    async def acreate_run(
+        self,
+        kind: RunKind,
+        config_snapshot: str,
+        label: str | None = None,
+        source: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """:meth:`create_run` off the event loop: on the writer thread for a file log (in
+        its queue order, so after every turn queued before it), inline for an in-memory
+        log. Returns the run's id once the run is committed, as :meth:`create_run` does.
+        A cancelled caller stops waiting; the run is created all the same.
+
+        Raises:
+            Whatever the insert raised (e.g. ``sqlite3.OperationalError`` once the
+            busy timeout ran out), or ``RuntimeError`` when the writer is closed.
+        """
+        if self.writer is None:
+            return self.create_run(kind, config_snapshot, label, source, meta)
+        run = _new_run(kind, config_snapshot, label, source, meta)
+        return await self.writer.submit(lambda db: _insert_run(db.conn, run))
 
     def resume_run(self, run_id: int) -> None:
         """Mark an ended run ``running`` again, written by this process (``--resume``)."""
@@ -270,6 +290,22 @@ class Store:
             self.db.table("runs").update(
                 run_id, {"status": status, "ended_at": utc_now(), "n_turns": n}
             )
+
+    async def afinish_run(self, run_id: int, status: RunStatus) -> bool:
+        """:meth:`finish_run` off the event loop (on the writer thread for a file log,
+        after every write queued before it, so the turn count holds them), only if the
+        run is still ``running``; returns whether it was.
+
+        Raises:
+            Whatever the update raised, or ``RuntimeError`` when the writer is closed.
+        """
+        if self.writer is None:
+            if self.get_run(run_id).status != "running":
+                return False
+            self.finish_run(run_id, status)
+            return True
+        ended_at = utc_now()
+        return await self.writer.submit(lambda db: _finish_run(db.conn, run_id, status, ended_at))
 
     def get_run(self, run_id: int) -> RunRow:
         """The run ``run_id``.
@@ -420,6 +456,34 @@ class Store:
         """Every run of ``kind``, oldest first."""
         rows = self.db.table("runs").rows_where("kind = ?", [kind], order_by="id")
         return [RunRow.from_db(r) for r in rows]
+
+
+def _new_run(
+    kind: RunKind, config_snapshot: str, label: str | None, source: str | None,
+    meta: dict[str, Any] | None,
+) -> RunRow:  # fmt: skip
+    return RunRow(kind=kind, label=label, config=config_snapshot, source=source,
+                  started_at=utc_now(),
+                  meta={**(meta or {}), "writer": writer_identity()})  # fmt: skip
+
+
+def _insert_run(conn: sqlite3.Connection, run: RunRow) -> int:
+    """Insert ``run`` (inside the caller's transaction); its id."""
+    row = run.to_db()
+    rid = conn.execute(_insert_sql("runs", tuple(row)), tuple(row.values())).lastrowid
+    assert rid is not None
+    return int(rid)
+
+
+def _finish_run(conn: sqlite3.Connection, run_id: int, status: str, ended_at: str) -> bool:
+    """End a ``running`` run with ``status`` and its turn count (inside the caller's
+    transaction); whether it was running."""
+    n = conn.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
+    cur = conn.execute(
+        "update runs set status = ?, ended_at = ?, n_turns = ? where id = ? and status = 'running'",
+        [status, ended_at, n, run_id],
+    )
+    return cur.rowcount > 0
 
 
 _INSERTS: dict[tuple[str, tuple[str, ...]], str] = {}

@@ -6,6 +6,9 @@ inline)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -312,3 +315,83 @@ def test_a_store_outlives_the_event_loop_that_fetched_ids_ahead(tmp_path: Path) 
         assert len(store.turns(run_id)) == 329
     finally:
         store.close()
+
+
+_HOLD_THE_WRITE_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+"""
+
+
+def hold_the_write_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process that holds ``path``'s write lock for ``seconds`` (returns once it
+    has it)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(path), str(seconds)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    return holder
+
+
+async def test_the_run_is_created_off_the_event_loop(config, tmp_path: Path, fake) -> None:
+    """Another process holding the log's write lock makes the run's creation wait (busy
+    timeout) on the writer thread, not on the loop: the loop keeps ticking, and many
+    first turns at once create one run, committed before any of them returns."""
+    path = tmp_path / "log.db"
+    store = Store.open(path)
+    holder: subprocess.Popen[str] | None = None
+    try:
+        async with Chain(config, store=store, providers={"local": fake}) as chain:
+            loop = asyncio.get_running_loop()
+            holder = hold_the_write_lock(path, 0.4)
+            stamps = [loop.time()]
+
+            async def ticker() -> None:
+                while True:
+                    await asyncio.sleep(0.01)
+                    stamps.append(loop.time())
+
+            ticking = asyncio.create_task(ticker())
+            dones = await asyncio.gather(*(chain.run_turn(f"q{i}") for i in range(5)))
+            ticking.cancel()
+            assert loop.time() - stamps[0] >= 0.2  # the run waited for the lock
+            longest_stall = max(b - a for a, b in itertools.pairwise(stamps))
+            assert longest_stall < 0.15  # blocked on the lock, the loop would stall ~0.4 s
+            assert {d.run_id for d in dones} == {chain.run_id}
+            assert [r.id for r in store.list_runs()] == [chain.run_id]
+            assert store.get_run(chain.run_id).status == "running"
+        run = store.get_run(chain.run_id)
+        assert run.status == "complete" and run.n_turns == 5
+    finally:
+        if holder is not None:
+            holder.communicate(timeout=10)  # waits and closes its pipe
+        store.close()
+
+
+async def test_a_run_whose_first_turn_was_cancelled_is_created_and_ended(
+    config, file_store, fake
+) -> None:
+    """A turn cancelled while its run is being created leaves the creation running: the
+    next turn logs into that run (no second run), and closing the chain ends it."""
+    writer = file_store.writer
+    assert writer is not None
+    gate = threading.Event()
+    async with Chain(config, store=file_store, providers={"local": fake}) as chain:
+        held = asyncio.ensure_future(writer.submit(lambda db: gate.wait(10)))
+        first = asyncio.ensure_future(chain.run_turn("cancelled while the run is created"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        gate.set()
+        await held
+        done = await chain.run_turn("second")
+        assert done.run_id == chain.run_id
+    runs = file_store.list_runs()
+    assert [r.id for r in runs] == [done.run_id]
+    assert runs[0].status == "complete" and runs[0].n_turns == 1
