@@ -50,6 +50,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import os
 import statistics
 import sys
 import time
@@ -165,6 +167,62 @@ class Arms:
         return done.output or ""
 
 
+class GcPlan:
+    """How the garbage collector runs while calls are timed (``--gc``).
+
+    ``paired`` (default): after the warm-up the heap is frozen (``gc.freeze()``: the
+    objects of the imports and setup are never traversed again, so no arm meets a full
+    collection of them, 40-90 ms on this machine) and automatic collection is off; after
+    every call, inside that call's time, one young-generation collection (``gc.collect(0)``)
+    collects what that call left. So every call starts with the same (empty) young
+    generation, each arm pays for its own garbage and for no other arm's, and no call is
+    hit at random by a collection that earlier calls' allocations triggered. Untimed,
+    after every round (the same for every arm), ``gc.collect(1)``.
+    ``auto``: the collector as the process has it (thresholds 700/10/10): a collection
+    lands in whichever call crosses the threshold.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.on = False
+
+    def start(self) -> None:
+        if self.mode == "paired" and not self.on:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            self.on = True
+
+    def after_call(self) -> None:
+        """Timed, as the last part of a call."""
+        if self.on:
+            gc.collect(0)
+
+    def after_round(self) -> None:
+        """Untimed."""
+        if self.on:
+            gc.collect(1)
+
+    def stop(self) -> None:
+        if self.on:
+            gc.enable()
+            gc.unfreeze()
+            self.on = False
+
+
+def pin_cpus(lab_pid: int) -> dict[str, list[int]] | None:
+    """The lab (every thread of it) on the last CPU, this process on the first (threads
+    started later inherit it): client and server never share or swap cores (other
+    sessions' processes still do). None with fewer than 2 CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    for tid in os.listdir(f"/proc/{lab_pid}/task"):
+        os.sched_setaffinity(int(tid), {cpus[-1]})
+    os.sched_setaffinity(0, {cpus[0]})
+    return {"client": [cpus[0]], "lab": [cpus[-1]]}
+
+
 async def settle(arms: Arms, pause_s: float) -> None:
     """Untimed, after every call: commit what the logging arms queued, then pause."""
     await arms.chain.flush()
@@ -173,7 +231,9 @@ async def settle(arms: Arms, pause_s: float) -> None:
         await asyncio.sleep(pause_s)
 
 
-async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[str, list[float]]:
+async def measure(
+    arms: Arms, rounds: int, warmup: int, pause_s: float, gcp: GcPlan
+) -> dict[str, list[float]]:
     """Per-call times in ms per arm; round k runs the arms in an order rotated by k.
 
     Between calls, untimed: :func:`settle` (the stores flushed, then ``pause_s``), so
@@ -186,11 +246,14 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
     cpu: dict[str, list[float]] = {a: [] for a in ARMS}
     texts: set[str] = set()
     for k in range(warmup + rounds):
+        if k == warmup:
+            gcp.start()
         order = ARMS[k % len(ARMS) :] + ARMS[: k % len(ARMS)]
         for arm in order:
             c0 = time.process_time()
             t0 = time.perf_counter()
             text = await fns[arm]()
+            gcp.after_call()  # this call's own garbage, in its time (--gc paired)
             dt = (time.perf_counter() - t0) * 1000.0
             await settle(arms, pause_s)
             # the process's CPU (every thread: the writer's commit too) for the call and
@@ -200,6 +263,7 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
             if k >= warmup:
                 times[arm].append(dt)
                 cpu[f"{arm}"].append(dc)
+        gcp.after_round()
     if len(texts) != 1:
         raise RuntimeError(f"the arms did not get the same answer: {texts}")
     times.update({f"cpu:{a}": v for a, v in cpu.items()})
@@ -207,7 +271,7 @@ async def measure(arms: Arms, rounds: int, warmup: int, pause_s: float) -> dict[
 
 
 async def measure_concurrent(
-    arms: Arms, rounds: int, width: int, warmup: int, pause_s: float
+    arms: Arms, rounds: int, width: int, warmup: int, pause_s: float, gcp: GcPlan
 ) -> dict[str, Any]:
     """At ``width`` calls at once: the added ms per call from batch walls (one value
     per round) and the per-rank latency differences, for ``chain`` and ``chain_inline``
@@ -226,13 +290,17 @@ async def measure_concurrent(
             return (time.perf_counter() - t0) * 1000.0
 
         times = await asyncio.gather(*(one() for _ in range(width)))
+        gcp.after_call()  # the batch's own garbage, in its wall time (--gc paired)
         wall = (time.perf_counter() - t0) * 1000.0
         await settle(arms, pause_s)  # untimed: the batch's queued rows committed
         return wall, sorted(times)
 
     for k in range(warmup + rounds):
+        if k == warmup:
+            gcp.start()
         order = wide_arms[k % 3 :] + wide_arms[: k % 3]
         got = {arm: await batch(arm) for arm in order}
+        gcp.after_round()
         if k < warmup:
             continue
         for arm in wide_arms:
@@ -337,6 +405,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "pause_ms": args.pause_ms,
         "concurrency": args.concurrency,
         "concurrent_rounds": args.concurrent_rounds,
+        "gc": args.gc,
+        "pin": args.pin,
     }
     doc = c.new_document("hedge_overhead", sys.argv[1:], params)
     t0 = time.perf_counter()
@@ -345,12 +415,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         c.temp_store() as store,
         c.temp_store() as inline,
     ):
+        pinned = pin_cpus(lab.pid) if args.pin else None
+        gcp = GcPlan(args.gc)
         async with c.LagSampler() as lag, Arms(lab.base_url, args.tokens, store, inline) as arms:
-            with c.GcPauses() as gc_pauses:
-                times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000)
-            wide = await measure_concurrent(
-                arms, args.concurrent_rounds, args.concurrency, 1, args.pause_ms / 1000
-            )
+            try:
+                with c.GcPauses() as gc_pauses:
+                    times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000, gcp)
+                gcp.stop()
+                wide = await measure_concurrent(
+                    arms, args.concurrent_rounds, args.concurrency, 1, args.pause_ms / 1000, gcp
+                )
+            finally:
+                gcp.stop()
             fired = arms.hedger.stats.fires
             chain_run = arms.chain.run_id
             inline_run = arms.chain_inline.run_id
@@ -371,6 +447,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     results["client_lag"] = lag.summary()
     results["gc_during_sequential_part"] = gc_pauses.summary()
+    results["cpus"] = pinned
     results["wall_s"] = c.elapsed(t0)
     results["includes"] = {
         "hedger": "OpenAICompatProvider (openai client; model_dump_json of every chunk to count "
@@ -441,6 +518,19 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=40,
         help="rounds of the second part, one batch per arm each (40)",
+    )
+    parser.add_argument(
+        "--gc",
+        choices=("paired", "auto"),
+        default="paired",
+        help="paired: heap frozen after warm-up, one young collection timed at the end of "
+        "every call (each arm pays its own garbage); auto: the collector as is (paired)",
+    )
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the lab on the last CPU, the client on the first (--no-pin: anywhere)",
     )
     c.add_common_options(parser)
     args = parser.parse_args(argv)

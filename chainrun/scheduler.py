@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -25,6 +26,31 @@ from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
 from chainrun.graph import TurnGraph
 from chainrun.records import CallRow, StepRow
 from chainrun.steps.base import Step, StepContext, StepResult, TurnState
+
+
+class _Inbox:
+    """The steps' items for the turn's consumer, in arrival order: what the turn used of
+    an ``asyncio.Queue`` (unbounded, one reader), without the rest (a queue per turn
+    built an Event, three deques and task accounting nothing read)."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, TokenDelta | StepResult]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: tuple[str, TokenDelta | StepResult]) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> tuple[str, TokenDelta | StepResult]:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 class TurnRun:
@@ -59,7 +85,7 @@ class TurnRun:
         self.unavailable: ProviderUnavailable | StepConfigError | None = None
         self.answer_ttft_ms: float | None = None
         self.answer_done_ms: float | None = None
-        self._queue: asyncio.Queue[tuple[str, TokenDelta | StepResult]] = asyncio.Queue()
+        self._queue = _Inbox()
         self._ctx: dict[str, StepContext] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ended: set[str] = set()
@@ -113,14 +139,14 @@ class TurnRun:
                     if isinstance(item, StepResult):
                         result = item
                     else:
-                        self._queue.put_nowait((name, item))
+                        self._queue.put((name, item))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug in a step must not hang or kill the turn
             result = StepResult(error=e)
         if result is None:
             result = StepResult(error=RuntimeError(f"step {name} ended without a result"))
-        self._queue.put_nowait((name, result))
+        self._queue.put((name, result))
 
     def _holding(self) -> bool:
         """Whether a step that holds the answer back has not ended yet."""

@@ -103,6 +103,9 @@ def test_hedge_overhead(tmp_path: Path) -> None:
     assert isinstance(doc["p99_added_ms"], float) and doc["p99_added_ci"] is None  # n < 368
     assert doc["by_concurrency"]["5"]["n"] == 4 and doc["by_concurrency"]["5"]["rounds"] == 4
     assert doc["by_concurrency"]["1"]["median_added_ms"] == doc["median_added_ms"]
+    assert doc["parameters"]["gc"] == "paired" and doc["parameters"]["pin"] is True
+    # the collector ran once per timed call, at its end (one young collection each)
+    assert res["gc_during_sequential_part"]["gen0"]["n"] >= 5 * 20
 
 
 def test_guard_advise(tmp_path: Path) -> None:
@@ -209,3 +212,15 @@ def test_retrieval_scale(tmp_path: Path) -> None:
         assert s["short_of_k"] == (None if name.startswith("keyword") else 0)
     for key in ("loop_lag_off_loop", "loop_lag_inline"):
         assert size[key]["searches"] == 80 and size[key]["lag_n"] >= 1
+
+
+def test_own_cost(tmp_path: Path) -> None:
+    res = run_benchmark("own_cost", tmp_path, "--calls", "30", "--warmup", "5")
+    layers = ("bare", "chatstream", "unhedged", "hedged", "chain_nolog", "chain")
+    assert list(res) == list(layers)
+    for name in layers:
+        assert res[name]["n"] == 30 and res[name]["median_us"] > 0
+    # the floor waits once for its "network"; the engine's attempt task adds its start
+    # and the race's wake-up; a hedge that never fires adds no loop iteration
+    assert res["bare"]["loop_iterations"] == 1
+    assert res["unhedged"]["loop_iterations"] == res["hedged"]["loop_iterations"] == 3

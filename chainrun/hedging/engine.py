@@ -543,6 +543,8 @@ class _Race(Generic[T]):
         ``deadline``: all are cancelled and recorded as errors (DeadlineExceeded).
         Losers that settled in the same instant are released or recorded as they ended.
         """
+        if not self.in_flight:  # the common case: the only attempt won
+            return
         settled = [a for a in self.in_flight if a.task.done()]
         to_cancel: list[_Attempt[T]] = []
         for att in self.in_flight:
