@@ -79,7 +79,7 @@ async def test_a_closed_chain_refuses_turns(
         async for _ in chain.stream_turn("after close"):
             pass
     with pytest.raises(ChainClosed):
-        chain.ensure_run()
+        await chain.ensure_run()
     with pytest.raises(ChainClosed):
         await chain.open()
     with pytest.raises(RuntimeError):  # ChainClosed is a RuntimeError too
