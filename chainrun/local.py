@@ -7,9 +7,13 @@ free loopback port as a background process and records it in a state file, so th
 ``chainrun local status`` and ``down`` and later commands find it.
 
 The state is keyed by the *binary and model* a server runs (read from the running
-process's command line, so a state file can never be mistaken): two virtualenvs (two
-checkouts) sharing ``~/.cache/chainrun`` each find and stop only their own server;
-another install's server is reported as such and :func:`down` refuses to stop it
+process's command line, so a state file can never be mistaken) and by the *chainrun
+checkout* that started it (the directory chainrun is imported from, given to the server
+in ``CHAINRUN_CHECKOUT`` and read back from the live process's environment): two
+virtualenvs or checkouts sharing ``~/.cache/chainrun`` each find and stop only their own
+server, also when they share one llama-server binary and model (a
+``--system-site-packages`` venv over another checkout's install); another install's
+server is reported as such, with its checkout, and :func:`down` refuses to stop it
 without ``force``.
 
 Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the wrong
@@ -37,6 +41,8 @@ from chainrun.errors import ProviderUnavailable, UserInputError
 #: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
 LOCAL_MODEL = "gemma-3-270m"
 DEFAULT_SLOTS = 4
+#: the environment variable naming, in a started server, the checkout that started it
+CHECKOUT_ENV = "CHAINRUN_CHECKOUT"
 DEFAULT_CONTEXT = 8192  # tokens, shared by the slots: 2048 each with 4 slots
 STARTUP_TIMEOUT_S = 120.0
 #: The packaged GGUF is the *pre-trained* Gemma 3 270M (not the -it variant): it carries
@@ -64,8 +70,9 @@ def home() -> Path:
 class LocalServer:
     """A running (or recorded) llama-server.
 
-    ``binary`` is the llama-server executable it runs (which install started it);
-    ``state_path`` the state file recording it.
+    ``binary`` is the llama-server executable it runs, ``checkout`` the chainrun checkout
+    that started it (which install it belongs to); ``state_path`` the state file
+    recording it.
     """
 
     pid: int
@@ -75,6 +82,8 @@ class LocalServer:
     log_path: str
     binary: str | None = None
     state_path: str | None = None
+    #: the chainrun checkout that started it (:func:`checkout`); None: an older chainrun
+    checkout: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -82,15 +91,25 @@ class LocalServer:
 
     @property
     def key(self) -> str | None:
-        """The install key of this server (:func:`install_key` of its binary and model)."""
-        return install_key(self.binary, self.model_path) if self.binary else None
+        """The install key of this server (:func:`install_key` of its binary, model and
+        checkout); None when its binary or checkout is unknown (an older chainrun's)."""
+        if not (self.binary and self.checkout):
+            return None
+        return install_key(self.binary, self.model_path, self.checkout)
 
 
-def install_key(binary: str | Path, model: str | Path) -> str:
-    """A short stable key of one install: the llama-server binary and the model file it
-    serves (12 hex digits of a SHA-256 of both resolved paths)."""
-    both = f"{Path(binary).resolve()}\0{Path(model).resolve()}"
-    return hashlib.sha256(both.encode()).hexdigest()[:12]
+def checkout() -> str:
+    """The chainrun checkout (or site-packages) this chainrun is imported from: the
+    directory holding the ``chainrun`` package, resolved."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def install_key(binary: str | Path, model: str | Path, checkout: str | Path) -> str:
+    """A short stable key of one install: the llama-server binary, the model file it
+    serves and the chainrun checkout that starts it (12 hex digits of a SHA-256 of the
+    three resolved paths)."""
+    parts = (Path(binary).resolve(), Path(model).resolve(), Path(checkout).resolve())
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
 def _state_file(key: str) -> Path:
@@ -103,6 +122,19 @@ def _cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _environ(pid: int, name: str) -> str | None:
+    """The value of ``name`` in a live process's environment (None: unset or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
 
 
 def _is_llama_server(pid: int) -> bool:
@@ -126,6 +158,7 @@ def _read_state(path: Path) -> LocalServer | None:
         server.binary = args[0]
         if "--model" in args[:-1]:
             server.model_path = args[args.index("--model") + 1]
+    server.checkout = _environ(server.pid, CHECKOUT_ENV) or server.checkout
     return server
 
 
@@ -142,9 +175,10 @@ def _recorded() -> list[LocalServer]:
 
 
 def this_install() -> str | None:
-    """This install's key (binary and model), or None when the ``[local]`` extra is missing."""
+    """This install's key (binary, model and checkout), or None when the ``[local]``
+    extra is missing."""
     try:
-        return install_key(server_binary(), model_path())
+        return install_key(server_binary(), model_path(), checkout())
     except ProviderUnavailable:
         return None
 
@@ -237,8 +271,11 @@ def others() -> list[LocalServer]:
 
 
 def describe(server: LocalServer) -> str:
-    """One line naming a server and the install that started it."""
-    return (f"pid {server.pid} on port {server.port}, binary {server.binary or '?'}, "
+    """One line naming a server and the install that started it (its chainrun checkout,
+    binary and model)."""
+    started_by = server.checkout or "unknown (an older chainrun)"
+    return (f"pid {server.pid} on port {server.port}, started by the chainrun in "
+            f"{started_by}, binary {server.binary or '?'}, "
             f"model {Path(server.model_path).name}")  # fmt: skip
 
 
@@ -297,6 +334,7 @@ def _start(
             file=sys.stderr,
         )
     env = dict(os.environ)
+    env[CHECKOUT_ENV] = checkout()  # read back from the live process: whose server it is
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH", "")) if p
     )
@@ -306,9 +344,10 @@ def _start(
             env=env, start_new_session=True,
         )  # fmt: skip
     _children[proc.pid] = proc
-    state = _state_file(install_key(binary, model))
+    state = _state_file(install_key(binary, model, checkout()))
     server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path),
-                         binary=str(binary), state_path=str(state))  # fmt: skip
+                         binary=str(binary), state_path=str(state),
+                         checkout=checkout())  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -68,6 +68,24 @@ def reply_by_step(
     return script
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_reaches_the_processes_tests_start() -> Iterator[None]:
+    """Give SIGINT Python's default handler for the session if pytest inherited it ignored.
+
+    A pytest started as a background job of a non-interactive shell (``pytest &``, a
+    script or runner that does so) starts with SIGINT ignored (POSIX: an asynchronous
+    list ignores SIGINT and SIGQUIT when job control is off), and every process a test
+    starts inherits that: the Ctrl-C tests' chainrun never saw their SIGINT and ran to
+    the end. It was no test leaving SIGINT ignored (``_signal_handlers_restored`` checks
+    every test). Restored at the end of the session.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 #: the handlers a test must leave as it found them (a child process inherits an ignored
 #: signal: a test that left SIGINT ignored made every later subprocess deaf to Ctrl-C)
 _WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -620,9 +620,6 @@ def test_ctrl_c_during_a_replay_gives_one_n_everywhere(tmp_path: Path) -> None:
             [sys.executable, "-m", "chainrun", "replay", str(REPLAY), "--config", str(cfg),
              "--db", str(db), "--concurrency", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            # a child inherits an ignored SIGINT (and Python then installs no Ctrl-C
-            # handler): an earlier test in the same pytest process may have left it so
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 60

@@ -327,14 +327,16 @@ def local_status(as_json: JsonOpt = False) -> None:
 def _server_doc(server: local.LocalServer) -> dict[str, Any]:
     return {"running": True, "pid": server.pid, "port": server.port,
             "base_url": server.base_url, "model_path": server.model_path,
-            "binary": server.binary, "log": server.log_path}  # fmt: skip
+            "binary": server.binary, "checkout": server.checkout,
+            "log": server.log_path}  # fmt: skip
 
 
 def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
     if as_json:
         print_json(_server_doc(server))
     else:
-        out.print(f"{state}: {server.base_url} (pid {server.pid}, log {server.log_path})")
+        out.print(f"{state}: {server.base_url} (pid {server.pid}, started by the chainrun in "
+                  f"{server.checkout}, log {server.log_path})", markup=False)  # fmt: skip
 
 
 def _warn_failed_turns(store_path: Path, run_id: int) -> None:
