@@ -29,7 +29,7 @@ from chainrun.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regr
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
-from chainrun.evals.runner import run_eval, score_existing
+from chainrun.evals.runner import check_grader, run_eval, score_existing
 from chainrun.fleet import merge_logs
 from chainrun.provider_compare import compare_providers, differ_only_in_provider
 from chainrun.report import latency_summary
@@ -81,6 +81,8 @@ def eval_command(
     repeat = repeat or 1
     cfg = load_config(config)
     cases = load_cases(file, steps=cfg.order)  # validated before any run exists
+    if run is None:  # a grader that is down fails before the log file is even created
+        run_async(check_grader(cfg, cases, quiet=as_json))
     store = Store.open(db, create=run is None)
     progress = Progress(
         TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

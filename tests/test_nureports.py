@@ -1,0 +1,201 @@
+"""The new user's findings on evals, advise, reports, opening the log and config errors.
+
+Each test reproduces what the new user ran and fails without its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chainrun import local
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict, load_config
+from chainrun.errors import ConfigError, ProviderUnavailable
+from chainrun.evals import load_cases
+from chainrun.evals.runner import run_eval
+from chainrun.lab import LabServer
+from chainrun.providers.fake import FakeProvider
+from chainrun.store import Store
+from tests.conftest import reply_by_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chainrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chainrun", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def _five_cases(tmp_path: Path) -> Path:
+    """The new user's repro: five regression cases plus one llm-rubric case."""
+    lines = (ROOT / "evals" / "regression.jsonl").read_text().splitlines()
+    rubric = next(line for line in lines if "llm-rubric" in line)
+    p = tmp_path / "five.jsonl"
+    p.write_text("\n".join([*lines[:5], rubric]) + "\n")
+    return p
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A server that accepts connections and never answers; yields its base_url."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    try:
+        yield f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    finally:
+        s.close()
+
+
+# -- 1. the eval grader is checked before any case runs ----------------------------------
+
+
+def test_eval_with_a_grader_down_runs_nothing_and_writes_no_log(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    cases = _five_cases(tmp_path)
+    cfg = tmp_path / "grader.toml"
+    cfg.write_text(
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        '[providers.g]\nbase_url = "http://127.0.0.1:1/v1"\n'
+        '[grader]\nprovider = "g"\nmodel = "x"\n'
+    )
+    before = len(lab.requests())
+    db = tmp_path / "new.db"
+    proc = chainrun("eval", str(cases), "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "grader" in lines[0] and "'g'" in lines[0], proc.stderr
+    assert "no case was run" in lines[0]
+    assert not db.exists()  # no log file created
+    assert len(lab.requests()) == before  # no model request for any case
+    proc = chainrun("eval", str(cases), "--config", str(cfg), "--db", str(db), "--json")
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["type"] == "provider_unavailable"
+    assert not db.exists()
+
+
+async def test_run_eval_checks_a_silent_grader_before_any_case(silent_server: str) -> None:
+    """A grader that accepts and never answers: one error naming the grader, the startup
+    check and its URL, no run written, the chain's provider never called."""
+    cfg = config_from_dict({
+        "providers": {"g": {"base_url": silent_server, "connect_timeout_s": 0.1}},
+        "grader": {"provider": "g", "model": "x"},
+    })  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step())
+    cases_file = ROOT / "evals" / "regression.jsonl"
+    all_cases = load_cases(cases_file, steps=cfg.order)
+    chosen = [c for c in all_cases if any(a.type == "llm-rubric" for a in c.asserts)][:1]
+    with Store.open(":memory:") as store:
+        with pytest.raises(ProviderUnavailable) as info:
+            await run_eval(cfg, chosen, store, providers={"local": fake}, quiet=True)
+        assert store.list_runs() == []
+    msg = str(info.value)
+    assert msg.startswith("grader ([grader] provider = 'g'")
+    assert "startup check" in msg and silent_server in msg
+    assert fake.requests == []
+
+
+# -- 4. every provider's environment is checked before anything starts -------------------
+
+RESPONSES_TOML = """
+[providers.openai]
+base_url = "https://api.openai.com/v1"
+api_key_env = "CHAINRUN_NUREPORTS_KEY"
+api = "responses"
+
+[steps.compose]
+provider = "openai"
+model = "gpt-5-mini"
+reasoning_effort = "minimal"
+stop = []
+temperature = 1
+"""
+
+
+@pytest.mark.parametrize(("value", "said"), [(None, "is not set"), ("", "is empty")])
+async def test_a_missing_key_is_said_before_the_local_model_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str | None, said: str
+) -> None:
+    """The README's Responses example (compose on openai, the other steps on the local
+    model): the key's absence was said only after llama-server had started."""
+    if value is None:
+        monkeypatch.delenv("CHAINRUN_NUREPORTS_KEY", raising=False)
+    else:
+        monkeypatch.setenv("CHAINRUN_NUREPORTS_KEY", value)
+    started: list[bool] = []
+    monkeypatch.setattr(local, "up", lambda **_: started.append(True))
+    path = tmp_path / "resp.toml"
+    path.write_text(RESPONSES_TOML)
+    chain = Chain(load_config(path), quiet=True)
+    with pytest.raises(ConfigError) as info:
+        await chain.open()
+    assert str(info.value) == (
+        f"{path}: providers.openai.api_key_env: environment variable CHAINRUN_NUREPORTS_KEY "
+        + said
+        + (' (set to "")' if value == "" else "")
+    )
+    assert info.value.path == str(path)
+    assert started == []  # the local model was never started
+
+
+def test_the_cli_names_the_config_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "resp.toml"
+    path.write_text(RESPONSES_TOML)
+    env = {k: v for k, v in os.environ.items() if k != "CHAINRUN_NUREPORTS_KEY"}
+    proc = chainrun("run", "hi", "--config", str(path), "--db", str(tmp_path / "r.db"), env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"chainrun: error: {path}: providers.openai.api_key_env: environment variable "
+        "CHAINRUN_NUREPORTS_KEY is not set"
+    )
+    assert "starting the local model" not in proc.stderr
+    assert not (tmp_path / "r.db").exists()
+
+
+# -- 6. config errors naming file and field ----------------------------------------------
+
+
+def test_a_hedge_that_can_never_fire_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[steps.classify.hedge]\ndelay = "p95"\nmax_attempts = 1\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: steps\.classify\.hedge: max_attempts: a "
+                       r"hedge needs at least 2 .* can never fire"):  # fmt: skip
+        load_config(path)
+
+
+def test_azure_with_both_a_key_and_an_entra_token_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[providers.azure]\nkind = "azure"\nendpoint = "https://x.openai.azure.com"\n'
+        'api_version = "2024-10-21"\napi_key_env = "K"\nentra_token_env = "T"\n'
+    )
+    with pytest.raises(ConfigError, match=r"c\.toml: providers\.azure: api_key_env and "
+                       "entra_token_env are both set: give one"):  # fmt: skip
+        load_config(path)
+
+
+def test_a_refused_first_call_does_not_repeat_itself() -> None:
+    """A server answering 404 to everything said
+    ``... (HTTP 404): local: HTTP 404: Error code: 404``."""
+    from chainrun.errors import RequestRejected, StepConfigError
+
+    bare = StepConfigError("compose", "local", RequestRejected("local: HTTP 404: Error code: 404",
+                                                               404, provider="local"))  # fmt: skip
+    assert str(bare) == (
+        "steps.compose: provider 'local' refused the model or URL on the step's first call "
+        "(HTTP 404)"
+    )
+    said = StepConfigError("compose", "local", RequestRejected(
+        "local: HTTP 404: The model 'x' does not exist", 404, provider="local"))  # fmt: skip
+    assert str(said).endswith("(HTTP 404): The model 'x' does not exist")
