@@ -177,9 +177,12 @@ def handle_errors(fn: F) -> F:
         except ChainrunError as e:
             fail(str(e), as_json=as_json, error=e.as_dict())
         except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
-            message = f"the log database is busy or unwritable ({e})"
+            where = f"{db}: " if db is not None else ""
+            what = "is not writable" if "readonly" in str(e) else "is busy or unwritable"
+            message = f"{where}the log database {what} ({e})"
             fail(message, as_json=as_json, error={"type": "database_error", "message": message,
-                                                  "file": None, "line": None})  # fmt: skip
+                                                  "file": None if db is None else str(db),
+                                                  "line": None})  # fmt: skip
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
