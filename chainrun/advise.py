@@ -12,9 +12,15 @@ whole latency is taken as noise (``work_split`` says how many calls were split).
 
 The log is censored: a loser closed when its race settled, or an attempt cut by the
 deadline, is known only to take longer than it ran. Such a call is replaced in each
-simulated draw by a latency drawn from the Kaplan-Meier estimate given that it is longer
-(or by "never", for the share of calls nobody saw answer): the slow calls a hedged run
-cancelled still count as slow.
+simulated draw by a latency drawn from the Kaplan-Meier estimate given that it is longer:
+the slow calls a hedged run cancelled still count as slow. When the longest logged time
+is a censored one, the estimate leaves mass beyond the last observed answer; it is put
+just above the longest logged time (Efron's tail convention: B. Efron, "The two sample
+problem with censored data", Proc. 5th Berkeley Symposium 4, 1967, treats the largest
+observation as an event), a lower bound: a loser cancelled at 24 ms took more than
+24 ms, not "never". A call cut by the deadline ran the whole deadline, so it still
+misses it; for a longer ``--deadline-s`` than the run's, ``censored_tail`` says how much
+of the prediction rests on that lower bound (its ``in_time`` is then an upper bound).
 
 Predictions per (delay, attempts): the step's p50 and p99, the share inside the deadline,
 extra calls per turn, fire rate and win rate (defined in :mod:`chainrun.hedging.stats`),
@@ -160,15 +166,38 @@ def kaplan_meier(times: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, n
     return t[obs], surv[obs]
 
 
+def censored_tail(calls: _Calls) -> dict[str, Any] | None:
+    """The Kaplan-Meier mass beyond the last observed latency, and where it is put.
+
+    Returns ``{share, at_ms}`` (``share`` of calls, 0-1; ``at_ms`` just above the longest
+    logged time, a censored one: Efron's tail convention, see the module docstring), or
+    None when the longest logged time is an answer (the estimate reaches 0 there).
+    """
+    cut = np.isnan(calls.settle)
+    if not cut.any():
+        return None
+    times = np.where(cut, calls.censored_at, calls.settle)
+    _, surv = kaplan_meier(times, ~cut)
+    share = float(surv[-1]) if len(surv) else 1.0
+    if share <= 0:
+        return None
+    return {"share": round(share, 4), "at_ms": round(float(np.max(times)), 1)}
+
+
 def _impute(calls: _Calls, rng: np.random.Generator) -> np.ndarray:
-    """Latencies with each censored call replaced by a draw from the Kaplan-Meier estimate
-    of the latency given that it exceeds the time the call ran; the estimate's mass beyond
-    the last observed latency (calls nobody saw answer) is drawn as inf (never)."""
+    """Latencies (ms) with each censored call replaced by a draw from the Kaplan-Meier
+    estimate of the latency given that it exceeds the time the call ran. The estimate's
+    mass beyond the last observed latency (when the longest logged time is censored) is
+    put just above the longest logged time: Efron's (1967) tail convention, a lower bound
+    (the call is known to take longer than it ran, by how much is unknown)."""
     out = calls.settle.copy()
     cut = np.isnan(out)
     if not cut.any():
         return out
     times = np.where(cut, calls.censored_at, out)
+    # "just above": a censored call took longer than it ran, so one cut at the deadline
+    # still misses it
+    tail_ms = float(np.nextafter(np.max(times), np.inf))
     event_t, surv = kaplan_meier(times, ~cut)
     for i in np.flatnonzero(cut):
         c = calls.censored_at[i]
@@ -177,7 +206,7 @@ def _impute(calls: _Calls, rng: np.random.Generator) -> np.ndarray:
         # X | X > c: the first event time after c where S falls to u * S(c) or below
         target = rng.random() * s_c
         j = k + int(np.searchsorted(-surv[k:], -target, side="left"))
-        out[i] = event_t[j] if j < len(event_t) else np.inf
+        out[i] = event_t[j] if j < len(event_t) else tail_ms
     return out
 
 
@@ -327,7 +356,7 @@ def advise(
         seed: of the resampling (None: fresh randomness).
 
     Returns ``{run_id, step, n_calls, n_censored, n_errors_not_hedged, work_split,
-    stream, deadline_s, max_extra_calls, baseline: {...}, candidates: [{delay_ms,
+    stream, censored_tail, deadline_s, max_extra_calls, baseline: {...}, candidates: [{delay_ms,
     attempts, n, in_time, p50_ms, p99_ms, extra_calls_per_turn, fire_rate, win_rate}],
     recommendation: {hedge: bool, delay_ms, attempts, reason, predicted: {...,
     intervals: {n_resamples, in_time_ci95, extra_calls_per_turn_ci95}}},
@@ -336,7 +365,10 @@ def advise(
     values and their 95% Wilson intervals; its ``observed`` also holds the copies actually
     sent per call and the due copies not sent (``unsent``, by reason), and ``note`` says
     when fires sent no copy (the prediction sends every due copy; a fire with no copy
-    sent is a lost fire in the observed win rate), else null.
+    sent is a lost fire in the observed win rate), else null. ``censored_tail`` is
+    :func:`censored_tail` plus ``beyond_deadline`` (null when no mass is left): when it
+    is false and ``share`` is not small, ``in_time`` is an upper bound (those calls are
+    placed at the least they took).
 
     Raises:
         UserInputError: no such run, no calls for the step, or bad arguments.
@@ -352,10 +384,12 @@ def advise(
     if deadline_s is None:
         deadline_s = step_cfg.get("deadline_s")
     calls = _load_calls(store, run_id, step)
-    if deadline_s is None or deadline_s <= 0:
+    if deadline_s is None:
         raise UserInputError(
             f"advise: give --deadline-s (run {run_id} has no deadline for {step!r})"
         )
+    if not deadline_s > 0:  # also NaN
+        raise UserInputError(f"advise: --deadline-s must be > 0 s, got {deadline_s:g}")
     deadline_ms = deadline_s * 1000
     if seed is None:
         seed = int(np.random.default_rng().integers(2**32))
@@ -376,6 +410,9 @@ def advise(
         lo, hi = iv["extra_calls_per_turn_ci95"]
         rec["reason"] += f" (95% bootstrap over the log's calls: {lo:.3f}-{hi:.3f})"
     hedge_cfg = step_cfg.get("hedge") or {}
+    tail = censored_tail(calls)
+    if tail is not None:
+        tail["beyond_deadline"] = tail["at_ms"] >= deadline_ms
     return {
         "run_id": run_id,
         "step": step,
@@ -385,6 +422,7 @@ def advise(
         "work_split": calls.n_split,
         "per_token_fit_ms": round(calls.per_token_fit, 3),
         "stream": calls.stream,
+        "censored_tail": tail,
         "deadline_s": deadline_s,
         "max_extra_calls": max_extra_calls,
         "baseline": baseline,
@@ -395,6 +433,11 @@ def advise(
             store, run_id, step, hedge_cfg, calls, deadline_ms, simulations, seed
         ),
     }
+
+
+def _ms(v: float | None) -> str:
+    """A p99 for a sentence; None (it lies beyond the deadline) is said in words."""
+    return "beyond the deadline" if v is None else f"{v:g}"
 
 
 def _key_p99(c: dict[str, Any]) -> float:
@@ -432,7 +475,7 @@ def _pick(baseline: dict[str, Any], allowed: list[dict[str, Any]]) -> dict[str, 
             "reason": (
                 "no delay beats one attempt: share in time "
                 f"{best['in_time']:.4f} vs {baseline['in_time']:.4f}, p99 "
-                f"{best['p99_ms']} vs {baseline['p99_ms']} ms"
+                f"{_ms(best['p99_ms'])} vs {_ms(baseline['p99_ms'])} ms"
             ),
             "predicted": baseline,
         }
@@ -442,7 +485,7 @@ def _pick(baseline: dict[str, Any], allowed: list[dict[str, Any]]) -> dict[str, 
         "attempts": best["attempts"],
         "reason": (
             f"share in time {baseline['in_time']:.4f} -> {best['in_time']:.4f}, p99 "
-            f"{baseline['p99_ms']} -> {best['p99_ms']} ms, for "
+            f"{_ms(baseline['p99_ms'])} -> {_ms(best['p99_ms'])} ms, for "
             f"{best['extra_calls_per_turn']:.3f} extra calls per turn"
         ),
         "predicted": best,
@@ -541,7 +584,13 @@ def _unsent_note(observed: dict[str, Any]) -> str | None:
 
 
 def _extra_calls_ci(store: Store, run_id: int, step: str) -> list[float] | None:
-    """95% interval of the mean extra calls per execution (normal approximation)."""
+    """95% interval of the mean extra calls per execution, inside the values' own bounds
+    (a count is never negative; the normal approximation's was, on a rare fire).
+
+    When every execution sent 0 or 1 extra calls (the usual two attempts), the mean is a
+    proportion: the Wilson score interval (Wilson, JASA 22(158), 1927). Otherwise the
+    percentile bootstrap of the mean (Efron and Tibshirani 1993; 2,000 resamples, fixed
+    seed), which stays within the smallest and largest count observed."""
     per_turn: dict[int | None, int] = {}
     cancelled = {t.id for t in store.turns(run_id) if t.status == "cancelled"}
     for c in store.calls(run_id):
@@ -552,6 +601,11 @@ def _extra_calls_ci(store: Store, run_id: int, step: str) -> list[float] | None:
     values = np.array(list(per_turn.values()), dtype=float)
     if len(values) < 2:
         return None
-    half = 1.96 * float(values.std(ddof=1)) / math.sqrt(len(values))
-    mean = float(values.mean())
-    return [round(mean - half, 4), round(mean + half, 4)]
+    if np.isin(values, (0.0, 1.0)).all():
+        wilson = wilson_interval(int(values.sum()), len(values))
+        assert wilson is not None  # len(values) >= 2
+        return [round(wilson[0], 4), round(wilson[1], 4)]
+    rng = np.random.default_rng(0)
+    means = values[rng.integers(0, len(values), (2000, len(values)))].mean(axis=1)
+    return [round(float(np.quantile(means, 0.025)), 4),
+            round(float(np.quantile(means, 0.975)), 4)]  # fmt: skip

@@ -232,6 +232,9 @@ class Chain:
         self._check_open()
         try:
             check_capabilities(self.config)
+            for name in self._used_providers():  # every key before anything starts
+                if name not in self._injected:
+                    self.config.providers[name].check_env(name)
         except ConfigError as e:
             raise _naming_file(e, self.config) from None
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import re
 import string
 import tomllib
@@ -116,7 +117,29 @@ class ProviderConfig(_Strict):
                 raise ValueError(f"{f}: required for kind = 'azure'")
         if self.api_key_env is None and self.entra_token_env is None:
             raise ValueError("kind 'azure' needs api_key_env or entra_token_env")
+        if self.api_key_env is not None and self.entra_token_env is not None:
+            raise ValueError(
+                "api_key_env and entra_token_env are both set: give one (an API key or an "
+                "Entra ID token, not both)"
+            )
         return self
+
+    def check_env(self, name: str) -> None:
+        """Check that the environment variables this provider reads are set and non-empty,
+        without building anything (so a missing key is said before a local model starts).
+
+        Raises:
+            ConfigError: ``providers.NAME.api_key_env`` (or ``entra_token_env``) names a
+                variable that is not set, or is set to the empty string.
+        """
+        for field in ("api_key_env", "entra_token_env"):
+            var = getattr(self, field)
+            if var is None:
+                continue
+            value = os.environ.get(var)
+            if not value:
+                state = "is not set" if value is None else 'is empty (set to "")'
+                raise ConfigError(f"providers.{name}.{field}: environment variable {var} {state}")
 
 
 #: The optional request parameters a capability entry can allow or refuse.
@@ -191,6 +214,12 @@ class HedgeConfig(HedgePolicy):
     def _one_delay(self) -> HedgeConfig:
         if (self.delay_ms is None) == (self.delay is None):
             raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
+        if self.max_attempts < 2:
+            # max_attempts counts the original: 1 leaves no room for a copy
+            raise ValueError(
+                "max_attempts: a hedge needs at least 2 (the original plus one copy); "
+                "with 1 it can never fire: remove the [hedge] table for one attempt"
+            )
         return self
 
 

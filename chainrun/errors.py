@@ -175,13 +175,22 @@ class StepConfigError(ConfigError):
             )
             text = (
                 f"steps.{step}: provider {provider!r} refused {what} on the step's first call "
-                f"(HTTP {r.status}): {r}"
+                f"(HTTP {r.status}){_server_detail(str(r), provider, r.status)}"
             )
         super().__init__(text)
         self.step = step
         self.rejected = rejected
         #: the turn's ``error_type`` in the log (that of the refusal, e.g. ``http_400``)
         self.error_type = rejected.error_type
+
+
+def _server_detail(message: str, provider: str, status: int) -> str:
+    """``": <what the server said>"``, without the provider and status already said, and
+    empty when the server said nothing but its status (the SDK's ``Error code: 404``)."""
+    detail = message.removeprefix(f"{provider}: HTTP {status}: ").strip()
+    if not detail or re.fullmatch(rf"Error code: {status}", detail):
+        return ""
+    return f": {detail}"
 
 
 class StreamError(ProviderError):

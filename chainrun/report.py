@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from chainrun.config import MODEL_STEP_KINDS
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
-from chainrun.stats import percentile
+from chainrun.stats import percentile, quantile_ci, wilson_interval
 from chainrun.store import Store
 
 _R = TypeVar("_R")
@@ -100,8 +100,16 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
+def _ci(values: list[float], p: float) -> list[float] | None:
+    """The distribution-free 95% interval of the p-th percentile (:func:`quantile_ci`),
+    rounded to 0.1 ms; None when ``len(values)`` cannot bound it."""
+    ci = quantile_ci(values, p)
+    return None if ci is None else [round(ci[0], 1), round(ci[1], 1)]
+
+
 def _p50_p90(values: list[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90)}
+    return {"n": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90),
+            "p50_ci": _ci(values, 50), "p90_ci": _ci(values, 90)}  # fmt: skip
 
 
 def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
@@ -112,9 +120,12 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     until the answer is complete; ``turn`` is all steps done (post-answer checks too).
 
     Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cancelled,
-    n_refused, n_errored}, turn: {n, p50_ms, p90_ms}, answer_ttft: {...},
-    answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, model, reasoning_effort,
-    ttft_p50_ms, output_tokens_mean, n_failed}}}``.
+    n_refused, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci, p90_ci}, answer_ttft: {...},
+    answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
+    reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, output_tokens_mean, n_failed}}}``;
+    every ``*_ci`` is the distribution-free 95% order-statistic interval
+    (:func:`chainrun.stats.quantile_ci`), ``[lo, hi]`` in ms, or None when n cannot
+    bound it (fewer than 36 values for a p90).
 
     Raises:
         UserInputError: no such run.
@@ -149,12 +160,12 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     for name, values in by_step.items():
         model, effort = meta.get(name, (None, None))
         steps[name] = {
-            "n": len(values),
-            "p50_ms": _pct(values, 50),
-            "p90_ms": _pct(values, 90),
+            **_p50_p90(values),
             "model": model,
             "reasoning_effort": effort,
+            "ttft_n": len(ttft[name]),
             "ttft_p50_ms": _pct(ttft[name], 50),
+            "ttft_p50_ci": _ci(ttft[name], 50),
             "output_tokens_mean": _mean(tokens[name]),
             "n_failed": failed[name],
         }
@@ -181,6 +192,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     ``n_fired_no_copy_sent`` (fires after which no copy went out), ``unsent`` (due copies
     not sent: ``{budget_exhausted, circuit_open, loop_lag}``), ``win_rate``,
     ``time_saved_per_win_ms`` (``n_saved_measured`` says over how many wins),
+    ``fire_rate_ci95`` and ``win_rate_ci95`` (95% Wilson score intervals, ``[lo, hi]``,
+    None where the rate is),
     ``extra_calls_per_turn``, ``budget_exhausted`` (copies refused by the load budget, also
     in ``unsent``), ``mean_delay_ms``. The rates are defined once, in
     :mod:`chainrun.hedging.stats` (fire rate = fires per armed execution: the hedge timer
@@ -244,11 +257,13 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "n_fired": st.fires,
             "n_won": st.copy_wins,
             "fire_rate": _round(st.fire_rate, 4),
+            "fire_rate_ci95": _wilson(st.fires, st.armed),
             "copies_sent": st.copies_sent,
             "copies_sent_per_call": _round(st.copies_sent_per_call, 4),
             "n_fired_no_copy_sent": st.fires_unsent,
             "unsent": dict(st.unsent),
             "win_rate": _round(st.win_rate, 4),
+            "win_rate_ci95": _wilson(st.copy_wins, st.fires),
             "time_saved_per_win_ms": _round(st.time_saved_per_win_ms, 1),
             "n_saved_measured": len(st.time_saved_ms),
             "extra_calls_per_turn": _round(extra_calls_per_turn(st.copies_sent, n_turns), 4),
@@ -260,6 +275,12 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _wilson(k: int, n: int) -> list[float] | None:
+    """95% Wilson score interval of the rate k/n, rounded to 4 digits; None when n = 0."""
+    ci = wilson_interval(k, n)
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
 
 
 def run_detail(store: Store, run_id: int) -> dict[str, Any]:

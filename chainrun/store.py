@@ -27,7 +27,7 @@ from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 from chainrun.dbtx import write_transaction
 from chainrun.errors import UserInputError
 from chainrun.logwriter import LogWriter
-from chainrun.migrations import migrate, utc_now
+from chainrun.migrations import MIGRATIONS, migrate, utc_now
 from chainrun.records import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
 from chainrun.redact import Redactor, redact_calls, redact_turn
 from chainrun.turnids import TurnIds, release
@@ -152,10 +152,17 @@ class Store:
         Args:
             create: False for read-only commands: a missing file is an error, not a new log.
 
+        A log that this process cannot write (``create`` False; the file, or its
+        directory, not writable: a read-only mount, ``chattr +i``, another user's
+        directory) is opened read-only, with no migration and no marking of dead runs;
+        see :meth:`_open_read_only`. A write through it then fails with
+        ``sqlite3.OperationalError`` (attempt to write a readonly database).
+
         Raises:
             UserInputError: the directory does not exist; ``create`` is False and the file
                 does not exist; the file is not SQLite; or it is a SQLite database of
-                something else (tables but no chainrun ``_migrations``), which is left as is.
+                something else (tables but no chainrun ``_migrations``), which is left as is;
+                or it cannot be read read-only (see :meth:`_open_read_only`).
         """
         if str(path) == ":memory:":
             db = sqlite_utils.Database(memory=True)
@@ -168,6 +175,11 @@ class Store:
             raise UserInputError(f"{path}: no such log (run a replay or a turn first)")
         if p.is_dir():
             raise UserInputError(f"{path}: is a directory (expected a log file)")
+        if not create and not (os.access(p, os.W_OK) and os.access(p.parent, os.W_OK)):
+            try:
+                return cls(cls._open_read_only(p, path), p)
+            except sqlite3.DatabaseError as e:
+                raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
         try:
             # One opener at a time per directory: two commands starting on a new log
             # would otherwise race to switch it to WAL and to apply the same migrations.
@@ -182,8 +194,70 @@ class Store:
                 return cls(cls._open_file(p, path), p)
             finally:
                 os.close(dir_fd)  # releases the flock
+        except sqlite3.OperationalError as e:
+            if not os.access(p.parent, os.W_OK):
+                raise UserInputError(
+                    f"{path}: cannot write the log: the directory {p.parent} is not writable "
+                    f"(a WAL log creates its -wal and -shm files there) ({e})"
+                ) from None
+            if "readonly" in str(e) or (p.exists() and not os.access(p, os.W_OK)):
+                raise UserInputError(f"{path}: cannot write the log: the file is read-only "
+                                     f"({e})") from None  # fmt: skip
+            raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
+
+    @staticmethod
+    def _open_read_only(p: Path, path: str | Path) -> sqlite_utils.Database:
+        """Open a log this process cannot write, for reading only.
+
+        A WAL log needs its ``-shm`` index file beside it, created by the first reader.
+        When the directory is writable (only the file is not), SQLite's ``mode=ro`` does
+        that. When it is not, the file is opened with ``immutable=1`` (SQLite, "URI
+        filenames", immutable): no locks, no ``-shm``, and SQLite then reads the main file
+        only, so caveat: (a) a ``-wal`` or ``-journal`` file beside it holds changes that
+        would be ignored, and the log is refused instead of shown stale; (b) a process
+        writing the log at the same time would not be seen (one cannot: writing needs
+        the directory writable for its ``-wal``).
+
+        Raises:
+            UserInputError: a ``-wal``/``-journal`` file with changes sits beside a log in
+                a directory that is not writable; the log is not chainrun's; or it needs
+                a migration (which writes) to be read by this version.
+            sqlite3.DatabaseError: the file is not SQLite.
+        """
+        dir_writable = os.access(p.parent, os.W_OK)
+        if not dir_writable:
+            for suffix in ("-wal", "-journal"):
+                side = p.with_name(p.name + suffix)
+                if side.exists() and side.stat().st_size > 0:
+                    raise UserInputError(
+                        f"{path}: cannot read: the directory {p.parent} is not writable, and "
+                        f"{side.name} holds changes not yet in the log file (SQLite must "
+                        f"create {p.name}-shm in that directory to read them); make the "
+                        "directory writable, or copy the log with its -wal file elsewhere"
+                    )
+        mode = "ro" if dir_writable else "ro&immutable=1"
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode={mode}", uri=True)
+        db = sqlite_utils.Database(conn)
+        try:
+            tables = db.table_names()
+            if "_migrations" not in tables:
+                raise UserInputError(
+                    f"{path}: a SQLite database of something else (no chainrun _migrations "
+                    "table); use another --db"
+                )
+            done = {r[0] for r in db.execute("select name from _migrations")}
+            missing = [name for name, _ in MIGRATIONS if name not in done]
+            if missing:
+                raise UserInputError(
+                    f"{path}: written by an older chainrun; reading it needs {len(missing)} "
+                    "migration(s), which write it, and it is not writable here"
+                )
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     @staticmethod
     def _open_file(p: Path, path: str | Path) -> sqlite_utils.Database:

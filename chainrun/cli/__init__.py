@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import shutil
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -123,7 +124,29 @@ app.add_typer(lab_app, name="lab")
 # Outside a terminal rich would squeeze tables into 80 columns; tables of timings read
 # better wide (COLUMNS, else 120).
 _width = None if sys.stdout.isatty() else shutil.get_terminal_size((120, 24)).columns
-out = Console(highlight=False, soft_wrap=True, width=_width)
+#: exit status when the reader of stdout went away (``chainrun show 1 | head -1``): that
+#: of a process killed by SIGPIPE (128 + 13), as Unix tools (cat, seq) give, with no message
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def exit_broken_pipe() -> NoReturn:
+    """Exit quietly with :data:`EXIT_BROKEN_PIPE`; stdout is pointed at /dev/null first so
+    the interpreter's final flush does not fail again (Python docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(EXIT_BROKEN_PIPE)
+
+
+class _Console(Console):
+    """rich's console, exiting as :func:`exit_broken_pipe` says when stdout's reader left
+    (rich's own exits 1, which reads as a failure)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        exit_broken_pipe()
+
+
+out = _Console(highlight=False, soft_wrap=True, width=_width)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # shared options (the pattern of simonw/llm: one definition, many commands)
@@ -177,9 +200,12 @@ def handle_errors(fn: F) -> F:
         except ChainrunError as e:
             fail(str(e), as_json=as_json, error=e.as_dict())
         except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
-            message = f"the log database is busy or unwritable ({e})"
+            where = f"{db}: " if db is not None else ""
+            what = "is not writable" if "readonly" in str(e) else "is busy or unwritable"
+            message = f"{where}the log database {what} ({e})"
             fail(message, as_json=as_json, error={"type": "database_error", "message": message,
-                                                  "file": None, "line": None})  # fmt: skip
+                                                  "file": None if db is None else str(db),
+                                                  "line": None})  # fmt: skip
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
@@ -192,8 +218,11 @@ def handle_errors(fn: F) -> F:
 
 def print_json(doc: Any) -> None:
     """Print one JSON document on stdout (no rich markup, no wrapping)."""
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        exit_broken_pipe()
 
 
 def interrupted_line(command: str, summary: dict[str, Any]) -> str:
@@ -258,6 +287,13 @@ def main() -> None:
     With ``--json`` a usage error (an unknown option, a value out of range) is also one
     JSON document on stdout (type ``usage_error``), as every other error is.
     """
+    try:
+        _main()
+    except BrokenPipeError:  # output written outside rich and print_json
+        exit_broken_pipe()
+
+
+def _main() -> None:
     if "--json" not in sys.argv[1:]:
         app()
         return

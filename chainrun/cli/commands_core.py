@@ -239,12 +239,13 @@ def show(
         print_json({**detail, "summary": summary})
         return
     out.print(f"run {run_id}: {detail['kind']} {detail['status']} "
-              f"label={detail['label']} source={detail['source']}", markup=False)  # fmt: skip
+              f"label={detail['label'] or '-'} source={detail['source'] or '-'}",
+              markup=False)  # fmt: skip
     for t in turns:
         out.print(f"\n[bold]turn {t.id}[/] ({escape(t.request_id or '-')}) {t.status} "
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
-                  f"label={escape(str(t.label))}")  # fmt: skip
+                  f"label={escape(t.label or '-')}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
         out.print(f"  < {printable(t.output)}", markup=False)
         for line in verdict_lines(t.verdicts):  # the critique's text, validate's verdict, ...
@@ -256,7 +257,7 @@ def show(
             table.add_column(col)
         for c in (c for c in calls if c.turn_id == t.id):
             table.add_row(
-                escape(c.step), str(c.attempt), c.outcome, escape(str(c.target)),
+                escape(c.step), str(c.attempt), c.outcome, escape(c.target or '-'),
                 _ms(c.ttft_ms), _ms(c.duration_ms), str(c.n_chunks),
                 _n(c.input_tokens), _n(c.output_tokens), _n(c.reasoning_tokens),
                 str(c.finish_reason or ""), str(c.error_type or ""),

@@ -24,12 +24,12 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import provider_compare_table, turn_counts
+from chainrun.cli.tables import NO_CI, NO_CI_NOTE, ci_cell, provider_compare_table, turn_counts
 from chainrun.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
-from chainrun.evals.runner import run_eval, score_existing
+from chainrun.evals.runner import check_grader, run_eval, score_existing
 from chainrun.fleet import merge_logs
 from chainrun.provider_compare import compare_providers, differ_only_in_provider
 from chainrun.report import latency_summary
@@ -81,6 +81,8 @@ def eval_command(
     repeat = repeat or 1
     cfg = load_config(config)
     cases = load_cases(file, steps=cfg.order)  # validated before any run exists
+    if run is None:  # a grader that is down fails before the log file is even created
+        run_async(check_grader(cfg, cases, quiet=as_json))
     store = Store.open(db, create=run is None)
     progress = Progress(
         TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -271,13 +273,8 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-#: a cell whose interval cannot be bounded at this n (one footnote under the table)
-NO_CI = "-*"
-NO_CI_NOTE = "* not enough data for a 95% interval at this n"
-
-
 def _ci(v: Any) -> str:
-    return NO_CI if v is None else f"[{v[0]:.0f}, {v[1]:.0f}]"
+    return ci_cell(v)
 
 
 def _verdict(m: dict[str, Any]) -> str:
@@ -298,7 +295,8 @@ def _verdict(m: dict[str, Any]) -> str:
 
 def _print_compare(doc: dict[str, Any]) -> None:
     table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
-    for col in ("", "n A", "n B", "p50 A", "p50 B", "p90 A [95% CI]", "p90 B [95% CI]",
+    for col in ("", "n A", "n B", "p50 A [95% CI]", "p50 B [95% CI]", "p90 A [95% CI]",
+                "p90 B [95% CI]",
                 "p99 A [95% CI]", "p99 B [95% CI]", "B−A p50 [CI]", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("", "verdict") else "right")
     rows = [
@@ -312,7 +310,8 @@ def _print_compare(doc: dict[str, Any]) -> None:
             continue
         a, b, d = m["a"], m["b"], m["diff"]
         table.add_row(
-            name, str(a["n"]), str(b["n"]), _ms(a["p50_ms"]), _ms(b["p50_ms"]),
+            name, str(a["n"]), str(b["n"]),
+            f"{_ms(a['p50_ms'])} {_ci(a['p50_ci'])}", f"{_ms(b['p50_ms'])} {_ci(b['p50_ci'])}",
             f"{_ms(a['p90_ms'])} {_ci(a['p90_ci'])}", f"{_ms(b['p90_ms'])} {_ci(b['p90_ci'])}",
             f"{_ms(a['p99_ms'])} {_ci(a['p99_ci'])}", f"{_ms(b['p99_ms'])} {_ci(b['p99_ci'])}",
             f"{_ms(d.get('p50_ms'))} {_ci(d.get('p50_ci'))}", _verdict(m),

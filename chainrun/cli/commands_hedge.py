@@ -124,4 +124,11 @@ def advise_command(
         note = (result.get("validation") or {}).get("note")
         if note:
             out.print(f"observed run {run}: {note}", markup=False)
+        tail = result.get("censored_tail")
+        if tail:
+            out.print(f"censored tail: {tail['share']:.1%} of the calls outlived every answer "
+                      f"(longest logged time {tail['at_ms']:g} ms, a cut call); drawn just "
+                      "above it, a lower bound (Efron 1967)"
+                      + ("" if tail["beyond_deadline"] else ": in time is an upper bound"),
+                      markup=False)  # fmt: skip
         out.print("\n# paste into chainrun.toml:\n" + result["toml"], markup=False)

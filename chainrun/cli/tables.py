@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from chainrun.events import StepFinished, TurnFinished
 from chainrun.records import StepRow
@@ -90,30 +91,61 @@ def turn_counts(counts: dict[str, int] | None) -> str:
     )
 
 
+#: a cell whose interval cannot be bounded at this n (one footnote under the table)
+NO_CI = "-*"
+NO_CI_NOTE = "* not enough data for a 95% interval at this n"
+
+
+def ci_cell(ci: Any, digits: int = 0) -> str:
+    """``[lo, hi]`` of a 95% interval, or :data:`NO_CI` when n cannot bound it."""
+    return NO_CI if ci is None else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _with_ci(v: Any, ci: Any, digits: int = 0) -> str:
+    """An estimate and its 95% interval in one cell: ``123 [118, 130]``; ``-`` when no
+    estimate."""
+    return "-" if v is None else f"{_f(float(v), digits)} {ci_cell(ci, digits)}"
+
+
+def _note_no_ci(t: Table, caption: str | Text | None) -> str | Text | None:
+    """``caption`` plus :data:`NO_CI_NOTE` when a cell of ``t`` shows :data:`NO_CI`."""
+    if any(NO_CI in str(cell) for col in t.columns for cell in col.cells):
+        return NO_CI_NOTE if caption is None else f"{caption}\n{NO_CI_NOTE}"
+    return caption
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
-    """Per turn and per step: n, p50, p90 (ms), TTFT p50 and mean output tokens, over
-    completed turns, the others counted in the title."""
+    """Per turn and per step: n, p50, p90 (ms) with their 95% order-statistic intervals,
+    TTFT p50 (its own n when it differs) and mean output tokens, over completed turns, the
+    others counted in the title."""
     t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
                     f"{summary['n_turns']} turns, percentiles "
                     f"{turn_counts(summary.get('turns'))}")  # fmt: skip
-    for col in ("", "n", "p50 ms", "p90 ms", "TTFT p50 ms", "out tokens (mean)", "failed",
-                "model", "effort"):  # fmt: skip
+    for col in ("", "n", "p50 ms [95% CI]", "p90 ms [95% CI]", "TTFT p50 ms [95% CI]",
+                "out tokens (mean)", "failed", "model", "effort"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("", "model", "effort") else "right")
+
+    def pcts(s: dict[str, Any]) -> tuple[str, str]:
+        return (_with_ci(s["p50_ms"], s.get("p50_ci")), _with_ci(s["p90_ms"], s.get("p90_ci")))
+
     turn = summary["turn"]
-    t.add_row("turn", str(turn["n"]), _f(turn["p50_ms"]), _f(turn["p90_ms"]), "", "", "", "", "")
+    t.add_row("turn", str(turn["n"]), *pcts(turn), "", "", "", "", "")
     for key, name in (("answer_ttft", "answer TTFT"), ("answer_done", "answer done")):
         a = summary.get(key)
         if a:
-            t.add_row(name, str(a["n"]), _f(a["p50_ms"]), _f(a["p90_ms"]), "", "", "", "", "")
+            t.add_row(name, str(a["n"]), *pcts(a), "", "", "", "", "")
     for name, s in summary["steps"].items():
-        t.add_row(name, str(s["n"]), _f(s["p50_ms"]), _f(s["p90_ms"]), _f(s["ttft_p50_ms"]),
-                  _f(s["output_tokens_mean"], 1), str(s["n_failed"]), s["model"] or "-",
-                  s["reasoning_effort"] or "-")  # fmt: skip
+        ttft = _with_ci(s["ttft_p50_ms"], s.get("ttft_p50_ci"))
+        if s["ttft_p50_ms"] is not None and s.get("ttft_n", s["n"]) != s["n"]:
+            ttft = f"{ttft} (n={s['ttft_n']})"
+        t.add_row(name, str(s["n"]), *pcts(s), ttft, _f(s["output_tokens_mean"], 1),
+                  str(s["n_failed"]), s["model"] or "-", s["reasoning_effort"] or "-")  # fmt: skip
     n = turn["n"]
     if n and n < 36:  # below 36 values no order-statistic interval bounds a p90
         rank = n - max(1, -(-n * 90 // 100)) + 1
         ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")
         t.caption = f"n = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
+    t.caption = _note_no_ci(t, t.caption)
     return t
 
 
@@ -122,17 +154,19 @@ def hedge_table(stats: dict[str, Any]) -> Table:
     copies sent per call is what actually went out (a due copy the budget refused, or
     that an open breaker or a lagging loop held back, is counted under "not sent")."""
     t = Table(title=f"hedging, run {stats['run_id']} ({turn_counts(stats.get('turns'))})")
-    cols = ("step", "n", "armed", "fire rate", "sent/call", "fired unsent",
-            "unsent b/c/l", "win rate", "saved/win ms", "measured", "extra calls/turn",
+    cols = ("step", "n", "armed", "fire rate [95% CI]", "sent/call", "fired unsent",
+            "unsent b/c/l", "win rate [95% CI]", "saved/win ms", "measured", "extra calls/turn",
             "mean d ms")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
     for name, s in stats["steps"].items():
         unsent = s["unsent"]
-        t.add_row(name, str(s["n"]), str(s["n_armed"]), _f(s["fire_rate"], 3),
+        t.add_row(name, str(s["n"]), str(s["n_armed"]),
+                  _with_ci(s["fire_rate"], s.get("fire_rate_ci95"), 3),
                   _f(s["copies_sent_per_call"], 3), str(s["n_fired_no_copy_sent"]),
                   f"{unsent['budget_exhausted']}/{unsent['circuit_open']}/{unsent['loop_lag']}",
-                  _f(s["win_rate"], 3), _f(s["time_saved_per_win_ms"]),
+                  _with_ci(s["win_rate"], s.get("win_rate_ci95"), 3),
+                  _f(s["time_saved_per_win_ms"]),
                   str(s["n_saved_measured"]), _f(s["extra_calls_per_turn"], 3),
                   _f(s["mean_delay_ms"]))  # fmt: skip
     if any(s["n_fired_no_copy_sent"] for s in stats["steps"].values()):

@@ -10,11 +10,11 @@ chain's configuration, and that configuration is stored with every verdict.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from chainrun.config import ChainConfig
-from chainrun.errors import ConfigError
+from chainrun.errors import ConfigError, ProviderError, ProviderUnavailable
 from chainrun.evals.assertions import Grade, GraderConfig
 from chainrun.evals.cases import EvalCase
 from chainrun.evals.scoring import eval_request_id, match_run, score_run
@@ -34,14 +34,32 @@ def eval_requests(cases: Sequence[EvalCase], repeat: int) -> list[ReplayRequest]
     ]
 
 
+def needs_grader(cases: Sequence[EvalCase]) -> bool:
+    """Whether any case has an ``llm-rubric`` assertion (only those call a grader)."""
+    return any(a.type == "llm-rubric" for case in cases for a in case.asserts)
+
+
+def _grader_config_error(config: ChainConfig, e: ConfigError) -> ConfigError:
+    """``e`` about the grader's provider, saying it is the grader's and naming the file."""
+    where = f"{config.path}: " if config.path is not None and e.path is None else ""
+    return ConfigError(f"{where}grader: {e}", path=e.path or config.path, line=e.line)
+
+
 @asynccontextmanager
 async def grader_from_config(
     config: ChainConfig, grader: GraderConfig, *, quiet: bool = False
 ) -> AsyncIterator[Grade]:
     """An async ``grade(prompt) -> str`` calling ``grader.provider`` with the pinned settings.
 
+    The provider is built and checked on entry (its key variables, then a ``GET /models``,
+    as for the chain's own providers), so a grader that is down fails here, in one line
+    that names it as the grader.
+
     Raises:
-        ConfigError: the grader names a provider the chain config does not define.
+        ConfigError: the grader names a provider the chain config does not define, or
+            that provider's key variable is not set.
+        ProviderUnavailable: the grader's provider cannot be reached or did not answer
+            its startup check; the message starts ``grader ([grader] provider = ...)``.
     """
     pc = config.providers.get(grader.provider)
     if pc is None:
@@ -49,7 +67,16 @@ async def grader_from_config(
             f"grader.provider: unknown provider {grader.provider!r}; "
             f"expected one of {sorted(config.providers)}"
         )
-    provider = await open_provider(grader.provider, pc, quiet=quiet)
+    try:
+        pc.check_env(grader.provider)
+        provider = await open_provider(grader.provider, pc, quiet=quiet)
+    except ConfigError as e:
+        raise _grader_config_error(config, e) from None
+    except ProviderError as e:
+        raise ProviderUnavailable(
+            f"grader ([grader] provider = {grader.provider!r}, model = {grader.model!r}) is "
+            f"not usable, so the llm-rubric cases cannot be scored; no case was run: {e}"
+        ) from None
 
     async def grade(prompt: str) -> str:
         request = ChatRequest(
@@ -70,6 +97,25 @@ async def grader_from_config(
         yield grade
     finally:
         await provider.aclose()
+
+
+async def check_grader(
+    config: ChainConfig,
+    cases: Sequence[EvalCase],
+    grader: GraderConfig | None = None,
+    *,
+    quiet: bool = False,
+) -> None:
+    """Preflight: when a case has an ``llm-rubric``, open the grader (``grader``, else
+    ``config.grader``) and close it again; a no-op otherwise. Lets a caller fail before it
+    creates a log file at all (:func:`run_eval` checks the grader again before any case).
+
+    Raises:
+        ConfigError, ProviderUnavailable: as :func:`grader_from_config`.
+    """
+    if needs_grader(cases):
+        async with grader_from_config(config, grader or config.grader, quiet=quiet):
+            pass
 
 
 async def run_eval(
@@ -97,18 +143,32 @@ async def run_eval(
     from it (a test double). ``on_run`` gets the run id once the run exists (see
     :func:`chainrun.replay.run_requests`).
 
+    When a case has an ``llm-rubric`` (and ``grade`` is None), the grader is opened and
+    checked before any case runs, so a grader that is down fails with no run written.
+
     Raises:
-        ProviderUnavailable: a provider could not be reached (the run is marked failed).
+        ProviderUnavailable: a provider could not be reached (the run is marked failed),
+            or the grader could not (before any run exists).
+        ConfigError: the grader's provider is unknown or its key variable is not set.
     """
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
-    run_id = await run_requests(
-        config, eval_requests(cases, repeat), store, kind="eval", concurrency=concurrency,
-        label=label, source=source, providers=providers, retriever=retriever,
-        on_turn=on_turn, quiet=quiet, on_run=on_run,
-    )  # fmt: skip
-    summary = await score_existing(store, run_id, cases, config, grader=grader, grade=grade,
-                                   catalog_ids=catalog_ids, quiet=quiet)  # fmt: skip
+    grader = grader or config.grader
+    async with AsyncExitStack() as stack:
+        if grade is None and needs_grader(cases):
+            # the grader is checked before any case runs: a grader that is down must not
+            # cost the whole eval set's model calls and leave an unscorable run behind
+            grade = await stack.enter_async_context(
+                grader_from_config(config, grader, quiet=quiet)
+            )
+        run_id = await run_requests(
+            config, eval_requests(cases, repeat), store, kind="eval", concurrency=concurrency,
+            label=label, source=source, providers=providers, retriever=retriever,
+            on_turn=on_turn, quiet=quiet, on_run=on_run,
+        )  # fmt: skip
+        summary = await score_existing(store, run_id, cases, config, grader=grader,
+                                       grade=grade, catalog_ids=catalog_ids,
+                                       quiet=quiet)  # fmt: skip
     return {**summary, "n_cases": len(cases), "repeat": repeat}
 
 
@@ -131,10 +191,7 @@ async def score_existing(
         UserInputError: no such run, or no turn of it matches a case.
     """
     grader = grader or config.grader
-    needs_grader = grade is None and any(
-        a.type == "llm-rubric" for case in cases for a in case.asserts
-    )
-    if not needs_grader:
+    if grade is not None or not needs_grader(cases):
         return await score_run(store, run_id, cases, grade, grader=grader,
                                catalog_ids=catalog_ids)  # fmt: skip
     match_run(store, run_id, cases)  # a wrong run fails before any grader starts

@@ -73,7 +73,8 @@ def read_api_key(env_name: str | None, *, field: str) -> str | None:
         return None
     key = os.environ.get(env_name)
     if not key:
-        raise ConfigError(f"{field}: environment variable {env_name} is not set")
+        state = "is not set" if key is None else 'is empty (set to "")'
+        raise ConfigError(f"{field}: environment variable {env_name} {state}")
     return key
 
 
@@ -467,13 +468,20 @@ class OpenAIClientProvider:
         answers (its URLs are built from the endpoint, not a hand-written base_url).
 
         Raises:
-            ProviderUnavailable: cannot connect (refused, DNS, connect timeout), or the
-                server is not an OpenAI-compatible API.
+            ProviderUnavailable: cannot connect (refused, DNS, connect timeout), no answer
+                within ``connect_timeout_s`` + 5 s, or the server is not an
+                OpenAI-compatible API.
         """
+        timeout_s = self._connect_timeout_s + 5.0
         try:
-            raw = await self.client.models.with_raw_response.list(
-                timeout=self._connect_timeout_s + 5.0
-            )
+            raw = await self.client.models.with_raw_response.list(timeout=timeout_s)
+        except openai.APITimeoutError:
+            # accepted the connection, then said nothing: name the check and the URL
+            raise ProviderUnavailable(
+                f"provider {self.name!r} at {self.where} did not answer the startup check "
+                f"(GET /models) within {timeout_s:g} s: the server accepts connections but "
+                "does not respond"
+            ) from None
         except openai.APIConnectionError as e:
             raise self._error(e) from e
         except openai.APIStatusError as e:
