@@ -142,7 +142,9 @@ def _ctrl_c_after(
     """Run ``chainrun ARGS --config (a slow lab) --db DB`` as a real process and send it
     SIGINT (Ctrl-C) once ``n_ok`` turns are logged ok; then, while the lab still runs,
     ``chainrun THEN`` in-process if given."""
-    with LabServer("lognormal", median_ms=150, sigma=0.1, n_tokens=8) as slow:
+    # slow enough that the run is far from done when n_ok turns are logged, also on a
+    # loaded machine (at 150 ms a step the replay could end before the Ctrl-C)
+    with LabServer("lognormal", median_ms=400, sigma=0.1, n_tokens=8) as slow:
         cfg = tmp_path / "slow.toml"
         cfg.write_text(f'[providers.local]\nbase_url = "{slow.base_url}"\n')
         proc = subprocess.Popen(
