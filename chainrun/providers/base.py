@@ -275,7 +275,12 @@ class ChatStream:
         """
         if self._pump is None and self._reader is None and not self._done.is_set():
             self._reader = asyncio.current_task()
-            await self._run()
+            try:
+                await self._run()
+            finally:
+                # read to its end: drop the task, whose result holds this stream (a
+                # reference cycle per call for the garbage collector otherwise)
+                self._reader = None
         else:
             await self._done.wait()
         self._raise_if_failed()
