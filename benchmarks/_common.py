@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chainrun.analysis.summary import hedge_stats
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
-from chainrun.records import CallRow
-from chainrun.report import hedge_stats
-from chainrun.store import Store
+from chainrun.log.rows import CallRow
+from chainrun.log.store import Store
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

@@ -1,7 +1,8 @@
 """A guard on a bimodal classifier: copies every 1 s, then the delay and attempts that
 ``chainrun advise`` picks from a run of the guard's logged calls.
 
-Scenario ``bimodal-guard`` (FIELD.md): 0.1-0.3 s with probability 0.5, else 3-19 s, drawn
+Scenario ``bimodal-guard`` (a shared endpoint's warm and cold paths):
+0.1-0.3 s with probability 0.5, else 3-19 s, drawn
 per request; the guard step settles on the whole answer (``stream = false``) within a
 3 s deadline, ``on_failure = "closed"``.
 
@@ -9,7 +10,7 @@ per request; the guard step settles on the whole answer (``stream = false``) wit
    predicted 1 - 0.5^3 = 0.875 with 1.75 calls per check).
 2. ``learn``: one call per check (no hedge), ``--learn-turns`` checks: the log ``advise``
    reads (half the calls are cut by the deadline: censored).
-3. ``advise``: ``chainrun.advise.advise`` on the learn run with ``--max-extra-calls``.
+3. ``advise``: ``chainrun.analysis.advise.advise`` on the learn run with ``--max-extra-calls``.
 4. ``advised``: ``--turns`` checks with the picked delay and attempts (predicted for copies
    every 0.35 s and 8 attempts: 1 - 0.5^8 = 0.996 in time, 0.99 extra calls per check).
 5. ``validation``: ``advise`` on the every_1s run, whose predicted fire rate, win rate and
@@ -30,9 +31,9 @@ from typing import Any
 
 import _common as c
 
-from chainrun.advise import advise
+from chainrun.analysis.advise import advise
+from chainrun.analysis.summary import hedge_stats
 from chainrun.lab import LabServer
-from chainrun.report import hedge_stats
 
 DEADLINE_S = 3.0
 

@@ -1,6 +1,7 @@
 """Hedging a bimodal guard step: success within a 3 s deadline, single call vs hedged.
 
-Scenario ``bimodal-guard`` (FIELD.md): the time to first token is 0.1-0.3 s with
+Scenario ``bimodal-guard`` (a shared endpoint's warm and cold paths): the
+time to first token is 0.1-0.3 s with
 probability 0.5 (warm path) and 3-19 s otherwise (cold path), drawn by the lab per
 request, so every copy is an independent draw. The guard step settles on the whole
 answer (``stream = false``) within a 3 s deadline (``on_failure = "closed"``: a miss
@@ -27,7 +28,7 @@ from typing import Any
 import _common as c
 
 from chainrun.lab import LabServer
-from chainrun.records import SENT_OUTCOMES
+from chainrun.log.rows import SENT_OUTCOMES
 
 DEADLINE_S = 3.0
 P_FAST = 0.5

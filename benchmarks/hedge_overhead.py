@@ -61,7 +61,7 @@ from typing import Any
 import _common as c
 import openai
 
-from chainrun import stats
+from chainrun.analysis import stats
 from chainrun.chain import Chain
 from chainrun.hedging import AttemptInfo, HedgePolicy, Hedger
 from chainrun.lab import LabServer

@@ -1,6 +1,6 @@
 """Where hedging stops paying: a p95 hedge on answers whose latency is mostly work.
 
-FIELD.md (Dean and Barroso, "The Tail at Scale"): split a call's latency into the work
+Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013): split a call's latency into the work
 W the request carries (generated tokens x time per token; both copies carry the same W)
 and serving noise N drawn per copy. The primary answers at W + N1, a copy sent at d
 answers at d + W + N2, so **the copy wins only when N1 - N2 > d**: W cancels out.
@@ -35,12 +35,12 @@ import _common as c
 
 from chainrun.lab import LabServer, load_scenario
 from chainrun.lab.scenarios import Scenario, WorkNoise
-from chainrun.records import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, StepRow
+from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, StepRow
 
 EXPLANATION = (
     "The primary answers at W + N1 and a copy sent at d at d + W + N2 (W: the work the "
     "request carries, the same for both copies; N: serving noise drawn per copy), so the "
-    "copy wins only when N1 - N2 > d (FIELD.md; Dean and Barroso, 'The Tail at Scale'). "
+    "copy wins only when N1 - N2 > d (Dean and Barroso, 'The Tail at Scale'). "
     "With little noise the p95 delay d is reached by long answers (large W), not by slow "
     "servers: the hedge fires on long answers and the copy, carrying the same W, loses. "
     "With large noise a primary over d is usually slow because of N1, and the copy wins."

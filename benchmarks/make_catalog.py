@@ -587,7 +587,7 @@ def write_vectors(products: list[dict[str, object]], out: Path) -> None:
     """Embed every product with MiniLM and save the vectors with their text hashes."""
     import numpy as np
 
-    from chainrun.catalog import product_text
+    from chainrun.retrieval.catalog import product_text
     from chainrun.retrieval.embeddings import MiniLMEmbedder
     from chainrun.retrieval.vector import text_hash
 

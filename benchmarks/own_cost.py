@@ -47,8 +47,8 @@ import _common as c
 
 from chainrun.chain import Chain
 from chainrun.hedging import AttemptInfo, HedgePolicy, Hedger
+from chainrun.log.store import Store
 from chainrun.providers import ChatRequest, ChatStream
-from chainrun.store import Store
 from chainrun.timing import Chunk, Usage
 
 LAYERS = ("bare", "chatstream", "unhedged", "hedged", "chain_nolog", "chain")

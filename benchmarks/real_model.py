@@ -37,11 +37,17 @@ from typing import Any
 
 import _common as c
 
-from chainrun import stats
+from chainrun.analysis import stats
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
-from chainrun.local import CHAT_TEMPLATE, free_port, healthy, model_path, server_binary
 from chainrun.replay import load_requests
+from chainrun.runtime.local_model import (
+    CHAT_TEMPLATE,
+    free_port,
+    healthy,
+    model_path,
+    server_binary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"

@@ -16,10 +16,10 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import CLASSIFY_LABELS
 from chainrun.replay import load_requests
 from chainrun.retrieval import RetrievalSettings, build_retriever
+from chainrun.retrieval.catalog import ensure_sample_catalog
 
 
 async def run(replay: str) -> dict[str, Any]:

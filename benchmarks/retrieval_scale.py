@@ -1,7 +1,7 @@
 """Retrieval at scale: per-search latency on a synthetic catalogue of 10,000 and 100,000 products.
 
 Issue 13, target 3. For each size, a temporary SQLite file gets ``synthetic_products(n)``
-(``chainrun.catalog``: variants of the 285 sample products, generated, never shipped)
+(``chainrun.retrieval.catalog``: variants of the 285 sample products, generated, never shipped)
 and one vector per product for a 384-dimension embedding model (the size of MiniLM's):
 the hashing embedder's vector of the product's base sample product plus Gaussian noise
 (sigma 0.3 per unit vector), written with the text hash the index expects, so the index
@@ -56,14 +56,7 @@ import _common as c
 import numpy as np
 import sqlite_utils
 
-from chainrun import stats
-from chainrun.catalog import (
-    SAMPLE_CATALOG,
-    product_text,
-    read_catalog,
-    synthetic_products,
-    write_products,
-)
+from chainrun.analysis import stats
 from chainrun.retrieval import (
     Filters,
     HashEmbedder,
@@ -74,8 +67,15 @@ from chainrun.retrieval import (
     parse_query,
 )
 from chainrun.retrieval.base import Search
-from chainrun.retrieval.reader import reader_for
-from chainrun.retrieval.vector import _row, load_sqlite_vec, text_hash
+from chainrun.retrieval.catalog import (
+    SAMPLE_CATALOG,
+    product_text,
+    read_catalog,
+    synthetic_products,
+    write_products,
+)
+from chainrun.retrieval.reader import load_sqlite_vec, reader_for
+from chainrun.retrieval.vector import _row, text_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ROOT / "evals" / "retrieval_queries.jsonl"

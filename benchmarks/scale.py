@@ -35,7 +35,7 @@ the end of the ramp to the start of the last turn: exactly N turns in flight).
 
 Each level's chain is opened and warmed up, then its start-up objects are frozen out of
 the garbage collector and full collections made rare, as ``chainrun serve`` does
-(:mod:`chainrun.gcfreeze`; ``--no-gc-freeze`` to compare). ``--uvloop-levels`` (1000)
+(:mod:`chainrun.runtime.gc_settings`; ``--no-gc-freeze`` to compare). ``--uvloop-levels`` (1000)
 runs those paced levels again on uvloop, in the same run, when the ``uvloop`` extra is
 installed (``results_paced_uvloop``).
 
@@ -74,13 +74,14 @@ from typing import Any
 
 import _common as c
 
-from chainrun import eventloop, stats
+from chainrun.analysis import stats
 from chainrun.config import config_from_dict
-from chainrun.gcfreeze import freeze_startup_objects, rare_full_collections
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.replay import load_requests
+from chainrun.runtime import event_loop
+from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 
 REPLAY = "replays/commerce-12.jsonl"
 
@@ -210,7 +211,7 @@ async def level(
     ``pool_connections``: the provider's connections per pool (None: the config's
     default; 0: one pool). ``gc_freeze``: after the warm-up turn, freeze the objects
     alive then and make full collections rare, as ``chainrun serve`` does once its
-    chain is open (:mod:`chainrun.gcfreeze`; undone after the level);
+    chain is open (:mod:`chainrun.runtime.gc_settings`; undone after the level);
     ``gc_thresholds``: the collector's thresholds during the level (None: Python's
     700, 10, 10).
     """
@@ -232,7 +233,8 @@ async def level(
         gc_before = gc.get_threshold()
         if gc_thresholds:
             gc.set_threshold(*gc_thresholds)
-        if gc_freeze:  # as chainrun serve does once its chain is open (chainrun.gcfreeze)
+        # as chainrun serve does once its chain is open (chainrun.runtime.gc_settings)
+        if gc_freeze:
             freeze_startup_objects()
             if not gc_thresholds:
                 rare_full_collections()
@@ -277,7 +279,7 @@ async def level(
     durations = [(t.ended - t.started) * 1000.0 for t in results]
     return {
         "concurrency": n_flight,
-        "event_loop": eventloop.loop_name(loop),
+        "event_loop": event_loop.loop_name(loop),
         "turns": n_turns,
         "wall_s": round(wall, 3),
         "ramp_s": ramp_s,
@@ -393,7 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gc_thresholds": args.gc_thresholds,
         "sse_parser": "openai SDK" if args.sdk_sse else "chainrun (chat_sse)",
         # the lab is uvicorn with loop="auto": uvloop when installed, in both arms
-        "lab_event_loop": "uvloop" if uvloop_factory() and eventloop.wanted() == "auto"
+        "lab_event_loop": "uvloop" if uvloop_factory() and event_loop.wanted() == "auto"
         else "asyncio",
         "paced": {
             "levels": paced_levels,
@@ -534,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-gc-freeze", dest="gc_freeze", action="store_false",
         help="do not freeze the start-up objects nor make full collections rare after each "
-        "level's warm-up turn (by default both, as chainrun serve does: chainrun.gcfreeze)",
+        "level's warm-up turn (by default both, as chainrun serve does: "
+        "chainrun.runtime.gc_settings)",
     )  # fmt: skip
     parser.add_argument(
         "--gc-thresholds", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,

@@ -3,7 +3,7 @@
 Issue 13, target 4. Two lab instances serve the ``heavy-tail`` scenario (TTFT
 log-normal, median 200 ms, sigma 0.5, plus a slow path of 3-10 s before the first token
 with probability 0.05), each with its own seed so that a copy sent to the second is an
-independent draw (FIELD.md: copies must go to an independent server). Every arm sends
+independent draw (copies must go to an independent server: Dean and Barroso, 2013). Every arm sends
 the same requests (one user message each, ``max_tokens`` 8, not streamed) with the same
 number in flight, after both labs are reset to their seeds:
 
@@ -23,7 +23,7 @@ number in flight, after both labs are reset to their seeds:
   SQLite log.
 
 Per arm: ``p50_ms``, ``p99_ms``, ``p999_ms`` with 95% order-statistic intervals
-(``chainrun.stats``; a bound is null where n cannot give it: the p99.9's upper bound
+(``chainrun.analysis.stats``; a bound is null where n cannot give it: the p99.9's upper bound
 needs n >= 3,688), ``success_rate`` (answered within the 3 s deadline, Wilson interval),
 ``upstream_calls_per_request`` from the labs' own request logs, and ``n``. The time of a
 request is the caller's wall time from the call to its answer (or its error).
@@ -58,10 +58,10 @@ from typing import Any
 import _common as c
 from openai import AsyncOpenAI
 
+from chainrun.analysis.stats import order_stat_indices, percentile
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
-from chainrun.stats import order_stat_indices, percentile
 
 ARMS = ("single", "litellm_router", "litellm_fastest", "chainrun")
 DEADLINE_S = 3.0

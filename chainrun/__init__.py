@@ -23,7 +23,7 @@ from chainrun.errors import (
     UserInputError,
 )
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 __version__ = "0.1.0"
 

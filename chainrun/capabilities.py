@@ -21,8 +21,8 @@ parameter: 'stop' is not supported with this model" (``param: stop``, code
 ``unsupported_parameter``) reported for o3, o4-mini and gpt-5 through gpt-5.2
 (e.g. huggingface/smolagents#1671 and #1893, crewAIInc/crewAI#2738), and "Only the
 default (1) value is supported" for ``temperature`` on reasoning models. llama-server
-takes every parameter chainrun sends and ignores ``reasoning_effort`` (FIELD.md,
-checked with openai 3.57).
+takes every parameter chainrun sends and ignores ``reasoning_effort`` (checked
+with openai 3.57 against llama-server).
 
 The Responses API itself has no ``stop`` and no ``seed``: a step on an ``api =
 "responses"`` provider that sets them is refused the same way, whatever the model.

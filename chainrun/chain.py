@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import logging
 import math
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,16 +36,18 @@ from chainrun.errors import ChainClosed, ConfigError, ProviderUnavailable, error
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
+from chainrun.log.redaction import Redactor
+from chainrun.log.rows import RunKind, TurnLog, TurnRow
+from chainrun.log.store import DEFAULT_DB, Store, utc_now
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
-from chainrun.records import RunKind, TurnLog, TurnRow
-from chainrun.redact import Redactor
 from chainrun.scheduler import TurnRun
 from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, step_kinds
 from chainrun.steps.base import breaker_key
-from chainrun.store import DEFAULT_DB, Store, utc_now
 from chainrun.timing import Chunk
-from chainrun.turninput import check_turn_input
+from chainrun.turn_input import check_turn_input
+
+logger = logging.getLogger(__name__)
 
 REFUSAL = "Sorry, I can't help with that right now. Please try again in a moment."
 
@@ -279,9 +281,8 @@ class Chain:
                 for registry in self._breakers.values():
                     registry.get(name).trip(math.inf)
                 self._providers[name] = _Down(name, str(e))
-                print(f"chainrun: warning: hedge target {name!r} is down ({e}); its circuit "
-                      "breaker starts open: the steps hedged onto it run unhedged",
-                      file=sys.stderr)  # fmt: skip
+                logger.warning("hedge target %r is down (%s); its circuit breaker starts "
+                               "open: the steps hedged onto it run unhedged", name, e)
                 continue
             self._providers[name] = provider
             self._owned.append(provider)
@@ -391,7 +392,7 @@ class Chain:
         """Run one turn, yielding typed events as they happen.
 
         ``message``: the shopper's text (a non-empty string of at most
-        :data:`chainrun.turninput.MAX_MESSAGE_CHARS` characters, valid Unicode: the rule
+        :data:`chainrun.turn_input.MAX_MESSAGE_CHARS` characters, valid Unicode: the rule
         ``chainrun serve`` applies too). ``request_id`` / ``conversation_id``: stored with
         the turn. ``original_ms``: the turn's duration in the traffic a replay came from.
 
@@ -410,7 +411,7 @@ class Chain:
         run_id = self.run_id if self.run_id is not None else await self.ensure_run()
         turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
                        started_at=utc_now(), original_ms=original_ms)  # fmt: skip
-        # deterministic checks first: microseconds, before any model call (issue 11)
+        # deterministic checks first: microseconds, before any model call
         checked = self._input_checks.check(message)
         if checked.findings:
             message = turn.input = checked.text  # neither model nor log sees a card number

@@ -32,13 +32,14 @@ from pydantic import (
     model_validator,
 )
 
+from chainrun.answer_json import check_schema
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
 from chainrun.errors import ConfigError, FirstTokenTimeout
 from chainrun.hedging.policy import HedgePolicy
-from chainrun.jsonout import check_schema
 from chainrun.retrieval.settings import RetrievalSettings
 
-#: Values the OpenAI API has accepted for ``reasoning_effort`` over time (see FIELD.md).
+#: Values the OpenAI API has accepted for ``reasoning_effort`` over time (OpenAI API reference,
+#: Chat Completions ``reasoning_effort``).
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
@@ -64,7 +65,7 @@ class ProviderConfig(_Strict):
 
     ``kind = "openai"`` (the default): any OpenAI-compatible server at ``base_url``;
     ``base_url = None`` means the embedded local model: chainrun starts llama-server
-    on a free loopback port on first use (see :mod:`chainrun.local`).
+    on a free loopback port on first use (see :mod:`chainrun.runtime.local_model`).
     ``kind = "azure"``: an Azure OpenAI resource at ``endpoint`` with ``api_version``
     and ``deployment`` (None: the step's ``model`` names the deployment), authenticated
     by the key in ``api_key_env`` or the Entra ID token in ``entra_token_env``.
@@ -454,7 +455,7 @@ class GraderConfig(_Strict):
 class LogConfig(_Strict):
     """What the run log keeps (``[log]``)."""
 
-    #: personal data masked in stored prompts and outputs (see :mod:`chainrun.redact`)
+    #: personal data masked in stored prompts and outputs (see :mod:`chainrun.log.redaction`)
     redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(default_factory=list)
     #: a turn returns only once its rows are committed (false: once they are queued for
     #: the writer thread, which commits them at once when idle; a process crash can then
@@ -472,7 +473,7 @@ class ChainConfig(_Strict):
     #: wait for, that do not wait for it and that cannot end the turn: in the default
     #: chain, classify). ``"after_answer"``: once the answer is complete, so they do not
     #: share a compute-bound model server with the answer's prefill (measured on the
-    #: embedded model: benchmarks/README.md, issue 15). ``"when_ready"``: as soon as their
+    #: embedded model: benchmarks/README.md). ``"when_ready"``: as soon as their
     #: inputs exist, for capacity the answer does not share (remote APIs, other servers).
     off_path_steps: Literal["after_answer", "when_ready"] = "after_answer"
     providers: dict[str, ProviderConfig]

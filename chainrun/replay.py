@@ -18,12 +18,12 @@ from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import InputFileError, UserInputError
 from chainrun.events import TurnFinished
-from chainrun.jsonl import read_jsonl
+from chainrun.input_files import read_jsonl
+from chainrun.log.rows import RunKind
+from chainrun.log.store import Store
 from chainrun.providers.base import Provider
-from chainrun.records import RunKind
 from chainrun.steps import Retriever
-from chainrun.store import Store
-from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
+from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     """Read and validate a replay file.
 
     Raises:
-        InputFileError: unreadable or oversized file (see :mod:`chainrun.jsonl`), a
+        InputFileError: unreadable or oversized file (see :mod:`chainrun.input_files`), a
             malformed line (file and line named), a duplicate id, or no requests at all.
     """
     p = Path(path)

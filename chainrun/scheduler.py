@@ -24,7 +24,7 @@ from typing import Any
 from chainrun.errors import ProviderUnavailable, RequestRejected, StepConfigError, error_type
 from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
 from chainrun.graph import TurnGraph
-from chainrun.records import CallRow, StepRow
+from chainrun.log.rows import CallRow, StepRow
 from chainrun.steps.base import Step, StepContext, StepResult, TurnState
 
 

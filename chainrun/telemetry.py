@@ -1,7 +1,8 @@
 """OpenTelemetry export of logged turns: spans and GenAI client metrics (extra ``chainrun[otel]``).
 
-Built from what the run log holds once a turn is logged (:class:`~chainrun.turnlog.LoggedTurn`),
-so spans carry exactly the log's facts, with the log's times:
+Built from what the run log holds once a turn is logged
+(:class:`~chainrun.log.logged_turn.LoggedTurn`), so spans carry exactly the log's facts,
+with the log's times:
 
 * one span per turn: ``invoke_workflow {workflow}`` (``gen_ai.operation.name =
   invoke_workflow``, ``gen_ai.conversation.id``, the turn's summed usage);
@@ -38,8 +39,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ConfigError
-from chainrun.records import CallRow, StepRow
-from chainrun.turnlog import UNSENT_OUTCOMES, LoggedTurn
+from chainrun.log.logged_turn import UNSENT_OUTCOMES, LoggedTurn
+from chainrun.log.rows import CallRow, StepRow
 
 if TYPE_CHECKING:  # the otel extra is optional: imported lazily below
     from opentelemetry.metrics import MeterProvider

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 
 
 def add_run(

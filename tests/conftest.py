@@ -13,9 +13,9 @@ import pytest
 
 from chainrun.config import ChainConfig, config_from_dict
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.store import Store
 
 T = TypeVar("T")
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from chainrun.advise import advise, candidate_delays
+from chainrun.analysis.advise import advise, candidate_delays
 from chainrun.cli import app
 from chainrun.errors import UserInputError
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 
 
 def _config(deadline_s: float, hedge: dict | None = None) -> str:  # type: ignore[type-arg]
@@ -118,7 +118,7 @@ def test_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 def test_kaplan_meier_matches_the_textbook_example() -> None:
     """Kaplan and Meier's product-limit estimate on a small censored sample."""
-    from chainrun.advise import kaplan_meier
+    from chainrun.analysis.advise import kaplan_meier
 
     times = np.array([3.0, 4.0, 5.0, 5.0, 8.0, 10.0])
     observed = np.array([True, False, True, True, False, True])
@@ -171,7 +171,7 @@ def test_validation_counts_the_turns_a_fail_closed_guard_refused(store: Store) -
     """Copies every 1 s on a half-slow guard that fails closed: the races every attempt
     lost end in refused turns. Over completed turns only the win rate would read 1.0;
     the validation counts every turn, so the prediction (about 0.5) is inside."""
-    from chainrun.report import hedge_stats
+    from chainrun.analysis.summary import hedge_stats
 
     rng = random.Random(4)
     run = store.create_run("replay", _config(3.0, {"delay_ms": 1000, "max_attempts": 2}))

@@ -1,23 +1,42 @@
-"""Import rules of the package (README, ARCHITECTURE): who may import whom."""
+"""The package's shape, kept by tests: who may import whom, no import circles (not even
+ones hidden in a function or under ``TYPE_CHECKING``), and every imported distribution
+declared in ``pyproject.toml``. The layout is described in docs/architecture.md."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "chainrun"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "chainrun"
 
 #: (modules matching this prefix, must not import any module with these prefixes)
 RULES = [
+    # the hedging engine knows nothing about LLMs, HTTP or the rest of chainrun
     ("chainrun.hedging", ("chainrun.providers", "chainrun.chain", "chainrun.steps",
-                          "chainrun.timing", "openai", "httpx", "chainrun.errors")),
-    ("chainrun.providers", ("chainrun.hedging", "chainrun.chain", "chainrun.steps")),
-    ("chainrun.store", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler")),
-    ("chainrun.records", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler")),
-    ("chainrun.migrations", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler")),
-    ("chainrun.lab", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler")),
+                          "chainrun.timing", "chainrun.config", "chainrun.log",
+                          "chainrun.errors", "openai", "httpx", "httpx2", "httpcore",
+                          "httpcore2")),
+    # the provider adapter knows nothing about hedging or the chain
+    ("chainrun.providers", ("chainrun.hedging", "chainrun.chain", "chainrun.steps",
+                            "chainrun.scheduler", "chainrun.log", "chainrun.serve")),
+    # the run log is read and written by the chain, never the other way round
+    ("chainrun.log", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
+                      "chainrun.serve", "chainrun.analysis", "chainrun.audit")),
+    # analyses read logs; they do not run chains or serve
+    ("chainrun.analysis", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
+                           "chainrun.serve", "chainrun.audit")),
+    ("chainrun.runtime", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
+                          "chainrun.log", "chainrun.analysis", "chainrun.serve")),
+    ("chainrun.lab", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
+                      "chainrun.log", "chainrun.providers")),
+    ("chainrun.timing", ("chainrun.providers", "chainrun.hedging", "chainrun.log")),
     ("chainrun", ("chainrun.cli",)),  # nothing outside the CLI imports the CLI
 ]  # fmt: skip
 
@@ -31,17 +50,81 @@ def _module(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, wherever the import stands (module level, inside a
+    function, under ``if TYPE_CHECKING``), relative imports resolved."""
     tree = ast.parse(path.read_text())
+    here = _module(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            # `from chainrun.x import y` may import the submodule chainrun.x.y
+            out.update(f"{mod}.{a.name}" for a in node.names)
     return out
 
 
 MODULES = {_module(p): _imports(p) for p in PKG.rglob("*.py")}
+
+
+def _internal_edges() -> dict[str, set[str]]:
+    """Module -> the chainrun modules it imports (names that are not modules dropped)."""
+    edges: dict[str, set[str]] = {}
+    for mod, imports in MODULES.items():
+        edges[mod] = {i for i in imports if i in MODULES and i != mod}
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm), a
+    package's ``__init__`` importing its own submodules left out: that edge is how a
+    package re-exports, and a submodule importing its package's ``__init__`` is what
+    would close a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+
+    def succ(v: str) -> set[str]:
+        return {w for w in edges[v] if not w.startswith(v + ".")}
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in succ(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
 
 
 @pytest.mark.parametrize(("scope", "forbidden"), RULES)
@@ -56,4 +139,91 @@ def test_import_rules(scope: str, forbidden: tuple[str, ...]) -> None:
         for imp in imports:
             if any(imp == f or imp.startswith(f + ".") for f in forbidden):
                 bad.append(f"{mod} imports {imp}")
+    assert not bad, bad
+
+
+def test_no_import_circles_anywhere() -> None:
+    """No circle among chainrun's modules, counting imports inside functions and under
+    ``TYPE_CHECKING`` too: an import moved into a function to dodge a circle still
+    closes it."""
+    assert _cycles(_internal_edges()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "p": {"p.x"}, "p.x": set()}
+    assert _cycles(edges) == [["a", "b", "c"]]
+
+
+def _declared() -> set[str]:
+    """Distribution names declared in pyproject.toml (dependencies and every extra),
+    normalised as PEP 503 does."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    reqs = list(data["project"]["dependencies"])
+    for extra in data["project"].get("optional-dependencies", {}).values():
+        reqs.extend(extra)
+    names = set()
+    for r in reqs:
+        m = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r)
+        assert m, r
+        names.add(re.sub(r"[-_.]+", "-", m.group(0)).lower())
+    return names
+
+
+def test_every_imported_distribution_is_declared() -> None:
+    """Each top-level third-party name imported anywhere in chainrun/ comes from a
+    distribution pyproject.toml declares (httpx2 included: imported directly, it must be
+    declared even though openai depends on it)."""
+    declared = _declared()
+    dists = importlib.metadata.packages_distributions()
+    stdlib = set(sys.stdlib_module_names)
+    missing = []
+    for mod, imports in MODULES.items():
+        for imp in imports:
+            top = imp.split(".")[0]
+            if not top or top == "chainrun" or top in stdlib or top == "__future__":
+                continue
+            owners = {re.sub(r"[-_.]+", "-", d).lower() for d in dists.get(top, [])}
+            if not owners:
+                # not installed here (an optional extra): it must still be declared by name
+                owners = {re.sub(r"[-_.]+", "-", top).lower()}
+            if not owners & declared:
+                missing.append(f"{mod} imports {top} (from {sorted(owners)})")
+    assert not missing, sorted(set(missing))
+
+
+def _tracked_text_files() -> list[Path]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:  # not a git checkout (an sdist): read the tree
+        return [p for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts]
+    return [ROOT / line for line in out.stdout.splitlines() if line]
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    """Facts are cited to their public source or to a page of the docs, never to notes
+    that are not in the repository."""
+    outside = ("FIELD" + ".md", "STYLE" + ".md", "../" + "shared/")
+    bad = []
+    for p in _tracked_text_files():
+        if p.suffix not in {".py", ".md", ".toml", ".yml", ".yaml", ".json", ".jsonl", ".js",
+                            ".html", ".txt", ".cfg", ""} or not p.exists():
+            continue
+        text = p.read_text(errors="replace")
+        bad += [f"{p.relative_to(ROOT)} cites {o}" for o in outside if o in text]
+    assert not bad, bad
+
+
+def test_code_and_docs_name_no_issue_numbers() -> None:
+    """Issue numbers and who did what belong in the project's notes, not in the code or
+    the docs, which say what is true now."""
+    pattern = re.compile(r"\bissues? #?\d+", re.I)
+    bad = []
+    for p in _tracked_text_files():
+        rel = p.relative_to(ROOT)
+        if not p.exists() or rel.parts[0] not in {"chainrun", "docs", "tests", "README.md"}:
+            continue
+        if p.suffix not in {".py", ".md", ".js", ".html", ".toml", ".yml"}:
+            continue
+        bad += [f"{rel}: {m.group(0)}" for m in pattern.finditer(p.read_text(errors="replace"))]
     assert not bad, bad

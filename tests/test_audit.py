@@ -23,8 +23,8 @@ from chainrun.audit import audit, render, write_report
 from chainrun.audit.items import needed_n
 from chainrun.cli import app
 from chainrun.errors import UserInputError
-from chainrun.records import CallRow, StepRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow
+from chainrun.log.store import Store
 
 
 def item(store: Store, n: int, **kw):  # type: ignore[no-untyped-def]
@@ -505,7 +505,7 @@ def test_latency_items_follow_the_one_rule_of_every_summary(store) -> None:
     """An interrupted hedged run: 80 completed turns, then 6 cancelled (Ctrl-C) whose
     hedged step had fired with a partial 5 ms, and 2 errored turns. The audit's latency
     figures use the completed turns only, as show and hedge-stats do."""
-    from chainrun.report import hedge_stats, latency_summary
+    from chainrun.analysis.summary import hedge_stats, latency_summary
 
     turns = [hedged_turn("guard", delay=190.0, settle=100.0 + i, fired=i % 4 == 0,
                          won=i % 8 == 0, saved=30.0) for i in range(80)]  # fmt: skip

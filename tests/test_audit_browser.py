@@ -12,7 +12,7 @@ import pytest
 from audit_logs import add_eval_results, add_run, hedge_config, hedged_turn, llm, turn
 
 from chainrun.audit import audit, render, write_report
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: launch flags that work in a root container without a GPU or network

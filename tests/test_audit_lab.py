@@ -15,7 +15,7 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, load_scenario
 from chainrun.lab.scenarios import WorkNoise
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 TURNS = 90
 CONCURRENCY = 15

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from chainrun.catalog import read_catalog
 from chainrun.cli import app
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals.cases import load_cases
 from chainrun.replay import load_requests
+from chainrun.retrieval.catalog import read_catalog
 
 SETTINGS = settings(
     max_examples=40, deadline=None,

@@ -15,8 +15,8 @@ from chainrun.capabilities import BUILTIN, LLAMA_SERVER, check_chain, lookup
 from chainrun.chain import Chain
 from chainrun.config import ProviderConfig, config_from_dict
 from chainrun.errors import ConfigError
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider
-from chainrun.store import Store
 
 
 def one_step(

@@ -9,12 +9,12 @@ import json
 import pytest
 from conftest import reply_by_step
 
+from chainrun.answer_json import parse_json_object
 from chainrun.chain import REFUSAL, Chain
 from chainrun.config import CLASSIFY_LABELS, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import BreakerRegistry
-from chainrun.jsonout import parse_json_object
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.steps.llm import parse_label

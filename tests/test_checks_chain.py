@@ -11,7 +11,7 @@ from chainrun.checks.patterns import BLOCK_TEXTS, DEFAULT_BLOCK_TEXT
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.lab import LabServer
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import typer.main
 
 from chainrun.cli import app
 from chainrun.lab import LabServer
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"

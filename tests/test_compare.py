@@ -8,11 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrun.compare import MinEffect, compare, parse_live_window, parse_min_effect, regression
+from chainrun.analysis.compare import (
+    MinEffect,
+    compare,
+    parse_live_window,
+    parse_min_effect,
+    regression,
+)
 from chainrun.errors import UserInputError
 from chainrun.evals import eval_request_id, parse_case, score_run
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 
 #: per turn i: (TTFT ms, completion tokens or None, ms between chunks)
 Profile = Callable[[int], tuple[float, int | None, float]]
@@ -284,7 +290,7 @@ async def test_evals_are_compared_paired(store: Store) -> None:
 
 
 def test_answer_blocks_are_shaped_like_turn(store: Store) -> None:
-    """compare --json gives answer_ttft and answer_done blocks shaped like turn (issue 15);
+    """compare --json gives answer_ttft and answer_done blocks shaped like turn;
     turns logged without them (before migration 003) count as unknown, not 0."""
     a = make_run(store, 40, lambda i: (200.0, 50, 10.0))
     b = make_run(store, 40, lambda i: (200.0, 50, 10.0))

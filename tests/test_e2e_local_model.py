@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from chainrun import local
-from chainrun.store import Store
+from chainrun.log.store import Store
+from chainrun.runtime import local_model
 
 pytestmark = pytest.mark.local_model
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.LocalServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_model.LocalServer]:
     home = tmp_path_factory.mktemp("chainrun-home")
     old = os.environ.get("CHAINRUN_HOME")
     os.environ["CHAINRUN_HOME"] = str(home)
@@ -31,9 +31,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.LocalServ
         # the default 4 slots: validate, critique and classify (off the critical path,
         # after the answer) run at once, and none may queue for a slot, or the queueing
         # would count as client overhead below
-        srv = local.up(quiet=True)
+        srv = local_model.up(quiet=True)
         yield srv
-        local.down()
+        local_model.down()
     finally:
         if old is None:
             os.environ.pop("CHAINRUN_HOME", None)
@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.LocalServ
 
 
 def test_one_turn_on_the_local_model_is_timed_and_consistent(
-    server: local.LocalServer, tmp_path: Path
+    server: local_model.LocalServer, tmp_path: Path
 ) -> None:
     cfg = tmp_path / "chainrun.toml"
     # deadlines far above the default chain's: this test checks that timings and token

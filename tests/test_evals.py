@@ -27,8 +27,8 @@ from chainrun.evals import (
     turn_view,
 )
 from chainrun.evals.assertions import LABEL, evaluate, schema_errors
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Every provider fault of issue 9 over real HTTP (the lab, through the real ``openai``
+"""Every provider fault over real HTTP (the lab, through the real ``openai``
 client): each with a bounded time, a classified outcome and the exact number of
 requests the lab received (no hidden retries, under hedges either)."""
 
@@ -29,10 +29,10 @@ from chainrun.errors import (
 from chainrun.events import TokenDelta
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults
+from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.replay import ReplayRequest, run_requests
-from chainrun.store import Store
 
 MESSAGES = [{"role": "user", "content": "Does the linen shirt run small?"}]
 
@@ -168,7 +168,7 @@ async def test_headers_but_no_first_chunk(lab: LabServer) -> None:
 async def test_a_long_pause_after_the_first_token_is_not_a_first_token_timeout(
     lab: LabServer,
 ) -> None:
-    """Issue 9: a healthy stream with a 3 s pause after its first token is not killed."""
+    """a healthy stream with a 3 s pause after its first token is not killed."""
     use(lab, pause={"after_tokens": 1, "ms": 3000})
     s, err, elapsed = await call(lab, first_token_timeout_s=1.0, bound_s=8.0)
     assert err is None and s.timer.finish_reason == "stop"
@@ -229,7 +229,7 @@ async def test_malformed_sse_line(lab: LabServer) -> None:
 
 
 async def test_sse_error_event_keeps_the_servers_message(lab: LabServer) -> None:
-    """Issue 9: llama-server's `error: {"code": 400, "message": "the request exceeds the
+    """llama-server's `error: {"code": 400, "message": "the request exceeds the
     available context size"}` then `data: [DONE]` was logged as truncated after 0 chunks."""
     use(lab, stream_error={"p": 1.0, "style": "event", "code": 400})
     _, err, _ = await call(lab)
@@ -337,7 +337,7 @@ async def test_caller_cancelling_mid_stream_closes_every_call(lab: LabServer) ->
 
 
 async def test_replay_stops_at_the_first_parameter_refusal(lab: LabServer) -> None:
-    """Issue 9: a server answering every call with HTTP 400 invalid_request_error,
+    """a server answering every call with HTTP 400 invalid_request_error,
     param reasoning_effort, code unsupported_value made replay log http_400 on every turn
     and exit 0. Now the replay stops at the first with one line naming it all."""
     use(lab, reject={"p": 1.0})

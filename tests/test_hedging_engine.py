@@ -254,7 +254,7 @@ def test_primary_wins_a_race_in_which_a_copy_fired() -> None:
 
 
 def test_three_second_deadline_one_second_copies_at_most_three_calls() -> None:
-    """FIELD: a bimodal classifier, 3 s deadline, a copy every second: calls at 0, 1, 2 s."""
+    """A bimodal classifier, 3 s deadline, a copy every second: calls at 0, 1, 2 s."""
 
     async def main() -> None:
         policy = HedgePolicy(delay_ms=1000, max_attempts=3, deadline_s=3.0, max_extra_load=2.0)

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from chainrun.analysis.summary import latency_summary, run_detail
 from chainrun.lab import LabServer
-from chainrun.migrations import MIGRATIONS
-from chainrun.report import latency_summary, run_detail
-from chainrun.store import Store, migrate
+from chainrun.log.migrations import MIGRATIONS
+from chainrun.log.store import Store, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "log-schema-002.db"

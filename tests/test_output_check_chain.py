@@ -1,6 +1,6 @@
 """The answer step's stream through the hold-back engine, in the chain: a flagged phrase
 split across a chunk boundary never reaches the consumer of the chain's events; the
-exposure bound is reported per turn (issue 11, output checks on the stream)."""
+exposure bound is reported per turn (output checks on the stream)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.store import Store
 
 PROMO = [{"name": "promo", "regex": r"free\s+money", "action": "block"}]
 #: "free " and "money" arrive as two chunks (the fake streams one word per chunk)

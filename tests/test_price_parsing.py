@@ -10,7 +10,7 @@ from chainrun.retrieval.filters import parse_filters, parse_price, parse_query
 @pytest.mark.parametrize(
     ("message", "max_price"),
     [
-        ("under 1,299.50 EUR", 1299.50),  # issue 9: was read as 1.29
+        ("under 1,299.50 EUR", 1299.50),  # was once read as 1.29
         ("under 99,90 euros", 99.90),  # decimal comma: kept
         ("under 1.299,50 €", 1299.50),  # dot thousands, decimal comma
         ("under 1\u2009299,50 €", 1299.50),  # thin space

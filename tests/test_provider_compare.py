@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chainrun.cli import app
-from chainrun.config import config_from_dict
-from chainrun.lab import LabServer, Scenario
-from chainrun.lab.scenarios import Lognormal
-from chainrun.provider_compare import (
+from chainrun.analysis.provider_compare import (
     compare_providers,
     contributions,
     differ_only_in_provider,
     hidden_reasoning,
     tpot_ms,
 )
+from chainrun.cli import app
+from chainrun.config import config_from_dict
+from chainrun.lab import LabServer, Scenario
+from chainrun.lab.scenarios import Lognormal
+from chainrun.log.store import Store
 from chainrun.replay import ReplayRequest, run_requests
-from chainrun.store import Store
 
 N = 45  # enough for a bounded p90 difference (the conservative interval needs n >= 42)
 

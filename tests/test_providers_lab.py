@@ -15,8 +15,8 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults, Lognormal
+from chainrun.log.store import Store
 from chainrun.replay import ReplayRequest, run_requests
-from chainrun.store import Store
 
 MESSAGES = ["a linen shirt for summer?", "does the wool coat run small?", "denim jacket washes"]
 

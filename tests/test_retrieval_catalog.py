@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import sqlite_utils
 
-from chainrun.catalog import (
+from chainrun.errors import InputFileError
+from chainrun.log.store import Store
+from chainrun.retrieval.catalog import (
     SAMPLE_CATALOG,
     all_products,
     catalog_version,
@@ -23,8 +25,6 @@ from chainrun.catalog import (
     product_text,
     read_catalog,
 )
-from chainrun.errors import InputFileError
-from chainrun.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Catalogue reads leave the event loop (issue 13), and filters hold at any catalogue size."""
+"""Catalogue reads leave the event loop, and filters hold at any catalogue size."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import sqlite_utils
 from conftest import ticks_while
 
-from chainrun.catalog import ensure_sample_catalog, synthetic_products, write_products
 from chainrun.retrieval import (
     Filters,
     FilterSearch,
@@ -20,8 +19,8 @@ from chainrun.retrieval import (
     VectorIndex,
     VectorSearch,
 )
-from chainrun.retrieval.reader import CatalogReader, database_file, reader_for
-from chainrun.retrieval.vector import load_sqlite_vec
+from chainrun.retrieval.catalog import ensure_sample_catalog, synthetic_products, write_products
+from chainrun.retrieval.reader import CatalogReader, database_file, load_sqlite_vec, reader_for
 
 HAS_VEC = load_sqlite_vec(sqlite_utils.Database(memory=True))
 

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import sqlite_utils
 
-from chainrun.catalog import ensure_sample_catalog
 from chainrun.retrieval import (
     HashEmbedder,
     MiniLMEmbedder,
@@ -28,6 +27,7 @@ from chainrun.retrieval import (
     build_retriever,
     build_searches,
 )
+from chainrun.retrieval.catalog import ensure_sample_catalog
 from chainrun.retrieval.evaluate import (
     LabelledQuery,
     RecallReport,

@@ -15,7 +15,6 @@ import sqlite_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrun.catalog import all_products, ensure_sample_catalog, get_products, load_catalog
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.retrieval import (
     Filters,
@@ -30,7 +29,14 @@ from chainrun.retrieval import (
     parse_filters,
     parse_query,
 )
-from chainrun.retrieval.vector import load_sqlite_vec, text_hash
+from chainrun.retrieval.catalog import (
+    all_products,
+    ensure_sample_catalog,
+    get_products,
+    load_catalog,
+)
+from chainrun.retrieval.reader import load_sqlite_vec
+from chainrun.retrieval.vector import text_hash
 
 
 @pytest.fixture
@@ -281,7 +287,7 @@ async def test_vector_search_fails_fast_while_the_index_is_first_built(
 
 
 async def test_precomputed_vectors_are_used(db: sqlite_utils.Database, tmp_path: Path) -> None:
-    from chainrun.catalog import product_text
+    from chainrun.retrieval.catalog import product_text
 
     embedder = HashEmbedder(32)
     products = all_products(db)

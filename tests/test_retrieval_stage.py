@@ -12,7 +12,6 @@ import pytest
 import sqlite_utils
 from pydantic import ValidationError
 
-from chainrun.catalog import ensure_sample_catalog
 from chainrun.errors import ProviderUnavailable
 from chainrun.retrieval import (
     Filters,
@@ -21,11 +20,12 @@ from chainrun.retrieval import (
     Hits,
     HybridSearch,
     RetrievalSettings,
-    Retriever,
+    RetrievalStage,
     build_retriever,
     format_for_prompt,
     rrf_fuse,
 )
+from chainrun.retrieval.catalog import ensure_sample_catalog
 
 #: ids of real sample products, so that the stage can look them up
 IDS = ["JKT-002", "JKT-003", "JKT-004", "JKT-005", "JKT-006", "JKT-007", "JKT-008", "JKT-009",
@@ -65,9 +65,11 @@ def db() -> Iterator[sqlite_utils.Database]:
     d.close()
 
 
-def _retriever(db: sqlite_utils.Database, searches: dict[str, Any], **settings: Any) -> Retriever:
+def _retriever(
+    db: sqlite_utils.Database, searches: dict[str, Any], **settings: Any
+) -> RetrievalStage:
     s = RetrievalSettings(searches=list(searches), **settings)
-    return Retriever(s, db, searches)
+    return RetrievalStage(s, db, searches)
 
 
 async def test_stops_after_the_first_search_that_fills_min_results(
@@ -336,7 +338,7 @@ async def test_stage_records_the_hedge(db: sqlite_utils.Database) -> None:
     settings = RetrievalSettings(
         searches=["hybrid", "filter"], fallbacks={"hybrid": "keyword_any"}, hedge_delay_ms=20
     )
-    r = Retriever(settings, db, {"hybrid": slow, "keyword_any": fallback,
+    r = RetrievalStage(settings, db, {"hybrid": slow, "keyword_any": fallback,
                                  "filter": CountingSearch("filter", [])})  # fmt: skip
     async with r:
         result = await r.retrieve("jacket")
@@ -349,7 +351,7 @@ async def test_stage_records_the_hedge(db: sqlite_utils.Database) -> None:
 
 async def test_retriever_rejects_missing_searches(db: sqlite_utils.Database) -> None:
     with pytest.raises(ValueError, match="no search named 'vector'"):
-        Retriever(RetrievalSettings(searches=["vector"]), db, {})
+        RetrievalStage(RetrievalSettings(searches=["vector"]), db, {})
     assert HashEmbedder().model == "hash-256"
 
 
@@ -373,7 +375,7 @@ def test_public_api() -> None:
         ["SEARCH_NAMES", "Embedder", "EmbeddingSettings", "FilterSearch", "Filters",
          "HashEmbedder", "HedgedAnswer", "Hit", "Hits", "HybridSearch", "KeywordSearch",
          "MiniLMEmbedder", "OpenAIEmbedder", "ParsedQuery", "RetrievalResult",
-         "RetrievalSettings", "Retriever", "Search", "SearchLog", "VECTOR_BACKENDS",
+         "RetrievalSettings", "RetrievalStage", "Search", "SearchLog", "VECTOR_BACKENDS",
          "Vec0Index", "VectorIndex", "VectorSearch", "build_embedder", "build_retriever",
          "build_searches",
          "fallback_hedger", "format_for_prompt", "fts_query", "hedged_search",

@@ -10,15 +10,6 @@ import numpy as np
 import pytest
 import sqlite_utils
 
-from chainrun.catalog import (
-    SAMPLE_CATALOG,
-    Product,
-    ensure_sample_catalog,
-    product_text,
-    read_catalog,
-    synthetic_products,
-    write_products,
-)
 from chainrun.errors import ConfigError
 from chainrun.retrieval import (
     Filters,
@@ -29,10 +20,19 @@ from chainrun.retrieval import (
     build_retriever,
 )
 from chainrun.retrieval import vec0 as vec0_module
-from chainrun.retrieval.base import Hit
-from chainrun.retrieval.reader import reader_for
+from chainrun.retrieval.catalog import (
+    SAMPLE_CATALOG,
+    Product,
+    ensure_sample_catalog,
+    product_text,
+    read_catalog,
+    synthetic_products,
+    write_products,
+)
+from chainrun.retrieval.hits import Hit
+from chainrun.retrieval.reader import load_sqlite_vec, reader_for
 from chainrun.retrieval.vec0 import table_name
-from chainrun.retrieval.vector import _row, load_sqlite_vec, text_hash
+from chainrun.retrieval.vector import _row, text_hash
 
 pytestmark = pytest.mark.skipif(
     not load_sqlite_vec(sqlite_utils.Database(memory=True)),

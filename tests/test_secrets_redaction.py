@@ -20,10 +20,10 @@ from chainrun.cli import app
 from chainrun.config import config_from_dict
 from chainrun.events import TokenDelta
 from chainrun.lab import LabServer
+from chainrun.log.redaction import Redactor
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.redact import Redactor
-from chainrun.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 SENTINEL = "sk-chainrun-sentinel-7f3a9c1e5b"

@@ -24,10 +24,10 @@ from serve_helpers import chat, serving, sse
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.serve.chat import BadRequest, parse_chat_body
 from chainrun.serve.openai_face import InvalidRequest, parse_completion_request
-from chainrun.store import Store
 
 STATIC = Path(__file__).resolve().parents[1] / "chainrun" / "serve" / "static"
 

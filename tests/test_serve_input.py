@@ -17,9 +17,9 @@ from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.serve.openai_face import InvalidRequest, parse_completion_request
-from chainrun.store import Store
 
 MODEL = "chainrun-shop"
 
@@ -178,7 +178,7 @@ def test_null_and_real_booleans_are_taken() -> None:
 
 def test_the_serve_faces_take_the_library_message_limit() -> None:
     from chainrun.serve import chat as chat_face
-    from chainrun.turninput import MAX_MESSAGE_CHARS
+    from chainrun.turn_input import MAX_MESSAGE_CHARS
 
     assert chat_face.MAX_MESSAGE_CHARS is MAX_MESSAGE_CHARS
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * (MAX_MESSAGE_CHARS + 1)}]}

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chainrun.cli import app
-from chainrun.errors import UserInputError
-from chainrun.simulate import (
+from chainrun.analysis.simulate import (
     Bimodal,
     lognormal_quantile_ms,
     simulate_bimodal,
     simulate_lognormal,
 )
+from chainrun.cli import app
+from chainrun.errors import UserInputError
 
 
 @pytest.fixture(scope="module")

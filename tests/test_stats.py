@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from chainrun.stats import (
+from chainrun.analysis.stats import (
     QuantileDiff,
     order_stat_indices,
     paired_compare,
@@ -96,7 +96,7 @@ def test_quantile_ci_by_hand_for_12_values() -> None:
 
 
 def test_upper_bounds_appear_at_field_md_sizes() -> None:
-    # FIELD.md: about n >= 72 for the p95's upper bound, n >= 368 for the p99.
+    # order statistics: about n >= 72 for the p95's upper bound, n >= 368 for the p99.
     assert order_stat_indices(71, 95)[1] is None
     assert order_stat_indices(72, 95)[1] is not None
     assert order_stat_indices(367, 99)[1] is None

@@ -1,4 +1,4 @@
-"""Steps as a protocol and the turn as a graph (issues 8 and 15)."""
+"""Steps as a protocol and the turn as a graph."""
 
 from __future__ import annotations
 

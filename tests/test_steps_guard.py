@@ -15,8 +15,8 @@ from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import TokenDelta
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.store import Store
 
 GUARD_PROMPT = "Task: check the user message.\nUser: {message}\nVerdict:"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from chainrun.errors import UserInputError
-from chainrun.migrations import MIGRATIONS
-from chainrun.records import CallRow, RunRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store, migrate
+from chainrun.log.migrations import MIGRATIONS
+from chainrun.log.rows import CallRow, RunRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store, migrate
 
 
 def test_migrations_apply_once(tmp_path: Path) -> None:
@@ -29,8 +29,7 @@ def test_a_migration_that_fails_half_way_leaves_nothing(monkeypatch, tmp_path: P
     half first: a crash after it left tables with no record, and the next open failed."""
     import sqlite_utils
 
-    from chainrun import migrations
-
+    from chainrun.log import migrations
     def crash_after_fts(db: sqlite_utils.Database) -> None:
         migrations._m010_catalog(db)
         raise KeyboardInterrupt  # the process is stopped after the FTS index is built
@@ -52,7 +51,7 @@ def test_two_processes_opening_a_new_log_apply_each_migration_once(tmp_path: Pat
     import sys
 
     path = tmp_path / "log.db"
-    code = "import sys; from chainrun.store import Store; Store.open(sys.argv[1]).close()"
+    code = "import sys; from chainrun.log.store import Store; Store.open(sys.argv[1]).close()"
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE)
         for _ in range(4)
@@ -127,7 +126,7 @@ def test_concurrent_openers_of_a_new_log_share_it(tmp_path: Path) -> None:
 
     path = tmp_path / "shared.db"
     code = (
-        "import sys; from chainrun.store import Store; s = Store.open(sys.argv[1]); "
+        "import sys; from chainrun.log.store import Store; s = Store.open(sys.argv[1]); "
         "s.create_run('live', '{}'); s.close()"
     )
     procs = [
@@ -156,7 +155,7 @@ def test_answer_timings_migrate_as_null_for_old_turns(tmp_path: Path) -> None:
     unknown (NULL), never 0."""
     import sqlite_utils
 
-    from chainrun.migrations import MIGRATIONS as ALL
+    from chainrun.log.migrations import MIGRATIONS as ALL
 
     path = tmp_path / "old.db"
     db = sqlite_utils.Database(path)

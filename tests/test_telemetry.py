@@ -34,8 +34,8 @@ from serve_helpers import chat, serving, sse
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.store import Store
 from chainrun.telemetry import Telemetry, otel_requested
 
 

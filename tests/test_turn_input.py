@@ -14,9 +14,9 @@ from conftest import reply_by_step
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import ChainClosed, UserInputError
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.store import Store
-from chainrun.turninput import MAX_MESSAGE_CHARS
+from chainrun.turn_input import MAX_MESSAGE_CHARS
 
 
 @pytest.fixture

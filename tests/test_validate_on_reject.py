@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from conftest import reply_by_step
 
+from chainrun.analysis.summary import latency_summary
 from chainrun.chain import REFUSAL, Chain
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import TokenDelta
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.report import latency_summary
-from chainrun.store import Store
 
 REJECT = FakeReply('{"ok": false, "reason": "invents a discount"}', ttft_s=0.01)
 SAFE = "Please ask our staff about current offers."

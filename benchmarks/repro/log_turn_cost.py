@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from chainrun.records import CallRow, StepRow, TurnLog, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.store import Store
 
 
 def turn() -> TurnLog:

@@ -1,8 +1,8 @@
 """The audit's one door into the run log: the rows it reads, as small typed records.
 
-Turns, steps and calls are the log's own typed rows (:mod:`chainrun.records`); a run
+Turns, steps and calls are the log's own typed rows (:mod:`chainrun.log.rows`); a run
 comes with its config snapshot parsed. Every other audit module reads these by
-attribute and never touches the :class:`~chainrun.store.Store`. Times are in ms.
+attribute and never touches the :class:`~chainrun.log.store.Store`. Times are in ms.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chainrun.evals.scoring import load_results
-from chainrun.records import CallRow, RunRow, StepRow, TurnRow
-from chainrun.store import Store
+from chainrun.log.rows import CallRow, RunRow, StepRow, TurnRow
+from chainrun.log.store import Store
 
 
 def _json(raw: Any, default: Any) -> Any:
@@ -49,7 +49,7 @@ class Run:
     config: dict[str, Any] | None
 
 
-#: the log's own typed rows (chainrun.records): the audit reads them by attribute
+#: the log's own typed rows (chainrun.log.rows): the audit reads them by attribute
 Turn = TurnRow
 Step = StepRow
 Call = CallRow

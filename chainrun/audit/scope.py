@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from chainrun.analysis.compare import parse_live_window
+from chainrun.analysis.summary import CompletedTurns, completed_turns
 from chainrun.audit.rows import (
     Call,
     EvalResult,
@@ -20,10 +22,8 @@ from chainrun.audit.rows import (
     get_run,
     run_rows,
 )
-from chainrun.compare import parse_live_window
 from chainrun.errors import UserInputError
-from chainrun.report import CompletedTurns, completed_turns
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Sample:
 
     Latency figures read ``done_turns`` / ``done_steps`` / ``done_calls``: the rows of
     completed turns only, the one rule of every summary
-    (:func:`chainrun.report.completed_turns`); ``completed`` counts the others.
+    (:func:`chainrun.analysis.summary.completed_turns`); ``completed`` counts the others.
     """
 
     name: str

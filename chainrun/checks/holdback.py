@@ -4,7 +4,7 @@ Generic like :mod:`chainrun.hedging`: it reads any ``AsyncIterator[str]`` of tok
 (stream deltas; a chunk counts as one token) and awaits any ``async (text) ->
 WindowVerdict``; it imports nothing of LLMs or HTTP.
 
-The rule (FIELD.md, "Hold-back"): the last ``window_tokens`` (c) tokens are never
+The rule: the last ``window_tokens`` (c) tokens are never
 released before a check has passed over them *and the c tokens after them* (or the end of
 the stream). Concretely, when c new tokens have arrived since the last check, one check
 runs over everything still held (the c held back plus the new ones, more when a slow check
@@ -257,7 +257,7 @@ def exposure_bound(
       can reach a user before the block: max(0, n − c), since a phrase of at most c tokens
       is always checked whole before release (module text).
     * ``exposure_without_holdback_tokens``: the same when tokens are shown at once and
-      checked in windows of c afterwards: up to c + ⌈g·check_ms/1000⌉ (FIELD.md: bounded by
+      checked in windows of c afterwards: up to c + ⌈g·check_ms/1000⌉ (bounded by
       the tokens released before the flagged window's check returns).
 
     Raises:

@@ -11,7 +11,7 @@ Validation beyond the shape, so that ordinary numbers are not flagged:
   checksum (ISO/IEC 7812-1, annex B);
 * IBANs: 2 letters, 2 check digits, 11-30 letters or digits (written compact or in groups
   of four), valid when the number rearranged (first four characters moved to the end,
-  letters as 10..35) is 1 modulo 97 (ISO 13616-1; FIELD.md);
+  letters as 10..35) is 1 modulo 97 (ISO 13616-1);
 * API keys: the published prefixes of OpenAI (``sk-``), AWS access key ids
   (``AKIA``/``ASIA`` + 16), GitHub tokens (``ghp_`` ...), Slack (``xox?-``), Google
   (``AIza`` + 35), Stripe (``sk_live_`` ...) and JSON Web Tokens;

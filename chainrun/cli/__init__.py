@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -21,17 +22,13 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from sqlite_utils.utils import sqlite3
+from typer._click import exceptions as _cx  # typer carries its own click
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.errors import ChainrunError
-from chainrun.eventloop import loop_factory
-from chainrun.store import remove_unused_log
-
-try:  # typer >= 0.2x carries its own click
-    from typer._click import exceptions as _cx
-except ImportError:  # pragma: no cover - typer on the click package
-    from click import exceptions as _cx  # type: ignore[no-redef]
+from chainrun.log.store import remove_unused_log
+from chainrun.runtime.event_loop import loop_factory
 
 
 def _refuse_repeated_options(ctx: Any, name: str | None, cmd: Any, args: list[str]) -> None:
@@ -227,7 +224,7 @@ def print_json(doc: Any) -> None:
 
 def interrupted_line(command: str, summary: dict[str, Any]) -> str:
     """One stderr line for a run stopped by Ctrl-C or SIGTERM: its id and its turns so far
-    (``summary`` is :func:`chainrun.report.latency_summary`'s)."""
+    (``summary`` is :func:`chainrun.analysis.summary.latency_summary`'s)."""
     c = summary["turns"]
     done = c["n_completed"] + c["n_refused"] + c["n_replaced"] + c["n_errored"]
     return (f"chainrun: {command} interrupted: run {summary['run_id']} has {done} turns "
@@ -264,7 +261,7 @@ def run_async(coro: Any) -> Any:
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
 
-    # uvloop when installed (the uvloop extra; chainrun.eventloop), else asyncio's loop
+    # uvloop when installed (the uvloop extra; chainrun.runtime.event_loop), else asyncio's loop
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main())
 
@@ -281,12 +278,36 @@ from chainrun.cli import (  # noqa: E402,F401
 )
 
 
+class _StderrFormatter(logging.Formatter):
+    """``chainrun: warning: ...`` for warnings and errors, ``chainrun: ...`` for progress."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "warning: " if record.levelno >= logging.WARNING else ""
+        return f"chainrun: {level}{record.getMessage()}"
+
+
+def log_to_stderr() -> None:
+    """Show the library's log on stderr as one line a message: its warnings, and the
+    operator-facing progress of ``chainrun.progress`` (starting the local model). The
+    library itself never prints; only the CLI attaches a handler."""
+    root = logging.getLogger("chainrun")
+    if any(isinstance(h.formatter, _StderrFormatter) for h in root.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_StderrFormatter())
+    handler.setLevel(logging.INFO)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("chainrun.progress").setLevel(logging.INFO)
+
+
 def main() -> None:
     """Console-script entry point.
 
     With ``--json`` a usage error (an unknown option, a value out of range) is also one
     JSON document on stdout (type ``usage_error``), as every other error is.
     """
+    log_to_stderr()
     try:
         _main()
     except BrokenPipeError:  # output written outside rich and print_json

@@ -11,7 +11,7 @@ from rich.table import Table
 from chainrun.audit import FORMATS, audit, default_path, fails_on, load_labelled_queries, render
 from chainrun.audit import write_report as write
 from chainrun.cli import DEFAULT_DB_PATH, DbOpt, JsonOpt, app, fail, handle_errors, out, print_json
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 DEFAULT_QUERIES = Path("evals/retrieval_queries.jsonl")
 

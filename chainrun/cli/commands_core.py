@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from chainrun import local
+from chainrun.analysis.summary import hedge_stats, latency_summary, run_detail
 from chainrun.chain import Chain
 from chainrun.cli import (
     DEFAULT_DB_PATH,
@@ -42,10 +42,10 @@ from chainrun.cli.tables import (
 from chainrun.config import config_from_snapshot, load_config
 from chainrun.errors import UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
-from chainrun.fleet import process_name, process_names
+from chainrun.log.several_logs import process_name, process_names
+from chainrun.log.store import Store
 from chainrun.replay import ReplayRequest, load_requests, missing_requests, run_requests
-from chainrun.report import hedge_stats, latency_summary, run_detail
-from chainrun.store import Store
+from chainrun.runtime import local_model
 
 
 @app.command()
@@ -277,11 +277,13 @@ def _n(v: Any) -> str:
 @local_app.command("up")
 @handle_errors
 def local_up(
-    slots: Annotated[int, typer.Option(min=1, help="Parallel slots (-np).")] = local.DEFAULT_SLOTS,
+    slots: Annotated[
+        int, typer.Option(min=1, help="Parallel slots (-np).")
+    ] = local_model.DEFAULT_SLOTS,
     as_json: JsonOpt = False,
 ) -> None:
     """Start llama-server with the local Gemma model on a free loopback port."""
-    server = local.up(slots=slots, quiet=as_json)
+    server = local_model.up(slots=slots, quiet=as_json)
     _print_server(server, as_json, "running")
 
 
@@ -294,7 +296,7 @@ def local_down(
     as_json: JsonOpt = False,
 ) -> None:
     """Stop this install's local model server (another install's only with --force)."""
-    stopped = local.down(force=force)
+    stopped = local_model.down(force=force)
     if as_json:
         print_json({"stopped": bool(stopped), "pid": stopped[0].pid if stopped else None,
                     "servers": [_server_doc(s) for s in stopped]})  # fmt: skip
@@ -302,7 +304,7 @@ def local_down(
     if not stopped:
         out.print("not running")
     for s in stopped:
-        out.print(f"stopped: {local.describe(s)}", markup=False)
+        out.print(f"stopped: {local_model.describe(s)}", markup=False)
 
 
 @local_app.command("status")
@@ -310,8 +312,8 @@ def local_down(
 def local_status(as_json: JsonOpt = False) -> None:
     """Report whether this install's local model server is running, and where (and any
     server another install started)."""
-    server = local.status()
-    others = local.others()
+    server = local_model.status()
+    others = local_model.others()
     if as_json:
         doc = _server_doc(server) if server else {"running": False}
         print_json({**doc, "others": [_server_doc(s) for s in others]})
@@ -321,18 +323,18 @@ def local_status(as_json: JsonOpt = False) -> None:
     else:
         _print_server(server, as_json, "running")
     for s in others:
-        out.print(f"another install's server: {local.describe(s)} "
+        out.print(f"another install's server: {local_model.describe(s)} "
                   "(chainrun local down --force stops it)", markup=False)  # fmt: skip
 
 
-def _server_doc(server: local.LocalServer) -> dict[str, Any]:
+def _server_doc(server: local_model.LocalServer) -> dict[str, Any]:
     return {"running": True, "pid": server.pid, "port": server.port,
             "base_url": server.base_url, "model_path": server.model_path,
             "binary": server.binary, "checkout": server.checkout,
             "log": server.log_path}  # fmt: skip
 
 
-def _print_server(server: local.LocalServer, as_json: bool, state: str) -> None:
+def _print_server(server: local_model.LocalServer, as_json: bool, state: str) -> None:
     if as_json:
         print_json(_server_doc(server))
     else:

@@ -9,6 +9,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from chainrun.analysis.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
+from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
+from chainrun.analysis.summary import latency_summary
 from chainrun.cli import (
     DEFAULT_DB_PATH,
     ConfigOpt,
@@ -25,15 +28,12 @@ from chainrun.cli import (
     run_async,
 )
 from chainrun.cli.tables import NO_CI, NO_CI_NOTE, ci_cell, provider_compare_table, turn_counts
-from chainrun.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals import load_cases, load_results
 from chainrun.evals.runner import check_grader, run_eval, score_existing
-from chainrun.fleet import merge_logs
-from chainrun.provider_compare import compare_providers, differ_only_in_provider
-from chainrun.report import latency_summary
-from chainrun.store import Store
+from chainrun.log.several_logs import merge_logs
+from chainrun.log.store import Store
 
 
 def _fmt_rate(r: dict[str, Any]) -> str:

@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from chainrun.advise import advise
+from chainrun.analysis.advise import advise
+from chainrun.analysis.simulate import Bimodal, plot_p99, simulate_bimodal, simulate_lognormal
+from chainrun.analysis.summary import hedge_stats
 from chainrun.cli import DEFAULT_DB_PATH, DbOpt, JsonOpt, app, handle_errors, out, print_json
 from chainrun.cli.tables import advise_table, hedge_table, simulate_table
 from chainrun.errors import UserInputError
-from chainrun.report import hedge_stats
-from chainrun.simulate import Bimodal, plot_p99, simulate_bimodal, simulate_lognormal
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 
 @app.command("hedge-stats")

@@ -14,7 +14,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from chainrun.catalog import ensure_sample_catalog, get_products, read_catalog, write_products
 from chainrun.cli import (
     DEFAULT_DB_PATH,
     ConfigOpt,
@@ -30,8 +29,14 @@ from chainrun.cli import (
 )
 from chainrun.config import load_config
 from chainrun.errors import ProviderError
+from chainrun.log.store import Store
 from chainrun.retrieval import RetrievalResult, RetrievalSettings, build_retriever
-from chainrun.store import Store
+from chainrun.retrieval.catalog import (
+    ensure_sample_catalog,
+    get_products,
+    read_catalog,
+    write_products,
+)
 
 
 def retrieval_settings(config_path: str | None) -> RetrievalSettings:

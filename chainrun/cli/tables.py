@@ -9,9 +9,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from chainrun.analysis.summary import left_out
 from chainrun.events import StepFinished, TurnFinished
-from chainrun.records import StepRow
-from chainrun.report import left_out
+from chainrun.log.rows import StepRow
 
 #: width of the waterfall bars, in characters
 _BAR = 40

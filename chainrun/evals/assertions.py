@@ -29,8 +29,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from chainrun.answer_json import check_schema, find_json_values, parse_json_output, schema_errors
 from chainrun.config import GraderConfig
-from chainrun.jsonout import check_schema, find_json_values, parse_json_output, schema_errors
 
 #: An async grading call: prompt in, the grader model's reply out.
 Grade = Callable[[str], Awaitable[str]]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from chainrun.errors import InputFileError
 from chainrun.evals.assertions import LABEL, Assertion
-from chainrun.jsonl import read_jsonl
+from chainrun.input_files import read_jsonl
 
 DEFAULT_CASES = "evals/regression.jsonl"
 

@@ -18,11 +18,11 @@ from chainrun.errors import ConfigError, ProviderError, ProviderUnavailable
 from chainrun.evals.assertions import Grade, GraderConfig
 from chainrun.evals.cases import EvalCase
 from chainrun.evals.scoring import eval_request_id, match_run, score_run
+from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.replay import ReplayRequest, run_requests
 from chainrun.steps import Retriever
-from chainrun.store import Store
 
 
 def eval_requests(cases: Sequence[EvalCase], repeat: int) -> list[ReplayRequest]:

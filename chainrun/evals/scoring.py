@@ -24,13 +24,13 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from chainrun.analysis.stats import pass_rate
 from chainrun.errors import UserInputError
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
-from chainrun.migrations import utc_now
-from chainrun.records import WINNER_OUTCOMES, CallRow, StepRow, TurnRow
-from chainrun.stats import pass_rate
-from chainrun.store import Store
+from chainrun.log.migrations import utc_now
+from chainrun.log.rows import WINNER_OUTCOMES, CallRow, StepRow, TurnRow
+from chainrun.log.store import Store
 
 #: calls.outcome values of the attempt whose answer a step used
 WINNING_OUTCOMES = WINNER_OUTCOMES

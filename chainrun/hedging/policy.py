@@ -146,7 +146,7 @@ class HedgePolicy(BaseModel):
     def warmup_delay_ms(self) -> float | None:
         """The delay used while a percentile delay's window warms up, in ms (None: no copies).
 
-        ``initial_delay_ms``, else a third of ``deadline_s`` (issue 11: the calls right after
+        ``initial_delay_ms``, else a third of ``deadline_s`` (the calls right after
         a start are the ones most exposed to the tail), else None.
         """
         if self.initial_delay_ms is not None:

@@ -1,8 +1,9 @@
 """The economics of one hedged call site: fire rate, win rate, time saved per win, extra calls.
 
 The one definition of these numbers in chainrun: the engine's live counters
-(:class:`HedgeStats`) and the log report (``chainrun hedge-stats``, :mod:`chainrun.report`)
-both compute them with the functions here. They are the numbers FIELD practice asks for
+(:class:`HedgeStats`) and the log report (``chainrun hedge-stats``,
+:mod:`chainrun.analysis.summary`)
+both compute them with the functions here. They are the numbers hedging practice asks for
 per hedged call site (Finagle exports ``backups_sent``, ``backups_won``,
 ``budget_exhausted``): a hedge that fires often and rarely wins costs load and saves
 nothing (Dean and Barroso, "The Tail at Scale", CACM 2013: the copy wins only when the

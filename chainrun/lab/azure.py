@@ -18,8 +18,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from chainrun.lab.chat_completions import chat_completions
 from chainrun.lab.responses import responses
-from chainrun.lab.server import _chat_completions
 
 
 def _azure_error(status: int, message: str) -> Response:
@@ -46,7 +46,7 @@ async def azure_chat_completions(request: Request) -> Response:
     refused = _refusal(request)
     if refused is not None:
         return refused
-    return await _chat_completions(request, deployment=request.path_params["deployment"])
+    return await chat_completions(request, deployment=request.path_params["deployment"])
 
 
 async def azure_responses(request: Request) -> Response:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -43,15 +42,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chainrun.lab.scenarios import content_key
-from chainrun.lab.server import (
+from chainrun.lab.sse import SSEBytesResponse
+from chainrun.lab.state import (
     MODEL_ID,
     LabState,
     RequestRecord,
-    _error,
-    _sleep_unless_disconnected,
-    _words,
+    answer_words,
+    error_response,
+    rate_limited,
+    record_request,
+    sleep_unless_disconnected,
 )
-from chainrun.lab.sse import SSEBytesResponse
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -106,12 +107,12 @@ async def responses(request: Request) -> Response:
     try:
         body = await request.json()
     except ValueError:
-        return _error(400, "request body is not JSON", "invalid_request_error")
+        return error_response(400, "request body is not JSON", "invalid_request_error")
     arrived = asyncio.get_running_loop().time()
     messages = messages_of(body) if isinstance(body, dict) else None
     if messages is None:
         problem = "'input' must be a string or a list of messages"
-        return _error(400, problem, "invalid_request_error")
+        return error_response(400, problem, "invalid_request_error")
     sc = lab.scenario
     reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
     n_reason = 0 if reasoning.get("effort") == "none" else sc.reasoning_tokens
@@ -121,46 +122,29 @@ async def responses(request: Request) -> Response:
     text_cap = None if cap is None else max(1, cap - n_reason)
     plan = lab.planner.plan(messages, text_cap)
     model = str(body.get("model") or MODEL_ID)
-    rec = RequestRecord(
-        id=lab.next_id().replace("chatcmpl-", "resp_"),
-        received_at=lab.now(),
-        stream=bool(body.get("stream")),
-        model=model,
-        request_id=request.headers.get("x-request-id"),
-        attempt=request.headers.get("x-chainrun-attempt"),
-        metadata=body.get("metadata"),
-        planned_ttft_ms=round(plan.ttft_ms, 3),
-        planned_tokens=plan.tokens,
-        fault=plan.fault,
-        route=request.url.path,
-        auth=request.scope.get("chainrun.auth"),
-    )
-    lab.records.append(rec)
+    rec = record_request(lab, request, body, plan, model=model, stream=bool(body.get("stream")),
+                         record_id=lab.next_id().replace("chatcmpl-", "resp_"))  # fmt: skip
     if plan.fault == "rate_limit":
-        retry = sc.faults.retry_after_s
-        rec.status_code = 429
-        rec.finished_at = lab.now()
-        headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
-        return _error(429, "lab: rate limited", "rate_limit_exceeded", headers)
+        return rate_limited(lab, rec)
     if plan.fault == "server_error":
         rec.status_code = 500
         rec.finished_at = lab.now()
-        return _error(500, "lab: injected server error", "server_error")
+        return error_response(500, "lab: injected server error", "server_error")
     if plan.fault == "hang":
-        await _sleep_unless_disconnected(request.receive, None)
+        await sleep_unless_disconnected(request.receive, None)
         rec.disconnected = True
         rec.disconnected_at = rec.finished_at = lab.now()
         return Response(status_code=499)
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
     usage = None if plan.fault == "no_usage" else _usage(prompt_tokens, plan.tokens, n_reason)
-    words = _words(messages, plan.tokens)
+    words = answer_words(messages, plan.tokens)
     n_summary = min(n_reason, sc.reasoning_summary_tokens) if reasoning.get("summary") else 0
     if not rec.stream:
         interval = plan.token_interval_ms
         total_s = (plan.ttft_ms + (n_reason + plan.tokens) * interval) / 1000.0
         total_s -= asyncio.get_running_loop().time() - arrived
-        if await _sleep_unless_disconnected(request.receive, max(0.0, total_s)):
+        if await sleep_unless_disconnected(request.receive, max(0.0, total_s)):
             rec.disconnected = True
             rec.disconnected_at = rec.finished_at = lab.now()
             return Response(status_code=499)

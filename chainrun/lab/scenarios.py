@@ -36,8 +36,8 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     retry_after = true        # send Retry-After with a 429
     attempts = [1]            # faults only on these attempts (x-chainrun-attempt); all if unset
 
-The W/N split of ``work_noise`` follows FIELD.md ("The Tail at Scale", Dean and
-Barroso 2013): the work W (tokens x per-token time) is fixed by the request's
+The W/N split of ``work_noise`` follows "The Tail at Scale" (Dean and
+Barroso, CACM 56(2), 2013): the work W (tokens x per-token time) is fixed by the request's
 content, so two copies of one request carry the same W; only the noise N (the TTFT)
 is drawn independently per copy.
 """
@@ -88,7 +88,7 @@ class Lognormal(_Strict):
     """TTFT = ``median_ms * exp(sigma * Z)``, Z standard normal (the median is ``median_ms``).
 
     With ``slow_p > 0``, a share ``slow_p`` of requests take a slow path instead: TTFT
-    uniform in ``slow_range_s`` (s), before the first token (issue 13's heavy-tailed
+    uniform in ``slow_range_s`` (s), before the first token (the heavy-tailed
     scenario: a log-normal body plus 5% of 3-10 s). ``slow_p = 0`` draws exactly as
     before (one Gaussian per request, no extra RNG draw).
     """
@@ -118,7 +118,8 @@ class Bimodal(_Strict):
     """A warm and a cold path: TTFT uniform in ``fast_range_s`` with probability ``fast_p``,
     else uniform in ``slow_range_s`` (ranges in s).
 
-    The default is the shared-endpoint classifier of FIELD.md: 0.1-0.3 s or 3-19 s,
+    The default is a classifier on a shared inference endpoint with a warm and a cold
+    path: 0.1-0.3 s or 3-19 s,
     about half each.
     """
 
@@ -153,7 +154,7 @@ class WorkNoise(_Strict):
 
     W = tokens x ``per_token_ms``; the number of tokens, in ``[tokens_min, tokens_max]``,
     is fixed by a hash of the request's messages, so every copy of a request does the
-    same work. Used to show that a copy wins only when N1 - N2 > d (FIELD.md).
+    same work. Used to show that a copy wins only when N1 - N2 > d (Dean and Barroso, 2013).
     """
 
     model: Literal["work_noise"] = "work_noise"
@@ -312,7 +313,7 @@ class Scenario(_Strict):
 BUILTIN_SCENARIOS: dict[str, Scenario] = {
     "fast": Scenario(name="fast", latency=Fast()),
     "lognormal": Scenario(name="lognormal", latency=Lognormal(median_ms=200.0, sigma=0.5)),
-    # issue 13's tail scenario: log-normal body (median 200 ms) plus 5% of 3-10 s
+    # the tail scenario: log-normal body (median 200 ms) plus 5% of 3-10 s
     "heavy-tail": Scenario(
         name="heavy-tail",
         latency=Lognormal(median_ms=200.0, sigma=0.5, slow_p=0.05, slow_range_s=(3.0, 10.0)),

@@ -5,7 +5,7 @@ response has to do is send them and notice a client that goes away. sse-starlett
 ``EventSourceResponse`` does that through an anyio task group (a disconnect listener,
 a ping task, an exit-signal watcher and a cancel scope per send); at hundreds of
 streams at once that machinery was a fifth of the lab's CPU per request (py-spy on
-``benchmarks/scale.py``, issue 13), and the lab shares the cores with the client it
+``benchmarks/scale.py``), and the lab shares the cores with the client it
 measures. :class:`SSEBytesResponse` keeps the behaviour the lab's records rely on:
 
 - headers first, then every frame in its own ``http.response.body`` message, in the

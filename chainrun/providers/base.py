@@ -10,7 +10,7 @@ pump, whose ``finally`` closes the HTTP response: the server stops generating.
 A caller that only wants the whole answer (a step that does not stream) can make the
 stream with ``pump=False`` and read it in its own task with :meth:`ChatStream.collect`:
 the same loop, stamping each chunk as it arrives (that task does nothing else while
-it waits), without a second task per call (issue 13: chainrun's own cost per call).
+it waits), without a second task per call (chainrun's own cost per call).
 
 Two timers of its own, besides the step's deadline (which the caller holds):
 ``first_token_timeout_s`` (no first content or reasoning token by then, counted from

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 
-from chainrun import local
 from chainrun.config import ProviderConfig
 from chainrun.providers.base import Provider
 from chainrun.providers.openai_client import AzureTarget, read_api_key
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.providers.responses import ResponsesProvider
+from chainrun.runtime import local_model
 
 
 async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) -> Provider:
@@ -48,7 +48,7 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
             ),
         )
     elif base_url is None:
-        base_url = (await asyncio.to_thread(local.up, quiet=quiet)).base_url
+        base_url = (await asyncio.to_thread(local_model.up, quiet=quiet)).base_url
     cls = ResponsesProvider if cfg.api == "responses" else OpenAICompatProvider
     provider: OpenAICompatProvider | ResponsesProvider = cls(
         name,

@@ -1,4 +1,4 @@
-"""httpcore's network I/O on asyncio's own streams, without anyio (issue 13).
+"""httpcore's network I/O on asyncio's own streams, without anyio.
 
 httpcore (under the ``openai`` client's ``httpx2``) reads and writes sockets through
 anyio on asyncio: every read of a streamed response opens an anyio cancel scope

@@ -5,7 +5,8 @@ Always streams on the wire with ``stream_options={"include_usage": True}`` so th
 every call has a TTFT and chunk gaps; whether a step *settles* on the first token or
 on the whole answer is the chain's business. ``reasoning_effort`` is sent as the
 top-level Chat Completions parameter and the cap as ``max_completion_tokens``
-(``max_tokens`` is deprecated and refused by reasoning models; see FIELD.md).
+(``max_tokens`` is deprecated and refused by reasoning models; OpenAI API reference,
+Chat Completions).
 
 The client, its key, its pool and the error mapping are shared with the Responses
 adapter (:mod:`chainrun.providers.openai_client`); Azure OpenAI deployments go through
@@ -126,8 +127,8 @@ class OpenAICompatProvider(OpenAIClientProvider):
 
         The request (its body, auth, headers, HTTP status errors) goes through the
         ``openai`` client; the body's bytes are parsed by
-        :class:`~chainrun.providers.chat_sse.ChatSSEParser` as they arrive (issue 13:
-        the SDK's per-chunk models were a third of the loop at 1,000 streams).
+        :class:`~chainrun.providers.chat_sse.ChatSSEParser` as they arrive
+        (the SDK's per-chunk models were a third of the loop at 1,000 streams).
 
         Raises:
             ProviderUnavailable: cannot connect.

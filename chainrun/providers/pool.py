@@ -1,4 +1,4 @@
-"""A provider's HTTP connections split into several small pools (issue 13: 1,000 turns
+"""A provider's HTTP connections split into several small pools (1,000 turns
 in flight in one process).
 
 httpcore's connection pool (under the ``openai`` client's ``httpx2``) re-plans every

@@ -11,7 +11,7 @@ exit, hedged fallbacks), ``settings``.
 
 Typical use::
 
-    from chainrun.catalog import ensure_sample_catalog
+    from chainrun.retrieval.catalog import ensure_sample_catalog
     from chainrun.retrieval import RetrievalSettings, build_retriever
 
     ensure_sample_catalog(store.db)
@@ -22,9 +22,8 @@ Typical use::
 """
 
 from chainrun.retrieval.base import (
-    Hit,
-    Hits,
     RetrievalResult,
+    Retriever,
     Search,
     SearchLog,
     format_for_prompt,
@@ -43,12 +42,13 @@ from chainrun.retrieval.filters import (
     parse_filters,
     parse_query,
 )
+from chainrun.retrieval.hits import Hit, Hits
 from chainrun.retrieval.hybrid import HybridSearch, rrf_fuse
 from chainrun.retrieval.keyword import KeywordSearch, fts_query
 from chainrun.retrieval.settings import SEARCH_NAMES, EmbeddingSettings, RetrievalSettings
 from chainrun.retrieval.stage import (
     HedgedAnswer,
-    Retriever,
+    RetrievalStage,
     build_retriever,
     build_searches,
     fallback_hedger,
@@ -75,6 +75,7 @@ __all__ = [
     "ParsedQuery",
     "RetrievalResult",
     "RetrievalSettings",
+    "RetrievalStage",
     "Retriever",
     "Search",
     "SearchLog",

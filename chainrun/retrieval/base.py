@@ -8,35 +8,17 @@ and hybrid (RRF) searches all implement it, and so do the fakes in the tests.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from chainrun.retrieval.filters import Filters
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One ranked result of one search.
-
-    ``score`` is the search's own score, higher = better (its scale differs per search:
-    negated bm25 for keyword, cosine similarity for vector, RRF sum for hybrid).
-    """
-
-    id: str
-    score: float
-    source: str
+from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.hits import Hit
 
 
-class Hits(list[Hit]):
-    """A ranked list of hits that may note partial failures.
+class Retriever(Protocol):
+    """What the retrieve step needs: :class:`~chainrun.retrieval.stage.RetrievalStage`, or a
+    test double."""
 
-    ``errors`` names components that failed while others answered (a hybrid search whose
-    vector half failed still returns its keyword half): the stage logs them.
-    """
-
-    def __init__(self, hits: list[Hit] | None = None, errors: list[str] | None = None) -> None:
-        super().__init__(hits or [])
-        self.errors: list[str] = list(errors or [])
+    async def retrieve(self, query: str, *, label: str | None = None) -> Any: ...
 
 
 class Search(Protocol):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chainrun.errors import InputFileError
-from chainrun.jsonl import read_jsonl
+from chainrun.input_files import read_jsonl
 from chainrun.retrieval.base import Search
 from chainrun.retrieval.filters import parse_query
 

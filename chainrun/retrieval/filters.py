@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.retrieval.base import Hit
+from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.reader import CatalogReader, reader_for
 
 #: word (singular, lower case) → the categories of the sample catalogue it points to.

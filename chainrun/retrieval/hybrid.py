@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from chainrun.retrieval.base import Hit, Hits, Search
+from chainrun.retrieval.base import Search
 from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.hits import Hit, Hits
 
 RRF_K = 60
 

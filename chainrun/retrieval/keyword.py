@@ -13,8 +13,8 @@ from typing import Literal
 
 import sqlite_utils
 
-from chainrun.retrieval.base import Hit
 from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.reader import CatalogReader, reader_for
 
 #: Words that carry no product meaning in a shopper's message.
@@ -87,7 +87,7 @@ class KeywordSearch:
         weights = ", ".join(str(w) for w in BM25_WEIGHTS)
         # CROSS JOIN keeps the FTS5 scan the outer loop: with a plain JOIN and a category
         # filter SQLite ran the MATCH once per product of the category (10,000 products:
-        # 670 ms a query instead of 6; issue 13, benchmarks/retrieval_scale.py)
+        # 670 ms a query instead of 6; benchmarks/retrieval_scale.py)
         sql = f"""
             select p.id, bm25(products_fts, {weights}) as rank
             from products_fts cross join products p on p.rowid = products_fts.rowid

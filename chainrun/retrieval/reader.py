@@ -3,7 +3,7 @@
 A search's SQL (FTS5 bm25, the filter scan, sqlite-vec's cosine scan) and the NumPy
 scan of the vector index take from a fraction of a millisecond on the 285-product sample
 catalogue to tens of milliseconds on 100,000 products; on the event loop every other
-turn's stream, timer and hedge waits for them (issue 13: 40 turns at once raised the
+turn's stream, timer and hedge waits for them (40 turns at once raised the
 retrieve step's p90 from 28 ms to 590 ms). :class:`CatalogReader` runs such a read as
 ``fn(db)`` in one of a few worker threads, each holding its own connection to the same
 file (a SQLite connection belongs to the thread that opened it; in WAL mode readers do
@@ -17,15 +17,18 @@ of it run inline on the loop, as before.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlite_utils
 import sqlite_utils.utils
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["CatalogReader", "database_file", "open_connection", "reader_for"]
 
@@ -47,6 +50,33 @@ _READERS_LOCK = threading.Lock()
 MMAP_SIZE = 1 << 30
 
 
+def load_sqlite_vec(db: sqlite_utils.Database) -> bool:
+    """Load sqlite-vec into ``db``'s connection if possible; True when ``vec_*`` work.
+
+    False (not an error) when the ``sqlite-vec`` package is missing or the connection
+    cannot load extensions (CPython's sqlite3 built without ``enable_load_extension``).
+    """
+    try:
+        db.execute("select vec_version()").fetchone()
+        return True
+    except Exception:  # "no such function": not loaded yet (the error class is the driver's)
+        pass
+    try:
+        import sqlite_vec  # type: ignore[import-not-found,unused-ignore]
+
+        conn: Any = db.conn
+        conn.enable_load_extension(True)
+        try:
+            sqlite_vec.load(conn)
+        finally:
+            conn.enable_load_extension(False)
+        db.execute("select vec_version()").fetchone()
+        return True
+    except Exception as e:  # ImportError, AttributeError (no enable_load_extension), SQL errors
+        logger.debug("sqlite-vec not available (%s); vector search uses NumPy", e)
+        return False
+
+
 def open_connection(path: Path, *, read_only: bool = False) -> sqlite_utils.Database:
     """A new connection to ``path`` with sqlite-vec loaded when it can be.
 
@@ -55,8 +85,6 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite_utils.Data
     sqlite-vec can load); ``check_same_thread`` is off only so that ``close()`` may run
     on another thread than the one that used it.
     """
-    from chainrun.retrieval.vector import load_sqlite_vec
-
     conn = sqlite_utils.Database(
         sqlite_utils.utils.sqlite3.connect(str(path), check_same_thread=False)
     )

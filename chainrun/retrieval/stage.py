@@ -22,12 +22,13 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.catalog import ensure_catalog_tables, get_products
 from chainrun.errors import ConfigError
 from chainrun.hedging import ErrorInfo, HedgePolicy, Hedger
-from chainrun.retrieval.base import Hit, RetrievalResult, Search, SearchLog
+from chainrun.retrieval.base import RetrievalResult, Search, SearchLog
+from chainrun.retrieval.catalog import ensure_catalog_tables, get_products
 from chainrun.retrieval.embeddings import Embedder, build_embedder
 from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
+from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.hybrid import RRF_K, HybridSearch
 from chainrun.retrieval.keyword import KeywordSearch
 from chainrun.retrieval.reader import reader_for
@@ -36,7 +37,7 @@ from chainrun.retrieval.vector import VectorIndex, VectorSearch
 
 #: status the fallback hedger gives every search error: listed as non-fatal, so a
 #: primary that fails starts its fallback at once (a different search, not a copy of
-#: the failed one, so the FIELD.md rule "errors are not hedged" does not apply)
+#: the failed one, so the rule that errors are not hedged, gRPC's gRFC A6, does not apply)
 _SEARCH_ERROR = "search_error"
 
 
@@ -127,7 +128,7 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class Retriever:
+class RetrievalStage:
     """The retrieve stage over a set of named searches (see the module docstring).
 
     Args:
@@ -199,7 +200,7 @@ class Retriever:
         if close is not None:
             await close()
 
-    async def __aenter__(self) -> Retriever:
+    async def __aenter__(self) -> RetrievalStage:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -313,7 +314,7 @@ def build_retriever(
     *,
     embedder: Embedder | None = None,
     searches: Mapping[str, Search] | None = None,
-) -> Retriever:
+) -> RetrievalStage:
     """The retrieve stage for ``settings`` (None: the defaults) over the catalogue in ``db``.
 
     Args:
@@ -322,8 +323,8 @@ def build_retriever(
         searches: searches to use instead of the built ones, by name (tests).
 
     Creates the catalogue tables if needed; does not load a catalogue (see
-    :func:`chainrun.catalog.ensure_sample_catalog`) nor embed it (see
-    :meth:`Retriever.warm`).
+    :func:`chainrun.retrieval.catalog.ensure_sample_catalog`) nor embed it (see
+    :meth:`RetrievalStage.warm`).
 
     Raises:
         ConfigError: the embedding settings are incomplete, or ``vector_backend`` asks
@@ -349,4 +350,4 @@ def build_retriever(
     built = build_searches(
         wanted, db, index=index, rrf_k=settings.rrf_k, candidates=settings.candidates
     )
-    return Retriever(settings, db, {**built, **given}, index=index, embedder=embedder)
+    return RetrievalStage(settings, db, {**built, **given}, index=index, embedder=embedder)

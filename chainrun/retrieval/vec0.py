@@ -54,9 +54,9 @@ from dataclasses import dataclass
 import numpy as np
 import sqlite_utils
 
-from chainrun.dbtx import write_transaction
-from chainrun.retrieval.base import Hit
+from chainrun.log.transactions import write_transaction
 from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.hits import Hit
 
 __all__ = [
     "CHUNK_SIZE",

@@ -8,7 +8,7 @@ nearest ones, all exact (:data:`VECTOR_BACKENDS`):
   selected first);
 * ``sqlite-vec``: sqlite-vec's ``vec_distance_cosine`` over every vector passing the
   filter, in SQL (it needs ``pysqlite3-binary``: CPython's own sqlite3 here cannot load
-  extensions, see FIELD.md);
+  extensions, see Python's sqlite3 docs, ``enable_load_extension``);
 * ``vec0``: KNN on a sqlite-vec ``vec0`` table built from the same vectors, with the
   category as partition key, price and stock as metadata columns and size filters
   oversampled (:mod:`chainrun.retrieval.vec0`): the one for large catalogues.
@@ -31,20 +31,20 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from chainrun.catalog import (
+from chainrun.errors import ProviderUnavailable
+from chainrun.log.transactions import write_transaction
+from chainrun.retrieval.catalog import (
     SAMPLE_CATALOG,
     all_products,
     catalog_version,
     ensure_catalog_tables,
     product_text,
 )
-from chainrun.dbtx import write_transaction
-from chainrun.errors import ProviderUnavailable
-from chainrun.retrieval.base import Hit
 from chainrun.retrieval.embeddings import Embedder
 from chainrun.retrieval.filters import Filters
+from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.keyword import query_terms
-from chainrun.retrieval.reader import database_file, open_connection, reader_for
+from chainrun.retrieval.reader import database_file, load_sqlite_vec, open_connection, reader_for
 from chainrun.retrieval.vec0 import Vec0Index, scan_nearest
 
 logger = logging.getLogger(__name__)
@@ -58,31 +58,6 @@ SAMPLE_VECTORS = SAMPLE_CATALOG.with_name("catalog.minilm.npz")
 VECTOR_BACKENDS = ("auto", "numpy", "sqlite-vec", "vec0")
 
 
-def load_sqlite_vec(db: sqlite_utils.Database) -> bool:
-    """Load sqlite-vec into ``db``'s connection if possible; True when ``vec_*`` work.
-
-    False (not an error) when the ``sqlite-vec`` package is missing or the connection
-    cannot load extensions (CPython's sqlite3 built without ``enable_load_extension``).
-    """
-    try:
-        db.execute("select vec_version()").fetchone()
-        return True
-    except Exception:  # "no such function": not loaded yet (the error class is the driver's)
-        pass
-    try:
-        import sqlite_vec  # type: ignore[import-not-found,unused-ignore]
-
-        conn: Any = db.conn
-        conn.enable_load_extension(True)
-        try:
-            sqlite_vec.load(conn)
-        finally:
-            conn.enable_load_extension(False)
-        db.execute("select vec_version()").fetchone()
-        return True
-    except Exception as e:  # ImportError, AttributeError (no enable_load_extension), SQL errors
-        logger.debug("sqlite-vec not available (%s); vector search uses NumPy", e)
-        return False
 
 
 def _log_failure(task: asyncio.Task[int]) -> None:
@@ -397,7 +372,7 @@ class VectorSearch:
 
     Never embeds the catalogue on a shopper's turn: until the first vectors exist it
     raises :class:`ProviderUnavailable` (a hybrid search then answers from its keyword
-    half) while the index is built in the background. ``Retriever.warm()`` at start-up
+    half) while the index is built in the background. ``RetrievalStage.warm()`` at start-up
     builds it ahead of the first turn.
     """
 

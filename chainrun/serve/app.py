@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
 from chainrun.errors import ChainrunError
-from chainrun.gcfreeze import freeze_startup_objects, rare_full_collections
+from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
 from chainrun.serve.turns import TurnObserver, TurnRunner
@@ -61,7 +61,8 @@ class ServeState:
         model_id: the model id of the OpenAI-compatible face.
         retry_s: wait between attempts to open the chain, in s.
         freeze_gc: once the chain is open, ``gc.freeze()`` the objects alive then and
-            make full collections rare (:mod:`chainrun.gcfreeze`; ``chainrun serve`` does).
+            make full collections rare (:mod:`chainrun.runtime.gc_settings`; ``chainrun serve``
+            does).
     """
 
     def __init__(

@@ -8,7 +8,7 @@ Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
 body is answered 400 naming the field, a server not yet ready 503, both in the one
 error shape of :mod:`chainrun.serve.errors` (``{"error": {"message", "type", "param",
-"code"}}``). The message follows the library's rule (:mod:`chainrun.turninput`). A
+"code"}}``). The message follows the library's rule (:mod:`chainrun.turn_input`). A
 client that disconnects cancels the turn (sse-starlette cancels the generator on the
 ASGI ``http.disconnect``), which closes the in-flight model calls.
 """
@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from chainrun.serve.errors import error_response, not_ready
 from chainrun.serve.turns import TurnRunner
-from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
+from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 __all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat",
            "parse_chat_body"]  # fmt: skip
@@ -49,7 +49,7 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
     Raises:
         BadRequest: not a JSON object; ``message`` missing, blank, not a string, over
             :data:`MAX_MESSAGE_CHARS` or holding a lone surrogate (the library's rule,
-            :func:`chainrun.turninput.check_turn_input`); ``conversation_id`` not such a
+            :func:`chainrun.turn_input.check_turn_input`); ``conversation_id`` not such a
             string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
     """
     try:

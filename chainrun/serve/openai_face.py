@@ -53,7 +53,7 @@ from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
 from chainrun.serve.turns import TurnRunner
-from chainrun.turninput import MAX_MESSAGE_CHARS, text_problem
+from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 DEFAULT_MODEL_ID = "chainrun-shop"
 
@@ -95,8 +95,8 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     Raises:
         InvalidRequest: not an object; ``model`` missing (400) or not ``model_id`` (404
             ``model_not_found``); ``messages`` holds no user message with text; the text
-            breaks the library's rule (:func:`chainrun.turninput.check_turn_input`: over
-            :data:`~chainrun.turninput.MAX_MESSAGE_CHARS` characters, a lone
+            breaks the library's rule (:func:`chainrun.turn_input.check_turn_input`: over
+            :data:`~chainrun.turn_input.MAX_MESSAGE_CHARS` characters, a lone
             surrogate); ``n`` is not 1; ``tools`` are given; ``stream`` or
             ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
             not taken as true); ``stream_options`` is not an object.

@@ -17,12 +17,12 @@ import uvicorn
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import UserInputError
-from chainrun.eventloop import uvicorn_loop
-from chainrun.netlisten import listening_socket
+from chainrun.log.store import Store
+from chainrun.runtime.event_loop import uvicorn_loop
+from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import DEFAULT_MAX_BODY_BYTES, ServeState, create_app
 from chainrun.serve.openai_face import DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver
-from chainrun.store import Store
 
 #: the environment variable holding the bearer token (never a command-line argument,
 #: which other users of the machine can read in the process list)
@@ -40,7 +40,8 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (see :func:`chainrun.netlisten.listening_socket`).
+    """A listening TCP socket on ``host:port``
+    (see :func:`chainrun.runtime.listen_socket.listening_socket`).
 
     Raises:
         UserInputError: the address cannot be bound (in use, not local, bad name).
@@ -102,7 +103,7 @@ def serve(
             app,
             log_level="warning",
             access_log=False,
-            loop=uvicorn_loop(),  # uvloop when installed (chainrun.eventloop)
+            loop=uvicorn_loop(),  # uvloop when installed (chainrun.runtime.event_loop)
             timeout_keep_alive=30,
             timeout_graceful_shutdown=5,  # then open streams are cancelled (turns logged)
             backlog=2048,

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from chainrun.chain import Chain
 from chainrun.events import StepFinished, StepStarted, TokenDelta, TurnFinished
+from chainrun.log.logged_turn import LoggedTurn, TurnUsage, find_turn, read_turn
 from chainrun.serve.disconnect import detached
-from chainrun.turnlog import LoggedTurn, Usage, find_turn, read_turn
 
 log = logging.getLogger("chainrun.serve")
 
@@ -117,7 +117,7 @@ def turn_summary(
             )
     else:
         steps = [{**s, "attempts": []} for s in live_steps.values()]
-    usage = logged.usage() if logged is not None else Usage()
+    usage = logged.usage() if logged is not None else TurnUsage()
     return {
         "turn_id": done.turn_id,
         "run_id": done.run_id,

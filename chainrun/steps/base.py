@@ -45,15 +45,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from chainrun.events import TokenDelta
-from chainrun.records import CallRow, StepRow
+from chainrun.log.rows import CallRow, StepRow
 
 if TYPE_CHECKING:
     import sqlite_utils
 
     from chainrun.config import ChainConfig, StepConfig
     from chainrun.hedging import BreakerRegistry, HedgePolicy, LoopLagMonitor
+    from chainrun.log.store import Store
     from chainrun.providers.base import Provider
-    from chainrun.store import Store
 
 #: Turn-state fields every turn starts with.
 INITIAL_FIELDS = frozenset({"message"})

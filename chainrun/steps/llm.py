@@ -20,6 +20,7 @@ import string
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from chainrun.answer_json import answer_problem, parse_json_object
 from chainrun.checks.holdback import (
     HoldBack,
     OutputBlocked,
@@ -32,9 +33,9 @@ from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, ProviderTimeout, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
-from chainrun.jsonout import answer_problem, parse_json_object
+from chainrun.log.rows import CallRow
+from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
-from chainrun.records import CallRow
 from chainrun.steps.base import (
     STATE_FIELDS,
     BuildContext,
@@ -45,10 +46,9 @@ from chainrun.steps.base import (
     TurnState,
     register_step_kind,
 )
-from chainrun.store import Store
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
-#: config names no ``json_schema``: ``{"ok": bool, "reason": str}`` (issue 11).
+#: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string"}},

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
+import logging
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol
+from typing import Any
 
-from chainrun.catalog import ensure_sample_catalog
 from chainrun.config import StepConfig
 from chainrun.errors import ChainrunError, ProviderError, error_type
 from chainrun.retrieval import build_retriever
+from chainrun.retrieval.base import Retriever
+from chainrun.retrieval.catalog import ensure_sample_catalog
 from chainrun.steps.base import (
     BuildContext,
     Step,
@@ -28,11 +29,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 
-
-class Retriever(Protocol):
-    """What the retrieve step needs (filled by :mod:`chainrun.retrieval`, or a test double)."""
-
-    async def retrieve(self, query: str, *, label: str | None = None) -> Any: ...
+logger = logging.getLogger(__name__)
 
 
 @register_step_kind
@@ -68,7 +65,7 @@ class RetrieveStep(Step):
             await built.warm()  # embeds the catalogue once (cached in the database)
         except ProviderError as e:
             if not ctx.quiet:
-                print(f"chainrun: vector search unavailable ({e})", file=sys.stderr)
+                logger.warning("vector search unavailable (%s)", e)
 
     async def aclose(self) -> None:
         if self._owned is not None:

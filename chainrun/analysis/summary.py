@@ -1,0 +1,310 @@
+"""Per-run summaries read back from the log: latency per turn and step, and hedging economics.
+
+Every percentile is reported with its n (with 12 values a "p90" is in
+effect the second-slowest value). All times in ms.
+
+**The one rule of every summary** (replay's table, ``show``, ``compare``,
+``hedge-stats``, the audit): latency percentiles are over *completed* turns only
+(status ``ok``) and over the steps and calls of those turns; cancelled, refused and
+errored turns are counted beside them, never mixed in. A cancelled turn's partial
+duration is not a latency (Ctrl-C after 104 ms says nothing about the chain), and a
+refusal or an error ends the turn early on another path. :func:`completed_turns`
+applies the rule; nothing else decides it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
+from chainrun.config import MODEL_STEP_KINDS
+from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
+from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
+from chainrun.log.store import Store
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class CompletedTurns:
+    """Which turns a latency summary may use, and the counts shown beside it.
+
+    ``ids``: ids of the completed turns (status ``ok``); ``n_cancelled``,
+    ``n_refused``, ``n_replaced``, ``n_errored``: the other turns, by status.
+    """
+
+    ids: frozenset[int]
+    n_cancelled: int = 0
+    n_refused: int = 0
+    n_errored: int = 0
+    n_replaced: int = 0
+
+    @property
+    def n_completed(self) -> int:
+        return len(self.ids)
+
+    def counts(self) -> dict[str, int]:
+        """``{"n_completed", "n_cancelled", "n_refused", "n_replaced", "n_errored"}`` (turns)."""
+        return {"n_completed": self.n_completed, "n_cancelled": self.n_cancelled,
+                "n_refused": self.n_refused, "n_replaced": self.n_replaced,
+                "n_errored": self.n_errored}  # fmt: skip
+
+    def of(self, rows: Iterable[_R]) -> list[_R]:
+        """The rows (turns, steps or calls: anything with ``turn_id`` or a turn's ``id``)
+        that belong to a completed turn."""
+        out = []
+        for r in rows:
+            tid = getattr(r, "turn_id", None)
+            if tid is None and isinstance(r, TurnRow):
+                tid = r.id
+            if tid in self.ids:
+                out.append(r)
+        return out
+
+
+def left_out(counts: Mapping[str, int] | None) -> str:
+    """The turns a summary left out, from :meth:`CompletedTurns.counts`: ``"2 cancelled,
+    1 refused"`` (``""`` when none), said beside every percentile."""
+    words = (("n_cancelled", "cancelled"), ("n_refused", "refused"),
+             ("n_replaced", "replaced"), ("n_errored", "errored"))  # fmt: skip
+    given = counts or {}
+    return ", ".join(f"{given[k]} {w}" for k, w in words if given.get(k))
+
+
+def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:
+    """The one rule of every latency summary: percentiles over completed turns only.
+
+    A turn is *completed* when its status is ``ok``; cancelled, refused and errored
+    turns are counted (see :class:`CompletedTurns`), never part of a percentile.
+    """
+    by_status: Counter[str] = Counter()
+    ids = set()
+    for t in turns:
+        by_status[t.status] += 1
+        if t.status == "ok" and t.id is not None:
+            ids.add(t.id)
+    return CompletedTurns(frozenset(ids), n_cancelled=by_status["cancelled"],
+                          n_refused=by_status["refused"], n_errored=by_status["error"],
+                          n_replaced=by_status["replaced"])  # fmt: skip
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    return round(percentile(values, p), 1) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def _ci(values: list[float], p: float) -> list[float] | None:
+    """The distribution-free 95% interval of the p-th percentile (:func:`quantile_ci`),
+    rounded to 0.1 ms; None when ``len(values)`` cannot bound it."""
+    ci = quantile_ci(values, p)
+    return None if ci is None else [round(ci[0], 1), round(ci[1], 1)]
+
+
+def _p50_p90(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90),
+            "p50_ci": _ci(values, 50), "p90_ci": _ci(values, 90)}  # fmt: skip
+
+
+def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
+    """p50/p90 with n per turn and per step, plus TTFT and tokens per LLM step, over
+    completed turns only (:func:`completed_turns`), with the other turns counted.
+
+    ``answer_ttft`` is the shopper's wait for the first answer token, ``answer_done``
+    until the answer is complete; ``turn`` is all steps done (post-answer checks too).
+
+    Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cancelled,
+    n_refused, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci, p90_ci}, answer_ttft: {...},
+    answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
+    reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, output_tokens_mean, n_failed}}}``;
+    every ``*_ci`` is the distribution-free 95% order-statistic interval
+    (:func:`chainrun.analysis.stats.quantile_ci`), ``[lo, hi]`` in ms, or None when n cannot
+    bound it (fewer than 36 values for a p90).
+
+    Raises:
+        UserInputError: no such run.
+    """
+    run = store.get_run(run_id)
+    all_turns = store.turns(run_id)
+    done = completed_turns(all_turns)
+    turns = done.of(all_turns)
+    durations = [t.duration_ms for t in turns if t.duration_ms is not None]
+    answer_ttft = [t.answer_ttft_ms for t in turns if t.answer_ttft_ms is not None]
+    answer_done = [t.answer_done_ms for t in turns if t.answer_done_ms is not None]
+    by_step: dict[str, list[float]] = defaultdict(list)
+    failed: dict[str, int] = defaultdict(int)
+    for s in done.of(store.steps(run_id)):
+        if s.status == "skipped":
+            continue
+        by_step[s.step].append(s.duration_ms)
+        if s.status != "ok":
+            failed[s.step] += 1
+    ttft: dict[str, list[float]] = defaultdict(list)
+    tokens: dict[str, list[float]] = defaultdict(list)
+    meta: dict[str, tuple[str | None, str | None]] = {}
+    for c in done.of(store.calls(run_id)):
+        meta.setdefault(c.step, (c.model, c.reasoning_effort))
+        if c.outcome not in WINNER_OUTCOMES:
+            continue
+        if c.ttft_ms is not None:
+            ttft[c.step].append(c.ttft_ms)
+        if c.output_tokens is not None:
+            tokens[c.step].append(c.output_tokens)
+    steps = {}
+    for name, values in by_step.items():
+        model, effort = meta.get(name, (None, None))
+        steps[name] = {
+            **_p50_p90(values),
+            "model": model,
+            "reasoning_effort": effort,
+            "ttft_n": len(ttft[name]),
+            "ttft_p50_ms": _pct(ttft[name], 50),
+            "ttft_p50_ci": _ci(ttft[name], 50),
+            "output_tokens_mean": _mean(tokens[name]),
+            "n_failed": failed[name],
+        }
+    return {
+        "run_id": run_id,
+        "kind": run.kind,
+        "label": run.label,
+        "status": run.status,
+        "n_turns": len(all_turns),
+        "turns": done.counts(),
+        "turn": _p50_p90(durations),
+        "answer_ttft": _p50_p90(answer_ttft),
+        "answer_done": _p50_p90(answer_done),
+        "steps": steps,
+    }
+
+
+def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> dict[str, Any]:
+    """Whether hedging pays, per step of a run.
+
+    Per step: ``n`` (step executions), ``n_armed`` (executions with a hedge delay in
+    force), ``n_fired``, ``n_won``, ``fire_rate``, ``copies_sent`` and
+    ``copies_sent_per_call`` (attempts beyond the first actually sent, per execution),
+    ``n_fired_no_copy_sent`` (fires after which no copy went out), ``unsent`` (due copies
+    not sent: ``{budget_exhausted, circuit_open, loop_lag}``), ``win_rate``,
+    ``time_saved_per_win_ms`` (``n_saved_measured`` says over how many wins),
+    ``fire_rate_ci95`` and ``win_rate_ci95`` (95% Wilson score intervals, ``[lo, hi]``,
+    None where the rate is),
+    ``extra_calls_per_turn``, ``budget_exhausted`` (copies refused by the load budget, also
+    in ``unsent``), ``mean_delay_ms``. The rates are defined once, in
+    :mod:`chainrun.hedging.stats` (fire rate = fires per armed execution: the hedge timer
+    went off, whether a copy was sent or not; copies sent per call says what went out);
+    None where their denominator is 0. Source of the numbers: Dean & Barroso,
+    "The Tail at Scale" (CACM 2013); Finagle's backup-request counters. Over completed
+    turns only (``n_turns``), the others counted in ``turns`` (:func:`completed_turns`).
+
+    ``include_failed``: count every turn the step ran in except cancelled ones (refused,
+    replaced and errored turns too; ``n_turns`` says how many). A step that fails closed
+    refuses its turn exactly when every attempt lost the race to its deadline, so over
+    completed turns only its fire rate is biased down and its win rate up (1.0 on the
+    bimodal guard of benchmarks/guard_advise.py); ``chainrun advise`` validates its
+    predictions over every turn for that reason.
+
+    Raises:
+        UserInputError: no such run.
+    """
+    store.get_run(run_id)
+    all_turns = store.turns(run_id)
+    done = completed_turns(all_turns)
+    counted = done
+    if include_failed:
+        ran = (t.id for t in all_turns if t.id is not None and t.status != "cancelled")
+        counted = CompletedTurns(frozenset(ran))
+    n_turns = counted.n_completed
+    agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
+    delays: dict[str, list[float]] = defaultdict(list)
+    fired_steps = []
+    for s in counted.of(store.steps(run_id)):
+        if s.kind not in MODEL_STEP_KINDS or s.status == "skipped":
+            continue
+        st = agg[s.step]
+        fired = bool(s.hedge_fired)
+        st.add_call(armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won))
+        if fired:
+            fired_steps.append(s)
+        if s.hedge_delay_ms is not None:
+            delays[s.step].append(s.hedge_delay_ms)
+        if fired and s.hedge_won and s.time_saved_ms is not None:
+            st.record_time_saved(s.time_saved_ms)
+    sent_in: dict[tuple[str, int | None], int] = defaultdict(int)
+    for c in counted.of(store.calls(run_id)):
+        if c.step not in agg:
+            continue
+        st = agg[c.step]
+        if c.attempt == 1:
+            continue  # the primary is no copy (sent or not)
+        if c.outcome in SENT_OUTCOMES:
+            st.copies_sent += 1
+            sent_in[(c.step, c.turn_id)] += 1
+        else:
+            st.add_unsent(unsent_reason(c.outcome, c.error_type))
+    for s in fired_steps:
+        agg[s.step].fires_unsent += sent_in[(s.step, s.turn_id)] == 0
+    steps = {}
+    for name, st in agg.items():
+        steps[name] = {
+            "n": st.calls,
+            "n_armed": st.armed,
+            "n_fired": st.fires,
+            "n_won": st.copy_wins,
+            "fire_rate": _round(st.fire_rate, 4),
+            "fire_rate_ci95": _wilson(st.fires, st.armed),
+            "copies_sent": st.copies_sent,
+            "copies_sent_per_call": _round(st.copies_sent_per_call, 4),
+            "n_fired_no_copy_sent": st.fires_unsent,
+            "unsent": dict(st.unsent),
+            "win_rate": _round(st.win_rate, 4),
+            "win_rate_ci95": _wilson(st.copy_wins, st.fires),
+            "time_saved_per_win_ms": _round(st.time_saved_per_win_ms, 1),
+            "n_saved_measured": len(st.time_saved_ms),
+            "extra_calls_per_turn": _round(extra_calls_per_turn(st.copies_sent, n_turns), 4),
+            "budget_exhausted": st.budget_exhausted,
+            "mean_delay_ms": _mean(delays[name]),
+        }
+    return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _wilson(k: int, n: int) -> list[float] | None:
+    """95% Wilson score interval of the rate k/n, rounded to 4 digits; None when n = 0."""
+    ci = wilson_interval(k, n)
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
+
+
+def run_detail(store: Store, run_id: int) -> dict[str, Any]:
+    """A run with its turns and, per turn, its steps and calls (for ``chainrun show``).
+
+    Returns the run's row as a dict (``config`` decoded) with ``turns``: each turn's
+    row with its ``steps`` and ``calls`` rows, in display order.
+
+    Raises:
+        UserInputError: no such run.
+    """
+    run = store.get_run(run_id).model_dump()
+    run["config"] = json.loads(run["config"]) if run.get("config") else None
+    steps_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for s in store.steps(run_id):
+        steps_by_turn[s.turn_id].append(s.model_dump())
+    calls_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for c in store.calls(run_id):
+        calls_by_turn[c.turn_id].append(c.model_dump())
+    turns = []
+    for t in store.turns(run_id):
+        turn = t.model_dump()
+        turn["steps"] = steps_by_turn[t.id]
+        turn["calls"] = calls_by_turn[t.id]
+        turns.append(turn)
+    run["turns"] = turns
+    return run

@@ -1,0 +1,264 @@
+"""The lab's Chat Completions endpoint: ``POST /v1/chat/completions``, streamed or not,
+with the scenario's planned latency and faults (see :mod:`chainrun.lab.server`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from chainrun.lab.scenarios import Plan, content_key
+from chainrun.lab.sse import SSEBytesResponse
+from chainrun.lab.state import (
+    MODEL_ID,
+    LabState,
+    RequestRecord,
+    answer_words,
+    error_response,
+    max_tokens_of,
+    rate_limited,
+    record_request,
+    sleep_unless_disconnected,
+    usage_body,
+)
+
+
+async def chat_completions(request: Request, *, deployment: str | None = None) -> Response:
+    lab: LabState = request.app.state.lab
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "request body is not JSON", "invalid_request_error")
+    # the planned TTFT counts from the moment the whole request is in (as a real server's
+    # work can start no earlier); tokens due while the loop lagged are then sent at once
+    arrived = asyncio.get_running_loop().time()
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return error_response(400, "'messages' must be a list", "invalid_request_error")
+
+    stream = bool(body.get("stream"))
+    messages = body["messages"]
+    attempt_header = request.headers.get("x-chainrun-attempt")
+    attempt = int(attempt_header) if attempt_header and attempt_header.isdigit() else None
+    plan = lab.planner.plan(messages, max_tokens_of(body), attempt)
+    model = deployment or str(body.get("model") or MODEL_ID)
+    rec = record_request(lab, request, body, plan, record_id=lab.next_id(), model=model,
+                         stream=stream)  # fmt: skip
+
+    if plan.fault == "rate_limit":
+        return rate_limited(lab, rec)
+    if plan.fault == "reject":
+        rej = lab.scenario.faults.reject
+        assert rej is not None
+        rec.status_code = rej.status
+        rec.finished_at = lab.now()
+        err = {"message": rej.message, "type": "invalid_request_error", "param": rej.param,
+               "code": rej.code}  # fmt: skip
+        return JSONResponse({"error": err}, status_code=rej.status)
+    if plan.fault == "server_error":
+        rec.status_code = 500
+        rec.finished_at = lab.now()
+        return error_response(500, "lab: injected server error", "server_error")
+    if plan.fault == "hang":
+        await sleep_unless_disconnected(request.receive, None)
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)  # never reaches the client, which has gone
+
+    prompt_tokens = max(1, len(content_key(messages)) // 4)
+    usage = None if plan.fault == "no_usage" else usage_body(prompt_tokens, plan.tokens)
+    if not stream:
+        text = "".join(answer_words(messages, plan.tokens))
+        return await _complete(request, lab, rec, plan, model, usage, text, arrived)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    rec.status_code = 200
+    events = _stream_events(
+        lab,
+        rec,
+        plan,
+        model,
+        answer_words(messages, plan.tokens),
+        usage if include_usage else None,
+        arrived,
+    )
+    return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
+
+
+async def _complete(
+    request: Request,
+    lab: LabState,
+    rec: RequestRecord,
+    plan: Plan,
+    model: str,
+    usage: dict[str, Any] | None,
+    text: str,
+    arrived: float,
+) -> Response:
+    total_s = (plan.ttft_ms + plan.tokens * plan.token_interval_ms) / 1000.0
+    total_s -= asyncio.get_running_loop().time() - arrived
+    if await sleep_unless_disconnected(request.receive, max(0.0, total_s)):
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)
+    now = lab.now()
+    rec.first_token_at = rec.finished_at = now
+    rec.tokens_sent = plan.tokens
+    rec.completed = True
+    rec.status_code = 200
+    rec.finish_reason = plan.finish_reason
+    body = {
+        "id": rec.id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                },
+                "logprobs": None,
+                "finish_reason": plan.finish_reason,
+            }
+        ],
+        "usage": usage,
+    }
+    return JSONResponse(body, headers={"x-lab-request-id": rec.id})
+
+
+async def _stream_events(
+    lab: LabState,
+    rec: RequestRecord,
+    plan: Plan,
+    model: str,
+    words: list[str],
+    usage: dict[str, Any] | None,
+    start: float,
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body: role frame, TTFT, tokens on an absolute schedule, usage, [DONE].
+
+    Tokens due at the same moment (the loop fell behind, or a zero interval) are
+    written in one send, each still its own chunk: this keeps hundreds of concurrent
+    streams cheap without changing what the client parses.
+    """
+    loop = asyncio.get_running_loop()
+    head = json.dumps(
+        {
+            "id": rec.id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+    )[:-1]
+    role_only = lab.scenario.faults.role_only_first_frame
+
+    faults = lab.scenario.faults
+    on_finish = usage if faults.usage_on_finish else None
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, with_usage: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        tail = (
+            f',"system_fingerprint":null,"choices":[{json.dumps(choice)}],'
+            f'"usage":{json.dumps(with_usage)}}}'
+        )
+        return f"data: {head}{tail}\n\n".encode()
+
+    # the common frame (a content-only delta, no finish, no usage) from two constant
+    # halves around the word: the same bytes as chunk({"content": word}), without
+    # encoding the frame's constant parts again for every token
+    before, after = chunk({"content": ""}).rsplit(b'""', 1)
+
+    def content_chunk(word: str) -> bytes:
+        return before + json.dumps(word).encode() + after
+
+    try:
+        if role_only:
+            yield chunk({"role": "assistant", "content": None})
+        if plan.fault == "headers_only":
+            await asyncio.Event().wait()  # until the client disconnects (cancelled then)
+        n_send = plan.tokens if plan.cut_after is None else plan.cut_after
+        err = faults.stream_error if plan.fault == "stream_error" else None
+        if err is not None:
+            n_send = min(n_send, err.after_tokens)
+        first_due = start + plan.ttft_ms / 1000.0
+        interval = plan.token_interval_ms / 1000.0
+        pause_s = plan.pause_ms / 1000.0
+        i = 0
+        while i < n_send:
+            due = first_due + i * interval
+            if plan.pause_after is not None and i >= plan.pause_after:
+                due += pause_s
+            now = loop.time()
+            if due > now:
+                await asyncio.sleep(due - now)
+                now = loop.time()
+            j = n_send if interval <= 0 else min(n_send, i + 1 + int((now - due) / interval))
+            if plan.pause_after is not None and i < plan.pause_after:
+                j = min(j, plan.pause_after)  # never batch tokens across the pause
+            parts = []
+            for t in range(i, j):
+                last = plan.cut_after is None and err is None and t == plan.tokens - 1
+                if last or (t == 0 and not role_only):
+                    delta: dict[str, Any] = {"content": words[t]}
+                    if t == 0 and not role_only:
+                        delta = {"role": "assistant", "content": words[t]}
+                    parts.append(
+                        chunk(
+                            delta, plan.finish_reason if last else None, on_finish if last else None
+                        )
+                    )
+                else:
+                    parts.append(content_chunk(words[t]))
+                if t == 0 and plan.fault == "malformed_sse":
+                    parts.append(b"data: {not json\n\n")
+            if rec.first_token_at is None:
+                rec.first_token_at = lab.now()
+            rec.tokens_sent = j
+            yield b"".join(parts)
+            i = j
+        if err is not None:
+            body = json.dumps({"code": err.code, "message": err.message, "type": "server_error"})
+            if err.style == "event":  # as llama-server does
+                yield f"error: {body}\n\ndata: [DONE]\n\n".encode()
+            else:
+                yield f'data: {{"error": {body}}}\n\n'.encode()
+            rec.finished_at = lab.now()
+            return
+        if plan.cut_after is not None:
+            # cut: the body just ends, with no finish_reason, usage or [DONE]
+            rec.finished_at = lab.now()
+            return
+        rec.finish_reason = plan.finish_reason
+        if usage is not None and on_finish is None:
+            final = {
+                "id": rec.id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage,
+            }
+            yield f"data: {json.dumps(final)}\n\n".encode()
+        # The last frame: the stream is complete once it is handed over. A client that
+        # closes right after reading it, before this generator resumes from the yield (a
+        # busy loop), is no disconnect (under saturation most streams ended that way).
+        rec.completed = True
+        rec.finished_at = lab.now()
+        yield b"data: [DONE]\n\n"
+    except (asyncio.CancelledError, GeneratorExit):
+        # SSEBytesResponse cancels (or closes) this generator when the client disconnects
+        if not rec.completed:
+            rec.disconnected = True
+            rec.disconnected_at = rec.finished_at = lab.now()
+        raise
+
+

@@ -1,0 +1,181 @@
+"""What the lab's endpoints share: the lab's state, its per-request records, its error
+bodies and its deterministic answer words."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key
+
+MODEL_ID = "chainrun-lab"
+
+#: Words the deterministic answers are made of (chosen by a hash of the request).
+WORDS = (
+    "the linen shirt runs true to size and pairs well with light chinos for warm days "
+    "our denim jacket comes in three washes while the wool coat keeps its shape after "
+    "many wears try a size up for a relaxed fit or check the guide for your measurements"
+).split()
+
+
+@dataclass
+class RequestRecord:
+    """What the lab did with one request (a row of ``GET /admin/requests``).
+
+    Times ``*_at`` are in s since the server started (monotonic clock).
+    ``planned_ttft_ms`` is counted from the moment the request body is in.
+    ``planned_tokens`` is the answer's length after the request's max-tokens cap;
+    ``tokens_sent`` counts tokens handed to the transport and stays below it for a
+    stream the client closed (``disconnected``) or the lab cut (``fault``).
+    ``completed``: the last frame (``[DONE]``) was handed to the transport; a client
+    that closes after it is not ``disconnected``.
+    ``status_code`` is None when no response was sent (a hang, or a client gone before
+    a non-streamed answer was ready).
+    """
+
+    id: str
+    received_at: float
+    stream: bool
+    model: str | None
+    request_id: str | None
+    attempt: str | None
+    metadata: Any
+    planned_ttft_ms: float
+    planned_tokens: int
+    fault: str | None
+    status_code: int | None = None
+    first_token_at: float | None = None
+    tokens_sent: int = 0
+    completed: bool = False
+    disconnected: bool = False
+    disconnected_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    #: the URL path the request came on (``/v1/chat/completions``, ``/v1/responses``,
+    #: Azure's ``/openai/deployments/{name}/chat/completions``)
+    route: str | None = None
+    #: how an Azure-shaped request authenticated: "api-key" or "bearer" (never the secret)
+    auth: str | None = None
+
+
+class LabState:
+    """The server's mutable state: scenario, planner, records, clock origin."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.planner = Planner(scenario)
+        self.records: list[RequestRecord] = []
+        self.t0 = time.monotonic()
+        self._counter = 0
+
+    def now(self) -> float:
+        """Seconds since the server started."""
+        return time.monotonic() - self.t0
+
+    def next_id(self) -> str:
+        self._counter += 1
+        return f"chatcmpl-lab{self._counter:06d}"
+
+    def reset(self) -> None:
+        self.records.clear()
+        self.planner.reset()
+
+
+def error_response(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+) -> Response:
+    """An OpenAI-shaped error body with ``status``."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def answer_words(messages: Any, n: int) -> list[str]:
+    rng = random.Random(content_key(messages))
+    return [("" if i == 0 else " ") + rng.choice(WORDS) for i in range(n)]
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def max_tokens_of(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def sleep_unless_disconnected(receive: Receive, seconds: float | None) -> bool:
+    """Wait ``seconds`` (None: forever); True when the client disconnected first."""
+    watcher = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({watcher}, timeout=seconds)
+        return watcher in done
+    finally:
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+def record_request(
+    lab: LabState,
+    request: Request,
+    body: dict[str, Any],
+    plan: Plan,
+    *,
+    record_id: str,
+    model: str,
+    stream: bool,
+) -> RequestRecord:
+    """A new :class:`RequestRecord` for ``request`` (appended to ``lab.records``): the
+    chainrun headers it carried, the planned TTFT (ms) and tokens, and its fault."""
+    rec = RequestRecord(
+        id=record_id,
+        received_at=lab.now(),
+        stream=stream,
+        model=model,
+        request_id=request.headers.get("x-request-id"),
+        attempt=request.headers.get("x-chainrun-attempt"),
+        metadata=body.get("metadata"),
+        planned_ttft_ms=round(plan.ttft_ms, 3),
+        planned_tokens=plan.tokens,
+        fault=plan.fault,
+        route=request.url.path,
+        auth=request.scope.get("chainrun.auth"),
+    )
+    lab.records.append(rec)
+    return rec
+
+
+def rate_limited(lab: LabState, rec: RequestRecord) -> Response:
+    """The 429 of the ``rate_limit`` fault, with ``Retry-After`` (whole seconds, RFC 9110)
+    and ``retry-after-ms`` (the exact value) unless the scenario leaves them out."""
+    retry = lab.scenario.faults.retry_after_s
+    rec.status_code = 429
+    rec.finished_at = lab.now()
+    headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
+    if not lab.scenario.faults.retry_after:
+        headers = {}
+    return error_response(429, "lab: rate limited", "rate_limit_exceeded", headers)

@@ -1,0 +1,306 @@
+"""The run log's schema history: numbered, append-only migrations, listed explicitly.
+
+Each migration runs once per database, forward only, inside a transaction, and is
+recorded in ``_migrations`` (the pattern of simonw/llm's migrations). Never edit a
+migration that has shipped: add the next number. The row models in
+:mod:`chainrun.log.rows` must match the tables after the last migration
+(``tests/test_store.py`` pins that).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+import sqlite_utils
+
+from chainrun.log.transactions import write_transaction
+
+#: the catalogue's columns searched by full-text search (FTS5, bm25)
+FTS_COLUMNS = ("title", "description", "category", "colours", "tags")
+
+
+_second: tuple[int, str] = (-1, "")
+
+
+def utc_now() -> str:
+    """Current wall-clock time as ISO-8601 UTC with ms (the format of every *_at column),
+    e.g. ``2026-11-30T15:22:51.123+00:00``, as ``datetime.isoformat(timespec=
+    "milliseconds")`` gives it (ms truncated, not rounded).
+
+    The date and time to the second are formatted once per second (every turn takes
+    one timestamp: the whole ``datetime`` path was ~2 us of each turn's loop time).
+    """
+    global _second
+    sec, ns = divmod(time.time_ns(), 1_000_000_000)
+    cached, prefix = _second
+    if sec != cached:
+        prefix = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (sec, prefix)
+    return f"{prefix}.{ns // 1_000_000:03d}+00:00"
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    db.table("runs").create(
+        {
+            "id": int,
+            "kind": str,  # replay | live | eval
+            "label": str,
+            "config": str,  # JSON snapshot of the ChainConfig
+            "source": str,  # replay / eval file, if any
+            "started_at": str,
+            "ended_at": str,
+            "status": str,  # running | complete | failed | interrupted
+            "n_turns": int,
+            "meta": str,  # JSON
+        },
+        pk="id",
+    )
+    db.table("turns").create(
+        {
+            "id": int,
+            "run_id": int,
+            "request_id": str,
+            "conversation_id": str,  # gen_ai.conversation.id
+            "input": str,
+            "output": str,
+            "label": str,
+            "status": str,  # ok | refused | replaced | error | cancelled
+            "verdicts": str,  # JSON
+            "started_at": str,
+            "duration_ms": float,
+            "original_ms": float,
+            "error_type": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db.table("steps").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "step": str,
+            "kind": str,
+            "status": str,
+            "started_offset_ms": float,
+            "duration_ms": float,
+            "output": str,
+            "error_type": str,
+            "n_attempts": int,
+            "hedge_delay_ms": float,
+            "hedge_fired": int,
+            "hedge_won": int,
+            "time_saved_ms": float,
+            "detail": str,  # JSON
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("calls").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "step": str,
+            "attempt": int,
+            "target": str,
+            "provider": str,  # gen_ai.provider.name
+            "server_address": str,  # server.address:server.port
+            "model": str,  # gen_ai.request.model
+            "response_model": str,  # gen_ai.response.model
+            "response_id": str,  # gen_ai.response.id
+            "reasoning_effort": str,  # chainrun.request.reasoning_effort
+            "stream": int,  # gen_ai.request.stream
+            "temperature": float,  # gen_ai.request.temperature
+            "max_tokens": int,  # gen_ai.request.max_tokens
+            "prompt": str,  # messages sent, JSON
+            "output": str,
+            "reasoning": str,
+            "started_at": str,
+            "started_offset_ms": float,
+            "ttft_ms": float,  # gen_ai.client.operation.time_to_first_chunk, in ms
+            "duration_ms": float,  # gen_ai.client.operation.duration, in ms
+            "chunk_gaps_ms": str,  # JSON list of ms between consecutive chunks
+            "n_chunks": int,
+            "bytes_received": int,
+            "input_tokens": int,  # gen_ai.usage.input_tokens (NULL = unknown)
+            "output_tokens": int,  # gen_ai.usage.output_tokens (includes reasoning)
+            "reasoning_tokens": int,  # gen_ai.usage.reasoning.output_tokens
+            "cached_input_tokens": int,  # gen_ai.usage.cache_read.input_tokens
+            "finish_reason": str,  # gen_ai.response.finish_reasons
+            "truncated": int,
+            "error_type": str,  # error.type
+            "error_message": str,
+            "outcome": str,  # hedging outcome of this attempt
+            "loop_lag_ms": float,
+            "server_timings": str,  # JSON: llama.cpp `timings`
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("turns").create_index(["run_id"])
+    db.table("steps").create_index(["run_id", "step"])
+    db.table("calls").create_index(["run_id", "step"])
+    db.table("calls").create_index(["turn_id"])
+
+
+def _m002_fired_late(db: sqlite_utils.Database) -> None:
+    # a copy fired while the client's own event loop was late (chainrun.hedging.looplag)
+    db.table("calls").add_column("fired_late", int)
+
+
+def _m003_answer_timings(db: sqlite_utils.Database) -> None:
+    # the shopper's wait: first answer token and answer complete, per turn;
+    # NULL for turns logged before this migration (unknown, never 0)
+    db.table("turns").add_column("answer_ttft_ms", float)
+    db.table("turns").add_column("answer_done_ms", float)
+    # steps that only read the answer (validate, critique): not part of the wait
+    db.table("steps").add_column("post_answer", int)
+    # the stop sequences actually sent, JSON list
+    db.table("calls").add_column("stop", str)
+
+
+def _m004_steps_turn_index(db: sqlite_utils.Database) -> None:
+    # a turn's steps read back by turn id (Store.turn: chainrun serve, telemetry) without
+    # scanning every step of a long-running live run
+    db.table("steps").create_index(["turn_id"], if_not_exists=True)
+
+
+def _m010_catalog(db: sqlite_utils.Database) -> None:
+    db.table("products").create(
+        {
+            "id": str,
+            "title": str,
+            "description": str,
+            "category": str,
+            "colours": str,  # JSON list
+            "sizes": str,  # JSON {size: units in stock}
+            "price": float,  # EUR
+            "stock": int,
+            "tags": str,  # JSON list
+        },
+        pk="id",
+        not_null={"title", "category", "price", "stock"},
+    )
+    db.table("products").create_index(["category"])
+    db.table("products").create_index(["price"])
+    db.table("product_sizes").create(
+        {"product_id": str, "size": str, "stock": int},
+        pk=("product_id", "size"),
+        foreign_keys=[("product_id", "products", "id")],
+    )
+    db.table("product_sizes").create_index(["size"])
+    db.table("product_embeddings").create(
+        {
+            "product_id": str,
+            "model": str,  # the embedder's model id
+            "text_hash": str,  # hash of the text embedded: a changed product is re-embedded
+            "dims": int,
+            "embedding": bytes,  # float32 little-endian, L2-normalised
+        },
+        pk=("product_id", "model"),
+    )
+    db.table("catalog_loads").create(
+        {"id": int, "source": str, "n_products": int, "loaded_at": str}, pk="id"
+    )
+    # porter: "jackets" finds "jacket"; triggers keep the index in step with the table.
+    # The statements sqlite-utils' enable_fts(FTS_COLUMNS, fts_version="FTS5",
+    # tokenize="porter unicode61", create_triggers=True) runs, one by one: enable_fts uses
+    # executescript, which commits the migration's open transaction first
+    for sql in fts_statements("products", FTS_COLUMNS, tokenize="porter unicode61"):
+        db.execute(sql)
+
+
+def fts_statements(table: str, columns: Sequence[str], *, tokenize: str) -> list[str]:
+    """The SQL of an external-content FTS5 index on ``table`` kept in step by triggers.
+
+    The same virtual table ``{table}_fts`` and triggers ``{table}_ai/_ad/_au`` as
+    sqlite-utils' ``Table.enable_fts(columns, fts_version="FTS5", create_triggers=True)``
+    (sqlite-utils 3.x), as single statements that run inside an open transaction.
+    """
+    fts = f"{table}_fts"
+    cols = ", ".join(f'"{c}"' for c in columns)
+    new = ", ".join(f'new."{c}"' for c in columns)
+    old = ", ".join(f'old."{c}"' for c in columns)
+    delete = f'INSERT INTO "{fts}" ("{fts}", rowid, {cols}) VALUES(\'delete\', old.rowid, {old});'
+    insert = f'INSERT INTO "{fts}" (rowid, {cols}) VALUES (new.rowid, {new});'
+    return [
+        f'CREATE VIRTUAL TABLE "{fts}" USING FTS5 ({cols}, tokenize=\'{tokenize}\', '
+        f'content="{table}")',
+        f'INSERT INTO "{fts}" (rowid, {cols}) SELECT rowid, {cols} FROM "{table}"',
+        f'CREATE TRIGGER "{table}_ai" AFTER INSERT ON "{table}" BEGIN {insert} END',
+        f'CREATE TRIGGER "{table}_ad" AFTER DELETE ON "{table}" BEGIN {delete} END',
+        f'CREATE TRIGGER "{table}_au" AFTER UPDATE ON "{table}" BEGIN {delete} {insert} END',
+    ]
+
+
+def _m020_eval_results(db: sqlite_utils.Database) -> None:
+    db.table("eval_results").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "case_id": str,
+            "repeat": int,
+            "type": str,  # assertion type (equals, regex, llm-rubric...)
+            "step": str,  # NULL = the final answer / the whole turn
+            "passed": int,  # NULL = skipped (no verdict; detail says why)
+            "detail": str,
+            "grader": str,  # JSON GraderConfig for llm-rubric, else NULL
+            "scored_at": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("eval_results").create_index(["run_id", "case_id"])
+
+
+def _m030_turn_ids(db: sqlite_utils.Database) -> None:
+    # the next turn id no process has reserved (chainrun.log.turn_ids): a turn's id is known
+    # before its row is committed, so a turn can return before its write
+    db.execute(
+        "create table _turn_ids (id integer primary key check (id = 1), next_id integer not null)"
+    )
+
+
+#: Every migration in order. Append only.
+MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
+    ("001_initial", _m001_initial),
+    ("002_fired_late", _m002_fired_late),
+    ("003_answer_timings", _m003_answer_timings),
+    ("004_steps_turn_index", _m004_steps_turn_index),
+    ("010_catalog", _m010_catalog),
+    ("020_eval_results", _m020_eval_results),
+    ("030_turn_ids", _m030_turn_ids),
+)
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    """Apply every migration not yet recorded in ``_migrations``; return the names applied.
+
+    Each migration is one write transaction (``BEGIN IMMEDIATE``, :mod:`chainrun.log.transactions`)
+    with its ``_migrations`` row: a process killed mid-migration leaves none of it, and
+    of two processes opening a new log at once, the second waits for the write lock,
+    then finds the migration recorded and skips it. Idempotent: a second call applies
+    nothing. A migration must not use ``executescript`` (it commits first).
+    """
+    with write_transaction(db):
+        db.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
+                   '"applied_at" TEXT)')  # fmt: skip
+    done = {r["name"] for r in db.table("_migrations").rows}
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        with write_transaction(db):
+            # re-read under the write lock: another process may have applied it meanwhile
+            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                continue
+            fn(db)
+            db.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
+            )
+        applied.append(name)
+    return applied

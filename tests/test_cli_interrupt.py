@@ -1,0 +1,123 @@
+"""Ctrl-C / SIGTERM of replay and eval print the partial summary and how to resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+from chainrun.lab import LabServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def chainrun(*args: str) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+
+# -- 3. Ctrl-C prints the partial summary (one JSON document with --json) ----------------
+
+
+def _ctrl_c_after(
+    args: list[str], db: Path, tmp_path: Path, n_ok: int = 3, then: list[str] | None = None
+) -> tuple[Result, Result | None]:
+    """Run ``chainrun ARGS --config (a slow lab) --db DB`` as a real process and send it
+    SIGINT (Ctrl-C) once ``n_ok`` turns are logged ok; then, while the lab still runs,
+    ``chainrun THEN`` in-process if given."""
+    # slow enough that the run is far from done when n_ok turns are logged, also on a
+    # loaded machine (at 150 ms a step the replay could end before the Ctrl-C)
+    with LabServer("lognormal", median_ms=400, sigma=0.1, n_tokens=8) as slow:
+        cfg = tmp_path / "slow.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{slow.base_url}"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", *args, "--config", str(cfg), "--db", str(db),
+             "--concurrency", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline, done = time.monotonic() + 60, 0
+            while done < n_ok and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+                with contextlib.suppress(sqlite3.Error):  # read-only: never create the log
+                    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                    try:
+                        row = conn.execute("select count(*) from turns where status = 'ok'")
+                        done = row.fetchone()[0]
+                    finally:
+                        conn.close()
+            assert proc.poll() is None, f"ended before Ctrl-C: {proc.communicate()}"
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        after = chainrun(*then) if then else None
+    return Result(proc.returncode, stdout, stderr), after
+
+
+def test_ctrl_c_of_replay_prints_the_partial_summary(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    resume = ["replay", str(REPLAY), "--resume", "1", "--db", str(db), "--concurrency", "4"]
+    res, resumed = _ctrl_c_after(["replay", str(REPLAY), "--json"], db, tmp_path, then=resume)
+    assert res.returncode == 130 and "interrupted" in res.stderr
+    doc = json.loads(res.stdout)  # one JSON document, as every command prints
+    assert doc["status"] == "interrupted" and doc["run_id"] == 1
+    counts = doc["turns"]
+    assert counts["n_completed"] >= 3 and doc["turn"]["n"] == counts["n_completed"]
+    assert doc["n_turns"] < 12 and "hedging" in doc
+    shown = json.loads(chainrun("show", "1", "--db", str(db), "--json").stdout)
+    # the log holds the cancelled turns and, after the resume, every request answered
+    assert shown["summary"]["turns"] == {**counts, "n_completed": 12}
+    assert f"--resume {doc['run_id']} runs the rest" in res.stderr
+    # text mode: the table of the turns so far, and the line saying where it stopped
+    db2 = tmp_path / "log2.db"
+    res, _ = _ctrl_c_after(["replay", str(REPLAY)], db2, tmp_path)
+    assert res.returncode == 130
+    assert "run 1 (replay, interrupted)" in res.stdout, res.stdout
+    assert "completed turns" in res.stdout and "p90 of 3 values" not in res.stderr
+    assert "chainrun: replay interrupted: run 1 has" in res.stderr
+    # 4. after --resume: the turns Ctrl-C cancelled and the open failures inside ok turns
+    # (the lab's answers are no JSON: validate fails open in every turn) are told apart
+    assert resumed is not None and resumed.returncode == 0, resumed.stderr
+    n_cancelled = counts["n_cancelled"]
+    lines = [ln for ln in resumed.stderr.splitlines() if "warning" in ln]
+    assert len(lines) == 2, resumed.stderr
+    n_all = 12 + n_cancelled
+    assert lines[0] == (f"chainrun: warning: {n_cancelled} of {n_all} turns not ok "
+                        f"({n_cancelled} cancelled); see chainrun show 1")  # fmt: skip
+    assert lines[1].startswith("chainrun: warning: 12 of 12 ok turns answered with a step "
+                               "failed open (validate:invalid_answer ×12")  # fmt: skip
+
+
+def test_ctrl_c_of_eval_prints_the_turns_so_far(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    cases = ROOT / "evals" / "regression.jsonl"
+    res, _ = _ctrl_c_after(["eval", str(cases), "--json"], db, tmp_path)
+    assert res.returncode == 130 and "interrupted" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "interrupted" and doc["scored"] is False
+    assert doc["turns"]["n_completed"] >= 3 and doc["n_cases"] == 54
+    assert f"--run {doc['run_id']} scores the turns done" in doc["score_with"]

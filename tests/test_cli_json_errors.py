@@ -1,0 +1,62 @@
+"""--json: every error, usage errors included, is one JSON document on stdout."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+
+# -- --json errors ---------------------------------------------------------------------
+
+
+def test_json_errors_are_one_json_document_on_stdout(lab_config: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "message": "hi"}\n{"id": "b", "message": }\n')
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(bad), "--config", str(lab_config), "--db", str(db), "--json")
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
+    assert doc["error"]["type"] == "input_file_error"
+    assert doc["error"]["file"] == str(bad) and doc["error"]["line"] == 2
+    assert "not valid JSON" in doc["error"]["message"]
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"{bad}:2" in proc.stderr
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[steps.compose]\nreasoning_effort = "extreme"\n')
+    proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db), "--json")
+    assert proc.returncode == 2
+    err = json.loads(proc.stdout)["error"]
+    assert err["type"] == "config_error" and err["file"] == str(cfg) and err["line"] is None
+    assert "steps.compose.reasoning_effort" in err["message"]
+    toml = tmp_path / "broken.toml"
+    toml.write_text("[steps\n")
+    err = json.loads(chainrun("run", "hi", "--config", str(toml), "--json").stdout)["error"]
+    assert err["type"] == "config_error" and err["line"] == 1
+    proc = chainrun("show", "7", "--db", str(tmp_path / "none.db"), "--json")
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["message"]
+    # without --json stdout stays empty
+    proc = chainrun("replay", str(bad), "--config", str(lab_config), "--db", str(db))
+    assert proc.returncode == 2 and proc.stdout == ""

@@ -1,0 +1,82 @@
+"""chainrun hedge-stats: a fire is not a copy sent."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+from chainrun.lab import LabServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def chainrun(*args: str) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+def _short_replay(tmp_path: Path, n: int = 3) -> Path:
+    p = tmp_path / f"replay-{n}.jsonl"
+    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
+    return p
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+
+# -- 1. hedge-stats: a fire is not a copy sent ------------------------------------------
+
+
+def test_hedge_stats_with_a_dead_backup_shows_no_copy_was_sent(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    """A backup whose breaker is open: every fire's copy is suppressed. The fire rate
+    stays the timer's (1.0), beside it copies sent per call 0 and why none was sent."""
+    cfg = tmp_path / "hedged.toml"
+    cfg.write_text(
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        f'[providers.backup]\nbase_url = "http://127.0.0.1:{_free_port()}/v1"\n'
+        '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
+    )
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(_short_replay(tmp_path)), "--config", str(cfg),
+                    "--db", str(db))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(chainrun("hedge-stats", "--db", str(db), "--json").stdout)
+    classify = doc["steps"]["classify"]
+    assert classify["fire_rate"] == 1.0 and classify["n_fired"] == 3  # the timer went off
+    assert classify["copies_sent"] == 0 and classify["copies_sent_per_call"] == 0.0
+    assert classify["n_fired_no_copy_sent"] == 3
+    assert classify["unsent"] == {"budget_exhausted": 0, "circuit_open": 3, "loop_lag": 0}
+    text = chainrun("hedge-stats", "--db", str(db)).stdout
+    assert "sent/call" in text and "unsent b/c/l" in text and "0/3/0" in text
+    assert "a fire with no copy sent cannot win" in text
+    # advise validates its prediction against this run: it says the copies never went out
+    adv = json.loads(chainrun("advise", "--run", "1", "--step", "classify", "--db", str(db),
+                              "--simulations", "200", "--json").stdout)  # fmt: skip
+    observed = adv["validation"]["observed"]
+    assert observed["copies_sent_per_call"] == 0.0 and observed["n_fired_no_copy_sent"] == 3
+    assert adv["validation"]["note"].startswith("3 of 3 fires sent no copy (circuit_open 3)")
+    text = chainrun("advise", "--run", "1", "--step", "classify", "--db", str(db),
+                    "--simulations", "200").stdout  # fmt: skip
+    assert "observed run 1: 3 of 3 fires sent no copy" in text

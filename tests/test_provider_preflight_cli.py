@@ -1,0 +1,126 @@
+"""Providers at start-up: a dead hedge target, a server that is not an OpenAI API."""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+from chainrun.lab import LabServer
+from chainrun.log.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _short_replay(tmp_path: Path, n: int = 3) -> Path:
+    """The first ``n`` requests of the shipped replay set (a faster run of the same kind)."""
+    p = tmp_path / f"replay-{n}.jsonl"
+    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
+    return p
+
+
+
+# -- providers -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_dead_hedge_target_does_not_block_the_run(lab: LabServer, tmp_path: Path) -> None:
+    cfg = tmp_path / "hedged.toml"
+    cfg.write_text(
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        f'[providers.backup]\nbase_url = "http://127.0.0.1:{_free_port()}/v1"\n'
+        '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
+    )
+    db = tmp_path / "log.db"
+    replay = _short_replay(tmp_path)
+    proc = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db), "--json")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "backup" in line]
+    assert len(warnings) == 1 and "circuit breaker starts open" in warnings[0]
+    doc = json.loads(proc.stdout)
+    assert doc["turn"]["n"] == 3 and doc["status"] == "complete"
+    with Store.open(db) as store:
+        calls = store.calls(doc["run_id"])
+        assert all(t.status == "ok" for t in store.turns(doc["run_id"]))
+    to_backup = [c for c in calls if c.target == "backup"]
+    assert to_backup and all(c.outcome == "suppressed" for c in to_backup)  # never sent
+    # an unreachable primary still stops the run
+    cfg.write_text(cfg.read_text().replace('targets = ["local", "backup"]',
+                                           'targets = ["backup", "local"]')
+                   + '[steps.compose]\nprovider = "backup"\n')  # fmt: skip
+    proc = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2 and "cannot reach provider 'backup'" in proc.stderr
+
+
+@pytest.fixture
+def static_server(tmp_path: Path) -> Iterator[str]:
+    """A plain static file server (not an OpenAI API) serving an empty directory."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_is_not_an_openai_api_stops_at_preflight(
+    static_server: str, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "static.toml"
+    cfg.write_text(f'[providers.local]\nbase_url = "{static_server}/v1"\n')
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2
+    assert "not an OpenAI-compatible API" in proc.stderr
+    assert "HTTP 404 with text/html" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    # a 200 that is no model list (a file where /v1/models would be) is caught too
+    models = tmp_path / "www" / "v1" / "models"
+    models.parent.mkdir()
+    models.write_text("<html>hello</html>")
+    proc = chainrun("run", "hi", "--config", str(cfg), "--db", str(db))
+    assert proc.returncode == 2 and "HTTP 200" in proc.stderr
+    with Store.open(db) as store:
+        assert all(r.status != "complete" for r in store.list_runs())

@@ -1,0 +1,209 @@
+"""The README's examples run as documented: catalogue, hedge, eval flips, Ctrl-C,
+the library snippet."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+from chainrun.lab import LabServer
+from chainrun.log.store import Store
+
+
+def _cases(path: Path, *cases: dict[str, Any]) -> Path:
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+
+# -- re-checked as a new user: what the earlier tests did not cover ----------------------
+
+
+def _readme_block(after: str, lang: str) -> str:
+    """The first ```lang block of the README after the text ``after``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"```{lang}\n", text.index(after)) + len(lang) + 4
+    return text[start : text.index("```", start)]
+
+
+def test_readme_catalogue_examples_load_as_documented(tmp_path: Path) -> None:
+    from chainrun.log.store import Store
+    from chainrun.retrieval.catalog import all_products
+
+    db = tmp_path / "log.db"
+    jsonl = tmp_path / "shop.jsonl"
+    jsonl.write_text(_readme_block("**JSONL**", "json"))
+    csv = tmp_path / "shop.csv"
+    csv.write_text(_readme_block("**CSV**", "csv"))
+    loaded = {}
+    for path, n in ((jsonl, 1), (csv, 2)):
+        proc = chainrun("catalog", "load", str(path), "--db", str(db), "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["loaded"] == n
+        with Store.open(db) as store:
+            loaded[path.suffix] = {p["id"]: p for p in all_products(store.db)}
+    assert loaded[".jsonl"]["JKT-001"]["sizes"] == {"S": 2, "M": 0}
+    jacket, tee = loaded[".csv"]["JKT-001"], loaded[".csv"]["TSH-004"]
+    assert jacket == {**loaded[".jsonl"]["JKT-001"], "colours": ["navy"]}  # the same product
+    assert jacket["stock"] == 2  # an empty stock is the sum over sizes
+    assert tee["colours"] == ["white", "black"] and tee["sizes"] == {"S": 5, "M": 3, "L": 1}
+    assert tee["stock"] == 9 and tee["tags"] == ["cotton"] and tee["price"] == 19.5
+
+
+def test_readme_hedge_example_says_p95_never_arms_on_the_12_turn_replay(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    from chainrun.hedging.policy import HedgePolicy
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "`min_samples` answers (default 20): on the 12-turn replay that never happens" in text
+    assert HedgePolicy().min_samples == 20 and len(REPLAY.read_text().splitlines()) == 12
+    # the README's hedge as given (delay = "p95"), on the 12-turn replay
+    cfg = tmp_path / "hedged.toml"
+    cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+                   '[steps.classify]\ndeadline_s = 3\n'
+                   '[steps.classify.hedge]\ndelay = "p95"\nmax_attempts = 2\n')  # fmt: skip
+    db = tmp_path / "log.db"
+    proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", str(db), "--json",
+                    "--concurrency", "4")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with Store.open(db) as store:
+        steps = [s for s in store.steps(json.loads(proc.stdout)["run_id"]) if s.step == "classify"]
+    assert len(steps) == 12  # d stayed initial_delay_ms (a third of deadline_s) throughout
+    assert {s.hedge_delay_ms for s in steps} == {1000.0}
+
+
+def test_eval_reports_flips_per_assertion(lab_config: Path, tmp_path: Path) -> None:
+    """Three repeats of a case whose answer mentions the Storm Shell in two of them:
+    the case fails every time (its other assertion never holds), so no case flips,
+    but its icontains assertion does and is named."""
+    from chainrun.log.rows import TurnLog, TurnRow
+
+    db = tmp_path / "log.db"
+    answers = ["Try the Storm Shell.", "Try the City Drizzle.", "The Storm Shell fits."]
+    with Store.open(db) as store:
+        run = store.create_run("eval", "{}")
+        for rep, answer in enumerate(answers):
+            for case_id in ("flaky", "steady"):
+                store.log_turn(run, TurnLog(TurnRow(input=case_id, output=answer,
+                                                    request_id=f"{case_id}#{rep}")))  # fmt: skip
+        store.finish_run(run, "complete")
+    cases = _cases(
+        tmp_path / "flips.jsonl",
+        {"id": "flaky", "message": "flaky", "assert": [
+            {"type": "contains", "value": "XYZZY"}, {"type": "icontains", "value": "storm"}]},
+        {"id": "steady", "message": "steady", "assert": [{"type": "contains", "value": "T"}]},
+    )  # fmt: skip
+    proc = chainrun("eval", str(cases), "--run", str(run), "--config", str(lab_config),
+                    "--db", str(db), "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    flip = json.loads(proc.stdout)["flip"]
+    assert (flip["n_cases"], flip["flipped"]) == (2, 0)
+    assert flip["assertions"]["n"] == 3 and flip["assertions"]["flipped"] == 1
+    assert flip["assertions"]["flipped_assertions"] == ["flaky: icontains on turn"]
+    text = chainrun("eval", str(cases), "--run", str(run), "--config", str(lab_config),
+                    "--db", str(db)).stdout  # fmt: skip
+    assert "0/2 repeated cases and 1/3 repeated assertions changed verdict" in text
+    assert "  flipped: flaky: icontains on turn" in text
+
+
+def test_ctrl_c_during_a_replay_gives_one_n_everywhere(tmp_path: Path) -> None:
+    """The issue's case as the user met it: Ctrl-C during a replay (a real SIGINT to a
+    real process), then show, compare, hedge-stats and the audit of that run."""
+    import sqlite3
+
+    db = tmp_path / "log.db"
+    with LabServer("lognormal", median_ms=150, sigma=0.1, n_tokens=8) as slow:
+        cfg = tmp_path / "slow.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{slow.base_url}"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainrun", "replay", str(REPLAY), "--config", str(cfg),
+             "--db", str(db), "--concurrency", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            done = 0
+            while done < 3 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+                if not db.exists():
+                    continue
+                with contextlib.suppress(sqlite3.Error):  # read-only: never create the log
+                    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                    try:
+                        row = conn.execute("select count(*) from turns where status = 'ok'")
+                        done = row.fetchone()[0]
+                    finally:
+                        conn.close()
+            if proc.poll() is not None:
+                raise AssertionError(f"the replay ended before Ctrl-C: {proc.communicate()}")
+            assert done >= 3
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130 and "interrupted" in stderr
+    shown = json.loads(chainrun("show", "1", "--db", str(db), "--json").stdout)
+    assert shown["status"] == "interrupted"
+    counts = shown["summary"]["turns"]
+    n = counts["n_completed"]
+    assert n >= 3 and counts["n_cancelled"] >= 1  # turns in flight at Ctrl-C
+    assert shown["summary"]["turn"]["n"] == n
+    compared = json.loads(chainrun("compare", "1", "1", "--db", str(db), "--json").stdout)
+    assert compared["turn"]["a"]["n"] == n and compared["a"]["turns"] == counts
+    hedging = json.loads(chainrun("hedge-stats", "1", "--db", str(db), "--json").stdout)
+    assert hedging["n_turns"] == n and hedging["turns"] == counts
+    audited = chainrun("audit", "--run", "1", "--db", str(db), "--format", "json", "--out", "-")
+    item7 = json.loads(audited.stdout)["items"][6]["figures"]
+    assert item7["metrics"]["turn"]["replay run 1"]["n"] == n
+    assert item7["turns"]["replay run 1"] == counts
+    text = chainrun("show", "1", "--db", str(db)).stdout
+    assert f"over {n} completed turns" in text and f"{counts['n_cancelled']} cancelled" in text
+
+
+def test_readme_library_snippet_runs_as_a_file(lab_config: Path, tmp_path: Path) -> None:
+    """The README's "Library API" example, copied into a file, runs as is (it once was a
+    bare ``async with`` at module level: SyntaxError), here against the latency lab."""
+    import os
+
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(_readme_block("## Library API", "python"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    status, duration_ms = proc.stdout.splitlines()[-1].split()
+    assert status == "ok" and float(duration_ms) > 0
+    with Store.open(tmp_path / "chainrun.db") as store:  # the snippet's log, in its cwd
+        assert store.db.table("turns").count == 1
