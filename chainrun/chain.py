@@ -293,8 +293,8 @@ class Chain:
         without a log. Shadow losers still running update their rows later.
 
         Raises:
-            The first turn write that failed since the last flush (the turn is not in
-            the log), e.g. ``sqlite3.OperationalError`` for a full disk.
+            Exception: the first turn write that failed since the last flush (the turn
+                is not in the log), e.g. ``sqlite3.OperationalError`` for a full disk.
         """
         if self.store is not None:
             await self.store.flush()
