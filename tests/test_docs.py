@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -48,7 +49,7 @@ def _sections(site: Path, page: str, level: int) -> dict[str, set[str]]:
     for part in re.split(rf"(?=<h{level}[ >])", raw)[1:]:
         head = part[: part.index(f"</h{level}>")]
         title = html.unescape(re.sub(r"<[^>]+>", "", head)).replace("¶", "").strip()
-        cells = re.findall(r"<tr>\s*<td><code>([^<]+)</code></td>", part)
+        cells = re.findall(r"<tr>\s*<td><code>([^<]+)</code>", part)
         sections[title] = {html.unescape(c) for c in cells}
     return sections
 
@@ -104,6 +105,29 @@ def test_the_data_model_page_lists_every_column(site: Path) -> None:
             assert column.name in sections[table.name], (
                 f"{table.name}.{column.name} has no entry in docs/reference/log.md"
             )
+
+
+def test_the_command_line_page_lists_every_command_and_option(site: Path) -> None:
+    import typer.main
+
+    from chainrun.cli import app
+
+    def walk(group: Any, path: str) -> Iterator[tuple[str, Any]]:
+        for name, sub in group.commands.items():
+            if hasattr(sub, "commands"):
+                yield from walk(sub, f"{path} {name}")
+            else:
+                yield f"{path} {name}", sub
+
+    sections = _sections(site, "reference/cli.md", 2)
+    found = list(walk(typer.main.get_command(app), "chainrun"))
+    assert len(found) >= 15
+    for name, cmd in found:
+        assert name in sections, f"{name} is not on the page"
+        for param in cmd.params:
+            first = (param.metavar or param.name).upper() if param.param_type_name == "argument" \
+                else param.opts[0]  # fmt: skip
+            assert first in sections[name], f"{name} {first}"
 
 
 def test_the_benchmarks_page_links_into_the_measurement_log(site: Path) -> None:
