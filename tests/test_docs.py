@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import html
 import http.server
+import importlib
 import os
 import re
 import subprocess
@@ -158,6 +159,36 @@ def test_the_ci_script_runs_the_readme_test_command_exactly() -> None:
     assert f"export {env.group(1).strip()}" in ci
     assert env.group(2) in ci
     assert any(line.startswith("mkdocs build --strict") for line in ci)
+
+
+#: dotted names in the docs that are not Python: files, OpenTelemetry attribute names
+NOT_PYTHON = ("chainrun.toml", "chainrun.db", "chainrun.hedge.", "chainrun.request.")
+
+
+def test_every_python_name_the_docs_cite_exists() -> None:
+    """A module, class or function named in the docs (`chainrun.x.y`) can be imported:
+    a module moved or renamed fails here instead of leaving the docs behind."""
+    pages = [ROOT / "README.md", *DOCS.rglob("*.md")]
+    names = {n for p in pages for n in re.findall(r"`(chainrun\.[A-Za-z_.]*[A-Za-z_])`",
+                                                    p.read_text(encoding="utf-8"))}  # fmt: skip
+    checked = 0
+    for name in sorted(names):
+        if name.startswith(NOT_PYTHON) or name == "chainrun.":
+            continue
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(obj, attr), f"{name}: no {attr} in {obj!r}"
+                obj = getattr(obj, attr)
+            break
+        else:
+            raise AssertionError(f"{name}: no such module")
+        checked += 1
+    assert checked >= 20
 
 
 def test_no_issue_numbers_or_outside_files_in_the_docs() -> None:
