@@ -44,11 +44,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 import sqlite_utils
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
-from chainrun import records as rows_module
 from chainrun.config import ChainConfig
-from chainrun.migrations import migrate
+from chainrun.log import rows as rows_module
+from chainrun.log.migrations import migrate
 
 __all__ = [
     "ConfigKey",
@@ -274,14 +273,14 @@ def _value_text(value: Any) -> str:
 
 def default_text(info: FieldInfo) -> str:
     """A field's default as text: ``required`` when it has none."""
-    if info.default is not PydanticUndefined:
-        return _value_text(info.default)
     if info.default_factory is not None:
         try:
             return _value_text(info.default_factory())  # type: ignore[call-arg]
         except TypeError:
             return "(computed)"
-    return "required"
+    if info.is_required():
+        return "required"
+    return _value_text(info.default)
 
 
 _UNITS = (
@@ -397,10 +396,10 @@ def _walk(model: type[BaseModel], table: str, kinds: tuple[str, ...]) -> Iterato
 
 
 def _nested_default(info: FieldInfo) -> str:
-    if info.default is None:
-        return "unset"
-    if info.default is PydanticUndefined and info.default_factory is None:
+    if info.is_required():
         return "required"
+    if info.default_factory is None and info.default is None:
+        return "unset"
     return "(table)" if get_origin(_strip_none(info.annotation)[0]) is not dict else "{}"
 
 

@@ -45,7 +45,7 @@ temperature = 1
 async def test_a_missing_key_is_said_before_the_local_model_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str | None, said: str
 ) -> None:
-    """The README's Responses example (compose on openai, the other steps on the local
+    """The providers page's Responses example (compose on openai, the other steps on the local
     model): the key's absence was said only after llama-server had started."""
     if value is None:
         monkeypatch.delenv("CHAINRUN_NUREPORTS_KEY", raising=False)

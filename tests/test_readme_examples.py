@@ -1,5 +1,5 @@
-"""The README's examples run as documented: catalogue, hedge, eval flips, Ctrl-C,
-the library snippet."""
+"""The examples of the README and the docs run as documented: the tour, catalogue files,
+the hedge delay's warm-up, eval flips, Ctrl-C, the library snippets."""
 
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ class Result:
     stderr: str
 
 
-
 # -- re-checked as a new user: what the earlier tests did not cover ----------------------
 
 
-def _readme_block(after: str, lang: str) -> str:
-    """The first ```lang block of the README after the text ``after``."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _doc_block(page: str, after: str, lang: str) -> str:
+    """The first ```lang block of ``page`` (a path from the repository's root) after the
+    text ``after``."""
+    text = (ROOT / page).read_text(encoding="utf-8")
     start = text.index(f"```{lang}\n", text.index(after)) + len(lang) + 4
     return text[start : text.index("```", start)]
 
@@ -61,9 +61,9 @@ def test_readme_catalogue_examples_load_as_documented(tmp_path: Path) -> None:
 
     db = tmp_path / "log.db"
     jsonl = tmp_path / "shop.jsonl"
-    jsonl.write_text(_readme_block("**JSONL**", "json"))
+    jsonl.write_text(_doc_block("docs/guides/retrieval.md", "**JSONL**", "json"))
     csv = tmp_path / "shop.csv"
-    csv.write_text(_readme_block("**CSV**", "csv"))
+    csv.write_text(_doc_block("docs/guides/retrieval.md", "**CSV**", "csv"))
     loaded = {}
     for path, n in ((jsonl, 1), (csv, 2)):
         proc = chainrun("catalog", "load", str(path), "--db", str(db), "--json")
@@ -84,10 +84,10 @@ def test_readme_hedge_example_says_p95_never_arms_on_the_12_turn_replay(
 ) -> None:
     from chainrun.hedging.policy import HedgePolicy
 
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((ROOT / "docs/guides/hedging.md").read_text(encoding="utf-8").split())
     assert "`min_samples` answers (default 20): on the 12-turn replay that never happens" in text
     assert HedgePolicy().min_samples == 20 and len(REPLAY.read_text().splitlines()) == 12
-    # the README's hedge as given (delay = "p95"), on the 12-turn replay
+    # the documented hedge as given (delay = "p95"), on the 12-turn replay
     cfg = tmp_path / "hedged.toml"
     cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n'
                    '[steps.classify]\ndeadline_s = 3\n'
@@ -192,18 +192,64 @@ def test_ctrl_c_during_a_replay_gives_one_n_everywhere(tmp_path: Path) -> None:
     assert f"over {n} completed turns" in text and f"{counts['n_cancelled']} cancelled" in text
 
 
-def test_readme_library_snippet_runs_as_a_file(lab_config: Path, tmp_path: Path) -> None:
-    """The README's "Library API" example, copied into a file, runs as is (it once was a
-    bare ``async with`` at module level: SyntaxError), here against the latency lab."""
+def _run_snippet(code: str, cwd: Path) -> list[str]:
     import os
 
-    snippet = tmp_path / "snippet.py"
-    snippet.write_text(_readme_block("## Library API", "python"))
+    snippet = cwd / "snippet.py"
+    snippet.write_text(code)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env,
+    proc = subprocess.run([sys.executable, str(snippet)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    status, duration_ms = proc.stdout.splitlines()[-1].split()
+    return proc.stdout.splitlines()
+
+
+def test_the_library_snippet_runs_as_a_file(lab_config: Path, tmp_path: Path) -> None:
+    """The docs' library example ("Serving and embedding"), copied into a file, runs as is
+    (it once was a bare ``async with`` at module level: SyntaxError), against the lab."""
+    code = _doc_block("docs/guides/serving.md", "## Embedding: the library API", "python")
+    status, duration_ms = _run_snippet(code, tmp_path)[-1].split()
     assert status == "ok" and float(duration_ms) > 0
     with Store.open(tmp_path / "chainrun.db") as store:  # the snippet's log, in its cwd
         assert store.db.table("turns").count == 1
+
+
+def test_the_readme_program_runs_as_a_file(lab_config: Path, tmp_path: Path) -> None:
+    """The README's "In your own program" example runs as is, against the lab."""
+    code = _doc_block("README.md", "## In your own program", "python")
+    status, answer_ttft_ms, duration_ms = _run_snippet(code, tmp_path)[-1].split()
+    assert status == "ok" and 0 < float(answer_ttft_ms) <= float(duration_ms)
+    with Store.open(tmp_path / "chainrun.db") as store:
+        assert store.db.table("turns").count == 1
+
+
+def test_the_tour_runs_as_documented(tmp_path: Path) -> None:
+    """The tour's config, with the lab's port, through the tour's commands: a replay of
+    the twelve requests with compose hedged, then show and hedge-stats of run 1."""
+    import re
+    import tomllib
+
+    tour = (ROOT / "docs" / "tour.md").read_text(encoding="utf-8")
+    readme_toml = _doc_block("README.md", "## A two-minute tour", "toml")
+    tour_toml = _doc_block("docs/tour.md", "Save this as `tour.toml`", "toml")
+    assert tomllib.loads(readme_toml) == tomllib.loads(tour_toml)  # one tour, told twice
+    assert "chainrun lab serve --scenario lognormal --median-ms 200 --sigma 1 --port 8090" in tour
+    with LabServer("lognormal", median_ms=20, sigma=1.0, n_tokens=8) as lab:
+        cfg = tmp_path / "tour.toml"
+        cfg.write_text(tour_toml.replace("http://127.0.0.1:8090/v1", lab.base_url))
+        db = str(tmp_path / "tour.db")
+        replay = re.search(r"^chainrun replay .*$", tour, re.M)
+        assert replay and replay.group(0) == (
+            "chainrun replay replays/commerce-12.jsonl --config tour.toml --db tour.db "
+            "--concurrency 4"
+        )
+        proc = chainrun("replay", str(REPLAY), "--config", str(cfg), "--db", db,
+                        "--concurrency", "4")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "run 1 (replay, complete): 12 turns" in proc.stdout
+        assert "hedging, run 1" in proc.stdout
+        shown = chainrun("show", "1", "--db", db)
+        assert shown.returncode == 0 and shown.stdout.count("\nturn ") == 12
+        stats = json.loads(chainrun("hedge-stats", "1", "--db", db, "--json").stdout)
+    assert stats["steps"]["compose"]["n_armed"] == 12  # every compose call carried the hedge
+    assert stats["steps"]["classify"]["n_armed"] == 0

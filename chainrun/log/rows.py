@@ -100,34 +100,56 @@ class _Row(BaseModel):
 class RunRow(_Row):
     """One run: a replay, an eval or the live turns of one chain object."""
 
+    table: ClassVar[str] = "runs"
+
     json_fields = frozenset({"meta"})
+    #: the run's number in this log
     id: int | None = None
+    #: replay, eval or live
     kind: RunKind
+    #: the label given with --label, if any
     label: str | None = None
     #: the ChainConfig as canonical JSON (holds no API key: only the key's variable name)
     config: str | None = None
     #: the replay / eval file, if any
     source: str | None = None
+    #: when the run started (ISO-8601 UTC)
     started_at: str | None = None  # ISO-8601 UTC
+    #: when the run ended; NULL while running or when its process died
     ended_at: str | None = None
+    #: running, complete, failed or interrupted (the writing process is gone)
     status: RunStatus = "running"
+    #: turns logged in the run
     n_turns: int | None = 0
+    #: run-level facts as JSON, e.g. the writing process (``writer``: host, pid, start time)
     meta: dict[str, Any] | None = None
 
 
 class TurnRow(_Row):
     """One turn of the chain: a row of ``turns``."""
 
+    table: ClassVar[str] = "turns"
+
     json_fields = frozenset({"verdicts"})
+    #: the turn's id (reserved before its row is written: the id TurnFinished returns)
     id: int | None = None
+    #: the run it belongs to (runs.id)
     run_id: int | None = None
+    #: the request's id in a replay or eval file ("CASE#REPEAT" for evals)
     request_id: str | None = None
+    #: the chat it belongs to (OpenTelemetry: gen_ai.conversation.id)
     conversation_id: str | None = None  # gen_ai.conversation.id
+    #: the user's message as logged (matches of redacting checks masked)
     input: str
+    #: the answer that reached the user (a refusal's text for a refused turn)
     output: str | None = None
+    #: the classify label the turn got, if any
     label: str | None = None
+    #: ok, refused, replaced, error or cancelled
     status: TurnStatus = "ok"
+    #: every checking step's verdict, by step name (JSON)
     verdicts: dict[str, Any] = Field(default_factory=dict)
+    #: when the turn started (ISO-8601 UTC)
     started_at: str | None = None
 
     @field_validator("verdicts", mode="before")
@@ -139,6 +161,7 @@ class TurnRow(_Row):
     duration_ms: float | None = None
     #: for replayed turns: the latency the original live turn recorded, if known
     original_ms: float | None = None
+    #: why the turn failed, if it did (see error types)
     error_type: str | None = None
     #: from the turn's start to the first token of the answer that reached the user
     #: (the shopper's wait); NULL for a turn with no answer, and for turns logged
@@ -151,23 +174,41 @@ class TurnRow(_Row):
 class StepRow(_Row):
     """One step of one turn: a row of ``steps`` (a summary over its attempts)."""
 
+    table: ClassVar[str] = "steps"
+
     json_fields = frozenset({"detail"})
+    #: row id
     id: int | None = None
+    #: the run (runs.id)
     run_id: int | None = None
+    #: the turn (turns.id)
     turn_id: int | None = None
+    #: the step's name in the config
     step: str
+    #: the step's kind (llm, guard, retrieve, ...)
     kind: str = "llm"
+    #: ok, failed_open, failed_closed, skipped or cancelled
     status: StepStatus = "ok"
     #: when the step really started, from the turn's start (concurrent steps overlap)
     started_offset_ms: float = 0.0
+    #: from the step's start to its end, all attempts included
     duration_ms: float = 0.0
+    #: the step's output text (the answer, a label, a verdict, the products found)
     output: str | None = None
+    #: why the step failed, if it did (see error types)
     error_type: str | None = None
+    #: attempts sent (1 when not hedged)
     n_attempts: int = 0
+    #: the hedge delay d in force for this call (NULL: not hedged)
     hedge_delay_ms: float | None = None  # the delay d in force (None: no hedging)
+    #: the primary was still running at d and a copy was due
     hedge_fired: bool = False  # the primary was still running at d and a copy was due
+    #: a copy settled first
     hedge_won: bool = False  # a copy settled first
+    #: the primary's answer minus the winning copy's, once the primary (left to finish as a
+    #: shadow) answered; NULL when unknown or when the primary won
     time_saved_ms: float | None = None  # measured from a shadow loser, else unknown
+    #: step-specific facts as JSON (e.g. retrieval searches, output check figures)
     detail: dict[str, Any] | None = None  # step-specific (e.g. retrieval searches)
     #: the step only reads the answer and does not hold it back: its time is not part
     #: of the shopper's wait (validate, critique)
@@ -181,46 +222,90 @@ class CallRow(_Row):
     request actually sent, after any per-target override.
     """
 
+    table: ClassVar[str] = "calls"
+
     json_fields = frozenset({"chunk_gaps_ms", "server_timings", "stop"})
+    #: row id
     id: int | None = None
+    #: the run (runs.id)
     run_id: int | None = None
+    #: the turn (turns.id)
     turn_id: int | None = None
+    #: the step's name
     step: str
+    #: 1 for the original, 2, 3, ... for hedge copies
     attempt: int = 1
     #: provider name from the config (the hedge target this attempt used)
     target: str | None = None
+    #: the provider's kind (OpenTelemetry: gen_ai.provider.name)
     provider: str | None = None  # gen_ai.provider.name
+    #: the server's host and port (OpenTelemetry: server.address, server.port)
     server_address: str | None = None  # server.address (+ port)
+    #: the model asked for (OpenTelemetry: gen_ai.request.model)
     model: str | None = None  # gen_ai.request.model
+    #: the model the server said answered (OpenTelemetry: gen_ai.response.model)
     response_model: str | None = None  # gen_ai.response.model
+    #: the server's id of the response (OpenTelemetry: gen_ai.response.id)
     response_id: str | None = None  # gen_ai.response.id
+    #: the reasoning effort sent (exported as chainrun.request.reasoning_effort)
     reasoning_effort: str | None = None  # chainrun.request.reasoning_effort
+    #: the request was streamed (OpenTelemetry: gen_ai.request.stream)
     stream: bool = False  # gen_ai.request.stream
+    #: the temperature sent (OpenTelemetry: gen_ai.request.temperature)
     temperature: float | None = None  # gen_ai.request.temperature
+    #: the token cap sent, visible plus reasoning (OpenTelemetry: gen_ai.request.max_tokens)
     max_tokens: int | None = None  # gen_ai.request.max_tokens
+    #: the stop sequences sent, JSON list (OpenTelemetry: gen_ai.request.stop_sequences)
     stop: list[str] | None = None  # gen_ai.request.stop_sequences
+    #: the messages sent, as JSON
     prompt: str | None = None  # the messages sent, as JSON
+    #: the text the call returned (what arrived, for a cut or cancelled call)
     output: str | None = None
+    #: reasoning text the server streamed, if any
     reasoning: str | None = None
+    #: when the request was sent (ISO-8601 UTC wall clock)
     started_at: str | None = None  # ISO-8601 UTC wall clock
+    #: when the request was sent, from the step's start (NULL: never sent)
     started_offset_ms: float | None = None  # from the step's start; None: never sent
+    #: time to first token: from sending to the first content or reasoning chunk
+    #: (OpenTelemetry: gen_ai.client.operation.time_to_first_chunk, in s there)
     ttft_ms: float | None = None  # gen_ai.client.operation.time_to_first_chunk (as ms)
+    #: from sending to the end of the stream (OpenTelemetry:
+    #: gen_ai.client.operation.duration, in s there)
     duration_ms: float | None = None  # gen_ai.client.operation.duration (as ms)
+    #: time between consecutive chunks, JSON list (one fewer than n_chunks)
     chunk_gaps_ms: list[float] = Field(default_factory=list)  # time between chunks
+    #: chunks received (see what is measured: chunks)
     n_chunks: int = 0
+    #: bytes of the response received (what a cancelled loser cost on the wire)
     bytes_received: int = 0
+    #: prompt tokens, cached ones included; NULL when not reported (OpenTelemetry:
+    #: gen_ai.usage.input_tokens)
     input_tokens: int | None = None  # gen_ai.usage.input_tokens (includes cached)
+    #: generated tokens, reasoning ones included; NULL when not reported (OpenTelemetry:
+    #: gen_ai.usage.output_tokens)
     output_tokens: int | None = None  # gen_ai.usage.output_tokens (includes reasoning)
+    #: reasoning tokens, a subset of output_tokens (OpenTelemetry:
+    #: gen_ai.usage.reasoning.output_tokens)
     reasoning_tokens: int | None = None  # gen_ai.usage.reasoning.output_tokens
+    #: prompt tokens served from the server's cache, a subset of input_tokens (OpenTelemetry:
+    #: gen_ai.usage.cache_read.input_tokens)
     cached_input_tokens: int | None = None  # gen_ai.usage.cache_read.input_tokens
+    #: why generation stopped: stop, length, ... (OpenTelemetry: gen_ai.response.finish_reasons)
     finish_reason: str | None = None  # gen_ai.response.finish_reasons[0]
+    #: the stream ended without a finish reason (see what is measured: truncated answers)
     truncated: bool = False
+    #: why the call failed, if it did (OpenTelemetry: error.type; see error types)
     error_type: str | None = None  # error.type (vocabulary: chainrun.errors.error_type)
+    #: the error's message (the server's own where it sent one)
     error_message: str | None = None
     #: the attempt's place in its race (None: not recorded, e.g. a row written by hand)
     outcome: AttemptOutcome | None = "not_fired"
+    #: the client's own event-loop lag when the attempt started
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
+    #: a copy fired while the client's event loop was late
     fired_late: bool = False  # a copy fired while the client's event loop was late
+    #: llama.cpp's own timings block (prompt_ms, predicted_ms, ...), if the server sent one
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
 
     def _json_text(self, name: str, value: Any) -> str:
