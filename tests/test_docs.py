@@ -161,6 +161,15 @@ def test_the_ci_script_runs_the_readme_test_command_exactly() -> None:
     assert any(line.startswith("mkdocs build --strict") for line in ci)
 
 
+def test_the_architecture_page_places_every_module() -> None:
+    """Every module and package directly under chainrun/ has a row in the layout table."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    for child in sorted((ROOT / "chainrun").iterdir()):
+        if child.name in {"__init__.py", "__main__.py", "py.typed", "data", "__pycache__"}:
+            continue
+        assert f"`chainrun/{child.stem}" in text, f"chainrun/{child.name} is not in the layout"
+
+
 #: dotted names in the docs that are not Python: files, OpenTelemetry attribute names
 NOT_PYTHON = ("chainrun.toml", "chainrun.db", "chainrun.hedge.", "chainrun.request.")
 
