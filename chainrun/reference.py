@@ -235,7 +235,10 @@ def _plain_type(tp: Any) -> str:
         return "list of " + (_plain_type(items[0]) if items else "values")
     if origin is dict:
         kv = get_args(tp)
-        return f"table of {_plain_type(kv[1])}" if kv else "table"
+        if not kv:
+            return "table"
+        value = _plain_type(kv[1])
+        return "tables by name" if value == "table" else f"table of {value}"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "table"
     if tp is Any:
@@ -561,7 +564,7 @@ def log_tables() -> list[Table]:
                 Column(
                     name=col,
                     sql_type=sql_type,
-                    type=type_text(info.annotation) if info is not None else "",
+                    type=_null_text(type_text(info.annotation)) if info is not None else "",
                     unit=unit_of(col, info),
                     doc=field_doc(model, col).text if model is not None and info else "",
                 )
@@ -569,6 +572,11 @@ def log_tables() -> list[Table]:
         doc = model_summary(model) if model is not None else ""
         tables.append(Table(name, model, doc, tuple(cols)))
     return tables
+
+
+def _null_text(text: str) -> str:
+    """A row type in the log's words: an optional value is NULL when unknown or unset."""
+    return text.replace("| unset", "| NULL")
 
 
 def log_markdown(tables: list[Table] | None = None) -> str:

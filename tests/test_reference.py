@@ -214,4 +214,4 @@ def test_the_log_page_has_a_section_per_row_model() -> None:
     text = log_markdown()
     for table in ("runs", "turns", "steps", "calls"):
         assert f"### `{table}`" in text
-    assert "| `ttft_ms` | REAL | float \\| unset | ms |" in text
+    assert "| `ttft_ms` | REAL | float \\| NULL | ms |" in text
