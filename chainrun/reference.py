@@ -48,6 +48,7 @@ from pydantic.fields import FieldInfo
 from chainrun.config import ChainConfig
 from chainrun.log import rows as rows_module
 from chainrun.log.migrations import migrate
+from chainrun.steps import step_kinds
 
 __all__ = [
     "ConfigKey",
@@ -365,7 +366,12 @@ def _discriminator(models: list[type[BaseModel]]) -> str:
     )
 
 
-def _walk(model: type[BaseModel], table: str, kinds: tuple[str, ...]) -> Iterator[ConfigKey]:
+Variants = Mapping[str, type[BaseModel]]
+
+
+def _walk(
+    model: type[BaseModel], table: str, kinds: tuple[str, ...], variants: Variants
+) -> Iterator[ConfigKey]:
     hidden: frozenset[str] = getattr(model, "not_config_keys", frozenset())
     for name, info in model.model_fields.items():
         if name in hidden:
@@ -391,11 +397,27 @@ def _walk(model: type[BaseModel], table: str, kinds: tuple[str, ...]) -> Iterato
         elif shape == "array":
             sub += "[]"
         if len(models) == 1:
-            yield from _walk(models[0], sub, kinds)
+            mine = {k: v for k, v in variants.items() if issubclass(v, models[0])}
+            if not mine:
+                yield from _walk(models[0], sub, kinds, variants)
+            for kind, variant in mine.items():  # a base model whose kinds bring their own
+                yield from _walk(variant, sub, (kind,), variants)
             continue
         disc = _discriminator(models)
         for member in models:
-            yield from _walk(member, sub, _kinds_of(member, disc))
+            yield from _walk(member, sub, _kinds_of(member, disc), variants)
+
+
+def step_variants() -> dict[str, type[BaseModel]]:
+    """The config model of each built-in step kind, by kind (``llm`` → its model): a
+    ``[steps.NAME]`` table is validated by the model of its ``kind``. Kinds registered
+    outside chainrun (an application's, a test's) are not part of the reference."""
+    found: dict[str, type[BaseModel]] = {}
+    for kind, cls in step_kinds().items():
+        model = getattr(cls, "config_model", None)
+        if cls.__module__.startswith("chainrun.") and isinstance(model, type):
+            found[kind] = model
+    return found
 
 
 def _nested_default(info: FieldInfo) -> str:
@@ -406,7 +428,9 @@ def _nested_default(info: FieldInfo) -> str:
     return "(table)" if get_origin(_strip_none(info.annotation)[0]) is not dict else "{}"
 
 
-def config_keys(model: type[BaseModel] | None = None) -> list[ConfigKey]:
+def config_keys(
+    model: type[BaseModel] | None = None, variants: Variants | None = None
+) -> list[ConfigKey]:
     """Every key of the configuration, table by table, in declaration order.
 
     Keys that several step kinds take in the same way (same type, default and text) are
@@ -414,11 +438,14 @@ def config_keys(model: type[BaseModel] | None = None) -> list[ConfigKey]:
 
     Args:
         model: the root model (default: :class:`chainrun.config.ChainConfig`).
+        variants: models that stand for a field's model by kind (default: the built-in
+            step kinds' config models, :func:`step_variants`); a field whose model is a
+            base of some of them is documented once per kind.
     """
-    if model is None:
-        model = ChainConfig
+    model = ChainConfig if model is None else model
+    variants = step_variants() if variants is None else variants
     merged: dict[tuple[str, str, str, str, str], ConfigKey] = {}
-    for entry in _walk(model, "", ()):
+    for entry in _walk(model, "", (), variants):
         ident = (entry.table, entry.key, entry.type, entry.default, entry.doc)
         seen = merged.get(ident)
         if seen is None:

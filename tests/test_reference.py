@@ -176,6 +176,38 @@ def test_a_discriminated_union_names_the_kinds_that_take_each_key() -> None:
     assert keys["steps.NAME.undocumented"].doc == ""
 
 
+class _BaseStep(BaseModel):
+    #: the step's kind
+    kind: str = "llm"
+    #: steps that end first
+    after: list[str] = Field(default_factory=list)
+
+
+class _ModelStep(_BaseStep):
+    #: the model
+    model: str = "m"
+
+
+class _PolicyStep(_BaseStep):
+    #: the policy text
+    text: str = ""
+
+
+class _Chain(BaseModel):
+    steps: dict[str, _BaseStep]
+
+
+def test_kinds_that_bring_their_own_model_are_each_walked() -> None:
+    """A field declared with a base model whose kinds subclass it (the step registry's
+    design): each kind's keys appear, keys they share are one entry naming them all."""
+    keys = {k.path: k for k in config_keys(_Chain, {"llm": _ModelStep, "policy": _PolicyStep})}
+    assert keys["steps.NAME.model"].kinds == ("llm",)
+    assert keys["steps.NAME.text"].kinds == ("policy",)
+    assert keys["steps.NAME.after"].kinds == ("llm", "policy")
+    plain = {k.path: k.kinds for k in config_keys(_Chain, {})}
+    assert plain == {"steps": (), "steps.NAME.kind": (), "steps.NAME.after": ()}
+
+
 def test_the_generated_page_has_a_row_per_key_and_a_kinds_column() -> None:
     text = config_markdown(config_keys(_Root))
     assert "## `[steps.NAME]`" in text and "## `[[patterns]]`" in text
