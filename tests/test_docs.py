@@ -4,15 +4,12 @@ every log column, the README stays a front door, and the site opens in a browser
 
 from __future__ import annotations
 
-import functools
 import html
-import http.server
 import importlib
 import os
 import re
 import subprocess
 import sys
-import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from static_files import serve_directory
 
 from chainrun.reference import config_keys, log_tables
 
@@ -215,21 +213,8 @@ if not Path(CHROMIUM).exists():
 @pytest.fixture(scope="module")
 def served_site(site: Path) -> Iterator[str]:
     """The built site over HTTP on loopback, as `mkdocs serve` or any static host serves it."""
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve_directory(site) as url:
+        yield url + "/"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is not installed")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from static_files import serve_directory
 from typer.testing import CliRunner
 
 from chainrun.cli import app
@@ -88,21 +85,8 @@ def static_server(tmp_path: Path) -> Iterator[str]:
     """A plain static file server (not an OpenAI API) serving an empty directory."""
     root = tmp_path / "www"
     root.mkdir()
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    with serve_directory(root) as url:
+        yield url
 
 
 def test_a_server_that_is_not_an_openai_api_stops_at_preflight(
