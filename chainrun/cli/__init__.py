@@ -58,6 +58,42 @@ def _refuse_repeated_options(ctx: Any, name: str | None, cmd: Any, args: list[st
         )
 
 
+class _StderrFormatter(logging.Formatter):
+    """``chainrun: warning: ...`` for warnings and errors, ``chainrun: ...`` for progress."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "warning: " if record.levelno >= logging.WARNING else ""
+        return f"chainrun: {level}{record.getMessage()}"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (a test runner may
+    swap it between commands), never to the stream it saw when it was made."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def log_to_stderr() -> None:
+    """Show the library's log on stderr, one line a message: its warnings, and the
+    operator-facing progress of ``chainrun.progress`` (starting the local model). The
+    library itself never prints; the CLI attaches this handler once per process."""
+    root = logging.getLogger("chainrun")
+    if any(isinstance(h, _StderrHandler) for h in root.handlers):
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(_StderrFormatter())
+    handler.setLevel(logging.INFO)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("chainrun.progress").setLevel(logging.INFO)
+
+
 class _OneLineErrors(TyperGroup):
     """A group of commands: a usage error (a missing argument, an unknown option, a bad
     value, an option that takes one value given twice) prints one line and exits 2,
@@ -73,6 +109,7 @@ class _OneLineErrors(TyperGroup):
         self, args: Any = None, prog_name: str | None = None, *,
         standalone_mode: bool = True, **extra: Any,
     ) -> Any:  # fmt: skip
+        log_to_stderr()
         if not standalone_mode:
             return super().main(args, prog_name, standalone_mode=False, **extra)
         try:
@@ -278,36 +315,12 @@ from chainrun.cli import (  # noqa: E402,F401
 )
 
 
-class _StderrFormatter(logging.Formatter):
-    """``chainrun: warning: ...`` for warnings and errors, ``chainrun: ...`` for progress."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        level = "warning: " if record.levelno >= logging.WARNING else ""
-        return f"chainrun: {level}{record.getMessage()}"
-
-
-def log_to_stderr() -> None:
-    """Show the library's log on stderr as one line a message: its warnings, and the
-    operator-facing progress of ``chainrun.progress`` (starting the local model). The
-    library itself never prints; only the CLI attaches a handler."""
-    root = logging.getLogger("chainrun")
-    if any(isinstance(h.formatter, _StderrFormatter) for h in root.handlers):
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_StderrFormatter())
-    handler.setLevel(logging.INFO)
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("chainrun.progress").setLevel(logging.INFO)
-
-
 def main() -> None:
     """Console-script entry point.
 
     With ``--json`` a usage error (an unknown option, a value out of range) is also one
     JSON document on stdout (type ``usage_error``), as every other error is.
     """
-    log_to_stderr()
     try:
         _main()
     except BrokenPipeError:  # output written outside rich and print_json
