@@ -1,0 +1,316 @@
+"""Carrying out the tool calls a model asked for: each at most once per turn.
+
+Knows nothing of models or providers: a :class:`ToolCall` is a name, an id and the
+arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's calls:
+
+- **At most once per (turn, call id).** The first :meth:`TurnTools.run` of a call id
+  runs it; a later one with the same id (a model repeating a call, a step run again)
+  gets the first one's result without running anything. The tool is handed the
+  idempotency key ``"{turn key}:{call id}"``.
+- **Arguments first.** The arguments must be a JSON object that follows the tool's
+  ``parameters`` schema (jsonschema, Draft 2020-12); otherwise nothing runs and the
+  model is told what is wrong (status ``invalid_arguments``), so it can correct itself.
+  A name that is no tool of the step: ``unknown_tool``, nothing runs.
+- **Side effects wait for the turn to be clear to act.** Before a side-effecting tool
+  starts, ``clear_to_act()`` is awaited (the chain passes one that returns once no
+  check that can still refuse the turn is running). A turn cancelled before the start
+  (the client went away, a guard refused) never starts it: status ``not_started``.
+- **A started tool is never abandoned, never repeated.** It runs in a task of its own;
+  a turn cancelled while it runs waits for it to finish, records its result (with
+  ``turn_cancelled``), then lets the cancellation go on. Nothing is retried: a
+  side-effecting tool may have acted even when it failed.
+- **Bounded.** ``timeout_s`` per run (status ``timeout``; the model is told that the
+  effect is unknown).
+
+Times are in ms; offsets from the ``t0`` given (the step's start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from chainrun.jsonout import schema_errors
+from chainrun.tools.tool import Tool, ToolContext
+
+__all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",
+           "argument_problem"]  # fmt: skip
+
+#: ok: ran and returned; error: ran and raised (or its result was not JSON); timeout:
+#: ran past ``timeout_s``; invalid_arguments / unknown_tool: not run, the model was told
+#: why; not_started: the turn was cancelled before a side-effecting tool could start
+ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started"]
+#: a tool call's moments as :meth:`TurnTools.phases` yields them
+ToolPhase = Literal["started", "finished"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call a model asked for.
+
+    Attributes:
+        call_id: the model's id for the call (Chat Completions ``tool_calls[].id``,
+            Responses ``call_id``).
+        name: the tool's name.
+        arguments: the arguments as the model sent them: JSON text.
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class ToolCallRecord:
+    """What one tool call did; the ``tool_calls`` row is built from it.
+
+    Attributes:
+        step: the step whose model asked.
+        attempt: the model call attempt that asked (the race's winner).
+        round: the step's tool round (1 for the model's first answer).
+        call: the call as asked.
+        idempotency_key: ``"{turn key}:{call id}"``.
+        side_effects: the tool's ``side_effects`` (False for an unknown tool).
+        status: see :data:`ToolStatus`.
+        started_offset_ms: when the tool started, ms from ``t0`` (None: never started).
+        duration_ms: how long it ran, in ms (None: never started).
+        content: what the model is told: the result as JSON text, or ``{"error": ...}``.
+        error_type: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``not_started``
+            or the exception's class name (None: ok).
+        error_message: the error as the model was told it.
+        turn_cancelled: the turn was cancelled while the tool ran (it was awaited).
+    """
+
+    step: str
+    attempt: int
+    round: int
+    call: ToolCall
+    idempotency_key: str
+    side_effects: bool
+    status: ToolStatus
+    started_offset_ms: float | None = None
+    duration_ms: float | None = None
+    content: str = ""
+    error_type: str | None = None
+    error_message: str | None = None
+    turn_cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def argument_problem(arguments: str, tool: Tool) -> tuple[dict[str, Any] | None, str | None]:
+    """``(arguments, None)`` when ``arguments`` (JSON text) is an object that follows the
+    tool's ``parameters`` schema, else ``(None, why)`` in one line for the model."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as e:
+        return None, f"the arguments are not JSON ({e})"
+    if not isinstance(value, dict):
+        return None, f"the arguments must be a JSON object, got {type(value).__name__}"
+    errors = schema_errors(value, tool.config.parameters, limit=3)
+    if errors:
+        return None, "the arguments break the tool's schema: " + "; ".join(errors)
+    return value, None
+
+
+def _error_content(message: str) -> str:
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+async def _await_to_the_end(task: asyncio.Task[Any]) -> None:
+    """Wait until ``task`` is done, whatever cancels the caller meanwhile; the caller's
+    own cancellation is raised afterwards."""
+    interrupted: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
+
+
+@dataclass
+class TurnTools:
+    """One turn's tool calls (see the module docstring).
+
+    Args:
+        tools: the tools by name (those of the step; another name is ``unknown_tool``).
+        turn_key: the first half of every idempotency key: the turn's id as text, or a
+            random id for a chain without a log.
+        turn_id: the turn's id in the log (None without one), told to the tools.
+        conversation_id: told to the tools.
+        clear_to_act: awaited before a side-effecting tool starts (None: at once).
+        clock: s, monotonic (``time.perf_counter``).
+    """
+
+    tools: Mapping[str, Tool]
+    turn_key: str
+    turn_id: int | None = None
+    conversation_id: str | None = None
+    clear_to_act: Callable[[], Awaitable[None]] | None = None
+    clock: Callable[[], float] = time.perf_counter
+    #: every record, in the order the calls were asked (no repeats)
+    records: list[ToolCallRecord] = field(default_factory=list)
+    _by_id: dict[str, ToolCallRecord] = field(default_factory=dict)
+
+    def key(self, call_id: str) -> str:
+        """The idempotency key of ``call_id`` in this turn."""
+        return f"{self.turn_key}:{call_id}"
+
+    def records_of(self, step: str) -> list[ToolCallRecord]:
+        """The records of ``step``'s calls, in the order asked."""
+        return [r for r in self.records if r.step == step]
+
+    async def run(
+        self, call: ToolCall, *, step: str, attempt: int, round: int, t0: float,
+        state: Mapping[str, Any] | None = None, only: Collection[str] | None = None,
+    ) -> ToolCallRecord:  # fmt: skip
+        """Carry out ``call`` (at most once per call id in this turn) and return its record;
+        the model is told ``record.content``. Arguments and errors as :meth:`phases`."""
+        record: ToolCallRecord | None = None
+        async with contextlib.aclosing(
+            self.phases(call, step=step, attempt=attempt, round=round, t0=t0, state=state,
+                        only=only)
+        ) as phases:
+            async for _, got in phases:
+                record = got
+        assert record is not None
+        return record
+
+    async def phases(
+        self, call: ToolCall, *, step: str, attempt: int, round: int, t0: float,
+        state: Mapping[str, Any] | None = None, only: Collection[str] | None = None,
+    ) -> AsyncGenerator[tuple[ToolPhase, ToolCallRecord], None]:  # fmt: skip
+        """Carry out ``call``, yielding ``("started", record)`` when the tool really starts
+        (never for a call that is not run) and ``("finished", record)`` last. A call id
+        already seen in this turn yields only its first record, ``finished``.
+
+        Args:
+            step, attempt, round: recorded with the call.
+            t0: the clock's time the offsets count from (the step's start), in s.
+            state: turn-state fields handed to the tool in its :class:`ToolContext`.
+            only: the names the step may call (None: every tool); another is
+                ``unknown_tool``.
+
+        Raises:
+            asyncio.CancelledError: the turn was cancelled; the record is in
+                :attr:`records` first (``not_started``, or the finished run with
+                ``turn_cancelled``).
+        """
+        seen = self._by_id.get(call.call_id)
+        if seen is not None:
+            yield "finished", seen
+            return
+        allowed = self.tools if only is None else {n: self.tools[n] for n in only
+                                                   if n in self.tools}  # fmt: skip
+        tool = allowed.get(call.name)
+        record = ToolCallRecord(
+            step=step, attempt=attempt, round=round, call=call,
+            idempotency_key=self.key(call.call_id),
+            side_effects=tool.side_effects if tool is not None else False,
+            status="ok",
+        )  # fmt: skip
+        self._by_id[call.call_id] = record
+        self.records.append(record)
+        if tool is None:
+            names = ", ".join(sorted(allowed)) or "none"
+            self._refused(record, "unknown_tool",
+                          f"no tool named {call.name!r} here (tools: {names})")  # fmt: skip
+            yield "finished", record
+            return
+        arguments, problem = argument_problem(call.arguments, tool)
+        if arguments is None:
+            assert problem is not None
+            self._refused(record, "invalid_arguments", problem)
+            yield "finished", record
+            return
+        context = ToolContext(
+            turn_id=self.turn_id, call_id=call.call_id, idempotency_key=record.idempotency_key,
+            step=step, conversation_id=self.conversation_id, state=dict(state or {}),
+        )  # fmt: skip
+        try:
+            await self._wait_until_clear(tool)
+        except asyncio.CancelledError:
+            self._refused(record, "not_started",
+                          "the turn was cancelled before the tool started")  # fmt: skip
+            raise
+        started = self.clock()
+        record.started_offset_ms = (started - t0) * 1000.0
+        task = asyncio.create_task(self._once(tool, arguments, context),
+                                   name=f"chainrun-tool-{tool.name}")  # fmt: skip
+        resumed = False
+        try:
+            yield "started", record
+            resumed = True
+        finally:
+            # whatever happens to the caller (cancelled, closed), the started tool runs to
+            # its end exactly once and is recorded
+            cancelled: BaseException | None = None
+            try:
+                await _await_to_the_end(task)
+            except asyncio.CancelledError as e:
+                cancelled = e
+            record.duration_ms = (self.clock() - started) * 1000.0
+            record.turn_cancelled = cancelled is not None or not resumed
+            self._settle(record, tool, task)
+            if cancelled is not None:
+                raise cancelled
+        yield "finished", record
+
+    async def _wait_until_clear(self, tool: Tool) -> None:
+        """Return when ``tool`` may start; raise CancelledError when the turn is being
+        cancelled (also one asked for before this call, not yet delivered)."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError()
+        if tool.side_effects and self.clear_to_act is not None:
+            await self.clear_to_act()
+        else:
+            await asyncio.sleep(0)  # a cancellation already asked for arrives here
+
+    def _refused(self, record: ToolCallRecord, status: ToolStatus, message: str) -> ToolCallRecord:
+        record.status = status
+        record.error_type = status
+        record.error_message = message
+        record.content = _error_content(message)
+        return record
+
+    async def _once(self, tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Any:
+        async with asyncio.timeout(tool.timeout_s):
+            return await tool.invoke(arguments, context)
+
+    def _settle(self, record: ToolCallRecord, tool: Tool, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():  # only our own timeout cancels it, and that is a TimeoutError
+            self._failed(record, "error", "cancelled", "the tool was cancelled")
+            return
+        error = task.exception()
+        if isinstance(error, TimeoutError):
+            self._failed(record, "timeout", "timeout",
+                         f"the tool did not finish within timeout_s = {tool.timeout_s:g} s; "
+                         "whether it acted is unknown: do not call it again for this")  # fmt: skip
+            return
+        if error is not None:
+            self._failed(record, "error", type(error).__name__, f"{type(error).__name__}: {error}")
+            return
+        try:
+            record.content = json.dumps(task.result(), ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            self._failed(record, "error", "result_not_json",
+                         f"the tool's result is not JSON-serialisable ({e})")  # fmt: skip
+            return
+        record.status = "ok"
+
+    def _failed(self, record: ToolCallRecord, status: ToolStatus, error_type: str,
+                message: str) -> None:  # fmt: skip
+        record.status = status
+        record.error_type = error_type
+        record.error_message = message
+        record.content = _error_content(message)

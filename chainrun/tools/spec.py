@@ -1,0 +1,127 @@
+"""A tool's configuration (``[tools.NAME]`` in chainrun.toml): what the model is told and
+what runs when it asks.
+
+::
+
+    [tools.add_to_cart]
+    description = "Add a product to the shopper's cart"
+    function = "shop_tools:add_to_cart"   # a Python callable, sync or async
+    # url = "http://127.0.0.1:9000/cart"  # or a JSON POST instead of function
+    side_effects = true
+    timeout_s = 5
+
+    [tools.add_to_cart.parameters]
+    type = "object"
+    required = ["sku", "qty"]
+    properties = { sku = { type = "string" }, qty = { type = "integer" } }
+
+``parameters`` is a JSON Schema (Draft 2020-12, https://json-schema.org/draft/2020-12)
+of the arguments object; it is sent to the model as the function's ``parameters``
+(OpenAI API reference, "Function calling") and the model's arguments are validated
+against it before the tool runs. The tool's name is the table's name: 1 to 64 letters,
+digits, ``_`` or ``-`` (the function-name rule of the OpenAI API).
+
+Validation here is the config's shape only; whether ``function`` imports is checked when
+the chain is built (:func:`chainrun.tools.build_tools`), before any call.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chainrun.jsonout import check_schema
+
+__all__ = ["RESERVED_ARGUMENTS", "TOOL_NAME_RE", "ToolConfig", "check_tool_name"]
+
+#: a tool's name as the OpenAI API accepts a function name
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: keyword names chainrun passes to a callable besides the model's arguments; a tool's
+#: ``parameters`` must not use them
+RESERVED_ARGUMENTS = frozenset({"idempotency_key", "context"})
+
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def check_tool_name(name: str) -> None:
+    """Check a tool's name (the ``NAME`` of ``[tools.NAME]``).
+
+    Raises:
+        ValueError: not 1 to 64 letters, digits, ``_`` or ``-``.
+    """
+    if not TOOL_NAME_RE.match(name):
+        raise ValueError(
+            f"tool name {name!r}: expected 1 to 64 letters, digits, '_' or '-' (the "
+            "function-name rule of the OpenAI API)"
+        )
+
+
+class ToolConfig(BaseModel):
+    """One ``[tools.NAME]`` table.
+
+    Attributes:
+        description: what the tool does, as the model is told.
+        parameters: the JSON Schema of its arguments (an object schema).
+        function: ``"module:callable"`` (a dotted attribute path after the colon
+            allowed), sync or async; exactly one of ``function`` and ``url``.
+        url: an ``http://`` or ``https://`` URL answering a JSON POST (see
+            :class:`~chainrun.tools.tool.HttpTool` for the body).
+        side_effects: the tool changes something (places an order, fills a cart): it
+            starts only once the turn is clear to act and is never run again by chainrun.
+            A read-only tool (false) is safe to run again.
+        timeout_s: how long one run may take, in s; past it the model is told it timed
+            out (a sync callable's thread cannot be stopped and finishes unseen).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = Field(min_length=1)
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    function: str | None = None
+    url: str | None = None
+    side_effects: bool = False
+    timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_schema(v)  # Draft 2020-12 metaschema: a bad schema is a config error
+        if v.get("type") != "object":
+            raise ValueError(
+                "expected an object schema (type = \"object\"): a tool's arguments are a "
+                f"JSON object, got type {v.get('type')!r}"
+            )
+        props = v.get("properties")
+        reserved = sorted(RESERVED_ARGUMENTS & set(props or {}))
+        if reserved:
+            raise ValueError(
+                f"properties.{reserved[0]}: reserved (chainrun passes "
+                f"{', '.join(sorted(RESERVED_ARGUMENTS))} to the callable itself)"
+            )
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _function(cls, v: str | None) -> str | None:
+        if v is not None and not _FUNCTION_RE.match(v):
+            raise ValueError(
+                f"expected \"module:callable\" (e.g. \"shop_tools:add_to_cart\"), got {v!r}"
+            )
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ToolConfig:
+        if (self.function is None) == (self.url is None):
+            raise ValueError("set exactly one of function (\"module:callable\") or url")
+        return self

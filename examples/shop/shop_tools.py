@@ -1,0 +1,73 @@
+"""The example shop's tools: an order lookup (read-only) and a cart (side effects).
+
+Both work on a small SQLite database, ``shop.db`` beside this file (or the file named
+by ``SHOP_DB``), created with a few orders on first use. chainrun imports this module
+because ``examples/shop/chainrun.toml`` names ``shop_tools:order_status`` and
+``shop_tools:add_to_cart`` (the config's directory is searched for it).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+#: the orders the example starts with: (id, status, carrier, eta)
+ORDERS = [
+    (1042, "shipped", "DHL", "2026-12-03"),
+    (1043, "processing", None, "2026-12-05"),
+    (1044, "delivered", "UPS", "2026-11-28"),
+]
+
+
+def db_path() -> Path:
+    """The shop's database file: ``$SHOP_DB``, else ``shop.db`` beside this module."""
+    return Path(os.environ.get("SHOP_DB") or Path(__file__).with_name("shop.db"))
+
+
+def connect() -> sqlite3.Connection:
+    """A connection to the shop's database, creating its tables and orders if needed."""
+    conn = sqlite3.connect(db_path())
+    with conn:
+        conn.execute(
+            "create table if not exists orders (id integer primary key, status text not null, "
+            "carrier text, eta text)"
+        )
+        conn.executemany("insert or ignore into orders values (?, ?, ?, ?)", ORDERS)
+        # one row per cart action; the idempotency key makes a repeated action a no-op
+        conn.execute(
+            "create table if not exists cart (idempotency_key text primary key, sku text not "
+            "null, qty integer not null)"
+        )
+    return conn
+
+
+def order_status(order_id: int) -> dict[str, Any]:
+    """Look an order up (read-only: safe to run again)."""
+    conn = connect()
+    try:
+        row = conn.execute(
+            "select id, status, carrier, eta from orders where id = ?", [order_id]
+        ).fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        return {"order_id": order_id, "found": False}
+    return {"order_id": row[0], "found": True, "status": row[1], "carrier": row[2],
+            "eta": row[3]}
+
+
+def add_to_cart(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
+    """Add ``qty`` of ``sku`` to the cart, once per idempotency key (a side effect)."""
+    conn = connect()
+    try:
+        with conn:
+            cur = conn.execute(
+                "insert or ignore into cart (idempotency_key, sku, qty) values (?, ?, ?)",
+                [idempotency_key, sku, qty],
+            )
+        items = conn.execute("select coalesce(sum(qty), 0) from cart").fetchone()[0]
+    finally:
+        conn.close()
+    return {"added": cur.rowcount == 1, "sku": sku, "qty": qty, "items_in_cart": items}
