@@ -77,13 +77,21 @@ class ToolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: what the tool does, as the model is told
     description: str = Field(min_length=1)
+    #: the JSON Schema (Draft 2020-12) of the arguments object; the model's arguments
+    #: are validated against it before the tool runs
     parameters: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
+    #: a Python callable, "module:callable", sync or async (or set url)
     function: str | None = None
+    #: an http(s) URL answering a JSON POST per call (or set function)
     url: str | None = None
+    #: the tool changes something: it starts only once the turn is clear to act and is
+    #: never run again by chainrun (false: read-only, safe to run again)
     side_effects: bool = False
+    #: how long one run may take, in s
     timeout_s: float = Field(default=10.0, gt=0)
 
     @field_validator("parameters")
