@@ -258,7 +258,8 @@ async def settled(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None
 
 def tool_scenario(median_ms: float) -> Scenario:
     return Scenario(name="tools", latency=Lognormal(median_ms=median_ms, sigma=0.01),
-                    n_tokens=4, per_token_ms=5, tool_calls=ToolCallsConfig(fragments=3))  # fmt: skip
+                    n_tokens=4, per_token_ms=5,
+                    tool_calls=ToolCallsConfig(fragments=3))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
