@@ -21,7 +21,7 @@ from chainrun.lab.tool_calls import ToolCallsConfig
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.chat_sse import chunk_from_dict
 from chainrun.providers.openai_compat import OpenAICompatProvider
-from chainrun.providers.responses import ResponseEvents, response_params
+from chainrun.providers.responses import ResponseEvents, ResponsesProvider, response_params
 from chainrun.timing import Chunk, StreamTimer, ToolCallDelta
 
 ORDER = {"name": "order_status", "description": "Look an order up",
@@ -152,3 +152,27 @@ def test_responses_function_call_events_become_tool_call_pieces() -> None:
     (call,) = timer.tool_calls
     assert (call.id, call.name, call.arguments) == ("call_a", "order_status", '{"order_id": 1042}')
     assert timer.finish_reason == "tool_calls"
+
+
+async def test_responses_api_tool_rounds_against_the_lab(tool_lab: LabServer) -> None:
+    tool_lab.reset()
+    provider = ResponsesProvider("lab", tool_lab.base_url)
+    user = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "Where is my order 1042?"}]  # fmt: skip
+    try:
+        first = await ChatStream(provider, ChatRequest(model="m", tools=[ORDER],
+                                                       messages=user)).collect()  # fmt: skip
+        (call,) = first.timer.tool_calls
+        asked = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}]}  # fmt: skip
+        answered = {"role": "tool", "tool_call_id": call.id, "content": '{"status": "shipped"}'}
+        second = await ChatStream(provider, ChatRequest(
+            model="m", tools=[ORDER], messages=[*user, asked, answered])).collect()  # fmt: skip
+    finally:
+        await provider.aclose()
+    assert call.name == "order_status" and json.loads(call.arguments) == {"order_id": 1042}
+    assert first.timer.finish_reason == "tool_calls" and first.timer.n_chunks >= 3
+    assert second.timer.tool_calls  # the scenario asks for 2 rounds
+    routes = {r["route"] for r in tool_lab.requests()}
+    assert routes == {"/v1/responses"}
