@@ -18,7 +18,8 @@
         │   └── IdleTimeout       a gap between chunks longer than idle_timeout_s
         ├── InvalidAnswer         an answer not in the required form (not JSON, breaks its schema)
         ├── MalformedStream       a stream line that is not valid SSE/JSON
-        └── StreamTruncated       the stream ended without a finish_reason
+        ├── StreamTruncated       the stream ended without a finish_reason
+        └── ToolRoundsExceeded    the model still asked for tools after max_tool_rounds
 
 A :class:`RequestRejected` from a step is turned by the chain into a
 :class:`StepConfigError` (a :class:`ConfigError`): a replay or eval stops at the first
@@ -250,6 +251,13 @@ class StreamTruncated(ProviderError):
     """The stream ended (or was cut) before a ``finish_reason`` arrived."""
 
     error_type = "truncated"
+
+
+class ToolRoundsExceeded(ProviderError):
+    """A step's model still asked for tools after its ``max_tool_rounds`` rounds (its
+    answer never came); the step's ``on_failure`` decides what the turn does."""
+
+    error_type = "tool_rounds_exceeded"
 
 
 def error_type(err: BaseException | None) -> str | None:

@@ -1,7 +1,8 @@
 """Typed events a turn yields to a chat backend (see :meth:`chainrun.chain.Chain.stream_turn`).
 
-Order within a turn: for each step ``StepStarted`` → (``TokenDelta`` …) →
-``StepFinished``; steps that run concurrently interleave; then one ``TurnFinished``.
+Order within a turn: for each step ``StepStarted`` → (``TokenDelta`` and, for a step
+with tools, ``ToolCallEvent`` …) → ``StepFinished``; steps that run concurrently
+interleave; then one ``TurnFinished``.
 All durations and offsets are in ms.
 """
 
@@ -29,6 +30,30 @@ class TokenDelta:
     step: str
     text: str
     type: Literal["token_delta"] = "token_delta"
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """A tool call of a step started (``phase = "started"``: the tool really began) or
+    finished (``"finished"``: with its ``status``, see :mod:`chainrun.tools.runner`; a
+    call that never ran, e.g. with invalid arguments, has only this event).
+
+    ``started_offset_ms`` is from the turn's start (None: the tool never started);
+    ``duration_ms`` how long it ran (finished only).
+    """
+
+    step: str
+    phase: Literal["started", "finished"]
+    tool: str
+    call_id: str
+    round: int = 1
+    side_effects: bool = False
+    status: str | None = None
+    started_offset_ms: float | None = None
+    duration_ms: float | None = None
+    error_type: str | None = None
+    idempotency_key: str | None = None
+    type: Literal["tool"] = "tool"
 
 
 @dataclass(frozen=True)
@@ -79,4 +104,4 @@ class TurnFinished:
     type: Literal["turn_finished"] = "turn_finished"
 
 
-Event = StepStarted | TokenDelta | StepFinished | TurnFinished
+Event = StepStarted | TokenDelta | ToolCallEvent | StepFinished | TurnFinished

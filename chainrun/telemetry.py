@@ -15,7 +15,12 @@ with the log's times:
   (includes reasoning), ``gen_ai.usage.reasoning.output_tokens``,
   ``gen_ai.usage.cache_read.input_tokens``, ``server.address``/``server.port``,
   ``error.type``) and ``chainrun.*`` for what has no convention: reasoning effort,
-  hedge attempt, target and outcome, TTFT in ms.
+  hedge attempt, target and outcome, TTFT in ms;
+* one per tool call: ``execute_tool {tool}`` (``gen_ai.operation.name = execute_tool``,
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type = function``,
+  ``gen_ai.tool.call.arguments`` as logged, after ``[log] redact``) with
+  ``chainrun.tool.*`` for its status, idempotency key, round and side effects, and the
+  attempt that asked (``chainrun.hedge.attempt``).
 
 Metrics (histograms in s or tokens, names and bucket boundaries from the OpenTelemetry
 GenAI semantic conventions, "Metrics for GenAI client operations"), one record per sent
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ConfigError
 from chainrun.log.logged_turn import UNSENT_OUTCOMES, LoggedTurn
-from chainrun.log.rows import CallRow, StepRow
+from chainrun.log.rows import CallRow, StepRow, ToolCallRow
 
 if TYPE_CHECKING:  # the otel extra is optional: imported lazily below
     from opentelemetry.metrics import MeterProvider
@@ -201,7 +206,40 @@ class Telemetry:
         for call in turn.calls_of(step.step):
             if call.outcome not in UNSENT_OUTCOMES:
                 self._attempt(call, start, offset, step_ctx)
-        span.end(end_time=_ns(start, offset + (step.duration_ms or 0.0)))
+        step_end = offset + (step.duration_ms or 0.0)
+        for tool_call in turn.tool_calls_of(step.step):
+            self._tool(tool_call, start, offset, step_end, step_ctx)
+        span.end(end_time=_ns(start, step_end))
+
+    def _tool(self, row: ToolCallRow, start: datetime, step_offset: float, step_end: float,
+              ctx: Any) -> None:  # fmt: skip
+        """One ``execute_tool {tool}`` span (OpenTelemetry GenAI semantic conventions,
+        "Execute tool span"); a call that never ran (invalid arguments, cancelled before
+        it started) is a span of no duration at the step's end, with its status."""
+        ran = row.started_offset_ms is not None
+        begin = step_offset + row.started_offset_ms if row.started_offset_ms is not None \
+            else step_end
+        span = self.tracer.start_span(f"execute_tool {row.tool}", context=ctx,
+                                      kind=self._trace.SpanKind.INTERNAL,
+                                      start_time=_ns(start, begin))  # fmt: skip
+        _set(span, {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": row.tool,
+            "gen_ai.tool.call.id": row.call_id,
+            "gen_ai.tool.type": "function",
+            "gen_ai.tool.call.arguments": row.arguments,
+            "chainrun.tool.status": row.status,
+            "chainrun.tool.idempotency_key": row.idempotency_key,
+            "chainrun.tool.side_effects": bool(row.side_effects),
+            "chainrun.tool.round": row.round,
+            "chainrun.tool.turn_cancelled": bool(row.turn_cancelled),
+            "chainrun.hedge.attempt": row.attempt,
+            "chainrun.tool.duration_ms": row.duration_ms,
+            "error.type": row.error_type,
+        })  # fmt: skip
+        if row.status != "ok":
+            span.set_status(self._trace.StatusCode.ERROR, row.status)
+        span.end(end_time=_ns(start, begin + (row.duration_ms or 0.0) if ran else begin))
 
     def _attempt(self, call: CallRow, start: datetime, step_offset: float,
                  ctx: Any) -> None:  # fmt: skip

@@ -17,6 +17,9 @@ clock, the same one as ``t_start``) and it yields the call's:
   never added on top: OpenAI ``completion_tokens_details.reasoning_tokens``), cached
   (a subset of input). A stream without usage leaves them ``None`` (unknown), never 0.
 - **truncated**: the stream ended without a ``finish_reason``.
+- **tool calls**: the pieces of each tool call put together by index
+  (:attr:`StreamTimer.tool_calls`); they are no tokens for the TTFT (an answer that is
+  only a tool call has none: ``first_tool_call_ms`` says when its first piece came).
 
 Testable with a list of (time, chunk) pairs; see tests/test_timing.py.
 """
@@ -38,6 +41,33 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one streamed tool call, as a chunk carries it (Chat Completions
+    ``delta.tool_calls[]``; Responses ``function_call`` items and argument deltas).
+
+    ``index`` tells the calls of one answer apart; ``id`` and ``name`` arrive with a
+    call's first piece, ``arguments`` is a piece of the arguments' JSON text (the pieces
+    of one index concatenate to the whole; OpenAI API reference, "Function calling").
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class StreamedToolCall:
+    """One whole tool call of an answer: its pieces put together (``arguments``: JSON text
+    as the model wrote it, not yet validated)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One streamed chunk, normalised from the provider's wire format.
 
@@ -53,6 +83,8 @@ class Chunk:
     response_id: str | None = None
     server_timings: dict[str, Any] | None = None
     nbytes: int = 0
+    #: pieces of tool calls this chunk carries (None: none)
+    tool_calls: tuple[ToolCallDelta, ...] | None = None
 
     @property
     def has_token(self) -> bool:
@@ -74,6 +106,7 @@ def make_chunk(
     response_id: str | None,
     server_timings: dict[str, Any] | None,
     nbytes: int,
+    tool_calls: tuple[ToolCallDelta, ...] | None = None,
 ) -> Chunk:
     """``Chunk(...)`` with every field given, built in one step: equal to the dataclass's
     own constructor, in about half its time (a frozen dataclass's ``__init__`` sets each
@@ -84,6 +117,7 @@ def make_chunk(
         "content": content, "reasoning": reasoning, "role": role,
         "finish_reason": finish_reason, "usage": usage, "model": model,
         "response_id": response_id, "server_timings": server_timings, "nbytes": nbytes,
+        "tool_calls": tool_calls,
     })  # fmt: skip
     return chunk
 
@@ -111,8 +145,12 @@ class StreamTimer:
     response_id: str | None = None
     server_timings: dict[str, Any] | None = None
     ended: bool = False
+    #: when the first piece of a tool call arrived, ms from the start (None: no tool call)
+    first_tool_call_ms: float | None = None
     _t_last: float | None = None
     _t_last_token: float | None = None
+    #: tool calls being put together: index -> [id, name, argument pieces]
+    _tool_parts: dict[int, list[Any]] = field(default_factory=dict)
 
     def on_chunk(self, t: float, chunk: Chunk) -> None:
         """Record a chunk that arrived at time ``t`` (s)."""
@@ -121,13 +159,16 @@ class StreamTimer:
         self._t_last = t
         self.n_chunks += 1
         self.nbytes += chunk.nbytes
+        if chunk.tool_calls:
+            self._on_tool_calls(t, chunk.tool_calls)
         if chunk.content or chunk.reasoning:  # Chunk.has_token, without a property call
             if self.ttft_ms is None:
                 self.ttft_ms = (t - self.t_start) * 1000.0
             if self._t_last_token is not None:
                 self.token_chunk_gaps_ms.append((t - self._t_last_token) * 1000.0)
             self._t_last_token = t
-        elif chunk.finish_reason and self.ttft_ms is None and not self.content:
+        elif (chunk.finish_reason and self.ttft_ms is None and not self.content
+              and not self._tool_parts):  # fmt: skip
             # The model stopped at once (its first token was a stop sequence or EOS,
             # which servers do not send as text): the finish chunk is the first evidence
             # of a generated token, so it marks the TTFT of this empty answer.
@@ -144,6 +185,25 @@ class StreamTimer:
         self.response_id = chunk.response_id or self.response_id
         if chunk.server_timings:
             self.server_timings = chunk.server_timings
+
+    def _on_tool_calls(self, t: float, deltas: tuple[ToolCallDelta, ...]) -> None:
+        if self.first_tool_call_ms is None:
+            self.first_tool_call_ms = (t - self.t_start) * 1000.0
+        for d in deltas:
+            part = self._tool_parts.get(d.index)
+            if part is None:
+                part = self._tool_parts[d.index] = [d.id, d.name, []]
+            else:
+                part[0] = part[0] or d.id
+                part[1] = part[1] or d.name
+            if d.arguments:
+                part[2].append(d.arguments)
+
+    @property
+    def tool_calls(self) -> list[StreamedToolCall]:
+        """The tool calls the answer holds so far, by index (whole once the stream ended)."""
+        return [StreamedToolCall(i, p[0], p[1], "".join(p[2]))
+                for i, p in sorted(self._tool_parts.items())]  # fmt: skip
 
     def on_end(self, t: float) -> None:
         """Record the end of the stream (normal end, error or cancel) at time ``t`` (s)."""

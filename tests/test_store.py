@@ -8,7 +8,7 @@ import pytest
 
 from chainrun.errors import UserInputError
 from chainrun.log.migrations import MIGRATIONS
-from chainrun.log.rows import CallRow, RunRow, StepRow, TurnLog, TurnRow
+from chainrun.log.rows import CallRow, RunRow, StepRow, ToolCallRow, TurnLog, TurnRow
 from chainrun.log.store import Store, migrate
 
 
@@ -140,11 +140,12 @@ def test_concurrent_openers_of_a_new_log_share_it(tmp_path: Path) -> None:
         assert len(s.list_runs()) == 4
 
 
-@pytest.mark.parametrize("model", [RunRow, TurnRow, StepRow, CallRow])
+@pytest.mark.parametrize("model", [RunRow, TurnRow, StepRow, CallRow, ToolCallRow])
 def test_row_models_match_their_tables(model: type) -> None:
     """One shape per log fact: each row model's fields are exactly its table's columns
     after every migration (a new column needs both a migration and a field)."""
-    table = {RunRow: "runs", TurnRow: "turns", StepRow: "steps", CallRow: "calls"}[model]
+    table = {RunRow: "runs", TurnRow: "turns", StepRow: "steps", CallRow: "calls",
+             ToolCallRow: "tool_calls"}[model]
     with Store.open(":memory:") as s:
         columns = set(s.db[table].columns_dict)
     assert set(model.model_fields) == columns
@@ -215,3 +216,27 @@ def test_an_outside_reader_does_not_delete_the_wal_of_an_open_log(tmp_path: Path
 def test_a_directory_as_the_log_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="is a directory"):
         Store.open(tmp_path)
+
+
+async def test_tool_calls_are_written_with_their_turn_under_a_reserved_id(tmp_path) -> None:
+    """A turn with tools takes its id at its start (its idempotency keys hold it); its
+    tool calls are written with it and read back with it."""
+    with Store.open(tmp_path / "t.db") as store:
+        run_id = store.create_run("live", "{}")
+        first = await store.areserve_turn_id()
+        second = await store.areserve_turn_id()
+        assert second == first + 1
+        turn = TurnRow(id=second, input="put 2 of JKT-12 in my cart")
+        row = ToolCallRow(step="compose", call_id="call_1", tool="add_to_cart",
+                          arguments='{"sku": "JKT-12", "qty": 2}', status="ok",
+                          idempotency_key=f"{second}:call_1", side_effects=True,
+                          started_offset_ms=12.5, duration_ms=3.25, result='{"added": true}')
+        logged = await store.alog_turn(run_id, TurnLog(turn, tool_calls=[row]))
+        plain = await store.alog_turn(run_id, TurnLog(TurnRow(input="no tools")))
+        await store.flush()
+        back = store.turn(second)
+        assert logged == second and plain not in (first, second)
+        assert back is not None and back.tool_calls_of("compose")[0].idempotency_key == (
+            f"{second}:call_1")
+        (read,) = store.tool_calls(run_id)
+        assert read.turn_id == second and read.side_effects is True and read.duration_ms == 3.25

@@ -284,10 +284,11 @@ def _wilson(k: int, n: int) -> list[float] | None:
 
 
 def run_detail(store: Store, run_id: int) -> dict[str, Any]:
-    """A run with its turns and, per turn, its steps and calls (for ``chainrun show``).
+    """A run with its turns and, per turn, its steps, calls and tool calls (for ``chainrun
+    show``).
 
     Returns the run's row as a dict (``config`` decoded) with ``turns``: each turn's
-    row with its ``steps`` and ``calls`` rows, in display order.
+    row with its ``steps``, ``calls`` and ``tool_calls`` rows, in display order.
 
     Raises:
         UserInputError: no such run.
@@ -300,11 +301,15 @@ def run_detail(store: Store, run_id: int) -> dict[str, Any]:
     calls_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
     for c in store.calls(run_id):
         calls_by_turn[c.turn_id].append(c.model_dump())
+    tools_by_turn: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for tc in store.tool_calls(run_id):
+        tools_by_turn[tc.turn_id].append(tc.model_dump())
     turns = []
     for t in store.turns(run_id):
         turn = t.model_dump()
         turn["steps"] = steps_by_turn[t.id]
         turn["calls"] = calls_by_turn[t.id]
+        turn["tool_calls"] = tools_by_turn[t.id]
         turns.append(turn)
     run["turns"] = turns
     return run

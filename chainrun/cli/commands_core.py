@@ -37,6 +37,8 @@ from chainrun.cli.tables import (
     printable,
     step_waterfall,
     steps_table,
+    tool_call_lines,
+    tool_calls_table,
     verdict_lines,
 )
 from chainrun.config import config_from_snapshot, load_config
@@ -235,6 +237,7 @@ def show(
         detail = run_detail(store, run_id)
         summary = latency_summary(store, run_id)
         turns, steps, calls = store.turns(run_id), store.steps(run_id), store.calls(run_id)
+        tool_calls = store.tool_calls(run_id)
     if as_json:
         print_json({**detail, "summary": summary})
         return
@@ -263,6 +266,11 @@ def show(
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
         out.print(table)
+        turn_tools = [tc for tc in tool_calls if tc.turn_id == t.id]
+        if turn_tools:
+            out.print(tool_calls_table(turn_tools))
+            for line in tool_call_lines(turn_tools):
+                out.print(f"  tool {line}", markup=False, soft_wrap=True)
     out.print(latency_table(summary))
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from chainrun.analysis.summary import left_out
 from chainrun.events import StepFinished, TurnFinished
-from chainrun.log.rows import StepRow
+from chainrun.log.rows import StepRow, ToolCallRow
 
 #: width of the waterfall bars, in characters
 _BAR = 40
@@ -79,6 +79,31 @@ def step_waterfall(steps: list[StepRow]) -> Table:
         t.add_row(s.step, s.status, _f(s.started_offset_ms), _f(end_ms), bar,
                   "yes" if s.post_answer else "")  # fmt: skip
     return t
+
+
+def tool_calls_table(rows: list[ToolCallRow]) -> Table:
+    """A turn's tool calls: step, round, the attempt that asked, tool, status, start (ms
+    from its step's start) and duration (see :func:`tool_call_lines` for the rest)."""
+    t = Table(show_edge=False)
+    for col in ("step", "round", "attempt", "tool", "status", "start ms", "duration ms"):
+        t.add_column(col, justify="right" if "ms" in col else "left", overflow="fold")
+    for r in rows:
+        status = r.status + (" (turn cancelled)" if r.turn_cancelled else "")
+        t.add_row(r.step, str(r.round), str(r.attempt), r.tool, status,
+                  _f(r.started_offset_ms), _f(r.duration_ms))  # fmt: skip
+    return t
+
+
+def tool_call_lines(rows: list[ToolCallRow]) -> list[str]:
+    """Per tool call one line: its call id, idempotency key, the arguments as logged
+    (after ``[log] redact``) and the error, if any (printable, never cut)."""
+    lines = []
+    for r in rows:
+        line = f"{r.tool} {r.call_id}: key={r.idempotency_key} args={r.arguments}"
+        if r.error_message or r.error_type:
+            line += f" error={r.error_message or r.error_type}"
+        lines.append(printable(line))
+    return lines
 
 
 def turn_counts(counts: dict[str, int] | None) -> str:

@@ -18,14 +18,15 @@ from chainrun.lab.state import (
     MODEL_ID,
     LabState,
     RequestRecord,
-    answer_words,
     error_response,
     max_tokens_of,
+    planned_answer,
     rate_limited,
     record_request,
     sleep_unless_disconnected,
     usage_body,
 )
+from chainrun.lab.tool_calls import LabToolCall
 
 
 async def chat_completions(request: Request, *, deployment: str | None = None) -> Response:
@@ -70,10 +71,12 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         return Response(status_code=499)  # never reaches the client, which has gone
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
+    plan, words, call = planned_answer(lab, rec, body.get("tools"), messages, plan,
+                                       max_tokens_of(body))  # fmt: skip
     usage = None if plan.fault == "no_usage" else usage_body(prompt_tokens, plan.tokens)
     if not stream:
-        text = "".join(answer_words(messages, plan.tokens))
-        return await _complete(request, lab, rec, plan, model, usage, text, arrived)
+        text = "".join(words)
+        return await _complete(request, lab, rec, plan, model, usage, text, arrived, call)
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     rec.status_code = 200
@@ -82,9 +85,10 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         rec,
         plan,
         model,
-        answer_words(messages, plan.tokens),
+        words,
         usage if include_usage else None,
         arrived,
+        call,
     )
     return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
 
@@ -98,6 +102,7 @@ async def _complete(
     usage: dict[str, Any] | None,
     text: str,
     arrived: float,
+    call: LabToolCall | None = None,
 ) -> Response:
     total_s = (plan.ttft_ms + plan.tokens * plan.token_interval_ms) / 1000.0
     total_s -= asyncio.get_running_loop().time() - arrived
@@ -122,8 +127,12 @@ async def _complete(
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": text,
+                    "content": None if call is not None else text,
                     "refusal": None,
+                    **({"tool_calls": [{"id": call.call_id, "type": "function",
+                                        "function": {"name": call.name,
+                                                     "arguments": call.arguments}}]}
+                       if call is not None else {}),
                 },
                 "logprobs": None,
                 "finish_reason": plan.finish_reason,
@@ -142,8 +151,13 @@ async def _stream_events(
     words: list[str],
     usage: dict[str, Any] | None,
     start: float,
+    call: LabToolCall | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The SSE body: role frame, TTFT, tokens on an absolute schedule, usage, [DONE].
+
+    With a tool ``call``, the "tokens" are the pieces of its arguments: the first delta
+    carries the call's index, id, type and name with the first piece, the others the
+    index and a piece; the last one the finish reason ``tool_calls``.
 
     Tokens due at the same moment (the loop fell behind, or a zero interval) are
     written in one send, each still its own chunk: this keeps hundreds of concurrent
@@ -177,7 +191,14 @@ async def _stream_events(
     before, after = chunk({"content": ""}).rsplit(b'""', 1)
 
     def content_chunk(word: str) -> bytes:
+        if call is not None:  # a piece of the tool call's arguments
+            return chunk({"tool_calls": [{"index": 0, "function": {"arguments": word}}]})
         return before + json.dumps(word).encode() + after
+
+    first_piece: dict[str, Any] = {}
+    if call is not None:
+        first_piece = {"index": 0, "id": call.call_id, "type": "function",
+                       "function": {"name": call.name, "arguments": words[0]}}  # fmt: skip
 
     try:
         if role_only:
@@ -206,8 +227,19 @@ async def _stream_events(
             parts = []
             for t in range(i, j):
                 last = plan.cut_after is None and err is None and t == plan.tokens - 1
-                if last or (t == 0 and not role_only):
-                    delta: dict[str, Any] = {"content": words[t]}
+                if call is not None and (t == 0 or last):
+                    piece = first_piece if t == 0 else {
+                        "index": 0, "function": {"arguments": words[t]}}
+                    delta: dict[str, Any] = {"tool_calls": [piece]}
+                    if t == 0 and not role_only:
+                        delta = {"role": "assistant", "content": None, **delta}
+                    parts.append(
+                        chunk(
+                            delta, plan.finish_reason if last else None, on_finish if last else None
+                        )
+                    )
+                elif last or (t == 0 and not role_only):
+                    delta = {"content": words[t]}
                     if t == 0 and not role_only:
                         delta = {"role": "assistant", "content": words[t]}
                     parts.append(

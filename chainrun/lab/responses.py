@@ -27,7 +27,11 @@ spread over the reasoning phase, the first at the TTFT; without one, nothing vis
 arrives before the text. R counts in ``usage.output_tokens`` and
 ``output_tokens_details.reasoning_tokens`` and against ``max_output_tokens``.
 Faults: 429/500 before the stream, hang, cut (the body ends with no terminal event),
-no_usage (the terminal event's ``usage`` is null).
+no_usage (the terminal event's ``usage`` is null). A scenario's ``[tool_calls]``
+(:mod:`chainrun.lab.tool_calls`) answers a request offering tools with a
+``function_call`` item instead of the message: ``response.output_item.added``, its
+arguments in ``response.function_call_arguments.delta`` pieces (one token interval
+apart), ``.done``, ``response.output_item.done``, ``response.completed``.
 """
 
 from __future__ import annotations
@@ -47,12 +51,13 @@ from chainrun.lab.state import (
     MODEL_ID,
     LabState,
     RequestRecord,
-    answer_words,
     error_response,
+    planned_answer,
     rate_limited,
     record_request,
     sleep_unless_disconnected,
 )
+from chainrun.lab.tool_calls import LabToolCall
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -66,6 +71,10 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         return None
     for item in raw:
+        if isinstance(item, dict) and item.get("type") in ("function_call",
+                                                           "function_call_output"):
+            messages.append(dict(item))  # a tool call and its result (tool rounds)
+            continue
         if not isinstance(item, dict) or "role" not in item:
             return None
         messages.append({"role": item["role"], "content": item.get("content")})
@@ -137,8 +146,8 @@ async def responses(request: Request) -> Response:
         return Response(status_code=499)
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
+    plan, words, call = planned_answer(lab, rec, body.get("tools"), messages, plan, text_cap)
     usage = None if plan.fault == "no_usage" else _usage(prompt_tokens, plan.tokens, n_reason)
-    words = answer_words(messages, plan.tokens)
     n_summary = min(n_reason, sc.reasoning_summary_tokens) if reasoning.get("summary") else 0
     if not rec.stream:
         interval = plan.token_interval_ms
@@ -154,10 +163,11 @@ async def responses(request: Request) -> Response:
         rec.status_code = 200
         rec.finish_reason = plan.finish_reason
         text = "".join(words)
-        output = [_message_item(rec, text, "completed")]
+        output = ([_call_item(rec, call, "completed")] if call is not None
+                  else [_message_item(rec, text, "completed")])  # fmt: skip
         return JSONResponse(_final(rec, model, plan.finish_reason, usage, output))
     rec.status_code = 200
-    events = _events(lab, rec, plan, model, words, usage, n_reason, n_summary, arrived)
+    events = _events(lab, rec, plan, model, words, usage, n_reason, n_summary, arrived, call)
     return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
 
 
@@ -170,6 +180,13 @@ def _message_item(rec: RequestRecord, text: str | None, status: str) -> dict[str
         "role": "assistant",
         "content": content,
     }
+
+
+def _call_item(rec: RequestRecord, call: LabToolCall, status: str,
+               arguments: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"type": "function_call", "id": f"fc_{rec.id}", "call_id": call.call_id,
+            "name": call.name, "arguments": call.arguments if arguments is None else arguments,
+            "status": status}  # fmt: skip
 
 
 def _final(
@@ -201,6 +218,7 @@ async def _events(
     n_reason: int,
     n_summary: int,
     start: float,
+    call: LabToolCall | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The SSE body, each event sent at its planned time (absolute schedule, as chat)."""
     loop = asyncio.get_running_loop()
@@ -263,6 +281,28 @@ async def _events(
                 output_index=0,
                 item={"type": "reasoning", "id": rs_id, "summary": done_summary},
             )
+        if call is not None:  # a function call: its arguments in pieces, then done
+            fc = {"item_id": f"fc_{rec.id}", "output_index": msg_index}
+            yield ev("response.output_item.added", output_index=msg_index,
+                     item=_call_item(rec, call, "in_progress", arguments=""))  # fmt: skip
+            for i, piece in enumerate(words[:n_send]):
+                await at(t_text + i * interval)
+                if rec.first_token_at is None:
+                    rec.first_token_at = lab.now()
+                rec.tokens_sent = i + 1
+                yield ev("response.function_call_arguments.delta", **fc, delta=piece)
+            if plan.cut_after is not None:
+                rec.finished_at = lab.now()
+                return
+            yield ev("response.function_call_arguments.done", **fc, arguments=call.arguments)
+            item = _call_item(rec, call, "completed")
+            yield ev("response.output_item.done", output_index=msg_index, item=item)
+            final = _final(rec, model, "stop", usage, [item])
+            rec.finish_reason = "tool_calls"
+            rec.completed = True
+            rec.finished_at = lab.now()
+            yield ev("response.completed", response=final)
+            return
         where = {"item_id": item_id, "output_index": msg_index, "content_index": 0}
         yield ev(
             "response.output_item.added",

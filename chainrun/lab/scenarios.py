@@ -36,6 +36,11 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     retry_after = true        # send Retry-After with a 429
     attempts = [1]            # faults only on these attempts (x-chainrun-attempt); all if unset
 
+    [tool_calls]              # requests offering tools get tool calls (lab/tool_calls.py)
+    rounds = 1                # rounds answered with a tool call before the text answer
+    malformed_rounds = []     # rounds whose arguments break the tool's schema
+    fragments = 3             # the arguments' JSON text in this many streamed pieces
+
 The W/N split of ``work_noise`` follows "The Tail at Scale" (Dean and
 Barroso, CACM 56(2), 2013): the work W (tokens x per-token time) is fixed by the request's
 content, so two copies of one request carry the same W; only the noise N (the TTFT)
@@ -58,6 +63,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from chainrun.errors import InputFileError, UserInputError
+from chainrun.lab.tool_calls import ToolCallsConfig
 
 Fault = Literal[
     "rate_limit", "server_error", "hang", "cut_after_tokens", "no_usage", "reject",
@@ -300,6 +306,8 @@ class Scenario(_Strict):
     #: Responses API only: summary deltas streamed over the reasoning phase when the
     #: request asks for reasoning.summary (at most ``reasoning_tokens``)
     reasoning_summary_tokens: int = Field(default=8, ge=1)
+    #: answer requests that offer ``tools`` with tool calls (None: always text)
+    tool_calls: ToolCallsConfig | None = None
 
     @property
     def token_interval_ms(self) -> float:
@@ -350,7 +358,7 @@ class Plan:
 
     ttft_ms: float
     tokens: int
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     fault: Fault | None
     cut_after: int | None
     token_interval_ms: float

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -16,6 +17,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key
+from chainrun.lab.tool_calls import (
+    LabToolCall,
+    plan_tool_answer,
+    split_fragments,
+    tool_results_text,
+)
 
 MODEL_ID = "chainrun-lab"
 
@@ -65,6 +72,8 @@ class RequestRecord:
     route: str | None = None
     #: how an Azure-shaped request authenticated: "api-key" or "bearer" (never the secret)
     auth: str | None = None
+    #: the tool the answer called (the scenario's ``[tool_calls]``); None: a text answer
+    tool_call: str | None = None
 
 
 class LabState:
@@ -101,6 +110,34 @@ def error_response(
 def answer_words(messages: Any, n: int) -> list[str]:
     rng = random.Random(content_key(messages))
     return [("" if i == 0 else " ") + rng.choice(WORDS) for i in range(n)]
+
+
+def planned_answer(
+    lab: LabState, rec: RequestRecord, tools: Any, messages: list[Any], plan: Plan,
+    cap: int | None,
+) -> tuple[Plan, list[str], LabToolCall | None]:  # fmt: skip
+    """What the lab sends for a request, by the scenario's ``[tool_calls]``
+    (:mod:`chainrun.lab.tool_calls`): a tool call (its arguments' pieces as the "tokens",
+    finish reason ``tool_calls``), the tool results as text after the last round (at
+    most ``cap`` words), or the plan's words. ``rec`` gets the tokens and the tool."""
+    config = lab.scenario.tool_calls
+    call = plan_tool_answer(tools, messages, config)
+    results = tool_results_text(messages) if config is not None else None
+    if call is not None:
+        assert config is not None
+        words = split_fragments(call.arguments, config.fragments)
+        plan = dataclasses.replace(plan, tokens=len(words), finish_reason="tool_calls")
+    elif results is not None:
+        words = [("" if i == 0 else " ") + w for i, w in enumerate(results.split())]
+        cut = bool(cap) and len(words) > (cap or 0)
+        words = (words[:cap] if cut else words) or [""]
+        plan = dataclasses.replace(plan, tokens=len(words),
+                                   finish_reason="length" if cut else "stop")  # fmt: skip
+    else:
+        words = answer_words(messages, plan.tokens)
+    rec.planned_tokens = plan.tokens
+    rec.tool_call = call.name if call is not None else None
+    return plan, words, call
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -265,6 +265,36 @@ def _m030_turn_ids(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m050_tool_calls(db: sqlite_utils.Database) -> None:
+    # one row per tool call a model asked for (chainrun.tools): what ran, once, and why not
+    db.table("tool_calls").create(
+        {
+            "id": int,
+            "run_id": int,
+            "turn_id": int,
+            "step": str,
+            "attempt": int,  # the model call attempt that asked (its race's winner)
+            "round": int,  # the step's tool round (1: the answer to the message)
+            "call_id": str,  # gen_ai.tool.call.id
+            "tool": str,  # gen_ai.tool.name
+            "arguments": str,  # JSON text as the model sent it ([log] redact applied)
+            "idempotency_key": str,  # "{turn id}:{call id}", handed to the tool
+            "side_effects": int,
+            "status": str,  # ok | error | timeout | invalid_arguments | unknown_tool | not_started
+            "started_offset_ms": float,  # from the step's start; NULL: never started
+            "duration_ms": float,  # NULL: never started
+            "result": str,  # what the model was told (JSON text)
+            "error_type": str,
+            "error_message": str,
+            "turn_cancelled": int,  # the turn was cancelled while the tool ran (awaited)
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id"), ("turn_id", "turns", "id")],
+    )
+    db.table("tool_calls").create_index(["turn_id"])
+    db.table("tool_calls").create_index(["run_id", "step"])
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -274,6 +304,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("010_catalog", _m010_catalog),
     ("020_eval_results", _m020_eval_results),
     ("030_turn_ids", _m030_turn_ids),
+    ("050_tool_calls", _m050_tool_calls),
 )
 
 

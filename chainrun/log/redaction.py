@@ -2,7 +2,8 @@
 
 ``[log] redact = ["email", "phone", "card"]`` in ``chainrun.toml`` masks those kinds in
 every text chainrun writes to the log (turn input and output, step outputs and details,
-call prompts, outputs, reasoning and error messages, verdicts), as ``[email]``,
+call prompts, outputs, reasoning and error messages, verdicts, tool calls' arguments,
+results and errors), as ``[email]``,
 ``[phone]``, ``[card]``. What the model receives and what the caller streams are not
 changed: only the record is.
 
@@ -95,3 +96,7 @@ def redact_turn(log: TurnLog, r: Redactor) -> None:
         s.output = r.text(s.output)
         s.detail = r.value(s.detail)
     redact_calls(log.calls, r)
+    for t in log.tool_calls:
+        t.arguments = r.json_text(t.arguments)
+        t.result = r.json_text(t.result)
+        t.error_message = r.text(t.error_message)

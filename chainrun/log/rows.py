@@ -32,6 +32,8 @@ __all__ = [
     "RunStatus",
     "StepRow",
     "StepStatus",
+    "ToolCallRow",
+    "ToolCallStatus",
     "TurnLog",
     "TurnRow",
     "TurnStatus",
@@ -348,6 +350,42 @@ class TurnUsage:
 UNSENT_OUTCOMES = frozenset({"budget_exhausted", "suppressed"})
 
 
+ToolCallStatus = Literal[
+    "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started"
+]
+
+
+class ToolCallRow(_Row):
+    """One tool call a model asked for: a row of ``tool_calls`` (see
+    :mod:`chainrun.tools.runner` for what each status means). Times in ms; offsets from
+    the step's start; NULL: the tool never started."""
+
+    id: int | None = None
+    run_id: int | None = None
+    turn_id: int | None = None
+    step: str
+    #: the model call attempt that asked (the hedged race's winner)
+    attempt: int = 1
+    #: the step's tool round (1: the model's answer to the message)
+    round: int = 1
+    call_id: str  # gen_ai.tool.call.id
+    tool: str  # gen_ai.tool.name
+    #: the arguments as the model sent them (JSON text; ``[log] redact`` applied)
+    arguments: str | None = None
+    #: ``"{turn id}:{call id}"``, handed to the tool
+    idempotency_key: str | None = None
+    side_effects: bool = False
+    status: ToolCallStatus = "ok"
+    started_offset_ms: float | None = None
+    duration_ms: float | None = None
+    #: what the model was told: the result, or ``{"error": ...}`` (JSON text)
+    result: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    #: the turn was cancelled while the tool ran; it was awaited to its end
+    turn_cancelled: bool = False
+
+
 @dataclass
 class TurnLog:
     """A turn's row with its steps' and calls' rows: what the chain writes in one
@@ -360,6 +398,8 @@ class TurnLog:
     turn: TurnRow
     steps: list[StepRow] = field(default_factory=list)
     calls: list[CallRow] = field(default_factory=list)
+    #: the tool calls the turn's models asked for, in the order asked
+    tool_calls: list[ToolCallRow] = field(default_factory=list)
 
     @property
     def turn_id(self) -> int:
@@ -371,6 +411,10 @@ class TurnLog:
         """The turn's wall-clock start (UTC), or None when the row has none."""
         value = self.turn.started_at
         return datetime.fromisoformat(value) if value else None
+
+    def tool_calls_of(self, step: str) -> list[ToolCallRow]:
+        """The tool calls ``step``'s model asked for, in the order asked."""
+        return [t for t in self.tool_calls if t.step == step]
 
     def calls_of(self, step: str) -> list[CallRow]:
         """The calls rows of ``step``, by attempt number."""

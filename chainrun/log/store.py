@@ -27,7 +27,16 @@ from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 from chainrun.errors import UserInputError
 from chainrun.log.migrations import MIGRATIONS, migrate, utc_now
 from chainrun.log.redaction import Redactor, redact_calls, redact_turn
-from chainrun.log.rows import CallRow, RunKind, RunRow, RunStatus, StepRow, TurnLog, TurnRow
+from chainrun.log.rows import (
+    CallRow,
+    RunKind,
+    RunRow,
+    RunStatus,
+    StepRow,
+    ToolCallRow,
+    TurnLog,
+    TurnRow,
+)
 from chainrun.log.transactions import write_transaction
 from chainrun.log.turn_ids import TurnIds, release
 from chainrun.log.writer import LogWriter
@@ -427,10 +436,22 @@ class Store:
         ``redactor`` masks personal data in the texts first (``[log] redact``)."""
         if self.redactor:
             redact_turn(log, self.redactor)
-        turn_id = self._ids.take_sync() if self.writer is not None else None
+        # an id reserved at the turn's start (areserve_turn_id), else the next one
+        turn_id = log.turn.id if log.turn.id is not None else self._ids.take_sync()
         write = _prepare_turn(run_id, log, turn_id)
         with write_transaction(self.db):
             return write(self.db.conn)
+
+    async def areserve_turn_id(self) -> int:
+        """A turn id for a turn about to run, known before its row is written (a turn with
+        tools needs it for its idempotency keys); give it to :meth:`alog_turn`.
+
+        Raises:
+            Whatever the id reservation raised (the log could not be written).
+        """
+        if self.writer is None:
+            return self._ids.take_sync()
+        return await self._ids.take()
 
     async def alog_turn(self, run_id: int, log: TurnLog, *, durable: bool = False) -> int:
         """:meth:`log_turn` off the event loop (on the writer thread for a file log);
@@ -449,7 +470,7 @@ class Store:
         """
         if self.writer is None:
             return self.log_turn(run_id, log)
-        turn_id = await self._ids.take()
+        turn_id = log.turn.id if log.turn.id is not None else await self._ids.take()
         redactor = self.redactor
 
         def build() -> Callable[[sqlite_utils.Database], int]:
@@ -516,6 +537,10 @@ class Store:
         """The model call attempts of a run (or of several), in the order they were logged."""
         return [CallRow.from_db(r) for r in self._rows("calls", run_ids)]
 
+    def tool_calls(self, run_ids: int | Sequence[int]) -> list[ToolCallRow]:
+        """The tool calls of a run (or of several), in the order they were logged."""
+        return [ToolCallRow.from_db(r) for r in self._rows("tool_calls", run_ids)]
+
     def turn(self, turn_id: int) -> TurnLog | None:
         """One turn's row with its steps and calls, or None when there is no such turn."""
         rows = list(self.db.table("turns").rows_where("id = ?", [turn_id]))
@@ -523,8 +548,10 @@ class Store:
             return None
         steps = self.db.table("steps").rows_where("turn_id = ?", [turn_id], order_by="id")
         calls = self.db.table("calls").rows_where("turn_id = ?", [turn_id], order_by="id")
+        tools = self.db.table("tool_calls").rows_where("turn_id = ?", [turn_id], order_by="id")
         return TurnLog(TurnRow.from_db(rows[0]), [StepRow.from_db(r) for r in steps],
-                          [CallRow.from_db(r) for r in calls])  # fmt: skip
+                       [CallRow.from_db(r) for r in calls],
+                       [ToolCallRow.from_db(r) for r in tools])  # fmt: skip
 
     def runs_of_kind(self, kind: RunKind) -> list[RunRow]:
         """Every run of ``kind``, oldest first."""
@@ -591,7 +618,8 @@ def _prepare_turn(
     turn_params = tuple(turn.values())
     children: list[tuple[str, list[tuple[Any, ...]]]] = []
     for table, rows in (("steps", [s.to_db() for s in log.steps]),
-                        ("calls", [c.to_db() for c in log.calls])):  # fmt: skip
+                        ("calls", [c.to_db() for c in log.calls]),
+                        ("tool_calls", [t.to_db() for t in log.tool_calls])):  # fmt: skip
         by_cols: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
         for row in rows:
             row["run_id"] = run_id
@@ -624,7 +652,8 @@ def _write_scrubbed(
     fail the commit and lose the turn. Only on this failure path: the hot path pays
     nothing for it."""
     if partial_id is not None:
-        for table, col in (("calls", "turn_id"), ("steps", "turn_id"), ("turns", "id")):
+        for table, col in (("tool_calls", "turn_id"), ("calls", "turn_id"), ("steps", "turn_id"),
+                           ("turns", "id")):  # fmt: skip
             conn.execute(f"delete from {table} where {col} = ?", [partial_id])
     tid = conn.execute(turn[0], scrub_surrogates(turn[1])).lastrowid
     assert tid is not None

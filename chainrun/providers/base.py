@@ -54,7 +54,9 @@ class ChatRequest:
     """
 
     model: str
-    messages: list[dict[str, str]]
+    #: Chat Completions messages: ``{"role", "content"}``, plus an assistant message's
+    #: ``tool_calls`` and ``{"role": "tool", "tool_call_id", "content"}`` results
+    messages: list[dict[str, Any]]
     max_output_tokens: int | None = None
     temperature: float | None = None
     reasoning_effort: str | None = None
@@ -65,6 +67,11 @@ class ChatRequest:
     #: a JSON Schema for the answer (sent as ``response_format`` json_schema)
     json_schema: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: tools the model may call: ``{"name", "description", "parameters"}`` each (sent as
+    #: Chat Completions ``tools`` of type function, or Responses function tools)
+    tools: list[dict[str, Any]] | None = None
+    #: ``"auto"``, ``"none"`` or ``"required"`` (None: not sent, the server's default)
+    tool_choice: str | None = None
 
 
 class Provider(Protocol):
@@ -176,8 +183,8 @@ class ChatStream:
                 timer.on_chunk(clock(), chunk)
                 if chunk.content:
                     self._wake_reader()
-                if not got_token and (chunk.content or chunk.reasoning):
-                    got_token = True
+                if not got_token and (chunk.content or chunk.reasoning or chunk.tool_calls):
+                    got_token = True  # a tool call's first piece is the model answering
                     self._first.set()
             if timer.finish_reason is None:
                 self.error = StreamTruncated(
@@ -227,7 +234,8 @@ class ChatStream:
             self._start_pump()
 
     async def first_token(self) -> ChatStream:
-        """Wait until the first content or reasoning token arrived; return self.
+        """Wait until the first content or reasoning token (or a tool call's first piece)
+        arrived; return self.
 
         Raises:
             ProviderError: the call failed, or ended before any token

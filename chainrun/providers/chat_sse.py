@@ -29,7 +29,7 @@ What it keeps, exactly as the SDK path did (tests/test_chat_sse.py compares the 
   ``delta.reasoning_content`` (llama.cpp, vLLM, DeepSeek) or ``delta.reasoning`` (only
   when text), ``finish_reason``, usage on its own chunk with empty ``choices`` or on the
   finish chunk (kept exactly: a missing count stays None, never 0), ``model``, ``id``
-  and llama.cpp's ``timings`` block.
+  and llama.cpp's ``timings`` block; ``delta.tool_calls`` pieces (:func:`tool_call_deltas`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 
 from chainrun.errors import MalformedStream, StreamError
 from chainrun.providers.openai_client import stream_error_from_body
-from chainrun.timing import Chunk, Usage, make_chunk
+from chainrun.timing import Chunk, ToolCallDelta, Usage, make_chunk
 
 _loads = json.loads
 DONE = object()  #: what :meth:`ChatSSEParser.feed` returns in place of ``[DONE]``
@@ -64,11 +64,34 @@ def usage_from_dict(u: Any) -> Usage | None:
     )
 
 
+def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...] | None:
+    """A chunk's ``delta.tool_calls`` (a list of ``{"index", "id", "type", "function":
+    {"name", "arguments"}}``, only ``index`` and an ``arguments`` piece after a call's
+    first fragment) as :class:`~chainrun.timing.ToolCallDelta` s; None when empty.
+
+    Raises:
+        MalformedStream: an entry that is not an object with an integer ``index``.
+    """
+    if not isinstance(raw, list):
+        raise MalformedStream(f"delta.tool_calls: expected a list, got {type(raw).__name__}")
+    out = []
+    for i, c in enumerate(raw):
+        index = c.get("index", i) if isinstance(c, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise MalformedStream(f"delta.tool_calls[{i}]: expected an object with an index")
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        args = fn.get("arguments")
+        out.append(ToolCallDelta(index=index, id=c.get("id") or None,
+                                 name=fn.get("name") or None,
+                                 arguments=args if isinstance(args, str) else ""))  # fmt: skip
+    return tuple(out) or None
+
+
 def chunk_from_dict(d: dict[str, Any], nbytes: int = 0) -> Chunk:
     """One ``chat.completion.chunk`` JSON object as a :class:`~chainrun.timing.Chunk`
     (``nbytes``: its size as received); the same fields as
     :func:`~chainrun.providers.openai_compat.normalise_chunk` reads from the SDK's model."""
-    content = reasoning = role = finish = None
+    content = reasoning = role = finish = tool_calls = None
     choices = d.get("choices")
     if choices:
         choice = choices[0]
@@ -79,6 +102,9 @@ def chunk_from_dict(d: dict[str, Any], nbytes: int = 0) -> Chunk:
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if not isinstance(reasoning, str):
                 reasoning = None
+            raw_calls = delta.get("tool_calls")
+            if raw_calls:
+                tool_calls = tool_call_deltas(raw_calls)
         finish = choice.get("finish_reason")
     usage = d.get("usage")
     return make_chunk(
@@ -91,6 +117,7 @@ def chunk_from_dict(d: dict[str, Any], nbytes: int = 0) -> Chunk:
         d.get("id") or None,
         d.get("timings"),
         nbytes,
+        tool_calls,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from chainrun.errors import ProviderError
 from chainrun.providers.base import ChatRequest
-from chainrun.timing import Chunk, Usage
+from chainrun.timing import Chunk, ToolCallDelta, Usage
 
 
 @dataclass
@@ -29,6 +29,9 @@ class FakeReply:
         usage: send the usage chunk (token counts = number of chunks).
         finish_reason: None = the stream ends without one (truncated).
         error: raised instead of answering (after ``ttft_s``).
+        tool_calls: answer with these tool calls instead of text: ``{"id", "name",
+            "arguments"}`` each (arguments: JSON text, streamed in two pieces after a
+            first fragment with the id and name; finish reason ``tool_calls``).
     """
 
     text: str = "ok"
@@ -39,6 +42,7 @@ class FakeReply:
     usage: bool = True
     finish_reason: str | None = "stop"
     error: Exception | None = None
+    tool_calls: list[dict[str, str]] | None = None
 
 
 Script = FakeReply | Callable[[ChatRequest], FakeReply]
@@ -78,7 +82,13 @@ class FakeProvider:
                     await asyncio.sleep(reply.gap_s)
                 yield Chunk(reasoning=word + " ", nbytes=40 + len(word))
                 n += 1
-            words = reply.text.split(" ")
+            if reply.tool_calls is not None:
+                async for chunk in _tool_call_chunks(reply, n):
+                    yield chunk
+                    n += 1
+                words = []
+            else:
+                words = reply.text.split(" ")
             for i, word in enumerate(words):
                 if i or n:
                     await asyncio.sleep(reply.gap_s)
@@ -93,7 +103,8 @@ class FakeProvider:
                 reasoning_n = len((reply.reasoning or "").split())
                 yield Chunk(
                     usage=Usage(
-                        input_tokens=sum(len(m["content"].split()) for m in request.messages),
+                        input_tokens=sum(len(str(m.get("content") or "").split())
+                                     for m in request.messages),
                         output_tokens=n,
                         reasoning_tokens=reasoning_n,
                         cached_input_tokens=0,
@@ -109,6 +120,24 @@ class FakeProvider:
 
     async def aclose(self) -> None:
         return None
+
+
+async def _tool_call_chunks(reply: FakeReply, sent: int) -> AsyncIterator[Chunk]:
+    """A reply's tool calls as chunks: per call a first piece (id, name), then its
+    arguments in two pieces; the last chunk carries finish reason ``tool_calls``."""
+    calls = reply.tool_calls or []
+    pieces: list[ToolCallDelta] = []
+    for i, call in enumerate(calls):
+        args = call.get("arguments", "")
+        half = len(args) // 2
+        pieces.append(ToolCallDelta(index=i, id=call.get("id"), name=call.get("name")))
+        pieces += [ToolCallDelta(index=i, arguments=a) for a in (args[:half], args[half:]) if a]
+    for k, piece in enumerate(pieces):
+        if k or sent:
+            await asyncio.sleep(reply.gap_s)
+        last = k == len(pieces) - 1
+        finish = "tool_calls" if last and reply.finish_reason else None
+        yield Chunk(tool_calls=(piece,), nbytes=50 + len(piece.arguments), finish_reason=finish)
 
 
 def failing(message: str = "fake failure") -> FakeReply:

@@ -27,7 +27,7 @@ from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.chat_sse import DONE, ChatSSEParser
 from chainrun.providers.openai_client import OpenAIClientProvider
-from chainrun.timing import Chunk, Usage, make_chunk
+from chainrun.timing import Chunk, ToolCallDelta, Usage, make_chunk
 
 
 def _usage(u: Any) -> Usage | None:
@@ -54,13 +54,22 @@ def normalise_chunk(raw: Any, nbytes: int = 0) -> Chunk:
     it reads pydantic's extra fields directly (``__pydantic_extra__``, what
     ``model_extra`` returns) and builds the chunk with :func:`~chainrun.timing.make_chunk`.
     """
-    content = reasoning = role = finish = None
+    content = reasoning = role = finish = tool_calls = None
     choices = raw.choices
     if choices:
         choice = choices[0]
         delta = choice.delta
         content = delta.content
         role = delta.role
+        if delta.tool_calls:
+            tool_calls = tuple(
+                ToolCallDelta(
+                    index=c.index, id=c.id or None,
+                    name=(c.function.name or None) if c.function else None,
+                    arguments=(c.function.arguments or "") if c.function else "",
+                )
+                for c in delta.tool_calls
+            )  # fmt: skip
         dextra = getattr(delta, "__pydantic_extra__", None)
         if dextra:
             reasoning = dextra.get("reasoning_content") or dextra.get("reasoning")
@@ -79,6 +88,7 @@ def normalise_chunk(raw: Any, nbytes: int = 0) -> Chunk:
         raw.id or None,
         extra.get("timings") if extra else None,
         nbytes,
+        tool_calls,
     )
 
 
@@ -111,6 +121,10 @@ class OpenAICompatProvider(OpenAIClientProvider):
                 "type": "json_schema",
                 "json_schema": {"name": "answer", "schema": request.json_schema},
             }
+        if request.tools:
+            params["tools"] = [{"type": "function", "function": t} for t in request.tools]
+            if request.tool_choice is not None:
+                params["tool_choice"] = request.tool_choice
         if request.headers:
             params["extra_headers"] = request.headers
         return params

@@ -1,9 +1,10 @@
 """Adapter for OpenAI's Responses API (``POST /v1/responses``) over the ``openai`` SDK.
 
 The request (:func:`response_params`): system messages become ``instructions``, the
-other messages ``input``; ``reasoning_effort`` is sent as ``reasoning={"effort": ...}``
-(with ``"summary"`` when the step asks for a reasoning summary), the token cap as
-``max_output_tokens`` (visible plus reasoning tokens), a JSON Schema as
+other messages ``input`` (tool calls and results as ``function_call`` and
+``function_call_output`` items, tools as function tools); ``reasoning_effort`` is sent
+as ``reasoning={"effort": ...}`` (with ``"summary"`` when the step asks for a reasoning
+summary), the token cap as ``max_output_tokens`` (visible plus reasoning tokens), a JSON Schema as
 ``text={"format": {"type": "json_schema", ...}}``. The Responses API has no ``stop``
 and no ``seed``, so they are not sent: a chain step that sets them is refused before
 any call (:mod:`chainrun.capabilities`); the eval grader's pinned seed goes unsent there.
@@ -22,6 +23,10 @@ pure accumulator):
   (``incomplete_details.reason``; ``max_output_tokens`` → ``length``) is one more
   chunk carrying the usage: ``input_tokens``, ``input_tokens_details.cached_tokens``,
   ``output_tokens`` (includes reasoning) and ``output_tokens_details.reasoning_tokens``.
+- A ``function_call`` output item (``response.output_item.added``: its ``call_id`` and
+  ``name``) and its ``response.function_call_arguments.delta`` pieces are tool-call
+  chunks, indexed by ``output_index``; an answer that called a function completes with
+  finish reason ``tool_calls``.
 - ``response.failed`` and ``error`` events raise :class:`ResponseFailed` with the
   server's message. A stream that ends without a terminal event is truncated.
 """
@@ -40,7 +45,7 @@ import openai
 from chainrun.errors import ProviderError
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.openai_client import OpenAIClientProvider
-from chainrun.timing import Chunk, Usage
+from chainrun.timing import Chunk, ToolCallDelta, Usage
 
 #: ``incomplete_details.reason`` → the Chat Completions finish reason of the same meaning
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -67,18 +72,43 @@ class ResponseFailed(ProviderError):
         self.param = param
 
 
+def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Responses ``input`` for Chat Completions messages (system ones go to
+    ``instructions``): an assistant message's ``tool_calls`` become ``function_call``
+    items, a ``tool`` message a ``function_call_output`` (OpenAI API reference,
+    "Function calling")."""
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            continue
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
+                          "output": m.get("content") or ""})  # fmt: skip
+            continue
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if m.get("content") or not calls:
+            items.append({"role": role, "content": m.get("content") or ""})
+        for c in calls or ():
+            fn = c.get("function") or {}
+            items.append({"type": "function_call", "call_id": c.get("id"),
+                          "name": fn.get("name"),
+                          "arguments": fn.get("arguments") or ""})  # fmt: skip
+    return items
+
+
 def response_params(request: ChatRequest) -> dict[str, Any]:
     """The ``client.responses.create`` keyword arguments for ``request`` (always streamed)."""
     system = [m["content"] for m in request.messages if m.get("role") in ("system", "developer")]
     params: dict[str, Any] = {
         "model": request.model,
-        "input": [
-            {"role": m["role"], "content": m["content"]}
-            for m in request.messages
-            if m.get("role") not in ("system", "developer")
-        ],
+        "input": input_items(request.messages),
         "stream": True,
     }
+    if request.tools:
+        params["tools"] = [{"type": "function", **t} for t in request.tools]
+        if request.tool_choice is not None:
+            params["tool_choice"] = request.tool_choice
     if system:
         params["instructions"] = "\n\n".join(system)
     if request.max_output_tokens is not None:
@@ -130,6 +160,8 @@ class ResponseEvents:
         self._id: str | None = None
         self._pending_bytes = 0
         self.events = 0
+        #: a function_call item was seen: the answer's finish reason is "tool_calls"
+        self._called = False
 
     def _chunk(self, nbytes: int, **fields: Any) -> Chunk:
         chunk = Chunk(
@@ -150,9 +182,25 @@ class ResponseEvents:
             return self._chunk(nbytes, content=event.delta)
         if kind in _REASONING_EVENTS:
             return self._chunk(nbytes, reasoning=event.delta)
+        if kind == "response.output_item.added":
+            item = getattr(event, "item", None)
+            if getattr(item, "type", None) == "function_call":
+                self._called = True
+                delta = ToolCallDelta(
+                    index=int(getattr(event, "output_index", 0) or 0),
+                    id=getattr(item, "call_id", None) or None,
+                    name=getattr(item, "name", None) or None,
+                    arguments=getattr(item, "arguments", None) or "",
+                )
+                return self._chunk(nbytes, tool_calls=(delta,))
+        if kind == "response.function_call_arguments.delta":
+            delta = ToolCallDelta(index=int(getattr(event, "output_index", 0) or 0),
+                                  arguments=getattr(event, "delta", None) or "")  # fmt: skip
+            return self._chunk(nbytes, tool_calls=(delta,))
         if kind == "response.completed":
             usage = _usage(getattr(response, "usage", None))
-            return self._chunk(nbytes, finish_reason="stop", usage=usage)
+            finish = "tool_calls" if self._called else "stop"
+            return self._chunk(nbytes, finish_reason=finish, usage=usage)
         if kind == "response.incomplete":
             details = getattr(response, "incomplete_details", None)
             reason = getattr(details, "reason", None) or "incomplete"

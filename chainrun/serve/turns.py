@@ -7,6 +7,8 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     turn_started  {conversation_id, request_id, answer_step, steps: [names in order]}
     step          {phase: "started", step, kind, started_ms}
     token         {step, text}
+    tool          {phase: "started" | "finished", step, tool, call_id, round, side_effects,
+                   started_ms, duration_ms, status, error_type}   (a step with tools)
     step          {phase: "finished", step, kind, status, started_ms, duration_ms,
                    ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
                    error_type, model, reasoning_effort, output}
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chainrun.chain import Chain
-from chainrun.events import StepFinished, StepStarted, TokenDelta, TurnFinished
+from chainrun.events import StepFinished, StepStarted, TokenDelta, ToolCallEvent, TurnFinished
 from chainrun.log.logged_turn import LoggedTurn, TurnUsage, find_turn, read_turn
 from chainrun.serve.disconnect import detached
 
@@ -73,10 +75,13 @@ def turn_summary(
                   n_attempts, hedge_fired, hedge_won, hedge_delay_ms, error_type,
                   post_answer,
                   attempts: [{attempt, target, started_ms, ttft_ms, duration_ms,
-                              outcome, output_tokens, error_type}]}]}
+                              outcome, output_tokens, error_type}],
+                  tool_calls: [{tool, call_id, round, attempt, status, side_effects,
+                                started_ms, duration_ms, error_type, turn_cancelled}]}]}
 
     ``started_ms`` of a step is from the turn's start, of an attempt from its step's
-    start; steps that ran concurrently overlap. ``answer_ttft_ms`` / ``answer_done_ms``
+    start, of a tool call from its step's start (None: the tool never started); steps
+    that ran concurrently overlap. ``answer_ttft_ms`` / ``answer_done_ms``
     are the shopper's wait for the first answer token / the whole answer (None when no
     answer reached the user); ``post_answer`` steps (checks of the answer) are not part of
     it. Without a log (``logged`` None) the steps come from the events alone.
@@ -113,10 +118,25 @@ def turn_summary(
                         }
                         for c in logged.calls_of(row.step)
                     ],
+                    "tool_calls": [
+                        {
+                            "tool": t.tool,
+                            "call_id": t.call_id,
+                            "round": t.round,
+                            "attempt": t.attempt,
+                            "status": t.status,
+                            "side_effects": bool(t.side_effects),
+                            "started_ms": t.started_offset_ms,
+                            "duration_ms": t.duration_ms,
+                            "error_type": t.error_type,
+                            "turn_cancelled": bool(t.turn_cancelled),
+                        }
+                        for t in logged.tool_calls_of(row.step)
+                    ],
                 }
             )
     else:
-        steps = [{**s, "attempts": []} for s in live_steps.values()]
+        steps = [{**s, "attempts": [], "tool_calls": []} for s in live_steps.values()]
     usage = logged.usage() if logged is not None else TurnUsage()
     return {
         "turn_id": done.turn_id,
@@ -217,6 +237,13 @@ class TurnRunner:
     def _wire(self, ev: Any, finished: dict[str, dict[str, Any]]) -> WireEvent:
         if isinstance(ev, TokenDelta):
             return WireEvent("token", {"step": ev.step, "text": ev.text})
+        if isinstance(ev, ToolCallEvent):
+            return WireEvent("tool", {
+                "phase": ev.phase, "step": ev.step, "tool": ev.tool, "call_id": ev.call_id,
+                "round": ev.round, "side_effects": ev.side_effects,
+                "started_ms": ev.started_offset_ms, "duration_ms": ev.duration_ms,
+                "status": ev.status, "error_type": ev.error_type,
+            })  # fmt: skip
         if isinstance(ev, StepStarted):
             started = ev.started_offset_ms
             return WireEvent(

@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Map
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chainrun.jsonout import schema_errors
+from chainrun.answer_json import schema_errors
 from chainrun.tools.tool import Tool, ToolContext
 
 __all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",

@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chainrun.jsonout import check_schema
+from chainrun.answer_json import check_schema
 
 __all__ = ["RESERVED_ARGUMENTS", "TOOL_NAME_RE", "ToolConfig", "check_tool_name"]
 

@@ -101,7 +101,8 @@ class Waterfall {
     const facts = el("div", "wf-facts");
     row.append(el("div", "wf-name", name), track, facts);
     $("rows").append(row);
-    const s = { row, track, bar, facts, start: null, duration: null, ttft: null, attempts: [] };
+    const s = { row, track, bar, facts, start: null, duration: null, ttft: null, attempts: [],
+                tools: new Map() };
     this.steps.set(name, s);
     return s;
   }
@@ -142,6 +143,37 @@ class Waterfall {
       else if (d.hedge_won) text += ", a copy won";
       s.facts.append(el("div", "hedge", text));
     }
+    for (const t of s.tools.values()) s.facts.append(t.line);  // kept across updates
+  }
+
+  // a tool call of a step: a bar under the step's bar, from its start for its duration
+  // (still growing while it runs); a call that never ran is a thin mark at the step's end
+  tool(d) {
+    const s = this.row(d.step);
+    let t = s.tools.get(d.call_id);
+    if (!t) {
+      const bar = el("div", "wf-tool");
+      bar.dataset.tool = d.tool;
+      bar.dataset.callId = d.call_id;
+      bar.style.top = 20 + (s.attempts.length + s.tools.size) * 8 + "px";
+      s.track.append(bar);
+      t = { bar, start: null, duration: null };
+      s.tools.set(d.call_id, t);
+      s.track.style.minHeight = 22 + (s.attempts.length + s.tools.size) * 8 + "px";
+      const line = el("div", "tool-call");
+      line.dataset.callId = d.call_id;
+      s.facts.append(line);
+      t.line = line;
+    }
+    t.bar.dataset.status = d.status || "running";
+    t.bar.dataset.sideEffects = String(!!d.side_effects);
+    if (d.started_ms !== null && d.started_ms !== undefined) t.start = d.started_ms;
+    if (d.duration_ms !== null && d.duration_ms !== undefined) t.duration = d.duration_ms;
+    t.done = d.phase === "finished";
+    const parts = ["tool " + d.tool + " (round " + d.round + ")", d.status || "running"];
+    if (t.duration !== null) parts.push(ms(t.duration));
+    t.bar.title = parts.join(" · ");
+    t.line.textContent = parts.join(" · ");
   }
 
   attempts(stepSummary) {
@@ -173,6 +205,10 @@ class Waterfall {
       const s = this.row(step.step);
       this.finished(step);
       this.attempts(step);
+      for (const tc of step.tool_calls || []) {
+        this.tool({ ...tc, step: step.step, phase: "finished",
+                    started_ms: tc.started_ms === null ? null : (step.started_ms || 0) + tc.started_ms });
+      }
       if (step.status === "skipped") s.bar.hidden = true;
     }
     const facts = $("turn-facts");
@@ -217,6 +253,12 @@ class Waterfall {
       for (const a of s.attempts) {
         a.style.left = pct(a._start);
         a.style.width = pct(a._duration || 0);
+      }
+      for (const t of s.tools.values()) {
+        const begin = t.start ?? (s.start + (s.duration ?? Math.max(0, now - s.start)));
+        const width = t.duration ?? (t.done || t.start === null ? 0 : Math.max(0, now - t.start));
+        t.bar.style.left = pct(begin);
+        t.bar.style.width = "max(3px, " + pct(width) + ")";
       }
     }
     const axis = $("axis");
@@ -274,6 +316,8 @@ async function ask(message) {
         wf = new Waterfall(data.steps, data.answer_step);
       } else if (event === "step" && wf) {
         if (data.phase === "started") wf.started(data); else wf.finished(data);
+      } else if (event === "tool" && wf) {
+        wf.tool(data);
       } else if (event === "token" && wf && data.step === wf.answerStep) {
         answer.textContent += data.text;
         answer.scrollIntoView({ block: "end" });
