@@ -48,9 +48,9 @@ SYSTEM = "You are a shop assistant. Use the tools to look orders up and to fill 
 
 
 async def ask(provider: OpenAICompatProvider, question: str) -> dict[str, Any]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     request = ChatRequest(model="gemma-3-270m", tools=TOOLS, max_output_tokens=96,
-                          temperature=0.0, messages=[{"role": "system", "content": SYSTEM},
-                                                     {"role": "user", "content": question}])  # fmt: skip
+                          temperature=0.0, messages=messages)  # fmt: skip
     stream = ChatStream(provider, request)
     try:
         await stream.collect()

@@ -360,9 +360,14 @@ class ToolCallRow(_Row):
     :mod:`chainrun.tools.runner` for what each status means). Times in ms; offsets from
     the step's start; NULL: the tool never started."""
 
+    table: ClassVar[str] = "tool_calls"
+    #: row id
     id: int | None = None
+    #: the run (runs.id)
     run_id: int | None = None
+    #: the turn (turns.id)
     turn_id: int | None = None
+    #: the step whose model asked
     step: str
     #: the model call attempt that asked (the hedged race's winner)
     attempt: int = 1
@@ -374,13 +379,20 @@ class ToolCallRow(_Row):
     arguments: str | None = None
     #: ``"{turn id}:{call id}"``, handed to the tool
     idempotency_key: str | None = None
+    #: the tool's ``side_effects`` (False for a name that is no tool)
     side_effects: bool = False
+    #: ok | error | timeout | invalid_arguments | unknown_tool | not_started
     status: ToolCallStatus = "ok"
+    #: when the tool started, from the step's start (NULL: it never started)
     started_offset_ms: float | None = None
+    #: how long it ran (NULL: it never started)
     duration_ms: float | None = None
     #: what the model was told: the result, or ``{"error": ...}`` (JSON text)
     result: str | None = None
+    #: invalid_arguments, unknown_tool, timeout, not_started, result_not_json or the
+    #: exception's class name (NULL: ok)
     error_type: str | None = None
+    #: the error as the model was told it
     error_message: str | None = None
     #: the turn was cancelled while the tool ran; it was awaited to its end
     turn_cancelled: bool = False
