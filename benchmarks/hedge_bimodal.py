@@ -12,14 +12,27 @@ refuses the turn).
   started at <= 2 s answers by 2.3 s if it draws the warm path, so the turn fails only
   when all three draw the cold path: P(success) = 1 - 0.5^3 = 0.875, with
   1 + 0.5 + 0.25 = 1.75 calls per turn.
+* auto: ``delay = "auto"``, ``target = "in_deadline"``, up to ``max_attempts = 10``,
+  ``max_extra_load = 1.05``: the step derives its delay and attempts from its own
+  latency window (:mod:`chainrun.hedging.advisor`). Measured over ``--turns`` turns after
+  ``--warmup`` turns on the same chain (its window's warm-up and first advice). With the
+  warm path ending at 0.3 s, copies every ~0.3 s fit 8 attempts into 3 s: P(success) =
+  1 - 0.5^8 = 0.996 at 0.5 + 0.25 + ... = 0.99 extra calls per turn; with 7 attempts
+  0.992 at 0.98.
 
-Run: ``python benchmarks/hedge_bimodal.py [--turns 1000] [--concurrency 50] [--json]``.
+Success and extra calls per turn come with 95% intervals (Wilson; normal approximation
+of the mean for extra calls).
+
+Run: ``python benchmarks/hedge_bimodal.py [--turns 1000] [--warmup 300] [--concurrency 50]
+[--modes single,hedged,auto] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import statistics
 import sys
 import time
 from collections import Counter
@@ -34,7 +47,13 @@ DEADLINE_S = 3.0
 P_FAST = 0.5
 DELAY_MS = 1000.0
 MAX_ATTEMPTS = 3
-MODES = ("single", "hedged")
+MODES = ("single", "hedged", "auto")
+AUTO_HEDGE = {
+    "delay": "auto",
+    "target": "in_deadline",
+    "max_attempts": 10,
+    "max_extra_load": 1.05,
+}
 
 
 def predicted() -> dict[str, float]:
@@ -48,14 +67,16 @@ def predicted() -> dict[str, float]:
     }
 
 
-def guard_step(hedged: bool, max_extra_load: float) -> dict[str, Any]:
+def guard_step(hedged: bool, max_extra_load: float, auto: bool = False) -> dict[str, Any]:
     step: dict[str, Any] = {
         "max_output_tokens": 8,
         "deadline_s": DEADLINE_S,
         "stream": False,
         "on_failure": "closed",
     }
-    if hedged:
+    if auto:
+        step["hedge"] = dict(AUTO_HEDGE)
+    elif hedged:
         step["hedge"] = {
             "delay_ms": DELAY_MS,
             "max_attempts": MAX_ATTEMPTS,
@@ -91,39 +112,59 @@ def lab_draws(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def run_mode(
-    lab: LabServer, mode: str, turns: int, concurrency: int, max_extra_load: float
-) -> dict[str, Any]:
-    """Run ``turns`` turns in one mode, ``single`` or ``hedged``."""
-    hedged = mode == "hedged"
+    lab: LabServer, mode: str, turns: int, concurrency: int, max_extra_load: float,
+    warmup: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``turns`` turns in one mode, ``single``, ``hedged`` or ``auto`` (after
+    ``warmup`` turns on the same chain, left out of every number but ``advisor``)."""
+    hedged, auto = mode == "hedged", mode == "auto"
+    attempts = AUTO_HEDGE["max_attempts"] if auto else MAX_ATTEMPTS
     config = c.one_step_config(
         lab.base_url,
-        guard_step(hedged, max_extra_load),
-        max_connections=max(100, concurrency * MAX_ATTEMPTS * 2),
+        guard_step(hedged, max_extra_load, auto),
+        max_connections=max(100, concurrency * int(attempts) * 2),
     )
+    warm = warmup if auto else 0
     messages = [f"turn {i} ({mode}): is this message safe to answer?" for i in range(turns)]
+    warm_messages = [f"warm-up {i} ({mode}): is this message safe?" for i in range(warm)]
     lab.reset()
     t0 = time.perf_counter()
     with c.temp_store() as store:
         async with c.LagSampler() as lag, c.open_chain(config, store, mode) as chain:
+            if warm:
+                await c.drive_turns(chain, warm_messages, concurrency=concurrency)
+            warm_turns = {s.turn_id for s in store.steps(chain.run_id)} if warm else set()
+            n_warm_requests = len(lab.requests())
             driven = await c.drive_turns(chain, messages, concurrency=concurrency, lag=lag)
             run_id = chain.run_id
         assert run_id is not None
-        steps = store.steps(run_id)
-        calls = store.calls(run_id)
+        all_steps = store.steps(run_id)
+        steps = [s for s in all_steps if s.turn_id not in warm_turns]
+        calls = [call for call in store.calls(run_id) if call.turn_id not in warm_turns]
         stats = c.step_hedge_stats(store, run_id)
+        changes = [
+            ch for s in all_steps for ch in (s.detail or {}).get("hedge_changes", [])
+        ]
     wall_s = c.elapsed(t0)
     n = len(steps)
     ok = [s for s in steps if s.status == "ok"]
     sent = sum(1 for call in calls if call.outcome in SENT_OUTCOMES)
+    extra = [
+        sum(1 for call in calls if call.turn_id == s.turn_id and call.outcome in SENT_OUTCOMES)
+        - 1
+        for s in steps
+    ]
     over = sum(1 for s in ok if s.duration_ms > DEADLINE_S * 1000)
     ok_ms = [s.duration_ms for s in ok]
-    draws = lab_draws(lab.requests())
+    draws = lab_draws(lab.requests()[n_warm_requests:])
     return {
         "n": n,
         "success": len(ok),
         "success_rate": round(len(ok) / n, 4) if n else None,
         "success_ci95": c.wilson(len(ok), n),
         "calls_per_turn": round(sent / n, 4) if n else None,
+        "extra_calls_per_turn": c.r(statistics.fmean(extra), 4) if extra else None,
+        "extra_calls_ci95": _mean_ci(extra),
         "n_calls": sent,
         "answered_after_deadline": over,
         "answered_p50_ms": c.r(c.median(ok_ms)),
@@ -137,8 +178,23 @@ async def run_mode(
         "lab": draws,
         # 0 when every warm draw answered in time (see lab_draws)
         "success_minus_warm_draws": len(ok) - draws["warm_draws"],
+        "warmup_turns": warm,
+        "advisor": [
+            {"at": ch["at"], "kind": ch["kind"], "old": ch["old"], "new": ch["new"],
+             "why": ch["why"]}
+            for ch in changes
+        ],
         "wall_s": wall_s,
     }
+
+
+def _mean_ci(values: list[int]) -> list[float] | None:
+    """95% interval of a mean (normal approximation; n >= 30)."""
+    if len(values) < 30:
+        return None
+    m, sd = statistics.fmean(values), statistics.stdev(values)
+    half = 1.96 * sd / math.sqrt(len(values))
+    return [round(m - half, 4), round(m + half, 4)]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,27 +209,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "delay_ms": DELAY_MS,
             "max_attempts": MAX_ATTEMPTS,
             "max_extra_load": args.max_extra_load,
+            "auto_hedge": AUTO_HEDGE,
+            "warmup_turns": args.warmup,
+            "modes": args.modes,
             "stream": False,
             "seed": args.seed,
         },
     )
     with LabServer("bimodal-guard", seed=args.seed) as lab:
         modes = {}
-        for mode in MODES:
+        for mode in args.modes:
             modes[mode] = await run_mode(
-                lab, mode, args.turns, args.concurrency, args.max_extra_load
+                lab, mode, args.turns, args.concurrency, args.max_extra_load, args.warmup
             )
     pred = predicted()
     res: dict[str, Any] = {**modes, "predicted": pred}
-    res["checks"] = {
-        "hedged_minus_predicted": round(modes["hedged"]["success_rate"] - pred["hedged"], 4),
-        "single_minus_predicted": round(modes["single"]["success_rate"] - pred["single"], 4),
-        "predicted_in_hedged_ci95": _inside(pred["hedged"], modes["hedged"]["success_ci95"]),
-        "predicted_in_single_ci95": _inside(pred["single"], modes["single"]["success_ci95"]),
-    }
+    checks: dict[str, Any] = {}
+    for kind in ("hedged", "single"):
+        if kind in modes:
+            checks[f"{kind}_minus_predicted"] = round(
+                modes[kind]["success_rate"] - pred[kind], 4
+            )
+            checks[f"predicted_in_{kind}_ci95"] = _inside(pred[kind], modes[kind]["success_ci95"])
+    if "auto" in modes:
+        a = modes["auto"]
+        checks["auto_in_time_at_least_0_99"] = a["success_rate"] >= 0.99
+        checks["auto_extra_calls_at_most_1_05"] = a["extra_calls_per_turn"] <= 1.05
+    res["checks"] = checks
     doc["results"] = res
     # the interface of issue 5: `single`, `hedged` and `predicted` at the top level too
-    doc.update(single=modes["single"], hedged=modes["hedged"], predicted=pred)
+    doc.update({k: v for k, v in modes.items()}, predicted=pred)
     return doc
 
 
@@ -194,11 +259,14 @@ def summary(doc: dict[str, Any]) -> str:
         f"{'calls/turn':>10} {'pred.':>5} {'refused':>7} {'lag>100ms':>9} {'(later)':>7}",
     ]
     for mode in MODES:
+        if mode not in res:
+            continue
         m = res[mode]
         kind = "single" if mode == "single" else "hedged"
+        p_kind = 1 - (1 - P_FAST) ** 8 if mode == "auto" else pred[kind]
         lines.append(
             f"{mode:7} {m['n']:>5} {m['success_rate']:>7.3f} "
-            f"{c.fmt_ci(m['success_ci95']):>16} {pred[kind]:>6.3f} "
+            f"{c.fmt_ci(m['success_ci95']):>16} {p_kind:>6.3f} "
             f"{m['lab']['warm_draws'] / m['n']:>5.3f} {m['calls_per_turn']:>10.3f} "
             f"{pred[kind + '_calls_per_turn']:>5.2f} "
             f"{c.fmt(m['hedge']['budget_exhausted'], 'd'):>7} "
@@ -210,7 +278,9 @@ def summary(doc: dict[str, Any]) -> str:
         "lost); lag>100ms = share of turns during which the client's loop lagged > 100 ms "
         "(later: turns after the first wave, which sees the client's warm-up)"
     )
-    for mode in ("hedged",):
+    for mode in ("hedged", "auto"):
+        if mode not in res:
+            continue
         h = res[mode]
         draws = ", ".join(
             f"#{k} {v['warm_share']:.2f} (n={v['n']})" for k, v in h["lab"]["per_attempt"].items()
@@ -221,11 +291,16 @@ def summary(doc: dict[str, Any]) -> str:
             f"{c.fmt(h['hedge']['extra_calls_per_turn'])}\n  lab warm-path share per attempt: "
             f"{draws}"
         )
-    chk = res["checks"]
-    lines.append(
-        f"\nhedged - predicted = {chk['hedged_minus_predicted']:+.3f}; "
-        f"single - predicted = {chk['single_minus_predicted']:+.3f}"
-    )
+    if "auto" in res:
+        a = res["auto"]
+        lines.append(
+            f"\nauto (after {a['warmup_turns']} warm-up turns): in time {a['success_rate']:.4f} "
+            f"{c.fmt_ci(a['success_ci95'])}, extra calls/turn {a['extra_calls_per_turn']} "
+            f"{c.fmt_ci(a['extra_calls_ci95'])}"
+        )
+        for ch in a["advisor"]:
+            lines.append(f"  advisor {ch['kind']}: {ch['old']} -> {ch['new']}: {ch['why']}")
+    lines.append(f"\nchecks: {res['checks']}")
     return "\n".join(lines)
 
 
@@ -240,8 +315,17 @@ def main(argv: list[str] | None = None) -> int:
         help="hedge.max_extra_load of the hedged step (default 2.0: never refuses a copy)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the lab's RNG seed (default 0)")
+    parser.add_argument(
+        "--warmup", type=int, default=300, help="auto mode: turns before those measured"
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}"
+    )
     c.add_common_options(parser)
     args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        parser.error(f"--modes: a comma-separated subset of {', '.join(MODES)}")
     doc = asyncio.run(run(args))
     c.finish(doc, as_json=args.json, summary=summary, out=args.out)
     return 0

@@ -1,6 +1,6 @@
 """The tail against a peer: one call, LiteLLM's Router (two ways) and chainrun's hedge.
 
-Issue 13, target 4. Two lab instances serve the ``heavy-tail`` scenario (TTFT
+Two lab instances serve the ``heavy-tail`` scenario (TTFT
 log-normal, median 200 ms, sigma 0.5, plus a slow path of 3-10 s before the first token
 with probability 0.05), each with its own seed so that a copy sent to the second is an
 independent draw (copies must go to an independent server: Dean and Barroso, 2013). Every arm sends
@@ -15,12 +15,13 @@ number in flight, after both labs are reset to their seeds:
 * ``litellm_fastest``: ``Router.abatch_completion_fastest_response`` over both
   deployments (every request sent to both at once, the first answer wins, the other
   cancelled), no retries, 12 s timeout;
-* ``chainrun``: a one-step chain on lab A hedged to lab B at the step's p95
-  (``delay = "p95"``, ``initial_delay_ms`` 500 until the window holds ``min_samples``
-  answers: the body's p95 is 200 ms x e^(0.5 x 1.645) = 456 ms, the slow path is not
-  knowable in advance), up to 3 attempts, ``max_extra_load`` 0.1 (the Finagle budget:
-  at most 0.1 copies per call), step deadline 12 s; the time includes the chain and its
-  SQLite log.
+* ``chainrun``: a one-step chain on lab A hedged to lab B with ``delay = "auto"``
+  (the step re-derives its delay and attempts from its own latency window at run time,
+  for the default ``target = "p99"``; ``initial_delay_ms`` 500 until the window holds
+  ``min_samples`` observations: the body's p95 is 200 ms x e^(0.5 x 1.645) = 456 ms),
+  up to 3 attempts, ``max_extra_load`` 0.1 (the Finagle budget: at most 0.1 copies per
+  call), step deadline 12 s; the time includes the chain and its SQLite log.
+  ``--hedge-delay p95`` runs the percentile delay instead.
 
 Per arm: ``p50_ms``, ``p99_ms``, ``p999_ms`` with 95% order-statistic intervals
 (``chainrun.analysis.stats``; a bound is null where n cannot give it: the p99.9's upper bound
@@ -72,7 +73,7 @@ SCENARIO = "heavy-tail"
 ROUTER_TIMEOUT_S = 1.0
 ROUTER_RETRIES = 2
 HEDGE = {
-    "delay": "p95",
+    "delay": "auto",
     "initial_delay_ms": 500.0,
     "max_attempts": 3,
     "max_extra_load": 0.1,
@@ -298,6 +299,11 @@ async def run_arm(
                 run_id = chain.run_id
             assert run_id is not None
             stats = c.step_hedge_stats(store, run_id)
+            extra["advisor"] = [
+                {k: ch[k] for k in ("at", "kind", "old", "new", "why")}
+                for s in store.steps(run_id)
+                for ch in (s.detail or {}).get("hedge_changes", [])
+            ]
             extra["hedge"] = {
                 k: stats.get(k)
                 for k in (
@@ -365,6 +371,8 @@ def summary(doc: dict[str, Any]) -> str:
         )
     for key, val in res["ratios"].items():
         lines.append(f"{key}: {val}")
+    for ch in res["arms"].get("chainrun", {}).get("advisor", []):
+        lines.append(f"advisor {ch['kind']}: {ch['old']} -> {ch['new']}: {ch['why']}")
     return "\n".join(lines)
 
 
@@ -377,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         "--arms", default=",".join(ARMS), help=f"comma-separated subset of {', '.join(ARMS)}"
     )
     parser.add_argument(
-        "--hedge-delay", default=HEDGE["delay"], help="the chainrun arm's hedge delay (pNN)"
+        "--hedge-delay", default=HEDGE["delay"], help="the chainrun arm's hedge delay (auto or pNN)"
     )
     parser.add_argument(
         "--max-extra-load",

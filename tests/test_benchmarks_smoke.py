@@ -46,7 +46,9 @@ def unit(x: Any) -> bool:
 
 
 def test_hedge_bimodal(tmp_path: Path) -> None:
-    res = run_benchmark("hedge_bimodal", tmp_path, "--turns", "20", "--concurrency", "20")
+    res = run_benchmark(
+        "hedge_bimodal", tmp_path, *("--turns", "20", "--concurrency", "20", "--warmup", "5")
+    )
     assert res["predicted"]["single"] == pytest.approx(0.5)
     assert res["predicted"]["hedged"] == pytest.approx(0.875)
     assert res["predicted"]["hedged_calls_per_turn"] == pytest.approx(1.75)
@@ -58,6 +60,11 @@ def test_hedge_bimodal(tmp_path: Path) -> None:
         assert unit(m["client_lag"]["share_turns_lagging"])
     assert res["single"]["calls_per_turn"] == 1.0
     assert res["hedged"]["hedge"]["budget_exhausted"] == 0
+    auto = res["auto"]
+    assert auto["n"] == 20 and auto["warmup_turns"] == 5
+    assert 0.0 <= auto["extra_calls_per_turn"] <= 9.0
+    assert isinstance(auto["advisor"], list)
+    assert set(res["checks"]) >= {"auto_in_time_at_least_0_99", "auto_extra_calls_at_most_1_05"}
 
 
 def test_hedge_work_noise(tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ Knows nothing about LLMs or HTTP: an attempt is any ``async (AttemptInfo) -> T``
 Sources: Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013); Finagle's
 ``BackupRequestFilter``; gRPC's hedging policy (gRFC A6).
 
-Modules: ``policy`` (what to do), ``engine`` (the race), ``window`` (latency percentiles),
-``budget`` (extra-load token bucket), ``breaker`` (circuit breakers per target),
+Modules: ``policy`` (what to do), ``engine`` (the race), ``window`` (latency percentiles
+over answers and cut-short attempts), ``advisor`` (the delay re-derived at run time, and
+the back-off when copies stop winning), ``budget`` (extra-load token bucket), ``breaker`` (circuit breakers per target),
 ``looplag`` (event-loop lag), ``outcome`` (what happened), ``stats`` (fire and win
 rates), ``errors`` (the engine's exceptions).
 """
 
+from chainrun.hedging.advisor import HedgeController
 from chainrun.hedging.breaker import BreakerRegistry, BreakerState, CircuitBreaker
 from chainrun.hedging.budget import CopyThrottler, HedgeBudget
 from chainrun.hedging.engine import Hedger, default_classify_error
@@ -25,11 +27,13 @@ from chainrun.hedging.outcome import (
     AttemptOutcome,
     AttemptRecord,
     ErrorInfo,
+    HedgeChange,
     HedgeOutcome,
+    HedgeSetting,
 )
 from chainrun.hedging.policy import HedgePolicy
 from chainrun.hedging.stats import HedgeStats
-from chainrun.hedging.window import LatencyWindow
+from chainrun.hedging.window import LatencyWindow, QuantileEstimate
 
 __all__ = [
     "AttemptInfo",
@@ -43,14 +47,18 @@ __all__ = [
     "DeadlineExceeded",
     "ErrorInfo",
     "HedgeBudget",
+    "HedgeChange",
+    "HedgeController",
     "HedgeOutcome",
     "HedgePolicy",
+    "HedgeSetting",
     "HedgeStats",
     "Hedger",
     "HedgingError",
     "LatencyWindow",
     "LoopLagMonitor",
     "NoAcceptableAnswer",
+    "QuantileEstimate",
     "default_classify_error",
     "get_loop_lag_monitor",
 ]

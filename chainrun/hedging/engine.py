@@ -41,11 +41,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Generic, Literal, TypeVar
 
+from chainrun.hedging.advisor import HedgeController
 from chainrun.hedging.breaker import BreakerRegistry, CircuitBreaker
 from chainrun.hedging.budget import HedgeBudget
 from chainrun.hedging.errors import CircuitOpen, DeadlineExceeded, NoAcceptableAnswer
 from chainrun.hedging.looplag import LoopLagMonitor
-from chainrun.hedging.outcome import AttemptInfo, AttemptRecord, ErrorInfo, HedgeOutcome
+from chainrun.hedging.outcome import (
+    AttemptInfo,
+    AttemptRecord,
+    ErrorInfo,
+    HedgeChange,
+    HedgeOutcome,
+)
 from chainrun.hedging.policy import HedgePolicy
 from chainrun.hedging.stats import HedgeStats
 from chainrun.hedging.window import LatencyWindow
@@ -145,26 +152,27 @@ class Hedger(Generic[T]):
         self.stats = HedgeStats()
         self.loop_lag = loop_lag
         self.rng = rng if rng is not None else random.Random()
+        #: attempts in flight (of every call) -> when they started, in loop seconds
+        self._running: dict[object, float] = {}
+        #: the delay and attempts per call: fixed, percentile or advised, and the back-off
+        self.controller = HedgeController(
+            p, self.window, clock=clock, running=self._running_ms, rng=self.rng
+        )
         self._calls = 0
         # shadow watcher task -> the losing attempt's task it watches
         self._shadows: dict[asyncio.Task[None], asyncio.Task[T]] = {}
 
     def current_delay_ms(self) -> float | None:
-        """The hedge delay d for a call starting now, in ms; None = no timed copies.
+        """The hedge delay d in force, in ms; None = no timed copies.
 
-        The fixed ``delay_ms``, or the ``delay_percentile`` of the latency window (while
-        it warms up: the policy's ``warmup_delay_ms``, which may be None), or None when
-        the policy has no delay or cannot hedge.
+        The fixed ``delay_ms``, the ``delay_percentile`` of the latency window, or the
+        advised delay (while the window warms up: the policy's ``warmup_delay_ms``, which
+        may be None); None when the policy has no delay or cannot hedge. A backed-off
+        site arms only its probe calls with it (:mod:`chainrun.hedging.advisor`).
         """
-        p = self._policy
-        if not p.hedges:
+        if not self._policy.hedges:
             return None
-        if p.delay_ms is not None:
-            return p.delay_ms
-        if p.delay_percentile is not None:
-            warm = self.window.percentile(p.delay_percentile)
-            return warm if warm is not None else p.warmup_delay_ms
-        return None
+        return self.controller.setting.delay_ms
 
     async def run(
         self,
@@ -202,6 +210,7 @@ class Hedger(Generic[T]):
             await race.settle_in_flight(None, "error")
             raise
         self.stats.record(outcome)
+        self.controller.observe(outcome, probe=outcome.probe)
         return outcome
 
     async def aclose(self) -> None:
@@ -214,6 +223,13 @@ class Hedger(Generic[T]):
             attempt.cancel()
         if watchers:
             await asyncio.wait(watchers)
+
+    def _running_ms(self) -> list[float]:
+        """How long each attempt still in flight has run, in ms (censored observations)."""
+        if not self._running:
+            return []
+        now = asyncio.get_running_loop().time()
+        return [(now - started) * 1000 for started in self._running.values()]
 
     def _call_order(self) -> tuple[str, ...]:
         """Targets in preference order for a new call: the call's primary first."""
@@ -259,6 +275,9 @@ class _Race(Generic[T]):
         self.records: list[AttemptRecord] = []
         self.in_flight: list[_Attempt[T]] = []
         self.delay_ms: float | None = None
+        self.max_attempts = self.policy.max_attempts
+        self.probe = False
+        self.changes: tuple[HedgeChange, ...] = ()
         self.fired = False
         self.last_error: BaseException | None = None
         self.rejected = 0
@@ -295,10 +314,12 @@ class _Race(Generic[T]):
             return self._outcome(None, error)
         if self.policy.hedges:
             self.hedger.budget.deposit()
+        plan = self.hedger.controller.plan()
+        self.max_attempts, self.changes = plan.max_attempts, plan.changes
         # an open primary sends the call elsewhere, unhedged: copies would pile onto the
         # remaining targets just when capacity is short
         if primary == self.order[0]:
-            self.delay_ms = self.hedger.current_delay_ms()
+            self.delay_ms, self.probe = plan.delay_ms, plan.probe
         self.copy_targets = tuple(t for t in self.order if t != primary) or (primary,)
         self._start(1, primary, self._monitor_lag())
         if self.delay_ms is not None:
@@ -419,7 +440,7 @@ class _Race(Generic[T]):
 
     def _pending(self) -> bool:
         """Whether another attempt is scheduled that may still start."""
-        if self.next_due == math.inf or self._attempts_used() >= self.policy.max_attempts:
+        if self.next_due == math.inf or self._attempts_used() >= self.max_attempts:
             return False
         if self.next_due >= self.deadline_at:
             return False
@@ -428,7 +449,7 @@ class _Race(Generic[T]):
 
     def _schedule(self, at: float, *, hedge: bool) -> None:
         """Set when the next attempt is due (loop seconds); a retry overrides a pending hedge."""
-        if not self.stopped and self._attempts_used() < self.policy.max_attempts:
+        if not self.stopped and self._attempts_used() < self.max_attempts:
             self.next_due, self.next_is_hedge = at, hedge
 
     def _attempts_used(self) -> int:
@@ -488,6 +509,7 @@ class _Race(Generic[T]):
             fired_during_loop_lag=self._lagging(lag_ms),
         )
         att: _Attempt[T] = _Attempt(rec, breaker)
+        self.hedger._running[att] = now
         info = AttemptInfo(number, target, offset, lag_ms)
         att.task = self.loop.create_task(self._call(att, info), name=f"hedge-{number}-{target}")
         self.records.append(rec)
@@ -529,6 +551,7 @@ class _Race(Generic[T]):
             att.settled_at = self.loop.time()
             raise
         finally:
+            self.hedger._running.pop(att, None)
             waiter = self._waiter
             if waiter is not None:
                 _wake(waiter)
@@ -547,6 +570,7 @@ class _Race(Generic[T]):
             return
         settled = [a for a in self.in_flight if a.task.done()]
         to_cancel: list[_Attempt[T]] = []
+        cut_at = self._offset_ms(self.loop.time())
         for att in self.in_flight:
             if att.task.done():
                 continue
@@ -554,6 +578,7 @@ class _Race(Generic[T]):
                 self._shadow(att, outcome)
             else:
                 to_cancel.append(att)
+                self._censor(att.record, cut_at)
         # cancel first (a cancellation of run() is deferred until these are done), release after
         self.in_flight = settled + to_cancel
         await _cancel_and_wait([a.task for a in to_cancel])
@@ -562,6 +587,12 @@ class _Race(Generic[T]):
             await self._after_cancel(att, deadline=mode == "deadline")
         while self.in_flight:
             await self._close_settled_loser(self.in_flight.pop(0))
+
+    def _censor(self, rec: AttemptRecord, cut_at_ms: float) -> None:
+        """Put an attempt cut short into the window: its latency is longer than it ran
+        (the window's Kaplan-Meier estimate counts it; see :mod:`chainrun.hedging.window`)."""
+        if rec.started_offset_ms is not None:
+            self.hedger.window.record_censored(cut_at_ms - rec.started_offset_ms)
 
     async def _close_settled_loser(self, att: _Attempt[T]) -> None:
         """A loser that settled before it could be cancelled: release or record it."""
@@ -576,6 +607,8 @@ class _Race(Generic[T]):
         if exc is None:
             rec.outcome = "cancelled"
             att.breaker.record_success()
+            if rec.latency_ms is not None:
+                self.hedger.window.record(rec.latency_ms)  # it answered, a hair too late
             await self._release(att.task.result())
         else:
             rec.outcome, rec.error = "error", exc
@@ -620,6 +653,7 @@ class _Race(Generic[T]):
             await self._after_cancel(att, deadline=False)
             raise
         if not done:
+            self._censor(att.record, self._offset_ms(self.loop.time()))
             await _cancel_and_wait([att.task])
             await self._after_cancel(att, deadline=False)
             att.record.error = DeadlineExceeded(self.policy.deadline_s or 0.0)
@@ -679,6 +713,8 @@ class _Race(Generic[T]):
             won_by_copy=winner is not None and winner.number > 1,
             time_saved_ms=None,
             attempts=self.records,
+            probe=self.probe,
+            changes=self.changes,
         )
 
     def _offset_ms(self, at: float) -> float:

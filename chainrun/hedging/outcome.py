@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Generic, Literal, NamedTuple, TypeVar, cast
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -78,6 +78,47 @@ class AttemptRecord:
         return self.started_offset_ms is not None
 
 
+#: what a call site's hedge is doing (:class:`HedgeSetting`)
+Mode = Literal["warm_up", "hedging", "backed_off"]
+
+
+@dataclass(frozen=True)
+class HedgeSetting:
+    """What is in force: delay in ms (None: no timed copy), attempts, mode."""
+
+    delay_ms: float | None
+    max_attempts: int
+    mode: Mode
+
+    def describe(self) -> str:
+        """One phrase: ``"d = 412 ms, 3 attempts"``, ``"backed off (probes at d = ...)"``."""
+        base = (
+            "no timed copy"
+            if self.delay_ms is None
+            else f"d = {self.delay_ms:.0f} ms, {self.max_attempts} attempts"
+        )
+        if self.mode == "backed_off":
+            return f"backed off ({base} on probe calls only)"
+        return f"warm-up ({base})" if self.mode == "warm_up" else base
+
+
+@dataclass(frozen=True)
+class HedgeChange:
+    """One decision of the controller. ``at`` is wall time (Unix seconds, UTC);
+    ``prediction`` holds the advisor's numbers for the new setting (delay changes)."""
+
+    at: float
+    old: HedgeSetting
+    new: HedgeSetting
+    why: str
+    kind: Literal["advised", "backed_off", "resumed"]
+    prediction: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{at, kind, old, new, why, prediction}`` (settings as dicts)."""
+        return asdict(self)
+
+
 @dataclass
 class HedgeOutcome(Generic[T]):
     """The result of one hedged call (one ``Hedger.run``).
@@ -100,6 +141,10 @@ class HedgeOutcome(Generic[T]):
     #: finish as a shadow) answered; None when unknown or when the primary won
     time_saved_ms: float | None
     attempts: list[AttemptRecord]
+    #: the call was one of the probes a backed-off site still hedges
+    probe: bool = False
+    #: decisions of the site's controller made just before this call (to log with it)
+    changes: tuple[HedgeChange, ...] = ()
     _shadows: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     @property

@@ -8,6 +8,8 @@ it into the engine's policy.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chainrun.hedging.breaker import BREAKER_COOLDOWN_S, BREAKER_FAILURES, BREAKER_WINDOW_S
@@ -17,6 +19,16 @@ from chainrun.hedging.breaker import BREAKER_COOLDOWN_S, BREAKER_FAILURES, BREAK
 #: 0.4 s fit seven attempts into 3 s), always inside the deadline and the load budget.
 MAX_ATTEMPTS_RECOMMENDED = 5
 MAX_ATTEMPTS_LIMIT = 10
+
+#: Back-off defaults: a hedge whose copies won under 5% of its last 30 fires does not pay
+#: (the audit's rule for the win rate; 30 fires is where a win rate of 0 has a 95% upper
+#: bound near 0.11, Wilson), so the site keeps 1% extra calls as probes and hedges again
+#: once 2 of 10 probe fires win.
+MIN_WIN_RATE = 0.05
+MIN_FIRES = 30
+PROBE_RATE = 0.01
+RESUME_WIN_RATE = 0.2
+PROBE_FIRES = 10
 
 #: Without ``initial_delay_ms``, a percentile delay's warm-up uses this share of the deadline.
 INITIAL_DELAY_SHARE_OF_DEADLINE = 1 / 3
@@ -34,8 +46,20 @@ class HedgePolicy(BaseModel):
       answers, d = ``initial_delay_ms`` (default: a third of ``deadline_s``), so the first
       calls after a start are not the unprotected ones; with neither an initial delay nor
       a deadline, nothing is hedged during warm-up (Finagle's behaviour).
-    * neither: no timed copies; ``max_attempts`` then only bounds the attempts started by
-      non-fatal errors and rejected answers.
+    * ``delay_auto`` (config ``delay = "auto"``): the delay and the number of attempts
+      (up to ``max_attempts``) are re-derived from the window at most every
+      ``advise_interval_s`` seconds, within ``max_extra_load`` and the deadline, for
+      ``target``: ``"p99"`` (the least p99) or ``"in_deadline"`` (the largest share
+      answered within ``deadline_s``); see :mod:`chainrun.hedging.advisor`. Warm-up as
+      for a percentile delay.
+    * none of these: no timed copies; ``max_attempts`` then only bounds the attempts
+      started by non-fatal errors and rejected answers.
+
+    Back-off (:mod:`chainrun.hedging.advisor`): when copies won under ``min_win_rate`` of
+    the last ``min_fires`` fires that sent one, only a random share of calls is hedged,
+    costing about ``probe_rate`` extra calls per call; hedging resumes once
+    ``resume_win_rate`` of ``probe_fires`` probe fires win. ``min_win_rate = 0`` turns
+    the back-off off.
 
     Attempts (gRFC A6 hedging policy): ``max_attempts`` counts the original plus copies
     (1..10; 5 is the gRFC cap and the recommended one); copy k starts at (k-1)·d while
@@ -72,6 +96,20 @@ class HedgePolicy(BaseModel):
 
     delay_ms: float | None = Field(default=None, ge=0)
     delay_percentile: float | None = Field(default=None, gt=0, lt=100)
+    #: the delay and attempts re-derived from the window at run time (``delay = "auto"``)
+    delay_auto: bool = False
+    #: what ``delay_auto`` optimises: the least p99, or the largest share within the deadline
+    target: Literal["p99", "in_deadline"] = "p99"
+    #: how often ``delay_auto`` re-derives the delay, at most, in s
+    advise_interval_s: float = Field(default=10.0, gt=0)
+    #: back off when copies win less than this share of the last ``min_fires`` fires
+    min_win_rate: float = Field(default=MIN_WIN_RATE, ge=0, lt=1)
+    min_fires: int = Field(default=MIN_FIRES, ge=1)
+    #: extra calls per call kept as probes while backed off
+    probe_rate: float = Field(default=PROBE_RATE, ge=0, le=1)
+    #: hedge again when this share of the last ``probe_fires`` probe fires won
+    resume_win_rate: float = Field(default=RESUME_WIN_RATE, gt=0, le=1)
+    probe_fires: int = Field(default=PROBE_FIRES, ge=1)
     #: hedge delay while a percentile delay's window warms up, in ms (None: deadline / 3)
     initial_delay_ms: float | None = Field(default=None, ge=0)
     #: the original plus copies started at d, 2d, ... (gRFC A6's cap of 5 is recommended)
@@ -105,8 +143,9 @@ class HedgePolicy(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> HedgePolicy:
-        if self.delay_ms is not None and self.delay_percentile is not None:
-            raise ValueError("set delay_ms or delay_percentile, not both")
+        delays = (self.delay_ms is not None) + (self.delay_percentile is not None)
+        if delays + self.delay_auto > 1:
+            raise ValueError("set one of delay_ms, delay_percentile and delay_auto")
         problem = self.deadline_problem(self.deadline_s)
         if problem:
             raise ValueError(problem)

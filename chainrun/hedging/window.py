@@ -6,28 +6,263 @@ is recomputed at most every few seconds (3 s there), it never goes below a floor
 (1 ms there), and there is no percentile at all until the window holds enough data
 (no backups during warm-up). Dean and Barroso ("The Tail at Scale", CACM 56(2), 2013)
 suggest the p95 as the hedge delay, which limits the extra load to about 5%.
+
+Unlike Finagle's histogram, the window sees every attempt sent, not only the answers
+that won: an attempt cancelled after running t ms (a loser, or one cut by the deadline)
+is a *censored* observation, "longer than t". A window of winners alone holds the
+faster of two copies, so its "p95" is that of the minimum, not of one call, and a
+delay read from it drifts down with every copy that wins. Percentiles are therefore
+read from the Kaplan-Meier product-limit estimate of the survival function (E. L.
+Kaplan and P. Meier, "Nonparametric estimation from incomplete observations", JASA
+53(282), 1958): S(t) = prod over answer times t_i <= t of (1 - d_i / r_i), with r_i the
+attempts still running just before t_i (censored ones count while they ran). The p-th
+percentile is the first answer time at which 1 - S(t) >= p / 100; with no censored
+observation that is exactly the nearest rank ``ceil(n * p / 100)``, computed here in
+exact integer arithmetic.
+
+Mass past the longest observation: when the slowest attempts in the window were all cut
+short, S(t) stays above 0 after the last answer, and a high enough percentile is
+reached at no answer time. The convention (B. Efron, "The two sample problem with
+censored data", Proc. 5th Berkeley Symposium 4, 1967, which treats the largest
+observation as an answer) puts that mass at the longest time observed: the percentile is
+then that time, a lower bound (those attempts took longer than they ran, by how much is
+unknown). :class:`QuantileEstimate` says how much mass was put there (``tail_share``).
+``chainrun advise`` uses the same estimate and convention offline.
+
+Interval: Brookmeyer and Crowley ("A confidence interval for the median survival time",
+Biometrics 38(1), 1982): the answer times t whose S(t) is within z standard errors
+(Greenwood's formula, M. Greenwood, 1926) of 1 - p / 100; a side is None where the
+window cannot bound it.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from statistics import NormalDist
+
+#: a float survival within this relative distance of the target is checked exactly
+_EXACT_BAND = 1e-9
+
+
+def _percent(p: float) -> Fraction:
+    """``p`` (a percentile in percent) as an exact fraction of 1: 99.9 -> 999/1000.
+
+    The shortest decimal that reads back as the float (``repr``) is taken as meant: the
+    float 99.9 is 999/1000, not the binary number nearest to it.
+    """
+    return Fraction(repr(float(p))) / 100
+
+
+def nearest_rank(n: int, p: Fraction) -> int:
+    """The 1-based nearest rank ``ceil(n * p)`` of ``n`` sorted values, ``p`` a fraction
+    of 1 in (0, 1], in integer arithmetic (no float: 0.07 * 100 is 7.000000000000001).
+
+    Raises:
+        ValueError: ``n < 1`` or ``p`` outside (0, 1].
+    """
+    if n < 1 or not 0 < p <= 1:
+        raise ValueError(f"need n >= 1 and 0 < p <= 1, got {n=}, {p=}")
+    return max(1, (n * p.numerator + p.denominator - 1) // p.denominator)
+
+
+@dataclass(frozen=True)
+class QuantileEstimate:
+    """A percentile of one call's latency, from the window's Kaplan-Meier estimate.
+
+    Attributes:
+        value_ms: the percentile in ms (at least the window's floor).
+        ci95: (lo, hi) in ms, Brookmeyer-Crowley 95% interval; a side is None where the
+            window cannot bound it.
+        n: observations in the window (answers plus censored attempts).
+        n_censored: attempts cut short (known only to take longer than they ran).
+        tail_share: survival mass past the longest observation, 0-1, put at that time
+            (Efron's convention): 0 when the slowest observation is an answer.
+        at_tail: the percentile lies in that mass (the value is a lower bound).
+    """
+
+    value_ms: float
+    ci95: tuple[float | None, float | None]
+    n: int
+    n_censored: int
+    tail_share: float
+    at_tail: bool
+
+
+@dataclass(frozen=True)
+class Survival:
+    """The Kaplan-Meier survival function of one call's latency (a window's snapshot).
+
+    ``times`` are the distinct answer times in ms, ascending; ``surv[i]`` = S just after
+    ``times[i]`` (the share of calls slower than it). ``tail_ms`` is the longest time
+    observed (answer or censored): the mass left after the last answer sits just above
+    it, and past it S is 0 (Efron's convention; a call cut at the deadline still misses
+    it).
+    """
+
+    times: Sequence[float]
+    surv: Sequence[float]
+    tail_ms: float
+    n: int
+    n_censored: int
+
+    def __call__(self, t_ms: float) -> float:
+        """S(t): the estimated share of calls still unanswered after ``t_ms`` ms (the
+        tail's mass sits just above ``tail_ms``: S is 0 only past it)."""
+        if t_ms > self.tail_ms:
+            return 0.0
+        i = bisect.bisect_right(self.times, t_ms)
+        return 1.0 if i == 0 else self.surv[i - 1]
+
+    def never_past_tail(self, t_ms: float) -> float:
+        """S(t) with the other convention for the mass past the last answer: those calls
+        never answer (S keeps its last value; R. D. Gill, "Censoring and stochastic
+        integrals", Mathematical Centre Tracts 124, 1980). The pessimistic reading, for
+        predictions: a call seen only as "longer than t" is not assumed to answer soon."""
+        i = bisect.bisect_right(self.times, t_ms)
+        return 1.0 if i == 0 else self.surv[i - 1]
+
+    @property
+    def tail_share(self) -> float:
+        """Mass past the last answer time, put at ``tail_ms`` (0 if none)."""
+        return self.surv[-1] if self.surv else 1.0
+
+
+def kaplan_meier(samples: Sequence[tuple[float, bool]]) -> Survival:
+    """The product-limit estimate of ``samples``: (ms, answered) pairs, ``answered`` False
+    for an attempt cut short after that many ms. At equal times answers come first
+    (a censored attempt was still running at that time)."""
+    ordered = sorted(samples, key=lambda s: (s[0], not s[1]))
+    n = len(ordered)
+    times: list[float] = []
+    surv: list[float] = []
+    s = 1.0
+    for i, (t, answered) in enumerate(ordered):
+        if not answered:
+            continue
+        s *= 1.0 - 1.0 / (n - i)
+        if times and times[-1] == t:
+            surv[-1] = s
+        else:
+            times.append(t)
+            surv.append(s)
+    censored = sum(1 for _, a in ordered if not a)
+    tail = ordered[-1][0] if ordered else 0.0
+    return Survival(times, surv, tail, n, censored)
+
+
+def km_quantile(
+    samples: Sequence[tuple[float, bool]], p: float, confidence: float = 0.95
+) -> QuantileEstimate | None:
+    """The ``p``-th percentile (0 < p <= 100) of (ms, answered) samples; None if empty.
+
+    The first answer time at which 1 - S(t) >= p / 100, decided in exact arithmetic (S is
+    a product of ratios of integers: consecutive answers telescope, so it is kept as one
+    ratio per run of answers); past the last answer, Efron's convention (module text).
+    Without censored samples this is the nearest rank (:func:`nearest_rank`).
+    Interval: Brookmeyer-Crowley with Greenwood's variance (module text); floor not
+    applied (see :meth:`LatencyWindow.estimate`).
+    """
+    if not samples:
+        return None
+    frac = _percent(p)
+    if not 0 < frac <= 1:
+        raise ValueError(f"percentile must be in (0, 100], got {p}")
+    ordered = sorted(samples, key=lambda s: (s[0], not s[1]))
+    n = len(ordered)
+    n_cens = sum(1 for _, a in ordered if not a)
+    target = 1 - frac  # the quantile is where S first falls to this or below
+    value: float | None = None
+    if n_cens == 0:
+        value, tail_share = ordered[nearest_rank(n, frac) - 1][0], 0.0
+    else:
+        value = _km_exact(ordered, target)
+        tail_share = kaplan_meier(ordered).tail_share
+    at_tail = value is None
+    if value is None:
+        value = ordered[-1][0]
+    return QuantileEstimate(
+        value, _brookmeyer_crowley(ordered, float(target), confidence), n, n_cens,
+        tail_share, at_tail,
+    )  # fmt: skip
+
+
+def _km_exact(ordered: Sequence[tuple[float, bool]], target: Fraction) -> float | None:
+    """The first answer time with S <= target, or None (past the last answer). Floats locate, integers decide: S = prod of num/den over runs of
+    consecutive answers (a run from at-risk a down to b contributes b / a)."""
+    n = len(ordered)
+    runs: list[tuple[int, int]] = []  # (numerator, denominator) per closed run
+    run_start: int | None = None  # at-risk count when the current run of answers began
+    s = 1.0
+    t_target = float(target)
+    for i, (t, answered) in enumerate(ordered):
+        at_risk = n - i
+        if not answered:
+            if run_start is not None:
+                runs.append((at_risk, run_start))
+                run_start = None
+            continue
+        if run_start is None:
+            run_start = at_risk
+        s *= 1.0 - 1.0 / at_risk
+        tie_next = i + 1 < n and ordered[i + 1][0] == t and ordered[i + 1][1]
+        if tie_next or s > t_target * (1 + _EXACT_BAND) + 1e-300:
+            continue
+        num, den = at_risk - 1, run_start  # the open run up to this answer
+        for a, b in runs:
+            num *= a
+            den *= b
+        if num * target.denominator <= target.numerator * den:
+            return t
+    return None
+
+
+def _brookmeyer_crowley(
+    ordered: Sequence[tuple[float, bool]], target: float, confidence: float
+) -> tuple[float | None, float | None]:
+    """(lo, hi) in ms: the first answer time whose S is not significantly above
+    ``target``, and the first after it whose S is significantly below (None where the
+    window has none: an S that reaches 0 at the slowest answer bounds nothing)."""
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    n = len(ordered)
+    s, greenwood = 1.0, 0.0
+    lo: float | None = None
+    for i, (t, answered) in enumerate(ordered):
+        if not answered:
+            continue
+        r = n - i
+        s *= 1.0 - 1.0 / r
+        if r == 1 or s <= 0:
+            break
+        greenwood += 1.0 / (r * (r - 1))
+        if i + 1 < n and ordered[i + 1][0] == t and ordered[i + 1][1]:
+            continue  # ties: judge S after the last answer at t
+        se = s * math.sqrt(greenwood)
+        if lo is None and s - target <= z * se:
+            lo = t
+        if lo is not None and target - s > z * se:
+            return lo, t
+    return lo, None
 
 
 class LatencyWindow:
-    """Latency samples (ms) of the last ``window_s`` seconds, kept in ``buckets`` time buckets.
+    """Latency observations (ms) of the last ``window_s`` seconds, in ``buckets`` time buckets.
 
-    A sample lives in the bucket of the time it was recorded; a bucket is dropped as a
-    whole once it is ``buckets`` bucket-lengths old, so the window covers between
+    An observation lives in the bucket of the time it was recorded; a bucket is dropped
+    as a whole once it is ``buckets`` bucket-lengths old, so the window covers between
     ``window_s * (buckets - 1) / buckets`` and ``window_s`` seconds of history (Finagle's
-    scheme: cheap expiry, no per-sample timestamps).
+    scheme: cheap expiry, no per-sample timestamps). An observation is an answer
+    (:meth:`record`) or an attempt cut short (:meth:`record_censored`).
 
     Args:
         window_s: length of the window in seconds (Finagle: 30 s).
         buckets: number of buckets the window is split into (Finagle: 3).
-        min_samples: fewer samples than this in the window means warm-up:
+        min_samples: fewer observations than this in the window means warm-up:
             :meth:`percentile` returns None.
         refresh_s: a percentile is recomputed at most this often, in seconds (Finagle: 3 s);
             in between the cached value is returned.
@@ -62,30 +297,66 @@ class LatencyWindow:
         self.floor_ms = floor_ms
         self._clock = clock
         self._bucket_s = window_s / buckets
-        # (bucket index, samples in ms), oldest first
-        self._buckets: deque[tuple[int, list[float]]] = deque()
-        # percentile -> (computed at, in clock seconds; value in ms)
-        self._cache: dict[float, tuple[float, float]] = {}
+        # (bucket index, [(ms, answered)]), oldest first
+        self._buckets: deque[tuple[int, list[tuple[float, bool]]]] = deque()
+        # percentile -> (computed at, in clock seconds; estimate)
+        self._cache: dict[float, tuple[float, QuantileEstimate]] = {}
 
     def record(self, latency_ms: float) -> None:
-        """Add one latency sample, in ms (negative values are clamped to 0)."""
+        """Add one answered attempt's latency, in ms (negative values are clamped to 0)."""
+        self._add(latency_ms, True)
+
+    def record_censored(self, ran_ms: float) -> None:
+        """Add one attempt cut short after running ``ran_ms`` ms: its latency is longer."""
+        self._add(ran_ms, False)
+
+    def _add(self, ms: float, answered: bool) -> None:
         index = self._expire()
         if not self._buckets or self._buckets[-1][0] != index:
             self._buckets.append((index, []))
-        self._buckets[-1][1].append(max(0.0, latency_ms))
+        self._buckets[-1][1].append((max(0.0, ms), answered))
 
     def __len__(self) -> int:
-        """Number of samples currently in the window."""
+        """Number of observations (answers and censored) currently in the window."""
         self._expire()
         return sum(len(samples) for _, samples in self._buckets)
 
-    def percentile(self, p: float) -> float | None:
-        """The ``p``-th percentile (0 < p <= 100) of the window in ms, or None during warm-up.
+    def samples(self) -> list[tuple[float, bool]]:
+        """The window's observations: (ms, answered) pairs, oldest bucket first."""
+        self._expire()
+        return [s for _, bucket in self._buckets for s in bucket]
 
-        Nearest-rank definition: the ``ceil(p / 100 * n)``-th smallest of the ``n`` samples,
-        so with 20 samples the p95 is the second-slowest. The result is at least
-        ``floor_ms``, cached for ``refresh_s`` seconds, and None whenever the window holds
-        fewer than ``min_samples`` samples (checked on every call, not cached).
+    def survival(self, running_ms: Sequence[float] = ()) -> Survival | None:
+        """The Kaplan-Meier survival function of the window, or None during warm-up.
+
+        ``running_ms``: how long each attempt still in flight has run, in ms; each is a
+        censored observation too. Without them a window read while slow attempts are
+        still out (right after a start, when only the fast ones have answered) would
+        hold only fast calls.
+        """
+        samples = self.samples()
+        if not samples or len(samples) < self.min_samples:
+            return None
+        return kaplan_meier(samples + [(max(0.0, ms), False) for ms in running_ms])
+
+    def percentile(self, p: float) -> float | None:
+        """The ``p``-th percentile (0 < p <= 100) of one call's latency in ms, or None
+        during warm-up: :attr:`QuantileEstimate.value_ms` of :meth:`estimate`.
+
+        Raises:
+            ValueError: ``p`` outside (0, 100].
+        """
+        est = self.estimate(p)
+        return None if est is None else est.value_ms
+
+    def estimate(self, p: float) -> QuantileEstimate | None:
+        """The ``p``-th percentile (0 < p <= 100) with n and interval, or None during warm-up.
+
+        Kaplan-Meier over answers and censored attempts (module text); with no censored
+        observation the ``ceil(p / 100 * n)``-th smallest, so with 20 answers the p95 is
+        the second-slowest. The value and interval are at least ``floor_ms``, cached for
+        ``refresh_s`` seconds, and None whenever the window holds fewer than
+        ``min_samples`` observations (checked on every call, not cached).
 
         Raises:
             ValueError: ``p`` outside (0, 100].
@@ -99,11 +370,17 @@ class LatencyWindow:
         cached = self._cache.get(p)
         if cached is not None and now - cached[0] < self.refresh_s:
             return cached[1]
-        samples = sorted(s for _, bucket in self._buckets for s in bucket)
-        rank = max(1, math.ceil(p / 100 * len(samples)))
-        value = max(self.floor_ms, samples[rank - 1])
-        self._cache[p] = (now, value)
-        return value
+        est = km_quantile(self.samples(), p)
+        assert est is not None
+        floor = self.floor_ms
+        lo, hi = est.ci95
+        est = QuantileEstimate(
+            max(floor, est.value_ms),
+            (None if lo is None else max(floor, lo), None if hi is None else max(floor, hi)),
+            est.n, est.n_censored, est.tail_share, est.at_tail,
+        )  # fmt: skip
+        self._cache[p] = (now, est)
+        return est
 
     def _expire(self) -> int:
         """Drop buckets that left the window; return the current bucket index."""

@@ -33,6 +33,7 @@ from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, ProviderTimeout, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
+from chainrun.hedging.advisor import hedge_detail
 from chainrun.log.rows import CallRow
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
@@ -371,6 +372,9 @@ class LLMStep(Step):
             row.hedge_won = outcome.won_by_copy
             row.time_saved_ms = outcome.time_saved_ms
             ctx.calls[:] = self._call_rows(request, outcome.attempts, streams, winner, error)
+            hedge = hedge_detail(outcome)
+            if hedge:
+                row.detail = {**(row.detail or {}), **hedge}
         elif streams:  # stopped before the race settled: every attempt sent is a row
             row.n_attempts = len(streams)
             unsettled = [
