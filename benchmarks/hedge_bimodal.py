@@ -132,7 +132,7 @@ async def run_mode(
     with c.temp_store() as store:
         async with c.LagSampler() as lag, c.open_chain(config, store, mode) as chain:
             if warm:
-                await c.drive_turns(chain, warm_messages, concurrency=concurrency)
+                await c.drive_turns(chain, warm_messages, concurrency=concurrency, lag=lag)
             warm_turns = {s.turn_id for s in store.steps(chain.run_id)} if warm else set()
             n_warm_requests = len(lab.requests())
             driven = await c.drive_turns(chain, messages, concurrency=concurrency, lag=lag)

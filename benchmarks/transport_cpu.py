@@ -9,6 +9,9 @@ the request is sent and the bytes are read:
 * ``chainrun``: today's path, :meth:`OpenAICompatProvider.chunks` (the ``openai``
   client's request path on ``httpx2``, chainrun's sharded pools and its asyncio network
   backend :mod:`chainrun.providers.netio`);
+* ``chainrun_aiohttp``: the same provider code on the ``openai`` client's aiohttp
+  transport (``http_client=openai.DefaultAioHttpClient(...)``, its connection limit set
+  as chainrun's): what chainrun would cost if it used that transport;
 * ``sdk_httpx2``: the ``openai`` client's default ``httpx2`` client (one pool, anyio),
   the same request path;
 * ``sdk_aiohttp``: the ``openai`` client on aiohttp (``openai.DefaultAioHttpClient``),
@@ -41,14 +44,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import _common as c
+import httpx2
 import openai
 
 from chainrun.lab import LabServer
+from chainrun.providers.base import ChatRequest
 from chainrun.providers.chat_sse import DONE, ChatSSEParser
 from chainrun.providers.openai_compat import OpenAICompatProvider
-from chainrun.providers.base import ChatRequest
 
-ARMS = ("chainrun", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio")
+ARMS = ("chainrun", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio")
 N_TOKENS = 16
 MODEL = "chainrun-lab"
 
@@ -138,10 +142,16 @@ class RawHTTP:
 Call = Callable[[int], Awaitable[int]]
 
 
-async def make_arm(arm: str, lab: LabServer, concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+async def make_arm(
+    arm: str, lab: LabServer, concurrency: int
+) -> tuple[Call, Callable[[], Awaitable[None]]]:
     """(one call -> chunks parsed, close) for ``arm``; raises RuntimeError if unavailable."""
-    if arm == "chainrun":
-        provider = OpenAICompatProvider("lab", lab.base_url, None, max(100, concurrency * 2), 5.0)
+    if arm in ("chainrun", "chainrun_aiohttp"):
+        pool = max(100, concurrency * 2)
+        http = None
+        if arm == "chainrun_aiohttp":
+            http = _aiohttp_client(pool)
+        provider = OpenAICompatProvider("lab", lab.base_url, None, pool, 5.0, http_client=http)
 
         async def chainrun_call(i: int) -> int:
             body = request_body(i)
@@ -151,16 +161,15 @@ async def make_arm(arm: str, lab: LabServer, concurrency: int) -> tuple[Call, Ca
                 n += 1
             return n
 
-        return chainrun_call, provider.aclose
+        async def close_provider() -> None:
+            await provider.aclose()
+            if http is not None:
+                await http.aclose()
+
+        return chainrun_call, close_provider
     if arm in ("sdk_httpx2", "sdk_aiohttp"):
         if arm == "sdk_aiohttp":
-            factory = getattr(openai, "DefaultAioHttpClient", None)
-            if factory is None:
-                raise RuntimeError(f"openai {openai.__version__} has no DefaultAioHttpClient")
-            try:
-                http = factory()
-            except (ImportError, RuntimeError) as e:
-                raise RuntimeError(f"openai {openai.__version__}: {e}") from e
+            http = _aiohttp_client(max(100, concurrency * 2))
         else:
             http = openai.DefaultAsyncHttpxClient()
         client = openai.AsyncOpenAI(
@@ -188,12 +197,26 @@ async def make_arm(arm: str, lab: LabServer, concurrency: int) -> tuple[Call, Ca
 
     async def raw_call(i: int) -> int:
         parser, n = ChatSSEParser("lab"), 0
-        async for part in raw.post_stream("/chat/completions", json.dumps(request_body(i)).encode()):
+        body = json.dumps(request_body(i)).encode()
+        async for part in raw.post_stream("/chat/completions", body):
             k, _ = parse(parser, part)
             n += k
         return n
 
     return raw_call, raw.aclose
+
+
+def _aiohttp_client(max_connections: int) -> Any:
+    """The SDK's aiohttp-backed client with ``max_connections``; RuntimeError (with the
+    reason) when the installed SDK or its ``aiohttp`` extra is missing."""
+    factory = getattr(openai, "DefaultAioHttpClient", None)
+    if factory is None:
+        raise RuntimeError(f"openai {openai.__version__} has no DefaultAioHttpClient")
+    limits = httpx2.Limits(max_connections=max_connections, keepalive_expiry=2.0)
+    try:
+        return factory(limits=limits)
+    except (ImportError, RuntimeError) as e:
+        raise RuntimeError(f"openai {openai.__version__}: {e}") from e
 
 
 async def run_arm(call: Call, calls: int, concurrency: int) -> dict[str, Any]:
@@ -204,7 +227,8 @@ async def run_arm(call: Call, calls: int, concurrency: int) -> dict[str, Any]:
     async def worker() -> None:
         nonlocal chunks
         for i in index:
-            chunks += await call(i)
+            n = await call(i)  # not `chunks += await ...`: that reads chunks before the await
+            chunks += n
 
     for i in range(min(concurrency, 20)):  # warm the connections and code paths
         await call(i)
@@ -229,7 +253,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {a: [] for a in args.arms}
     unavailable: dict[str, str] = {}
     with LabServer("fast") as lab:
-        lab_cpu0 = lab.cpu_s
+        lab_cpu0 = lab.cpu_s()
         for _ in range(args.rounds):
             for arm in args.arms:
                 if arm in unavailable:
@@ -244,7 +268,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 finally:
                     await close()
                 lab.reset()
-        lab_cpu = None if lab_cpu0 is None or lab.cpu_s is None else lab.cpu_s - lab_cpu0
+        lab_cpu1 = lab.cpu_s()
+        lab_cpu = None if lab_cpu0 is None or lab_cpu1 is None else round(lab_cpu1 - lab_cpu0, 2)
     arms: dict[str, Any] = {}
     for arm, rs in rounds.items():
         if not rs:

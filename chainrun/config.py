@@ -175,7 +175,8 @@ class HedgeConfig(HedgePolicy):
     own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013, suggest the
     p95, which bounds extra load near 5%), or ``delay = "auto"`` for ``delay_auto``: the
     delay and attempts re-derived from that window at run time for ``target``
-    (:mod:`chainrun.hedging.advisor`). Exactly one of ``delay_ms`` and ``delay`` is set. ``deadline_s`` is the step's: :func:`policy_from_config` adds it.
+    (:mod:`chainrun.hedging.advisor`). Exactly one of ``delay_ms`` and ``delay`` is set.
+    ``deadline_s`` is the step's: :func:`policy_from_config` adds it.
     """
 
     delay: str | None = None

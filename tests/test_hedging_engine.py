@@ -14,16 +14,14 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import selectors
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from virtual_time import VirtualClockLoop, run_virtual, vloop
+from virtual_time import run_virtual, vloop
 
 from chainrun.hedging import (
     AttemptInfo,
@@ -857,7 +855,7 @@ async def test_real_loop_outside_cancellation_leaves_no_task() -> None:
 
 
 def test_policy_validation() -> None:
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="only one of"):
         HedgePolicy(delay_ms=10, delay_percentile=95)
     with pytest.raises(ValueError, match="max_attempts"):
         HedgePolicy(max_attempts=0)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chainrun.hedging import LatencyWindow
+from chainrun.hedging.window import km_quantile
+from chainrun.ranks import nearest_rank
 
 
 class FakeClock:
@@ -100,3 +104,51 @@ def test_bad_settings_are_refused() -> None:
         LatencyWindow(0.0)
     with pytest.raises(ValueError):
         LatencyWindow(30.0, buckets=0)
+
+
+# ------------------------------------------------------------------ censored attempts
+
+
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=60),
+    st.sampled_from([1, 5, 7, 10, 33.3, 50, 90, 95, 99, 99.9, 100]),
+)
+def test_kaplan_meier_without_censoring_is_the_nearest_rank(values: list[int], p: float) -> None:
+    """The Kaplan-Meier path (taken as soon as one attempt is censored; one censored at
+    -1 ms changes no survival) gives the nearest rank exactly, ties and p7 included."""
+    answers = [(float(v), True) for v in values]
+    rank = sorted(values)[nearest_rank(len(values), p) - 1]
+    plain, km = km_quantile(answers, p), km_quantile([*answers, (-1.0, False)], p)
+    assert plain is not None and km is not None
+    assert plain.value_ms == km.value_ms == rank
+
+
+def test_p7_of_100_is_the_seventh_value() -> None:
+    # in floats ceil(0.07 * 100) is 8
+    assert km_quantile([(float(v), True) for v in range(1, 101)], 7).value_ms == 7.0  # type: ignore[union-attr]
+
+
+def test_a_cancelled_attempt_counts_as_longer_than_it_ran() -> None:
+    """Half the calls answer in 100 ms; the other half were cancelled at 150 ms. Winners
+    alone say the p75 is 100 ms; the window knows a quarter of calls take over 150 ms."""
+    window = LatencyWindow(30.0, min_samples=1, refresh_s=0, clock=FakeClock())
+    for _ in range(50):
+        window.record(100.0)
+        window.record_censored(150.0)
+    est = window.estimate(75)
+    assert est is not None and est.n == 100 and est.n_censored == 50
+    assert est.value_ms == 150.0 and est.at_tail  # the censored mass, put at 150 ms
+    assert window.percentile(40) == 100.0
+
+
+def test_the_interval_brackets_the_percentile() -> None:
+    window = LatencyWindow(30.0, min_samples=1, refresh_s=0, clock=FakeClock())
+    for ms in range(1, 1001):
+        window.record(float(ms))
+        if ms % 4 == 0:
+            window.record_censored(float(ms))
+    est = window.estimate(95)
+    assert est is not None
+    lo, hi = est.ci95
+    assert lo is not None and hi is not None and lo <= est.value_ms <= hi
+    assert hi - lo < 60  # about +-1.4% of 1,000 values around the p95

@@ -6,9 +6,9 @@ Sources: Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013); Finagle's
 
 Modules: ``policy`` (what to do), ``engine`` (the race), ``window`` (latency percentiles
 over answers and cut-short attempts), ``advisor`` (the delay re-derived at run time, and
-the back-off when copies stop winning), ``budget`` (extra-load token bucket), ``breaker`` (circuit breakers per target),
-``looplag`` (event-loop lag), ``outcome`` (what happened), ``stats`` (fire and win
-rates), ``errors`` (the engine's exceptions).
+the back-off when copies stop winning), ``budget`` (extra-load token bucket),
+``breaker`` (circuit breakers per target), ``looplag`` (event-loop lag), ``outcome``
+(what happened), ``stats`` (fire and win rates), ``errors`` (the engine's exceptions).
 """
 
 from chainrun.hedging.advisor import HedgeController

@@ -46,6 +46,7 @@ first call it applies to, for the caller to log.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import random
 import time
@@ -151,7 +152,7 @@ def candidate_delays(s: Survival, deadline_ms: float | None) -> list[float]:
         if t is not None:
             out.add(t)
     times = s.times
-    for a, b in zip(times, times[1:], strict=False):
+    for a, b in itertools.pairwise(times):
         if a > 0 and b >= 2 * a:
             out.add(a * 1.001)
     if times and s.tail_share > 0:  # the last answer, with calls that never answered after it

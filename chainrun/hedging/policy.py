@@ -145,7 +145,7 @@ class HedgePolicy(BaseModel):
     def _consistent(self) -> HedgePolicy:
         delays = (self.delay_ms is not None) + (self.delay_percentile is not None)
         if delays + self.delay_auto > 1:
-            raise ValueError("set one of delay_ms, delay_percentile and delay_auto")
+            raise ValueError("set only one of delay_ms, delay_percentile and delay_auto")
         problem = self.deadline_problem(self.deadline_s)
         if problem:
             raise ValueError(problem)

@@ -16,9 +16,9 @@ read from the Kaplan-Meier product-limit estimate of the survival function (E. L
 Kaplan and P. Meier, "Nonparametric estimation from incomplete observations", JASA
 53(282), 1958): S(t) = prod over answer times t_i <= t of (1 - d_i / r_i), with r_i the
 attempts still running just before t_i (censored ones count while they ran). The p-th
-percentile is the first answer time at which 1 - S(t) >= p / 100; with no censored
-observation that is exactly the nearest rank ``ceil(n * p / 100)``, computed here in
-exact integer arithmetic.
+percentile is the first answer time at which 1 - S(t) >= p / 100, decided in exact
+arithmetic; with no censored observation that is exactly the nearest rank
+``ceil(n * p / 100)`` (:func:`chainrun.ranks.nearest_rank`, the one rank rule of chainrun).
 
 Mass past the longest observation: when the slowest attempts in the window were all cut
 short, S(t) stays above 0 after the last answer, and a high enough percentile is
@@ -46,29 +46,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
+from chainrun.ranks import nearest_rank, percent_fraction
+
 #: a float survival within this relative distance of the target is checked exactly
 _EXACT_BAND = 1e-9
-
-
-def _percent(p: float) -> Fraction:
-    """``p`` (a percentile in percent) as an exact fraction of 1: 99.9 -> 999/1000.
-
-    The shortest decimal that reads back as the float (``repr``) is taken as meant: the
-    float 99.9 is 999/1000, not the binary number nearest to it.
-    """
-    return Fraction(repr(float(p))) / 100
-
-
-def nearest_rank(n: int, p: Fraction) -> int:
-    """The 1-based nearest rank ``ceil(n * p)`` of ``n`` sorted values, ``p`` a fraction
-    of 1 in (0, 1], in integer arithmetic (no float: 0.07 * 100 is 7.000000000000001).
-
-    Raises:
-        ValueError: ``n < 1`` or ``p`` outside (0, 1].
-    """
-    if n < 1 or not 0 < p <= 1:
-        raise ValueError(f"need n >= 1 and 0 < p <= 1, got {n=}, {p=}")
-    return max(1, (n * p.numerator + p.denominator - 1) // p.denominator)
 
 
 @dataclass(frozen=True)
@@ -164,22 +145,20 @@ def km_quantile(
     The first answer time at which 1 - S(t) >= p / 100, decided in exact arithmetic (S is
     a product of ratios of integers: consecutive answers telescope, so it is kept as one
     ratio per run of answers); past the last answer, Efron's convention (module text).
-    Without censored samples this is the nearest rank (:func:`nearest_rank`).
+    Without censored samples this is the nearest rank (:func:`chainrun.ranks.nearest_rank`).
     Interval: Brookmeyer-Crowley with Greenwood's variance (module text); floor not
     applied (see :meth:`LatencyWindow.estimate`).
     """
     if not samples:
         return None
-    frac = _percent(p)
-    if not 0 < frac <= 1:
-        raise ValueError(f"percentile must be in (0, 100], got {p}")
+    frac = percent_fraction(p)  # raises ValueError outside (0, 100]
     ordered = sorted(samples, key=lambda s: (s[0], not s[1]))
     n = len(ordered)
     n_cens = sum(1 for _, a in ordered if not a)
     target = 1 - frac  # the quantile is where S first falls to this or below
     value: float | None = None
     if n_cens == 0:
-        value, tail_share = ordered[nearest_rank(n, frac) - 1][0], 0.0
+        value, tail_share = ordered[nearest_rank(n, p) - 1][0], 0.0
     else:
         value = _km_exact(ordered, target)
         tail_share = kaplan_meier(ordered).tail_share
@@ -192,9 +171,12 @@ def km_quantile(
     )  # fmt: skip
 
 
-def _km_exact(ordered: Sequence[tuple[float, bool]], target: Fraction) -> float | None:
-    """The first answer time with S <= target, or None (past the last answer). Floats locate, integers decide: S = prod of num/den over runs of
-    consecutive answers (a run from at-risk a down to b contributes b / a)."""
+def _km_exact(
+    ordered: Sequence[tuple[float, bool]], target: Fraction
+) -> float | None:
+    """The first answer time with S <= target, or None (past the last answer). Floats
+    locate, integers decide: S = prod of num/den over runs of consecutive answers (a run
+    from at-risk a down to b contributes b / a)."""
     n = len(ordered)
     runs: list[tuple[int, int]] = []  # (numerator, denominator) per closed run
     run_start: int | None = None  # at-risk count when the current run of answers began
