@@ -14,17 +14,20 @@ as independent draws of the same call (Dean and Barroso, "The Tail at Scale", CA
   is sent when every earlier attempt is still out at j·d (gRFC A6's schedule);
 * P(no answer by t) = prod over the attempts started before t of S(t - i·d).
 
-The candidate (d, k) pairs are the window's p50..p99.9 and the ends of its clusters
+The candidate (d, k) pairs are the window's p50..p99.9 (of every call, and of the calls
+that answered in sight) and the ends of its clusters
 (an answer time followed by a gap of at least twice itself: the fast path of a bimodal
 call), with k from 2 to ``max_attempts`` and (k - 1)·d before the deadline. Among those
 whose predicted extra calls stay within :data:`LOAD_HEADROOM` of ``max_extra_load`` (so
 that the load budget rarely refuses a copy), the objective picks: ``target = "p99"``
 the least predicted p99, ``target = "in_deadline"`` the largest predicted share
-answered within the deadline; near-ties (:data:`P99_TIE`, :data:`IN_TIME_TIE`) go to
-fewer extra calls. Hysteresis: the setting in force is kept unless it breaks the load
-limit or the best candidate beats it by more than the tie margin and moves the delay
-by more than :data:`MIN_DELAY_MOVE` of itself. It is the model of ``chainrun advise``
-(which replays the log offline and also models the work W a copy shares) without W.
+answered within the deadline; near-ties (:data:`P99_TIE`, :data:`IN_TIME_TIE`) go, for
+the p99, to the lower predicted p99.9, then to fewer extra calls. Hysteresis: the
+setting in force is kept unless it breaks the load limit by more than
+:data:`OVER_LIMIT_BAND` or the best candidate beats it by more than the tie margins and
+moves the delay by more than :data:`MIN_DELAY_MOVE` of itself. It is the model of
+``chainrun advise`` (which replays the log offline and also models the work W a copy
+shares) without W.
 
 **Backing off** when hedging stops paying: a call's time is work W (shared by both
 copies) plus serving noise N (per copy); a copy sent at d wins only when N1 - N2 > d
@@ -63,8 +66,12 @@ from chainrun.hedging.window import LatencyWindow, Survival
 #: holds 100 calls' deposits, so bursts above the average are absorbed, and a copy it
 #: refuses waits for the next tick rather than being lost)
 LOAD_HEADROOM = 1.0
+#: the setting in force is moved for load only when its predicted extra calls exceed the
+#: limit by more than this factor (the budget refuses the excess meanwhile): estimates of
+#: a 0.1 fire rate move by +-0.01 from one window to the next
+OVER_LIMIT_BAND = 1.1
 #: candidates whose predicted p99 is within this share of the best count as tied
-P99_TIE = 0.05
+P99_TIE = 0.1
 #: candidates whose predicted share in time is within this of the best count as tied
 IN_TIME_TIE = 0.002
 #: the advisor moves a delay only by more than this share of the delay in force
@@ -93,6 +100,7 @@ class Prediction:
     extra_calls: float
     fire_rate: float
     p99_ms: float
+    p999_ms: float
     in_time: float | None
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,6 +110,7 @@ class Prediction:
             "extra_calls_per_call": round(self.extra_calls, 4),
             "fire_rate": round(self.fire_rate, 4),
             "p99_ms": round(self.p99_ms, 1) if math.isfinite(self.p99_ms) else None,
+            "p999_ms": round(self.p999_ms, 1) if math.isfinite(self.p999_ms) else None,
             "in_time": None if self.in_time is None else round(self.in_time, 4),
         }
 
@@ -115,8 +124,8 @@ def predict(
     (:meth:`Survival.never_past_tail`): right after a start, or on a call whose slow
     path is only ever cut short, the window cannot say when those calls would answer,
     and assuming "soon" (the window's own convention for a percentile, a lower bound)
-    would promise answers in time that no copy delivers. ``p99_ms`` is then ``inf``
-    when more than 1% of calls never answer under the setting.
+    would promise answers in time that no copy delivers. ``p99_ms`` (``p999_ms``) is then
+    ``inf`` when more than 1% (0.1%) of calls never answer under the setting.
     """
     s = survival.never_past_tail
     extra, still_out = 0.0, 1.0
@@ -128,29 +137,37 @@ def predict(
     def late(t: float) -> float:
         return math.prod(s(t - i * delay_ms) for i in range(attempts) if i * delay_ms < t)
 
-    # P(late) falls with t; bisect to 0.1 ms for the first t with P(late) <= 1%
     last = survival.times[-1] if survival.times else 0.0
-    lo, hi = 0.0, last + 1.0 + (attempts - 1) * delay_ms
-    if late(hi) > 0.01:  # the calls that never answer are more than 1%
-        hi = math.inf
-    else:
+
+    def quantile(share_late: float) -> float:
+        # P(late) falls with t: bisect to 0.1 ms for the first t with P(late) <= share
+        lo, hi = 0.0, last + 1.0 + (attempts - 1) * delay_ms
+        if late(hi) > share_late:  # more calls than that never answer
+            return math.inf
         while hi - lo > 0.1:
             mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if late(mid) <= 0.01 else (mid, hi)
+            lo, hi = (lo, mid) if late(mid) <= share_late else (mid, hi)
+        return hi
+
     in_time = None if deadline_ms is None else 1.0 - late(deadline_ms)
-    return Prediction(delay_ms, attempts, extra, fire, hi, in_time)
+    return Prediction(delay_ms, attempts, extra, fire, quantile(0.01), quantile(0.001), in_time)
 
 
 def candidate_delays(s: Survival, deadline_ms: float | None) -> list[float]:
-    """Delays to try, in ms: the window's p50..p99.9 and, for a clustered distribution,
+    """Delays to try, in ms: the window's p50..p99.9 (of all calls, and of those that
+    answered in sight), and, for a clustered distribution,
     just past the end of each cluster (an answer time whose next answer is at least
     twice as late, or the last answer when some calls never answered); all above 0 and
     before the deadline."""
     out: set[float] = set()
+    answered = 1.0 - s.tail_share  # the mass that answered within what the window saw
     for p in CANDIDATE_PERCENTILES:
-        t = _quantile(s, p / 100)
-        if t is not None:
-            out.add(t)
+        for share in (p / 100, p / 100 * answered):
+            # of all calls, and of the calls that answered: when half the calls never
+            # answer in sight (a bimodal call cut at its deadline), the first has no p60
+            t = _quantile(s, share)
+            if t is not None:
+                out.add(t)
     times = s.times
     for a, b in itertools.pairwise(times):
         if a > 0 and b >= 2 * a:
@@ -192,14 +209,32 @@ def advise(
     return best, now
 
 
+def _cmp_ms(a: float, b: float) -> int:
+    """-1 when ``a`` is shorter than ``b`` by more than :data:`P99_TIE` of the shorter,
+    1 when longer, 0 for a near-tie (two ``inf`` tie; a finite time beats ``inf``)."""
+    if math.isinf(a) or math.isinf(b):
+        return 0 if a == b else (-1 if a < b else 1)
+    if abs(a - b) <= P99_TIE * min(a, b):
+        return 0
+    return -1 if a < b else 1
+
+
+def _cmp_tail(a: Prediction, b: Prediction, target: str) -> int:
+    """-1 when ``a`` is clearly better than ``b`` on ``target``, 1 when clearly worse, 0
+    for a near-tie: ``in_deadline`` by the share in time; ``p99`` by the p99, then
+    (p99s tied) by the p99.9, so that a third attempt that saves the deepest tail for
+    little load is not lost to a near-tie on the p99."""
+    if target == "in_deadline" and a.in_time is not None and b.in_time is not None:
+        if abs(a.in_time - b.in_time) <= IN_TIME_TIE:
+            return 0
+        return -1 if a.in_time > b.in_time else 1
+    return _cmp_ms(a.p99_ms, b.p99_ms) or _cmp_ms(a.p999_ms, b.p999_ms)
+
+
 def _better(a: Prediction, b: Prediction, target: str) -> bool:
     """Whether ``a`` beats ``b`` on ``target``, near-ties going to fewer extra calls."""
-    if target == "in_deadline" and a.in_time is not None and b.in_time is not None:
-        if abs(a.in_time - b.in_time) > IN_TIME_TIE:
-            return a.in_time > b.in_time
-    elif abs(a.p99_ms - b.p99_ms) > P99_TIE * min(a.p99_ms, b.p99_ms):
-        return a.p99_ms < b.p99_ms
-    return a.extra_calls < b.extra_calls
+    c = _cmp_tail(a, b, target)
+    return c < 0 if c else a.extra_calls < b.extra_calls
 
 
 class HedgeController:
@@ -334,19 +369,22 @@ class HedgeController:
         self._advised_at, self._advised_n = now, s.n
         best, current = advise(s, self.policy, self._auto)
         old = self.setting_for(self._auto)
+        limit = self.policy.max_extra_load * LOAD_HEADROOM
         if best is None:
-            if self._auto is not None and current is not None and current.extra_calls <= (
-                self.policy.max_extra_load * LOAD_HEADROOM
-            ):
+            # nothing fits the load limit (a window that still sees mostly calls in flight):
+            # keep warming up, or keep the setting unless it is clearly over the limit; then
+            # copy at the latest candidate delay, once
+            delays = candidate_delays(s, _ms(self.policy.deadline_s))
+            if current is None or current.extra_calls <= limit * OVER_LIMIT_BAND or not delays:
                 return
-            # nothing fits the load limit: hedge as late as the window knows (its p99.9)
-            d = _quantile(s, 0.999) or s.tail_ms
-            new_auto: tuple[float, int] = (d, 2)
+            new_auto: tuple[float, int] = (delays[-1], 2)
+            pred = predict(s, delays[-1], 2, _ms(self.policy.deadline_s))
             why = (
                 f"no delay keeps extra calls under {self.policy.max_extra_load:g} per call "
-                f"x {LOAD_HEADROOM:g} headroom; hedging at the window's p99.9"
+                f"and the setting in force would cost {current.extra_calls:.3f}; one copy at "
+                f"the latest candidate delay ({pred.extra_calls:.3f} extra calls per call); "
+                f"window n = {s.n} ({s.n_censored} cut short)"
             )
-            pred = predict(s, d, 2, _ms(self.policy.deadline_s))
         else:
             if not self._worth_moving(best, current):
                 return
@@ -360,7 +398,7 @@ class HedgeController:
         if current is None:
             return True  # the first advice after warm-up
         limit = self.policy.max_extra_load * LOAD_HEADROOM
-        if current.extra_calls > limit:
+        if current.extra_calls > limit * OVER_LIMIT_BAND:
             return True
         if abs(best.delay_ms - current.delay_ms) <= MIN_DELAY_MOVE * current.delay_ms and (
             best.attempts == current.attempts
@@ -373,7 +411,7 @@ class HedgeController:
         goal = (
             f"in time {_pct(best.in_time)}"
             if target == "in_deadline"
-            else f"p99 {best.p99_ms:.0f} ms"
+            else f"p99 {_ms_text(best.p99_ms)}, p99.9 {_ms_text(best.p999_ms)}"
         )
         basis = f"window n = {s.n} ({s.n_censored} cut short)"
         load = (
@@ -385,9 +423,9 @@ class HedgeController:
         was = (
             f"in time {_pct(current.in_time)}"
             if target == "in_deadline"
-            else f"p99 {current.p99_ms:.0f} ms"
+            else f"p99 {_ms_text(current.p99_ms)}, p99.9 {_ms_text(current.p999_ms)}"
         )
-        if current.extra_calls > self.policy.max_extra_load * LOAD_HEADROOM:
+        if current.extra_calls > self.policy.max_extra_load * LOAD_HEADROOM * OVER_LIMIT_BAND:
             return (
                 f"the setting in force would cost {current.extra_calls:.3f} extra calls per "
                 f"call, over the limit; predicted {goal}, {load}; {basis}"
@@ -454,18 +492,18 @@ class HedgeController:
 
 
 def _clear_gain(a: Prediction, b: Prediction, target: str) -> bool:
-    """``a`` beats ``b`` by more than the tie margin on the target, or costs clearly less."""
-    if target == "in_deadline" and a.in_time is not None and b.in_time is not None:
-        if a.in_time - b.in_time > IN_TIME_TIE:
-            return True
-        return abs(a.in_time - b.in_time) <= IN_TIME_TIE and a.extra_calls < 0.9 * b.extra_calls
-    if b.p99_ms - a.p99_ms > P99_TIE * b.p99_ms:
-        return True
-    return abs(a.p99_ms - b.p99_ms) <= P99_TIE * b.p99_ms and a.extra_calls < 0.9 * b.extra_calls
+    """``a`` beats ``b`` by more than the tie margins on the target, or ties and costs
+    at least 10% fewer extra calls."""
+    c = _cmp_tail(a, b, target)
+    return c < 0 if c else a.extra_calls < 0.9 * b.extra_calls
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
+
+
+def _ms_text(x: float) -> str:
+    return f"{x:.0f} ms" if math.isfinite(x) else "never (past what the window has seen)"
 
 
 def _pct(x: float | None) -> str:
