@@ -202,6 +202,20 @@ def hedge_table(stats: dict[str, Any]) -> Table:
     return t
 
 
+def hedge_changes_table(stats: dict[str, Any]) -> Table | None:
+    """The hedge settings each step's controller chose during the run (``delay = "auto"``
+    advice, back-off, resume): when, from what, to what and why; None if none changed."""
+    rows = [(name, c) for name, s in stats["steps"].items() for c in s.get("changes", [])]
+    if not rows:
+        return None
+    t = Table(title=f"hedge setting changes, run {stats['run_id']}")
+    for col in ("step", "at (UTC)", "change", "from", "to", "why"):
+        t.add_column(col, justify="left")
+    for name, c in rows:
+        t.add_row(name, c["at"], c["kind"], c["old"], c["new"], c["why"])
+    return t
+
+
 def simulate_table(result: dict[str, Any]) -> Table:
     """``chainrun simulate``: p50/p90/p99 per k and mode (log-normal) or the bimodal grid."""
     if result["dist"] == "bimodal":

@@ -54,8 +54,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from chainrun.hedging.outcome import HedgeChange, HedgeOutcome, HedgeSetting, Mode
@@ -508,6 +509,24 @@ def _ms_text(x: float) -> str:
 
 def _pct(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.1%}"
+
+
+def logged_changes(details: Iterable[Mapping[str, Any] | None]) -> list[dict[str, Any]]:
+    """The controller's changes read back from log rows' ``detail`` (:func:`hedge_detail`),
+    oldest first, for reports: ``{at, kind, old, new, why, prediction}`` with ``at`` in
+    ISO 8601 UTC and ``old``/``new`` as :meth:`HedgeSetting.describe` phrases."""
+    out = []
+    for detail in details:
+        for c in (detail or {}).get("hedge_changes", []):
+            out.append({
+                "at": datetime.fromtimestamp(c["at"], UTC).isoformat(timespec="seconds"),
+                "kind": c["kind"],
+                "old": HedgeSetting(**c["old"]).describe(),
+                "new": HedgeSetting(**c["new"]).describe(),
+                "why": c["why"],
+                "prediction": c.get("prediction"),
+            })  # fmt: skip
+    return sorted(out, key=lambda c: c["at"])
 
 
 def hedge_detail(outcome: HedgeOutcome[Any]) -> dict[str, Any]:
