@@ -268,3 +268,36 @@ def test_delay_auto_in_the_config_reaches_the_engine() -> None:
         with pytest.raises(ConfigError) as e:
             config_from_dict({"steps": {"classify": {"hedge": hedge}}}, "c.toml")
         assert expected in str(e.value) and str(e.value).startswith("c.toml: ")
+
+
+# ------------------------------------------------------------------ in the chain's log
+
+
+async def test_a_steps_back_off_is_logged_with_the_call_it_applies_to(store: Any) -> None:
+    """A step whose copies always lose backs off; the change (time, old, new, why) is in
+    the step row of the first turn it applies to, and later turns are not armed."""
+    from chainrun.chain import Chain
+    from chainrun.config import config_from_dict
+    from chainrun.providers.fake import FakeProvider, FakeReply
+
+    cfg = config_from_dict({
+        "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
+        "order": ["classify"], "answer_step": "classify",
+        "steps": {"classify": {"stream": False, "hedge": {
+            "delay_ms": 10, "max_attempts": 2, "targets": ["backup"], "max_extra_load": 1.0,
+            "min_fires": 3, "min_win_rate": 0.5, "probe_rate": 0.0}}},
+    })  # fmt: skip
+    primary = FakeProvider(name="local", script=FakeReply("sizing", ttft_s=0.03))
+    backup = FakeProvider(name="backup", script=FakeReply("styling", ttft_s=0.2))
+    async with Chain(cfg, store=store, providers={"local": primary, "backup": backup}) as chain:
+        for _ in range(5):
+            done = await chain.run_turn("hello")
+    steps = sorted(store.steps(done.run_id), key=lambda s: s.turn_id)
+    assert [s.hedge_fired for s in steps[:3]] == [1, 1, 1]
+    assert [s.hedge_won for s in steps[:3]] == [0, 0, 0]
+    change = (steps[3].detail or {})["hedge_changes"][0]
+    assert change["kind"] == "backed_off"
+    assert change["old"]["mode"] == "hedging" and change["new"]["mode"] == "backed_off"
+    assert "won 0 of the last 3 fires" in change["why"] and change["at"] > 0
+    assert [s.hedge_delay_ms for s in steps[3:]] == [None, None]  # not armed: no probes
+    assert all("hedge_changes" not in (s.detail or {}) for s in steps[:3] + steps[4:])
