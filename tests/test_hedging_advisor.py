@@ -301,3 +301,29 @@ async def test_a_steps_back_off_is_logged_with_the_call_it_applies_to(store: Any
     assert "won 0 of the last 3 fires" in change["why"] and change["at"] > 0
     assert [s.hedge_delay_ms for s in steps[3:]] == [None, None]  # not armed: no probes
     assert all("hedge_changes" not in (s.detail or {}) for s in steps[:3] + steps[4:])
+    # hedge-stats shows it: when, from what, to what, why
+    from rich.console import Console
+
+    from chainrun.analysis.summary import hedge_stats
+    from chainrun.cli.tables import hedge_changes_table
+
+    stats = hedge_stats(store, done.run_id)["steps"]["classify"]
+    (shown,) = stats["changes"]
+    assert shown["kind"] == "backed_off" and shown["at"].endswith("+00:00")
+    assert shown["old"] == "d = 10 ms, 2 attempts"
+    assert shown["new"] == "backed off (d = 10 ms, 2 attempts on probe calls only)"
+    assert stats["n_probe_calls"] == 0 and stats["n_fired"] == 3
+    table = hedge_changes_table(hedge_stats(store, done.run_id))
+    assert table is not None
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "backed_off" in text and "won 0 of the last 3" in text
+    # the audit's item 4 says what the step did and when
+    from chainrun.audit import audit
+
+    item = audit(store).items[3]
+    said = " ".join(item.notes)
+    assert f"{shown['at']}: backed off (copies won 0 of the last 3 fires" in said
+    assert "Now backed off: only probe calls are hedged (0 probe calls so far)." in said
+    assert item.figures["steps"]["classify"]["controller"]["changes"][0]["kind"] == "backed_off"

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
 from chainrun.config import MODEL_STEP_KINDS
+from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.log.store import Store
@@ -195,9 +196,13 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     ``fire_rate_ci95`` and ``win_rate_ci95`` (95% Wilson score intervals, ``[lo, hi]``,
     None where the rate is),
     ``extra_calls_per_turn``, ``budget_exhausted`` (copies refused by the load budget, also
-    in ``unsent``), ``mean_delay_ms``. The rates are defined once, in
-    :mod:`chainrun.hedging.stats` (fire rate = fires per armed execution: the hedge timer
-    went off, whether a copy was sent or not; copies sent per call says what went out);
+    in ``unsent``), ``mean_delay_ms``, ``n_probe_calls`` (calls hedged as probes while the
+    step was backed off) and ``changes``: every decision of the step's hedge controller
+    (``delay = "auto"`` advice, back-off, resume; :mod:`chainrun.hedging.advisor`), oldest
+    first, as ``{at, kind, old, new, why, prediction}`` (``at`` ISO 8601 UTC). The rates
+    are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
+    execution: the hedge timer went off, whether a copy was sent or not; copies sent per
+    call says what went out);
     None where their denominator is 0. Source of the numbers: Dean & Barroso,
     "The Tail at Scale" (CACM 2013); Finagle's backup-request counters. Over completed
     turns only (``n_turns``), the others counted in ``turns`` (:func:`completed_turns`).
@@ -222,11 +227,17 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     n_turns = counted.n_completed
     agg: dict[str, HedgeStats] = defaultdict(HedgeStats)
     delays: dict[str, list[float]] = defaultdict(list)
+    details: dict[str, list[Mapping[str, Any] | None]] = defaultdict(list)
+    probes: Counter[str] = Counter()
     fired_steps = []
+    for s in store.steps(run_id):  # a change applies to its step whatever became of the turn
+        if s.detail and ("hedge_changes" in s.detail or "hedge_probe" in s.detail):
+            details[s.step].append(s.detail)
     for s in counted.of(store.steps(run_id)):
         if s.kind not in MODEL_STEP_KINDS or s.status == "skipped":
             continue
         st = agg[s.step]
+        probes[s.step] += bool((s.detail or {}).get("hedge_probe"))
         fired = bool(s.hedge_fired)
         st.add_call(armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won))
         if fired:
@@ -269,6 +280,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "extra_calls_per_turn": _round(extra_calls_per_turn(st.copies_sent, n_turns), 4),
             "budget_exhausted": st.budget_exhausted,
             "mean_delay_ms": _mean(delays[name]),
+            "n_probe_calls": probes[name],
+            "changes": logged_changes(details[name]),
         }
     return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
 

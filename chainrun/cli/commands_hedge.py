@@ -12,7 +12,7 @@ from chainrun.analysis.advise import advise
 from chainrun.analysis.simulate import Bimodal, plot_p99, simulate_bimodal, simulate_lognormal
 from chainrun.analysis.summary import hedge_stats
 from chainrun.cli import DEFAULT_DB_PATH, DbOpt, JsonOpt, app, handle_errors, out, print_json
-from chainrun.cli.tables import advise_table, hedge_table, simulate_table
+from chainrun.cli.tables import advise_table, hedge_changes_table, hedge_table, simulate_table
 from chainrun.errors import UserInputError
 from chainrun.log.store import Store
 
@@ -24,7 +24,8 @@ def hedge_stats_command(
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fire rate, win rate, time saved per win and extra calls per turn, per step."""
+    """Fire rate, win rate, time saved per win and extra calls per turn, per step; and
+    every change of a step's hedge setting (auto delay, back-off, resume) with its why."""
     with Store.open(db, create=False) as store:
         rid = run_id if run_id is not None else store.latest_run_id()
         if rid is None:
@@ -34,6 +35,9 @@ def hedge_stats_command(
         print_json(stats)
     else:
         out.print(hedge_table(stats))
+        changes = hedge_changes_table(stats)
+        if changes is not None:
+            out.print(changes)
 
 
 def _numbers(text: str, option: str, kind: type = float) -> list[Any]:

@@ -466,8 +466,9 @@ class HedgeController:
         new = self.setting
         why = (
             f"copies won {wins} of the last {p.min_fires} fires (under {p.min_win_rate:.0%}): "
-            "the delay catches calls that are slow for every copy (work, not serving "
-            f"noise); hedging only probe calls, about {p.probe_rate:g} extra calls per call"
+            "a copy rarely beats its primary here (when the slow calls are the long "
+            "answers, W + N, every copy is as slow); hedging only probe calls, about "
+            f"{p.probe_rate:g} extra calls per call"
         )
         self._note("backed_off", old, new, why)
 

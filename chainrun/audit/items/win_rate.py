@@ -32,6 +32,7 @@ from chainrun.audit.plots import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Step, Turn
 from chainrun.audit.scope import Sample, Scope
+from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_reason
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
@@ -61,9 +62,32 @@ def _serving_path(config: Mapping[str, Any] | None, step: str) -> str:
     return f"{sc.get('model')} @ {', '.join(dict.fromkeys(urls))}"
 
 
+def _controller_text(name: str, changes: list[dict[str, Any]], probes: int) -> str | None:
+    """What the step's hedge controller did and when (back-off, resume, advised delays),
+    in one sentence; None when it changed nothing."""
+    if not changes:
+        return None
+    acts = [c for c in changes if c["kind"] in ("backed_off", "resumed")]
+    advised = [c for c in changes if c["kind"] == "advised"]
+    parts = [f"{c['at']}: {c['kind'].replace('_', ' ')} ({c['why']})" for c in acts]
+    if advised:
+        last = advised[-1]
+        parts.append(
+            f"its delay was advised {len(advised)} times (delay = \"auto\"), last at "
+            f"{last['at']}: {last['old']} -> {last['new']}"
+        )
+    now = "backed off: only probe calls are hedged" if acts and acts[-1]["kind"] == (
+        "backed_off"
+    ) else None
+    tail = f" Now {now} ({probes} probe calls so far)." if now else ""
+    return f"{name}: the step's hedge controller acted on its own. " + "; ".join(parts) + "." + tail
+
+
 def check_win_rate(scope: Scope) -> Item:
     """Item 4: per hedged step fire rate, win rate, time saved per win (shadow losers),
-    over time; the W + N diagnosis; fails a win rate under 5% over at least 30 fires."""
+    over time; the W + N diagnosis; fails a win rate under 5% over at least 30 fires;
+    says what the step's hedge controller did and when (advised delays, a back-off when
+    copies stopped winning, a resume: :mod:`chainrun.hedging.advisor`)."""
     names = hedged_steps(scope)
     if not names:
         return Item(
@@ -224,6 +248,15 @@ def check_win_rate(scope: Scope) -> Item:
             )
         if len(headlines) < len(notes):
             headlines.append(notes[-1])
+        step_rows = [s for sm in scope.samples for s in sm.steps if s.step == name]
+        changes = logged_changes(s.detail for s in step_rows if s.detail)
+        probes = sum(1 for s in step_rows if (s.detail or {}).get("hedge_probe"))
+        acted = _controller_text(name, changes, probes)
+        if acted is not None:
+            notes.append(acted)
+            backed = [c for c in changes if c["kind"] == "backed_off"]
+            if backed:
+                headlines[-1] += f" The step backed off on its own at {backed[-1]['at']}."
         verdicts.append(v)
         figs[name] = {
             "n_armed": len(armed),
@@ -252,6 +285,7 @@ def check_win_rate(scope: Scope) -> Item:
             "diagnosis": diagnosis,
             "over_time": [vars(p) for p in points],
             "serving_paths": {k: v for k, v in paths.items()},
+            "controller": {"changes": changes, "n_probe_calls": probes},
             "verdict": v,
         }
         rows.append(
