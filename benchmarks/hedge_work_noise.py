@@ -10,7 +10,9 @@ tokens at 10 ms: 0.2-2 s, varied across turns by the message) and draws N per re
 (lognormal, median 30 ms, sigma 0.3). The step settles on the whole answer
 (``stream = false``) so that W is part of its latency; the hedge delay d is the p95 of
 the step's own latency window, and every loser is left to finish unseen
-(``shadow_fraction = 1.0``) so that time saved per win is measured.
+(``shadow_fraction = 1.0``) so that time saved per win is measured. The back-off
+(``min_win_rate``, on by default) is turned off here: this measures the hedge itself;
+``tests/test_hedging_advisor.py`` shows the back-off on the same W + N model.
 
 * ``low_noise``: the built-in scenario. The p95 is reached by long answers, N1 - N2 is
   tens of ms while d is ~2 s: the hedge fires on long answers and (almost) never wins.
@@ -96,6 +98,9 @@ def hedged_step(args: argparse.Namespace) -> dict[str, Any]:
             "shadow_fraction": 1.0,
             "min_samples": args.min_samples,
             "max_extra_load": args.max_extra_load,
+            # the hedge's own economics, every fire: the back-off (on by default) would
+            # stop arming the low-noise step after 30 losing fires
+            "min_win_rate": 0.0,
         },
     }
 
