@@ -204,6 +204,23 @@ def test_vs_litellm_without_litellm(tmp_path: Path) -> None:
     assert "chainrun_over_single" in res["ratios"]
 
 
+def test_transport_cpu(tmp_path: Path) -> None:
+    res = run_benchmark(
+        "transport_cpu", tmp_path, *("--calls", "20", "--concurrency", "5", "--rounds", "1")
+    )
+    arms = res["arms"]
+    assert {"chainrun", "sdk_httpx2", "raw_asyncio"} <= set(arms)
+    # the aiohttp arms need the bench extra (openai[aiohttp]); without it they say why
+    assert set(arms) | set(res["unavailable"]) == {
+        "chainrun", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio"
+    }
+    # the same lab bytes through every arm: the same chunks parsed
+    assert len({m["chunks_per_call"] for m in arms.values()}) == 1
+    assert arms["raw_asyncio"]["chunks_per_call"] >= 16
+    assert arms["raw_asyncio"]["over_floor"] == 1.0
+    assert all(m["cpu_ms_per_call"] > 0 for m in arms.values())
+
+
 def test_retrieval_scale(tmp_path: Path) -> None:
     res = run_benchmark("retrieval_scale", tmp_path, "--sizes", "600", "--searches", "6")
     size = res["sizes"]["600"]
