@@ -94,21 +94,25 @@ class HedgePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: a fixed hedge delay d, in ms
     delay_ms: float | None = Field(default=None, ge=0)
     delay_percentile: float | None = Field(default=None, gt=0, lt=100)
     #: the delay and attempts re-derived from the window at run time (``delay = "auto"``)
     delay_auto: bool = False
     #: what ``delay_auto`` optimises: the least p99, or the largest share within the deadline
     target: Literal["p99", "in_deadline"] = "p99"
-    #: how often ``delay_auto`` re-derives the delay, at most, in s
+    #: how often ``delay_auto`` re-derives the delay, in s (sooner only while the window
+    #: doubles, right after warm-up)
     advise_interval_s: float = Field(default=10.0, gt=0)
     #: back off when copies win less than this share of the last ``min_fires`` fires
     min_win_rate: float = Field(default=MIN_WIN_RATE, ge=0, lt=1)
+    #: fires (that sent a copy and were answered) the back-off's win rate is read over
     min_fires: int = Field(default=MIN_FIRES, ge=1)
     #: extra calls per call kept as probes while backed off
     probe_rate: float = Field(default=PROBE_RATE, ge=0, le=1)
     #: hedge again when this share of the last ``probe_fires`` probe fires won
     resume_win_rate: float = Field(default=RESUME_WIN_RATE, gt=0, le=1)
+    #: probe fires (that sent a copy and were answered) the resume's win rate is read over
     probe_fires: int = Field(default=PROBE_FIRES, ge=1)
     #: hedge delay while a percentile delay's window warms up, in ms (None: deadline / 3)
     initial_delay_ms: float | None = Field(default=None, ge=0)
@@ -138,7 +142,9 @@ class HedgePolicy(BaseModel):
     rotate_primary: bool = False
     #: circuit breaker: failures within ``breaker_window_s`` that open a target
     breaker_failures: int = Field(default=BREAKER_FAILURES, ge=1)
+    #: the window the breaker counts failures in, in s
     breaker_window_s: float = Field(default=BREAKER_WINDOW_S, gt=0)
+    #: how long an open breaker stays open, in s
     breaker_cooldown_s: float = Field(default=BREAKER_COOLDOWN_S, gt=0)
 
     @model_validator(mode="after")
