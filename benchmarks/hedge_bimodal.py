@@ -131,9 +131,10 @@ async def run_mode(
     t0 = time.perf_counter()
     with c.temp_store() as store:
         async with c.LagSampler() as lag, c.open_chain(config, store, mode) as chain:
+            warm_turns: set[int | None] = set()
             if warm:
-                await c.drive_turns(chain, warm_messages, concurrency=concurrency, lag=lag)
-            warm_turns = {s.turn_id for s in store.steps(chain.run_id)} if warm else set()
+                warmed = await c.drive_turns(chain, warm_messages, concurrency=concurrency, lag=lag)
+                warm_turns = {t.turn_id for t in warmed}  # the log is written behind
             n_warm_requests = len(lab.requests())
             driven = await c.drive_turns(chain, messages, concurrency=concurrency, lag=lag)
             run_id = chain.run_id
