@@ -31,18 +31,43 @@ The Responses API itself has no ``stop`` and no ``seed``: a step on an ``api =
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Literal, Protocol
 
-from chainrun.config import (
-    MODEL_STEP_KINDS,
-    CapabilityParam,
-    ChainConfig,
-    ModelCapabilities,
-    ProviderConfig,
-    ReasoningEffort,
-    StepConfig,
-)
+from pydantic import BaseModel, ConfigDict
+
 from chainrun.errors import ConfigError
+from chainrun.providers.config import ProviderConfig, ReasoningEffort
+from chainrun.steps.config import StepConfig
+from chainrun.steps.model_config import ModelStepConfig
+
+#: The optional request parameters a capability entry can allow or refuse.
+CapabilityParam = Literal["temperature", "seed", "stop"]
+
+
+class ModelCapabilities(BaseModel):
+    """One model's entry in the capability table (``[capabilities."MODEL"]``; the
+    built-ins are :data:`BUILTIN`). None = not known, not checked.
+
+    Attributes:
+        reasoning_effort: the ``reasoning_effort`` values the model accepts.
+        response_format: the ``response_format`` kinds it accepts (a step's
+            ``json_schema`` needs ``json_schema``).
+        params: which of the optional parameters (temperature, seed, stop) it accepts.
+        source: where the entry comes from ("config" or "built-in"; shown in messages).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the ``reasoning_effort`` values the model accepts (None: not checked)
+    reasoning_effort: list[ReasoningEffort] | None = None
+    #: the ``response_format`` kinds it accepts (None: not checked)
+    response_format: list[Literal["json_schema", "json_object", "text"]] | None = None
+    #: which of the optional parameters temperature, seed, stop it accepts (None: not checked)
+    params: list[CapabilityParam] | None = None
+    #: where the entry comes from ("config" or "built-in"; shown in messages)
+    source: str = "config"
+
 
 #: The optional request parameters a capability entry can allow or refuse.
 PARAMS: tuple[CapabilityParam, ...] = ("temperature", "seed", "stop")
@@ -119,7 +144,7 @@ def _listed(values: Iterable[str]) -> str:
 
 def check_step(
     name: str,
-    step: StepConfig,
+    step: ModelStepConfig,
     provider_name: str,
     provider: ProviderConfig,
     table: dict[str, ModelCapabilities] | None = None,
@@ -170,9 +195,41 @@ def check_step(
             )
 
 
-def check_chain(config: ChainConfig) -> None:
-    """Check every step that calls a model (``llm`` and ``guard`` steps: a guard's model,
-    effort and parameters are sent like any other) on its provider and its hedge targets.
+def check_model_step(
+    name: str,
+    step: ModelStepConfig,
+    targets: Iterable[str],
+    providers: Mapping[str, ProviderConfig],
+    table: dict[str, ModelCapabilities] | None = None,
+) -> None:
+    """Check a step's request settings on each provider it calls (its own and its hedge
+    targets: a guard's model, effort and parameters are sent like any other step's).
+
+    Raises:
+        ConfigError: the first target whose model does not accept what the step asks
+            (see :func:`check_step`).
+    """
+    for target in dict.fromkeys(targets):
+        check_step(name, step, target, providers[target], table)
+
+
+class ChainTables(Protocol):
+    """What :func:`check_chain` reads of a chain's config (a
+    :class:`chainrun.config.ChainConfig` is one)."""
+
+    @property
+    def order(self) -> list[str]: ...
+    @property
+    def steps(self) -> Mapping[str, StepConfig]: ...
+    @property
+    def providers(self) -> Mapping[str, ProviderConfig]: ...
+    @property
+    def capabilities(self) -> dict[str, ModelCapabilities]: ...
+
+
+def check_chain(config: ChainTables) -> None:
+    """Check every step whose config is a model step's (``llm``, ``guard``, a registered
+    kind that calls a model) on its provider and its hedge targets, in ``order``.
 
     Raises:
         ConfigError: the first step asking a model for what it does not accept
@@ -180,8 +237,6 @@ def check_chain(config: ChainConfig) -> None:
     """
     for name in config.order:
         step = config.steps[name]
-        if step.kind not in MODEL_STEP_KINDS:
-            continue
-        targets = [step.provider, *(step.hedge.targets if step.hedge else [])]
-        for target in dict.fromkeys(targets):
-            check_step(name, step, target, config.providers[target], config.capabilities)
+        if isinstance(step, ModelStepConfig):
+            check_model_step(name, step, step.provider_names(), config.providers,
+                             config.capabilities)  # fmt: skip

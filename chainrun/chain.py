@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import difflib
 import logging
 import math
@@ -30,8 +31,8 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.capabilities import check_chain as check_capabilities
-from chainrun.config import MODEL_STEP_KINDS, ChainConfig, load_config, policy_from_config
+from chainrun.capabilities import check_model_step
+from chainrun.config import ChainConfig, load_config
 from chainrun.errors import ChainClosed, ConfigError, ProviderUnavailable, error_type
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
@@ -41,8 +42,18 @@ from chainrun.log.rows import RunKind, TurnLog, TurnRow
 from chainrun.log.store import DEFAULT_DB, Store, utc_now
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
+from chainrun.retrieval.catalog import ensure_sample_catalog
 from chainrun.scheduler import TurnRun
-from chainrun.steps import BuildContext, LLMStep, Retriever, Step, TurnState, step_kinds
+from chainrun.steps import (
+    BUILTIN_FIELDS,
+    BuildContext,
+    Retriever,
+    StateField,
+    Step,
+    StepNeeds,
+    TurnState,
+    step_kinds,
+)
 from chainrun.steps.base import breaker_key
 from chainrun.timing import Chunk
 from chainrun.turn_input import check_turn_input
@@ -92,11 +103,14 @@ def build_steps(config: ChainConfig) -> dict[str, Step]:
                 f"{sorted(kinds)} or a class registered with chainrun.steps.register_step_kind"
             )
         step = cls(name, cfg)
-        if isinstance(step, LLMStep):
-            step.bind(config.answer_step)
+        step.bind(config.answer_step)
         steps[name] = step
     return steps
 
+
+def state_fields(steps: Mapping[str, Step]) -> dict[str, StateField]:
+    """The turn-state fields of a chain: the built-ins and those its steps' kinds declare."""
+    return {**BUILTIN_FIELDS, **{f.name: f for s in steps.values() for f in s.state_fields}}
 
 
 def _naming_file(error: ConfigError, config: ChainConfig) -> ConfigError:
@@ -155,6 +169,9 @@ class Chain:
             )
         except ConfigError as e:
             raise _naming_file(e, config) from None
+        self.fields = state_fields(self.steps)
+        #: what each step asked the chain for (providers, the catalogue, the log)
+        self.needs: dict[str, StepNeeds] = {n: s.needs() for n, s in self.steps.items()}
         self._input_checks = config.checks.checker()
         self._injected = dict(providers or {})
         self._retriever = retriever
@@ -162,10 +179,11 @@ class Chain:
         #: circuit breakers shared by the steps, one registry per distinct breaker setting
         #: (a target found down at open starts open in every one)
         self._breakers: dict[tuple[int, float, float], BreakerRegistry] = {}
-        for step_config in config.steps.values():
-            key = breaker_key(policy_from_config(step_config))
-            if key not in self._breakers:
-                self._breakers[key] = BreakerRegistry(*key)
+        for needs in self.needs.values():
+            if needs.policy is not None:
+                key = breaker_key(needs.policy)
+                if key not in self._breakers:
+                    self._breakers[key] = BreakerRegistry(*key)
         self._owned: list[Provider] = []
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
@@ -210,15 +228,8 @@ class Chain:
         await self.aclose(status)
 
     def _used_providers(self) -> list[str]:
-        names: list[str] = []
-        for step in self.steps.values():
-            if not step.uses_providers:
-                continue
-            cfg = step.config
-            for n in [cfg.provider, *(cfg.hedge.targets if cfg.hedge else [])]:
-                if n not in names:
-                    names.append(n)
-        return names
+        """Every provider a step asked for, each once, in step order."""
+        return list(dict.fromkeys(p for n in self.needs.values() for p in n.providers))
 
     async def open(self) -> None:
         """Build what turns need: providers (starting the local model if one needs it),
@@ -232,8 +243,12 @@ class Chain:
             ChainClosed: the chain was closed (build a new one).
         """
         self._check_open()
+        cfg = self.config
         try:
-            check_capabilities(self.config)
+            for step_name, needs in self.needs.items():
+                if needs.model is not None:
+                    check_model_step(step_name, needs.model, needs.providers, cfg.providers,
+                                     cfg.capabilities)  # fmt: skip
             for name in self._used_providers():  # every key before anything starts
                 if name not in self._injected:
                     self.config.providers[name].check_env(name)
@@ -241,18 +256,21 @@ class Chain:
             raise _naming_file(e, self.config) from None
         try:
             await self._open_providers()
-            if any(s.config.hedge is not None for s in self.steps.values()):
+            if any(n.hedged for n in self.needs.values()):
                 # the client's own event-loop lag, recorded with every attempt of hedged steps
                 self._loop_lag = get_loop_lag_monitor()
                 await self._loop_lag.__aenter__()
             db = self.store.db if self.store is not None else sqlite_utils.Database(memory=True)
+            if self._retriever is None and any(n.catalogue for n in self.needs.values()):
+                ensure_sample_catalog(db)  # a log without a catalogue gets the sample one
             ctx = BuildContext(
                 config=self.config, providers=self._providers, breakers=self._breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
                 retriever=self._retriever,
             )  # fmt: skip
-            for step in self.steps.values():
-                await step.open(ctx)
+            for step_name, step in self.steps.items():
+                logs = self.needs[step_name].log
+                await step.open(ctx if logs else dataclasses.replace(ctx, store=None))
                 self._opened.append(step)
         except BaseException:
             await self.aclose("failed")
@@ -267,8 +285,7 @@ class Chain:
         that cannot connect would end its race: errors are not hedged), so the steps
         hedged onto it run unhedged on their primary.
         """
-        primaries = {self.config.steps[n].provider for n in self.config.order
-                     if self.config.steps[n].kind in MODEL_STEP_KINDS}  # fmt: skip
+        primaries = {n.providers[0] for n in self.needs.values() if n.providers}
         for name in self._used_providers():
             if name in self._injected:
                 self._providers[name] = self._injected[name]
@@ -415,7 +432,8 @@ class Chain:
         checked = self._input_checks.check(message)
         if checked.findings:
             message = turn.input = checked.text  # neither model nor log sees a card number
-        run = TurnRun(self.steps, self.graph, TurnState(message=message), self._answered)
+        state = TurnState(message=message, fields=self.fields)
+        run = TurnRun(self.steps, self.graph, state, self._answered)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
         if checked.blocked:  # the shopper is told what to do, never what was blocked

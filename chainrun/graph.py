@@ -8,7 +8,10 @@ Rules, for each step S in the configured ``order``:
   the config is refused;
 * S waits for the previous writer of every field it writes (the last write wins in
   ``order``, whatever finishes first);
-* ``after = [...]`` adds explicit edges.
+* ``after = [...]`` adds explicit edges;
+* the fields a step's ``when`` routes on count as read: a routing step (e.g. classify,
+  which writes ``label``) is on the critical path only of the steps that route on it
+  (or read what it writes), and of the steps that wait for those.
 
 ``order`` stays the tie-break (steps that become ready together start in that order)
 and the display order. A cycle is a config error naming the steps.
@@ -79,7 +82,7 @@ class TurnGraph:
 def _field_edges(name: str, i: int, order: Sequence[str], steps: Mapping[str, Step]) -> set[str]:
     step = steps[name]
     deps: set[str] = set(step.config.after)
-    for f in sorted(step.reads - INITIAL_FIELDS):
+    for f in sorted((step.reads | step.routes_on) - INITIAL_FIELDS):
         before = [o for o in order[:i] if f in steps[o].writes]
         later = [o for o in order[i + 1 :] if f in steps[o].writes]
         if before:
@@ -87,9 +90,10 @@ def _field_edges(name: str, i: int, order: Sequence[str], steps: Mapping[str, St
         elif later:
             deps.update(later)
         else:
+            where = "its prompt" if f in step.reads else "its when"
             raise ConfigError(
                 f"steps.{name}: reads {{{f}}}, which no step writes; "
-                f"add a step that writes it or remove {{{f}}} from its prompt"
+                f"add a step that writes it or remove {{{f}}} from {where}"
             )
     for f in step.writes:
         before = [o for o in order[:i] if f in steps[o].writes]
@@ -99,7 +103,7 @@ def _field_edges(name: str, i: int, order: Sequence[str], steps: Mapping[str, St
 
 
 def _why(a: str, b: str, steps: Mapping[str, Step]) -> str:
-    fields = sorted(steps[a].reads & steps[b].writes)
+    fields = sorted((steps[a].reads | steps[a].routes_on) & steps[b].writes)
     if fields:
         return f"{a} reads {{{fields[0]}}}, which {b} writes"
     return f"{a} is after {b}"

@@ -9,6 +9,13 @@ order. A step that fails closed (or refuses the turn) cancels its running siblin
 The answer step's tokens are held back while a step that ``holds_answer`` (an input
 guard raced against the answer) has not ended; they are released once it passes and
 dropped if it refuses. Times in ms from the turn's start.
+
+A step with ``when`` is checked as it becomes ready (what it routes on has been
+written, or its writer has ended without writing it): when the turn-state fields do
+not match, it does not run; its row is ``skipped`` with the reason in
+``detail["skipped"]``, a :class:`~chainrun.events.StepFinished` with status
+``skipped`` is yielded, and what it would write stays unset (readers see the field's
+empty value).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
 from chainrun.graph import TurnGraph
 from chainrun.log.rows import CallRow, StepRow
 from chainrun.steps.base import Step, StepContext, StepResult, TurnState
+from chainrun.steps.config import route_problem
 
 
 class _Inbox:
@@ -101,8 +109,8 @@ class TurnRun:
         """Run the turn, yielding StepStarted, TokenDelta and StepFinished as they happen."""
         while True:
             if not self.refused:
-                for name in self._ready():
-                    yield self._start(name)
+                for ev in self._start_ready():
+                    yield ev
             if not self._tasks:
                 break
             name, item = await self._queue.get()
@@ -119,6 +127,35 @@ class TurnRun:
             n for n in self.graph.order
             if n not in self._ctx and self.graph.deps[n] <= self._ended
         ]  # fmt: skip
+
+    def _start_ready(self) -> list[Event]:
+        """Start every ready step whose ``when`` matches; skip the others (which may make
+        more steps ready)."""
+        events: list[Event] = []
+        while ready := self._ready():
+            skipped = False
+            for name in ready:
+                why = route_problem(self.steps[name].config.when, self.state.values)
+                if why is None:
+                    events.append(self._start(name))
+                else:
+                    events.append(self._skip_routed(name, why))
+                    skipped = True
+            if not skipped:
+                break
+            if not self._holding():  # a skipped check held the answer back no longer
+                events.extend(self._release())
+        return events
+
+    def _skip_routed(self, name: str, why: str) -> StepFinished:
+        """Log ``name`` as skipped by its ``when`` (``why``), ended without running."""
+        step = self.steps[name]
+        row = StepRow(step=name, kind=step.kind, status="skipped",
+                      started_offset_ms=self.now_ms(), detail={"skipped": why},
+                      post_answer=name in self.graph.post_answer)  # fmt: skip
+        ctx = self._ctx[name] = StepContext(row=row)
+        self._ended.add(name)
+        return self._finished(name, ctx)
 
     def _start(self, name: str) -> StepStarted:
         step = self.steps[name]
@@ -240,10 +277,9 @@ class TurnRun:
 
     def _finished(self, name: str, ctx: StepContext) -> StepFinished:
         row, step = ctx.row, self.steps[name]
-        model = step.config.model if step.uses_providers else None
         return StepFinished(
             step=name, status=row.status, duration_ms=row.duration_ms, output=row.output,
-            model=model, reasoning_effort=step.config.reasoning_effort, ttft_ms=ctx.ttft_ms,
+            model=step.model, reasoning_effort=step.reasoning_effort, ttft_ms=ctx.ttft_ms,
             output_tokens=ctx.output_tokens, n_attempts=row.n_attempts,
             hedge_fired=row.hedge_fired, hedge_won=row.hedge_won, error_type=row.error_type,
             detail=row.detail, started_offset_ms=row.started_offset_ms,

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shlex
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from typer.testing import CliRunner
 
@@ -41,11 +46,12 @@ def chainrun(*args: str) -> Result:
 
 
 def _ctrl_c_after(
-    args: list[str], db: Path, tmp_path: Path, n_ok: int = 3, then: list[str] | None = None
-) -> tuple[Result, Result | None]:
+    args: list[str], db: Path, tmp_path: Path, n_ok: int = 3,
+    then: Callable[[Result], list[str]] | None = None,
+) -> tuple[Result, Result | None]:  # fmt: skip
     """Run ``chainrun ARGS --config (a slow lab) --db DB`` as a real process and send it
     SIGINT (Ctrl-C) once ``n_ok`` turns are logged ok; then, while the lab still runs,
-    ``chainrun THEN`` in-process if given."""
+    ``chainrun THEN(result)`` in-process if given."""
     # slow enough that the run is far from done when n_ok turns are logged, also on a
     # loaded machine (at 150 ms a step the replay could end before the Ctrl-C)
     with LabServer("lognormal", median_ms=400, sigma=0.1, n_tokens=8) as slow:
@@ -74,14 +80,30 @@ def _ctrl_c_after(
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-        after = chainrun(*then) if then else None
+        after = chainrun(*then(Result(proc.returncode, stdout, stderr))) if then else None
     return Result(proc.returncode, stdout, stderr), after
 
 
-def test_ctrl_c_of_replay_prints_the_partial_summary(tmp_path: Path) -> None:
+def _printed_resume(res: Result) -> list[str]:
+    """The resume command the interrupted replay printed, as a user would copy it (run
+    from another folder, where no chainrun.db is: it must name the log), with
+    ``--concurrency 4`` added for speed."""
+    hint = re.search(r"; (chainrun replay .*) runs the rest", res.stderr)
+    assert hint is not None, res.stderr
+    args = shlex.split(hint.group(1))
+    assert args[0] == "chainrun" and "--db" in args, args
+    return [*args[1:], "--concurrency", "4"]
+
+
+def test_ctrl_c_of_replay_prints_the_partial_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = tmp_path / "log.db"
-    resume = ["replay", str(REPLAY), "--resume", "1", "--db", str(db), "--concurrency", "4"]
-    res, resumed = _ctrl_c_after(["replay", str(REPLAY), "--json"], db, tmp_path, then=resume)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res, resumed = _ctrl_c_after(["replay", str(REPLAY), "--json"], db, tmp_path,
+                                 then=_printed_resume)  # fmt: skip
     assert res.returncode == 130 and "interrupted" in res.stderr
     doc = json.loads(res.stdout)  # one JSON document, as every command prints
     assert doc["status"] == "interrupted" and doc["run_id"] == 1

@@ -21,13 +21,23 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
-from chainrun.config import MODEL_STEP_KINDS
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.log.store import Store
 
 _R = TypeVar("_R")
+
+
+def steps_calling_models(snapshot: str | None) -> frozenset[str]:
+    """The steps of a run's stored config that call a model: those whose table names a
+    ``model`` (every model step's config does: ``llm``, ``guard``, a registered kind
+    built on :class:`~chainrun.steps.ModelStepConfig`); none without a snapshot."""
+    try:
+        steps = (json.loads(snapshot or "{}") or {}).get("steps") or {}
+    except (ValueError, AttributeError):
+        return frozenset()
+    return frozenset(n for n, t in steps.items() if isinstance(t, dict) and "model" in t)
 
 
 @dataclass(frozen=True)
@@ -217,7 +227,9 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     Raises:
         UserInputError: no such run.
     """
-    store.get_run(run_id)
+    calls = store.calls(run_id)
+    # steps that call models: their stored config names one, or they made calls
+    model_steps = steps_calling_models(store.get_run(run_id).config) | {c.step for c in calls}
     all_turns = store.turns(run_id)
     done = completed_turns(all_turns)
     counted = done
@@ -234,7 +246,7 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
         if s.detail and ("hedge_changes" in s.detail or "hedge_probe" in s.detail):
             details[s.step].append(s.detail)
     for s in counted.of(store.steps(run_id)):
-        if s.kind not in MODEL_STEP_KINDS or s.status == "skipped":
+        if s.step not in model_steps or s.status == "skipped":
             continue
         st = agg[s.step]
         probes[s.step] += bool((s.detail or {}).get("hedge_probe"))
@@ -247,7 +259,7 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
         if fired and s.hedge_won and s.time_saved_ms is not None:
             st.record_time_saved(s.time_saved_ms)
     sent_in: dict[tuple[str, int | None], int] = defaultdict(int)
-    for c in counted.of(store.calls(run_id)):
+    for c in counted.of(calls):
         if c.step not in agg:
             continue
         st = agg[c.step]

@@ -151,9 +151,14 @@ catalog_app = typer.Typer(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The product catalogue the retrieve step searches.",
 )  # fmt: skip
+config_app = typer.Typer(
+    cls=_OneLineErrors, no_args_is_help=True,
+    help="The chain's configuration: print the effective config.",
+)  # fmt: skip
 app.add_typer(local_app, name="local")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(lab_app, name="lab")
+app.add_typer(config_app, name="config")
 
 # Outside a terminal rich would squeeze tables into 80 columns; tables of timings read
 # better wide (COLUMNS, else 120).
@@ -306,6 +311,7 @@ def run_async(coro: Any) -> Any:
 # The commands live in one module per noun; importing them registers them on `app`.
 from chainrun.cli import (  # noqa: E402,F401
     commands_audit,
+    commands_config,
     commands_core,
     commands_eval,
     commands_hedge,

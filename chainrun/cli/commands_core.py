@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -177,8 +178,9 @@ def replay(
         if any(s["n_armed"] for s in hedging["steps"].values()):
             out.print(hedge_table(hedging))
     if stopped is not None:
-        err.print(interrupted_line("replay", summary)
-                  + f"; chainrun replay {file} --resume {run_id} runs the rest",
+        again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
+                            "--resume", str(run_id)])  # fmt: skip
+        err.print(interrupted_line("replay", summary) + f"; {again} runs the rest",
                   markup=False)  # fmt: skip
         raise stopped
 

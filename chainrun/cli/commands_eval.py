@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,7 +107,7 @@ def eval_command(
         except (KeyboardInterrupt, Terminated):
             if started:  # the turns so far, unscored: `eval FILE --run N` scores them
                 _print_interrupted(latency_summary(store, started[0]), file, repeat, len(cases),
-                                   as_json)  # fmt: skip
+                                   as_json, db)  # fmt: skip
             raise
         verdicts = [
             {k: r[k] for k in ("case_id", "repeat", "type", "step", "passed", "detail", "grader")}
@@ -160,11 +161,12 @@ def eval_command(
 
 
 def _print_interrupted(
-    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool
+    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool, db: Path
 ) -> None:
     """An eval run stopped by Ctrl-C or SIGTERM: its turns so far (not scored)."""
     run_id = summary["run_id"]
-    hint = f"chainrun eval {file} --run {run_id} scores the turns done"
+    again = shlex.join(["chainrun", "eval", str(file), "--db", str(db), "--run", str(run_id)])
+    hint = f"{again} scores the turns done"
     if as_json:
         print_json({"run_id": run_id, "status": summary["status"], "n_cases": n_cases,
                     "repeat": repeat, "n_turns": summary["n_turns"],

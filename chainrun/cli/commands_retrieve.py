@@ -27,7 +27,7 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.config import load_config
+from chainrun.config import RetrieveConfig, load_config
 from chainrun.errors import ProviderError
 from chainrun.log.store import Store
 from chainrun.retrieval import RetrievalResult, RetrievalSettings, build_retriever
@@ -48,7 +48,7 @@ def retrieval_settings(config_path: str | None) -> RetrievalSettings:
     cfg = load_config(config_path)
     for name in cfg.order:
         step = cfg.steps[name]
-        if step.kind == "retrieve":
+        if isinstance(step, RetrieveConfig):
             return step.retrieval
     return RetrievalSettings()
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from chainrun.config import ProviderConfig
 from chainrun.providers.base import Provider
+from chainrun.providers.config import ProviderConfig
 from chainrun.providers.openai_client import AzureTarget, read_api_key
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.providers.responses import ResponsesProvider

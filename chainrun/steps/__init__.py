@@ -1,33 +1,55 @@
-"""Steps: the protocol (:mod:`.base`) and the built-in kinds, one module each.
+"""Steps: the protocol (:mod:`.base`), the config models, and the built-in kinds.
 
 ``llm`` (:mod:`.llm`): a hedged model call; ``retrieve`` (:mod:`.retrieve`): early-exit
-catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict. Register your
-own kind with :func:`register_step_kind`.
+catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict. Each kind
+owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
+``GuardConfig``), extending :class:`StepConfig` (or :class:`ModelStepConfig` for a kind
+that calls a model). Register your own kind with :func:`register_step_kind`.
 """
 
 from chainrun.steps.base import (
+    BUILTIN_FIELDS,
+    INITIAL_FIELDS,
     BuildContext,
+    StateField,
     Step,
     StepContext,
+    StepNeeds,
     StepResult,
     TurnState,
+    known_fields,
     register_step_kind,
     step_kinds,
 )
-from chainrun.steps.guard import GuardStep
-from chainrun.steps.llm import LLMStep
-from chainrun.steps.retrieve import Retriever, RetrieveStep
+from chainrun.steps.config import StepConfig, route_problem
+from chainrun.steps.guard import GuardConfig, GuardStep
+from chainrun.steps.llm import LLMConfig, LLMStep
+from chainrun.steps.model_config import HedgeConfig, ModelStepConfig, policy_from_config
+from chainrun.steps.retrieve import RetrieveConfig, Retriever, RetrieveStep
 
 __all__ = [
+    "BUILTIN_FIELDS",
+    "INITIAL_FIELDS",
     "BuildContext",
+    "GuardConfig",
     "GuardStep",
+    "HedgeConfig",
+    "LLMConfig",
     "LLMStep",
+    "ModelStepConfig",
+    "RetrieveConfig",
     "RetrieveStep",
     "Retriever",
+    "StateField",
     "Step",
+    "StepConfig",
     "StepContext",
+    "StepNeeds",
     "StepResult",
     "TurnState",
+    "known_fields",
+    "policy_from_config",
     "register_step_kind",
+    "route_problem",
     "step_kinds",
 ]

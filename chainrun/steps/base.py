@@ -16,23 +16,32 @@ While it runs, a step records itself in its :class:`StepContext`: ``ctx.row`` (i
 cancelled half way (the caller went away, a sibling failed closed), so what was sent
 is never lost.
 
-Adding a kind of step::
+Adding a kind of step, with its own config model and turn-state field::
 
-    from chainrun.steps import Step, StepResult, register_step_kind
+    from typing import Literal
+    from chainrun.steps import StateField, Step, StepConfig, StepResult, register_step_kind
+
+    class OrderLookupConfig(StepConfig):
+        kind: Literal["order_lookup"] = "order_lookup"
+        #: the shop's order API
+        api_url: str
 
     @register_step_kind
-    class Shout(Step):
-        kind = "shout"
+    class OrderLookup(Step):
+        kind = "order_lookup"
+        config_model = OrderLookupConfig
+        state_fields = (StateField("order", "the shopper's order", empty="(no order)"),)
 
         @property
-        def reads(self): return frozenset({"answer"})
+        def reads(self): return frozenset({"message"})
         @property
-        def writes(self): return frozenset({"answer"})
+        def writes(self): return frozenset({"order"})
 
         async def run(self, state, ctx):
-            yield StepResult(updates={"answer": (state.answer or "").upper()})
+            yield StepResult(updates={"order": await lookup(self.config.api_url, state.message)})
 
-and ``kind = "shout"`` in ``[steps.NAME]`` of chainrun.toml.
+and ``kind = "order_lookup"`` in ``[steps.NAME]`` of chainrun.toml (with ``plugins =
+["the_module"]`` so that the CLI imports it); other steps' prompts read ``{order}``.
 """
 
 from __future__ import annotations
@@ -40,25 +49,63 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from chainrun.events import TokenDelta
 from chainrun.log.rows import CallRow, StepRow
+from chainrun.steps.config import StepConfig
 
 if TYPE_CHECKING:
     import sqlite_utils
 
-    from chainrun.config import ChainConfig, StepConfig
     from chainrun.hedging import BreakerRegistry, HedgePolicy, LoopLagMonitor
     from chainrun.log.store import Store
     from chainrun.providers.base import Provider
+    from chainrun.steps.model_config import ModelStepConfig
 
-#: Turn-state fields every turn starts with.
+
+@dataclass(frozen=True)
+class StateField:
+    """A named field of the turn state: prompts read it as ``{NAME}``.
+
+    Attributes:
+        name: the field's name (and its placeholder).
+        doc: what it holds, in one line.
+        empty: what a prompt shows while no step has set it (a step that failed open, or
+            was skipped by its ``when``, leaves it unset).
+        render: turns a set value into prompt text (None: ``str``).
+    """
+
+    name: str
+    doc: str
+    empty: str = ""
+    render: Callable[[Any], str] | None = None
+
+    def text(self, value: Any) -> str:
+        """The prompt text for ``value`` (None: the field's ``empty`` text)."""
+        if value is None:
+            return self.empty
+        return self.render(value) if self.render is not None else str(value)
+
+
+#: The turn-state fields of every chain.
+BUILTIN_FIELDS: dict[str, StateField] = {
+    f.name: f
+    for f in (
+        StateField("message", "the shopper's message"),
+        StateField("label", "the message's category, written by a step with labels"),
+        StateField(
+            "products", "the retrieved products as the prompt shows them", empty="(none)"
+        ),
+        StateField("answer", "the answer step's text"),
+    )
+}
+#: Turn-state fields every turn starts with (filled by the chain, written by no step).
 INITIAL_FIELDS = frozenset({"message"})
-#: Turn-state fields a step may read or write (the prompt placeholders of the same names).
-STATE_FIELDS = frozenset({"message", "label", "products", "answer"})
+#: The built-in fields' names.
+STATE_FIELDS = frozenset(BUILTIN_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -67,38 +114,53 @@ class TurnState:
 
     Attributes:
         message: the shopper's message.
-        label: the classify step's label (None until a step writes it).
-        products: the retrieved products as the prompt shows them (None until retrieved).
-        answer: the answer step's text (None until it finished).
+        values: the other fields set so far, by name (a field no step has set is absent).
         verdicts: per step name, the parsed verdict of checking steps (validate, guards).
+        fields: the fields this chain knows (built-ins plus those its steps' kinds
+            declare), with what a prompt shows while one is unset.
     """
 
     message: str
-    label: str | None = None
-    products: str | None = None
-    answer: str | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
     verdicts: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, StateField] = field(default_factory=lambda: BUILTIN_FIELDS)
+
+    def get(self, name: str) -> Any:
+        """The value of field ``name`` (None while unset)."""
+        return self.message if name == "message" else self.values.get(name)
+
+    @property
+    def label(self) -> str | None:
+        """The classify step's label (None until a step writes it)."""
+        return self.values.get("label")
+
+    @property
+    def products(self) -> str | None:
+        """The retrieved products as the prompt shows them (None until retrieved)."""
+        return self.values.get("products")
+
+    @property
+    def answer(self) -> str | None:
+        """The answer step's text (None until it finished)."""
+        return self.values.get("answer")
 
     def prompt_vars(self) -> dict[str, str]:
-        """The values prompt templates see (``{message}``, ``{label}``, ``{products}``,
-        ``{answer}``); a field not set yet is empty (products: ``(none)``)."""
-        return {
-            "message": self.message,
-            "label": self.label or "",
-            "products": self.products or "(none)",
-            "answer": self.answer or "",
-        }
+        """The values prompt templates see, by placeholder: every field the chain knows;
+        a field not set yet shows its ``empty`` text (``{products}``: ``(none)``)."""
+        out = {name: f.text(self.values.get(name)) for name, f in self.fields.items()}
+        out["message"] = self.message
+        return out
 
     def updated(self, updates: Mapping[str, Any]) -> TurnState:
         """A copy with ``updates`` applied.
 
         Raises:
-            KeyError: an update names a field the state does not have.
+            KeyError: an update names a field the chain does not know (or ``message``).
         """
-        unknown = set(updates) - STATE_FIELDS
+        unknown = set(updates) - (set(self.fields) - INITIAL_FIELDS)
         if unknown:
             raise KeyError(f"unknown turn-state field(s): {sorted(unknown)}")
-        return dataclasses.replace(self, **updates)
+        return dataclasses.replace(self, values={**self.values, **updates})
 
 
 @dataclass
@@ -125,20 +187,36 @@ class StepResult:
     replaced: bool = False
 
 
+class ChainSettings(Protocol):
+    """What a step may read of the chain's config (a :class:`chainrun.config.ChainConfig`
+    is one): its order, answer step, providers and step tables."""
+
+    @property
+    def order(self) -> list[str]: ...
+    @property
+    def answer_step(self) -> str: ...
+    @property
+    def providers(self) -> Mapping[str, Any]: ...
+    @property
+    def steps(self) -> Mapping[str, StepConfig]: ...
+
+
 @dataclass
 class BuildContext:
     """What a step may use when it is built (:meth:`Step.open`): shared for the chain."""
 
-    config: ChainConfig
+    #: the chain's config
+    config: ChainSettings
     providers: Mapping[str, Provider]
     #: the chain's circuit breakers, one registry per distinct breaker setting
     #: ``(breaker_failures, breaker_window_s, breaker_cooldown_s)``: steps with the same
     #: settings share their targets' breakers (a failing target is kept away from all)
     breakers: Mapping[tuple[int, float, float], BreakerRegistry]
     loop_lag: LoopLagMonitor | None
-    #: the log database (the catalogue lives there), or an in-memory one without a log
+    #: the catalogue's database: the log's (the sample catalogue loaded when a step
+    #: needs the catalogue and it has none), or an in-memory one without a log
     db: sqlite_utils.Database
-    #: the run log (None: nothing is logged)
+    #: the run log (None: nothing is logged, or the step did not ask for it)
     store: Store | None = None
     #: a retriever to use instead of building one over the catalogue (tests, benchmarks)
     retriever: Any = None
@@ -151,6 +229,32 @@ class BuildContext:
             KeyError: the chain built no registry with those settings (a bug).
         """
         return self.breakers[breaker_key(policy)]
+
+
+@dataclass(frozen=True)
+class StepNeeds:
+    """What a step asks the chain to build before it opens (:meth:`Step.needs`).
+
+    Attributes:
+        providers: the providers the step calls, its own first, then hedge targets (the
+            chain opens each once, starting the embedded model if one needs it; an
+            unreachable first one stops the chain, an unreachable target is skipped).
+        policy: the hedging policy its calls run under (the chain builds the circuit
+            breakers for its settings); None: no calls.
+        hedged: its calls may send copies (the chain starts the event-loop lag monitor).
+        model: its request settings, checked against the capability table on each of
+            ``providers`` before the first call (None: it calls no model).
+        catalogue: it searches the shop's catalogue (the chain loads the sample
+            catalogue into the log database when it has none).
+        log: it updates its rows after the turn is logged (``BuildContext.store``).
+    """
+
+    providers: tuple[str, ...] = ()
+    policy: HedgePolicy | None = None
+    hedged: bool = False
+    model: ModelStepConfig | None = None
+    catalogue: bool = False
+    log: bool = False
 
 
 def breaker_key(policy: HedgePolicy) -> tuple[int, float, float]:
@@ -190,14 +294,20 @@ class Step(ABC):
     """One kind of step. Subclasses set ``kind`` and implement ``reads``, ``writes``
     and ``run``; ``open``/``aclose`` are for what the step holds across turns.
 
+    A kind brings its config model (``config_model``, a :class:`StepConfig` subclass;
+    ``[steps.NAME]`` is validated by it), may declare turn-state fields of its own
+    (``state_fields``) and says what the chain must build for it (:meth:`needs`).
+
     Args:
         name: the step's name in the config (``[steps.NAME]``).
-        config: the step's settings.
+        config: the step's settings (an instance of ``config_model``).
     """
 
     kind: ClassVar[str]
-    #: the step calls model providers (its ``provider`` and hedge targets are opened)
-    uses_providers: ClassVar[bool] = False
+    #: the model that validates ``[steps.NAME]`` of this kind
+    config_model: ClassVar[type[StepConfig]] = StepConfig
+    #: turn-state fields this kind adds beside the built-ins (prompts read them)
+    state_fields: ClassVar[tuple[StateField, ...]] = ()
     #: a check whose pass the answer's tokens wait for while it runs (an input guard
     #: raced against the answer step): the answer's tokens are held back until it ends
     holds_answer: bool = False
@@ -222,6 +332,32 @@ class Step(ABC):
     def writes(self) -> frozenset[str]:
         """Turn-state fields the step sets."""
 
+    @property
+    def routes_on(self) -> frozenset[str]:
+        """Turn-state fields its ``when`` matches (it waits for their writers too)."""
+        return self.config.route_fields()
+
+    @property
+    def model(self) -> str | None:
+        """The model the step calls (None: it calls none)."""
+        return None
+
+    @property
+    def reasoning_effort(self) -> str | None:
+        """The reasoning effort it asks for (None: none asked)."""
+        return None
+
+    def needs(self) -> StepNeeds:
+        """What the chain must build before :meth:`open` (nothing by default)."""
+        return StepNeeds()
+
+    def bind(self, answer_step: str) -> None:  # noqa: B027 (optional hook)
+        """Told the chain's answer step before the graph is built.
+
+        Raises:
+            ConfigError: this step cannot be the answer step but is.
+        """
+
     async def open(self, ctx: BuildContext) -> None:  # noqa: B027 (optional hook)
         """Acquire what the step keeps across turns (a hedger, a retriever)."""
 
@@ -238,14 +374,31 @@ _KINDS: dict[str, StepFactory] = {}
 
 
 def register_step_kind(cls: StepFactory) -> StepFactory:
-    """Make ``cls`` the step class for ``kind = cls.kind`` (usable as a decorator).
+    """Make ``cls`` the step class for ``kind = cls.kind`` (usable as a decorator); its
+    ``config_model`` validates the kind's tables from then on.
 
     Raises:
-        ValueError: another class already has that kind.
+        ValueError: another class already has that kind; ``config_model`` is not a
+            :class:`StepConfig`; a declared state field is a built-in one, or another
+            kind declares a field of that name differently.
     """
     existing = _KINDS.get(cls.kind)
     if existing is not None and existing is not cls:
         raise ValueError(f"step kind {cls.kind!r} is already registered by {existing.__name__}")
+    if not (isinstance(cls.config_model, type) and issubclass(cls.config_model, StepConfig)):
+        raise ValueError(
+            f"step kind {cls.kind!r}: config_model must be a subclass of "
+            "chainrun.steps.StepConfig"
+        )
+    others = _declared_fields(k for k in _KINDS.values() if k is not cls)
+    for f in cls.state_fields:
+        if f.name in BUILTIN_FIELDS:
+            raise ValueError(f"step kind {cls.kind!r}: {f.name!r} is a built-in state field")
+        if f.name in others and others[f.name] != f:
+            raise ValueError(
+                f"step kind {cls.kind!r}: state field {f.name!r} is declared differently "
+                "by another kind"
+            )
     _KINDS[cls.kind] = cls
     return cls
 
@@ -253,3 +406,13 @@ def register_step_kind(cls: StepFactory) -> StepFactory:
 def step_kinds() -> Mapping[str, StepFactory]:
     """Every registered step kind, by name."""
     return dict(_KINDS)
+
+
+def _declared_fields(kinds: Iterable[StepFactory]) -> dict[str, StateField]:
+    return {f.name: f for k in kinds for f in k.state_fields}
+
+
+def known_fields() -> dict[str, StateField]:
+    """Every turn-state field a prompt may name: the built-ins and those every registered
+    kind declares."""
+    return {**BUILTIN_FIELDS, **_declared_fields(_KINDS.values())}

@@ -17,12 +17,23 @@ An *output* guard reads ``{answer}`` and runs once the answer is there.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from typing import Literal
 
 from chainrun.checks.verdict import GuardVerdict, missing_verdict, parse_llama_guard
-from chainrun.config import StepConfig
 from chainrun.errors import ConfigError
 from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState, register_step_kind
 from chainrun.steps.llm import LLMStep, missing_reason
+from chainrun.steps.model_config import ModelStepConfig
+
+
+class GuardConfig(ModelStepConfig):
+    """A ``guard`` step (``[steps.NAME]`` with ``kind = "guard"``): a model call whose
+    reply is read as a Llama Guard verdict (see the module text)."""
+
+    kind: Literal["guard"] = "guard"
+    #: required: what a missing verdict (timeout, error, unparseable reply) means:
+    #: ``open`` lets the turn through, ``closed`` refuses it (no default)
+    on_missing_verdict: Literal["open", "closed"]
 
 
 @register_step_kind
@@ -30,19 +41,14 @@ class GuardStep(LLMStep):
     """A guard (``kind = "guard"``); see the module text.
 
     Raises:
-        ConfigError: ``on_missing_verdict`` is not set, or the guard is the answer step.
+        ConfigError: the guard is the answer step.
     """
 
     kind = "guard"
+    config_model = GuardConfig
 
-    def __init__(self, name: str, config: StepConfig) -> None:
+    def __init__(self, name: str, config: GuardConfig) -> None:
         super().__init__(name, config)
-        if config.on_missing_verdict is None:
-            raise ConfigError(
-                f"steps.{name}.on_missing_verdict: a guard needs 'open' or 'closed' "
-                "(no default: open lets a turn through when the guard gives no verdict, "
-                "closed refuses it)"
-            )
         self.on_missing = config.on_missing_verdict
         # an input guard races the answer step: hold the answer back until it has passed
         self.holds_answer = "answer" not in self.reads
@@ -81,4 +87,4 @@ class GuardStep(LLMStep):
         yield StepResult(verdict=verdict.as_json(), refuse=refuse)
 
 
-__all__ = ["GuardStep"]
+__all__ = ["GuardConfig", "GuardStep"]

@@ -5,10 +5,11 @@ knows nothing of hedging) raced by the step's :class:`~chainrun.hedging.Hedger`
 (which knows nothing of LLMs); every attempt becomes a ``calls`` row built from the
 request actually sent.
 
-What the step writes follows from its config: the chain's ``answer_step`` writes
-``answer``; a step with ``labels`` writes ``label`` (the first label its answer names,
-"other" when none); any other LLM step is a check whose answer becomes the turn's
-verdict for it (parsed JSON when it expects JSON, else ``{"text": ...}``).
+What the step writes follows from its config (:class:`LLMConfig`): the chain's
+``answer_step`` writes ``answer``; a step with ``labels`` writes ``label`` (the first
+label its answer names, "other" when none); any other LLM step is a check whose answer
+becomes the turn's verdict for it (parsed JSON when it expects JSON, else
+``{"text": ...}``). It reads the turn-state fields its templates name.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import string
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import model_validator
 
 from chainrun.answer_json import answer_problem, parse_json_object
+from chainrun.checks.config import OutputCheckConfig
 from chainrun.checks.holdback import (
     HoldBack,
     OutputBlocked,
@@ -29,7 +32,6 @@ from chainrun.checks.holdback import (
     window_check,
 )
 from chainrun.checks.verdict import MissingReason
-from chainrun.config import StepConfig, policy_from_config
 from chainrun.errors import InvalidAnswer, ProviderError, ProviderTimeout, error_type
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
@@ -38,15 +40,17 @@ from chainrun.log.rows import CallRow
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.steps.base import (
-    STATE_FIELDS,
     BuildContext,
     Step,
     StepContext,
     StepItem,
+    StepNeeds,
     StepResult,
     TurnState,
     register_step_kind,
 )
+from chainrun.steps.config import StepConfig
+from chainrun.steps.model_config import ModelStepConfig, policy_from_config, template_fields
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
 #: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
@@ -71,15 +75,6 @@ def parse_label(text: str | None, labels: Sequence[str]) -> str:
     low = (text or "").lower().replace("-", "_").replace(" ", "_")
     found = [(low.find(lab), lab) for lab in labels if lab in low]
     return min(found)[1] if found else "other"
-
-
-def template_fields(*templates: str | None) -> frozenset[str]:
-    """The ``{placeholders}`` the templates use."""
-    names: set[str] = set()
-    for t in templates:
-        if t:
-            names.update(f for _, f, _, _ in string.Formatter().parse(t) if f)
-    return frozenset(names)
 
 
 def call_row(
@@ -165,44 +160,109 @@ async def _close_all(streams: Sequence[ChatStream]) -> None:
         raise cancelled
 
 
+class LLMConfig(ModelStepConfig):
+    """An ``llm`` step (``[steps.NAME]``, the default kind): a model call whose answer
+    is the turn's answer (the ``answer_step``), its ``label`` (with ``labels``) or a
+    verdict (any other step)."""
+
+    answers: ClassVar[bool] = True
+
+    kind: Literal["llm"] = "llm"
+    #: an LLM step with labels writes the turn's ``label``: the first of these its
+    #: answer names ("other" when none)
+    labels: list[str] | None = None
+    #: a checking step's rejection (its JSON verdict has ``"ok": false``): ``flag`` only
+    #: records it; ``refuse`` answers ``reject_text`` (default: the chain's refusal);
+    #: ``replace`` answers ``reject_text`` (required) instead. With refuse or replace
+    #: a streamed answer is held back from the user until this step's verdict.
+    on_reject: Literal["flag", "refuse", "replace"] = "flag"
+    #: what the shopper is told when this step rejects the answer (see ``on_reject``)
+    reject_text: str | None = None
+    #: the answer step only: checks on its stream, in held-back windows
+    output_check: OutputCheckConfig | None = None
+
+    @model_validator(mode="after")
+    def _replace_needs_text(self) -> LLMConfig:
+        if self.on_reject == "replace" and not self.reject_text:
+            raise ValueError(
+                "reject_text: on_reject = 'replace' needs the safe answer to show instead"
+            )
+        return self
+
+    def chain_problem(self, name: str, answer_step: str) -> str | None:
+        """``output_check`` is only for the answer step's stream."""
+        if self.output_check is not None and (name != answer_step or not self.stream):
+            return (
+                "output_check: only the answer step's stream is checked this way "
+                f"(answer_step is {answer_step!r}; it needs stream = true)"
+            )
+        return None
+
+
+#: What a model step that is not an ``llm`` step does about labels, rejections and
+#: output checks: nothing (a guard; a registered kind built on :class:`LLMStep`).
+_NO_LLM_OPTIONS = LLMConfig()
+
+
 @register_step_kind
 class LLMStep(Step):
     """A model call (``kind = "llm"``), hedged per ``[steps.NAME.hedge]``."""
 
     kind = "llm"
-    uses_providers = True
+    config_model: ClassVar[type[StepConfig]] = LLMConfig
+    config: ModelStepConfig
 
-    def __init__(self, name: str, config: StepConfig) -> None:
+    def __init__(self, name: str, config: ModelStepConfig) -> None:
         super().__init__(name, config)
+        #: labels, on_reject, reject_text, output_check (an llm step's; none for others)
+        self.llm = config if isinstance(config, LLMConfig) else _NO_LLM_OPTIONS
         self._hedger: Hedger[ChatStream] | None = None
         self._providers: dict[str, Provider] = {}
         self._store: Store | None = None
         self.is_answer = False
         # a verdict that can refuse or replace the answer must be seen before the answer
-        self.holds_answer = config.on_reject != "flag"
+        self.holds_answer = self.llm.on_reject != "flag"
         #: the verdict's JSON Schema, checked with jsonschema: the configured one, or
         #: {"ok": bool, "reason": str} for a validating step (refuse or replace)
         self.answer_schema = config.json_schema or (
-            VERDICT_SCHEMA if config.on_reject != "flag" else None
+            VERDICT_SCHEMA if self.llm.on_reject != "flag" else None
         )
         # the answer step's stream through the hold-back engine (output_check)
         self._window_check: WindowCheck | None = (
-            window_check(patterns=config.output_check.checker())
-            if config.output_check is not None
+            window_check(patterns=self.llm.output_check.checker())
+            if self.llm.output_check is not None
             else None
         )
 
     @property
     def reads(self) -> frozenset[str]:
-        return template_fields(self.config.prompt, self.config.system) & STATE_FIELDS
+        return template_fields(*self.config.templates().values())
 
     @property
     def writes(self) -> frozenset[str]:
         if self.is_answer:
             return frozenset({"answer"})
-        if self.config.labels:
+        if self.llm.labels:
             return frozenset({"label"})
         return frozenset()
+
+    @property
+    def model(self) -> str | None:
+        return self.config.model
+
+    @property
+    def reasoning_effort(self) -> str | None:
+        return self.config.reasoning_effort
+
+    def needs(self) -> StepNeeds:
+        """Its provider and hedge targets, its policy, the log (shadow losers update
+        their rows after the turn is logged), its request settings for the capability
+        check."""
+        cfg = self.config
+        return StepNeeds(
+            providers=tuple(cfg.provider_names()), policy=policy_from_config(cfg),
+            hedged=cfg.hedge is not None, model=cfg, log=True,
+        )  # fmt: skip
 
     @property
     def wants_json(self) -> bool:
@@ -214,7 +274,7 @@ class LLMStep(Step):
 
     async def open(self, ctx: BuildContext) -> None:
         cfg = self.config
-        targets = [cfg.provider, *(cfg.hedge.targets if cfg.hedge else [])]
+        targets = cfg.provider_names()
         self._providers = {t: ctx.providers[t] for t in targets}
         self._store = ctx.store
         policy = policy_from_config(cfg)
@@ -309,9 +369,9 @@ class LLMStep(Step):
                     ctx.after_log.append(self._shadow_settler(request, outcome, streams, deadline))
         checked = (ctx.row.detail or {}).get("output_check")
         if blocked is not None:
-            assert self.config.output_check is not None
+            assert self.llm.output_check is not None
             yield StepResult(verdict={"output_check": checked}, refuse=True,
-                             refusal_text=self.config.output_check.reject_text)  # fmt: skip
+                             refusal_text=self.llm.output_check.reject_text)  # fmt: skip
             return
         result = self._result(winner, error)
         if holdback is not None and result.error is None:
@@ -322,7 +382,7 @@ class LLMStep(Step):
 
     def _holdback(self) -> HoldBack | None:
         """A hold-back engine for this turn's answer stream (None: no output check)."""
-        oc = self.config.output_check
+        oc = self.llm.output_check
         if self._window_check is None or oc is None or not self.config.stream:
             return None
         return HoldBack(self._window_check, oc.window_tokens)
@@ -421,7 +481,7 @@ class LLMStep(Step):
         JSON object, breaks :attr:`answer_schema` (jsonschema, Draft 2020-12), or, for a
         validating step, has no boolean ``ok`` to act on."""
         problem = answer_problem(text, self.answer_schema)
-        if problem is None and self.config.on_reject != "flag":
+        if problem is None and self.llm.on_reject != "flag":
             parsed = parse_json_object(text) or {}
             if not isinstance(parsed.get("ok"), bool):
                 problem = "the verdict has no boolean 'ok' to act on"
@@ -429,7 +489,7 @@ class LLMStep(Step):
 
     @property
     def _gives_verdict(self) -> bool:
-        return not self.is_answer and not self.config.labels
+        return not self.is_answer and not self.llm.labels
 
     def _result(self, winner: ChatStream | None, error: BaseException | None) -> StepResult:
         if error is not None or winner is None:
@@ -442,15 +502,15 @@ class LLMStep(Step):
         text = winner.timer.text
         if self.is_answer:
             return StepResult(updates={"answer": text})
-        if self.config.labels:
-            return StepResult(updates={"label": parse_label(text, self.config.labels)})
+        if self.llm.labels:
+            return StepResult(updates={"label": parse_label(text, self.llm.labels)})
         parsed = parse_json_object(text) if self.wants_json else None
         verdict = parsed if parsed is not None else {"text": text}
         rejected = parsed is not None and parsed.get("ok") is False
-        if rejected and self.config.on_reject != "flag":
+        if rejected and self.llm.on_reject != "flag":
             # refuse: the configured text or the chain's refusal; replace: the safe answer
-            return StepResult(verdict=verdict, refuse=True, refusal_text=self.config.reject_text,
-                              replaced=self.config.on_reject == "replace")  # fmt: skip
+            return StepResult(verdict=verdict, refuse=True, refusal_text=self.llm.reject_text,
+                              replaced=self.llm.on_reject == "replace")  # fmt: skip
         return StepResult(verdict=verdict)
 
     def _shadow_settler(
@@ -473,4 +533,4 @@ class LLMStep(Step):
         return settle
 
 
-__all__ = ["LLMStep", "call_row", "parse_label", "template_fields"]
+__all__ = ["LLMConfig", "LLMStep", "call_row", "parse_label", "template_fields"]

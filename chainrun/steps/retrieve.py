@@ -12,24 +12,47 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, Literal
 
-from chainrun.config import StepConfig
+from pydantic import Field, model_validator
+
 from chainrun.errors import ChainrunError, ProviderError, error_type
 from chainrun.retrieval import build_retriever
 from chainrun.retrieval.base import Retriever
-from chainrun.retrieval.catalog import ensure_sample_catalog
+from chainrun.retrieval.settings import RetrievalSettings
 from chainrun.steps.base import (
     BuildContext,
     Step,
     StepContext,
     StepItem,
+    StepNeeds,
     StepResult,
     TurnState,
     register_step_kind,
 )
+from chainrun.steps.config import StepConfig
 
 logger = logging.getLogger(__name__)
+
+
+class RetrieveConfig(StepConfig):
+    """A ``retrieve`` step (``[steps.NAME]`` with ``kind = "retrieve"``)."""
+
+    kind: Literal["retrieve"] = "retrieve"
+    #: deadline for the whole search (every search in priority order), in s
+    deadline_s: float = Field(default=60.0, gt=0)
+    #: searches in priority order, ``min_results`` (early exit), ``k``, fallbacks
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_hedge(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "hedge" in data:
+            raise ValueError(
+                "hedge: a retrieve step is not hedged this way; name a fallback in "
+                "retrieval.fallbacks instead"
+            )
+        return data
 
 
 @register_step_kind
@@ -37,8 +60,10 @@ class RetrieveStep(Step):
     """Products for the shopper's message, searches in priority order, early exit."""
 
     kind = "retrieve"
+    config_model = RetrieveConfig
+    config: RetrieveConfig
 
-    def __init__(self, name: str, config: StepConfig) -> None:
+    def __init__(self, name: str, config: RetrieveConfig) -> None:
         super().__init__(name, config)
         self.retriever: Retriever | None = None
         self._owned: Any = None
@@ -52,13 +77,16 @@ class RetrieveStep(Step):
     def writes(self) -> frozenset[str]:
         return frozenset({"products"})
 
+    def needs(self) -> StepNeeds:
+        """The catalogue."""
+        return StepNeeds(catalogue=True)
+
     async def open(self, ctx: BuildContext) -> None:
         """Use the injected retriever, or build the searches over the catalogue in the
-        log database (loading the sample catalogue when it has none)."""
+        log database (the chain loaded the sample catalogue when it had none)."""
         if ctx.retriever is not None:
             self.retriever = ctx.retriever
             return
-        ensure_sample_catalog(ctx.db)
         built = build_retriever(self.config.retrieval, ctx.db)
         self._owned = self.retriever = built
         try:

@@ -23,7 +23,6 @@ from chainrun.audit.items.common import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Call, EvalResult, Step, results_as_rows
 from chainrun.audit.scope import Scope
-from chainrun.config import MODEL_STEP_KINDS
 from chainrun.evals.scoring import case_outcomes, skipped_summary
 
 TITLE_2 = (
@@ -143,7 +142,7 @@ def check_reasoning(scope: Scope) -> Item:
     llm_steps = [
         name
         for name, sc in ((config or {}).get("steps") or {}).items()
-        if sc.get("kind", "llm") in MODEL_STEP_KINDS
+        if isinstance(sc, dict) and "model" in sc  # a model step's config names its model
     ]
     calls = scope.calls
     for c in calls:

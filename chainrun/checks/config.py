@@ -1,0 +1,119 @@
+"""Config models of the deterministic checks: ``[checks]`` on the shopper's message and
+``[steps.ANSWER.output_check]`` on the answer's stream (:mod:`chainrun.checks.patterns`,
+:mod:`chainrun.checks.holdback`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: What a check does with a match: refuse the turn, mask the match, or nothing.
+CheckAction = Literal["block", "redact", "off"]
+
+
+class PatternConfig(_Strict):
+    """A configured regex check (``[[checks.patterns]]``): Python ``re`` syntax."""
+
+    #: the check's name (shown as ``[NAME]`` where it redacts, and in the log)
+    name: str = Field(min_length=1)
+    #: the pattern, Python ``re`` syntax (run by the ``regex`` engine with a timeout)
+    regex: str
+    #: ``block`` refuses the turn, ``redact`` masks the match
+    action: Literal["block", "redact"] = "block"
+    #: match regardless of case
+    ignore_case: bool = False
+
+    @model_validator(mode="after")
+    def _compiles(self) -> PatternConfig:
+        PatternCheck.custom(self.name, self.regex, self.action, ignore_case=self.ignore_case)
+        return self
+
+
+class _CheckRules(_Strict):
+    """The deterministic checks in force: an action per built-in check, plus patterns."""
+
+    #: payment card numbers (13-19 digits passing the Luhn checksum)
+    card: CheckAction = "block"
+    #: IBANs (valid mod-97 check digits)
+    iban: CheckAction = "redact"
+    #: API keys of well-known shapes (e.g. ``sk-...``)
+    api_key: CheckAction = "redact"
+    #: e-mail addresses
+    email: CheckAction = "off"
+    #: phone numbers
+    phone: CheckAction = "off"
+    #: the shop's own regex checks (``[[...patterns]]``)
+    patterns: list[PatternConfig] = Field(default_factory=list)
+
+    def checker(self) -> PatternChecker:
+        """The checks in force, built-ins first (in :data:`BUILTIN_CHECKS` order)."""
+        checks = [
+            PatternCheck.builtin(name, action)
+            for name in BUILTIN_CHECKS
+            if (action := getattr(self, name)) != "off"
+        ]
+        checks += [
+            PatternCheck.custom(p.name, p.regex, p.action, ignore_case=p.ignore_case)
+            for p in self.patterns
+        ]
+        return PatternChecker(checks)
+
+
+class ChecksConfig(_CheckRules):
+    """Deterministic checks (``[checks]``), run on the user's message before any step and
+    outside every step's budget (microseconds; :mod:`chainrun.checks.patterns`).
+
+    Per built-in check: ``"block"`` refuses the turn with no model call, ``"redact"``
+    replaces the match by ``[NAME]`` in what the model sees (and in the log), ``"off"``.
+    A blocked or redacted message is logged with its matches masked. A blocked turn
+    answers the blocking check's text: ``block_texts[NAME]``, else the built-in one
+    (:data:`~chainrun.checks.patterns.BLOCK_TEXTS`: e.g. not to share card numbers in
+    chat), never the blocked content.
+    """
+
+    #: what the shopper is told when a check blocks their message, by check name (a
+    #: built-in or a pattern's name); unnamed checks keep their built-in text
+    block_texts: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _block_texts_name_checks(self) -> ChecksConfig:
+        known = [*BUILTIN_CHECKS, *(p.name for p in self.patterns)]
+        for name, text in self.block_texts.items():
+            if name not in known:
+                raise ValueError(
+                    f"block_texts.{name}: no such check; expected one of {', '.join(known)}"
+                )
+            if not text.strip():
+                raise ValueError(f"block_texts.{name}: expected a non-empty text")
+        return self
+
+
+class OutputCheckConfig(_CheckRules):
+    """Checks on the answer step's stream (``[steps.ANSWER.output_check]``), run by the
+    hold-back engine (:mod:`chainrun.checks.holdback`).
+
+    The stream is checked in windows of ``window_tokens`` (c) streamed chunks; the last c
+    are held back from the user until a check has covered them and what follows, so a
+    flagged phrase of at most c chunks never reaches the user, even split across chunks.
+    The deterministic checks (the fields of ``[checks]``, same defaults, and
+    ``[[...patterns]]``) run on every window: ``block`` stops the stream (the HTTP call is
+    closed) and refuses the turn with ``reject_text`` (default: the chain's refusal);
+    ``redact`` shows ``[NAME]`` instead of the match. Each token reaches the user about
+    c / (tokens per s) + one check later; see :func:`chainrun.checks.holdback.exposure_bound`.
+    """
+
+    #: c: streamed chunks held back (a chunk of a streamed answer is about one token)
+    window_tokens: int = Field(default=8, ge=1, le=4096)
+    #: what the user is told when a window is blocked (None: the chain's refusal)
+    reject_text: str | None = None
+
+
+__all__ = ["CheckAction", "ChecksConfig", "OutputCheckConfig", "PatternConfig"]

@@ -1,0 +1,220 @@
+"""Loading a config: TOML file or dict merged onto the default chain, plugins, snapshots.
+
+A ``chainrun.toml`` overrides the built-in default *key by key* (a deep merge), so
+pointing the default chain at another OpenAI-compatible server takes only::
+
+    [providers.local]
+    base_url = "http://127.0.0.1:8080/v1"
+
+A step table whose ``kind`` differs from the default step of the same name replaces it
+whole (the default's keys belong to another kind). ``plugins = ["shop_steps"]`` imports
+those modules before the config is validated, so the kinds they register can be named
+in ``[steps.NAME] kind``. Every mistake is one :class:`~chainrun.errors.ConfigError`
+naming the field path and the bad value, before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from chainrun.config.chain import DEFAULT_KIND, ChainConfig
+from chainrun.config.defaults import DEFAULT_CHAIN
+from chainrun.errors import ConfigError
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``override`` onto ``base`` key by key (tables recursively, other values replaced).
+
+    Returns a new dict; neither input is changed.
+    """
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """The first error of ``err`` as one line: ``SOURCE: PATH: what (got VALUE)``."""
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden" and msg.startswith("Extra inputs"):
+        msg = "unknown field"
+    elif first["type"] == "missing":
+        msg = "required (it has no default)"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" (got {value!r})"
+    if "(got" in msg or "got " in msg or repr(value) in msg:
+        shown = ""
+    return f"{source}: {path + ': ' if path else ''}{msg}{shown}"
+
+
+def load_plugins(names: Any, source: str, *, folder: Path | None = None) -> None:
+    """Import the modules a config names in ``plugins`` (so the step kinds they register
+    exist before the config is validated). An entry ``"module:function"`` also calls
+    ``module.function()`` (an entry point's object reference). Modules are looked up on
+    ``sys.path``, then in ``folder`` (the config file's folder; the current folder for a
+    stored config), which is added to the end of ``sys.path``.
+
+    Raises:
+        ConfigError: ``plugins`` is not a list of names, or one does not import (one line
+            naming it and the import's error), or its function is missing or fails.
+    """
+    if names is None or names == []:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ConfigError(
+            f"{source}: plugins: expected a list of module names (or module:function), "
+            f"got {names!r}"
+        )
+    where = str((folder or Path.cwd()).resolve())
+    if where not in sys.path:
+        sys.path.append(where)
+    for entry in names:
+        module_name, _, function = entry.strip().partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # a plugin's own error (SyntaxError, a duplicate kind...)
+            raise ConfigError(
+                f"{source}: plugins: cannot import {module_name!r} ({type(e).__name__}: {e}); "
+                f"expected a module on the Python path or in {where}"
+            ) from None
+        if not function:
+            continue
+        hook = getattr(module, function, None)
+        if not callable(hook):
+            raise ConfigError(
+                f"{source}: plugins: {entry!r}: module {module_name!r} has no function "
+                f"{function!r}"
+            )
+        try:
+            hook()
+        except Exception as e:
+            raise ConfigError(
+                f"{source}: plugins: {entry!r} failed ({type(e).__name__}: {e})"
+            ) from None
+
+
+def _merged(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` merged onto the default chain (see the module text)."""
+    merged = deep_merge(DEFAULT_CHAIN, data)
+    user_steps = data.get("steps", {}) if isinstance(data.get("steps"), dict) else {}
+    merged_steps = merged.get("steps")
+    if not isinstance(merged_steps, dict):
+        return merged
+    for name, step in user_steps.items():
+        default = DEFAULT_CHAIN["steps"].get(name)
+        if not isinstance(step, dict) or default is None:
+            continue
+        default_kind = default.get("kind", DEFAULT_KIND)
+        if step.get("kind", default_kind) != default_kind:
+            # another kind: the default step's keys are not its keys
+            merged_steps[name] = copy.deepcopy(step)
+        elif "json_schema" in step and isinstance(merged_steps.get(name), dict):
+            # a JSON Schema is one value: the user's replaces the default's whole (merged
+            # key by key, its "properties" and "required" would mix with the default's)
+            merged_steps[name]["json_schema"] = copy.deepcopy(step["json_schema"])
+    # A built-in step the user's order leaves out is dropped (a shorter chain needs only
+    # `order`); a step the user wrote but left out of order is a mistake, reported later.
+    order = merged.get("order")
+    if isinstance(order, list):
+        merged["steps"] = {k: v for k, v in merged_steps.items() if k in order or k in user_steps}
+    return merged
+
+
+def config_from_dict(
+    data: dict[str, Any], source: str = "config", *, path: str | None = None
+) -> ChainConfig:
+    """Validate a config dict merged onto the default chain, after importing its
+    ``plugins`` (``path``: the file it came from, recorded on the error; plugins are
+    also looked up in its folder).
+
+    Raises:
+        ConfigError: one line naming ``source``, the field path and the bad value.
+    """
+    folder = Path(path).parent if path is not None else None
+    try:
+        load_plugins(data.get("plugins"), source, folder=folder)
+    except ConfigError as e:
+        raise ConfigError(str(e), path=path) from None
+    try:
+        config = ChainConfig.model_validate(_merged(data))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(source, e), path=path) from None
+    config._path = path
+    return config
+
+
+def config_from_snapshot(snapshot: str, source: str = "run") -> ChainConfig:
+    """The config a run was made with, from its stored snapshot (:meth:`ChainConfig.snapshot`),
+    after importing its ``plugins`` (looked up on the Python path and the current folder).
+
+    Raises:
+        ConfigError: the snapshot is not a valid config (written by another version), or
+            one of its plugins does not import.
+    """
+    where = f"{source} (stored config)"
+    try:
+        data = json.loads(snapshot)
+    except ValueError as e:
+        raise ConfigError(f"{source}: stored config is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: stored config is not a JSON object")
+    load_plugins(data.get("plugins"), where)
+    try:
+        return ChainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(where, e)) from None
+
+
+def load_config(path: str | Path | None = None) -> ChainConfig:
+    """Load ``chainrun.toml`` (or the built-in default chain when ``path`` is None).
+
+    When ``path`` is None and ``./chainrun.toml`` exists, that file is used.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, names a plugin that does not
+            import, or fails validation.
+    """
+    if path is None:
+        default = Path("chainrun.toml")
+        if not default.exists():
+            return config_from_dict({}, "built-in default")
+        path = default
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file ({e.strerror})", path=str(p)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (expected UTF-8 TOML)", path=str(p)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        at = re.search(r"at line (\d+)", str(e))
+        raise ConfigError(
+            f"{p}: not valid TOML ({e})", path=str(p), line=int(at.group(1)) if at else None
+        ) from None
+    return config_from_dict(data, str(p), path=str(p))
+
+
+__all__ = [
+    "config_from_dict",
+    "config_from_snapshot",
+    "deep_merge",
+    "format_validation_error",
+    "load_config",
+    "load_plugins",
+]

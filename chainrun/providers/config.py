@@ -1,0 +1,112 @@
+"""A provider's config model (``[providers.NAME]`` of chainrun.toml).
+
+Read by :func:`chainrun.providers.open_provider`; the chain's config
+(:class:`chainrun.config.ChainConfig`) holds one per name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chainrun.errors import ConfigError
+
+#: Values the OpenAI API has accepted for ``reasoning_effort`` over time: low, medium,
+#: high; then minimal (gpt-5); then none (gpt-5.1); then xhigh (gpt-5.2) (OpenAI's
+#: reasoning guide and model pages).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ProviderConfig(BaseModel):
+    """Where a step's model is served.
+
+    ``kind = "openai"`` (the default): any OpenAI-compatible server at ``base_url``;
+    ``base_url = None`` means the embedded local model: chainrun starts llama-server
+    on a free loopback port on first use (see :mod:`chainrun.runtime.local_model`).
+    ``kind = "azure"``: an Azure OpenAI resource at ``endpoint`` with ``api_version``
+    and ``deployment`` (None: the step's ``model`` names the deployment), authenticated
+    by the key in ``api_key_env`` or the Entra ID token in ``entra_token_env``.
+    ``api`` picks the wire format: Chat Completions or the Responses API.
+    Secrets are never stored: ``api_key_env`` / ``entra_token_env`` name the
+    environment variables holding them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: ``openai`` (any OpenAI-compatible server) or ``azure`` (Azure OpenAI)
+    kind: Literal["openai", "azure"] = "openai"
+    #: the server's base URL, e.g. ``http://127.0.0.1:8080/v1`` (None: the embedded local model)
+    base_url: str | None = None
+    #: environment variable holding the API key (never the key itself)
+    api_key_env: str | None = None
+    #: the wire format: Chat Completions or the Responses API
+    api: Literal["chat_completions", "responses"] = "chat_completions"
+    #: azure: ``https://RESOURCE.openai.azure.com``
+    endpoint: str | None = None
+    #: azure: the ``api-version`` query parameter, e.g. ``2024-10-21``
+    api_version: str | None = None
+    #: azure: the deployment name (None: the step's ``model``)
+    deployment: str | None = None
+    #: azure: environment variable holding an Entra ID (Azure AD) bearer token
+    entra_token_env: str | None = None
+    #: connect timeout in s (the step deadline bounds the rest)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    #: HTTP connections of this provider's client at most (all its pools together)
+    max_connections: int = Field(default=100, ge=1)
+    #: connections per pool: the client splits ``max_connections`` into pools of at most
+    #: this many and sends each request to the least-loaded one, so that httpcore's
+    #: per-request walk over a pool stays short with many calls in flight
+    #: (:mod:`chainrun.providers.pool`; 32 = ``POOL_CONNECTIONS``)
+    pool_connections: int = Field(default=32, ge=1)
+
+    @field_validator("base_url", "endpoint")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> ProviderConfig:
+        azure_only = ("endpoint", "api_version", "deployment", "entra_token_env")
+        if self.kind == "openai":
+            for f in azure_only:
+                if getattr(self, f) is not None:
+                    raise ValueError(f"{f}: only for kind = 'azure' (this provider is 'openai')")
+            return self
+        if self.base_url is not None:
+            raise ValueError("base_url: kind 'azure' takes endpoint (and api_version) instead")
+        for f in ("endpoint", "api_version"):
+            if getattr(self, f) is None:
+                raise ValueError(f"{f}: required for kind = 'azure'")
+        if self.api_key_env is None and self.entra_token_env is None:
+            raise ValueError("kind 'azure' needs api_key_env or entra_token_env")
+        if self.api_key_env is not None and self.entra_token_env is not None:
+            raise ValueError(
+                "api_key_env and entra_token_env are both set: give one (an API key or an "
+                "Entra ID token, not both)"
+            )
+        return self
+
+    def check_env(self, name: str) -> None:
+        """Check that the environment variables this provider reads are set and non-empty,
+        without building anything (so a missing key is said before a local model starts).
+
+        Raises:
+            ConfigError: ``providers.NAME.api_key_env`` (or ``entra_token_env``) names a
+                variable that is not set, or is set to the empty string.
+        """
+        for field in ("api_key_env", "entra_token_env"):
+            var = getattr(self, field)
+            if var is None:
+                continue
+            value = os.environ.get(var)
+            if not value:
+                state = "is not set" if value is None else 'is empty (set to "")'
+                raise ConfigError(f"providers.{name}.{field}: environment variable {var} {state}")
+
+
+__all__ = ["ProviderConfig", "ReasoningEffort"]

@@ -1,0 +1,170 @@
+"""The config as a shop's team meets it through the CLI: its own step kinds from its own
+module (``plugins``), a hedged run resumed from its stored config, and the effective
+config printed as TOML (``chainrun config show``)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from chainrun.cli import app
+from chainrun.config import load_config
+from chainrun.lab import LabServer
+from chainrun.log.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLAY = ROOT / "replays" / "commerce-12.jsonl"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def chainrun(*args: str) -> Result:
+    """Run one chainrun command in-process, as a user sees it."""
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return Result(result.exit_code, result.stdout, result.stderr)
+
+
+#: A shop's own module: a step kind with its own config model and state field.
+SHOP_MODULE = '''
+from typing import Literal
+
+from chainrun.steps import StateField, Step, StepConfig, StepResult, register_step_kind
+
+
+class ParcelConfig(StepConfig):
+    kind: Literal["{kind}"] = "{kind}"
+    #: what the step writes
+    status: str = "in transit"
+
+
+@register_step_kind
+class Parcel(Step):
+    kind = "{kind}"
+    config_model = ParcelConfig
+    state_fields = (StateField("parcel", "the parcel's status", empty="(unknown)"),)
+
+    @property
+    def reads(self):
+        return frozenset({{"message"}})
+
+    @property
+    def writes(self):
+        return frozenset({{"parcel"}})
+
+    async def run(self, state, ctx):
+        ctx.row.output = self.config.status
+        yield StepResult(updates={{"parcel": self.config.status}})
+'''
+
+
+def _shop(tmp_path: Path, lab: LabServer, kind: str) -> Path:
+    """A shop's folder: its module (registering ``kind``) beside its chainrun.toml."""
+    module = f"shop_steps_{kind}"
+    (tmp_path / f"{module}.py").write_text(SHOP_MODULE.format(kind=kind))
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text(
+        f'plugins = ["{module}"]\n'
+        'order = ["parcel", "retrieve", "compose"]\n'
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        f'[steps.parcel]\nkind = "{kind}"\nstatus = "delivered on Monday"\n'
+        '[steps.compose]\nprompt = "Parcel: {parcel}\\nShopper: {message}\\nStylist:"\n'
+    )
+    return cfg
+
+
+def test_a_kind_from_the_shops_own_module_runs_through_the_cli(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    """``kind = "..."`` of a kind the shop's module registers: the module named in
+    ``plugins`` is imported (from the config file's folder) before the config is
+    validated, and the turn runs with the kind's field in the compose prompt."""
+    cfg = _shop(tmp_path, lab, "parcel_run")
+    db = tmp_path / "log.db"
+    res = chainrun("run", "where is my parcel?", "--config", str(cfg), "--db", str(db),
+                   "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "ok"
+    steps = {s["step"]: s for s in doc["steps"]}
+    assert steps["parcel"]["status"] == "ok"
+    store = Store.open(db)
+    try:
+        (compose,) = [c for c in store.calls(doc["run_id"]) if c.step == "compose"]
+    finally:
+        store.close()
+    user = json.loads(compose.prompt or "[]")[-1]["content"]
+    assert user.startswith("Parcel: delivered on Monday\nShopper: where is my parcel?"), user
+
+
+def test_a_plugin_that_does_not_import_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text('plugins = ["no_such_shop_module"]\n[steps.classify]\nkind = "order"\n')
+    res = chainrun("config", "show", "--config", str(cfg))
+    assert res.returncode == 2
+    line = res.stderr.strip()
+    assert "\n" not in line, res.stderr
+    assert line.startswith(f"chainrun: error: {cfg}: plugins: cannot import 'no_such_shop_module' "
+                           "(ModuleNotFoundError: No module named 'no_such_shop_module')"), line
+
+
+def test_a_hedged_run_resumes_from_its_stored_config(lab: LabServer, tmp_path: Path) -> None:
+    """A run whose classify step is hedged, resumed: its stored config validates again
+    (it held hedge.deadline_s = null, which the [hedge] table refused)."""
+    cfg = tmp_path / "hedged.toml"
+    cfg.write_text(
+        f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+        '[steps.classify.hedge]\ndelay = "p95"\nmax_attempts = 2\n'
+    )
+    lines = REPLAY.read_text().splitlines(keepends=True)
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text("".join(lines[:2]))
+    db = tmp_path / "log.db"
+    first = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db), "--json")
+    assert first.returncode == 0, first.stderr
+    replay.write_text("".join(lines[:3]))  # one request the run has not answered
+    resumed = chainrun("replay", str(replay), "--db", str(db), "--resume", "1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["turns"]["n_completed"] == 3
+
+
+def test_config_show_prints_the_effective_chain_as_toml(tmp_path: Path) -> None:
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text('[steps.compose]\nmax_output_tokens = 50\n[steps.classify]\nlabels = ["a", "b"]\n')
+    res = chainrun("config", "show", "--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"# The effective chainrun config: the built-in defaults "
+                                 f"merged with {cfg}.")  # fmt: skip
+    doc = tomllib.loads(res.stdout)
+    # the file's values, and the defaults it did not change (labels, prompts, kinds)
+    assert doc["steps"]["compose"]["max_output_tokens"] == 50
+    assert doc["steps"]["classify"]["labels"] == ["a", "b"]
+    assert "Category:" in doc["steps"]["classify"]["prompt"]
+    assert doc["steps"]["retrieve"]["kind"] == "retrieve"
+    assert doc["order"] == ["classify", "retrieve", "compose", "validate", "critique"]
+    # loaded as a chainrun.toml, it is the same chain
+    again = tmp_path / "again.toml"
+    again.write_text(res.stdout)
+    assert load_config(again).snapshot() == load_config(cfg).snapshot()
+    # --json: the same config as one JSON document
+    as_json = json.loads(chainrun("config", "show", "--config", str(cfg), "--json").stdout)
+    assert as_json["steps"]["compose"]["max_output_tokens"] == 50
+
+
+def test_config_show_of_a_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text('[steps.retrieve]\nreasoning_effort = "low"\n')
+    res = chainrun("config", "show", "--config", str(cfg))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().startswith(
+        f"chainrun: error: {cfg}: steps.retrieve.reasoning_effort: a step of kind 'retrieve' takes "
+        "no key 'reasoning_effort'"
+    ), res.stderr
