@@ -110,7 +110,7 @@ def build_steps(config: ChainConfig) -> dict[str, Step]:
 
 def state_fields(steps: Mapping[str, Step]) -> dict[str, StateField]:
     """The turn-state fields of a chain: the built-ins and those its steps' kinds declare."""
-    return {**BUILTIN_FIELDS, **{f.name: f for s in steps.values() for f in s.state_fields}}
+    return {**BUILTIN_FIELDS, **{f.name: f for s in steps.values() for f in s.fields}}
 
 
 def _naming_file(error: ConfigError, config: ChainConfig) -> ConfigError:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from typer.testing import CliRunner
 
 from chainrun.cli import app

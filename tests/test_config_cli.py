@@ -138,7 +138,9 @@ def test_a_hedged_run_resumes_from_its_stored_config(lab: LabServer, tmp_path: P
 
 def test_config_show_prints_the_effective_chain_as_toml(tmp_path: Path) -> None:
     cfg = tmp_path / "chainrun.toml"
-    cfg.write_text('[steps.compose]\nmax_output_tokens = 50\n[steps.classify]\nlabels = ["a", "b"]\n')
+    cfg.write_text(
+        '[steps.compose]\nmax_output_tokens = 50\n[steps.classify]\nlabels = ["a", "b"]\n'
+    )
     res = chainrun("config", "show", "--config", str(cfg))
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"# The effective chainrun config: the built-in defaults "

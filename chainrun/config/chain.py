@@ -234,6 +234,8 @@ class ChainConfig(Strict):
                 "steps before it instead"
             )
         fields = known_fields()
+        for step in self.steps.values():  # fields a step's settings add (named by a key)
+            fields.update({n: StateField(n, "") for n in step.added_fields() if n not in fields})
         for name, step in self.steps.items():
             self._check_step(name, step, seen, fields)
         if self.grader.provider not in self.providers:

@@ -333,6 +333,17 @@ class Step(ABC):
         """Turn-state fields the step sets."""
 
     @property
+    def fields(self) -> tuple[StateField, ...]:
+        """The turn-state fields this step adds: its kind's ``state_fields``, and one
+        for each name its settings add (:meth:`StepConfig.added_fields`)."""
+        own = tuple(
+            StateField(n, f"written by step {self.name}")
+            for n in self.config.added_fields()
+            if n not in {f.name for f in self.state_fields}
+        )
+        return (*self.state_fields, *own)
+
+    @property
     def routes_on(self) -> frozenset[str]:
         """Turn-state fields its ``when`` matches (it waits for their writers too)."""
         return self.config.route_fields()

@@ -83,6 +83,11 @@ class StepConfig(Strict):
         ``{placeholders}`` are turn-state fields; none here."""
         return {}
 
+    def added_fields(self) -> list[str]:
+        """Turn-state fields this step's settings add (e.g. a field a key names), beside
+        those its kind declares; none here."""
+        return []
+
     def route_fields(self) -> frozenset[str]:
         """The turn-state fields ``when`` routes on (the step waits for their writers)."""
         return frozenset(self.when or {})

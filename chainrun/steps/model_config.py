@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import string
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -34,11 +34,6 @@ _CHECKED_SCHEMAS: set[str] = set()
 
 _PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 
-#: HedgePolicy fields that are not ``[hedge]`` keys: the step's ``deadline_s`` (added by
-#: :func:`policy_from_config`) and ``delay_percentile`` (spelled ``delay = "pNN"``).
-_NOT_HEDGE_KEYS = ("deadline_s", "delay_percentile")
-
-
 class HedgeConfig(HedgePolicy):
     """Per-step hedging policy (``[steps.NAME.hedge]``).
 
@@ -51,6 +46,10 @@ class HedgeConfig(HedgePolicy):
     to its keys only (``deadline_s`` and ``delay_percentile`` left out), so a stored
     config validates again.
     """
+
+    #: HedgePolicy fields that are not ``[hedge]`` keys: the step's ``deadline_s`` (added
+    #: by :func:`policy_from_config`) and ``delay_percentile`` (spelled ``delay = "pNN"``)
+    not_config_keys: ClassVar[frozenset[str]] = frozenset({"deadline_s", "delay_percentile"})
 
     #: the hedge delay as a percentile of the step's latency window, e.g. "p95"
     delay: str | None = None
@@ -102,7 +101,7 @@ class HedgeConfig(HedgePolicy):
     @model_serializer(mode="wrap")
     def _keys_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in _NOT_HEDGE_KEYS:
+        for key in self.not_config_keys:
             data.pop(key, None)
         if isinstance(data.get("non_fatal"), list | tuple | set | frozenset):
             data["non_fatal"] = sorted(data["non_fatal"], key=str)  # a set: stored sorted
@@ -127,6 +126,10 @@ class ModelStepConfig(StepConfig):
     reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
     #: cap on generated tokens, visible plus reasoning (sent as max_completion_tokens)
     max_output_tokens: int = Field(default=128, ge=1)
+    #: an answer cut by the token cap (finish reason ``length``): ``answer`` keeps it (the
+    #: cut is shown in the step and turn rows), ``fail`` fails the step (error_type
+    #: ``length``; its ``on_failure`` decides)
+    on_truncated: Literal["answer", "fail"] = "answer"
     #: sampling temperature (None: the server's default)
     temperature: float | None = Field(default=None, ge=0, le=2)
     #: sampling seed (None: not sent)
