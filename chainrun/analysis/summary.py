@@ -21,23 +21,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
+from chainrun.config import steps_calling_models
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
 from chainrun.log.store import Store
 
 _R = TypeVar("_R")
-
-
-def steps_calling_models(snapshot: str | None) -> frozenset[str]:
-    """The steps of a run's stored config that call a model: those whose table names a
-    ``model`` (every model step's config does: ``llm``, ``guard``, a registered kind
-    built on :class:`~chainrun.steps.ModelStepConfig`); none without a snapshot."""
-    try:
-        steps = (json.loads(snapshot or "{}") or {}).get("steps") or {}
-    except (ValueError, AttributeError):
-        return frozenset()
-    return frozenset(n for n, t in steps.items() if isinstance(t, dict) and "model" in t)
 
 
 @dataclass(frozen=True)
@@ -228,8 +218,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
         UserInputError: no such run.
     """
     calls = store.calls(run_id)
-    # steps that call models: their stored config names one, or they made calls
-    model_steps = steps_calling_models(store.get_run(run_id).config) | {c.step for c in calls}
+    # steps that call models: their kind's config model says so, or they made calls
+    model_steps = _model_steps(store.get_run(run_id).config) | {c.step for c in calls}
     all_turns = store.turns(run_id)
     done = completed_turns(all_turns)
     counted = done
@@ -296,6 +286,15 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "changes": logged_changes(details[name]),
         }
     return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
+
+
+def _model_steps(snapshot: str | None) -> frozenset[str]:
+    """The steps of a run's stored config that call a model (none without a config)."""
+    try:
+        data = json.loads(snapshot or "{}")
+    except ValueError:
+        return frozenset()
+    return steps_calling_models(data.get("steps") if isinstance(data, dict) else None)
 
 
 def _round(value: float | None, digits: int) -> float | None:

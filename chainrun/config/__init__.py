@@ -28,6 +28,7 @@ from chainrun.config.chain import (
     LogConfig,
     step_config_adapter,
     step_config_models,
+    steps_calling_models,
 )
 from chainrun.config.defaults import CLASSIFY_LABELS, DEFAULT_CHAIN, STEP_NAMES_DEFAULT
 from chainrun.config.effective import effective_toml
@@ -75,4 +76,5 @@ __all__ = [
     "policy_from_config",
     "step_config_adapter",
     "step_config_models",
+    "steps_calling_models",
 ]

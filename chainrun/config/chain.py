@@ -35,7 +35,7 @@ from chainrun.config.defaults import STEP_NAMES_DEFAULT
 from chainrun.providers.config import ProviderConfig
 from chainrun.steps import StateField, known_fields, step_kinds
 from chainrun.steps.config import StepConfig, Strict
-from chainrun.steps.model_config import template_fields
+from chainrun.steps.model_config import ModelStepConfig, template_fields
 
 #: The kind of a step table that names none.
 DEFAULT_KIND = "llm"
@@ -106,6 +106,22 @@ def step_config_adapter() -> TypeAdapter[dict[str, StepConfig]]:
         union = Annotated[Union[members], Discriminator(_kind_of)]  # type: ignore[valid-type]  # noqa: UP007
         adapter = _adapters[models] = TypeAdapter(dict[str, union])
     return adapter
+
+
+def steps_calling_models(steps: Any) -> frozenset[str]:
+    """The names of the step tables (a stored config's ``steps``) whose kind's config
+    model is a model step's (:class:`~chainrun.steps.ModelStepConfig`: ``llm``,
+    ``guard``, a registered kind built on it). A table of a kind not registered in this
+    process is left out."""
+    if not isinstance(steps, dict):
+        return frozenset()
+    models = step_config_models()
+    out = set()
+    for name, table in steps.items():
+        model = models.get(_kind_of(table) or "") if isinstance(table, dict) else None
+        if model is not None and issubclass(model, ModelStepConfig):
+            out.add(name)
+    return frozenset(out)
 
 
 def _unknown_kind(name: str, kind: Any, answer_step: str | None) -> InitErrorDetails:
@@ -304,4 +320,5 @@ __all__ = [
     "LogConfig",
     "step_config_adapter",
     "step_config_models",
+    "steps_calling_models",
 ]

@@ -23,6 +23,7 @@ from chainrun.audit.items.common import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import Call, EvalResult, Step, results_as_rows
 from chainrun.audit.scope import Scope
+from chainrun.config import steps_calling_models
 from chainrun.evals.scoring import case_outcomes, skipped_summary
 
 TITLE_2 = (
@@ -139,11 +140,9 @@ def check_reasoning(scope: Scope) -> Item:
     """Item 2: per step the effort in use; eval runs differing only in that step's
     effort, with the paired pass-rate test and the latency and reasoning-token change."""
     config = scope.current_config()
-    llm_steps = [
-        name
-        for name, sc in ((config or {}).get("steps") or {}).items()
-        if isinstance(sc, dict) and "model" in sc  # a model step's config names its model
-    ]
+    stored = (config or {}).get("steps") or {}
+    model_steps = steps_calling_models(stored)
+    llm_steps = [name for name in stored if name in model_steps]
     calls = scope.calls
     for c in calls:
         if c.step not in llm_steps:
