@@ -48,8 +48,11 @@ class HedgeConfig(HedgePolicy):
     """
 
     #: HedgePolicy fields that are not ``[hedge]`` keys: the step's ``deadline_s`` (added
-    #: by :func:`policy_from_config`) and ``delay_percentile`` (spelled ``delay = "pNN"``)
-    not_config_keys: ClassVar[frozenset[str]] = frozenset({"deadline_s", "delay_percentile"})
+    #: by :func:`policy_from_config`), ``delay_percentile`` (spelled ``delay = "pNN"``)
+    #: and ``delay_auto`` (spelled ``delay = "auto"``)
+    not_config_keys: ClassVar[frozenset[str]] = frozenset(
+        {"deadline_s", "delay_percentile", "delay_auto"}
+    )
 
     #: the hedge delay as a percentile of the step's latency window, e.g. "p95"
     delay: str | None = None
