@@ -41,10 +41,12 @@ class HedgeConfig(HedgePolicy):
     (one definition; see its docstring), plus ``targets`` (the providers copies go to) and
     the spelling ``delay = "pNN"`` for ``delay_percentile``: that percentile of the step's
     own recent latency window (Dean & Barroso, "The Tail at Scale", CACM 2013, suggest the
-    p95, which bounds extra load near 5%). Exactly one of ``delay_ms`` and ``delay`` is
-    set. ``deadline_s`` is the step's: :func:`policy_from_config` adds it. A table dumps
-    to its keys only (``deadline_s`` and ``delay_percentile`` left out), so a stored
-    config validates again.
+    p95, which bounds extra load near 5%), or ``delay = "auto"`` for ``delay_auto``: the
+    delay and attempts re-derived from that window at run time for ``target``
+    (:mod:`chainrun.hedging.advisor`). Exactly one of ``delay_ms`` and ``delay`` is set.
+    ``deadline_s`` is the step's: :func:`policy_from_config` adds it. A table dumps to its
+    keys only (:attr:`not_config_keys` left out, and ``target`` unless ``delay = "auto"``),
+    so a stored config validates again.
     """
 
     #: HedgePolicy fields that are not ``[hedge]`` keys: the step's ``deadline_s`` (added
@@ -67,6 +69,7 @@ class HedgeConfig(HedgePolicy):
         for key, hint in (
             ("deadline_s", "set deadline_s on the step ([steps.NAME] deadline_s)"),
             ("delay_percentile", "write delay = 'p95'"),
+            ("delay_auto", "write delay = 'auto'"),
         ):
             if key in data:
                 raise ValueError(f"{key} is not a [hedge] key: {hint}")
@@ -74,6 +77,8 @@ class HedgeConfig(HedgePolicy):
         if delay is not None and data.get("delay_ms") is not None:
             # said here, in the config's words (the engine's check names delay_percentile)
             raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
+        if delay == "auto":
+            return {**data, "delay_auto": True}
         m = _PERCENTILE_RE.match(delay) if isinstance(delay, str) else None
         if m is None:
             return data  # a bad `delay` is reported by _percentile, with its path
@@ -82,17 +87,19 @@ class HedgeConfig(HedgePolicy):
     @field_validator("delay")
     @classmethod
     def _percentile(cls, v: str | None) -> str | None:
-        if v is None:
+        if v is None or v == "auto":
             return v
         m = _PERCENTILE_RE.match(v)
         if not m or not 0 < float(m.group(1)) < 100:
-            raise ValueError(f"expected a percentile such as 'p95', got {v!r}")
+            raise ValueError(f"expected a percentile such as 'p95', or 'auto', got {v!r}")
         return v
 
     @model_validator(mode="after")
     def _one_delay(self) -> HedgeConfig:
         if (self.delay_ms is None) == (self.delay is None):
             raise ValueError("set exactly one of delay_ms or delay (e.g. delay = 'p95')")
+        if self.delay != "auto" and "target" in self.model_fields_set:
+            raise ValueError("target applies to delay = 'auto' only (the advisor's objective)")
         if self.max_attempts < 2:
             # max_attempts counts the original: 1 leaves no room for a copy
             raise ValueError(
@@ -106,6 +113,8 @@ class HedgeConfig(HedgePolicy):
         data: dict[str, Any] = handler(self)
         for key in self.not_config_keys:
             data.pop(key, None)
+        if self.delay != "auto":
+            data.pop("target", None)  # the advisor's objective: a key of delay = "auto" only
         if isinstance(data.get("non_fatal"), list | tuple | set | frozenset):
             data["non_fatal"] = sorted(data["non_fatal"], key=str)  # a set: stored sorted
         return data
