@@ -33,7 +33,13 @@ import sqlite_utils
 
 from chainrun.capabilities import check_model_step
 from chainrun.config import ChainConfig, load_config
-from chainrun.errors import ChainClosed, ConfigError, ProviderUnavailable, error_type
+from chainrun.errors import (
+    ChainClosed,
+    ConfigError,
+    LogWriteError,
+    ProviderUnavailable,
+    error_type,
+)
 from chainrun.events import Event, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
@@ -318,9 +324,12 @@ class Chain:
 
     async def aclose(self, status: str = "complete") -> None:
         """Wait for background work (shadow losers) and the log writes it queued, close
-        steps and providers, end the run (``failed`` when a queued turn write failed;
-        that error is raised after everything is closed). From then on the chain refuses
-        turns (:class:`~chainrun.errors.ChainClosed`); closing it again does nothing."""
+        steps and providers, end the run. A run any of whose turns the log refused ends
+        ``lost_turns`` (unless ``interrupted``), whoever caught the error of an earlier
+        :meth:`flush`; a write error not raised before
+        (:class:`~chainrun.errors.LogWriteError`) is raised after everything is closed.
+        From then on the chain refuses turns (:class:`~chainrun.errors.ChainClosed`);
+        closing it again does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -332,7 +341,12 @@ class Chain:
         try:
             await self.flush()
         except Exception as e:
-            write_error, status = e, "failed"
+            write_error = e
+            if not isinstance(e, LogWriteError):
+                status = "failed"
+        if (self.store is not None and self.run_id is not None and status != "interrupted"
+                and self.store.lost_turns(self.run_id)):  # fmt: skip
+            status = "lost_turns"
         for step in reversed(self._opened):
             await step.aclose()
         self._opened.clear()
@@ -457,7 +471,7 @@ class Chain:
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
             error_type=turn.error_type, answer_ttft_ms=turn.answer_ttft_ms,
-            answer_done_ms=turn.answer_done_ms,
+            answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable
@@ -478,6 +492,8 @@ class Chain:
         # the shopper's wait for the first answer token is known once a token reached them,
         # whatever ended the turn afterwards (a cancel, a block mid-stream)
         turn.answer_ttft_ms = run.answer_ttft_ms
+        # an answer cut at its token cap is said in the turn, not only in a call column
+        turn.truncated = any(r.truncated for r in run.rows() if r.step == self.graph.answer_step)
         if turn.status == "ok":
             turn.output = run.state.answer or ""
             turn.answer_done_ms = run.answer_done_ms

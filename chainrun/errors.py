@@ -7,6 +7,7 @@
     │   ├── ConfigError           bad chainrun.toml / field path and value named
     │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
     ├── ChainClosed               a turn asked of a Chain already closed (also a RuntimeError)
+    ├── LogWriteError             turns that returned could not be written to the run log
     └── ProviderError             the model server failed us (not the user's fault)
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
@@ -19,7 +20,8 @@
         ├── InvalidAnswer         an answer not in the required form (not JSON, breaks its schema)
         ├── MalformedStream       a stream line that is not valid SSE/JSON
         ├── StreamTruncated       the stream ended without a finish_reason
-        └── ToolRoundsExceeded    the model still asked for tools after max_tool_rounds
+        ├── ToolRoundsExceeded    the model still asked for tools after max_tool_rounds
+        └── AnswerCutAtLimit      the answer reached the token cap (a step with on_truncated = "fail")
 
 A :class:`RequestRejected` from a step is turned by the chain into a
 :class:`StepConfigError` (a :class:`ConfigError`): a replay or eval stops at the first
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from chainrun.hedging.errors import CircuitOpen, NoAcceptableAnswer
@@ -93,6 +96,58 @@ class ChainClosed(ChainrunError, RuntimeError):
     """A :class:`~chainrun.Chain` was used after :meth:`~chainrun.Chain.aclose` (or after
     its ``async with`` block): its providers are closed and its run has ended, so a turn
     would be logged into a finished run. Build a new chain."""
+
+
+@dataclass(frozen=True)
+class LostTurn:
+    """A turn that returned (its ``TurnFinished`` has ``turn_id``) but whose rows the run
+    log refused: the turn is not in the log.
+
+    Attributes:
+        turn_id: the id the turn returned with (no row has it).
+        request_id: the turn's request id (a replay's request ``id``), None when it had none.
+        error: what the database said.
+    """
+
+    turn_id: int | None
+    request_id: str | None
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"turn_id", "request_id", "error"}``."""
+        return {"turn_id": self.turn_id, "request_id": self.request_id, "error": self.error}
+
+    def describe(self) -> str:
+        """``turn 5 (request r2)``."""
+        return f"turn {self.turn_id} (request {self.request_id or '-'})"
+
+
+class LogWriteError(ChainrunError):
+    """Turns that had returned could not be written to the run log (a write the database
+    refused: disk full, a constraint, a lock held past the busy timeout). The run ends
+    ``lost_turns``; a resumed replay runs them again.
+
+    Attributes:
+        lost: the turns lost since the last time this was raised (:class:`LostTurn`).
+        log: the log file (None: not known).
+    """
+
+    error_type = "log_write"
+
+    def __init__(self, lost: list[LostTurn], log: str | None = None) -> None:
+        self.lost = list(lost)
+        self.log = log
+        where = f"run log {log}" if log else "run log"
+        first = lost[0] if lost else None
+        what = (f"{first.describe()} was not logged: {first.error}" if first is not None
+                else "a write failed")  # fmt: skip
+        more = f" (and {len(lost) - 1} more turns)" if len(lost) > 1 else ""
+        super().__init__(f"{where}: {what}{more}")
+
+    def lines(self) -> list[str]:
+        """One line per lost turn, each naming its turn id and request id."""
+        where = f"run log {self.log}: " if self.log else ""
+        return [f"{where}{t.describe()} was not logged: {t.error}" for t in self.lost]
 
 
 class ProviderError(ChainrunError):
@@ -258,6 +313,14 @@ class ToolRoundsExceeded(ProviderError):
     answer never came); the step's ``on_failure`` decides what the turn does."""
 
     error_type = "tool_rounds_exceeded"
+
+
+class AnswerCutAtLimit(ProviderError):
+    """The model stopped at the step's token cap (finish reason ``length``; the Responses
+    API's ``response.incomplete`` with reason ``max_output_tokens``) and the step treats a
+    cut answer as a failure (``on_truncated = "fail"``)."""
+
+    error_type = "length"
 
 
 def error_type(err: BaseException | None) -> str | None:

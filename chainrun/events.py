@@ -88,7 +88,8 @@ class TurnFinished:
     ``duration_ms``: all steps done (checks after the answer included);
     ``answer_ttft_ms``: the shopper's wait for the first answer token, whatever the status
     (None: no answer token reached the user); ``answer_done_ms``: until the answer was
-    complete, ok turns only (None otherwise).
+    complete, ok turns only (None otherwise). ``truncated``: the answer step's answer was
+    cut at its token cap (finish reason ``length``; the text is the cut-off answer).
     """
 
     turn_id: int | None
@@ -101,6 +102,7 @@ class TurnFinished:
     error_type: str | None = None
     answer_ttft_ms: float | None = None
     answer_done_ms: float | None = None
+    truncated: bool = False
     type: Literal["turn_finished"] = "turn_finished"
 
 

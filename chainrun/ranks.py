@@ -18,22 +18,31 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
-__all__ = ["nearest_rank", "percent_fraction"]
+__all__ = ["Percent", "nearest_rank", "percent_fraction"]
 
 
-def percent_fraction(p: int | float | Decimal | Fraction) -> Fraction:
-    """``p`` (a percentage) as an exact fraction of 100, e.g. ``95`` → ``19/20``.
+Percent = int | float | str | Decimal | Fraction
+
+
+def percent_fraction(p: Percent) -> Fraction:
+    """``p`` (a percentage) as an exact fraction of the whole, e.g. ``95`` → ``19/20``.
 
     A float is read as its shortest decimal representation (``repr``): ``99.9`` is
-    999/1000 of the whole, not the binary double nearest to it.
+    999/1000 of the whole, not the binary double nearest to it. A string is read as a
+    decimal or a fraction (``"99.9"``, ``"999/10"``).
 
     Raises:
         ValueError: ``p`` is not finite or not in (0, 100].
         TypeError: ``p`` is not a number (a bool counts as none).
     """
-    if isinstance(p, bool) or not isinstance(p, int | float | Decimal | Fraction):
+    if isinstance(p, bool) or not isinstance(p, int | float | str | Decimal | Fraction):
         raise TypeError(f"percentile must be a number in percent, e.g. 95; got {p!r}")
-    if isinstance(p, float):
+    if isinstance(p, str):
+        try:
+            exact = Fraction(p.strip())
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"percentile must be a number in percent; got {p!r}") from None
+    elif isinstance(p, float):
         if p != p or p in (float("inf"), float("-inf")):
             raise ValueError(f"percentile must be in (0, 100] percent; got {p!r}")
         exact = Fraction(repr(p))
@@ -48,7 +57,7 @@ def percent_fraction(p: int | float | Decimal | Fraction) -> Fraction:
     return exact / 100
 
 
-def nearest_rank(n: int, p: int | float | Decimal | Fraction) -> int:
+def nearest_rank(n: int, p: Percent) -> int:
     """The 1-based rank ``ceil(n * p / 100)`` of the ``p``-th percentile of ``n`` values
     (``p`` in percent), at least 1; exact integer arithmetic.
 

@@ -9,9 +9,17 @@ clock, the same one as ``t_start``) and it yields the call's:
   ``gen_ai.client.operation.time_to_first_chunk``.
   An answer that is empty because the model stopped at once gets the time of its
   finish chunk (its first token was a stop sequence that is never sent as text).
-- **chunk gaps**: the time between every two consecutive chunks received, in ms
-  (so ``len(chunk_gaps_ms) == n_chunks - 1``); the mean over the content chunks is
-  the time between tokens.
+- **chunks**: a *chunk* is a streamed event that carries generated text (content or
+  reasoning), a finish reason or the usage. Events that carry none of these are no
+  chunks: a role-only first frame (llama.cpp, OpenAI), Azure OpenAI's content-filter
+  events (a first event with ``choices: []`` and ``prompt_filter_results``, an event
+  whose choice has ``content_filter_results`` and no ``delta``), the Responses API's
+  bookkeeping events. Their bytes are counted on the next chunk; they add no chunk and
+  no gap. ``n_chunks`` counts chunks, and every figure that reads gaps uses this
+  definition (docs: concepts/measurements.md, "Chunks").
+- **chunk gaps**: the time between every two consecutive chunks, in ms (so
+  ``len(chunk_gaps_ms) == n_chunks - 1``); the mean over the chunks that carry text
+  is the time between tokens.
 - **duration**: from sending to the end of the stream (``gen_ai.client.operation.duration``).
 - **tokens** from the provider's usage: input, output, reasoning (a *subset* of output,
   never added on top: OpenAI ``completion_tokens_details.reasoning_tokens``), cached
@@ -131,6 +139,8 @@ class StreamTimer:
     """
 
     t_start: float
+    #: every streamed event handed to :meth:`on_chunk`, chunks or not
+    n_events: int = 0
     n_chunks: int = 0
     nbytes: int = 0
     ttft_ms: float | None = None
@@ -153,7 +163,18 @@ class StreamTimer:
     _tool_parts: dict[int, list[Any]] = field(default_factory=dict)
 
     def on_chunk(self, t: float, chunk: Chunk) -> None:
-        """Record a chunk that arrived at time ``t`` (s)."""
+        """Record a streamed event that arrived at time ``t`` (s): a chunk when it
+        carries text, a finish reason or usage; otherwise only its bytes, model and id
+        are kept (see the module text: what a chunk is)."""
+        self.n_events += 1
+        if not (chunk.content or chunk.reasoning or chunk.finish_reason
+                or chunk.usage is not None):  # fmt: skip
+            self.nbytes += chunk.nbytes
+            self.model = chunk.model or self.model
+            self.response_id = chunk.response_id or self.response_id
+            if chunk.server_timings:
+                self.server_timings = chunk.server_timings
+            return
         if self._t_last is not None:
             self.chunk_gaps_ms.append((t - self._t_last) * 1000.0)
         self._t_last = t
@@ -217,9 +238,17 @@ class StreamTimer:
 
     @property
     def truncated(self) -> bool:
-        """The stream started (a chunk arrived) and ended without a finish_reason (cut,
-        cancelled or failed). A call that failed before any chunk is not truncated."""
-        return self.ended and self.n_chunks > 0 and self.finish_reason is None
+        """The stream started (an event arrived) and ended without a finish_reason (cut,
+        cancelled or failed). A call that failed before any event is not truncated.
+        An answer stopped by the token cap has finish reason ``length``: see
+        :attr:`cut_at_limit`."""
+        return self.ended and self.n_events > 0 and self.finish_reason is None
+
+    @property
+    def cut_at_limit(self) -> bool:
+        """The model was stopped by the token cap (finish reason ``length``; the
+        Responses API's ``response.incomplete`` with reason ``max_output_tokens``)."""
+        return self.finish_reason == "length"
 
     @property
     def time_between_tokens_ms(self) -> float | None:

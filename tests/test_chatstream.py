@@ -71,9 +71,10 @@ async def test_a_whole_answer_measures_the_same_with_or_without_a_pump(pump: boo
     await s.aclose()
     t = s.timer
     assert t.text == "ab" and t.reasoning == ["think"] and t.finish_reason == "stop"
-    assert t.n_chunks == 6 and len(t.chunk_gaps_ms) == 5
+    # the role-only frame is an event, no chunk (no gap before the first token)
+    assert t.n_events == 6 and t.n_chunks == 5 and len(t.chunk_gaps_ms) == 4
     assert t.ttft_ms is not None and t.ttft_ms == pytest.approx(100, abs=40)  # at arrival
-    assert t.chunk_gaps_ms[:3] == pytest.approx([50, 20, 20], abs=15)
+    assert t.chunk_gaps_ms[:2] == pytest.approx([20, 20], abs=15)
     assert t.usage == Usage(5, 3) and t.duration_ms is not None
     assert provider.closed and not t.truncated
 

@@ -158,8 +158,9 @@ async def test_no_headers_is_caught_by_the_first_token_timeout(lab: LabServer) -
 async def test_headers_but_no_first_chunk(lab: LabServer) -> None:
     use(lab, headers_only=1.0)
     s, err, elapsed = await call(lab, first_token_timeout_s=0.3)
-    assert isinstance(err, FirstTokenTimeout) and "1 chunk(s) without a token" in str(err)
-    assert s.timer.n_chunks == 1 and s.timer.ttft_ms is None  # the role-only frame
+    assert isinstance(err, FirstTokenTimeout) and "1 event(s) without a token" in str(err)
+    # the role-only frame: an event, no chunk
+    assert s.timer.n_events == 1 and s.timer.n_chunks == 0 and s.timer.ttft_ms is None
     assert 0.3 <= elapsed < 1.5
     recs = await settled(lab, 1)
     assert len(recs) == 1 and recs[0]["disconnected"]
@@ -217,7 +218,8 @@ async def test_usage_only_chunk_with_empty_choices(lab: LabServer) -> None:
     use(lab)
     s, err, _ = await call(lab)
     assert err is None and s.timer.usage is not None and s.timer.usage.output_tokens == 6
-    assert s.timer.n_chunks == 8  # role frame, 6 tokens, the usage-only chunk
+    assert s.timer.n_chunks == 7  # 6 tokens, the usage-only chunk (the role frame is none)
+    assert s.timer.n_events == 8
     assert len(lab.requests()) == 1
 
 

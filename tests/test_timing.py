@@ -25,8 +25,10 @@ def test_role_only_first_frame_is_not_the_first_token() -> None:
         (0.330, Chunk(usage=Usage(10, 2, 0, 0))),
     ])  # fmt: skip
     assert timer.ttft_ms == pytest.approx(300.0)
-    assert timer.chunk_gaps_ms == pytest.approx([250.0, 20.0, 10.0])
-    assert timer.n_chunks == 4 and len(timer.chunk_gaps_ms) == timer.n_chunks - 1
+    # the role-only frame is no chunk: no 250 ms "gap" before the first token
+    assert timer.chunk_gaps_ms == pytest.approx([20.0, 10.0])
+    assert timer.n_events == 4 and timer.n_chunks == 3
+    assert len(timer.chunk_gaps_ms) == timer.n_chunks - 1
     assert timer.duration_ms == pytest.approx(330.0)
     assert timer.text == "Hello there"
     assert not timer.truncated

@@ -7,8 +7,14 @@ every window of a streamed answer (:mod:`chainrun.checks.holdback`). Each check 
 
 Validation beyond the shape, so that ordinary numbers are not flagged:
 
-* payment cards: 13-19 digits, single spaces or dashes allowed between them, and the Luhn
-  checksum (ISO/IEC 7812-1, annex B);
+* payment cards: 13-19 digits, single spaces or dashes allowed between them, that start
+  with a card network's issuer identification number (IIN) prefix, have a length that
+  network issues (:data:`CARD_NETWORKS`), and pass the Luhn checksum (ISO/IEC 7812-1,
+  annex B). Luhn alone passes one digit string in ten, so a 13-digit millisecond
+  timestamp or an order number would often be read as a card; digits after a ``+`` are
+  an international phone number, and a 13-digit number that is a valid EAN-13 (GTIN) is
+  read as the product code it more likely is in a shop's chat (13-digit Visa numbers
+  are legacy);
 * IBANs: 2 letters, 2 check digits, 11-30 letters or digits (written compact or in groups
   of four), valid when the number rearranged (first four characters moved to the end,
   letters as 10..35) is 1 modulo 97 (ISO 13616-1);
@@ -99,9 +105,88 @@ Span = tuple[int, int]
 Locate = Callable[[str, "re.Match[str]"], "Span | None"]
 
 
+@dataclass(frozen=True)
+class CardNetwork:
+    """A card network's IIN prefix ranges and the card number lengths it issues.
+
+    Attributes:
+        name: the network.
+        prefixes: inclusive ``(lo, hi)`` ranges of leading digits of equal length
+            (``("51", "55")``: a number starting 51, 52, ... or 55).
+        lengths: the card number lengths (digits) the network issues.
+    """
+
+    name: str
+    prefixes: tuple[tuple[str, str], ...]
+    lengths: frozenset[int]
+
+    def issued(self, digits: str) -> bool:
+        """Whether ``digits`` has one of this network's prefixes and lengths."""
+        if len(digits) not in self.lengths:
+            return False
+        return any(lo <= digits[: len(lo)] <= hi for lo, hi in self.prefixes)
+
+
+def _lengths(lo: int, hi: int) -> frozenset[int]:
+    return frozenset(range(lo, hi + 1))
+
+
+#: Card networks by IIN prefix and issued lengths, as the networks publish them (ISO/IEC
+#: 7812-1 registers the IINs; the ranges below are the networks' own: Visa, Mastercard
+#: including the 2-series of 2017, American Express, Discover with its UnionPay
+#: co-branded range, Diners Club International, JCB, UnionPay, Maestro, Mir).
+CARD_NETWORKS: tuple[CardNetwork, ...] = (
+    CardNetwork("visa", (("4", "4"),), frozenset({13, 16, 19})),
+    CardNetwork("mastercard", (("51", "55"), ("2221", "2720")), frozenset({16})),
+    CardNetwork("american_express", (("34", "34"), ("37", "37")), frozenset({15})),
+    CardNetwork(
+        "discover", (("6011", "6011"), ("644", "649"), ("65", "65"), ("622126", "622925")),
+        _lengths(16, 19),
+    ),
+    CardNetwork(
+        "diners_club", (("300", "305"), ("3095", "3095"), ("36", "36"), ("38", "39")),
+        _lengths(14, 19),
+    ),
+    CardNetwork("jcb", (("3528", "3589"),), _lengths(16, 19)),
+    CardNetwork("unionpay", (("62", "62"),), _lengths(16, 19)),
+    CardNetwork(
+        "maestro",
+        (("5018", "5018"), ("5020", "5020"), ("5038", "5038"), ("5893", "5893"),
+         ("6304", "6304"), ("6759", "6759"), ("6761", "6763")),
+        _lengths(13, 19),
+    ),
+    CardNetwork("mir", (("2200", "2204"),), _lengths(16, 19)),
+)  # fmt: skip
+
+
+def ean13_valid(digits: str) -> bool:
+    """Whether 13 digits carry a valid EAN-13 (GTIN-13) check digit (GS1 General
+    Specifications, section 7.9: weights 1 and 3 from the left, total a multiple of 10)."""
+    if len(digits) != 13 or not digits.isdigit():
+        return False
+    return sum(int(d) * (3 if i % 2 else 1) for i, d in enumerate(digits)) % 10 == 0
+
+
+def card_network(digits: str) -> str | None:
+    """The network whose card number ``digits`` could be (prefix, length and Luhn), or
+    None: a number no network issues, a failed checksum, or a valid EAN-13 product code.
+
+    Raises:
+        ValueError: ``digits`` holds a non-digit.
+    """
+    if not luhn_valid(digits):
+        return None
+    if len(digits) == 13 and ean13_valid(digits):
+        return None
+    for network in CARD_NETWORKS:
+        if network.issued(digits):
+            return network.name
+    return None
+
+
 def _card(text: str, m: re.Match[str]) -> Span | None:
     digits = re.sub(r"[ -]", "", m.group(0))
-    return m.span() if 13 <= len(digits) <= 19 and luhn_valid(digits) else None
+    return m.span() if card_network(digits) is not None else None
 
 
 def _iban(text: str, m: re.Match[str]) -> Span | None:
@@ -128,7 +213,8 @@ def _phone(text: str, m: re.Match[str]) -> Span | None:
 
 
 _PATTERNS: dict[str, tuple[str, Locate | None]] = {
-    "card": (r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d])", _card),
+    # not after a "+": an international phone number (+44 1234 567890...) is no card
+    "card": (r"(?<![\d+-])\d(?:[ -]?\d){12,18}(?![\d])", _card),
     "iban": (
         # compact, or in groups of four with a last group of one to three
         r"\b[A-Za-z]{2}\d{2}"
@@ -160,7 +246,8 @@ class PatternCheck:
     """One check: a name, a compiled pattern, what a match does, an optional validator.
 
     ``locate`` gets the text and a match and returns the span of what really is a finding
-    (the match if its Luhn checksum holds, for cards), or None; None accepts every match.
+    (the match if it is a card number a network issues, for cards), or None; None
+    accepts every match.
     """
 
     name: str

@@ -2,9 +2,11 @@
 
 Llama Guard (Meta, "Llama Guard: LLM-based Input-Output Safeguard for Human-AI
 Conversations", 2023; Llama Guard 3 model card) replies in two lines: ``safe``, or
-``unsafe`` then the violated categories, comma-separated codes ``S1`` ... ``S14``. The
-parser accepts exactly that (surrounding whitespace and blank lines aside) and calls
-anything else unparseable: a guard that says something else has not given a verdict.
+``unsafe`` then the violated categories, comma-separated codes ``S1`` ... ``S14``; the
+model card notes that a bare ``unsafe`` (no category line) occurs. The parser reads the
+verdict word on the first non-blank line, case-insensitively (``UNSAFE``, ``Safe``), takes
+the category line when there is one (codes normalised to ``S1`` ...), and calls anything
+else unparseable: a guard that says something else has not given a verdict.
 
 A missing verdict (``timeout``, ``error``, ``unparseable``) is decided by the guard's
 policy, which has no default: ``open`` lets the turn through (availability matters more
@@ -51,17 +53,25 @@ class GuardVerdict:
 
 
 def parse_llama_guard(text: str | None) -> GuardVerdict:
-    """Parse a Llama Guard reply: ``safe``; or ``unsafe`` and a line of codes ``S1``-``S14``.
+    """Parse a Llama Guard reply: ``safe``; or ``unsafe``, optionally followed by a line
+    of codes ``S1``-``S14`` (comma-separated).
 
-    Anything else (other words, a bad code, an ``unsafe`` without categories, extra lines)
-    is a missing verdict with reason ``unparseable``. Never raises.
+    The verdict word is the first non-blank line, read case-insensitively; codes are read
+    case-insensitively and returned upper-case (``("S1", "S2")``). Anything else (other
+    words, a bad code, a line after ``safe``, more than one category line) is a missing
+    verdict with reason ``unparseable``. Never raises.
     """
-    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    if lines == ["safe"]:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return GuardVerdict("missing", missing="unparseable")
+    word = lines[0].lower()
+    if word == "safe" and len(lines) == 1:
         return GuardVerdict("safe")
-    if len(lines) == 2 and lines[0] == "unsafe":
-        codes = tuple(code.strip() for code in lines[1].split(","))
-        if codes and all(_CATEGORY.fullmatch(code) for code in codes):
+    if word == "unsafe" and len(lines) == 1:
+        return GuardVerdict("unsafe")
+    if word == "unsafe" and len(lines) == 2:
+        codes = tuple(code.strip().upper() for code in lines[1].split(","))
+        if all(_CATEGORY.fullmatch(code) for code in codes):
             return GuardVerdict("unsafe", codes)
     return GuardVerdict("missing", missing="unparseable")
 

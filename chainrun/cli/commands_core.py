@@ -43,7 +43,7 @@ from chainrun.cli.tables import (
     verdict_lines,
 )
 from chainrun.config import config_from_snapshot, load_config
-from chainrun.errors import UserInputError
+from chainrun.errors import LogWriteError, UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
 from chainrun.log.several_logs import process_name, process_names
 from chainrun.log.store import Store
@@ -151,6 +151,7 @@ def replay(
 
     started: list[int] = []
     stopped: BaseException | None = None  # Ctrl-C or SIGTERM: the partial summary first
+    lost: LogWriteError | None = None  # turns the log refused: named after the summary
     try:
         try:
             with progress:
@@ -165,18 +166,32 @@ def replay(
             if not started:
                 raise
             run_id, stopped = started[0], e
+        except LogWriteError as e:
+            if not started:
+                raise
+            run_id, lost = started[0], e
         summary = latency_summary(store, run_id)
         hedging = hedge_stats(store, run_id)
     finally:
         store.close()
-    if stopped is None:
+    if stopped is None and lost is None:
         _warn_failed_turns(store_path=db, run_id=run_id)
     if as_json:
-        print_json({**summary, "hedging": hedging["steps"]})
+        doc = {**summary, "hedging": hedging["steps"]}
+        if lost is not None:
+            doc["lost_turns"] = [t.as_dict() for t in lost.lost]
+            doc["error"] = lost.as_dict()
+        print_json(doc)
     else:
         out.print(latency_table(summary))
         if any(s["n_armed"] for s in hedging["steps"].values()):
             out.print(hedge_table(hedging))
+    if lost is not None:
+        for line in lost.lines():
+            err.print(f"chainrun: error: {line}", markup=False, highlight=False)
+        err.print(f"chainrun: run {run_id} ended lost_turns; chainrun replay {file} --resume "
+                  f"{run_id} runs them again", markup=False, highlight=False)  # fmt: skip
+        raise typer.Exit(2)
     if stopped is not None:
         again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
                             "--resume", str(run_id)])  # fmt: skip

@@ -206,8 +206,11 @@ class Hedger(Generic[T]):
         race = _Race(self, attempt, release, accept, classify_error or default_classify_error)
         try:
             outcome = await race.run()
-        except BaseException:
+        except BaseException as e:
             await race.settle_in_flight(None, "error")
+            if isinstance(e, asyncio.CancelledError):
+                # the call's hedging happened (a copy fired and was paid for): count it
+                self.stats.record(race._outcome(None, e))
             raise
         self.stats.record(outcome)
         self.controller.observe(outcome, probe=outcome.probe)

@@ -75,7 +75,13 @@ class ChatRequest:
 
 
 class Provider(Protocol):
-    """What a model provider must offer: a stream of chunks for a request."""
+    """What a model provider must offer: a stream of chunks for a request.
+
+    Optional: a provider with one-off client set-up (the Responses adapter's SDK tables)
+    has ``prepared = False`` until its ``async prepare()`` has run; :class:`ChatStream`
+    awaits ``prepare()`` before it starts a call's clock, so that no call's TTFT carries
+    that set-up.
+    """
 
     name: str
     #: ``server.address:server.port`` for the log (None when not a network server)
@@ -161,6 +167,12 @@ class ChatStream:
     async def _run(self) -> None:
         """Read the stream to its end, stamping each chunk at arrival (in the pump task,
         or in the caller's task for ``pump=False``)."""
+        if not getattr(self.provider, "prepared", True):
+            # the provider's one-off client set-up (the first call of a process) is no
+            # part of this call: the call's clock and timers start after it
+            await self.provider.prepare()  # type: ignore[attr-defined]
+            self.timer.t_start = self._clock()
+            self._started_loop = asyncio.get_running_loop().time()
         it = aiter(self.provider.chunks(self.request))
         got_token = ended = False
         timed = self.first_token_timeout_s is not None or self.idle_timeout_s is not None
@@ -212,8 +224,8 @@ class ChatStream:
     def _timer_fired(self, got_token: bool) -> ProviderError:
         name = self.provider.name
         if not got_token:
-            n = self.timer.n_chunks
-            where = "no chunk arrived" if not n else f"{n} chunk(s) without a token"
+            n = self.timer.n_events  # role-only frames and filter events are no chunks
+            where = "no chunk arrived" if not n else f"{n} event(s) without a token"
             return FirstTokenTimeout(
                 f"{name}: no first token within first_token_timeout_s = "
                 f"{self.first_token_timeout_s:g} s ({where})"

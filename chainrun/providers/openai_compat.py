@@ -99,6 +99,13 @@ class OpenAICompatProvider(OpenAIClientProvider):
     :class:`~chainrun.providers.openai_client.OpenAIClientProvider`.
     """
 
+    #: llama-server's per-request ``cache_prompt`` switch, sent with every request when
+    #: not None (False: the server neither reuses nor keeps a cached prompt prefix, so
+    #: every call's TTFT includes the whole prompt). OpenAI's API has no such switch (it
+    #: caches prefixes of 1,024+ tokens on its own) and refuses unknown parameters: set
+    #: it only for a llama-server.
+    cache_prompt: bool | None = None
+
     def _params(self, request: ChatRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": request.model,
@@ -127,6 +134,8 @@ class OpenAICompatProvider(OpenAIClientProvider):
                 params["tool_choice"] = request.tool_choice
         if request.headers:
             params["extra_headers"] = request.headers
+        if self.cache_prompt is not None:
+            params["cache_prompt"] = self.cache_prompt
         return params
 
     #: parse the stream in the ``openai`` client (its SSE decoder and a

@@ -230,28 +230,105 @@ class ResponseEvents:
         return None
 
 
+#: a response object with the fields servers send (each typed field's model is built by
+#: the SDK the first time it parses a value for it)
+_SAMPLE_RESPONSE: dict[str, Any] = {
+    "id": "warm", "object": "response", "created_at": 0, "status": "in_progress",
+    "model": "warm", "output": [], "parallel_tool_calls": False, "tool_choice": "auto",
+    "tools": [], "error": None, "incomplete_details": None, "usage": None,
+    "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
+    "max_output_tokens": None, "previous_response_id": None, "truncation": "disabled",
+    "text": {"format": {"type": "text"}}, "reasoning": {"effort": None, "summary": None},
+    "user": None, "service_tier": "default", "store": True,
+}  # fmt: skip
+
+#: one event of each kind a Responses stream sends, for :func:`warm_sdk` (the SDK builds
+#: each union member's model the first time it parses one)
+_SAMPLE_EVENTS: tuple[dict[str, Any], ...] = (
+    {"type": "response.created", "sequence_number": 0, "response": _SAMPLE_RESPONSE},
+    {"type": "response.in_progress", "sequence_number": 1, "response": _SAMPLE_RESPONSE},
+    {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
+     "item": {"type": "message", "id": "m", "status": "in_progress", "role": "assistant",
+              "content": []}},
+    {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
+     "item": {"type": "reasoning", "id": "r", "summary": []}},
+    {"type": "response.content_part.added", "sequence_number": 3, "output_index": 0,
+     "content_index": 0, "item_id": "m",
+     "part": {"type": "output_text", "text": "", "annotations": []}},
+    {"type": "response.reasoning_summary_part.added", "sequence_number": 3, "output_index": 0,
+     "summary_index": 0, "item_id": "r", "part": {"type": "summary_text", "text": ""}},
+    {"type": "response.reasoning_summary_text.delta", "sequence_number": 4, "output_index": 0,
+     "summary_index": 0, "item_id": "r", "delta": "w"},
+    {"type": "response.output_text.delta", "sequence_number": 4, "output_index": 0,
+     "content_index": 0, "item_id": "m", "delta": "w", "logprobs": []},
+    {"type": "response.output_text.done", "sequence_number": 5, "output_index": 0,
+     "content_index": 0, "item_id": "m", "text": "w", "logprobs": []},
+    {"type": "response.content_part.done", "sequence_number": 6, "output_index": 0,
+     "content_index": 0, "item_id": "m",
+     "part": {"type": "output_text", "text": "w", "annotations": []}},
+    {"type": "response.output_item.done", "sequence_number": 7, "output_index": 0,
+     "item": {"type": "message", "id": "m", "status": "completed", "role": "assistant",
+              "content": [{"type": "output_text", "text": "w", "annotations": []}]}},
+    {"type": "response.completed", "sequence_number": 8, "response": {
+        **_SAMPLE_RESPONSE, "status": "completed",
+        "output": [{"type": "reasoning", "id": "r", "summary": [
+                        {"type": "summary_text", "text": "w"}]},
+                   {"type": "message", "id": "m", "status": "completed",
+                    "role": "assistant", "content": [
+                        {"type": "output_text", "text": "w", "annotations": []}]}],
+        "usage": {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": 2}}},
+    {"type": "response.incomplete", "sequence_number": 8, "response": {
+        **_SAMPLE_RESPONSE, "status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"}}},
+)  # fmt: skip
+
+
 @functools.cache
 def warm_event_models() -> None:
-    """Let the SDK build its tables for the stream-event union once per process.
+    """Let the SDK build its models for the stream-event union once per process.
 
-    The first event the SDK parses costs about 1 s of CPU (measured on this project's
-    2-core machine, openai 3.57: ``construct_type`` of a ``response.created`` event
-    0.999 s the first time, under 1 ms after). Paid inside a call, it would land in
-    that call's TTFT and chunk gaps; :meth:`ResponsesProvider.check` pays it up front.
-    Best effort: it uses the SDK's private parser and does nothing if that moved.
+    The first event of each kind the SDK parses costs CPU once (measured on this
+    project's 2-core machine, openai 3.57: ``construct_type`` of a ``response.created``
+    event 0.999 s the first time, under 1 ms after; 12 ms for the first
+    ``response.output_item.added``). Paid inside a call, it would land in that call's
+    TTFT and chunk gaps. Best effort: it uses the SDK's private parser and does nothing
+    if that moved.
     """
     with contextlib.suppress(Exception):
         from openai._models import construct_type
         from openai.types.responses import ResponseStreamEvent
 
-        construct_type(
-            type_=ResponseStreamEvent,
-            value={
-                "type": "response.created",
-                "sequence_number": 0,
-                "response": {"id": "warm", "object": "response", "output": []},
-            },
-        )
+        for value in _SAMPLE_EVENTS:
+            construct_type(type_=ResponseStreamEvent, value=value)
+
+
+@functools.cache
+def _warm_request_path() -> None:
+    """The SDK's one-off work on the request side, once per process: the import of its
+    ``responses`` resource (the client's ``responses`` attribute imports it lazily:
+    0.47 s measured on a loaded 2-core machine) and the type tables of its request
+    transform. Best effort, as :func:`warm_event_models`."""
+    with contextlib.suppress(Exception):
+        import openai.resources.responses  # noqa: F401
+        from openai._utils import maybe_transform
+        from openai.types.responses import response_create_params
+
+        sample = response_params(ChatRequest(
+            model="warm", messages=[{"role": "system", "content": "s"},
+                                    {"role": "user", "content": "u"}],
+            max_output_tokens=1, temperature=0.0, reasoning_effort="low",
+            reasoning_summary="auto", json_schema={"type": "object"},
+        ))  # fmt: skip
+        maybe_transform(sample, response_create_params.ResponseCreateParamsStreaming)
+
+
+def warm_sdk() -> None:
+    """All of the SDK's one-off set-up for a Responses call (request side and event
+    models), once per process; blocking (call it in a worker thread)."""
+    _warm_request_path()
+    warm_event_models()
 
 
 class ResponsesProvider(OpenAIClientProvider):
@@ -261,14 +338,34 @@ class ResponsesProvider(OpenAIClientProvider):
     :class:`~chainrun.providers.openai_client.OpenAIClientProvider`.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._preparing: asyncio.Future[None] | None = None
+
+    #: False until :meth:`prepare` has run: :class:`~chainrun.providers.base.ChatStream`
+    #: then awaits it before it starts a call's clock
+    prepared = False
+
+    async def prepare(self) -> None:
+        """The SDK's one-off set-up (:func:`warm_sdk`, in a worker thread, once per
+        process) and this client's ``responses`` resource, so that no call's timings
+        carry them: :class:`~chainrun.providers.base.ChatStream` awaits this before it
+        starts the first call's clock. Concurrent first calls share one warm-up."""
+        if self.prepared:
+            return
+        if self._preparing is None:
+            self._preparing = asyncio.ensure_future(asyncio.to_thread(warm_sdk))
+        await asyncio.shield(self._preparing)
+        _ = self.client.responses  # the per-client resource object (cheap once imported)
+        self.prepared = True
+
     async def check(self) -> None:
-        """The preflight check, plus :func:`warm_event_models` so that the first call's
-        timings do not carry the SDK's one-off set-up.
+        """The preflight check, plus :meth:`prepare` (the SDK's one-off set-up).
 
         Raises:
             ProviderUnavailable: cannot connect.
         """
-        await asyncio.to_thread(warm_event_models)
+        await self.prepare()
         await super().check()
 
     async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:

@@ -32,7 +32,13 @@ from chainrun.checks.holdback import (
     window_check,
 )
 from chainrun.checks.verdict import MissingReason
-from chainrun.errors import InvalidAnswer, ProviderError, ProviderTimeout, error_type
+from chainrun.errors import (
+    AnswerCutAtLimit,
+    InvalidAnswer,
+    ProviderError,
+    ProviderTimeout,
+    error_type,
+)
 from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
 from chainrun.hedging.advisor import hedge_detail
@@ -136,6 +142,10 @@ def call_row(
         if fields["error_type"] is None and stream.error is not None:
             fields["error_type"] = error_type(stream.error)
             fields["error_message"] = str(stream.error)
+    if fields["error_type"] is None and attempt.outcome == "cancelled" and attempt.sent:
+        # a loser closed when the race settled, or an attempt of a turn the caller
+        # cancelled: the call ended without its answer, and the log says why
+        fields["error_type"] = "cancelled"
     return CallRow(**fields)
 
 
@@ -335,6 +345,7 @@ class LLMStep(Step):
         holdback = self._holdback()
         shown: list[str] = []  # what reached the user (redacted by the output check)
         blocked: OutputBlocked | None = None
+        cancelled = False
         try:
             outcome = await self._hedger.run(attempt, release=release, accept=gate)
             if outcome.error is not None:
@@ -356,13 +367,18 @@ class LLMStep(Step):
             blocked = e  # the stream is closed below, like a loser's
         except (ProviderError, TimeoutError) as e:
             error = e
+        except asyncio.CancelledError:
+            # the caller went away: a winner cut mid-answer was cancelled, not failed
+            cancelled = True
+            raise
         finally:
             # cancelled from outside before the engine settled: close every attempt
             to_close = list(streams.values()) if outcome is None else [winner]
             try:
                 await _close_all([s for s in to_close if s is not None])
             finally:  # recorded even when the close is interrupted by a cancellation
-                error = self._record(ctx, request, outcome, streams, winner, error)
+                error = self._record(ctx, request, outcome, streams, winner, error,
+                                     cancelled=cancelled)
                 if holdback is not None:
                     self._record_holdback(ctx, holdback, winner, blocked)
                 if outcome is not None and outcome.shadows_pending:
@@ -421,28 +437,36 @@ class LLMStep(Step):
         streams: dict[int, ChatStream],
         winner: ChatStream | None,
         error: BaseException | None,
+        *,
+        cancelled: bool = False,
     ) -> BaseException | None:
-        """Fill the step's row and calls; return the step's error (None: it answered)."""
+        """Fill the step's row and calls; return the step's error (None: it answered).
+        ``cancelled``: the caller cancelled the step (its winner's call, if cut, is
+        recorded as ``cancelled``)."""
         row = ctx.row
         row.duration_ms = ctx.elapsed_ms()
+        rows_error = error if error is not None or not cancelled else asyncio.CancelledError()
         if outcome is not None:
             row.n_attempts = sum(1 for a in outcome.attempts if a.number in streams)
             row.hedge_delay_ms = outcome.delay_ms
             row.hedge_fired = outcome.fired
             row.hedge_won = outcome.won_by_copy
             row.time_saved_ms = outcome.time_saved_ms
-            ctx.calls[:] = self._call_rows(request, outcome.attempts, streams, winner, error)
+            ctx.calls[:] = self._call_rows(request, outcome.attempts, streams, winner, rows_error)
             hedge = hedge_detail(outcome)
             if hedge:
                 row.detail = {**(row.detail or {}), **hedge}
         elif streams:  # stopped before the race settled: every attempt sent is a row
             row.n_attempts = len(streams)
+            # a copy was sent: the hedge fired (and was paid for), whatever came after
+            row.hedge_fired = len(streams) > 1
+            row.hedge_delay_ms = self._hedger.current_delay_ms() if self._hedger else None
             unsettled = [
                 AttemptRecord(number=n, target=s.provider.name, outcome="cancelled",
                               started_offset_ms=(s.timer.t_start - ctx.started) * 1000.0)
                 for n, s in sorted(streams.items())
             ]  # fmt: skip
-            ctx.calls[:] = self._call_rows(request, unsettled, streams, None, error)
+            ctx.calls[:] = self._call_rows(request, unsettled, streams, None, rows_error)
         if winner is not None:
             ctx.ttft_ms = winner.timer.ttft_ms
             usage = winner.timer.usage
@@ -450,6 +474,12 @@ class LLMStep(Step):
             if error is None and winner.error is not None:
                 error = winner.error
             row.output = winner.timer.text  # what arrived, even before a failure
+            row.truncated = winner.timer.cut_at_limit
+            if error is None and row.truncated and self.config.on_truncated == "fail":
+                error = AnswerCutAtLimit(
+                    f"{self.name}: the answer reached the token cap (max_output_tokens = "
+                    f"{self.config.max_output_tokens}) and on_truncated = 'fail'"
+                )
         if error is None and winner is not None and self.wants_json:
             problem = self._answer_problem(winner.timer.text)
             if problem is not None:
@@ -471,8 +501,12 @@ class LLMStep(Step):
             row = call_row(self.name, a, s.request if s else request, s,
                            self._providers.get(a.target), streamed=self.config.stream)  # fmt: skip
             if s is not None and s is winner and row.error_type is None and step_error:
-                row.error_type = error_type(step_error)
-                row.error_message = str(step_error)
+                if isinstance(step_error, asyncio.CancelledError):
+                    if s.timer.finish_reason is None:  # cut by the caller, not finished
+                        row.error_type, row.error_message = "cancelled", "cancelled by the caller"
+                else:
+                    row.error_type = error_type(step_error)
+                    row.error_message = str(step_error)
             rows.append(row)
         return rows
 
