@@ -21,7 +21,7 @@
         ├── MalformedStream       a stream line that is not valid SSE/JSON
         ├── StreamTruncated       the stream ended without a finish_reason
         ├── ToolRoundsExceeded    the model still asked for tools after max_tool_rounds
-        └── AnswerCutAtLimit      the answer reached the token cap (a step with on_truncated = "fail")
+        └── AnswerCutAtLimit      an answer cut at the token cap (on_truncated = "fail")
 
 A :class:`RequestRejected` from a step is turned by the chain into a
 :class:`StepConfigError` (a :class:`ConfigError`): a replay or eval stops at the first

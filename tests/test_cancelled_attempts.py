@@ -30,7 +30,7 @@ from chainrun.config import config_from_dict
 from chainrun.events import TokenDelta
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults
-from chainrun.store import Store
+from chainrun.log.store import Store
 from chainrun.telemetry import Telemetry
 
 

@@ -20,7 +20,7 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import WireFrame
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 
 def _chunk(**fields: Any) -> str:

@@ -20,7 +20,7 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.errors import LogWriteError
 from chainrun.lab import LabServer
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import chainrun.ranks
+from chainrun.analysis.stats import percentile, summarize
 from chainrun.hedging.window import LatencyWindow
 from chainrun.ranks import nearest_rank, percent_fraction
-from chainrun.stats import percentile, summarize
 
 
 def _reference_rank(n: int, units: int, decimals: int) -> int:

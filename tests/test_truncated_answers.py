@@ -16,7 +16,7 @@ import pytest
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
-from chainrun.store import Store
+from chainrun.log.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,7 @@ from chainrun.errors import UserInputError
 from chainrun.hedging.policy import MAX_ATTEMPTS_LIMIT
 from chainrun.hedging.stats import fire_rate, win_rate
 from chainrun.log.store import Store
+from chainrun.ranks import nearest_rank
 
 #: outcomes of calls that answered (their latency is known)
 _ANSWERED = ("not_fired", "primary", "duplicate", "shadow_finished")
@@ -264,8 +265,8 @@ def _simulate(
         "attempts": attempts,
         "n": simulations,
         "in_time": round(in_time, 4),
-        "p50_ms": _q(total, 0.5),
-        "p99_ms": _q(total, 0.99),
+        "p50_ms": _q(total, 50),
+        "p99_ms": _q(total, 99),
         "extra_calls_per_turn": round(float((started - 1).mean()), 4),
         "fire_rate": _r(fire_rate(int(fired.sum()), simulations)),
         "win_rate": _r(win_rate(int(won.sum()), int(fired.sum()))),
@@ -309,9 +310,11 @@ def prediction_intervals(
             "extra_calls_per_turn_ci95": ci(extra)}  # fmt: skip
 
 
-def _q(values: np.ndarray, p: float) -> float | None:
-    """Nearest-rank quantile in ms; None when it lies beyond the deadline (inf)."""
-    v = float(np.quantile(values, p, method="inverted_cdf"))
+def _q(values: np.ndarray, p: int) -> float | None:
+    """The ``p``-th percentile (``p`` in percent), nearest rank in exact arithmetic
+    (:func:`chainrun.ranks.nearest_rank`), in ms; None when it lies beyond the deadline
+    (inf)."""
+    v = float(np.sort(values)[nearest_rank(len(values), p) - 1])
     return None if not math.isfinite(v) else round(v, 1)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import numpy as np
 from scipy.stats import norm
 
 from chainrun.errors import UserInputError
+from chainrun.ranks import nearest_rank
 
 PERCENTILES = (50, 90, 99)
 MODES = ("sequential", "parallel", "hedged")
@@ -47,7 +49,7 @@ def _quantile_ci(sorted_values: np.ndarray, p: float) -> tuple[float, float, flo
     half = 1.96 * math.sqrt(n * p * (1 - p))
     lo = max(0, math.floor(rank - half) - 1)
     hi = min(n - 1, math.ceil(rank + half))
-    point = max(0, math.ceil(rank) - 1)
+    point = nearest_rank(n, Fraction(str(p)) * 100) - 1  # exact: p * n on floats is not
     return float(sorted_values[point]), float(sorted_values[lo]), float(sorted_values[hi])
 
 

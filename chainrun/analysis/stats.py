@@ -4,8 +4,11 @@ Conventions used throughout:
 
 - ``p`` is a percentile in **percent** (``95`` for the p95), as in ``HedgeConfig.delay``.
 - A percentile is the **order statistic** ``x_(k)`` with ``k = ceil(n * p / 100)``
-  (numpy's ``method="inverted_cdf"``, Hyndman & Fan definition 1): always an observed
-  value, so with 12 values the p90 is the 11th smallest, i.e. the second slowest.
+  (Hyndman & Fan definition 1, numpy's ``method="inverted_cdf"``), the rank computed in
+  exact arithmetic (:func:`chainrun.ranks.nearest_rank`: on floats ``0.07 * 100`` is
+  ``7.000000000000001``, and numpy's ``inverted_cdf`` too gives rank 8 for the p7 of 100
+  values): always an observed value, so with 12 values the p90 is the 11th smallest,
+  i.e. the second slowest.
   The same order statistics bound the confidence interval, so the estimate
   always lies inside its interval.
 - A quantile's interval is distribution-free, from order statistics and the binomial
@@ -27,6 +30,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy.stats import binom
 
+from chainrun.ranks import nearest_rank
+
 #: The percentiles reported by :func:`summarize` and ``chainrun compare``.
 SUMMARY_PERCENTILES: tuple[int, ...] = (50, 90, 99)
 
@@ -43,9 +48,9 @@ def _check_p(p: float) -> None:
 def percentile(values: Sequence[float], p: float) -> float:
     """The ``p``-th percentile of ``values`` (``p`` in percent, 0 < p < 100).
 
-    Definition: the order statistic ``x_(ceil(n*p/100))`` (numpy ``inverted_cdf``),
-    the one consistent with :func:`quantile_ci`. With 12 values the p90 is the second
-    slowest.
+    Definition: the order statistic ``x_(ceil(n*p/100))``, the rank in exact arithmetic
+    (:func:`chainrun.ranks.nearest_rank`), the one consistent with :func:`quantile_ci`.
+    With 12 values the p90 is the second slowest; the p7 of 100 values is the 7th.
 
     Raises:
         ValueError: ``values`` is empty or ``p`` is out of range.
@@ -53,7 +58,8 @@ def percentile(values: Sequence[float], p: float) -> float:
     _check_p(p)
     if len(values) == 0:
         raise ValueError("percentile of no values")
-    return float(np.percentile(np.asarray(values, dtype=float), p, method="inverted_cdf"))
+    k = nearest_rank(len(values), p)
+    return float(np.partition(np.asarray(values, dtype=float), k - 1)[k - 1])
 
 
 def order_stat_indices(n: int, p: float, confidence: float = 0.95) -> tuple[int | None, int | None]:

@@ -4,6 +4,7 @@ with the scenario's planned latency and faults (see :mod:`chainrun.lab.server`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator
@@ -25,6 +26,7 @@ from chainrun.lab.state import (
     record_request,
     sleep_unless_disconnected,
     usage_body,
+    wire_response,
 )
 from chainrun.lab.tool_calls import LabToolCall
 
@@ -49,6 +51,14 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
     model = deployment or str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, record_id=lab.next_id(), model=model,
                          stream=stream)  # fmt: skip
+    if stream and lab.scenario.wire is not None:
+        return wire_response(lab, rec, arrived)
+    cache_prompt = body.get("cache_prompt")
+    rec.cache_prompt = cache_prompt if isinstance(cache_prompt, bool) else None
+    factor, warm = lab.prompt_cache(messages, cache_prompt)
+    if factor != 1.0:
+        plan = dataclasses.replace(plan, ttft_ms=plan.ttft_ms * factor)
+        rec.planned_ttft_ms = round(plan.ttft_ms, 3)
 
     if plan.fault == "rate_limit":
         return rate_limited(lab, rec)
@@ -73,7 +83,10 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
     prompt_tokens = max(1, len(content_key(messages)) // 4)
     plan, words, call = planned_answer(lab, rec, body.get("tools"), messages, plan,
                                        max_tokens_of(body))  # fmt: skip
-    usage = None if plan.fault == "no_usage" else usage_body(prompt_tokens, plan.tokens)
+    cached = (prompt_tokens - 1) * warm  # llama-server recomputes the last prompt token
+    if lab.scenario.prompt_cache is not None:
+        rec.cached_tokens = cached
+    usage = None if plan.fault == "no_usage" else usage_body(prompt_tokens, plan.tokens, cached)
     if not stream:
         text = "".join(words)
         return await _complete(request, lab, rec, plan, model, usage, text, arrived, call)

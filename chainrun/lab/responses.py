@@ -56,6 +56,7 @@ from chainrun.lab.state import (
     rate_limited,
     record_request,
     sleep_unless_disconnected,
+    wire_response,
 )
 from chainrun.lab.tool_calls import LabToolCall
 
@@ -133,6 +134,8 @@ async def responses(request: Request) -> Response:
     model = str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, model=model, stream=bool(body.get("stream")),
                          record_id=lab.next_id().replace("chatcmpl-", "resp_"))  # fmt: skip
+    if rec.stream and sc.wire is not None:
+        return wire_response(lab, rec, arrived)
     if plan.fault == "rate_limit":
         return rate_limited(lab, rec)
     if plan.fault == "server_error":

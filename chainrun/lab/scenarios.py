@@ -40,6 +40,12 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     rounds = 1                # rounds answered with a tool call before the text answer
     malformed_rounds = []     # rounds whose arguments break the tool's schema
     fragments = 3             # the arguments' JSON text in this many streamed pieces
+    [prompt_cache]            # llama-server's prompt cache: a prompt seen before is cached
+    warm_ttft_factor = 0.05   #   and its TTFT is this share of the planned one
+
+    [[wire]]                  # exact bytes instead of the planned stream (a bug report's)
+    after_ms = 0              # wait this long after the previous frame (the first: after
+    data = "data: {...}\n\n" #   the request is in), then send these bytes as they are
 
 The W/N split of ``work_noise`` follows "The Tail at Scale" (Dean and
 Barroso, CACM 56(2), 2013): the work W (tokens x per-token time) is fixed by the request's
@@ -289,8 +295,32 @@ class Faults(_Strict):
         return self
 
 
+class PromptCache(_Strict):
+    """llama-server's prompt cache, emulated: a request whose messages the lab has
+    answered before gets its prompt from the cache (all prompt tokens but the last are
+    cached, as llama-server reuses a slot's matching prefix) and a TTFT of
+    ``warm_ttft_factor`` times the planned one. A request with ``"cache_prompt": false``
+    (llama-server's per-request switch) neither uses nor fills the cache."""
+
+    warm_ttft_factor: float = Field(default=0.05, ge=0, le=1)
+
+
+class WireFrame(_Strict):
+    """Bytes the lab sends exactly as written, ``after_ms`` after the previous frame (the
+    first: after the request is in). Text is sent UTF-8 encoded; put the SSE framing
+    (``data: ...``, blank lines) in it yourself."""
+
+    after_ms: float = Field(default=0.0, ge=0)
+    data: str
+
+
 class Scenario(_Strict):
-    """How the lab serves: TTFT distribution, token count and pace, faults, RNG seed."""
+    """How the lab serves: TTFT distribution, token count and pace, faults, RNG seed.
+
+    With ``wire`` set, every streamed request (Chat Completions, Responses, both Azure
+    routes) gets exactly those frames as a 200 ``text/event-stream`` body instead of the
+    planned stream: an emulated server sending the bytes a bug report describes.
+    """
 
     name: str = "custom"
     latency: Latency = Fast()
@@ -308,6 +338,10 @@ class Scenario(_Strict):
     reasoning_summary_tokens: int = Field(default=8, ge=1)
     #: answer requests that offer ``tools`` with tool calls (None: always text)
     tool_calls: ToolCallsConfig | None = None
+    #: exact frames for every streamed request instead of the planned stream (None: plan)
+    wire: list[WireFrame] | None = None
+    #: emulate llama-server's prompt cache (None: no cache, every prompt token computed)
+    prompt_cache: PromptCache | None = None
 
     @property
     def token_interval_ms(self) -> float:

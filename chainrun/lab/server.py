@@ -11,6 +11,8 @@ Routes (all JSON unless said otherwise)::
                                 bearer token; see lab/azure.py)
     GET  /v1/models             one model, "chainrun-lab"
     GET  /health                {"status": "ok", "scenario": {...}}
+    (a scenario's ``prompt_cache`` emulates llama-server's prompt cache and honours a
+    request's ``"cache_prompt": false``; its ``wire`` frames replace planned streams)
     GET  /admin/requests        list of per-request records (see RequestRecord)
     POST /admin/reset           forget the records, restart the RNG from the seed
     POST /admin/scenario        serve another scenario (body: a Scenario as JSON); resets

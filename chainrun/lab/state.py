@@ -9,6 +9,7 @@ import dataclasses
 import math
 import random
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from chainrun.lab.tool_calls import (
     split_fragments,
     tool_results_text,
 )
+from chainrun.lab.sse import SSEBytesResponse
 
 MODEL_ID = "chainrun-lab"
 
@@ -74,6 +76,10 @@ class RequestRecord:
     auth: str | None = None
     #: the tool the answer called (the scenario's ``[tool_calls]``); None: a text answer
     tool_call: str | None = None
+    #: the request's ``cache_prompt`` (llama-server's switch; None: not sent)
+    cache_prompt: bool | None = None
+    #: prompt tokens served from the emulated prompt cache (None: no cache emulated)
+    cached_tokens: int | None = None
 
 
 class LabState:
@@ -85,6 +91,8 @@ class LabState:
         self.records: list[RequestRecord] = []
         self.t0 = time.monotonic()
         self._counter = 0
+        #: prompts in the emulated prompt cache (content keys of their messages)
+        self.cached_prompts: set[str] = set()
 
     def now(self) -> float:
         """Seconds since the server started."""
@@ -97,6 +105,19 @@ class LabState:
     def reset(self) -> None:
         self.records.clear()
         self.planner.reset()
+        self.cached_prompts.clear()
+
+    def prompt_cache(self, messages: Any, cache_prompt: Any) -> tuple[float, int]:
+        """The emulated prompt cache's answer for one request: (TTFT factor, 1 when its
+        prompt was cached else 0); fills the cache unless ``cache_prompt`` is false."""
+        cache = self.scenario.prompt_cache
+        if cache is None or cache_prompt is False:
+            return 1.0, 0
+        key = content_key(messages)
+        if key in self.cached_prompts:
+            return cache.warm_ttft_factor, 1
+        self.cached_prompts.add(key)
+        return 1.0, 0
 
 
 def error_response(
@@ -140,13 +161,15 @@ def planned_answer(
     return plan, words, call
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_body(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens_details": {"reasoning_tokens": 0},
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -204,6 +227,36 @@ def record_request(
     )
     lab.records.append(rec)
     return rec
+
+
+def wire_response(lab: LabState, rec: RequestRecord, start: float) -> Response:
+    """The scenario's ``wire`` frames, each sent as written at its time (loop seconds from
+    ``start``, when the request was in); the record's ``finished_at`` is set after the
+    last frame, ``disconnected`` when the client left before it."""
+    assert lab.scenario.wire is not None
+    frames = [(f.after_ms / 1000.0, f.data.encode()) for f in lab.scenario.wire]
+    rec.status_code = 200
+
+    async def send() -> AsyncGenerator[bytes, None]:
+        loop = asyncio.get_running_loop()
+        due = start
+        try:
+            for after_s, data in frames:
+                due += after_s
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
+                if rec.first_token_at is None:
+                    rec.first_token_at = lab.now()
+                yield data
+            rec.completed = True
+            rec.finished_at = lab.now()
+        except (asyncio.CancelledError, GeneratorExit):
+            if not rec.completed:
+                rec.disconnected = True
+                rec.disconnected_at = rec.finished_at = lab.now()
+            raise
+
+    return SSEBytesResponse(send(), headers={"x-lab-request-id": rec.id})
 
 
 def rate_limited(lab: LabState, rec: RequestRecord) -> Response:

@@ -295,6 +295,13 @@ def _m050_tool_calls(db: sqlite_utils.Database) -> None:
     db.table("tool_calls").create_index(["run_id", "step"])
 
 
+def _m060_truncated_answers(db: sqlite_utils.Database) -> None:
+    # an answer cut at the token cap (finish reason length) is said in the step and turn
+    # rows, not only in a call's finish_reason
+    db.table("steps").add_column("truncated", int)
+    db.table("turns").add_column("truncated", int)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -305,6 +312,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("020_eval_results", _m020_eval_results),
     ("030_turn_ids", _m030_turn_ids),
     ("050_tool_calls", _m050_tool_calls),
+    ("060_truncated_answers", _m060_truncated_answers),
 )
 
 

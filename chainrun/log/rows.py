@@ -41,7 +41,9 @@ __all__ = [
 ]
 
 RunKind = Literal["replay", "live", "eval"]
-RunStatus = Literal["running", "complete", "failed", "interrupted"]
+#: ``lost_turns``: the run ended, and the log refused some of its turns' rows (they
+#: returned but are not in the log; :class:`chainrun.errors.LogWriteError`)
+RunStatus = Literal["running", "complete", "failed", "interrupted", "lost_turns"]
 #: ok: answered; refused: a step failed closed (or a check refused); error: a provider
 #: could not be reached; cancelled: the caller went away (Ctrl-C, a closed stream)
 TurnStatus = Literal["ok", "refused", "replaced", "error", "cancelled"]
@@ -171,6 +173,9 @@ class TurnRow(_Row):
     answer_ttft_ms: float | None = None
     #: from the turn's start to the answer being complete
     answer_done_ms: float | None = None
+    #: the answer step's answer was cut at its token cap (finish reason ``length``); the
+    #: turn's output is the cut-off text (0 for turns logged before migration 045)
+    truncated: bool = False
 
 
 class StepRow(_Row):
@@ -215,6 +220,9 @@ class StepRow(_Row):
     #: the step only reads the answer and does not hold it back: its time is not part
     #: of the shopper's wait (validate, critique)
     post_answer: bool = False
+    #: the step's answer was cut at its token cap (its winning call's finish reason is
+    #: ``length``; the Responses API's ``response.incomplete``, ``max_output_tokens``)
+    truncated: bool = False
 
 
 class CallRow(_Row):
@@ -323,19 +331,21 @@ class TurnUsage:
     """Tokens summed over a turn's model calls (every attempt: copies cost tokens too).
 
     A count a call did not report (a cancelled loser, a server that sent no usage) is
-    unknown, not 0: ``unknown_calls`` says how many calls of ``calls`` added nothing.
-    The GenAI conventions' inclusions hold: ``input_tokens`` includes cached ones and
-    ``output_tokens`` includes reasoning ones.
+    unknown, not 0: a field no call reported is None (a server that never sends
+    ``prompt_tokens_details`` leaves ``cached_input_tokens`` None, never 0); a field some
+    calls reported is their sum; ``unknown_calls`` says how many calls of ``calls`` added
+    nothing. The GenAI conventions' inclusions hold: ``input_tokens`` includes cached
+    ones and ``output_tokens`` includes reasoning ones.
     """
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    cached_input_tokens: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
     calls: int = 0
     unknown_calls: int = 0
 
-    def as_json(self) -> dict[str, int]:
+    def as_json(self) -> dict[str, int | None]:
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
@@ -434,8 +444,9 @@ class TurnLog:
 
     def usage(self) -> TurnUsage:
         """The turn's tokens summed over its sent calls (see :class:`TurnUsage`)."""
-        sums = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0,
-                "cached_input_tokens": 0}  # fmt: skip
+        sums: dict[str, int | None] = dict.fromkeys(
+            ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")
+        )
         calls = unknown = 0
         for c in self.calls:
             if c.outcome in UNSENT_OUTCOMES:
@@ -446,5 +457,5 @@ class TurnLog:
             for key in sums:
                 value = getattr(c, key)
                 if value is not None:
-                    sums[key] += int(value)
+                    sums[key] = (sums[key] or 0) + int(value)
         return TurnUsage(**sums, calls=calls, unknown_calls=unknown)

@@ -24,7 +24,7 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
-from chainrun.errors import UserInputError
+from chainrun.errors import LogWriteError, LostTurn, UserInputError
 from chainrun.log.migrations import MIGRATIONS, migrate, utc_now
 from chainrun.log.redaction import Redactor, redact_calls, redact_turn
 from chainrun.log.rows import (
@@ -39,7 +39,7 @@ from chainrun.log.rows import (
 )
 from chainrun.log.transactions import write_transaction
 from chainrun.log.turn_ids import TurnIds, release
-from chainrun.log.writer import LogWriter
+from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
 
 __all__ = ["DEFAULT_DB", "Store", "migrate", "remove_unused_log", "utc_now"]
 
@@ -285,6 +285,8 @@ class Store:
             # the last turns; the database stays consistent). SQLite docs, "WAL mode".
             db.execute("pragma synchronous = normal")
             db.execute("pragma busy_timeout = 10000")  # concurrent commands wait, not fail
+            # a checkpointed WAL is truncated to this (SQLite keeps its size otherwise)
+            db.execute(f"pragma journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES}")
             migrate(db)
             mark_interrupted_runs(db)
         except BaseException:
@@ -481,7 +483,8 @@ class Store:
 
         if durable:
             return await self.writer.submit(build())
-        await self.writer.post_later(build)
+        label = {"turn_id": turn_id, "request_id": log.turn.request_id, "run_id": run_id}
+        await self.writer.post_later(build, label)
         return turn_id
 
     def update_step_calls(
@@ -515,8 +518,25 @@ class Store:
             The first failure of a turn write since the last flush (see
             :meth:`chainrun.log.writer.LogWriter.flush`).
         """
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        try:
             await self.writer.flush()
+        except Exception as e:
+            lost = [_lost_turn(label, error) for label, error in self.writer.take_lost()
+                    if isinstance(label, dict)]  # fmt: skip
+            if lost:
+                raise LogWriteError(lost, str(self.path) if self.path else None) from e
+            raise
+
+    def lost_turns(self, run_id: int | None = None) -> list[LostTurn]:
+        """Every turn whose rows the log refused since this store was opened (of run
+        ``run_id``; None: of every run), oldest first: the turn returned, its row is
+        not in the log."""
+        if self.writer is None:
+            return []
+        return [_lost_turn(label, error) for label, error in self.writer.lost
+                if isinstance(label, dict) and run_id in (None, label.get("run_id"))]  # fmt: skip
 
     def _rows(self, table: str, run_ids: int | Sequence[int]) -> Iterator[dict[str, Any]]:
         ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
@@ -557,6 +577,10 @@ class Store:
         """Every run of ``kind``, oldest first."""
         rows = self.db.table("runs").rows_where("kind = ?", [kind], order_by="id")
         return [RunRow.from_db(r) for r in rows]
+
+
+def _lost_turn(label: dict[str, Any], error: BaseException) -> LostTurn:
+    return LostTurn(label.get("turn_id"), label.get("request_id"), str(error))
 
 
 def _new_run(

@@ -31,6 +31,16 @@ is one transaction, so the file never holds half a turn.
 A posted job that fails (disk full, a lock held past the 10 s busy timeout) rolls
 back alone, is logged on the ``chainrun.log.writer`` logger at once, and its exception
 is raised by the next :meth:`LogWriter.flush` (so ``Chain.aclose`` reports it).
+
+The WAL file (SQLite docs, "Write-Ahead Logging", sections "Checkpointing" and
+"Avoiding Excessively Large WAL Files"): SQLite checkpoints it after commits, but a
+checkpoint cannot pass a reader's open transaction, and a checkpointed WAL keeps its
+size on disk while a connection is open. So every connection sets ``journal_size_limit``
+(:data:`JOURNAL_SIZE_LIMIT_BYTES`: a WAL reset by a checkpoint is truncated to it), the
+writer thread, once idle for ``idle_checkpoint_s``, runs a ``TRUNCATE`` checkpoint
+(waiting at most :data:`CHECKPOINT_BUSY_MS` for readers: the writer never stalls on
+one), and when a reader has kept checkpoints from completing for ``blocked_warning_s``
+it says so once on the ``chainrun.log.writer`` logger, with the WAL's size.
 """
 
 from __future__ import annotations
@@ -39,20 +49,41 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlite_utils
+from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (as the store)
 
-__all__ = ["LogWriter", "open_connection"]
+__all__ = [
+    "BLOCKED_WARNING_S",
+    "CHECKPOINT_BUSY_MS",
+    "IDLE_CHECKPOINT_S",
+    "JOURNAL_SIZE_LIMIT_BYTES",
+    "LogWriter",
+    "open_connection",
+]
+
+#: bytes a WAL file is truncated to after a checkpoint resets it (SQLite
+#: ``journal_size_limit``; its default, -1, never truncates while a connection is open)
+JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+#: s without a job after which the writer checkpoints and truncates the WAL
+IDLE_CHECKPOINT_S = 1.0
+#: ms an idle checkpoint waits for readers before it gives up (the writer must not stall)
+CHECKPOINT_BUSY_MS = 50
+#: s a reader may keep checkpoints from completing before the writer warns, once
+BLOCKED_WARNING_S = 60.0
 
 T = TypeVar("T")
-#: fn, and the loop and future to resolve (None, None for a posted job)
+#: fn, the loop and future to resolve (None, None for a posted job), and what the job
+#: writes (a posted turn's ``{"turn_id", "request_id", "run_id"}``; None: nothing named)
 Job = tuple[
     Callable[[sqlite_utils.Database], Any],
     "asyncio.AbstractEventLoop | None",
     "asyncio.Future[Any] | None",
+    Any,
 ]
 log = logging.getLogger(__name__)
 
@@ -62,6 +93,7 @@ def open_connection(path: Path) -> sqlite_utils.Database:
     db = sqlite_utils.Database(str(path))
     db.execute("pragma synchronous = normal")
     db.execute("pragma busy_timeout = 10000")
+    db.execute(f"pragma journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES}")
     return db
 
 
@@ -82,11 +114,28 @@ class LogWriter:
         max_batch: jobs committed together at most (64).
         max_queue: jobs waiting at most; a caller beyond it waits (in a worker thread,
             not on the loop) for room, so memory stays bounded (10,000).
+        idle_checkpoint_s: s without a job before the WAL is checkpointed and truncated.
+        blocked_warning_s: s a reader may block checkpoints before the warning.
     """
 
-    def __init__(self, path: Path, *, max_batch: int = 64, max_queue: int = 10_000) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_batch: int = 64,
+        max_queue: int = 10_000,
+        idle_checkpoint_s: float = IDLE_CHECKPOINT_S,
+        blocked_warning_s: float = BLOCKED_WARNING_S,
+    ) -> None:
         self.path = path
         self.max_batch = max_batch
+        self.idle_checkpoint_s = idle_checkpoint_s
+        self.blocked_warning_s = blocked_warning_s
+        #: idle checkpoints that emptied the WAL (for tests and benchmarks)
+        self.checkpoints = 0
+        #: when checkpoints started to be blocked by a reader (monotonic s; None: not)
+        self._blocked_since: float | None = None
+        self._warned = False
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -96,10 +145,13 @@ class LogWriter:
         #: posted jobs that failed, and the first failure not yet raised by flush()
         self.failed = 0
         self._error: BaseException | None = None
+        #: every failed posted job: (its label, the error), oldest first
+        self.lost: list[tuple[Any, BaseException]] = []
+        self._lost_unraised: list[tuple[Any, BaseException]] = []
         #: batches rolled back because one of their jobs failed (then run job by job)
         self.retried = 0
         #: jobs to build on the loop's next turn (:meth:`post_later`), in order
-        self._builds: list[Callable[[], Callable[[sqlite_utils.Database], Any]]] = []
+        self._builds: list[tuple[Callable[[], Callable[[sqlite_utils.Database], Any]], Any]] = []
 
     def _start(self) -> None:
         with self._lock:
@@ -124,7 +176,7 @@ class LogWriter:
         self._drain_builds()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        job: Job = (fn, loop, fut)
+        job: Job = (fn, loop, fut, None)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -143,11 +195,11 @@ class LogWriter:
             self._start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        await self._put((fn, loop, fut))
+        await self._put((fn, loop, fut, None))
         # shielded: a cancelled caller does not undo a queued write, it just stops waiting
         return await asyncio.shield(fut)
 
-    async def post(self, fn: Callable[[sqlite_utils.Database], Any]) -> None:
+    async def post(self, fn: Callable[[sqlite_utils.Database], Any], label: Any = None) -> None:
         """Queue ``fn(db)`` to be committed, without waiting for it (a turn's rows).
         Returns at once unless the queue is full (then it waits, off the loop, for
         room: the queue's bound is the back-pressure). A failure is logged and raised
@@ -158,9 +210,11 @@ class LogWriter:
         """
         if self._thread is None:
             self._start()
-        await self._put((fn, None, None))
+        await self._put((fn, None, None, label))
 
-    async def post_later(self, build: Callable[[], Callable[[sqlite_utils.Database], Any]]) -> None:
+    async def post_later(
+        self, build: Callable[[], Callable[[sqlite_utils.Database], Any]], label: Any = None
+    ) -> None:
         """Like :meth:`post`, for a job built by ``build()`` on the loop's next turn:
         the caller (a finished turn) returns before its rows are even built, and the
         building runs while the loop would otherwise wait (measured: 61 µs per one-step
@@ -175,9 +229,9 @@ class LogWriter:
             self._start()
         if self._queue.qsize() * 2 >= self._queue.maxsize > 0:
             self._drain_builds()
-            await self.post(build())
+            await self.post(build(), label)
             return
-        self._builds.append(build)
+        self._builds.append((build, label))
         if len(self._builds) == 1:
             asyncio.get_running_loop().call_soon(self._drain_builds)
 
@@ -191,22 +245,32 @@ class LogWriter:
         if not self._builds:
             return
         builds, self._builds = self._builds, []
-        for build in builds:
+        for build, label in builds:
             try:
                 fn = build()
             except Exception as e:
-                self._failed(e)
+                self._failed(e, label)
                 continue
             try:
-                self._queue.put_nowait((fn, None, None))
+                self._queue.put_nowait((fn, None, None, label))
             except queue.Full:  # only past post_later's half-full check: wait here
-                self._queue.put((fn, None, None))
+                self._queue.put((fn, None, None, label))
 
-    def _failed(self, error: BaseException) -> None:
+    def _failed(self, error: BaseException, label: Any = None) -> None:
         self.failed += 1
         if self._error is None:
             self._error = error
-        log.error("run log %s: a write failed and was rolled back: %r", self.path, error)
+        with self._lock:
+            self.lost.append((label, error))
+            self._lost_unraised.append((label, error))
+        what = f" ({label})" if label is not None else ""
+        log.error("run log %s: a write%s failed and was rolled back: %r", self.path, what, error)
+
+    def take_lost(self) -> list[tuple[Any, BaseException]]:
+        """The failed posted jobs (label, error) since the last call, oldest first."""
+        with self._lock:
+            out, self._lost_unraised = self._lost_unraised, []
+        return out
 
     async def _put(self, job: Job) -> None:
         self._drain_builds()  # earlier jobs first
@@ -243,10 +307,16 @@ class LogWriter:
         db = open_connection(self.path)
         try:
             stop = False
+            dirty = False  # committed since the WAL was last emptied
             while not stop:
-                first = self._queue.get()
+                try:
+                    first = self._queue.get(timeout=self.idle_checkpoint_s if dirty else None)
+                except queue.Empty:  # idle: empty the WAL while nobody writes
+                    dirty = not self._checkpoint(db)
+                    continue
                 if first is None:
                     break
+                dirty = True
                 batch = [first]
                 while len(batch) < self.max_batch:
                     try:
@@ -260,6 +330,39 @@ class LogWriter:
                 self._commit(db, batch)
         finally:
             db.close()
+
+    def _checkpoint(self, db: sqlite_utils.Database) -> bool:
+        """Checkpoint the WAL and truncate it (``TRUNCATE`` mode), waiting at most
+        :data:`CHECKPOINT_BUSY_MS` for readers; True when the WAL is empty. Warns once
+        when a reader has kept it from completing for ``blocked_warning_s``."""
+        conn = db.conn
+        try:
+            conn.execute(f"pragma busy_timeout = {CHECKPOINT_BUSY_MS}")
+            busy, frames, done = conn.execute("pragma wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as e:  # the log must not fail over housekeeping
+            log.debug("run log %s: checkpoint failed: %r", self.path, e)
+            return False
+        finally:
+            conn.execute("pragma busy_timeout = 10000")
+        if not busy:
+            self.checkpoints += 1
+            self._blocked_since, self._warned = None, False
+            return True
+        now = time.monotonic()
+        if self._blocked_since is None:
+            self._blocked_since = now
+        held = now - self._blocked_since
+        if held >= self.blocked_warning_s and not self._warned:
+            self._warned = True
+            wal = self.path.with_name(self.path.name + "-wal")
+            size = wal.stat().st_size if wal.exists() else 0
+            log.warning(
+                "run log %s: a reader blocks checkpoints (a transaction open for %.0f s or "
+                "more); the WAL file is %.1f MB (%d frames, %d checkpointed) and grows until "
+                "that reader ends its transaction",
+                self.path, held, size / 1e6, frames, done,
+            )  # fmt: skip
+        return False
 
     def _commit(self, db: sqlite_utils.Database, batch: list[Job]) -> None:
         """Run ``batch`` in one transaction; if a job fails, roll back and run each job
@@ -295,7 +398,7 @@ class LogWriter:
         # this wait (busy timeout) rather than fail (as the store's own writes do)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            results = [fn(db) for fn, _, _ in batch]
+            results = [fn(db) for fn, _, _, _ in batch]
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -305,10 +408,10 @@ class LogWriter:
         return [(r, None) for r in results]
 
     def _deliver(self, batch: list[Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
-        for (_, loop, fut), (result, error) in zip(batch, outcomes, strict=True):
+        for (_, loop, fut, label), (result, error) in zip(batch, outcomes, strict=True):
             if fut is None or loop is None:  # posted: nobody waits, a failure is kept
                 if error is not None:
-                    self._failed(error)
+                    self._failed(error, label)
                 continue
             try:
                 loop.call_soon_threadsafe(_resolve, fut, result, error)

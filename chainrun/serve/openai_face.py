@@ -21,7 +21,9 @@ What comes back besides the answer:
   included: ``prompt_tokens`` (includes cached), ``completion_tokens`` (includes
   reasoning), ``completion_tokens_details.reasoning_tokens``,
   ``prompt_tokens_details.cached_tokens``. Streamed, it rides on a last chunk with empty
-  ``choices`` when ``stream_options.include_usage`` is set (as OpenAI does).
+  ``choices`` when ``stream_options.include_usage`` is set (as OpenAI does). A count
+  that no call of the turn reported (a server that sends no ``*_details``) is null,
+  never 0; one that some calls reported is their sum.
 * ``chainrun``: an extra field on the completion (streamed: on the chunk carrying
   ``finish_reason``) holding the turn summary of
   :func:`chainrun.serve.turns.turn_summary` (turn id, status, per-step timings and
@@ -153,12 +155,14 @@ def _flag(value: Any, param: str) -> bool:
 
 
 def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
-    """The turn summary's summed usage in the Chat Completions ``usage`` shape."""
+    """The turn summary's summed usage in the Chat Completions ``usage`` shape; a count no
+    call of the turn reported is null, never 0 (unknown is not none)."""
     u = summary["usage"]
+    inp, out = u["input_tokens"], u["output_tokens"]
     return {
-        "prompt_tokens": u["input_tokens"],
-        "completion_tokens": u["output_tokens"],
-        "total_tokens": u["input_tokens"] + u["output_tokens"],
+        "prompt_tokens": inp,
+        "completion_tokens": out,
+        "total_tokens": None if inp is None or out is None else inp + out,
         "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
         "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
     }

@@ -213,12 +213,14 @@ class Waterfall {
     }
     const facts = $("turn-facts");
     const u = t.usage;
+    const n = (v) => (v === null || v === undefined ? "?" : String(v));
     const rows = [
       ["turn", ms(t.duration_ms)],
       ["answer TTFT", ms(t.answer_ttft_ms)],
       ["answer done", ms(t.answer_done_ms)],
-      ["tokens", u.input_tokens + " in (" + u.cached_input_tokens + " cached) · " +
-                 u.output_tokens + " out (" + u.reasoning_tokens + " reasoning) over " +
+      // a count no call reported is null (unknown), shown as "?", never as 0
+      ["tokens", n(u.input_tokens) + " in (" + n(u.cached_input_tokens) + " cached) · " +
+                 n(u.output_tokens) + " out (" + n(u.reasoning_tokens) + " reasoning) over " +
                  u.calls + " calls" + (u.unknown_calls ? ", " + u.unknown_calls + " unknown" : "")],
       ["label", t.label ?? "–"],
     ];
