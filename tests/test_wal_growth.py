@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-# the reader must use the SQLite library the log uses (pysqlite3): two copies of SQLite in
-# one process do not see each other's locks, and a checkpoint would pass the reader
-from sqlite_utils.utils import sqlite3
+from sqlite_utils.utils import sqlite3  # the log's own SQLite library: see reader below
 
 from chainrun.log.store import Store
 from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
@@ -62,6 +60,8 @@ async def test_the_wal_is_truncated_when_the_writer_is_idle(
     store = Store.open(path)
     store.db.execute("create table scratch (v text)")
     writer = LogWriter(path, idle_checkpoint_s=0.2, blocked_warning_s=0.3)
+    # the same SQLite library as the log's (pysqlite3): two copies of SQLite in one process
+    # do not see each other's locks, and a checkpoint would pass the reader
     reader = sqlite3.connect(path)
     try:
         # a reader holding a transaction: no checkpoint can pass its snapshot

@@ -21,6 +21,14 @@ Latency follows the one rule of every summary (:func:`chainrun.analysis.summary.
 percentiles over completed turns (and their steps and calls) only; each side's
 cancelled, refused and errored turns are counted beside them (``turns`` of each side).
 
+The server's prompt cache can change TTFT twentyfold (a prompt prefix the server has
+cached is not computed again), and a replay meets whatever the server saw before it. So
+each side's cached share (cached prompt tokens over prompt tokens of its winning calls)
+is given beside TTFT; when the two differ by :data:`~chainrun.analysis.summary.
+CACHE_SHARE_DIFFERS` or more, ``compare`` says so (``cache.warning``, a step's
+``llm.cache_warning``) and compares the step's TTFT like with like where it can
+(``llm.like_with_like``: over the calls in the same cache state on both sides).
+
 The result is plain JSON-ready data (see :func:`compare`); the CLI only prints it.
 """
 
@@ -43,7 +51,13 @@ from chainrun.analysis.stats import (
     quantile_diff,
     summarize,
 )
-from chainrun.analysis.summary import CompletedTurns, completed_turns
+from chainrun.analysis.summary import (
+    CACHE_SHARE_DIFFERS,
+    CompletedTurns,
+    cache_state,
+    completed_turns,
+    warm_call,
+)
 from chainrun.errors import UserInputError
 from chainrun.evals.scoring import (
     case_outcomes,
@@ -393,11 +407,44 @@ def _cause(verdict: LatencyVerdict, changes: Mapping[str, Mapping[str, Any]]) ->
     return "unexplained"
 
 
+def _step_winners(side: Side, step: str) -> list[CallRow]:
+    calls = side.completed.of(side.calls)
+    return [c for (_, s), c in winning_calls(calls).items() if s == step]
+
+
+def _cache_warning(a: Mapping[str, Any], b: Mapping[str, Any], what: str) -> str | None:
+    """The warning when two cache states differ enough to explain a TTFT difference."""
+    sa, sb = a.get("share"), b.get("share")
+    if sa is None or sb is None or abs(sa - sb) < CACHE_SHARE_DIFFERS:
+        return None
+    return (f"{what}: A had {sa * 100:.0f}% of its prompt tokens cached by the server, B "
+            f"{sb * 100:.0f}%: a TTFT difference may be cache state, not code")  # fmt: skip
+
+
+def _like_with_like(wa: Sequence[CallRow], wb: Sequence[CallRow], confidence: float
+                    ) -> dict[str, Any]:  # fmt: skip
+    """TTFT B − A over calls in the same cache state on both sides (cold: under half of
+    the prompt cached; warm: half or more), the state with the most calls; or
+    ``{"status": "no_common_cache_state"}`` when no state has calls on both sides."""
+    best: dict[str, Any] | None = None
+    for name, warm in (("cold", False), ("warm", True)):
+        ta = [c.ttft_ms for c in wa if warm_call(c) is warm and c.ttft_ms is not None]
+        tb = [c.ttft_ms for c in wb if warm_call(c) is warm and c.ttft_ms is not None]
+        if not ta or not tb:
+            continue
+        if best is None or len(ta) + len(tb) > best["n_a"] + best["n_b"]:
+            best = {"status": "compared", "cache_state": name, "n_a": len(ta), "n_b": len(tb),
+                    "ttft": _component_change(ta, tb, confidence)}  # fmt: skip
+    return best or {"status": "no_common_cache_state"}
+
+
 def _llm_split(
     a: Side, b: Side, step: str, verdict: LatencyVerdict, confidence: float
 ) -> dict[str, Any]:
     va, ua, na = _split_values(a, step)
     vb, ub, nb = _split_values(b, step)
+    wa, wb = _step_winners(a, step), _step_winners(b, step)
+    cache = {"a": cache_state(wa), "b": cache_state(wb)}
     units = {"completion_tokens": "tokens", "ttft": "ms", "time_between_tokens": "ms"}
     sides: dict[str, Any] = {}
     for name, vals, unknown, n in (("a", va, ua, na), ("b", vb, ub, nb)):
@@ -405,15 +452,21 @@ def _llm_split(
             "n_calls": n,
             **{k: summarize(vals[k], confidence, units[k]) for k, _ in _COMPONENTS},
             "unknown": unknown,
+            "cached_share": cache[name],
         }
     changes = {k: _component_change(va[k], vb[k], confidence) for k, _ in _COMPONENTS}
     order = sorted(_COMPONENTS, key=lambda c: changes[c[0]]["status"] not in ("up", "down"))
     explanation = f"{_HEAD[verdict]}: " + ", ".join(_phrase(lbl, changes[k]) for k, lbl in order)
+    warning = _cache_warning(cache["a"], cache["b"], step)
+    if warning is not None:
+        explanation += f" ({warning})"
     return {
         **sides,
         "changes": changes,
         "cause": _cause(verdict, changes),
         "explanation": explanation,
+        "cache_warning": warning,
+        "like_with_like": _like_with_like(wa, wb, confidence) if warning else None,
     }
 
 
@@ -496,7 +549,11 @@ def compare(
                                  # {type: {"n", "reason"}}}
          "answer_ttft": {like "turn": the shopper's wait for the first answer token},
          "answer_done": {like "turn": until the answer was complete},
+         "cache": {"a": CACHE, "b": CACHE, "differs": bool, "warning": str | None},
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
+
+        CACHE    = {"share", "n_calls", "n_unknown", "cached_tokens", "input_tokens"}
+                   (:func:`chainrun.analysis.summary.cache_state` of the winning calls)
 
         SUMMARY  = {"n", "p50_ms", "p90_ms", "p99_ms", "p50_ci", "p90_ci", "p99_ci"}
         DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...,   (B − A)
@@ -538,6 +595,11 @@ def compare(
             m["llm"] = _llm_split(sa, sb, name, m["verdict"], confidence)
         metrics[name] = m
     evals = _evals(store, sa, sb)
+    ca = cache_state(winning_calls(sa.completed.of(sa.calls)).values())
+    cb = cache_state(winning_calls(sb.completed.of(sb.calls)).values())
+    warning = _cache_warning(ca, cb, "all steps")
+    cache: dict[str, Any] = {"a": ca, "b": cb, "differs": warning is not None,
+                             "warning": warning}  # fmt: skip
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
     regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
     if evals is not None and evals["verdict"] == "worse":
@@ -550,6 +612,7 @@ def compare(
         "metrics": metrics,
         **answer,
         "evals": evals,
+        "cache": cache,
         "regressions": regressions,
     }
 

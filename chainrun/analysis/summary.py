@@ -24,10 +24,67 @@ from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
 from chainrun.config import steps_calling_models
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
-from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, TurnRow
+from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, TurnRow
 from chainrun.log.store import Store
 
 _R = TypeVar("_R")
+
+#: a call counts as warm when at least this share of its prompt tokens was cached
+WARM_CALL_SHARE = 0.5
+#: two cached shares this far apart (absolute) can explain a TTFT difference: compare warns
+CACHE_SHARE_DIFFERS = 0.2
+
+
+def cache_state(calls: Iterable[CallRow]) -> dict[str, Any]:
+    """The prompt cache's part in ``calls``: cached prompt tokens over all prompt tokens
+    of the calls that reported both (``calls.cached_input_tokens`` over
+    ``calls.input_tokens``; the first is a subset of the second, OpenAI API reference).
+
+    Returns ``{"share", "n_calls", "n_unknown", "cached_tokens", "input_tokens"}``:
+    ``share`` in [0, 1] (None when no call reported both counts), ``n_calls`` the calls
+    it is over, ``n_unknown`` the calls left out (a count not reported is unknown, never
+    0).
+    """
+    known = list(calls)
+    ok = [c for c in known if c.input_tokens is not None and c.cached_input_tokens is not None]
+    prompt = sum(int(c.input_tokens or 0) for c in ok)
+    cached = sum(int(c.cached_input_tokens or 0) for c in ok)
+    return {
+        "share": round(cached / prompt, 4) if prompt else None,
+        "n_calls": len(ok),
+        "n_unknown": len(known) - len(ok),
+        "cached_tokens": cached,
+        "input_tokens": prompt,
+    }
+
+
+def warm_call(call: CallRow) -> bool | None:
+    """Whether the server had at least half of this call's prompt cached (None: unknown)."""
+    if not call.input_tokens or call.cached_input_tokens is None:
+        return None
+    return call.cached_input_tokens / call.input_tokens >= WARM_CALL_SHARE
+
+
+def cached_text(state: Mapping[str, Any] | None) -> str:
+    """``"99% cached"`` for a :func:`cache_state` (``"cache ?"`` when unknown)."""
+    share = None if state is None else state.get("share")
+    return "cache ?" if share is None else f"{share * 100:.0f}% cached"
+
+
+def prompt_cache_mode(config_snapshot: str | None) -> str:
+    """What a run asked of the servers' prompt caches, from its config snapshot: ``"off"``
+    when every Chat Completions provider it names sent ``cache_prompt = false``
+    (llama-server's switch; ``chainrun replay --prompt-cache off``), else ``"server"``
+    (the server decides; the cached share says what it did)."""
+    try:
+        cfg = json.loads(config_snapshot or "")
+    except ValueError:
+        return "server"
+    providers = cfg.get("providers") if isinstance(cfg, dict) else None
+    chat = [p for p in (providers or {}).values()
+            if isinstance(p, dict) and p.get("api", "chat_completions") == "chat_completions"]
+    return "off" if chat and all(p.get("cache_prompt") is False for p in chat) else "server"
+
 
 
 @dataclass(frozen=True)
@@ -123,7 +180,12 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cancelled,
     n_refused, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci, p90_ci}, answer_ttft: {...},
     answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
-    reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, output_tokens_mean, n_failed}}}``;
+    reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, ttft_cached_share,
+    output_tokens_mean, n_failed}}, prompt_cache}``;
+    beside every TTFT its cached share (:func:`cache_state` of the calls it is over:
+    ``ttft_cached_share`` per step, ``answer_ttft.cached_share`` over every answering
+    call of the completed turns; None when unknown) and the run's ``prompt_cache``
+    (:func:`prompt_cache_mode`): the server's prompt cache can change TTFT twentyfold;
     every ``*_ci`` is the distribution-free 95% order-statistic interval
     (:func:`chainrun.analysis.stats.quantile_ci`), ``[lo, hi]`` in ms, or None when n cannot
     bound it (fewer than 36 values for a p90).
@@ -147,16 +209,19 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         if s.status != "ok":
             failed[s.step] += 1
     ttft: dict[str, list[float]] = defaultdict(list)
+    winners: dict[str, list[CallRow]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str | None, str | None]] = {}
     for c in done.of(store.calls(run_id)):
         meta.setdefault(c.step, (c.model, c.reasoning_effort))
         if c.outcome not in WINNER_OUTCOMES:
             continue
+        winners[c.step].append(c)
         if c.ttft_ms is not None:
             ttft[c.step].append(c.ttft_ms)
         if c.output_tokens is not None:
             tokens[c.step].append(c.output_tokens)
+    answer_cache = cache_state(c for w in winners.values() for c in w)
     steps = {}
     for name, values in by_step.items():
         model, effort = meta.get(name, (None, None))
@@ -167,6 +232,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
             "ttft_n": len(ttft[name]),
             "ttft_p50_ms": _pct(ttft[name], 50),
             "ttft_p50_ci": _ci(ttft[name], 50),
+            "ttft_cached_share": cache_state(winners[name])["share"],
             "output_tokens_mean": _mean(tokens[name]),
             "n_failed": failed[name],
         }
@@ -178,7 +244,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         "n_turns": len(all_turns),
         "turns": done.counts(),
         "turn": _p50_p90(durations),
-        "answer_ttft": _p50_p90(answer_ttft),
+        "answer_ttft": {**_p50_p90(answer_ttft), "cached_share": answer_cache["share"]},
+        "prompt_cache": prompt_cache_mode(run.config),
         "answer_done": _p50_p90(answer_done),
         "steps": steps,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -42,7 +43,7 @@ from chainrun.cli.tables import (
     tool_calls_table,
     verdict_lines,
 )
-from chainrun.config import config_from_snapshot, load_config
+from chainrun.config import ChainConfig, config_from_snapshot, load_config
 from chainrun.errors import LogWriteError, UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
 from chainrun.log.several_logs import process_name, process_names
@@ -50,6 +51,30 @@ from chainrun.log.store import Store
 from chainrun.replay import ReplayRequest, load_requests, missing_requests, run_requests
 from chainrun.runtime import local_model
 
+
+class PromptCacheMode(enum.StrEnum):
+    """``chainrun replay --prompt-cache``: who decides the prompt cache state measured."""
+
+    server = "server"
+    off = "off"
+
+
+def without_prompt_cache(cfg: ChainConfig) -> ChainConfig:
+    """``cfg`` with ``cache_prompt = false`` on its Chat Completions providers (llama-server
+    then reuses no cached prompt prefix); one warning line per provider where no request
+    can turn the cache off (Azure, the Responses API: the service caches prefixes of
+    1,024+ tokens on its own, and the cached share says how much it helped)."""
+    providers = {}
+    for name, p in cfg.providers.items():
+        if p.kind == "openai" and p.api == "chat_completions":
+            providers[name] = p.model_copy(update={"cache_prompt": False})
+        else:
+            providers[name] = p
+            err.print(f"chainrun: warning: providers.{name} ({p.kind}, {p.api}): its prompt "
+                      "cache cannot be turned off per request; its TTFT is measured in "
+                      "whatever state that cache is (see the cached share)",
+                      markup=False, highlight=False)  # fmt: skip
+    return cfg.model_copy(update={"providers": providers})
 
 @app.command()
 @handle_errors
@@ -124,11 +149,25 @@ def replay(
             "(after a crash or kill), with the run's own config."
         ),
     ] = None,
+    prompt_cache: Annotated[
+        PromptCacheMode,
+        typer.Option(
+            "--prompt-cache",
+            help="server: the server's prompt cache decides (the summaries say the cached "
+            "share); off: ask llama-server not to reuse cached prompts (cache_prompt: "
+            "false on every Chat Completions request), so every TTFT includes the whole "
+            "prompt. OpenAI and Azure cache on their own: no request can turn it off.",
+        ),
+    ] = PromptCacheMode.server,
 ) -> None:
     """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")
+    if resume is not None and prompt_cache is not PromptCacheMode.server:
+        raise UserInputError("--resume uses the run's own config; leave out --prompt-cache")
     cfg = load_config(config) if resume is None else None
+    if cfg is not None and prompt_cache is PromptCacheMode.off:
+        cfg = without_prompt_cache(cfg)
     requests = load_requests(file)  # validated before any run exists
     store = Store.open(db, create=resume is None)
     if resume is not None:
@@ -262,7 +301,8 @@ def show(
               f"label={detail['label'] or '-'} source={detail['source'] or '-'}",
               markup=False)  # fmt: skip
     for t in turns:
-        out.print(f"\n[bold]turn {t.id}[/] ({escape(t.request_id or '-')}) {t.status} "
+        cut = " [yellow](answer cut at the token cap)[/]" if t.truncated else ""
+        out.print(f"\n[bold]turn {t.id}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
                   f"label={escape(t.label or '-')}")  # fmt: skip
@@ -273,13 +313,14 @@ def show(
         out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
-                    "chunks", "in", "out", "reasoning", "finish", "error"):  # fmt: skip
+                    "chunks", "in", "cached", "out", "reasoning", "finish", "error"):  # fmt: skip
             table.add_column(col)
         for c in (c for c in calls if c.turn_id == t.id):
             table.add_row(
                 escape(c.step), str(c.attempt), c.outcome, escape(c.target or '-'),
                 _ms(c.ttft_ms), _ms(c.duration_ms), str(c.n_chunks),
-                _n(c.input_tokens), _n(c.output_tokens), _n(c.reasoning_tokens),
+                _n(c.input_tokens), _n(c.cached_input_tokens), _n(c.output_tokens),
+                _n(c.reasoning_tokens),
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
         out.print(table)

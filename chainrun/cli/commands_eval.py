@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from chainrun.analysis.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
 from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
-from chainrun.analysis.summary import latency_summary
+from chainrun.analysis.summary import cached_text, latency_summary
 from chainrun.cli import (
     DEFAULT_DB_PATH,
     ConfigOpt,
@@ -330,10 +331,25 @@ def _print_compare(doc: dict[str, Any]) -> None:
         notes.append(NO_CI_NOTE)
     table.caption = "\n".join(notes)
     out.print(table)
+    cache = doc.get("cache")
+    if cache:  # the server's prompt cache can change TTFT twentyfold: said beside it
+        out.print(f"prompt cache (winning calls' prompt tokens): A {cached_text(cache['a'])}, "
+                  f"B {cached_text(cache['b'])}", markup=False)  # fmt: skip
+        if cache.get("warning"):
+            out.print(f"[yellow]warning:[/] {escape(cache['warning'])}")
     for name, m in doc["steps"].items():
         llm = m.get("llm") if m else None
         if llm and llm.get("explanation"):
-            out.print(f"{name}: {llm['explanation']}")
+            out.print(f"{name}: {llm['explanation']}", markup=False)
+        like = (llm or {}).get("like_with_like")
+        if like and like["status"] == "compared":
+            change = like["ttft"]
+            out.print(f"{name}: TTFT over {like['cache_state']} calls only (A n={like['n_a']}, "
+                      f"B n={like['n_b']}): B−A p50 {_ms(change['p50_diff'])} "
+                      f"{_ci(change['p50_diff_ci'])} ms", markup=False)  # fmt: skip
+        elif like:
+            out.print(f"{name}: no calls in the same cache state on both sides: no TTFT "
+                      "comparison of like with like", markup=False)  # fmt: skip
     ev = doc.get("evals")
     if ev:
         out.print(f"evals (paired on {ev['n_pairs']} cases): A {_fmt_rate(ev['a'])}, "

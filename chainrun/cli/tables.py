@@ -139,10 +139,16 @@ def _note_no_ci(t: Table, caption: str | Text | None) -> str | Text | None:
     return caption
 
 
+def _share(share: float | None) -> str:
+    """A cached share as ``"99%"`` (``"?%"`` when unknown)."""
+    return "?%" if share is None else f"{share * 100:.0f}%"
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
     """Per turn and per step: n, p50, p90 (ms) with their 95% order-statistic intervals,
-    TTFT p50 (its own n when it differs) and mean output tokens, over completed turns, the
-    others counted in the title."""
+    TTFT p50 (its own n when it differs) with the cached share of its calls' prompt
+    tokens, and mean output tokens, over completed turns, the others counted in the
+    title."""
     t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
                     f"{summary['n_turns']} turns, percentiles "
                     f"{turn_counts(summary.get('turns'))}")  # fmt: skip
@@ -158,14 +164,19 @@ def latency_table(summary: dict[str, Any]) -> Table:
     for key, name in (("answer_ttft", "answer TTFT"), ("answer_done", "answer done")):
         a = summary.get(key)
         if a:
-            t.add_row(name, str(a["n"]), *pcts(a), "", "", "", "", "")
+            cached = f"{_share(a.get('cached_share'))} cached" if key == "answer_ttft" else ""
+            t.add_row(name, str(a["n"]), *pcts(a), cached, "", "", "", "")
     for name, s in summary["steps"].items():
         ttft = _with_ci(s["ttft_p50_ms"], s.get("ttft_p50_ci"))
         if s["ttft_p50_ms"] is not None and s.get("ttft_n", s["n"]) != s["n"]:
             ttft = f"{ttft} (n={s['ttft_n']})"
+        if s["ttft_p50_ms"] is not None:  # the server's prompt cache decides TTFT
+            ttft = f"{ttft} · {_share(s.get('ttft_cached_share'))} cached"
         t.add_row(name, str(s["n"]), *pcts(s), ttft, _f(s["output_tokens_mean"], 1),
                   str(s["n_failed"]), s["model"] or "-", s["reasoning_effort"] or "-")  # fmt: skip
     n = turn["n"]
+    if summary.get("prompt_cache") == "off":
+        t.title = f"{t.title}; prompt cache off (cache_prompt: false)"
     if n and n < 36:  # below 36 values no order-statistic interval bounds a p90
         rank = n - max(1, -(-n * 90 // 100)) + 1
         ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")

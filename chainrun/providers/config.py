@@ -61,6 +61,13 @@ class ProviderConfig(BaseModel):
     #: per-request walk over a pool stays short with many calls in flight
     #: (:mod:`chainrun.providers.pool`; 32 = ``POOL_CONNECTIONS``)
     pool_connections: int = Field(default=32, ge=1)
+    #: llama-server's per-request prompt cache switch, sent with every Chat Completions
+    #: request when set: false = the server neither reuses nor keeps a cached prompt
+    #: prefix (every TTFT includes the whole prompt). None = not sent (the server
+    #: decides). OpenAI and Azure cache prefixes of 1,024+ tokens on their own and refuse
+    #: unknown parameters: leave it None for them (``chainrun replay --prompt-cache off``
+    #: sets it for the run's Chat Completions providers)
+    cache_prompt: bool | None = None
 
     @field_validator("base_url", "endpoint")
     @classmethod

@@ -59,6 +59,8 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         azure=azure,
         pool_connections=cfg.pool_connections,
     )
+    if isinstance(provider, OpenAICompatProvider) and cfg.cache_prompt is not None:
+        provider.cache_prompt = cfg.cache_prompt
     try:
         await provider.check()  # an unreachable server fails here, before any run exists
     except BaseException:

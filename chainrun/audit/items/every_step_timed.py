@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from chainrun.analysis.summary import SENT_OUTCOMES, WINNER_OUTCOMES
+from chainrun.analysis.summary import SENT_OUTCOMES, WINNER_OUTCOMES, cache_state, cached_text
 from chainrun.audit.items.common import (
     COMPLETED_OUTCOMES,
     MIN_TIMED_SHARE,
@@ -109,6 +109,8 @@ def check_timed(scope: Scope) -> Item:
                 c.output_tokens is None and bool(c.output or c.n_chunks) for c in cs
             ),
             "zero_tokens_with_text": sum(c.output_tokens == 0 and bool(c.output) for c in cs),
+            # the server's prompt cache decides TTFT: its share beside every TTFT figure
+            "ttft_cached_share": cache_state(cs)["share"],
         }
         per_group.append(g)
         rows.append(
@@ -121,6 +123,7 @@ def check_timed(scope: Scope) -> Item:
                 g["unknown_output_tokens"],
                 g["text_without_usage"],
                 g["zero_tokens_with_text"],
+                cached_text(cache_state(cs)),
             ]
         )
     full = sum(
@@ -128,7 +131,8 @@ def check_timed(scope: Scope) -> Item:
         for c in done
     )
     share = full / len(done)
-    gaps = [g for g in per_group if any(g[k] for k in g if k not in ("step", "provider", "n"))]
+    facts = ("step", "provider", "n", "ttft_cached_share")
+    gaps = [g for g in per_group if any(g[k] for k in g if k not in facts)]
     never = [g for g in per_group if g["unknown_output_tokens"] == g["n"]]
     figures = {
         "n_calls": len(done),
@@ -201,6 +205,7 @@ def check_timed(scope: Scope) -> Item:
                     "tokens unknown",
                     "text without usage",
                     "0 tokens with text",
+                    "prompt cached (TTFT)",
                 ],
                 rows,
             ),

@@ -14,6 +14,7 @@ from typing import Any
 from chainrun.analysis.stats import (
     summarize,
 )
+from chainrun.analysis.summary import cache_state, cached_text
 from chainrun.audit.items.common import (
     MIN_FIT,
     REPLAY_CMD,
@@ -146,6 +147,8 @@ def check_latency_tokens(scope: Scope) -> Item:
                 "duration_p50_ms": round_or_none(median_or_none(ys)),
                 "output_tokens_p50": round_or_none(median_or_none(xs)),
                 "ttft": summarize(ttft),
+                # the server's prompt cache decides TTFT: its share beside it
+                "ttft_cached_share": cache_state(cs)["share"],
                 "time_between_tokens_p50_ms": round_or_none(median_or_none(tbt)),
                 "n_time_between_tokens": len(tbt),
                 "fit": fit,
@@ -184,6 +187,7 @@ def check_latency_tokens(scope: Scope) -> Item:
                     g["output_tokens_p50"],
                     g["duration_p50_ms"],
                     g["ttft"]["p50_ms"],
+                    cached_text(cache_state(cs)),
                     g["time_between_tokens_p50_ms"],
                     _slope_text(fit),
                     fit["intercept_ms"] if fit else None,
@@ -228,6 +232,7 @@ def check_latency_tokens(scope: Scope) -> Item:
             "tokens p50",
             "duration p50 ms",
             "TTFT p50 ms",
+            "prompt cached",
             "between tokens p50 ms",
             "ms per token [95%]",
             "intercept ms",
