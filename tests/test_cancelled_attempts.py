@@ -18,12 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from otel_helpers import Otel
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
@@ -31,35 +27,13 @@ from chainrun.events import TokenDelta
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults
 from chainrun.log.store import Store
-from chainrun.telemetry import Telemetry
-
-
-class Otel:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tp = TracerProvider()
-        self.tp.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.mp = MeterProvider(metric_readers=[self.reader])
-        self.telemetry = Telemetry(self.tp, self.mp, workflow="chainrun-shop")
-
-    def points(self, name: str) -> list[Any]:
-        out: list[Any] = []
-        data = self.reader.get_metrics_data()
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        out.extend(m.data.data_points)
-        return out
 
 
 @pytest.fixture
 def otel() -> Iterator[Otel]:
     o = Otel()
     yield o
-    o.tp.shutdown()
-    o.mp.shutdown()
+    o.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +88,7 @@ async def test_a_hedge_loser_cancelled_mid_stream(lab: LabServer, otel: Otel) ->
     assert spans[1].status.status_code == StatusCode.ERROR
     assert "error.type" not in spans[2].attributes
     assert spans[2].status.status_code == StatusCode.UNSET
-    points = otel.points("gen_ai.client.operation.duration")
+    points = otel.metrics()["gen_ai.client.operation.duration"]
     assert sorted(str(p.attributes.get("error.type")) for p in points) == ["None", "cancelled"]
 
 
@@ -137,7 +111,7 @@ async def test_calls_of_a_turn_the_caller_cancelled(lab: LabServer, otel: Otel) 
     (span,) = call_spans(otel).values()
     assert span.attributes["error.type"] == "cancelled"
     assert span.status.status_code == StatusCode.ERROR
-    (point,) = otel.points("gen_ai.client.operation.duration")
+    (point,) = otel.metrics()["gen_ai.client.operation.duration"]
     assert point.attributes["error.type"] == "cancelled"
 
 

@@ -24,11 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_helpers import Otel
 from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
@@ -36,35 +32,14 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.telemetry import Telemetry, otel_requested
-
-
-class Otel:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tp = TracerProvider()
-        self.tp.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.mp = MeterProvider(metric_readers=[self.reader])
-        self.telemetry = Telemetry(self.tp, self.mp, workflow="chainrun-shop")
-
-    def metrics(self) -> dict[str, list[Any]]:
-        """Histogram data points by metric name."""
-        out: dict[str, list[Any]] = {}
-        data = self.reader.get_metrics_data()
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    out.setdefault(m.name, []).extend(m.data.data_points)
-        return out
+from chainrun.telemetry import otel_requested
 
 
 @pytest.fixture
 def otel() -> Iterator[Otel]:
     o = Otel()
     yield o
-    o.tp.shutdown()
-    o.mp.shutdown()
+    o.shutdown()
 
 
 def _by_name(spans: Any) -> dict[str, Any]:

@@ -59,7 +59,10 @@ async def test_the_wal_is_truncated_when_the_writer_is_idle(
     path = tmp_path / "log.db"
     store = Store.open(path)
     store.db.execute("create table scratch (v text)")
-    writer = LogWriter(path, idle_checkpoint_s=0.2, blocked_warning_s=0.3)
+    # the log's own writer thread (one per store), with short timers for the test
+    writer = store.writer
+    assert writer is not None
+    writer.idle_checkpoint_s, writer.blocked_warning_s = 0.2, 0.3
     # the same SQLite library as the log's (pysqlite3): two copies of SQLite in one process
     # do not see each other's locks, and a checkpoint would pass the reader
     reader = sqlite3.connect(path)
@@ -82,10 +85,9 @@ async def test_the_wal_is_truncated_when_the_writer_is_idle(
         # the reader is gone and the writer idle: the WAL is checkpointed and truncated,
         # with the writing process still holding the log open
         assert await _wait_for(lambda: _wal_size(path) == 0), _wal_size(path)
-        assert writer.checkpoints >= 1
+        assert await _wait_for(lambda: writer.checkpoints >= 1)  # counted after it returns
         n = store.db.execute("select count(*) from scratch").fetchone()[0]
         assert n == 300  # nothing lost
     finally:
         reader.close()
-        writer.close()
         store.close()

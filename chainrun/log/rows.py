@@ -174,8 +174,14 @@ class TurnRow(_Row):
     #: from the turn's start to the answer being complete
     answer_done_ms: float | None = None
     #: the answer step's answer was cut at its token cap (finish reason ``length``); the
-    #: turn's output is the cut-off text (0 for turns logged before migration 045)
+    #: turn's output is the cut-off text (NULL, read as false, for turns logged before
+    #: migration 045)
     truncated: bool = False
+
+    @field_validator("truncated", mode="before")
+    @classmethod
+    def _null_is_not_truncated(cls, v: Any) -> Any:
+        return False if v is None else v
 
 
 class StepRow(_Row):
@@ -221,8 +227,14 @@ class StepRow(_Row):
     #: of the shopper's wait (validate, critique)
     post_answer: bool = False
     #: the step's answer was cut at its token cap (its winning call's finish reason is
-    #: ``length``; the Responses API's ``response.incomplete``, ``max_output_tokens``)
+    #: ``length``; the Responses API's ``response.incomplete``, ``max_output_tokens``);
+    #: NULL, read as false, for steps logged before migration 045
     truncated: bool = False
+
+    @field_validator("truncated", mode="before")
+    @classmethod
+    def _null_is_not_truncated(cls, v: Any) -> Any:
+        return False if v is None else v
 
 
 class CallRow(_Row):
