@@ -10,7 +10,7 @@ clock, the same one as ``t_start``) and it yields the call's:
   An answer that is empty because the model stopped at once gets the time of its
   finish chunk (its first token was a stop sequence that is never sent as text).
 - **chunks**: a *chunk* is a streamed event that carries generated text (content or
-  reasoning), a finish reason or the usage. Events that carry none of these are no
+  reasoning), a piece of a tool call, a finish reason or the usage. Events that carry none of these are no
   chunks: a role-only first frame (llama.cpp, OpenAI), Azure OpenAI's content-filter
   events (a first event with ``choices: []`` and ``prompt_filter_results``, an event
   whose choice has ``content_filter_results`` and no ``delta``), the Responses API's
@@ -164,10 +164,10 @@ class StreamTimer:
 
     def on_chunk(self, t: float, chunk: Chunk) -> None:
         """Record a streamed event that arrived at time ``t`` (s): a chunk when it
-        carries text, a finish reason or usage; otherwise only its bytes, model and id
-        are kept (see the module text: what a chunk is)."""
+        carries text, a piece of a tool call, a finish reason or usage; otherwise only
+        its bytes, model and id are kept (see the module text: what a chunk is)."""
         self.n_events += 1
-        if not (chunk.content or chunk.reasoning or chunk.finish_reason
+        if not (chunk.content or chunk.reasoning or chunk.tool_calls or chunk.finish_reason
                 or chunk.usage is not None):  # fmt: skip
             self.nbytes += chunk.nbytes
             self.model = chunk.model or self.model

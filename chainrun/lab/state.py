@@ -18,13 +18,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key
+from chainrun.lab.sse import SSEBytesResponse
 from chainrun.lab.tool_calls import (
     LabToolCall,
     plan_tool_answer,
     split_fragments,
     tool_results_text,
 )
-from chainrun.lab.sse import SSEBytesResponse
 
 MODEL_ID = "chainrun-lab"
 

@@ -175,7 +175,7 @@ class TurnRow(_Row):
     answer_done_ms: float | None = None
     #: the answer step's answer was cut at its token cap (finish reason ``length``); the
     #: turn's output is the cut-off text (NULL, read as false, for turns logged before
-    #: migration 045)
+    #: migration 060)
     truncated: bool = False
 
     @field_validator("truncated", mode="before")
@@ -228,7 +228,7 @@ class StepRow(_Row):
     post_answer: bool = False
     #: the step's answer was cut at its token cap (its winning call's finish reason is
     #: ``length``; the Responses API's ``response.incomplete``, ``max_output_tokens``);
-    #: NULL, read as false, for steps logged before migration 045
+    #: NULL, read as false, for steps logged before migration 060
     truncated: bool = False
 
     @field_validator("truncated", mode="before")
