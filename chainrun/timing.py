@@ -10,11 +10,11 @@ clock, the same one as ``t_start``) and it yields the call's:
   An answer that is empty because the model stopped at once gets the time of its
   finish chunk (its first token was a stop sequence that is never sent as text).
 - **chunks**: a *chunk* is a streamed event that carries generated text (content or
-  reasoning), a piece of a tool call, a finish reason or the usage. Events that carry none of these are no
-  chunks: a role-only first frame (llama.cpp, OpenAI), Azure OpenAI's content-filter
-  events (a first event with ``choices: []`` and ``prompt_filter_results``, an event
-  whose choice has ``content_filter_results`` and no ``delta``), the Responses API's
-  bookkeeping events. Their bytes are counted on the next chunk; they add no chunk and
+  reasoning), a piece of a tool call, a finish reason or the usage. Events that carry
+  none of these are no chunks: a role-only first frame (llama.cpp, OpenAI), Azure
+  OpenAI's content-filter events (a first event with ``choices: []`` and
+  ``prompt_filter_results``, an event whose choice has ``content_filter_results`` and no
+  ``delta``), the Responses API's bookkeeping events. Their bytes are counted on the next chunk; they add no chunk and
   no gap. ``n_chunks`` counts chunks, and every figure that reads gaps uses this
   definition (docs: concepts/measurements.md, "Chunks").
 - **chunk gaps**: the time between every two consecutive chunks, in ms (so
