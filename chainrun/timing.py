@@ -14,9 +14,9 @@ clock, the same one as ``t_start``) and it yields the call's:
   none of these are no chunks: a role-only first frame (llama.cpp, OpenAI), Azure
   OpenAI's content-filter events (a first event with ``choices: []`` and
   ``prompt_filter_results``, an event whose choice has ``content_filter_results`` and no
-  ``delta``), the Responses API's bookkeeping events. Their bytes are counted on the next chunk; they add no chunk and
-  no gap. ``n_chunks`` counts chunks, and every figure that reads gaps uses this
-  definition (docs: concepts/measurements.md, "Chunks").
+  ``delta``), the Responses API's bookkeeping events. Their bytes are counted on the
+  next chunk; they add no chunk and no gap. ``n_chunks`` counts chunks, and every
+  figure that reads gaps uses this definition (docs: concepts/measurements.md, "Chunks").
 - **chunk gaps**: the time between every two consecutive chunks, in ms (so
   ``len(chunk_gaps_ms) == n_chunks - 1``); the mean over the chunks that carry text
   is the time between tokens.
