@@ -223,6 +223,11 @@ def type_text(tp: Any) -> str:
     return f"{text} | unset" if optional else text
 
 
+def _grouped(text: str) -> str:
+    """A type inside another in words, in parentheses when it is a choice."""
+    return f"({text})" if " | " in text else text
+
+
 def _plain_type(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is typing.Annotated:
@@ -230,16 +235,16 @@ def _plain_type(tp: Any) -> str:
     if origin is Literal:
         return " | ".join(f'"{a}"' if isinstance(a, str) else repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
-        return " | ".join(_plain_type(a) for a in get_args(tp))
+        return " | ".join(dict.fromkeys(_plain_type(a) for a in get_args(tp)))
     if origin in (list, tuple, set, frozenset):
         items = [a for a in get_args(tp) if a is not Ellipsis]
-        return "list of " + (_plain_type(items[0]) if items else "values")
+        return "list of " + (_grouped(_plain_type(items[0])) if items else "values")
     if origin is dict:
         kv = get_args(tp)
         if not kv:
             return "table"
         value = _plain_type(kv[1])
-        return "tables by name" if value == "table" else f"table of {value}"
+        return "tables by name" if value == "table" else f"table of {_grouped(value)}"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "table"
     if tp is Any:
