@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
+import numpy as np
+
 from chainrun.ranks import nearest_rank, percent_fraction
 
 #: a float survival within this relative distance of the target is checked exactly
@@ -114,122 +116,124 @@ class Survival:
         return self.surv[-1] if self.surv else 1.0
 
 
+def _ordered(samples: Sequence[tuple[float, bool]]) -> tuple[np.ndarray, np.ndarray]:
+    """(times ascending, answered) as arrays; at equal times answers come first (a
+    censored attempt was still running at that time)."""
+    times = np.fromiter((t for t, _ in samples), float, len(samples))
+    answered = np.fromiter((a for _, a in samples), bool, len(samples))
+    order = np.lexsort((~answered, times))
+    return times[order], answered[order]
+
+
+def _product_limit(answered: np.ndarray) -> np.ndarray:
+    """S just after each observation (float): prod of (1 - 1/r) over the answers so far,
+    r the observations at risk (``answered`` in time order)."""
+    at_risk = np.arange(len(answered), 0, -1, dtype=float)
+    return np.cumprod(np.where(answered, 1.0 - 1.0 / at_risk, 1.0))
+
+
 def kaplan_meier(samples: Sequence[tuple[float, bool]]) -> Survival:
     """The product-limit estimate of ``samples``: (ms, answered) pairs, ``answered`` False
-    for an attempt cut short after that many ms. At equal times answers come first
-    (a censored attempt was still running at that time)."""
-    ordered = sorted(samples, key=lambda s: (s[0], not s[1]))
-    n = len(ordered)
-    times: list[float] = []
-    surv: list[float] = []
-    s = 1.0
-    for i, (t, answered) in enumerate(ordered):
-        if not answered:
-            continue
-        s *= 1.0 - 1.0 / (n - i)
-        if times and times[-1] == t:
-            surv[-1] = s
-        else:
-            times.append(t)
-            surv.append(s)
-    censored = sum(1 for _, a in ordered if not a)
-    tail = ordered[-1][0] if ordered else 0.0
-    return Survival(times, surv, tail, n, censored)
+    for an attempt cut short after that many ms."""
+    if not samples:
+        return Survival([], [], 0.0, 0, 0)
+    t, a = _ordered(samples)
+    surv = _product_limit(a)
+    at, sv = t[a], surv[a]
+    # one point per distinct answer time: S after the last answer at that time
+    last = np.r_[at[1:] != at[:-1], True] if len(at) else np.zeros(0, bool)
+    return Survival(
+        at[last].tolist(), sv[last].tolist(), float(t[-1]), len(t), int((~a).sum())
+    )
 
 
 def km_quantile(
-    samples: Sequence[tuple[float, bool]], p: float, confidence: float = 0.95
-) -> QuantileEstimate | None:
+    samples: Sequence[tuple[float, bool]], p: float, confidence: float = 0.95,
+    *, interval: bool = True,
+) -> QuantileEstimate | None:  # fmt: skip
     """The ``p``-th percentile (0 < p <= 100) of (ms, answered) samples; None if empty.
 
     The first answer time at which 1 - S(t) >= p / 100, decided in exact arithmetic (S is
     a product of ratios of integers: consecutive answers telescope, so it is kept as one
-    ratio per run of answers); past the last answer, Efron's convention (module text).
-    Without censored samples this is the nearest rank (:func:`chainrun.ranks.nearest_rank`).
-    Interval: Brookmeyer-Crowley with Greenwood's variance (module text); floor not
+    ratio per run of answers; floats only locate the candidate); past the last answer,
+    Efron's convention (module text). Without censored samples this is the nearest rank
+    (:func:`chainrun.ranks.nearest_rank`). Interval (``interval``; else ``(None,
+    None)``): Brookmeyer-Crowley with Greenwood's variance (module text); floor not
     applied (see :meth:`LatencyWindow.estimate`).
     """
     if not samples:
         return None
     frac = percent_fraction(p)  # raises ValueError outside (0, 100]
-    ordered = sorted(samples, key=lambda s: (s[0], not s[1]))
-    n = len(ordered)
-    n_cens = sum(1 for _, a in ordered if not a)
+    n = len(samples)
+    n_cens = sum(1 for _, answered in samples if not answered)
+    if n_cens == 0 and not interval:
+        values = np.fromiter((ms for ms, _ in samples), float, n)
+        k = nearest_rank(n, p) - 1
+        value = float(np.partition(values, k)[k])
+        return QuantileEstimate(value, (None, None), n, 0, 0.0, False)
+    t, a = _ordered(samples)
+    surv = _product_limit(a)
     target = 1 - frac  # the quantile is where S first falls to this or below
-    value: float | None = None
     if n_cens == 0:
-        value, tail_share = ordered[nearest_rank(n, p) - 1][0], 0.0
+        found: float | None = float(t[nearest_rank(n, p) - 1])
+        tail_share = 0.0
     else:
-        value = _km_exact(ordered, target)
-        tail_share = kaplan_meier(ordered).tail_share
-    at_tail = value is None
-    if value is None:
-        value = ordered[-1][0]
-    return QuantileEstimate(
-        value, _brookmeyer_crowley(ordered, float(target), confidence), n, n_cens,
-        tail_share, at_tail,
-    )  # fmt: skip
+        found = _km_exact(t, a, surv, target)
+        tail_share = float(surv[-1])
+    ci = _brookmeyer_crowley(t, a, surv, float(target), confidence) if interval else (None, None)
+    value = float(t[-1]) if found is None else found
+    return QuantileEstimate(value, ci, n, n_cens, tail_share, found is None)
 
 
 def _km_exact(
-    ordered: Sequence[tuple[float, bool]], target: Fraction
+    t: np.ndarray, a: np.ndarray, surv: np.ndarray, target: Fraction
 ) -> float | None:
     """The first answer time with S <= target, or None (past the last answer). Floats
     locate, integers decide: S = prod of num/den over runs of consecutive answers (a run
     from at-risk a down to b contributes b / a)."""
-    n = len(ordered)
-    runs: list[tuple[int, int]] = []  # (numerator, denominator) per closed run
-    run_start: int | None = None  # at-risk count when the current run of answers began
-    s = 1.0
-    t_target = float(target)
-    for i, (t, answered) in enumerate(ordered):
-        at_risk = n - i
-        if not answered:
-            if run_start is not None:
-                runs.append((at_risk, run_start))
-                run_start = None
-            continue
-        if run_start is None:
-            run_start = at_risk
-        s *= 1.0 - 1.0 / at_risk
-        tie_next = i + 1 < n and ordered[i + 1][0] == t and ordered[i + 1][1]
-        if tie_next or s > t_target * (1 + _EXACT_BAND) + 1e-300:
-            continue
-        num, den = at_risk - 1, run_start  # the open run up to this answer
-        for a, b in runs:
-            num *= a
-            den *= b
+    n = len(t)
+    # S is judged after the last answer at a time (ties): candidates are answers whose
+    # next observation is not an answer at the same time
+    group_end = a & np.r_[(t[1:] != t[:-1]) | ~a[1:], True]
+    near = group_end & (surv <= float(target) * (1 + _EXACT_BAND) + 1e-300)
+    for i in np.flatnonzero(near):
+        # runs of consecutive answers up to i: starts and ends (indices into t)
+        seg = a[: i + 1]
+        starts = np.flatnonzero(seg & np.r_[True, ~seg[:-1]])
+        ends = np.flatnonzero(seg & np.r_[~seg[1:], True])
+        num = den = 1
+        for s0, e0 in zip(starts.tolist(), ends.tolist(), strict=True):
+            num *= n - e0 - 1  # at risk after the run's last answer
+            den *= n - s0  # at risk at the run's first answer
         if num * target.denominator <= target.numerator * den:
-            return t
+            return float(t[i])
     return None
 
 
 def _brookmeyer_crowley(
-    ordered: Sequence[tuple[float, bool]], target: float, confidence: float
+    t: np.ndarray, a: np.ndarray, surv: np.ndarray, target: float, confidence: float
 ) -> tuple[float | None, float | None]:
     """(lo, hi) in ms: the first answer time whose S is not significantly above
     ``target``, and the first after it whose S is significantly below (None where the
     window has none: an S that reaches 0 at the slowest answer bounds nothing)."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    n = len(ordered)
-    s, greenwood = 1.0, 0.0
-    lo: float | None = None
-    for i, (t, answered) in enumerate(ordered):
-        if not answered:
-            continue
-        r = n - i
-        s *= 1.0 - 1.0 / r
-        if r == 1 or s <= 0:
-            break
-        greenwood += 1.0 / (r * (r - 1))
-        if i + 1 < n and ordered[i + 1][0] == t and ordered[i + 1][1]:
-            continue  # ties: judge S after the last answer at t
-        se = s * math.sqrt(greenwood)
-        if lo is None and s - target <= z * se:
-            lo = t
-        if lo is not None and target - s > z * se:
-            return lo, t
-    return lo, None
+    n = len(t)
+    r = np.arange(n, 0, -1, dtype=float)
+    with np.errstate(divide="ignore"):
+        terms = np.where(a & (r > 1), 1.0 / (r * (r - 1)), 0.0)
+    se = surv * np.sqrt(np.cumsum(terms))
+    group_end = a & np.r_[(t[1:] != t[:-1]) | ~a[1:], True] & (r > 1) & (surv > 0)
+    idx = np.flatnonzero(group_end)
+    if not len(idx):
+        return None, None
+    s, e = surv[idx], se[idx]
+    inside = np.flatnonzero(s - target <= z * e)
+    if not len(inside):
+        return None, None
+    first = inside[0]
+    below = np.flatnonzero(target - s[first:] > z * e[first:])
+    hi = float(t[idx[first + below[0]]]) if len(below) else None
+    return float(t[idx[first]]), hi
 
 
 class LatencyWindow:
@@ -281,8 +285,8 @@ class LatencyWindow:
         self._bucket_s = window_s / buckets
         # (bucket index, [(ms, answered)]), oldest first
         self._buckets: deque[tuple[int, list[tuple[float, bool]]]] = deque()
-        # percentile -> (computed at, in clock seconds; estimate)
-        self._cache: dict[float, tuple[float, QuantileEstimate]] = {}
+        # (percentile, with interval) -> (computed at, in clock seconds; estimate)
+        self._cache: dict[tuple[float, bool], tuple[float, QuantileEstimate]] = {}
 
     def record(self, latency_ms: float) -> None:
         """Add one answered attempt's latency, in ms (negative values are clamped to 0)."""
@@ -328,7 +332,7 @@ class LatencyWindow:
         Raises:
             ValueError: ``p`` outside (0, 100].
         """
-        est = self.estimate(p)
+        est = self._estimate(p, interval=False)  # the delay needs no interval: less work
         return None if est is None else est.value_ms
 
     def estimate(self, p: float) -> QuantileEstimate | None:
@@ -343,16 +347,19 @@ class LatencyWindow:
         Raises:
             ValueError: ``p`` outside (0, 100].
         """
+        return self._estimate(p, interval=True)
+
+    def _estimate(self, p: float, *, interval: bool) -> QuantileEstimate | None:
         if not 0 < p <= 100:
             raise ValueError(f"percentile must be in (0, 100], got {p}")
         count = len(self)
         if count == 0 or count < self.min_samples:
             return None
         now = self._clock()
-        cached = self._cache.get(p)
+        cached = self._cache.get((p, interval))
         if cached is not None and now - cached[0] < self.refresh_s:
             return cached[1]
-        est = km_quantile(self.samples(), p)
+        est = km_quantile(self.samples(), p, interval=interval)
         assert est is not None
         floor = self.floor_ms
         lo, hi = est.ci95
@@ -361,7 +368,7 @@ class LatencyWindow:
             (None if lo is None else max(floor, lo), None if hi is None else max(floor, hi)),
             est.n, est.n_censored, est.tail_share, est.at_tail,
         )  # fmt: skip
-        self._cache[p] = (now, est)
+        self._cache[(p, interval)] = (now, est)
         return est
 
     def _expire(self) -> int:
