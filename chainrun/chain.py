@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from chainrun.steps import (
 )
 from chainrun.steps.base import breaker_key
 from chainrun.timing import Chunk
+from chainrun.tools import TurnTools, build_tools
 from chainrun.turn_input import check_turn_input
 
 logger = logging.getLogger(__name__)
@@ -173,6 +175,10 @@ class Chain:
             self.graph: TurnGraph = build_graph(
                 self.steps, config.order, config.answer_step, config.off_path_steps
             )
+            # every tool's callable imported now: a bad one is a config error before any call
+            self.tools = build_tools(
+                config.tools, base_dir=Path(config.path).parent if config.path else None
+            )
         except ConfigError as e:
             raise _naming_file(e, config) from None
         self.fields = state_fields(self.steps)
@@ -272,7 +278,7 @@ class Chain:
             ctx = BuildContext(
                 config=self.config, providers=self._providers, breakers=self._breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
-                retriever=self._retriever,
+                retriever=self._retriever, tools=self.tools,
             )  # fmt: skip
             for step_name, step in self.steps.items():
                 logs = self.needs[step_name].log
@@ -356,6 +362,8 @@ class Chain:
         for p in self._owned:
             await p.aclose()
         self._owned.clear()
+        for tool in self.tools.values():
+            await tool.aclose()
         if self.store is not None and self.run_id is not None:
             await self.store.afinish_run(self.run_id, status)  # type: ignore[arg-type]
         if write_error is not None:
@@ -448,6 +456,8 @@ class Chain:
             message = turn.input = checked.text  # neither model nor log sees a card number
         state = TurnState(message=message, fields=self.fields)
         run = TurnRun(self.steps, self.graph, state, self._answered)
+        if self.tools:
+            run.tools = await self._turn_tools(turn, run, conversation_id)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
         if checked.blocked:  # the shopper is told what to do, never what was blocked
@@ -476,6 +486,18 @@ class Chain:
         if run.unavailable is not None:
             raise run.unavailable
 
+    async def _turn_tools(
+        self, turn: TurnRow, run: TurnRun, conversation_id: str | None
+    ) -> TurnTools:
+        """The turn's tool calls: the turn's id is taken now (it is the first half of every
+        idempotency key), or a random key without a log."""
+        turn_id = await self.store.areserve_turn_id() if self.store is not None else None
+        turn.id = turn_id
+        key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
+        return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
+                         conversation_id=conversation_id,
+                         clear_to_act=run.clear_to_act)  # fmt: skip
+
     async def _log_turn(self, run_id: int | None, run: TurnRun, turn: TurnRow) -> int | None:
         """Fill the turn's row from the finished run, queue its write (off the loop, on
         the store's writer thread; committed when this returns only with ``[log]
@@ -501,7 +523,8 @@ class Chain:
             turn.output = run.refusal_text or REFUSAL
         turn_id = None
         if self.store is not None and run_id is not None:
-            turn_id = await self.store.alog_turn(run_id, TurnLog(turn, run.rows(), run.calls()),
+            log = TurnLog(turn, run.rows(), run.calls(), run.tool_calls())
+            turn_id = await self.store.alog_turn(run_id, log,
                                                  durable=self.config.log.durable_turns)
         for callback in run.after_log():
             task = asyncio.create_task(callback(turn_id))

@@ -26,14 +26,17 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ProviderUnavailable, RequestRejected, StepConfigError, error_type
-from chainrun.events import Event, StepFinished, StepStarted, TokenDelta
+from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, ToolCallEvent
 from chainrun.graph import TurnGraph
-from chainrun.log.rows import CallRow, StepRow
+from chainrun.log.rows import CallRow, StepRow, ToolCallRow
 from chainrun.steps.base import Step, StepContext, StepResult, TurnState
 from chainrun.steps.config import route_problem
+
+if TYPE_CHECKING:
+    from chainrun.tools import TurnTools
 
 
 class _Inbox:
@@ -42,16 +45,16 @@ class _Inbox:
     built an Event, three deques and task accounting nothing read)."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[str, TokenDelta | StepResult]] = deque()
+        self._items: deque[tuple[str, TokenDelta | ToolCallEvent | StepResult]] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, item: tuple[str, TokenDelta | StepResult]) -> None:
+    def put(self, item: tuple[str, TokenDelta | ToolCallEvent | StepResult]) -> None:
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self) -> tuple[str, TokenDelta | StepResult]:
+    async def get(self) -> tuple[str, TokenDelta | ToolCallEvent | StepResult]:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -76,6 +79,7 @@ class TurnRun:
         graph: TurnGraph,
         state: TurnState,
         answered: set[str] | None = None,
+        tools: TurnTools | None = None,
     ) -> None:
         self.steps = steps
         #: steps that have had an answer in this chain (shared across its turns): a
@@ -99,6 +103,10 @@ class TurnRun:
         self._ended: set[str] = set()
         self._held: list[TokenDelta] = []
         self._answer_ended = False
+        #: the turn's tool calls (None: no step of the chain has tools)
+        self.tools = tools
+        #: steps waiting in :meth:`clear_to_act`
+        self._clear_waiters: list[asyncio.Future[None]] = []
 
     def now_ms(self) -> float:
         """ms since the turn started."""
@@ -117,6 +125,9 @@ class TurnRun:
             if isinstance(item, TokenDelta):
                 for ev in self._on_delta(name, item):
                     yield ev
+                continue
+            if isinstance(item, ToolCallEvent):
+                yield item
                 continue
             for ev in await self._on_result(name, item):
                 yield ev
@@ -153,7 +164,7 @@ class TurnRun:
         row = StepRow(step=name, kind=step.kind, status="skipped",
                       started_offset_ms=self.now_ms(), detail={"skipped": why},
                       post_answer=name in self.graph.post_answer)  # fmt: skip
-        ctx = self._ctx[name] = StepContext(row=row)
+        ctx = self._ctx[name] = StepContext(row=row, tools=self.tools)
         self._ended.add(name)
         return self._finished(name, ctx)
 
@@ -162,7 +173,7 @@ class TurnRun:
         offset = self.now_ms()
         row = StepRow(step=name, kind=step.kind, started_offset_ms=offset,
                       post_answer=name in self.graph.post_answer)  # fmt: skip
-        ctx = self._ctx[name] = StepContext(row=row)
+        ctx = self._ctx[name] = StepContext(row=row, tools=self.tools)
         self._tasks[name] = asyncio.create_task(
             self._drive(name, step, self.state, ctx), name=f"chainrun-step-{name}"
         )
@@ -185,6 +196,24 @@ class TurnRun:
             result = StepResult(error=RuntimeError(f"step {name} ended without a result"))
         self._queue.put((name, result))
 
+    async def clear_to_act(self) -> None:
+        """Return once the turn may act (a side-effecting tool may start): no step that
+        can still refuse the turn while the answer is held back is running, and the turn
+        is not refused. Cancelled with the step that waits when the turn ends first
+        (refused, or the caller went away)."""
+        while self._holding() and not self.refused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._clear_waiters.append(waiter)
+            await waiter
+        if self.refused:
+            raise asyncio.CancelledError()
+
+    def _wake_clear_waiters(self) -> None:
+        waiters, self._clear_waiters = self._clear_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
     def _holding(self) -> bool:
         """Whether a step that holds the answer back has not ended yet."""
         return any(self.steps[n].holds_answer and n not in self._ended for n in self.graph.order)
@@ -205,6 +234,7 @@ class TurnRun:
         ctx = self._ctx[name]
         self._apply(name, result, ctx.row)
         self._ended.add(name)
+        self._wake_clear_waiters()
         events: list[Event] = [self._finished(name, ctx)]
         if name == self.graph.answer_step:
             self._answer_ended = True
@@ -339,6 +369,10 @@ class TurnRun:
     def rows(self) -> list[StepRow]:
         """The steps' rows in display order (steps never reached are skipped)."""
         return [self._ctx[n].row for n in self.graph.order if n in self._ctx]
+
+    def tool_calls(self) -> list[ToolCallRow]:
+        """Every step's tool calls, in display order."""
+        return [t for n in self.graph.order if n in self._ctx for t in self._ctx[n].tool_calls]
 
     def calls(self) -> list[CallRow]:
         """Every step's call rows, in display order."""

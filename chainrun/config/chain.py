@@ -36,6 +36,7 @@ from chainrun.providers.config import ProviderConfig
 from chainrun.steps import StateField, known_fields, step_kinds
 from chainrun.steps.config import StepConfig, Strict
 from chainrun.steps.model_config import ModelStepConfig, template_fields
+from chainrun.tools.spec import ToolConfig, check_tool_name
 
 #: The kind of a step table that names none.
 DEFAULT_KIND = "llm"
@@ -181,6 +182,8 @@ class ChainConfig(Strict):
     grader: GraderConfig = Field(default_factory=lambda: GraderConfig())
     #: what the run log keeps
     log: LogConfig = Field(default_factory=lambda: LogConfig())
+    #: tools the steps' models may call, by name (``[tools.NAME]``)
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)
     #: the file the config came from (None: built in, a dict or a stored snapshot), so
     #: errors found later (the turn's graph) can name it
     _path: str | None = PrivateAttr(default=None)
@@ -214,6 +217,13 @@ class ChainConfig(Strict):
                 "steps", [_step_error(value, err) for err in e.errors()]
             ) from None
         return handler(validated)
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_names(cls, v: dict[str, ToolConfig]) -> dict[str, ToolConfig]:
+        for name in v:
+            check_tool_name(name)
+        return v
 
     @model_validator(mode="after")
     def _references(self) -> ChainConfig:
@@ -289,6 +299,10 @@ class ChainConfig(Strict):
                 f"steps.{name}.when.{field}: not a turn-state field; expected one of "
                 + ", ".join(sorted(fields))
             )
+        for tool in step.tool_refs():
+            if tool not in self.tools:
+                known = ", ".join(sorted(self.tools)) or "none configured"
+                raise ValueError(f"steps.{name}.tools: unknown tool {tool!r} (tools: {known})")
         problem = step.chain_problem(name, self.answer_step)
         if problem is not None:
             raise ValueError(f"steps.{name}.{problem}")

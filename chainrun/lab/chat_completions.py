@@ -81,7 +81,7 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         return Response(status_code=499)  # never reaches the client, which has gone
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
-    plan, words, call = planned_answer(lab, rec, body.get("tools"), messages, plan,
+    plan, words, call = planned_answer(lab, rec, body, messages, plan,
                                        max_tokens_of(body))  # fmt: skip
     cached = (prompt_tokens - 1) * warm  # llama-server recomputes the last prompt token
     if lab.scenario.prompt_cache is not None:

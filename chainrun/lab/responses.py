@@ -149,7 +149,7 @@ async def responses(request: Request) -> Response:
         return Response(status_code=499)
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
-    plan, words, call = planned_answer(lab, rec, body.get("tools"), messages, plan, text_cap)
+    plan, words, call = planned_answer(lab, rec, body, messages, plan, text_cap)
     usage = None if plan.fault == "no_usage" else _usage(prompt_tokens, plan.tokens, n_reason)
     n_summary = min(n_reason, sc.reasoning_summary_tokens) if reasoning.get("summary") else 0
     if not rec.stream:

@@ -36,6 +36,8 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     retry_after = true        # send Retry-After with a 429
     attempts = [1]            # faults only on these attempts (x-chainrun-attempt); all if unset
 
+    schema_answers = false    # JSON-Schema requests get an object following the schema
+
     [tool_calls]              # requests offering tools get tool calls (lab/tool_calls.py)
     rounds = 1                # rounds answered with a tool call before the text answer
     malformed_rounds = []     # rounds whose arguments break the tool's schema
@@ -342,6 +344,10 @@ class Scenario(_Strict):
     wire: list[WireFrame] | None = None
     #: emulate llama-server's prompt cache (None: no cache, every prompt token computed)
     prompt_cache: PromptCache | None = None
+    #: answer a request that asks for a JSON Schema (``response_format`` json_schema,
+    #: Responses ``text.format``) with an object following it, as a server enforcing it
+    #: with a grammar would (lab/tool_calls.py ``schema_answer``); false: the words
+    schema_answers: bool = False
 
     @property
     def token_interval_ms(self) -> float:

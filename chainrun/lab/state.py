@@ -22,6 +22,7 @@ from chainrun.lab.sse import SSEBytesResponse
 from chainrun.lab.tool_calls import (
     LabToolCall,
     plan_tool_answer,
+    schema_answer,
     split_fragments,
     tool_results_text,
 )
@@ -133,16 +134,29 @@ def answer_words(messages: Any, n: int) -> list[str]:
     return [("" if i == 0 else " ") + rng.choice(WORDS) for i in range(n)]
 
 
+def json_schema_of(body: dict[str, Any]) -> Any:
+    """The JSON Schema a request asks its answer to follow (Chat Completions
+    ``response_format.json_schema.schema``, Responses ``text.format.schema``), or None."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        return fmt["json_schema"].get("schema")
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        return text["format"].get("schema")
+    return None
+
+
 def planned_answer(
-    lab: LabState, rec: RequestRecord, tools: Any, messages: list[Any], plan: Plan,
-    cap: int | None,
+    lab: LabState, rec: RequestRecord, body: dict[str, Any], messages: list[Any],
+    plan: Plan, cap: int | None,
 ) -> tuple[Plan, list[str], LabToolCall | None]:  # fmt: skip
     """What the lab sends for a request, by the scenario's ``[tool_calls]``
     (:mod:`chainrun.lab.tool_calls`): a tool call (its arguments' pieces as the "tokens",
     finish reason ``tool_calls``), the tool results as text after the last round (at
-    most ``cap`` words), or the plan's words. ``rec`` gets the tokens and the tool."""
+    most ``cap`` words), a JSON object following the request's JSON Schema (with the
+    scenario's ``schema_answers``), or the plan's words. ``rec`` gets the tokens and the tool."""
     config = lab.scenario.tool_calls
-    call = plan_tool_answer(tools, messages, config)
+    call = plan_tool_answer(body.get("tools"), messages, config)
     results = tool_results_text(messages) if config is not None else None
     if call is not None:
         assert config is not None
@@ -154,6 +168,11 @@ def planned_answer(
         words = (words[:cap] if cut else words) or [""]
         plan = dataclasses.replace(plan, tokens=len(words),
                                    finish_reason="length" if cut else "stop")  # fmt: skip
+    elif lab.scenario.schema_answers and (
+        answer := schema_answer(json_schema_of(body), messages)
+    ) is not None:
+        words = [("" if i == 0 else " ") + w for i, w in enumerate(answer.split(" "))]
+        plan = dataclasses.replace(plan, tokens=len(words), finish_reason="stop")
     else:
         words = answer_words(messages, plan.tokens)
     rec.planned_tokens = plan.tokens

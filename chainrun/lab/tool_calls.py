@@ -15,12 +15,19 @@ message, round 2 answers the first tool results, and so on (counted from the ass
 tool-call messages, or Responses ``function_call`` items, since the last user message).
 
 Arguments are filled from the tool's ``parameters`` schema and the shopper's last
-message, deterministically: an ``enum`` property takes its first value; an integer (or
+message, deterministically: an ``enum`` property takes the value that shares the most
+words with the message (:func:`closest_value`; the first on a tie); an integer (or
 number) one the next number written alone in the message (1 when none is left); a
 string one the next word of letters and digits (a SKU such as ``JKT-12``), else the next
 lone number as text (an order number), else ``"lab"``; a boolean is true.
 A malformed round breaks the first required property's type (an integer becomes the
 word ``"two"``, any other type the number 12345), so a client's validation catches it.
+
+With the scenario's ``schema_answers``, a request that asks for an answer following a
+JSON Schema (Chat Completions ``response_format`` json_schema, Responses ``text.format``)
+and calls no tool gets a JSON object filled the same way (:func:`schema_answer`), as a
+server that enforces the schema with a grammar would answer: a classify step whose
+labels are an ``enum`` gets the label its words best match.
 
 After the last round the answer is text made from the tool results it was sent:
 ``"<tool>: <result>"`` for each result of the latest round, so that a test can see the
@@ -43,8 +50,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LabToolCall", "ToolCallsConfig", "conversation_round", "plan_tool_answer",
-           "split_fragments", "tool_results_text"]  # fmt: skip
+__all__ = ["LabToolCall", "ToolCallsConfig", "closest_value", "conversation_round",
+           "plan_tool_answer", "schema_answer", "split_fragments",
+           "tool_results_text"]  # fmt: skip
 
 
 class ToolCallsConfig(BaseModel):
@@ -135,6 +143,27 @@ def _properties(schema: dict[str, Any]) -> dict[str, Any]:
     return props if isinstance(props, dict) else {}
 
 
+def closest_value(values: list[Any], message: str) -> Any:
+    """The value sharing the most words with ``message`` (a value's words: split on
+    ``_``, ``-`` and spaces; case ignored); the first one on a tie."""
+    said = set(re.findall(r"[a-z0-9]+", message.lower()))
+
+    def shared(v: Any) -> int:
+        return len(set(re.findall(r"[a-z0-9]+", str(v).lower())) & said)
+
+    return max(values, key=shared)  # max keeps the first of equals
+
+
+def schema_answer(schema: Any, messages: list[Any]) -> str | None:
+    """A JSON text that follows ``schema`` (an object schema), filled from the last user
+    message as tool arguments are (an ``enum`` takes :func:`closest_value`); None when
+    the schema is not an object schema."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    _, user = conversation_round(messages)
+    return json.dumps(_fill(schema, user))
+
+
 def _fill(schema: dict[str, Any], message: str) -> dict[str, Any]:
     tokens = [w.strip(".,!?;:\"'()") for w in message.split()]
     numbers = [t for t in tokens if t.isdigit()]
@@ -146,7 +175,7 @@ def _fill(schema: dict[str, Any], message: str) -> dict[str, Any]:
         spec = props[name] if isinstance(props[name], dict) else {}
         kind = spec.get("type")
         if isinstance(spec.get("enum"), list) and spec["enum"]:
-            args[name] = spec["enum"][0]
+            args[name] = closest_value(spec["enum"], message)
         elif kind in ("integer", "number"):
             args[name] = int(numbers.pop(0)) if numbers else 1
         elif kind == "boolean":

@@ -53,8 +53,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mappi
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from chainrun.events import TokenDelta
-from chainrun.log.rows import CallRow, StepRow
+from chainrun.events import TokenDelta, ToolCallEvent
+from chainrun.log.rows import CallRow, StepRow, ToolCallRow
 from chainrun.steps.config import StepConfig
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from chainrun.log.store import Store
     from chainrun.providers.base import Provider
     from chainrun.steps.model_config import ModelStepConfig
+    from chainrun.tools import Tool, TurnTools
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,8 @@ class BuildContext:
     store: Store | None = None
     #: a retriever to use instead of building one over the catalogue (tests, benchmarks)
     retriever: Any = None
+    #: the chain's tools by name (``[tools.NAME]``), built before any call
+    tools: Mapping[str, Tool] = field(default_factory=dict)
     quiet: bool = False
 
     def breakers_for(self, policy: HedgePolicy) -> BreakerRegistry:
@@ -281,13 +284,17 @@ class StepContext:
     #: the answer's time to first token and generated tokens, for ``StepFinished``
     ttft_ms: float | None = None
     output_tokens: int | None = None
+    #: the turn's tool calls (each run at most once per turn); None: the chain has no tools
+    tools: TurnTools | None = None
+    #: the step's ``tool_calls`` rows, filled by a step with tools
+    tool_calls: list[ToolCallRow] = field(default_factory=list)
 
     def elapsed_ms(self) -> float:
         """ms since the step started."""
         return (time.perf_counter() - self.started) * 1000.0
 
 
-StepItem = TokenDelta | StepResult
+StepItem = TokenDelta | ToolCallEvent | StepResult
 
 
 class Step(ABC):

@@ -88,6 +88,10 @@ class StepConfig(Strict):
         those its kind declares; none here."""
         return []
 
+    def tool_refs(self) -> list[str]:
+        """The tools (``[tools.NAME]`` names) this step's settings name; none here."""
+        return []
+
     def route_fields(self) -> frozenset[str]:
         """The turn-state fields ``when`` routes on (the step waits for their writers)."""
         return frozenset(self.when or {})

@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from chainrun.answer_json import answer_problem, parse_json_object
 from chainrun.checks.config import OutputCheckConfig
@@ -57,6 +57,8 @@ from chainrun.steps.base import (
 )
 from chainrun.steps.config import StepConfig
 from chainrun.steps.model_config import ModelStepConfig, policy_from_config, template_fields
+from chainrun.steps.tool_use import run_tool_rounds
+from chainrun.tools import Tool
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
 #: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
@@ -190,6 +192,39 @@ class LLMConfig(ModelStepConfig):
     reject_text: str | None = None
     #: the answer step only: checks on its stream, in held-back windows
     output_check: OutputCheckConfig | None = None
+    #: the tools (names of ``[tools.NAME]`` tables) the step's model may call; the step
+    #: runs rounds of model call, tool calls and results until the model answers in text
+    tools: list[str] = Field(default_factory=list)
+    #: which of ``tools`` the step offers, by the turn's classify label (a label not
+    #: named offers all of ``tools``); the step then waits for ``label``
+    tools_by_label: dict[str, list[str]] = Field(default_factory=dict)
+    #: rounds of tool calls at most; a model that still asks for tools after them fails
+    #: the step (``tool_rounds_exceeded``) under its ``on_failure``
+    max_tool_rounds: int = Field(default=4, ge=1, le=32)
+    #: a turn-state field the step writes with its tools' results (JSON by tool name:
+    #: the last result of each), for the steps after it; None: none
+    tool_results_field: str | None = None
+
+    @model_validator(mode="after")
+    def _tools_by_label_are_tools(self) -> LLMConfig:
+        for label, names in self.tools_by_label.items():
+            extra = [n for n in names if n not in self.tools]
+            if extra:
+                raise ValueError(
+                    f"tools_by_label.{label}: {extra[0]!r} is not one of the step's tools "
+                    f"{self.tools}"
+                )
+        if self.tool_results_field is not None and not self.tools:
+            raise ValueError("tool_results_field: the step has no tools")
+        return self
+
+    def tool_refs(self) -> list[str]:
+        """The step's ``tools``."""
+        return list(self.tools)
+
+    def added_fields(self) -> list[str]:
+        """``tool_results_field``, when set."""
+        return [self.tool_results_field] if self.tool_results_field else []
 
     @model_validator(mode="after")
     def _replace_needs_text(self) -> LLMConfig:
@@ -229,6 +264,8 @@ class LLMStep(Step):
         self._hedger: Hedger[ChatStream] | None = None
         self._providers: dict[str, Provider] = {}
         self._store: Store | None = None
+        #: the step's tools (its config's ``tools``), by name, once opened
+        self.tools: dict[str, Tool] = {}
         self.is_answer = False
         # a verdict that can refuse or replace the answer must be seen before the answer
         self.holds_answer = self.llm.on_reject != "flag"
@@ -246,15 +283,19 @@ class LLMStep(Step):
 
     @property
     def reads(self) -> frozenset[str]:
-        return template_fields(*self.config.templates().values())
+        fields = template_fields(*self.config.templates().values())
+        if self.llm.tools_by_label:
+            fields |= {"label"}  # the label picks the tools the step offers
+        return fields
 
     @property
     def writes(self) -> frozenset[str]:
+        extra = {self.llm.tool_results_field} if self.llm.tool_results_field else set()
         if self.is_answer:
-            return frozenset({"answer"})
+            return frozenset({"answer", *extra})
         if self.llm.labels:
-            return frozenset({"label"})
-        return frozenset()
+            return frozenset({"label", *extra})
+        return frozenset(extra)
 
     @property
     def model(self) -> str | None:
@@ -291,6 +332,7 @@ class LLMStep(Step):
         self._hedger = Hedger(
             policy, targets, breakers=ctx.breakers_for(policy), loop_lag=ctx.loop_lag
         )
+        self.tools = {name: ctx.tools[name] for name in self.llm.tools}
 
     async def aclose(self) -> None:
         if self._hedger is not None:
@@ -310,7 +352,51 @@ class LLMStep(Step):
             stop=cfg.stop, json_schema=cfg.json_schema,
         )  # fmt: skip
 
+    # -- what a step with tools (steps.tool_use) uses of the step --------------------------
+    @property
+    def hedger(self) -> Hedger[ChatStream]:
+        assert self._hedger is not None, "LLMStep.open() was not called"
+        return self._hedger
+
+    @property
+    def providers(self) -> dict[str, Provider]:
+        return self._providers
+
+    @property
+    def store(self) -> Store | None:
+        return self._store
+
+    def offered_tools(self, state: TurnState) -> list[str]:
+        """The tools the step offers for ``state``: ``tools_by_label[label]`` when the
+        turn's label is named there, else all of ``tools``."""
+        by_label = self.llm.tools_by_label
+        if state.label is not None and state.label in by_label:
+            return list(by_label[state.label])
+        return list(self.llm.tools)
+
+    def holdback(self) -> HoldBack | None:
+        return self._holdback()
+
+    def record_holdback(self, ctx: StepContext, holdback: HoldBack, winner: ChatStream | None,
+                        blocked: OutputBlocked | None) -> None:  # fmt: skip
+        self._record_holdback(ctx, holdback, winner, blocked)
+
+    def result_of(self, winner: ChatStream | None, error: BaseException | None) -> StepResult:
+        return self._result(winner, error)
+
+    def call_rows(
+        self, request: ChatRequest, attempts: Sequence[AttemptRecord],
+        streams: dict[int, ChatStream], winner: ChatStream | None,
+        step_error: BaseException | None,
+    ) -> list[CallRow]:  # fmt: skip
+        return self._call_rows(request, attempts, streams, winner, step_error)
+
     async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        if self.tools:
+            async with contextlib.aclosing(run_tool_rounds(self, state, ctx)) as items:
+                async for item in items:
+                    yield item
+            return
         cfg = self.config
         assert self._hedger is not None, "LLMStep.open() was not called"
         deadline = asyncio.get_running_loop().time() + cfg.deadline_s

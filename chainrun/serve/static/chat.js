@@ -136,7 +136,9 @@ class Waterfall {
     if (d.status !== "ok") parts.push(d.status + (d.error_type ? " (" + d.error_type + ")" : ""));
     if (d.post_answer) parts.push("after the answer");
     s.facts.append(el("div", null, parts.join(" · ")));
-    if (d.n_attempts > 1 || d.hedge_fired) {
+    if (s.tools.size && !d.hedge_fired) {  // one model call per tool round, no copies
+      if (d.n_attempts > 1) s.facts.append(el("div", null, d.n_attempts + " model calls (tool rounds)"));
+    } else if (d.n_attempts > 1 || d.hedge_fired) {
       const won = (d.attempts || []).find((a) => a.outcome === "primary" || a.outcome === "duplicate");
       let text = "hedge fired, " + d.n_attempts + " attempts";
       if (won) text += ", #" + won.attempt + " won";

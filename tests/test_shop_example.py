@@ -1,0 +1,132 @@
+"""The example shop (examples/shop/) against the latency lab, through ``/chat``: "Where is
+my order 1042?" is answered from the order_status tool's result, and the cart tool runs
+once per call with its idempotency key."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import chat, serving
+
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.lab import LabServer, load_scenario
+from chainrun.log.store import Store
+
+SHOP = Path(__file__).resolve().parents[1] / "examples" / "shop"
+
+
+@pytest.fixture(scope="module")
+def shop_lab() -> Iterator[LabServer]:
+    with LabServer(load_scenario(SHOP / "lab.toml")) as lab:
+        yield lab
+
+
+def shop_config(lab: LabServer) -> object:
+    data = tomllib.loads((SHOP / "chainrun.toml").read_text(encoding="utf-8"))
+    data["providers"]["local"]["base_url"] = lab.base_url  # the lab on its own port
+    return config_from_dict(data, str(SHOP / "chainrun.toml"), path=str(SHOP / "chainrun.toml"))
+
+
+async def test_the_shop_answers_an_order_question_from_the_tool(
+    shop_lab: LabServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.db"))
+    cfg = shop_config(shop_lab)
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(cfg, store=store, quiet=True)) as (url, _):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                order = await chat(client, "Where is my order 1042?")
+                cart = await chat(client, "Please add 2 of product JKT-12 to my cart")
+    finally:
+        store.close()
+    turn = order[-1][1]
+    assert turn["status"] == "ok"
+    assert "order_status" in turn["output"] and '"status": "shipped"' in turn["output"]
+    assert '"order_id": 1042' in turn["output"] and "DHL" in turn["output"]
+    tools = [d for e, d in order if e == "tool"]
+    assert [(d["phase"], d["tool"]) for d in tools] == [("started", "order_status"),
+                                                       ("finished", "order_status")]  # fmt: skip
+    # the cart: one row in the shop's table per call, keyed by the idempotency key
+    turn2 = cart[-1][1]
+    assert turn2["status"] == "ok" and '"added": true' in turn2["output"]
+    with sqlite3.connect(tmp_path / "shop.db") as db:
+        rows = db.execute("select idempotency_key, sku, qty from cart").fetchall()
+    (compose,) = [s for s in turn2["steps"] if s["step"] == "compose"]
+    (call,) = compose["tool_calls"]
+    assert rows == [(f"{turn2['turn_id']}:{call['call_id']}", "JKT-12", 2)]
+
+
+def test_the_shop_config_names_tools_that_import() -> None:
+    cfg = tomllib.loads((SHOP / "chainrun.toml").read_text(encoding="utf-8"))
+    assert json.dumps(sorted(cfg["tools"])) == '["add_to_cart", "order_status"]'
+    chain = Chain(config_from_dict(cfg, "shop", path=str(SHOP / "chainrun.toml")), store=None)
+    assert sorted(chain.tools) == ["add_to_cart", "order_status"]
+
+
+def test_the_shop_through_the_cli_and_the_chat_page(shop_lab: LabServer, tmp_path: Path) -> None:
+    """As a new user would: ``chainrun serve --config`` on the example (pointed at this
+    lab's port), the chat page asked "Where is my order 1042?": the answer comes from the
+    tool and the waterfall draws the tool call under compose."""
+    from playwright.sync_api import sync_playwright
+    from test_serve_browser import ARGS, CHROMIUM
+
+    shop = tmp_path / "shop"
+    shutil.copytree(SHOP, shop, ignore=shutil.ignore_patterns("*.db"))
+    cfg = shop / "chainrun.toml"
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace(
+        "http://127.0.0.1:8090/v1", shop_lab.base_url), encoding="utf-8")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SHOP.parents[1]), "SHOP_DB": str(tmp_path / "s.db")}
+    env.pop("CHAINRUN_SERVE_TOKEN", None)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
+         "--db", str(tmp_path / "log.db")],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("chainrun serve: http://"), line
+        url = line.split()[2].rstrip("/")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 720})
+                page.goto(url + "/")
+                page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)
+                page.fill("#message", "Where is my order 1042?")
+                page.press("#message", "Enter")
+                page.wait_for_selector('#answer[data-status="ok"]', timeout=60_000)
+                page.wait_for_selector('.wf-row[data-step="compose"] .wf-tool[data-status="ok"]')
+                answer = page.text_content("#answer") or ""
+                tool = page.eval_on_selector(
+                    '.wf-row[data-step="compose"] .wf-tool',
+                    "t => [t.dataset.tool, t.style.width, t.title]")  # fmt: skip
+                skipped = page.get_attribute('.wf-row[data-step="retrieve"]', "data-status")
+                page.screenshot(path=str(tmp_path / "shop.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert '"status": "shipped"' in answer and "order_status" in answer
+    assert tool[0] == "order_status" and tool[1].startswith("max(3px")
+    assert "round 1" in tool[2] and "ok" in tool[2]
+    assert skipped == "skipped"  # an order question searches no catalogue
+    keep = os.environ.get("CHAINRUN_SCREENSHOT_SHOP")
+    if keep:
+        shutil.copy(tmp_path / "shop.png", keep)
