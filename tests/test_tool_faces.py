@@ -30,6 +30,7 @@ def shop_fake() -> FakeProvider:
 
 
 async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path: Path) -> None:
+    RUNS.clear()  # the count of the tool's runs is this test's
     spans = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(spans))
