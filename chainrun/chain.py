@@ -322,8 +322,9 @@ class Chain:
         without a log. Shadow losers still running update their rows later.
 
         Raises:
-            Exception: the first turn write that failed since the last flush (the turn
-                is not in the log), e.g. ``sqlite3.OperationalError`` for a full disk.
+            LogWriteError: turns that had returned were refused by the log (a full disk,
+                a lock held past the busy timeout): they are named, and are not in the log.
+            Exception: any other first failure of a write since the last flush.
         """
         if self.store is not None:
             await self.store.flush()

@@ -515,8 +515,10 @@ class Store:
         """Wait until every write submitted so far is committed.
 
         Raises:
-            The first failure of a turn write since the last flush (see
-            :meth:`chainrun.log.writer.LogWriter.flush`).
+            LogWriteError: turns that had returned were refused by the log (each named
+                by its request id and turn id).
+            Exception: any other first failure of a write since the last flush (see
+                :meth:`chainrun.log.writer.LogWriter.flush`).
         """
         if self.writer is None:
             return
