@@ -9,8 +9,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from serve_helpers import chat, serving
 from typer.testing import CliRunner
 
+from chainrun.chain import Chain
 from chainrun.cli import app
 from chainrun.config import load_config
 from chainrun.lab import LabServer
@@ -170,3 +173,31 @@ def test_config_show_of_a_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
         f"chainrun: error: {cfg}: steps.retrieve.reasoning_effort: a step of kind 'retrieve' takes "
         "no key 'reasoning_effort'"
     ), res.stderr
+
+
+async def test_a_kind_from_the_shops_own_module_runs_through_serve(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    """The config ``chainrun serve --config`` loads names the shop's module in
+    ``plugins``: a /chat turn runs the shop's kind and streams its step."""
+    cfg = load_config(_shop(tmp_path, lab, "parcel_serve"))
+    store = Store.open(tmp_path / "serve.db")
+    try:
+        factory = lambda: Chain(cfg, store=store, kind="live", quiet=True)  # noqa: E731
+        async with (
+            serving(factory) as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            events = await chat(client, "where is my parcel?")
+        finished = {d["step"]: d for e, d in events if e == "step" and d["phase"] == "finished"}
+        assert finished["parcel"]["kind"] == "parcel_serve"
+        assert finished["parcel"]["status"] == "ok"
+        assert finished["parcel"]["output"] == "delivered on Monday"
+        turn = events[-1][1]
+        assert turn["status"] == "ok"
+        (compose,) = [c for c in store.calls(turn["run_id"]) if c.step == "compose"]
+        assert json.loads(compose.prompt or "[]")[-1]["content"].startswith(
+            "Parcel: delivered on Monday\n"
+        )
+    finally:
+        store.close()
