@@ -196,12 +196,19 @@ class TurnRun:
             result = StepResult(error=RuntimeError(f"step {name} ended without a result"))
         self._queue.put((name, result))
 
-    async def clear_to_act(self) -> None:
-        """Return once the turn may act (a side-effecting tool may start): no step that
-        can still refuse the turn while the answer is held back is running, and the turn
-        is not refused. Cancelled with the step that waits when the turn ends first
-        (refused, or the caller went away)."""
-        while self._holding() and not self.refused:
+    async def clear_to_act(self, step: str) -> None:
+        """Return once ``step`` may act (a side-effecting tool of it may start): no step
+        that holds the answer back (and so can still refuse the turn) is left to end,
+        except those that wait for ``step`` itself (a check of its answer can only judge
+        it afterwards), and the turn is not refused. Cancelled with the step that waits
+        when the turn ends first (refused, or the caller went away)."""
+        after = self.graph.descendants(step) | {step}
+
+        def blocked() -> bool:
+            return any(self.steps[n].holds_answer and n not in self._ended and n not in after
+                       for n in self.graph.order)  # fmt: skip
+
+        while blocked() and not self.refused:
             waiter = asyncio.get_running_loop().create_future()
             self._clear_waiters.append(waiter)
             await waiter

@@ -397,3 +397,30 @@ async def test_a_shadow_loser_that_asked_for_the_tool_to_the_end_never_runs_it()
     assert done.status == "ok" and done.output == "Added."
     assert [(r["key"].split(":")[1]) for r in RUNS] == ["call_fast"]
     assert [r.call_id for r in rows] == ["call_fast"]
+
+
+async def test_a_check_of_the_answer_does_not_hold_the_answer_steps_own_tool() -> None:
+    """A validating step that refuses on a bad verdict holds the answer back, but it reads
+    the answer: the answer step's side-effecting tool does not wait for it (it would wait
+    for ever), it runs, and the check judges the answer afterwards."""
+    def script(req: ChatRequest) -> FakeReply:
+        if "Review" in str(req.messages[-1]["content"]):
+            return FakeReply('{"ok": true, "reason": "fine"}')
+        return rounds_script(cart_call({"sku": "JKT-12", "qty": 1}), FakeReply("Added."))(req)
+
+    fake = FakeProvider(name="local", script=script)
+    cfg = config_from_dict({
+        "order": ["answer", "check"], "answer_step": "answer",
+        "providers": {"local": {"base_url": "http://127.0.0.1:9/v1"}},
+        "tools": {"add_to_cart": CART},
+        "steps": {"answer": {"prompt": "{message}", "stream": True, "tools": ["add_to_cart"],
+                             "deadline_s": 5.0},
+                  "check": {"prompt": "Review: {answer}", "on_reject": "refuse",
+                            "deadline_s": 5.0}},
+    })  # fmt: skip
+    t0 = time.monotonic()
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+            done, _ = await collect(chain, "put 1 of JKT-12 in my cart")
+    assert done.status == "ok" and done.output == "Added."
+    assert len(RUNS) == 1 and time.monotonic() - t0 < 4  # no wait for the deadline

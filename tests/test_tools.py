@@ -182,7 +182,7 @@ async def test_cancelled_before_a_side_effect_started_it_never_starts() -> None:
     tool = Counter()
     gate = asyncio.Event()  # the turn is never clear to act: a guard still runs
 
-    async def clear() -> None:
+    async def clear(step: str) -> None:
         await gate.wait()
 
     tt = turn_tools(tool, clear=clear)
@@ -216,7 +216,7 @@ async def test_cancelled_while_a_side_effect_runs_it_finishes_once_and_is_record
 async def test_a_read_only_tool_does_not_wait_for_the_turn_to_be_clear() -> None:
     waited: list[str] = []
 
-    async def clear() -> None:
+    async def clear(step: str) -> None:
         waited.append("waited")
         await asyncio.Event().wait()  # never clear
 

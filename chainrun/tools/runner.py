@@ -12,7 +12,7 @@ arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's c
   model is told what is wrong (status ``invalid_arguments``), so it can correct itself.
   A name that is no tool of the step: ``unknown_tool``, nothing runs.
 - **Side effects wait for the turn to be clear to act.** Before a side-effecting tool
-  starts, ``clear_to_act()`` is awaited (the chain passes one that returns once no
+  starts, ``clear_to_act(step)`` is awaited (the chain passes one that returns once no
   check that can still refuse the turn is running). A turn cancelled before the start
   (the client went away, a guard refused) never starts it: status ``not_started``.
 - **A started tool is never abandoned, never repeated.** It runs in a task of its own;
@@ -147,7 +147,8 @@ class TurnTools:
             random id for a chain without a log.
         turn_id: the turn's id in the log (None without one), told to the tools.
         conversation_id: told to the tools.
-        clear_to_act: awaited before a side-effecting tool starts (None: at once).
+        clear_to_act: awaited with the step's name before a side-effecting tool of that
+            step starts (None: at once).
         clock: s, monotonic (``time.perf_counter``).
     """
 
@@ -155,7 +156,7 @@ class TurnTools:
     turn_key: str
     turn_id: int | None = None
     conversation_id: str | None = None
-    clear_to_act: Callable[[], Awaitable[None]] | None = None
+    clear_to_act: Callable[[str], Awaitable[None]] | None = None
     clock: Callable[[], float] = time.perf_counter
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
@@ -237,7 +238,7 @@ class TurnTools:
             step=step, conversation_id=self.conversation_id, state=dict(state or {}),
         )  # fmt: skip
         try:
-            await self._wait_until_clear(tool)
+            await self._wait_until_clear(tool, step)
         except asyncio.CancelledError:
             self._refused(record, "not_started",
                           "the turn was cancelled before the tool started")  # fmt: skip
@@ -265,14 +266,14 @@ class TurnTools:
                 raise cancelled
         yield "finished", record
 
-    async def _wait_until_clear(self, tool: Tool) -> None:
+    async def _wait_until_clear(self, tool: Tool, step: str) -> None:
         """Return when ``tool`` may start; raise CancelledError when the turn is being
         cancelled (also one asked for before this call, not yet delivered)."""
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         if tool.side_effects and self.clear_to_act is not None:
-            await self.clear_to_act()
+            await self.clear_to_act(step)
         else:
             await asyncio.sleep(0)  # a cancellation already asked for arrives here
 
