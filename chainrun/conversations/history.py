@@ -1,0 +1,111 @@
+"""A conversation's earlier turns as the shopper saw them, cut to a budget.
+
+A turn of history is the shopper's message and what reached them: the answer, the
+refusal text of a refused turn, the part of the answer streamed before a cancelled
+turn stopped, or nothing (``""``) when nothing reached them. Prompts read the history
+as ``{history}``: the kept turns oldest first, rendered as a transcript in the default
+prompts' own speaker names::
+
+    Shopper: Do you have rain jackets?
+    Stylist: Yes: the City Drizzle Packable Rain Jacket (44.95 EUR) and ...
+
+followed by one blank line, so a template places ``{history}`` just before its own
+sections; a conversation's first turn renders ``""``.
+
+The budget (``[history]`` in chainrun.toml, :class:`HistorySettings`) keeps the newest
+turns: at most ``max_turns``, then the newest of those whose rendered lines together
+hold at most ``max_tokens`` tokens. Turns are kept or dropped whole (a turn cut half way
+would show the model an answer to a question it cannot see). Tokens are counted with
+the answer step's provider's own tokenizer where it has one, else estimated from the
+characters (:mod:`chainrun.conversations.tokens`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["HistorySettings", "HistoryTurn", "cut_to_budget", "render_history", "render_turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryTurn:
+    """One earlier turn of a conversation.
+
+    Attributes:
+        message: the shopper's message as the chain received it (after the
+            deterministic checks' redactions).
+        answer: what reached the shopper ("" when nothing did).
+    """
+
+    message: str
+    answer: str = ""
+
+
+class HistorySettings(BaseModel):
+    """The history budget (``[history]`` in chainrun.toml).
+
+    Attributes:
+        max_turns: earlier turns kept at most (0: prompts see no history).
+        max_tokens: tokens the kept turns' rendered lines hold at most.
+        tokenizer: ``"auto"``: the answer step's provider's tokenizer when its server
+            has one (llama-server's ``POST /tokenize``), else the character estimate;
+            ``"estimate"``: always the estimate (no request to the server).
+        shopper, assistant: the speaker names of the rendered transcript (those of the
+            default prompts).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(default=4, ge=0, le=1000)
+    max_tokens: int = Field(default=400, ge=0, le=1_000_000)
+    tokenizer: Literal["auto", "estimate"] = "auto"
+    shopper: str = Field(default="Shopper", min_length=1, max_length=40)
+    assistant: str = Field(default="Stylist", min_length=1, max_length=40)
+
+
+def _one_line(text: str) -> str:
+    # a blank line inside an earlier answer would read as the end of the transcript to
+    # a model continuing it; the words are kept, the layout is not
+    return " ".join(text.split())
+
+
+def render_turn(turn: HistoryTurn, settings: HistorySettings) -> str:
+    """One turn's transcript lines (two lines, each ending in a newline)."""
+    answer = _one_line(turn.answer) or "(no answer)"
+    return f"{settings.shopper}: {_one_line(turn.message)}\n{settings.assistant}: {answer}\n"
+
+
+def render_history(turns: Sequence[HistoryTurn], settings: HistorySettings) -> str:
+    """The ``{history}`` text of ``turns`` (oldest first): their lines, then one blank
+    line; ``""`` for no turns."""
+    if not turns:
+        return ""
+    return "".join(render_turn(t, settings) for t in turns) + "\n"
+
+
+async def cut_to_budget(
+    turns: Sequence[HistoryTurn],
+    settings: HistorySettings,
+    count_tokens: Callable[[str], Awaitable[int]],
+) -> tuple[HistoryTurn, ...]:
+    """The newest of ``turns`` (oldest first) that fit the budget, oldest first.
+
+    ``count_tokens(text) -> int`` counts one rendered turn's tokens. Counting stops at
+    the first turn that does not fit: an older turn is never kept once a newer one was
+    dropped.
+    """
+    if settings.max_turns == 0 or settings.max_tokens == 0:
+        return ()
+    kept: list[HistoryTurn] = []
+    used = 0
+    for turn in reversed(turns[-settings.max_turns :]):
+        used += await count_tokens(render_turn(turn, settings))
+        if used > settings.max_tokens:
+            break
+        kept.append(turn)
+    kept.reverse()
+    return tuple(kept)

@@ -1,0 +1,95 @@
+"""Where a chain finds a conversation's earlier turns: in memory, else in the run log.
+
+A chat backend (``/chat``, ``Chain.stream_turn(message, conversation_id=...)``) gives
+only the conversation id; the earlier turns are the log's. Reading them from the log
+on every turn would wait for the log's writer (a turn returns once its rows are
+queued, before they are committed), so the chain keeps each conversation's latest
+turns in memory as they end, and reads the log only for a conversation it has not
+seen since it opened (a conversation resumed after a restart, or served before by
+another chain on the same log). At most ``max_conversations`` conversations are kept,
+the least recently used dropped first (read again from the log when they come back).
+
+Turn indexes are handed out here, 1-based and in start order: a turn that starts
+while an earlier turn of its conversation is still running gets the next index, and
+does not see that turn in its history (it has not ended).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chainrun.conversations.history import HistoryTurn
+
+__all__ = ["ConversationMemory", "LoadConversation"]
+
+#: ``load(conversation_id, keep) -> (the latest `keep` turns as (turn index, turn),
+#: oldest first; the highest turn index logged, 0 for none)``
+LoadConversation = Callable[[str, int], tuple[list[tuple[int, HistoryTurn]], int]]
+
+
+@dataclass
+class _Conversation:
+    #: (turn index, turn), by index
+    turns: list[tuple[int, HistoryTurn]] = field(default_factory=list)
+    last_index: int = 0
+
+
+class ConversationMemory:
+    """Each conversation's latest turns and next turn index (see the module text).
+
+    Args:
+        load: reads a conversation from the log (None: no log; every unknown
+            conversation starts empty).
+        keep_turns: turns kept per conversation (the history budget's ``max_turns``).
+        max_conversations: conversations kept in memory at most.
+    """
+
+    def __init__(
+        self,
+        load: LoadConversation | None,
+        *,
+        keep_turns: int,
+        max_conversations: int = 4096,
+    ) -> None:
+        self._load = load
+        self.keep_turns = keep_turns
+        self.max_conversations = max_conversations
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        #: conversations read from the log (misses), for tests and diagnostics
+        self.loads = 0
+
+    def _get(self, conversation_id: str, *, new: bool) -> _Conversation:
+        conv = self._conversations.get(conversation_id)
+        if conv is not None:
+            self._conversations.move_to_end(conversation_id)
+            return conv
+        conv = _Conversation()
+        if self._load is not None and not new:
+            self.loads += 1
+            conv.turns, conv.last_index = self._load(conversation_id, self.keep_turns)
+        self._conversations[conversation_id] = conv
+        if len(self._conversations) > self.max_conversations:
+            self._conversations.popitem(last=False)
+        return conv
+
+    def begin(
+        self, conversation_id: str, *, new: bool = False
+    ) -> tuple[tuple[HistoryTurn, ...], int]:
+        """A starting turn's history (the conversation's kept turns, oldest first) and
+        its turn index. ``new``: the id was just made for this turn (no log lookup)."""
+        conv = self._get(conversation_id, new=new)
+        conv.last_index += 1
+        return tuple(t for _, t in conv.turns), conv.last_index
+
+    def end(self, conversation_id: str, turn_index: int, turn: HistoryTurn) -> None:
+        """Record an ended turn (whatever its status: what reached the shopper)."""
+        conv = self._get(conversation_id, new=True)
+        bisect.insort(conv.turns, (turn_index, turn), key=lambda it: it[0])
+        del conv.turns[: max(0, len(conv.turns) - self.keep_turns)]
+        conv.last_index = max(conv.last_index, turn_index)
+
+    def __len__(self) -> int:
+        return len(self._conversations)
