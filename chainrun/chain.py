@@ -25,8 +25,9 @@ import dataclasses
 import difflib
 import logging
 import math
+import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ import sqlite_utils
 
 from chainrun.capabilities import check_model_step
 from chainrun.config import ChainConfig, load_config
+from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.source import ConversationSource, log_loader
+from chainrun.conversations.tokens import counter_for
 from chainrun.errors import (
     ChainClosed,
     ConfigError,
@@ -41,7 +45,7 @@ from chainrun.errors import (
     ProviderUnavailable,
     error_type,
 )
-from chainrun.events import Event, TurnFinished
+from chainrun.events import Event, TokenDelta, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
 from chainrun.log.redaction import Redactor
@@ -64,7 +68,7 @@ from chainrun.steps import (
 from chainrun.steps.base import breaker_key
 from chainrun.timing import Chunk
 from chainrun.tools import TurnTools, build_tools
-from chainrun.turn_input import check_turn_input
+from chainrun.turn_input import check_history, check_turn_input
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +189,9 @@ class Chain:
         #: what each step asked the chain for (providers, the catalogue, the log)
         self.needs: dict[str, StepNeeds] = {n: s.needs() for n, s in self.steps.items()}
         self._input_checks = config.checks.checker()
+        #: each conversation's place: its history (from the caller, or remembered and
+        #: read from the log) and turn indexes
+        self.conversations = ConversationSource(config.history)
         self._injected = dict(providers or {})
         self._retriever = retriever
         self._providers: dict[str, Provider] = {}
@@ -284,9 +291,21 @@ class Chain:
                 logs = self.needs[step_name].log
                 await step.open(ctx if logs else dataclasses.replace(ctx, store=None))
                 self._opened.append(step)
+            await self._open_conversations()
         except BaseException:
             await self.aclose("failed")
             raise
+
+    async def _open_conversations(self) -> None:
+        """Read unknown conversations from the log; count history tokens with the answer
+        step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
+        if self.store is not None:
+            self.conversations.use_log(log_loader(self.store))
+        answer = self._providers.get(self.config.steps[self.config.answer_step].provider)
+        base_url = getattr(answer, "base_url", None)
+        counter = await counter_for(base_url if isinstance(base_url, str) else None,
+                                    self.config.history.tokenizer)  # fmt: skip
+        self.conversations.use_counter(counter)
 
     async def _open_providers(self) -> None:
         """Build every provider a step uses and check that its server answers.
@@ -360,6 +379,7 @@ class Chain:
         if self._loop_lag is not None:
             await self._loop_lag.__aexit__(None, None, None)
             self._loop_lag = None
+        await self.conversations.aclose()
         for p in self._owned:
             await p.aclose()
         self._owned.clear()
@@ -427,14 +447,22 @@ class Chain:
         *,
         request_id: str | None = None,
         conversation_id: str | None = None,
+        history: Sequence[HistoryTurn] | None = None,
+        turn_index: int | None = None,
         original_ms: float | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Run one turn, yielding typed events as they happen.
 
         ``message``: the shopper's text (a non-empty string of at most
         :data:`chainrun.turn_input.MAX_MESSAGE_CHARS` characters, valid Unicode: the rule
-        ``chainrun serve`` applies too). ``request_id`` / ``conversation_id``: stored with
-        the turn. ``original_ms``: the turn's duration in the traffic a replay came from.
+        ``chainrun serve`` applies too). ``request_id``: stored with the turn.
+        ``conversation_id``: the conversation the turn belongs to (None: a new one, its
+        id in :class:`TurnFinished`). ``history``: the conversation's earlier turns,
+        oldest first, as the shopper saw them (None: the chain's own record of the
+        conversation, read from the log when this chain has not seen it; see
+        :mod:`chainrun.conversations.source`); cut to the ``[history]`` budget either
+        way. ``turn_index``: the turn's 1-based position in its conversation (None: the
+        next one). ``original_ms``: the turn's duration in the traffic a replay came from.
 
         Raises:
             UserInputError: a bad argument (``message: expected a string, got NoneType``),
@@ -447,24 +475,33 @@ class Chain:
                 logging the turn with status ``error``; the remaining steps are skipped.
         """
         check_turn_input(message, request_id, conversation_id)
+        check_history(history, turn_index)
         self._check_open()  # also when the run exists already (ensure_run is skipped then)
         run_id = self.run_id if self.run_id is not None else await self.ensure_run()
-        turn = TurnRow(input=message, request_id=request_id, conversation_id=conversation_id,
+        started = time.perf_counter()  # the shopper's wait includes finding the history
+        place = await self.conversations.begin(conversation_id, history, turn_index)
+        turn = TurnRow(input=message, request_id=request_id,
+                       conversation_id=place.conversation_id, turn_index=place.turn_index,
                        started_at=utc_now(), original_ms=original_ms)  # fmt: skip
         # deterministic checks first: microseconds, before any model call
         checked = self._input_checks.check(message)
         if checked.findings:
             message = turn.input = checked.text  # neither model nor log sees a card number
-        state = TurnState(message=message, fields=self.fields)
+        state = TurnState(message=message, values={"history": place.history}, fields=self.fields)
         run = TurnRun(self.steps, self.graph, state, self._answered)
+        run.t0 = started
         if self.tools:
-            run.tools = await self._turn_tools(turn, run, conversation_id)
+            run.tools = await self._turn_tools(turn, run, place.conversation_id)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
         if checked.blocked:  # the shopper is told what to do, never what was blocked
             run.refuse_before_start("checks", checked.block_text(self.config.checks.block_texts))
+        shown: list[str] = []  # the answer's text as it reached the caller
+        answer_step = self.config.answer_step
         try:
             async for event in run.events():
+                if isinstance(event, TokenDelta) and event.step == answer_step:
+                    shown.append(event.text)
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             turn.status = "cancelled"
@@ -477,12 +514,14 @@ class Chain:
             try:
                 await run.cancel()  # no-op unless the turn was stopped half way
             finally:
-                turn_id = await self._log_turn(run_id, run, turn)
+                turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
+                self.conversations.end(place, turn.input, turn.output)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
             error_type=turn.error_type, answer_ttft_ms=turn.answer_ttft_ms,
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
+            conversation_id=place.conversation_id, turn_index=place.turn_index,
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable
@@ -499,10 +538,14 @@ class Chain:
                          conversation_id=conversation_id,
                          clear_to_act=run.clear_to_act)  # fmt: skip
 
-    async def _log_turn(self, run_id: int | None, run: TurnRun, turn: TurnRow) -> int | None:
+    async def _log_turn(
+        self, run_id: int | None, run: TurnRun, turn: TurnRow, shown: str = ""
+    ) -> int | None:
         """Fill the turn's row from the finished run, queue its write (off the loop, on
         the store's writer thread; committed when this returns only with ``[log]
-        durable_turns``), start after-log work."""
+        durable_turns``), start after-log work. ``shown``: the answer text that reached
+        the caller (a cancelled or failed turn's output: what the shopper saw, None when
+        nothing did)."""
         turn.duration_ms = run.now_ms()
         turn.label = run.state.label
         turn.verdicts = dict(run.verdicts)
@@ -522,6 +565,8 @@ class Chain:
             turn.answer_done_ms = run.answer_done_ms
         elif turn.status in ("refused", "replaced"):
             turn.output = run.refusal_text or REFUSAL
+        else:  # cancelled or error: the part of the answer that reached the shopper
+            turn.output = shown or None
         turn_id = None
         if self.store is not None and run_id is not None:
             log = TurnLog(turn, run.rows(), run.calls(), run.tool_calls())

@@ -90,6 +90,8 @@ class TurnFinished:
     (None: no answer token reached the user); ``answer_done_ms``: until the answer was
     complete, ok turns only (None otherwise). ``truncated``: the answer step's answer was
     cut at its token cap (finish reason ``length``; the text is the cut-off answer).
+    ``conversation_id`` / ``turn_index``: the turn's conversation and its 1-based
+    position there.
     """
 
     turn_id: int | None
@@ -103,6 +105,8 @@ class TurnFinished:
     answer_ttft_ms: float | None = None
     answer_done_ms: float | None = None
     truncated: bool = False
+    conversation_id: str | None = None
+    turn_index: int | None = None
     type: Literal["turn_finished"] = "turn_finished"
 
 

@@ -10,9 +10,10 @@ body can carry.
 
 from __future__ import annotations
 
+from chainrun.conversations.history import HistoryTurn
 from chainrun.errors import UserInputError
 
-__all__ = ["MAX_MESSAGE_CHARS", "check_turn_input", "text_problem"]
+__all__ = ["MAX_MESSAGE_CHARS", "check_history", "check_turn_input", "text_problem"]
 
 #: longest message a turn accepts, in characters (a chat message, not a document; about
 #: 2,000 tokens, a quarter of the local model's default context)
@@ -67,3 +68,35 @@ def check_turn_input(
         problem = text_problem(value, required=required, max_chars=MAX_MESSAGE_CHARS)
         if problem is not None:
             raise UserInputError(f"{name}: {problem}")
+
+
+def check_history(history: object, turn_index: object = None) -> None:
+    """Check a turn's ``history`` and ``turn_index`` arguments.
+
+    Raises:
+        UserInputError: ``history`` is neither None nor a sequence (list or tuple) of
+            :class:`~chainrun.conversations.history.HistoryTurn` whose message and
+            answer are strings of at most :data:`MAX_MESSAGE_CHARS` characters of valid
+            Unicode (the message non-empty); ``turn_index`` is neither None nor an int
+            >= 1. The message names the argument and item: ``history[1].answer: ...``.
+    """
+    if turn_index is not None and (
+        not isinstance(turn_index, int) or isinstance(turn_index, bool) or turn_index < 1
+    ):
+        raise UserInputError(f"turn_index: expected an int >= 1, got {turn_index!r}")
+    if history is None:
+        return
+    if not isinstance(history, list | tuple):
+        raise UserInputError(f"history: expected a list of HistoryTurn, got "
+                             f"{type(history).__name__}")  # fmt: skip
+    for i, item in enumerate(history):
+        if not isinstance(item, HistoryTurn):
+            raise UserInputError(f"history[{i}]: expected a HistoryTurn, got "
+                                 f"{type(item).__name__}")  # fmt: skip
+        for name, value, required in (("message", item.message, True),
+                                      ("answer", item.answer, False)):  # fmt: skip
+            problem = text_problem(value, required=required, max_chars=MAX_MESSAGE_CHARS)
+            if problem is None and value is None:
+                problem = "expected a string, got NoneType"
+            if problem is not None:
+                raise UserInputError(f"history[{i}].{name}: {problem}")

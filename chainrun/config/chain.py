@@ -32,6 +32,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from chainrun.capabilities import ModelCapabilities
 from chainrun.checks.config import ChecksConfig
 from chainrun.config.defaults import STEP_NAMES_DEFAULT
+from chainrun.conversations.history import HistorySettings
 from chainrun.providers.config import ProviderConfig
 from chainrun.steps import StateField, known_fields, step_kinds
 from chainrun.steps.config import StepConfig, Strict
@@ -184,6 +185,8 @@ class ChainConfig(Strict):
     log: LogConfig = Field(default_factory=lambda: LogConfig())
     #: tools the steps' models may call, by name (``[tools.NAME]``)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
+    #: the earlier turns prompts see as ``{history}``: how many, and how many tokens
+    history: HistorySettings = Field(default_factory=HistorySettings)
     #: the file the config came from (None: built in, a dict or a stored snapshot), so
     #: errors found later (the turn's graph) can name it
     _path: str | None = PrivateAttr(default=None)

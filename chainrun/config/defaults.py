@@ -23,14 +23,17 @@ _CLASSIFY_PROMPT = (
     "(sizing, product_search, order_status, returns, styling or other).\n\n"
     'Message: "Does this dress run small?"\nCategory: sizing\n\n'
     'Message: "Where is my parcel?"\nCategory: order_status\n\n'
-    'Message: "{message}"\nCategory:'
+    '{history}Message: "{message}"\nCategory:'
 )
 _COMPOSE_SYSTEM = (
     "A chat between a shopper and the friendly stylist of an online fashion shop. "
     "The stylist answers in two or three sentences, recommends only products from the "
     "catalogue matches, and never invents order details."
 )
-_COMPOSE_PROMPT = "Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+# {history} first: the earlier turns are the start of the prompt that the next turn of
+# the conversation repeats, so a server's prompt cache can reuse them (llama-server
+# keeps each slot's last prompt); it renders "" on a conversation's first turn
+_COMPOSE_PROMPT = "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 _VALIDATE_PROMPT = (
     "Shopper: {message}\nStylist:{answer}\n\n"
     "Review: is the stylist's reply polite, on topic and free of invented facts? "

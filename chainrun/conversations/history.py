@@ -28,7 +28,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["HistorySettings", "HistoryTurn", "cut_to_budget", "render_history", "render_turn"]
+__all__ = [
+    "History",
+    "HistorySettings",
+    "HistoryTurn",
+    "cut_to_budget",
+    "render_history",
+    "render_turn",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,24 @@ class HistoryTurn:
 
     message: str
     answer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """A turn's history as the turn state holds it (the ``history`` field).
+
+    Attributes:
+        turns: the kept earlier turns, oldest first (cut to the budget).
+        text: their transcript, what ``{history}`` shows (:func:`render_history`).
+        dropped: earlier turns the budget left out.
+    """
+
+    turns: tuple[HistoryTurn, ...] = ()
+    text: str = ""
+    dropped: int = 0
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class HistorySettings(BaseModel):

@@ -54,7 +54,7 @@ class ConversationMemory:
         keep_turns: int,
         max_conversations: int = 4096,
     ) -> None:
-        self._load = load
+        self.load = load
         self.keep_turns = keep_turns
         self.max_conversations = max_conversations
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
@@ -67,9 +67,9 @@ class ConversationMemory:
             self._conversations.move_to_end(conversation_id)
             return conv
         conv = _Conversation()
-        if self._load is not None and not new:
+        if self.load is not None and not new:
             self.loads += 1
-            conv.turns, conv.last_index = self._load(conversation_id, self.keep_turns)
+            conv.turns, conv.last_index = self.load(conversation_id, self.keep_turns)
         self._conversations[conversation_id] = conv
         if len(self._conversations) > self.max_conversations:
             self._conversations.popitem(last=False)

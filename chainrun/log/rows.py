@@ -143,9 +143,14 @@ class TurnRow(_Row):
     request_id: str | None = None
     #: the chat it belongs to (OpenTelemetry: gen_ai.conversation.id)
     conversation_id: str | None = None  # gen_ai.conversation.id
+    #: the turn's 1-based position in its conversation (NULL: logged before conversations
+    #: had turn indexes)
+    turn_index: int | None = None
     #: the user's message as logged (matches of redacting checks masked)
     input: str
-    #: the answer that reached the user (a refusal's text for a refused turn)
+    #: the answer that reached the user (a refusal's text for a refused turn; for a
+    #: cancelled or failed turn the part of the answer streamed before it ended, NULL
+    #: when none was)
     output: str | None = None
     #: the classify label the turn got, if any
     label: str | None = None

@@ -563,6 +563,33 @@ class Store:
         """The tool calls of a run (or of several), in the order they were logged."""
         return [ToolCallRow.from_db(r) for r in self._rows("tool_calls", run_ids)]
 
+    def conversation(
+        self, conversation_id: str, *, last: int, kinds: Sequence[RunKind] = ("live",)
+    ) -> tuple[list[TurnRow], int]:
+        """A conversation's latest turns in runs of ``kinds``: its ``last`` turns by turn
+        index (then id), oldest first, and the highest turn index logged (0: none).
+
+        Turns logged without a turn index (before migration 040) count as index 0.
+        """
+        marks = ",".join("?" for _ in kinds)
+        where = (f"conversation_id = ? and run_id in (select id from runs where kind in "
+                 f"({marks}))")  # fmt: skip
+        args = [conversation_id, *kinds]
+        top = self.db.execute(
+            f"select coalesce(max(turn_index), 0) from turns where {where}", args
+        ).fetchone()[0]
+        if last <= 0:
+            return [], int(top)
+        rows = self.db.execute(
+            f"select * from turns where {where} order by coalesce(turn_index, 0) desc, id desc "
+            "limit ?",
+            [*args, last],
+        )
+        cols = [d[0] for d in rows.description]
+        turns = [TurnRow.from_db(dict(zip(cols, r, strict=True))) for r in rows.fetchall()]
+        turns.reverse()
+        return turns, int(top)
+
     def turn(self, turn_id: int) -> TurnLog | None:
         """One turn's row with its steps and calls, or None when there is no such turn."""
         rows = list(self.db.table("turns").rows_where("id = ?", [turn_id]))

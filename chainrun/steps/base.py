@@ -53,6 +53,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mappi
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from chainrun.conversations.history import History
 from chainrun.events import TokenDelta, ToolCallEvent
 from chainrun.log.rows import CallRow, StepRow, ToolCallRow
 from chainrun.steps.config import StepConfig
@@ -96,6 +97,11 @@ BUILTIN_FIELDS: dict[str, StateField] = {
     f.name: f
     for f in (
         StateField("message", "the shopper's message"),
+        StateField(
+            "history",
+            "the conversation's earlier turns, cut to the [history] budget (a transcript)",
+            render=lambda h: h.text,
+        ),
         StateField("label", "the message's category, written by a step with labels"),
         StateField(
             "products", "the retrieved products as the prompt shows them", empty="(none)"
@@ -103,8 +109,10 @@ BUILTIN_FIELDS: dict[str, StateField] = {
         StateField("answer", "the answer step's text"),
     )
 }
-#: Turn-state fields every turn starts with (filled by the chain, written by no step).
-INITIAL_FIELDS = frozenset({"message"})
+#: Turn-state fields every turn starts with (filled by the chain, written by no step):
+#: the message, and the conversation's earlier turns (a
+#: :class:`~chainrun.conversations.history.History`, "" on a first turn)
+INITIAL_FIELDS = frozenset({"message", "history"})
 #: The built-in fields' names.
 STATE_FIELDS = frozenset(BUILTIN_FIELDS)
 
@@ -129,6 +137,12 @@ class TurnState:
     def get(self, name: str) -> Any:
         """The value of field ``name`` (None while unset)."""
         return self.message if name == "message" else self.values.get(name)
+
+    @property
+    def history(self) -> History:
+        """The conversation's earlier turns (none on a first turn)."""
+        value = self.values.get("history")
+        return value if isinstance(value, History) else History()
 
     @property
     def label(self) -> str | None:

@@ -1,0 +1,130 @@
+"""A turn's place in its conversation, as the chain works it out before the turn starts.
+
+Each turn belongs to a conversation: the id the caller gave, or a new one
+(:func:`new_conversation_id`). Its history and turn index come from one of two places:
+
+- **given by the caller** (``Chain.stream_turn(..., history=[...])``): the
+  OpenAI-compatible face (the client's ``messages``), a replay (the chain's own earlier
+  answers in that run, or the line's ``history``); the turn index is the caller's, or
+  one past the history. Nothing is remembered: such a caller keeps its own thread.
+- **the chain's own record** (``history`` None): ``/chat`` and library callers that pass
+  only a conversation id; :class:`~chainrun.conversations.memory.ConversationMemory`
+  keeps the latest turns of each conversation and reads the run log for one it does
+  not know. The turn is remembered when it ends, as it reached the shopper.
+
+Either way the history is cut to the ``[history]`` budget
+(:func:`~chainrun.conversations.history.cut_to_budget`), counted with the chain's
+:class:`~chainrun.conversations.tokens.TokenCounter`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chainrun.conversations.history import (
+    History,
+    HistorySettings,
+    HistoryTurn,
+    cut_to_budget,
+    render_history,
+)
+from chainrun.conversations.memory import ConversationMemory, LoadConversation
+from chainrun.conversations.tokens import EstimateCounter, TokenCounter
+from chainrun.log.store import Store
+
+__all__ = ["ConversationSource", "TurnPlace", "log_loader", "new_conversation_id"]
+
+
+def new_conversation_id() -> str:
+    """A new conversation id: 32 hex digits (a random UUID, RFC 9562 version 4)."""
+    return uuid.uuid4().hex
+
+
+def log_loader(store: Store) -> LoadConversation:
+    """Reads a conversation's latest turns from ``store``: the turns of live runs (a
+    replay's or an eval's conversation ids are that run's own), each as its message and
+    what reached the shopper (the turn's ``output``)."""
+
+    def load(conversation_id: str, keep: int) -> tuple[list[tuple[int, HistoryTurn]], int]:
+        rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
+        return [(r.turn_index or 0, HistoryTurn(r.input, r.output or "")) for r in rows], top
+
+    return load
+
+
+@dataclass(frozen=True)
+class TurnPlace:
+    """Where a starting turn stands in its conversation.
+
+    Attributes:
+        conversation_id: the conversation's id.
+        turn_index: the turn's 1-based position in it.
+        history: the earlier turns the turn's prompts see (cut to the budget).
+        remember: the chain records the turn in its memory when it ends.
+    """
+
+    conversation_id: str
+    turn_index: int
+    history: History
+    remember: bool
+
+
+class ConversationSource:
+    """The chain's conversations: its memory, the budget and the token counter.
+
+    Args:
+        settings: the ``[history]`` budget.
+        load: reads a conversation from the run log (None: no log).
+        counter: counts history tokens (default: the character estimate; the chain sets
+            the answer step's provider's tokenizer with :meth:`use_counter` at open).
+    """
+
+    def __init__(
+        self,
+        settings: HistorySettings,
+        load: LoadConversation | None = None,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.settings = settings
+        self.memory = ConversationMemory(load, keep_turns=settings.max_turns)
+        self.counter: TokenCounter = counter or EstimateCounter()
+
+    def use_log(self, load: LoadConversation) -> None:
+        """Read conversations this chain does not know from the run log with ``load``."""
+        self.memory.load = load
+
+    def use_counter(self, counter: TokenCounter) -> None:
+        """Count history tokens with ``counter`` from now on."""
+        self.counter = counter
+
+    async def aclose(self) -> None:
+        """Close the token counter (its HTTP client, if any)."""
+        await self.counter.aclose()
+
+    async def begin(
+        self,
+        conversation_id: str | None,
+        history: Sequence[HistoryTurn] | None = None,
+        turn_index: int | None = None,
+    ) -> TurnPlace:
+        """The place of a turn starting now (see the module text)."""
+        new = conversation_id is None
+        cid = conversation_id if conversation_id is not None else new_conversation_id()
+        if history is None:
+            earlier, index = self.memory.begin(cid, new=new)
+            remember = True
+        else:
+            earlier, index, remember = tuple(history), len(history) + 1, False
+        if turn_index is not None:
+            index = turn_index
+        kept = await cut_to_budget(earlier, self.settings, self.counter.count)
+        text = render_history(kept, self.settings)
+        return TurnPlace(cid, index, History(kept, text, len(earlier) - len(kept)), remember)
+
+    def end(self, place: TurnPlace, message: str, shown: str | None) -> None:
+        """Record an ended turn: the message and what reached the shopper."""
+        if place.remember:
+            self.memory.end(place.conversation_id, place.turn_index,
+                            HistoryTurn(message, shown or ""))  # fmt: skip
