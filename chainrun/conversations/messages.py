@@ -8,7 +8,8 @@ whole thread every time (OpenAI API reference, "Create chat completion": ``messa
 - the **last** ``user`` message is the message to answer;
 - each earlier ``user`` message opens a turn of history, and the ``assistant`` messages
   that follow it (up to the next ``user`` message) are what the shopper was shown; a
-  user message with no assistant message after it is a turn with no answer;
+  user message with no assistant message after it is a turn with no answer; a user
+  message with no text (an image only) is left out, with its answers;
 - ``system`` and ``developer`` messages are not used: the chain's steps have their own
   system texts (config), and a client's instructions are not passed to any step (a
   shop's assistant is not re-instructed by its users); they are counted in
@@ -87,5 +88,7 @@ def read_thread(messages: Sequence[Any]) -> Thread:
             turns.append((text or "", []))
         elif role == "assistant" and turns and text:
             turns[-1][1].append(text)
-    history = tuple(HistoryTurn(msg, "\n".join(answers)) for msg, answers in turns)
+    history = tuple(
+        HistoryTurn(msg, "\n".join(answers)) for msg, answers in turns if msg.strip()
+    )
     return Thread(message_text(messages[last_user].get("content")), history, ignored)

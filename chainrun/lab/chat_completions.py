@@ -50,7 +50,7 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
     plan = lab.planner.plan(messages, max_tokens_of(body), attempt)
     model = deployment or str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, record_id=lab.next_id(), model=model,
-                         stream=stream)  # fmt: skip
+                         stream=stream, messages=messages)  # fmt: skip
     if stream and lab.scenario.wire is not None:
         return wire_response(lab, rec, arrived)
     cache_prompt = body.get("cache_prompt")

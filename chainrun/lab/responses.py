@@ -133,7 +133,8 @@ async def responses(request: Request) -> Response:
     plan = lab.planner.plan(messages, text_cap)
     model = str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, model=model, stream=bool(body.get("stream")),
-                         record_id=lab.next_id().replace("chatcmpl-", "resp_"))  # fmt: skip
+                         record_id=lab.next_id().replace("chatcmpl-", "resp_"),
+                         messages=messages)  # fmt: skip
     if rec.stream and sc.wire is not None:
         return wire_response(lab, rec, arrived)
     if plan.fault == "rate_limit":

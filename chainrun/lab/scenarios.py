@@ -348,6 +348,10 @@ class Scenario(_Strict):
     #: Responses ``text.format``) with an object following it, as a server enforcing it
     #: with a grammar would (lab/tool_calls.py ``schema_answer``); false: the words
     schema_answers: bool = False
+    #: keep each request's chat messages in its record (``GET /admin/requests``,
+    #: ``messages``): for tests and demos that check what a client sent (off by default:
+    #: a long benchmark would hold every prompt in memory)
+    record_bodies: bool = False
 
     @property
     def token_interval_ms(self) -> float:

@@ -10,6 +10,9 @@ Routes (all JSON unless said otherwise)::
                                 Azure OpenAI's URL shape (``api-key`` header or a
                                 bearer token; see lab/azure.py)
     GET  /v1/models             one model, "chainrun-lab"
+    POST /tokenize              llama-server's tokenizer route: {"content": TEXT} ->
+                                {"tokens": [...]}, one id per word or punctuation mark
+                                (the lab has no vocabulary; counts are what matter)
     GET  /health                {"status": "ok", "scenario": {...}}
     (a scenario's ``prompt_cache`` emulates llama-server's prompt cache and honours a
     request's ``"cache_prompt": false``; its ``wire`` frames replace planned streams)
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import resource
 import socket
 import sys
@@ -94,6 +98,21 @@ async def _admin_scenario(request: Request) -> Response:
     return JSONResponse({"ok": True, "scenario": scenario.name})
 
 
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+async def _tokenize(request: Request) -> Response:
+    """llama-server's ``POST /tokenize`` shape: one token id per word or punctuation mark."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "request body is not JSON", "invalid_request_error")
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, str):
+        return error_response(400, "'content' must be a string", "invalid_request_error")
+    return JSONResponse({"tokens": [len(t) for t in _TOKEN.findall(content)]})
+
+
 def create_app(scenario: Scenario) -> Starlette:
     """The lab as an ASGI app serving ``scenario`` (routes in this module's docstring)."""
     app = Starlette(
@@ -107,6 +126,7 @@ def create_app(scenario: Scenario) -> Starlette:
             ),
             Route("/openai/responses", azure_responses, methods=["POST"]),
             Route("/v1/models", _models, methods=["GET"]),
+            Route("/tokenize", _tokenize, methods=["POST"]),
             Route("/health", _health, methods=["GET"]),
             Route("/admin/requests", _admin_requests, methods=["GET"]),
             Route("/admin/reset", _admin_reset, methods=["POST"]),

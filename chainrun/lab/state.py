@@ -81,6 +81,9 @@ class RequestRecord:
     cache_prompt: bool | None = None
     #: prompt tokens served from the emulated prompt cache (None: no cache emulated)
     cached_tokens: int | None = None
+    #: the request's chat messages (Responses requests turned into messages), kept only
+    #: when the scenario sets ``record_bodies``
+    messages: Any = None
 
 
 class LabState:
@@ -227,9 +230,11 @@ def record_request(
     record_id: str,
     model: str,
     stream: bool,
+    messages: Any = None,
 ) -> RequestRecord:
     """A new :class:`RequestRecord` for ``request`` (appended to ``lab.records``): the
-    chainrun headers it carried, the planned TTFT (ms) and tokens, and its fault."""
+    chainrun headers it carried, the planned TTFT (ms) and tokens, its fault, and with
+    the scenario's ``record_bodies`` its chat ``messages``."""
     rec = RequestRecord(
         id=record_id,
         received_at=lab.now(),
@@ -243,6 +248,7 @@ def record_request(
         fault=plan.fault,
         route=request.url.path,
         auth=request.scope.get("chainrun.auth"),
+        messages=messages if lab.scenario.record_bodies else None,
     )
     lab.records.append(rec)
     return rec

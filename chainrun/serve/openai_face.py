@@ -10,10 +10,17 @@ A client that already speaks the API (the ``openai`` SDK, a chat UI) sets its
 ``base_url`` to ``http://HOST:PORT/v1`` and its model to the served model id (default
 ``chainrun-shop``); the bearer token, if the server has one, is its API key.
 
-What is taken from the request: the text of the **last** ``user`` message (the chain
-answers one message per turn; earlier messages are not sent to it) and a conversation
-id from ``metadata.conversation_id`` or ``user``. Sampling parameters are the chain's
-own (its config); ``n`` other than 1 and ``tools`` are refused with 400.
+What is taken from the request: the text of the **last** ``user`` message (the message
+the turn answers), the **earlier turns** from the ``messages`` before it (each earlier
+``user`` message with the ``assistant`` messages after it: the turn's ``{history}``,
+cut to the ``[history]`` budget; read by :func:`chainrun.conversations.read_thread`,
+which documents every rule), and a conversation id from ``metadata.conversation_id``
+or ``user`` (else a new one). The face keeps no state, as the API it copies: the
+history is the client's, never the log's. ``system`` and ``developer`` messages are not
+used: the chain's steps have their own system texts (config), and a client's
+instructions reach no step (each step's logged prompt shows what was sent). Sampling
+parameters are the chain's own (its config); ``n`` other than 1 and
+``tools`` are refused with 400.
 
 What comes back besides the answer:
 
@@ -51,6 +58,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.messages import read_thread
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
@@ -68,6 +77,8 @@ class CompletionRequest:
     conversation_id: str | None
     stream: bool
     include_usage: bool
+    #: the earlier turns the client sent, oldest first
+    history: tuple[HistoryTurn, ...] = ()
 
 
 class InvalidRequest(ValueError):
@@ -79,16 +90,6 @@ class InvalidRequest(ValueError):
         self.param = param
         self.status = status
         self.code = code
-
-
-def _text(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        texts = [p for p in parts if isinstance(p, str)]
-        return "\n".join(texts) if texts else None
-    return None
 
 
 def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
@@ -116,13 +117,20 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: expected a non-empty list", "messages")
-    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    text = _text(users[-1].get("content")) if users else None
+    thread = read_thread(messages)
+    text = thread.message
     if not text or not text.strip():
         raise InvalidRequest("messages: expected a user message with text content", "messages")
     problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
     if problem is not None:
         raise InvalidRequest(f"messages: the last user message: {problem}", "messages")
+    for i, turn in enumerate(thread.history):  # the library's rule for every earlier text
+        for what, value in (("user", turn.message), ("assistant", turn.answer)):
+            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
+            if problem is not None:
+                raise InvalidRequest(
+                    f"messages: earlier turn {i + 1}, the {what} message: {problem}", "messages"
+                )
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise InvalidRequest("n: only 1 choice is supported", "n")
@@ -141,6 +149,7 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
         conversation_id=conv if isinstance(conv, str) else None,
         stream=_flag(body.get("stream"), "stream"),
         include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
+        history=thread.history,
     )
 
 
@@ -237,7 +246,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def _whole_turn(runner: TurnRunner, req: CompletionRequest) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    async for ev in runner.stream(req.message, req.conversation_id):
+    async for ev in runner.stream(req.message, req.conversation_id, req.history):
         if ev.event == "turn":
             summary = ev.data
     return summary
@@ -263,7 +272,7 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     sent_text = False
-    async for ev in runner.stream(req.message, req.conversation_id):
+    async for ev in runner.stream(req.message, req.conversation_id, req.history):
         if ev.event == "token" and ev.data["step"] == runner.answer_step:
             sent_text = True
             yield chunk({"content": ev.data["text"]})

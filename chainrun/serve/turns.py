@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from chainrun.chain import Chain
+from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.source import new_conversation_id
 from chainrun.events import StepFinished, StepStarted, TokenDelta, ToolCallEvent, TurnFinished
 from chainrun.log.logged_turn import LoggedTurn, TurnUsage, find_turn, read_turn
 from chainrun.serve.disconnect import detached
@@ -67,7 +69,7 @@ def turn_summary(
 
     Shape::
 
-        {turn_id, run_id, conversation_id, status, output, label, error_type,
+        {turn_id, run_id, conversation_id, turn_index, status, output, label, error_type,
          duration_ms, answer_ttft_ms, answer_done_ms,
          usage: {input_tokens, output_tokens, reasoning_tokens, cached_input_tokens,
                  calls, unknown_calls},
@@ -84,7 +86,8 @@ def turn_summary(
     that ran concurrently overlap. ``answer_ttft_ms`` / ``answer_done_ms``
     are the shopper's wait for the first answer token / the whole answer (None when no
     answer reached the user); ``post_answer`` steps (checks of the answer) are not part of
-    it. Without a log (``logged`` None) the steps come from the events alone.
+    it. ``turn_index`` is the turn's 1-based position in its conversation. Without a
+    log (``logged`` None) the steps come from the events alone.
     """
     steps: list[dict[str, Any]] = []
     if logged is not None:
@@ -142,6 +145,7 @@ def turn_summary(
         "turn_id": done.turn_id,
         "run_id": done.run_id,
         "conversation_id": conversation_id,
+        "turn_index": done.turn_index,
         "status": done.status,
         "output": done.output,
         "label": done.label,
@@ -179,21 +183,28 @@ class TurnRunner:
         return self.chain.config.answer_step
 
     def stream(
-        self, message: str, conversation_id: str | None = None
+        self,
+        message: str,
+        conversation_id: str | None = None,
+        history: Sequence[HistoryTurn] | None = None,
     ) -> AsyncGenerator[WireEvent, None]:
         """Run one turn; yield its wire events (see the module docstring), ``turn`` last.
+
+        ``conversation_id``: the conversation (None: a new one). ``history``: its earlier
+        turns as the client sent them (the OpenAI-compatible face); None: the chain's own
+        record of the conversation (``/chat``).
 
         The turn runs in a task of its own; closing the returned generator (a client
         gone) cancels it once, and it logs itself ``cancelled``. A provider that cannot be
         reached at all ends the turn with status ``error`` (its ``turn`` event is still
         sent; the error is not re-raised here).
         """
-        return detached(self._turn(message, conversation_id), self.background)
+        return detached(self._turn(message, conversation_id, history), self.background)
 
     async def _turn(
-        self, message: str, conversation_id: str | None
+        self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None
     ) -> AsyncGenerator[WireEvent, None]:
-        conversation_id = conversation_id or uuid.uuid4().hex
+        conversation_id = conversation_id or new_conversation_id()
         request_id = uuid.uuid4().hex
         finished: dict[str, dict[str, Any]] = {}
         yield WireEvent(
@@ -207,7 +218,7 @@ class TurnRunner:
         )
         done: TurnFinished | None = None
         events = self.chain.stream_turn(
-            message, request_id=request_id, conversation_id=conversation_id
+            message, request_id=request_id, conversation_id=conversation_id, history=history
         )
         try:
             async with contextlib.aclosing(events):
