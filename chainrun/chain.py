@@ -479,6 +479,9 @@ class Chain:
         self._check_open()  # also when the run exists already (ensure_run is skipped then)
         run_id = self.run_id if self.run_id is not None else await self.ensure_run()
         started = time.perf_counter()  # the shopper's wait includes finding the history
+        if history is not None:  # the caller's thread: what the checks mask stays masked
+            history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer)
+                       for h in history]  # fmt: skip
         place = await self.conversations.begin(conversation_id, history, turn_index)
         turn = TurnRow(input=message, request_id=request_id,
                        conversation_id=place.conversation_id, turn_index=place.turn_index,

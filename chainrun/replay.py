@@ -3,19 +3,34 @@
 A replay file is JSON Lines: one object a line with ``id`` (string) and ``message``
 (non-empty string); optional ``conversation_id`` and ``original_ms`` (the latency the
 original live turn recorded, in ms, reported apart from the replay's own wall time).
+
+**Conversations.** A line with ``turn`` (an int >= 1, with a ``conversation_id``) is
+that turn of its conversation. A replay runs each conversation's turns in ``turn``
+order, one after another, and conversations side by side (``concurrency`` turns in
+flight in all). Each turn's ``{history}`` is the conversation's earlier turns as this
+run answered them (the chain's own answers, or what reached the shopper of a turn that
+did not end ok), or the line's own ``history`` for a fixed context: a list of
+``{"message": ..., "answer": ...}`` objects, oldest first (the next turns of that
+conversation then continue from it). A line without ``turn`` is a conversation of its
+own (no history). ``(conversation_id, turn)`` is unique in a file::
+
+    {"id": "rain-1", "conversation_id": "rain", "turn": 1, "message": "Do you have rain jackets?"}
+    {"id": "rain-2", "conversation_id": "rain", "turn": 2, "message": "Which is cheapest?"}
+
 The whole file is validated before any run is created.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
+from chainrun.conversations.history import HistoryTurn
 from chainrun.errors import InputFileError, UserInputError
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl
@@ -34,6 +49,10 @@ class ReplayRequest:
     message: str
     conversation_id: str | None = None
     original_ms: float | None = None
+    #: the turn's position in its conversation (None: a conversation of its own)
+    turn: int | None = None
+    #: a fixed context for this turn (None: the run's own earlier turns)
+    history: tuple[HistoryTurn, ...] | None = None
 
 
 def load_requests(path: str | Path) -> list[ReplayRequest]:
@@ -41,11 +60,13 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
 
     Raises:
         InputFileError: unreadable or oversized file (see :mod:`chainrun.input_files`), a
-            malformed line (file and line named), a duplicate id, or no requests at all.
+            malformed line (file and line named), a duplicate id, a turn repeated in its
+            conversation, or no requests at all.
     """
     p = Path(path)
     out: list[ReplayRequest] = []
     seen: set[str] = set()
+    turns_seen: dict[tuple[str, int], int] = {}
     for no, obj in read_jsonl(p, "replay set"):
         rid, msg = obj.get("id"), obj.get("message")
         if not isinstance(rid, str | int) or isinstance(rid, bool) or str(rid) == "":
@@ -61,14 +82,91 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
         if orig is not None and (not isinstance(orig, int | float) or isinstance(orig, bool)):
             raise InputFileError(str(p), no, "field 'original_ms' must be a number (ms)")
         conv = obj.get("conversation_id")
+        turn, history = _conversation_fields(obj, str(p), no)
+        if turn is not None:
+            if conv is None:
+                raise InputFileError(str(p), no, "field 'turn' needs a 'conversation_id'")
+            key = (str(conv), turn)
+            if key in turns_seen:
+                raise InputFileError(
+                    str(p), no, f"conversation {conv!r} has turn {turn} twice "
+                    f"(first on line {turns_seen[key]})",
+                )  # fmt: skip
+            turns_seen[key] = no
         seen.add(str(rid))
         out.append(
             ReplayRequest(str(rid), msg, str(conv) if conv is not None else None,
-                          float(orig) if orig is not None else None)
+                          float(orig) if orig is not None else None, turn, history)
         )  # fmt: skip
     if not out:
         raise InputFileError(str(p), None, "no requests in file")
     return out
+
+
+def _conversation_fields(
+    obj: Mapping[str, Any], path: str, line: int
+) -> tuple[int | None, tuple[HistoryTurn, ...] | None]:
+    """A line's ``turn`` and ``history``, checked.
+
+    Raises:
+        InputFileError: ``turn`` is not an int >= 1; ``history`` is not a list of
+            ``{"message": non-empty text, "answer": text}`` objects.
+    """
+    turn = obj.get("turn")
+    if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool) or turn < 1):
+        raise InputFileError(path, line, f"field 'turn' must be an int >= 1, got {turn!r}")
+    raw = obj.get("history")
+    if raw is None:
+        return turn, None
+    if not isinstance(raw, list):
+        raise InputFileError(path, line, "field 'history' must be a list of "
+                             '{"message": ..., "answer": ...} objects')  # fmt: skip
+    history = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"message", "answer"}:
+            raise InputFileError(path, line, f"field 'history[{i}]': expected an object "
+                                 "with 'message' and 'answer' only")  # fmt: skip
+        message, answer = item.get("message"), item.get("answer", "")
+        for name, value, required in (("message", message, True), ("answer", answer, False)):
+            problem = text_problem(value, required=required, max_chars=MAX_MESSAGE_CHARS)
+            if problem is None and value is None:
+                problem = "expected a string, got NoneType"
+            if problem is not None:
+                raise InputFileError(path, line, f"field 'history[{i}].{name}': {problem}")
+        history.append(HistoryTurn(str(message), str(answer)))
+    return turn, tuple(history)
+
+
+def conversations_of(requests: Sequence[ReplayRequest]) -> list[list[ReplayRequest]]:
+    """The requests as conversations, in order of their first line: the lines with a
+    ``turn`` grouped by ``conversation_id`` and sorted by turn; every other line alone."""
+    groups: dict[str, list[ReplayRequest]] = {}
+    out: list[list[ReplayRequest]] = []
+    for req in requests:
+        if req.turn is None or req.conversation_id is None:
+            out.append([req])
+            continue
+        group = groups.get(req.conversation_id)
+        if group is None:
+            group = groups[req.conversation_id] = []
+            out.append(group)
+        group.append(req)
+    for group in groups.values():
+        group.sort(key=lambda r: r.turn or 0)
+    return out
+
+
+def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
+    """The turns run ``run_id`` has answered, as history by conversation id (by turn
+    index): what a resumed replay's later turns continue from."""
+    by_conv: dict[str, list[tuple[int, HistoryTurn]]] = {}
+    for t in store.turns(run_id):
+        if t.status == "cancelled" or t.conversation_id is None or t.turn_index is None:
+            continue
+        by_conv.setdefault(t.conversation_id, []).append(
+            (t.turn_index, HistoryTurn(t.input, t.output or ""))
+        )
+    return {c: [h for _, h in sorted(turns, key=lambda x: x[0])] for c, turns in by_conv.items()}
 
 
 def missing_requests(
@@ -115,8 +213,12 @@ async def run_requests(
     quiet: bool = False,
     run_id: int | None = None,
     on_run: Callable[[int], Any] | None = None,
+    earlier: Mapping[str, Sequence[HistoryTurn]] | None = None,
 ) -> int:
-    """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time.
+    """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time:
+    each conversation's turns in order, conversations side by side (see the module
+    text). ``earlier``: the history each conversation already has (a resumed run's
+    answered turns, :func:`answered_history`).
 
     Returns the run id. The run ends ``complete``, or ``failed`` when a provider was
     unreachable or refused a step's configuration (the remaining requests are not
@@ -138,27 +240,40 @@ async def run_requests(
 
     stopped = False  # set inside the semaphore, so no queued turn starts after a stop
 
-    async def one(req: ReplayRequest) -> None:
+    async def one(req: ReplayRequest, history: Sequence[HistoryTurn]) -> TurnFinished | None:
         nonlocal stopped
         async with sem:
             if stopped:
-                return
+                return None
             try:
                 done = await chain.run_turn(
                     req.message, request_id=req.id, conversation_id=req.conversation_id,
-                    original_ms=req.original_ms,
+                    history=list(history), turn_index=req.turn, original_ms=req.original_ms,
                 )  # fmt: skip
             except BaseException:
                 stopped = True
                 raise
             if on_turn is not None:
                 on_turn(req, done)
+            return done
+
+    async def conversation(turns: list[ReplayRequest]) -> None:
+        cid = turns[0].conversation_id
+        carried = earlier is not None and cid is not None and turns[0].turn is not None
+        history = list(earlier.get(cid, ())) if carried and earlier and cid else []
+        for req in turns:
+            if req.history is not None:
+                history = list(req.history)  # a fixed context, continued from here on
+            done = await one(req, history)
+            if done is None:
+                return
+            history.append(HistoryTurn(req.message, done.output or ""))
 
     async with chain:
         started = await chain.ensure_run()
         if on_run is not None and started is not None:
             on_run(started)
-        tasks = [asyncio.create_task(one(r)) for r in requests]
+        tasks = [asyncio.create_task(conversation(c)) for c in conversations_of(requests)]
         try:
             await asyncio.gather(*tasks)
         finally:

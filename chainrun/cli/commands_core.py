@@ -48,7 +48,13 @@ from chainrun.errors import LogWriteError, UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
 from chainrun.log.several_logs import process_name, process_names
 from chainrun.log.store import Store
-from chainrun.replay import ReplayRequest, load_requests, missing_requests, run_requests
+from chainrun.replay import (
+    ReplayRequest,
+    answered_history,
+    load_requests,
+    missing_requests,
+    run_requests,
+)
 from chainrun.runtime import local_model
 
 
@@ -170,9 +176,11 @@ def replay(
         cfg = without_prompt_cache(cfg)
     requests = load_requests(file)  # validated before any run exists
     store = Store.open(db, create=resume is None)
+    earlier = None
     if resume is not None:
         try:
             requests = missing_requests(store, resume, requests, str(file))
+            earlier = answered_history(store, resume)
             cfg = config_from_snapshot(store.get_run(resume).config or "", f"run {resume}")
         except BaseException:
             store.close()
@@ -198,7 +206,7 @@ def replay(
                     run_requests(
                         cfg, requests, store, concurrency=concurrency, label=label,
                         source=str(file), on_turn=on_turn,
-                        quiet=as_json, run_id=resume, on_run=started.append,
+                        quiet=as_json, run_id=resume, on_run=started.append, earlier=earlier,
                     )
                 )  # fmt: skip
         except (KeyboardInterrupt, Terminated) as e:
