@@ -4,6 +4,7 @@ a resumed run continuing from its answered turns, and the shipped conversation s
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from datetime import datetime
@@ -105,7 +106,7 @@ async def test_replay_runs_turns_in_order_with_the_chains_own_answers(tmp_path) 
     for conv, ts in by_conv.items():
         ts.sort(key=lambda t: t.turn_index)
         assert [t.request_id for t in ts] == [f"{conv}-{i}" for i in range(1, len(ts) + 1)]
-        for before, after in zip(ts, ts[1:], strict=False):  # a turn starts once the last ended
+        for before, after in itertools.pairwise(ts):  # a turn starts once the last ended
             end = datetime.fromisoformat(before.started_at).timestamp() + before.duration_ms / 1e3
             assert datetime.fromisoformat(after.started_at).timestamp() >= end - 0.002
     # conversations ran side by side: some turn started before another conversation ended
@@ -145,7 +146,8 @@ async def test_a_resumed_run_continues_from_its_answered_turns(tmp_path, fake) -
     ])  # fmt: skip
     requests = load_requests(path)
     store = Store.open(tmp_path / "log.db")
-    run_id = await run_requests(config_from_dict({}), requests[:1], store, providers={"local": fake})
+    run_id = await run_requests(config_from_dict({}), requests[:1], store,
+                                providers={"local": fake})  # fmt: skip
     earlier = answered_history(store, run_id)
     first = store.turns(run_id)[0]
     assert earlier == {"y": [HistoryTurn("Do you have boots?", first.output)]}

@@ -35,7 +35,7 @@ def _factory(lab: LabServer, store: Store) -> Any:
 
 def _answer_requests(lab: LabServer, message: str) -> list[str]:
     """The user text of every answer (compose) request the lab received for ``message``."""
-    records = httpx.get(f"{lab.base_url.removesuffix('/v1')}/admin/requests").json()
+    records = lab.requests()
     out = []
     for r in records:
         messages = r["messages"] or []
@@ -55,7 +55,7 @@ def _retrieve_query(store: Store, turn_id: int) -> str:
 async def test_chat_with_a_conversation_id_sends_turn_one_to_turn_two(
     recording_lab, tmp_path
 ) -> None:
-    httpx.post(f"{recording_lab.base_url.removesuffix('/v1')}/admin/reset")
+    recording_lab.reset()
     store = Store.open(tmp_path / "log.db")
     async with serving(_factory(recording_lab, store)) as (url, _):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -75,7 +75,7 @@ async def test_chat_with_a_conversation_id_sends_turn_one_to_turn_two(
 
 
 async def test_openai_face_takes_the_history_from_the_messages(recording_lab, tmp_path) -> None:
-    httpx.post(f"{recording_lab.base_url.removesuffix('/v1')}/admin/reset")
+    recording_lab.reset()
     store = Store.open(tmp_path / "log.db")
     async with serving(_factory(recording_lab, store)) as (url, _):
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -95,7 +95,6 @@ async def test_openai_face_takes_the_history_from_the_messages(recording_lab, tm
     assert extra["status"] == "ok" and extra["turn_index"] == 2
     (prompt,) = _answer_requests(recording_lab, SECOND)
     assert f"Shopper: {FIRST}\nStylist: {' '.join(answer.split())}\n" in prompt
-    assert "pirate" not in str(httpx.get(
-        f"{recording_lab.base_url.removesuffix('/v1')}/admin/requests").json())  # fmt: skip
+    assert "pirate" not in str(recording_lab.requests())  # the client's system text: unused
     assert "jacket" in _retrieve_query(store, extra["turn_id"]).lower()
     store.close()

@@ -34,6 +34,7 @@ The result is plain JSON-ready data (see :func:`compare`); the CLI only prints i
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -470,6 +471,72 @@ def _llm_split(
     }
 
 
+# -- conversations: figures by turn index ----------------------------------------------
+
+
+def _answer_steps(store: Store, side: Side) -> set[str]:
+    """The answer step of each of the side's runs (from their stored configs)."""
+    names = set()
+    for rid in side.run_ids:
+        config = store.get_run(rid).config
+        try:
+            names.add(str(json.loads(config or "{}").get("answer_step") or "compose"))
+        except ValueError:
+            names.add("compose")
+    return names
+
+
+def _turn_figures(side: Side, answer_steps: set[str]) -> dict[tuple[str, int], dict[str, float]]:
+    """Per completed turn with a turn index, keyed by (conversation id, turn index): its
+    answer TTFT (ms) and the answer call's prompt tokens, where known."""
+    done = side.completed
+    winners = winning_calls(done.of(side.calls))
+    prompt = {tid: c.input_tokens for (tid, step), c in winners.items() if step in answer_steps}
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for t in done.of(side.turns):
+        if t.turn_index is None or t.conversation_id is None or t.id is None:
+            continue
+        figures: dict[str, float] = {}
+        if t.answer_ttft_ms is not None:
+            figures["answer_ttft"] = float(t.answer_ttft_ms)
+        tokens = prompt.get(t.id)
+        if tokens is not None:
+            figures["prompt_tokens"] = float(tokens)
+        out[(t.conversation_id, t.turn_index)] = figures
+    return out
+
+
+def _by_turn_index(
+    store: Store, a: Side, b: Side, confidence: float
+) -> dict[str, Any] | None:
+    """The shopper's wait and the answer's prompt tokens per turn index, each side's and
+    paired over the turns both sides have (same conversation id and turn index: a
+    conversation replay set run twice); None when neither side has a conversation of
+    more than one turn."""
+    fa, fb = _turn_figures(a, _answer_steps(store, a)), _turn_figures(b, _answer_steps(store, b))
+    indexes = sorted({i for _, i in [*fa, *fb]})
+    if not indexes or max(indexes) < 2:
+        return None
+    units = {"answer_ttft": "ms", "prompt_tokens": "tokens"}
+    rows = []
+    for i in indexes:
+        row: dict[str, Any] = {"turn_index": i}
+        for name, figs in (("a", fa), ("b", fb)):
+            at = [f for (_, ti), f in figs.items() if ti == i]
+            row[name] = {"n_turns": len(at), **{
+                k: summarize([f[k] for f in at if k in f], confidence, unit)
+                for k, unit in units.items()
+            }}  # fmt: skip
+        both = [(fa[k], fb[k]) for k in fa if k[1] == i and k in fb]
+        row["paired"] = {"n_pairs": len(both), **{
+            f"{k}_diff": summarize([y[k] - x[k] for x, y in both if k in x and k in y],
+                                   confidence, unit)
+            for k, unit in units.items()
+        }}  # fmt: skip
+        rows.append(row)
+    return {"pairing": ["conversation_id", "turn_index"], "turns": rows}
+
+
 # -- evals --------------------------------------------------------------------------------
 
 
@@ -550,10 +617,19 @@ def compare(
          "answer_ttft": {like "turn": the shopper's wait for the first answer token},
          "answer_done": {like "turn": until the answer was complete},
          "cache": {"a": CACHE, "b": CACHE, "differs": bool, "warning": str | None},
+         "by_turn_index": BY_TURN | None,  # conversations: figures per turn index
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
 
         CACHE    = {"share", "n_calls", "n_unknown", "cached_tokens", "input_tokens"}
                    (:func:`chainrun.analysis.summary.cache_state` of the winning calls)
+
+        BY_TURN  = {"pairing": ["conversation_id", "turn_index"],
+                    "turns": [{"turn_index": 1,
+                               "a": {"n_turns", "answer_ttft": SUMMARY,
+                                     "prompt_tokens": SUMMARY (p50_tokens, ...)},
+                               "b": {...},
+                               "paired": {"n_pairs", "answer_ttft_diff": SUMMARY,
+                                          "prompt_tokens_diff": SUMMARY}}, ...]}
 
         SUMMARY  = {"n", "p50_ms", "p90_ms", "p99_ms", "p50_ci", "p90_ci", "p99_ci"}
         DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...,   (B − A)
@@ -600,6 +676,7 @@ def compare(
     warning = _cache_warning(ca, cb, "all steps")
     cache: dict[str, Any] = {"a": ca, "b": cb, "differs": warning is not None,
                              "warning": warning}  # fmt: skip
+    by_turn = _by_turn_index(store, sa, sb, confidence)
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
     regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
     if evals is not None and evals["verdict"] == "worse":
@@ -613,6 +690,7 @@ def compare(
         **answer,
         "evals": evals,
         "cache": cache,
+        "by_turn_index": by_turn,
         "regressions": regressions,
     }
 

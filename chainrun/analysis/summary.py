@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -379,7 +379,9 @@ def run_detail(store: Store, run_id: int) -> dict[str, Any]:
     show``).
 
     Returns the run's row as a dict (``config`` decoded) with ``turns``: each turn's
-    row with its ``steps``, ``calls`` and ``tool_calls`` rows, in display order.
+    row with its ``steps``, ``calls`` and ``tool_calls`` rows, in display order; and
+    ``conversations``: the turn ids grouped by conversation, in turn order
+    (:func:`conversations`).
 
     Raises:
         UserInputError: no such run.
@@ -396,11 +398,34 @@ def run_detail(store: Store, run_id: int) -> dict[str, Any]:
     for tc in store.tool_calls(run_id):
         tools_by_turn[tc.turn_id].append(tc.model_dump())
     turns = []
-    for t in store.turns(run_id):
+    rows = store.turns(run_id)
+    for t in rows:
         turn = t.model_dump()
         turn["steps"] = steps_by_turn[t.id]
         turn["calls"] = calls_by_turn[t.id]
         turn["tool_calls"] = tools_by_turn[t.id]
         turns.append(turn)
     run["turns"] = turns
+    run["conversations"] = conversations(rows)
     return run
+
+
+def conversations(turns: Sequence[TurnRow]) -> list[dict[str, Any]]:
+    """A run's turns grouped by conversation, in order of each conversation's first
+    logged turn: ``[{"conversation_id", "turn_ids": [ids by turn index]}]`` (a turn
+    with no conversation id is a conversation of its own, id None)."""
+    groups: dict[str, list[TurnRow]] = {}
+    out: list[tuple[str | None, list[TurnRow]]] = []
+    for t in turns:
+        if t.conversation_id is None:
+            out.append((None, [t]))
+            continue
+        if t.conversation_id not in groups:
+            groups[t.conversation_id] = []
+            out.append((t.conversation_id, groups[t.conversation_id]))
+        groups[t.conversation_id].append(t)
+    return [
+        {"conversation_id": cid,
+         "turn_ids": [t.id for t in sorted(ts, key=lambda t: (t.turn_index or 0, t.id or 0))]}
+        for cid, ts in out
+    ]  # fmt: skip

@@ -46,6 +46,7 @@ from chainrun.cli.tables import (
 from chainrun.config import ChainConfig, config_from_snapshot, load_config
 from chainrun.errors import LogWriteError, UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
+from chainrun.log.rows import TurnRow
 from chainrun.log.several_logs import process_name, process_names
 from chainrun.log.store import Store
 from chainrun.replay import (
@@ -308,9 +309,22 @@ def show(
     out.print(f"run {run_id}: {detail['kind']} {detail['status']} "
               f"label={detail['label'] or '-'} source={detail['source'] or '-'}",
               markup=False)  # fmt: skip
-    for t in turns:
+    by_id = {t.id: t for t in turns}
+    groups = detail["conversations"]
+    grouped = any(len(g["turn_ids"]) > 1 for g in groups)  # a run with conversations
+    order: list[tuple[dict[str, Any] | None, TurnRow]] = []
+    for g in groups:
+        for i, tid in enumerate(g["turn_ids"]):
+            order.append((g if grouped and i == 0 else None, by_id[tid]))
+    if not grouped:
+        order = [(None, t) for t in turns]
+    for group, t in order:
+        if group is not None:
+            out.print(f"\n[bold]conversation {escape(str(group['conversation_id']))}[/] "
+                      f"({len(group['turn_ids'])} turns)")  # fmt: skip
+        place = f" #{t.turn_index}" if grouped and t.turn_index is not None else ""
         cut = " [yellow](answer cut at the token cap)[/]" if t.truncated else ""
-        out.print(f"\n[bold]turn {t.id}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
+        out.print(f"\n[bold]turn {t.id}{place}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
                   f"label={escape(t.label or '-')}")  # fmt: skip

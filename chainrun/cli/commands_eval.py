@@ -350,6 +350,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
         elif like:
             out.print(f"{name}: no calls in the same cache state on both sides: no TTFT "
                       "comparison of like with like", markup=False)  # fmt: skip
+    by_turn = doc.get("by_turn_index")
+    if by_turn:
+        out.print(_turn_index_table(by_turn))
     ev = doc.get("evals")
     if ev:
         out.print(f"evals (paired on {ev['n_pairs']} cases): A {_fmt_rate(ev['a'])}, "
@@ -360,3 +363,28 @@ def _print_compare(doc: dict[str, Any]) -> None:
                           "rate): " + sk["reason"].replace("[", r"\["))  # fmt: skip
     if doc.get("regressions"):
         out.print(f"[red]regressions:[/] {', '.join(doc['regressions'])}")
+
+
+def _turn_index_table(by_turn: dict[str, Any]) -> Table:
+    """Conversations: the shopper's wait and the answer's prompt tokens per turn index."""
+    table = Table(title="by turn index (paired on conversation id and turn index)")
+    for col in ("turn", "n A", "n B", "answer TTFT p50 A [95% CI]", "B [95% CI]",
+                "prompt tokens p50 A", "B", "pairs", "B−A TTFT p50 [CI]",
+                "B−A tokens p50"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for row in by_turn["turns"]:
+        a, b, d = row["a"], row["b"], row["paired"]
+        table.add_row(
+            str(row["turn_index"]), str(a["n_turns"]), str(b["n_turns"]),
+            f"{_ms(a['answer_ttft']['p50_ms'])} {_ci(a['answer_ttft']['p50_ci'])}",
+            f"{_ms(b['answer_ttft']['p50_ms'])} {_ci(b['answer_ttft']['p50_ci'])}",
+            _n(a["prompt_tokens"]["p50_tokens"]), _n(b["prompt_tokens"]["p50_tokens"]),
+            str(d["n_pairs"]),
+            f"{_ms(d['answer_ttft_diff']['p50_ms'])} {_ci(d['answer_ttft_diff']['p50_ci'])}",
+            _n(d["prompt_tokens_diff"]["p50_tokens"]),
+        )  # fmt: skip
+    return table
+
+
+def _n(v: Any) -> str:
+    return "-" if v is None else f"{v:g}"

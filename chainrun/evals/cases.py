@@ -9,6 +9,15 @@ Each line::
 ``context`` is optional (``filters``: retrieval filters; ``order_state``: the order
 facts the shop would have for this shopper). ``tags`` and ``description`` are optional
 too. Unknown keys are errors, so a typo never silently drops an assertion.
+
+A case may be a turn of a conversation: ``conversation_id`` and ``turn`` (its 1-based
+position there), optionally a fixed ``history`` (``[{"message", "answer"}]``, oldest
+first); a conversation's cases run in turn order, each seeing the chain's own earlier
+answers (see :mod:`chainrun.replay`), and each case's assertions apply to its own turn::
+
+    {"id": "rain-2", "conversation_id": "rain", "turn": 2,
+     "message": "Which of those is cheapest?",
+     "assert": [{"type": "icontains", "step": "retrieve", "value": "JKT"}]}
 """
 
 from __future__ import annotations
@@ -18,7 +27,14 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from chainrun.errors import InputFileError
 from chainrun.evals.assertions import LABEL, Assertion
@@ -36,6 +52,15 @@ class CaseContext(BaseModel):
     order_state: dict[str, Any] | None = None
 
 
+class HistoryTurnCase(BaseModel):
+    """One earlier turn of a case's fixed ``history``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message: str = Field(min_length=1)
+    answer: str = ""
+
+
 class EvalCase(BaseModel):
     """One eval case: a shopper message and the assertions its turn must satisfy."""
 
@@ -47,6 +72,21 @@ class EvalCase(BaseModel):
     asserts: list[Assertion] = Field(alias="assert", min_length=1)
     tags: list[str] = Field(default_factory=list)
     description: str | None = None
+    #: the conversation this case is a turn of (with ``turn``)
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    #: the case's 1-based position in its conversation
+    turn: int | None = Field(default=None, ge=1)
+    #: a fixed context instead of the run's own earlier turns
+    history: list[HistoryTurnCase] | None = None
+
+    @model_validator(mode="after")
+    def _conversation(self) -> EvalCase:
+        if (self.conversation_id is None) != (self.turn is None):
+            raise ValueError("conversation_id and turn: give both (a turn of a conversation) "
+                             "or neither")  # fmt: skip
+        if self.history is not None and self.turn is None:
+            raise ValueError("history: only for a turn of a conversation (conversation_id, turn)")
+        return self
 
     @field_validator("id")
     @classmethod
@@ -118,6 +158,7 @@ def load_cases(
     p = str(path)
     cases: list[EvalCase] = []
     first_line: dict[str, int] = {}
+    turn_line: dict[tuple[str, int], int] = {}
     for lineno, data in read_jsonl(p, "eval set", objects=False):
         case = parse_case(data, p, lineno)
         if steps is not None:
@@ -127,6 +168,14 @@ def load_cases(
                 p, lineno, f"duplicate case id {case.id!r} (first on line {first_line[case.id]})"
             )
         first_line[case.id] = lineno
+        if case.conversation_id is not None and case.turn is not None:
+            key = (case.conversation_id, case.turn)
+            if key in turn_line:
+                raise InputFileError(
+                    p, lineno, f"conversation {case.conversation_id!r} has turn {case.turn} "
+                    f"twice (first on line {turn_line[key]})",
+                )  # fmt: skip
+            turn_line[key] = lineno
         cases.append(case)
     if not cases:
         raise InputFileError(p, None, "no eval cases in file")

@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from chainrun.config import ChainConfig
+from chainrun.conversations.history import HistoryTurn
 from chainrun.errors import ConfigError, ProviderError, ProviderUnavailable
 from chainrun.evals.assertions import Grade, GraderConfig
 from chainrun.evals.cases import EvalCase
@@ -26,9 +27,23 @@ from chainrun.steps import Retriever
 
 
 def eval_requests(cases: Sequence[EvalCase], repeat: int) -> list[ReplayRequest]:
-    """One request per case and repeat, repeats interleaved (all cases, then again)."""
+    """One request per case and repeat, repeats interleaved (all cases, then again).
+
+    A conversation's cases keep their ``conversation_id`` (with ``#k`` for repeat k, so
+    repeats are conversations of their own) and ``turn``; the replay runs them in turn
+    order with the chain's own earlier answers as history."""
     return [
-        ReplayRequest(id=eval_request_id(case.id, k), message=case.message)
+        ReplayRequest(
+            id=eval_request_id(case.id, k),
+            message=case.message,
+            conversation_id=eval_request_id(case.conversation_id, k)
+            if case.conversation_id is not None
+            else None,
+            turn=case.turn,
+            history=tuple(HistoryTurn(h.message, h.answer) for h in case.history)
+            if case.history is not None
+            else None,
+        )
         for k in range(repeat)
         for case in cases
     ]
