@@ -85,10 +85,17 @@ class HistorySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: earlier turns a prompt's {history} shows at most, newest kept (0: none)
     max_turns: int = Field(default=4, ge=0, le=1000)
+    #: tokens the kept turns' transcript holds at most (whole turns are dropped, oldest
+    #: first); counted with the answer step's provider's tokenizer where it has one
     max_tokens: int = Field(default=400, ge=0, le=1_000_000)
+    #: "auto": llama-server's POST /tokenize when the answer step's server answers it,
+    #: else 4 characters a token; "estimate": always the 4-characters estimate
     tokenizer: Literal["auto", "estimate"] = "auto"
+    #: the shopper's name in the {history} transcript (the default prompts' own)
     shopper: str = Field(default="Shopper", min_length=1, max_length=40)
+    #: the assistant's name in the {history} transcript
     assistant: str = Field(default="Stylist", min_length=1, max_length=40)
 
 
