@@ -17,6 +17,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,44 @@ def test_the_page_is_served_without_a_token_but_chat_needs_it(tmp_path: Path) ->
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
             proc.stderr.close()
+
+
+def test_the_page_keeps_its_conversation_and_shows_the_thread(served: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    def ask(page: Any, text: str, n_answers: int) -> None:
+        page.fill("#message", text)
+        page.press("#message", "Enter")
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#messages li.assistant[data-status=\"ok\"]')"
+            f".length === {n_answers}", timeout=60_000)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.goto(served + "/")
+            page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)
+            page.click("#new")  # a clean start, whatever the session held
+            ask(page, "Do you have rain jackets?", 1)
+            ask(page, "Which of those is cheapest?", 2)
+            second = page.text_content("#turn-status") or ""
+            thread = page.eval_on_selector_all(
+                "#messages li", "items => items.map(i => [i.className, i.textContent])")
+            label = page.text_content("#conversation") or ""
+            page.reload()  # the conversation survives a reload of the page
+            page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)
+            restored = page.eval_on_selector_all("#messages li", "items => items.length")
+            page.click("#new")
+            cleared = page.eval_on_selector_all("#messages li", "items => items.length")
+            ask(page, "Any scarves?", 1)
+            fresh = page.text_content("#turn-status") or ""
+        finally:
+            browser.close()
+    assert "#2 of its conversation" in second
+    assert [c for c, _ in thread] == ["user", "assistant", "user", "assistant"]
+    asked = [t for _, t in thread[::2]]
+    assert asked == ["Do you have rain jackets?", "Which of those is cheapest?"]
+    assert label.startswith("conversation ") and label.endswith("2 turns")
+    assert restored == 4 and cleared == 0
+    assert "#1 of its conversation" in fresh

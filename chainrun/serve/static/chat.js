@@ -1,11 +1,24 @@
 // The chat page of `chainrun serve`: POST /chat, read its Server-Sent Events, stream the
 // answer and draw a live waterfall of the turn's steps. No framework, no build step.
 // Every string from the user or a model goes in through textContent, never as HTML.
+// The page keeps one conversation (its id and thread, in sessionStorage so a reload
+// keeps them) until "New conversation": every question is sent with its id, and the
+// server reads the earlier turns from its own record of that conversation.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { conversationId: null, token: sessionStorage.getItem("chainrun-token"),
-                controller: null, turn: null };
+const saved = JSON.parse(sessionStorage.getItem("chainrun-conversation") || "null");
+const state = { conversationId: saved ? saved.id : null, thread: saved ? saved.thread : [],
+                token: sessionStorage.getItem("chainrun-token"), controller: null, turn: null };
+
+function saveConversation() {
+  sessionStorage.setItem("chainrun-conversation",
+                         JSON.stringify({ id: state.conversationId, thread: state.thread }));
+  $("conversation").textContent = state.conversationId
+    ? "conversation " + state.conversationId.slice(0, 8) + " · " +
+      state.thread.filter((m) => m.role === "user").length + " turns"
+    : "new conversation";
+}
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -202,7 +215,8 @@ class Waterfall {
   summary(t) {
     this.done = true;
     this.total = t.duration_ms;
-    $("turn-status").textContent = t.status + (t.turn_id ? " · turn " + t.turn_id : "");
+    $("turn-status").textContent = t.status + (t.turn_id ? " · turn " + t.turn_id : "") +
+      (t.turn_index ? " · #" + t.turn_index + " of its conversation" : "");
     for (const step of t.steps) {
       const s = this.row(step.step);
       this.finished(step);
@@ -283,6 +297,19 @@ function addMessage(role, text) {
   return li;
 }
 
+function restoreThread() {
+  for (const m of state.thread) addMessage(m.role, m.text).dataset.status = m.status || "";
+  saveConversation();
+}
+
+function newConversation() {
+  if (state.controller) return;
+  state.conversationId = null;
+  state.thread = [];
+  $("messages").replaceChildren();
+  saveConversation();
+}
+
 async function ask(message) {
   addMessage("user", message);
   const answer = addMessage("assistant", "");
@@ -317,6 +344,7 @@ async function ask(message) {
     for await (const { event, data } of sseEvents(response, controller.signal)) {
       if (event === "turn_started") {
         state.conversationId = data.conversation_id;
+        saveConversation();
         wf = new Waterfall(data.steps, data.answer_step);
       } else if (event === "step" && wf) {
         if (data.phase === "started") wf.started(data); else wf.finished(data);
@@ -328,6 +356,7 @@ async function ask(message) {
       } else if (event === "turn") {
         answer.dataset.status = data.status;
         if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
+        answer.dataset.turnIndex = data.turn_index;
         if (wf) wf.summary(data);
       }
     }
@@ -343,6 +372,9 @@ async function ask(message) {
     state.controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
+    state.thread.push({ role: "user", text: message },
+                      { role: "assistant", text: answer.textContent, status: answer.dataset.status });
+    saveConversation();
   }
 }
 
@@ -355,6 +387,8 @@ $("ask").addEventListener("submit", (ev) => {
   ask(message);
 });
 $("stop").addEventListener("click", () => { if (state.controller) state.controller.abort(); });
+$("new").addEventListener("click", newConversation);
+restoreThread();
 $("auth").addEventListener("submit", (ev) => {
   ev.preventDefault();
   state.token = $("token").value;
