@@ -265,13 +265,6 @@ def _m030_turn_ids(db: sqlite_utils.Database) -> None:
     )
 
 
-def _m040_conversations(db: sqlite_utils.Database) -> None:
-    # a turn's 1-based position in its conversation (NULL for turns logged before this
-    # migration: unknown); a conversation's turns read back by id, in order, for history
-    db.table("turns").add_column("turn_index", int)
-    db.table("turns").create_index(["conversation_id", "turn_index"], if_not_exists=True)
-
-
 def _m050_tool_calls(db: sqlite_utils.Database) -> None:
     # one row per tool call a model asked for (chainrun.tools): what ran, once, and why not
     db.table("tool_calls").create(
@@ -309,6 +302,13 @@ def _m060_truncated_answers(db: sqlite_utils.Database) -> None:
     db.table("turns").add_column("truncated", int)
 
 
+def _m070_conversations(db: sqlite_utils.Database) -> None:
+    # a turn's 1-based position in its conversation (NULL for turns logged before this
+    # migration: unknown); a conversation's turns read back by id, in order, for history
+    db.table("turns").add_column("turn_index", int)
+    db.table("turns").create_index(["conversation_id", "turn_index"], if_not_exists=True)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -318,9 +318,9 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("010_catalog", _m010_catalog),
     ("020_eval_results", _m020_eval_results),
     ("030_turn_ids", _m030_turn_ids),
-    ("040_conversations", _m040_conversations),
     ("050_tool_calls", _m050_tool_calls),
     ("060_truncated_answers", _m060_truncated_answers),
+    ("070_conversations", _m070_conversations),
 )
 
 

@@ -569,7 +569,7 @@ class Store:
         """A conversation's latest turns in runs of ``kinds``: its ``last`` turns by turn
         index (then id), oldest first, and the highest turn index logged (0: none).
 
-        Turns logged without a turn index (before migration 040) count as index 0.
+        Turns logged without a turn index (before migration 070) count as index 0.
         """
         marks = ",".join("?" for _ in kinds)
         where = (f"conversation_id = ? and run_id in (select id from runs where kind in "
