@@ -25,7 +25,7 @@ from chainrun.conversations.tokens import (
 )
 from chainrun.errors import ConfigError
 from chainrun.retrieval.filters import parse_query
-from chainrun.retrieval.followup import is_follow_up, standalone_query
+from chainrun.retrieval.followup import is_follow_up, price_order, standalone_query
 from chainrun.shop_policy import load_policy, policy_text
 
 RAIN = HistoryTurn("Do you have rain jackets?", "Yes: the City Drizzle (44.95 EUR).")
@@ -205,3 +205,17 @@ def test_bad_policy_file_is_one_line_naming_it(tmp_path) -> None:
         load_policy(bad)
     with pytest.raises(ConfigError, match="cannot read policy file"):
         load_policy(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "order", "rest"),
+    [
+        ("Do you have rain jackets? Which of those is cheapest?", "price_asc",
+         "Do you have rain jackets? Which of those is ?"),
+        ("the most expensive wool coat", "price_desc", "the wool coat"),
+        ("a cheaper one, or the priciest?", "price_desc", "a one, or the ?"),  # the last wins
+        ("rain jackets", None, "rain jackets"),
+    ],
+)  # fmt: skip
+def test_price_order_words(text: str, order: str | None, rest: str) -> None:
+    assert price_order(text) == (order, rest)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from chainrun.retrieval.filters import parse_query
 from chainrun.retrieval.keyword import query_terms
@@ -30,10 +31,22 @@ from chainrun.retrieval.keyword import query_terms
 __all__ = [
     "FOLLOW_UP_WORDS",
     "QUALIFIER_WORDS",
+    "PriceOrder",
     "is_follow_up",
     "names_subject",
+    "price_order",
     "standalone_query",
 ]
+
+#: how a query asks its products ordered: cheapest first, or dearest first
+PriceOrder = Literal["price_asc", "price_desc"]
+
+_PRICE_ORDER: tuple[tuple[re.Pattern[str], PriceOrder], ...] = (
+    (re.compile(r"\b(?:most expensive|priciest|dearest|highest[- ]priced?|pricier|"
+                r"more expensive)\b", re.I), "price_desc"),
+    (re.compile(r"\b(?:cheapest|cheaper|least expensive|lowest[- ]priced?|lowest price|"
+                r"most affordable|less expensive|budget)\b", re.I), "price_asc"),
+)
 
 #: words that point back to something said before (a message holding one and no garment
 #: word is a follow-up)
@@ -92,3 +105,24 @@ def standalone_query(message: str, earlier: Sequence[str] = ()) -> str:
     for m in earlier:
         queries.append(_query(m, queries))
     return _query(message, queries)
+
+
+def price_order(text: str) -> tuple[PriceOrder | None, str]:
+    """The price order a query asks for and the query without its words: "cheapest",
+    "cheaper", "least expensive", "lowest price", "most affordable", "budget" ask for
+    ``price_asc``; "most expensive", "priciest", "pricier", "highest price" for
+    ``price_desc``; the last such phrase in the text wins (a follow-up's own wish comes
+    after the subject it carries). ``(None, text)`` when it asks for none.
+
+    >>> price_order("Do you have rain jackets? Which of those is cheapest?")
+    ('price_asc', 'Do you have rain jackets? Which of those is ?')
+    """
+    found: list[tuple[int, PriceOrder]] = []
+    for pattern, order in _PRICE_ORDER:
+        found.extend((m.start(), order) for m in pattern.finditer(text))
+    if not found:
+        return None, text
+    rest = text
+    for pattern, _ in _PRICE_ORDER:
+        rest = pattern.sub("", rest)
+    return max(found)[1], re.sub(r"\s{2,}", " ", rest)
