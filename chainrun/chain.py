@@ -301,7 +301,8 @@ class Chain:
         step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
         if self.store is not None:
             self.conversations.use_log(log_loader(self.store))
-        answer = self._providers.get(self.config.steps[self.config.answer_step].provider)
+        names = self.config.steps[self.config.answer_step].provider_names()
+        answer = self._providers.get(names[0]) if names else None
         base_url = getattr(answer, "base_url", None)
         counter = await counter_for(base_url if isinstance(base_url, str) else None,
                                     self.config.history.tokenizer)  # fmt: skip

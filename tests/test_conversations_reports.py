@@ -26,13 +26,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+#: the answer prompt without the products (which vary by turn): only the history grows
+HISTORY_ONLY = {"steps": {"compose": {"prompt": "{history}Shopper: {message}\nStylist:"}}}
+
+
 async def _two_runs(db: Path, fake: FakeProvider) -> tuple[int, int]:
     store = Store.open(db)
     try:
         ids = []
         for _ in range(2):
-            ids.append(await run_requests(config_from_dict({}), load_requests(SHIPPED), store,
-                                          providers={"local": fake}, concurrency=3))  # fmt: skip
+            ids.append(await run_requests(config_from_dict(HISTORY_ONLY), load_requests(SHIPPED),
+                                          store, providers={"local": fake},
+                                          concurrency=3))  # fmt: skip
     finally:
         store.close()
     return ids[0], ids[1]
