@@ -46,10 +46,14 @@ def _answer_requests(lab: LabServer, message: str) -> list[str]:
 
 
 def _retrieve_query(store: Store, turn_id: int) -> str:
+    """The query turn ``turn_id`` searched the catalogue with (checked cheapest first)."""
     logged = store.turn(turn_id)
     assert logged is not None
     (retrieve,) = [s for s in logged.steps if s.step == "retrieve"]
-    return str((retrieve.detail or {}).get("query"))
+    detail = retrieve.detail or {}
+    prices = [item["price"] for item in detail["results"]]
+    assert detail["price_order"] == "price_asc" and prices == sorted(prices) and prices
+    return str(detail["standalone_query"])
 
 
 async def test_chat_with_a_conversation_id_sends_turn_one_to_turn_two(

@@ -1,18 +1,24 @@
 """The built-in default chain: what a ``chainrun.toml`` is merged onto, key by key.
 
-Five steps: classify (the message's category, a :data:`CLASSIFY_LABELS` label), retrieve
-(catalogue search), compose (the streamed answer), validate (a JSON verdict on the
-answer) and critique (one sentence of feedback). ``chainrun config show`` prints it,
-merged with a config file, as TOML.
+Six steps: classify (the message's category, a :data:`CLASSIFY_LABELS` label), then one
+of two routes on that label: retrieve (catalogue search, for product questions) or
+policy (the shop's policy text, for :data:`POLICY_LABELS`: orders, returns, sizes);
+compose (the streamed answer, from the conversation's history and what the route
+found), validate (a JSON verdict on the answer) and critique (one sentence of
+feedback). ``chainrun config show`` prints it, merged with a config file, as TOML.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
+STEP_NAMES_DEFAULT = ("classify", "retrieve", "policy", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
 CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
+#: the labels answered from the shop's policy text without a product search (every
+#: other label, and a turn whose classify failed, searches the catalogue): chosen from
+#: the replay and eval sets (benchmarks/README.md, "Routes of the default chain")
+POLICY_LABELS = ("order_status", "returns", "sizing")
 
 
 # The default prompts are transcripts for the model to continue: the embedded local
@@ -28,12 +34,16 @@ _CLASSIFY_PROMPT = (
 _COMPOSE_SYSTEM = (
     "A chat between a shopper and the friendly stylist of an online fashion shop. "
     "The stylist answers in two or three sentences, recommends only products from the "
-    "catalogue matches, and never invents order details."
+    "catalogue matches, answers questions on orders, returns and sizes from the shop "
+    "policy, and never invents order details."
 )
 # {history} first: the earlier turns are the start of the prompt that the next turn of
 # the conversation repeats, so a server's prompt cache can reuse them (llama-server
-# keeps each slot's last prompt); it renders "" on a conversation's first turn
-_COMPOSE_PROMPT = "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+# keeps each slot's last prompt); it renders "" on a conversation's first turn. {policy}
+# is "" on the search route, the policy section and a blank line on the policy route
+_COMPOSE_PROMPT = (
+    "{history}{policy}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+)
 _VALIDATE_PROMPT = (
     "Shopper: {message}\nStylist:{answer}\n\n"
     "Review: is the stylist's reply polite, on topic and free of invented facts? "
@@ -68,7 +78,12 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "deadline_s": 30.0,
             "on_failure": "open",
         },
-        "retrieve": {"kind": "retrieve", "deadline_s": 5.0},
+        "retrieve": {
+            "kind": "retrieve",
+            "deadline_s": 5.0,
+            "when": {"label": {"not": list(POLICY_LABELS)}},
+        },
+        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
@@ -99,4 +114,4 @@ DEFAULT_CHAIN: dict[str, Any] = {
 }
 
 
-__all__ = ["CLASSIFY_LABELS", "DEFAULT_CHAIN", "STEP_NAMES_DEFAULT"]
+__all__ = ["CLASSIFY_LABELS", "DEFAULT_CHAIN", "POLICY_LABELS", "STEP_NAMES_DEFAULT"]

@@ -76,6 +76,8 @@ class RetrievalResult:
         filters: the structured filters parsed from the message and label.
         query: the text the searches were given (the message without filter phrases).
         ms: the whole stage, in ms.
+        price_order: ``price_asc`` / ``price_desc`` when the query asked for the
+            cheapest or dearest first (the items are then in that order), else None.
     """
 
     items: list[dict[str, Any]]
@@ -84,6 +86,7 @@ class RetrievalResult:
     filters: Filters
     query: str = ""
     ms: float = 0.0
+    price_order: str | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -92,12 +95,13 @@ class RetrievalResult:
     def as_json(self) -> dict[str, Any]:
         """The ``chainrun retrieve --json`` document (also stored in the step's ``detail``).
 
-        Keys: ``query``, ``filters``, ``results`` (merged items, each with ``id``),
-        ``searches`` (each with ``name``, ``ms``, ``n``, ``new``, ``error``, ``hedged``,
-        ``ids``), ``stopped_after`` and ``ms``.
+        Keys: ``query``, ``price_order``, ``filters``, ``results`` (merged items, each
+        with ``id``), ``searches`` (each with ``name``, ``ms``, ``n``, ``new``, ``error``,
+        ``hedged``, ``ids``), ``stopped_after`` and ``ms``.
         """
         return {
             "query": self.query,
+            "price_order": self.price_order,
             "filters": self.filters.as_json(),
             "results": self.items,
             "searches": [s.as_json() for s in self.searches],

@@ -24,7 +24,8 @@ STOP_WORDS = frozenset(
     like looking looks may me might my need needs nice of on one options or please really
     recommend recommendation s search searching sell shall shop should show some something
     suggest that the there these thing things this to very want wanted wear wearing what which
-    will with would you your yours""".split()
+    will with would you your yours
+    those them they ones either both else instead available""".split()
 )
 
 #: bm25() column weights, in the order of ``migrations.FTS_COLUMNS``

@@ -28,6 +28,7 @@ from chainrun.retrieval.base import RetrievalResult, Search, SearchLog
 from chainrun.retrieval.catalog import ensure_catalog_tables, get_products
 from chainrun.retrieval.embeddings import Embedder, build_embedder
 from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
+from chainrun.retrieval.followup import price_order
 from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.hybrid import RRF_K, HybridSearch
 from chainrun.retrieval.keyword import KeywordSearch
@@ -128,6 +129,10 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+#: products each search looks at when the query asks for a price order (the k cheapest
+#: are taken from those found): enough for a category of the sample catalogue
+PRICE_ORDER_CANDIDATES = 50
+
 class RetrievalStage:
     """The retrieve stage over a set of named searches (see the module docstring).
 
@@ -206,20 +211,22 @@ class RetrievalStage:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run_one(self, name: str, text: str, filters: Filters) -> tuple[list[Hit], SearchLog]:
+    async def _run_one(
+        self, name: str, text: str, filters: Filters, k: int
+    ) -> tuple[list[Hit], SearchLog]:
         t0 = time.perf_counter()
         log = SearchLog(name=name, ms=0.0, n=0, answered_by=name)
         hits: list[Hit] = []
         try:
             fallback = self.settings.fallbacks.get(name)
             if fallback is None:
-                hits = await self.searches[name].search(text, self.settings.k, filters=filters)
+                hits = await self.searches[name].search(text, k, filters=filters)
             else:
                 answer = await hedged_search(
                     self.searches[name],
                     self.searches[fallback],
                     text,
-                    self.settings.k,
+                    k,
                     filters=filters,
                     hedger=self.hedgers[name],
                 )
@@ -239,16 +246,21 @@ class RetrievalStage:
         """Products for the shopper's ``query`` (and the classify ``label``, if known).
 
         Never raises for a failing search (its error is in ``searches``); an empty
-        result means nothing was found.
+        result means nothing was found. A query asking for the cheapest (or dearest)
+        first (:func:`~chainrun.retrieval.followup.price_order`) has each search look at
+        up to :data:`PRICE_ORDER_CANDIDATES` products and gets the ``k`` cheapest (or
+        dearest) of those found, in price order.
         """
         t0 = time.perf_counter()
         s = self.settings
         parsed = parse_query(query, label, in_stock=not s.include_out_of_stock)
+        order, text = price_order(parsed.text)
+        k = s.k if order is None else max(s.k, PRICE_ORDER_CANDIDATES)
         found: dict[str, str] = {}  # id → the search that found it first (insertion order)
         logs: list[SearchLog] = []
         stopped_after: str | None = None
         for i, name in enumerate(s.searches):
-            hits, log = await self._run_one(name, parsed.text, parsed.filters)
+            hits, log = await self._run_one(name, text, parsed.filters, k)
             for hit in hits:
                 if hit.id not in found:
                     found[hit.id] = log.answered_by or name
@@ -257,16 +269,20 @@ class RetrievalStage:
             if s.early_exit and len(found) >= s.min_results and i < len(s.searches) - 1:
                 stopped_after = name  # early exit: the later searches never run
                 break
-        ids = list(found)[: s.k]
+        ids = list(found)[: s.k] if order is None else list(found)
         products = await self.reader.run(lambda db: get_products(db, ids))
+        if order is not None:  # by price, then as found (sorted() is stable)
+            products = sorted(products, key=lambda p: float(p["price"]),
+                              reverse=order == "price_desc")[: s.k]  # fmt: skip
         items = [{**p, "source": found[p["id"]]} for p in products]
         return RetrievalResult(
             items=items,
             searches=logs,
             stopped_after=stopped_after,
             filters=parsed.filters,
-            query=parsed.text,
+            query=text,
             ms=(time.perf_counter() - t0) * 1000.0,
+            price_order=order,
         )
 
 

@@ -1,7 +1,8 @@
 """Steps: the protocol (:mod:`.base`), the config models, and the built-in kinds.
 
 ``llm`` (:mod:`.llm`): a hedged model call; ``retrieve`` (:mod:`.retrieve`): early-exit
-catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict. Each kind
+catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict; ``policy``
+(:mod:`.policy`): the shop's policy text for the turn's label. Each kind
 owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
 ``GuardConfig``), extending :class:`StepConfig` (or :class:`ModelStepConfig` for a kind
 that calls a model). Register your own kind with :func:`register_step_kind`.
@@ -25,6 +26,7 @@ from chainrun.steps.config import StepConfig, route_problem
 from chainrun.steps.guard import GuardConfig, GuardStep
 from chainrun.steps.llm import LLMConfig, LLMStep
 from chainrun.steps.model_config import HedgeConfig, ModelStepConfig, policy_from_config
+from chainrun.steps.policy import PolicyConfig, PolicyStep
 from chainrun.steps.retrieve import RetrieveConfig, Retriever, RetrieveStep
 
 __all__ = [
@@ -37,6 +39,8 @@ __all__ = [
     "LLMConfig",
     "LLMStep",
     "ModelStepConfig",
+    "PolicyConfig",
+    "PolicyStep",
     "RetrieveConfig",
     "RetrieveStep",
     "Retriever",

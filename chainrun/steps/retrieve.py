@@ -1,9 +1,14 @@
 """The retrieve step: early-exit search over the shop's catalogue (``kind = "retrieve"``).
 
-It reads the message (and the classify label when ``retrieval.use_label = true``) and
-writes ``products``: the found products as the compose prompt shows them. The searches
-themselves live in :mod:`chainrun.retrieval`; the catalogue in the log database
-(the sample catalogue is loaded there when the database has none).
+It reads the message and the conversation's history (and the classify label when
+``retrieval.use_label = true``) and writes ``products``: the found products as the
+compose prompt shows them, and ``query``: what it searched for. With ``follow_ups``
+(the default) a follow-up that names no subject of its own ("Which of those is
+cheapest?") searches the subject of the earlier turn it follows too, by rules and
+without a model call (:func:`chainrun.retrieval.followup.standalone_query`); price and
+category filters and a price order are parsed from that query. The searches themselves
+live in :mod:`chainrun.retrieval`; the catalogue in the log database (the sample
+catalogue is loaded there when the database has none).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from pydantic import Field, model_validator
 from chainrun.errors import ChainrunError, ProviderError, error_type
 from chainrun.retrieval import build_retriever
 from chainrun.retrieval.base import Retriever
+from chainrun.retrieval.followup import standalone_query
 from chainrun.retrieval.settings import RetrievalSettings
 from chainrun.steps.base import (
     BuildContext,
+    StateField,
     Step,
     StepContext,
     StepItem,
@@ -43,6 +50,9 @@ class RetrieveConfig(StepConfig):
     deadline_s: float = Field(default=60.0, gt=0)
     #: searches in priority order, ``min_results`` (early exit), ``k``, fallbacks
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    #: search a follow-up ("Which of those is cheapest?") with the subject of the earlier
+    #: turn it follows (rules on the history, no model call); false: the message alone
+    follow_ups: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -62,6 +72,13 @@ class RetrieveStep(Step):
     kind = "retrieve"
     config_model = RetrieveConfig
     config: RetrieveConfig
+    state_fields = (
+        StateField(
+            "query",
+            "what the catalogue was searched for: the message, or a follow-up with the "
+            "subject of the turn it follows",
+        ),
+    )
 
     def __init__(self, name: str, config: RetrieveConfig) -> None:
         super().__init__(name, config)
@@ -70,12 +87,18 @@ class RetrieveStep(Step):
 
     @property
     def reads(self) -> frozenset[str]:
-        uses_label = self.config.retrieval.use_label
-        return frozenset({"message", "label"} if uses_label else {"message"})
+        fields = {"message", "history"} if self.config.follow_ups else {"message"}
+        return frozenset(fields | {"label"} if self.config.retrieval.use_label else fields)
 
     @property
     def writes(self) -> frozenset[str]:
-        return frozenset({"products"})
+        return frozenset({"products", "query"})
+
+    def query(self, state: TurnState) -> str:
+        """What the turn searches for (see the module text)."""
+        if not self.config.follow_ups:
+            return state.message
+        return standalone_query(state.message, [t.message for t in state.history.turns])
 
     def needs(self) -> StepNeeds:
         """The catalogue."""
@@ -107,10 +130,12 @@ class RetrieveStep(Step):
             row.detail = {"results": [], "searches": [], "stopped_after": None}
         else:
             label = state.label if self.config.retrieval.use_label else None
+            query = self.query(state)
+            result.updates["query"] = query
             try:
                 async with asyncio.timeout(self.config.deadline_s):
-                    found = await self.retriever.retrieve(state.message, label=label)
-                row.detail = found.as_json()
+                    found = await self.retriever.retrieve(query, label=label)
+                row.detail = {"standalone_query": query, **found.as_json()}
                 result.updates["products"] = found.prompt_text() or "(none)"
                 row.output = json.dumps([item["id"] for item in row.detail.get("results", [])])
             except (ChainrunError, TimeoutError) as e:

@@ -1,0 +1,73 @@
+"""The policy step (``kind = "policy"``): the shop's policy text for the turn's label.
+
+It reads the classify ``label`` and writes ``policy``: the section of the shop's policy
+file (:mod:`chainrun.shop_policy`) for that label, as the answer's prompt shows it
+(``{policy}``; ``""`` for a label with no section). No model call and no search: a
+lookup of microseconds. In the default chain it is the route of order-status, returns
+and sizing questions (``when = { label = [...] }``), which the answer step then answers
+from this text without a product search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Literal
+
+from pydantic import Field
+
+from chainrun.shop_policy import PolicySection, load_policy, policy_text
+from chainrun.steps.base import (
+    StateField,
+    Step,
+    StepContext,
+    StepItem,
+    StepResult,
+    TurnState,
+    register_step_kind,
+)
+from chainrun.steps.config import StepConfig
+
+__all__ = ["PolicyConfig", "PolicyStep"]
+
+
+class PolicyConfig(StepConfig):
+    """A ``policy`` step (``[steps.NAME]`` with ``kind = "policy"``)."""
+
+    kind: Literal["policy"] = "policy"
+    #: the shop's policy file: TOML with a table per label, each a title and a text
+    #: (None: the sample shop's, chainrun/data/shop_policy.toml)
+    file: str | None = Field(default=None, min_length=1)
+
+
+@register_step_kind
+class PolicyStep(Step):
+    """The policy section of the turn's label (see the module text)."""
+
+    kind = "policy"
+    config_model = PolicyConfig
+    config: PolicyConfig
+    state_fields = (
+        StateField("policy", "the shop's policy text for the turn's label", empty=""),
+    )
+
+    def __init__(self, name: str, config: PolicyConfig) -> None:
+        super().__init__(name, config)
+        #: the policy file's sections by label, read once when the chain is built
+        self.sections: dict[str, PolicySection] = load_policy(config.file)
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return frozenset({"label"})
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset({"policy"})
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        label = state.label
+        text = policy_text(self.sections, label)
+        ctx.row.output = label if text else None
+        section = self.sections.get(label or "")
+        ctx.row.detail = {"label": label, "section": section.title if section else None}
+        ctx.row.duration_ms = ctx.elapsed_ms()
+        yield StepResult(updates={"policy": text})
