@@ -1,6 +1,6 @@
-"""The default chain's routes on the classify label: product questions search the
-catalogue; order-status, returns and sizing questions answer from the shop's policy text
-without a product search; a turn whose label is unknown searches."""
+"""The chain routed on the classify label (``chainrun.config.ROUTED_CHAIN``): product
+questions search the catalogue; order-status, returns and sizing questions answer from
+the shop's policy text without a product search; a turn whose label is unknown searches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import reply_by_step
 
 from chainrun.chain import Chain
-from chainrun.config import config_from_dict
+from chainrun.config import ROUTED_CHAIN, config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply, failing
@@ -16,7 +16,7 @@ from chainrun.providers.fake import FakeProvider, FakeReply, failing
 
 def _chain(store: Store, classify: FakeReply) -> tuple[Chain, FakeProvider]:
     fake = FakeProvider(name="local", script=reply_by_step({"classify": classify}))
-    return Chain(config_from_dict({}), store=store, providers={"local": fake}), fake
+    return Chain(config_from_dict(ROUTED_CHAIN), store=store, providers={"local": fake}), fake
 
 
 def _compose_prompt(fake: FakeProvider) -> str:
@@ -77,7 +77,14 @@ async def test_a_follow_up_searches_the_subject_it_follows_cheapest_first(store)
 
 def test_policy_step_settings_are_checked(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"policy.*reasoning_effort"):
-        config_from_dict({"steps": {"policy": {"reasoning_effort": "low"}}})
-    cfg = config_from_dict({"steps": {"policy": {"file": str(tmp_path / "none.toml")}}})
-    with pytest.raises(ConfigError, match=r"none\.toml: cannot read policy file"):
+        config_from_dict({"order": ROUTED_CHAIN["order"],
+                          "steps": {"policy": {"kind": "policy", "reasoning_effort": "low"}}})
+    cfg = config_from_dict({"order": ROUTED_CHAIN["order"], "steps": {
+        **ROUTED_CHAIN["steps"], "policy": {"kind": "policy", "file": str(tmp_path / "x.toml")}}})
+    with pytest.raises(ConfigError, match=r"x\.toml: cannot read policy file"):
         Chain(cfg)
+
+
+def test_the_default_chain_searches_a_follow_up_with_its_subject() -> None:
+    cfg = config_from_dict({})
+    assert cfg.steps["retrieve"].follow_ups and "{history}" in cfg.steps["compose"].prompt

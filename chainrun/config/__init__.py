@@ -30,7 +30,13 @@ from chainrun.config.chain import (
     step_config_models,
     steps_calling_models,
 )
-from chainrun.config.defaults import CLASSIFY_LABELS, DEFAULT_CHAIN, STEP_NAMES_DEFAULT
+from chainrun.config.defaults import (
+    CLASSIFY_LABELS,
+    DEFAULT_CHAIN,
+    POLICY_LABELS,
+    ROUTED_CHAIN,
+    STEP_NAMES_DEFAULT,
+)
 from chainrun.config.effective import effective_toml
 from chainrun.config.loading import (
     config_from_dict,
@@ -49,6 +55,8 @@ from chainrun.steps.retrieve import RetrieveConfig
 __all__ = [
     "CLASSIFY_LABELS",
     "DEFAULT_CHAIN",
+    "POLICY_LABELS",
+    "ROUTED_CHAIN",
     "STEP_NAMES_DEFAULT",
     "CapabilityParam",
     "ChainConfig",

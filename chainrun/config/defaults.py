@@ -1,23 +1,26 @@
 """The built-in default chain: what a ``chainrun.toml`` is merged onto, key by key.
 
-Six steps: classify (the message's category, a :data:`CLASSIFY_LABELS` label), then one
-of two routes on that label: retrieve (catalogue search, for product questions) or
-policy (the shop's policy text, for :data:`POLICY_LABELS`: orders, returns, sizes);
-compose (the streamed answer, from the conversation's history and what the route
-found), validate (a JSON verdict on the answer) and critique (one sentence of
-feedback). ``chainrun config show`` prints it, merged with a config file, as TOML.
+Five steps: classify (the message's category, a :data:`CLASSIFY_LABELS` label), retrieve
+(catalogue search; a follow-up searches the subject of the turn it follows), compose
+(the streamed answer, from the conversation's history and the products), validate (a
+JSON verdict on the answer) and critique (one sentence of feedback). ``chainrun config
+show`` prints it, merged with a config file, as TOML.
+
+:data:`ROUTED_CHAIN` routes it on the classify label: product questions search the
+catalogue, :data:`POLICY_LABELS` questions (orders, returns, sizes) are answered from
+the shop's policy text without a product search.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STEP_NAMES_DEFAULT = ("classify", "retrieve", "policy", "compose", "validate", "critique")
+STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
 CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
-#: the labels answered from the shop's policy text without a product search (every
-#: other label, and a turn whose classify failed, searches the catalogue): chosen from
-#: the replay and eval sets (benchmarks/README.md, "Routes of the default chain")
+#: the labels :data:`ROUTED_CHAIN` answers from the shop's policy text without a product
+#: search (every other label, and a turn whose classify failed, searches the catalogue):
+#: the labels of the replay and eval sets' order, delivery, return and fit questions
 POLICY_LABELS = ("order_status", "returns", "sizing")
 
 
@@ -39,9 +42,11 @@ _COMPOSE_SYSTEM = (
 )
 # {history} first: the earlier turns are the start of the prompt that the next turn of
 # the conversation repeats, so a server's prompt cache can reuse them (llama-server
-# keeps each slot's last prompt); it renders "" on a conversation's first turn. {policy}
-# is "" on the search route, the policy section and a blank line on the policy route
-_COMPOSE_PROMPT = (
+# keeps each slot's last prompt); it renders "" on a conversation's first turn
+_COMPOSE_PROMPT = "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+# the routed chain's answer prompt: {policy} is "" on the search route, the policy
+# section and a blank line on the policy route
+_ROUTED_COMPOSE_PROMPT = (
     "{history}{policy}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 )
 _VALIDATE_PROMPT = (
@@ -78,12 +83,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "deadline_s": 30.0,
             "on_failure": "open",
         },
-        "retrieve": {
-            "kind": "retrieve",
-            "deadline_s": 5.0,
-            "when": {"label": {"not": list(POLICY_LABELS)}},
-        },
-        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
+        "retrieve": {"kind": "retrieve", "deadline_s": 5.0},
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
@@ -114,4 +114,25 @@ DEFAULT_CHAIN: dict[str, Any] = {
 }
 
 
-__all__ = ["CLASSIFY_LABELS", "DEFAULT_CHAIN", "POLICY_LABELS", "STEP_NAMES_DEFAULT"]
+#: The default chain routed on the classify label, as a chainrun.toml dict merged onto
+#: :data:`DEFAULT_CHAIN` (docs/guides/chain.md, "Routing on the label", gives its TOML):
+#: retrieve runs unless the label is one of :data:`POLICY_LABELS`, the ``policy`` step
+#: (the shop's policy text) only then; the answer prompt reads both. The label is then
+#: on the answer's critical path (retrieve and policy wait for classify).
+ROUTED_CHAIN: dict[str, Any] = {
+    "order": ["classify", "retrieve", "policy", "compose", "validate", "critique"],
+    "steps": {
+        "retrieve": {"when": {"label": {"not": list(POLICY_LABELS)}}},
+        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
+        "compose": {"prompt": _ROUTED_COMPOSE_PROMPT},
+    },
+}
+
+
+__all__ = [
+    "CLASSIFY_LABELS",
+    "DEFAULT_CHAIN",
+    "POLICY_LABELS",
+    "ROUTED_CHAIN",
+    "STEP_NAMES_DEFAULT",
+]

@@ -1,0 +1,244 @@
+"""The shopper's wait per route of the default chain, beside the chain before routing.
+
+Replays the conversation set (``replays/conversations.jsonl``: 10 conversations, 28 turns)
+and the 12 single requests (``replays/commerce-12.jsonl``) through each variant of the
+chain, on the latency lab and/or the embedded local model, and reports **answer TTFT**
+(the turn's ``answer_ttft_ms``: turn start to the first answer token that reached the
+shopper) per route, with n, p50 and p90 and their 95% order-statistic intervals:
+
+- ``before``: the default chain as it was before routing and conversations (classify by
+  the model, off the answer's critical path; no history; every turn searches the
+  message).
+- ``default``: today's default chain: ``{history}``, a follow-up searches the subject it
+  follows; every turn searches the catalogue; classify off the critical path.
+- ``routed``: ``chainrun.config.ROUTED_CHAIN``: classify, then either the catalogue
+  search or the shop's policy text (the label on the answer's critical path).
+- ``routed_llm``: the same routes, classified by the model (the label on the critical path).
+- ``shared_call``: ``routed_llm`` with one classify call that also writes a search query
+  (JSON ``{"label", "query"}``): what a model-written standalone query costs when it
+  shares the classify call.
+- ``separate_call``: ``routed_llm`` plus a second model call that writes the query,
+  which the search waits for.
+
+A turn's route is the one the ``routed`` variant gave that request (``policy``: the
+policy step ran; ``search``: the catalogue was searched), so every variant is measured
+on the same turns per route; each variant's own route counts are reported too. Variants
+run one after another, turn by turn interleaved per request, ``--rounds`` times.
+
+Run: ``python benchmarks/conversation_routes.py --target lab,local [--rounds 1] [--json]``
+(``local`` needs the ``local`` extra; it starts the embedded model if it is not running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+from chainrun.analysis import stats
+from chainrun.config import ROUTED_CHAIN, config_from_dict
+from chainrun.config.defaults import CLASSIFY_LABELS
+from chainrun.lab import LabServer
+from chainrun.log.store import Store
+from chainrun.replay import load_requests, run_requests
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = [ROOT / "replays" / "conversations.jsonl", ROOT / "replays" / "commerce-12.jsonl"]
+
+_OLD_CLASSIFY = (
+    "Messages sent to an online fashion shop, each with its category "
+    "(sizing, product_search, order_status, returns, styling or other).\n\n"
+    'Message: "Does this dress run small?"\nCategory: sizing\n\n'
+    'Message: "Where is my parcel?"\nCategory: order_status\n\n'
+    'Message: "{message}"\nCategory:'
+)
+_OLD_COMPOSE = "Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+_LLM_CLASSIFY = {
+    "kind": "llm", "labels": list(CLASSIFY_LABELS), "stop": ["\n"], "max_output_tokens": 8,
+    "temperature": 0.0, "deadline_s": 30.0, "on_failure": "open",
+    "prompt": _OLD_CLASSIFY.replace('Message: "{message}"', '{history}Message: "{message}"'),
+}  # fmt: skip
+_SHARED_PROMPT = (
+    "Messages sent to an online fashion shop, each with its category (sizing, "
+    "product_search, order_status, returns, styling or other) and a search query that "
+    "stands on its own.\n\n"
+    'Message: "Where is my parcel?"\n{{"label": "order_status", "query": "parcel"}}\n\n'
+    "Shopper: Do you have rain jackets?\nStylist: Yes, several.\n\n"
+    'Message: "Which of those is cheapest?"\n'
+    '{{"label": "product_search", "query": "cheapest rain jacket"}}\n\n'
+    '{history}Message: "{message}"\n'
+)
+_SHARED_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"enum": list(CLASSIFY_LABELS)},
+                   "query": {"type": "string", "maxLength": 60}},
+    "required": ["label", "query"],
+}  # fmt: skip
+_QUERY_PROMPT = (
+    "Rewrite the shopper's last message as a search query that stands on its own.\n\n"
+    "Shopper: Do you have rain jackets?\nStylist: Yes, several.\n"
+    "Shopper: Which of those is cheapest?\nQuery: cheapest rain jacket\n\n"
+    '{history}Shopper: {message}\nQuery:'
+)
+POLICY_LABELS = ["order_status", "returns", "sizing"]
+
+
+_OLD_SYSTEM = (
+    "A chat between a shopper and the friendly stylist of an online fashion shop. "
+    "The stylist answers in two or three sentences, recommends only products from the "
+    "catalogue matches, and never invents order details."
+)
+
+
+def variants(base_url: str) -> dict[str, dict[str, Any]]:
+    """The chain configs compared (see the module text), as chainrun.toml dicts merged
+    onto the default chain (a step the ``order`` leaves out is dropped)."""
+    provider = {"providers": {"local": {"base_url": base_url}}}
+    routed = {**provider, **ROUTED_CHAIN}
+    llm_order = ["label_llm", *ROUTED_CHAIN["order"][1:]]
+    rewrite = {"kind": "llm", "prompt": _QUERY_PROMPT, "stop": ["\n"],
+               "max_output_tokens": 16, "temperature": 0.0, "deadline_s": 30.0,
+               "on_failure": "open"}  # fmt: skip
+    steps = ROUTED_CHAIN["steps"]
+    return {
+        "before": {**provider, "order": ["label_llm", "retrieve", "compose", "validate",
+                                         "critique"],
+                   "steps": {"label_llm": {**_LLM_CLASSIFY, "prompt": _OLD_CLASSIFY},
+                             "retrieve": {"follow_ups": False},
+                             "compose": {"prompt": _OLD_COMPOSE, "system": _OLD_SYSTEM}}},
+        "default": provider,
+        "routed": routed,
+        "routed_llm": {**provider, "order": llm_order,
+                       "steps": {**steps, "label_llm": _LLM_CLASSIFY}},
+        "shared_call": {**provider, "order": llm_order, "steps": {**steps, "label_llm": {
+            **_LLM_CLASSIFY, "prompt": _SHARED_PROMPT, "json_schema": _SHARED_SCHEMA,
+            "stop": None, "max_output_tokens": 40}}},
+        "separate_call": {**provider, "order": ["label_llm", "rewrite", *llm_order[1:]],
+                          "steps": {**steps, "label_llm": _LLM_CLASSIFY, "rewrite": rewrite,
+                                    "retrieve": {**steps["retrieve"], "after": ["rewrite"]}}},
+    }  # fmt: skip
+
+
+def route_of(store: Store, run_id: int) -> dict[str, str | None]:
+    """Each request's route in a run: ``policy`` or ``search`` (None: neither ran)."""
+    ran: dict[int, set[str]] = defaultdict(set)
+    for s in store.steps(run_id):
+        if s.status != "skipped" and s.turn_id is not None:
+            ran[s.turn_id].add(s.step)
+    out: dict[str, str | None] = {}
+    for t in store.turns(run_id):
+        steps = ran.get(t.id or 0, set())
+        route = "policy" if "policy" in steps else "search" if "retrieve" in steps else None
+        out[t.request_id or ""] = route
+    return out
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "p50_ms": c.r(stats.percentile(values, 50)) if values else None,
+        "p50_ci": [c.r(x) for x in ci] if (ci := stats.quantile_ci(values, 50)) else None,
+        "p90_ms": c.r(stats.percentile(values, 90)) if values else None,
+        "p90_ci": [c.r(x) for x in ci] if (ci := stats.quantile_ci(values, 90)) else None,
+    }
+
+
+async def measure(
+    target: str, base_url: str, rounds: int, db: Path, names: list[str], sets: list[Path]
+) -> dict[str, Any]:
+    requests = [r for path in sets for r in load_requests(path)]
+    configs = {name: config_from_dict(cfg, f"variant {name}") for name, cfg in
+               variants(base_url).items() if name in names}  # fmt: skip
+    store = Store.open(db)
+    runs: dict[str, list[int]] = defaultdict(list)
+    t0 = time.perf_counter()
+    try:
+        for _ in range(rounds):
+            for name, cfg in configs.items():  # one variant after another, same turns
+                runs[name].append(await run_requests(
+                    cfg, requests, store, label=f"{target}:{name}", concurrency=1, quiet=True))
+        routed = {}
+        for rid in runs["routed"]:
+            routed.update(route_of(store, rid))
+        out: dict[str, Any] = {"elapsed_s": c.r(time.perf_counter() - t0), "variants": {}}
+        for name, rids in runs.items():
+            waits: dict[str, list[float]] = defaultdict(list)
+            own: dict[str, int] = defaultdict(int)
+            for rid in rids:
+                mine = route_of(store, rid)
+                for t in store.turns(rid):
+                    if t.status != "ok" or t.answer_ttft_ms is None:
+                        continue
+                    waits[str(routed.get(t.request_id or ""))].append(t.answer_ttft_ms)
+                    waits["all"].append(t.answer_ttft_ms)
+                    own[str(mine.get(t.request_id or ""))] += 1
+            out["variants"][name] = {
+                "runs": rids,
+                "answer_ttft_ms_by_route": {k: summary(v) for k, v in sorted(waits.items())},
+                "own_routes": dict(own),
+            }
+    finally:
+        store.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="lab", help="lab, local, or lab,local")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--variants", default=",".join(variants("http://x/v1")),
+                    help="which variants, comma-separated (default: all)")
+    ap.add_argument("--conversations-only", action="store_true",
+                    help="only replays/conversations.jsonl (not the 12 single requests)")
+    c.add_common_options(ap)
+    args = ap.parse_args()
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(names) - set(variants("http://x/v1"))
+    if "routed" not in names or unknown:
+        ap.error(f"--variants: routed is needed (it assigns the routes); unknown: {unknown}")
+    sets = SETS[:1] if args.conversations_only else SETS
+    doc = c.new_document("conversation_routes", sys.argv[1:],
+                         {"targets": targets, "rounds": args.rounds, "variants": names,
+                          "sets": [str(p.relative_to(ROOT)) for p in sets]})  # fmt: skip
+    for target in targets:
+        with tempfile.TemporaryDirectory(prefix="chainrun-routes-") as name:
+            tmp = Path(name)
+            if target == "lab":
+                with LabServer("lognormal", median_ms=120, sigma=0.3, n_tokens=24,
+                               per_token_ms=8) as lab:  # fmt: skip
+                    doc["results"][target] = asyncio.run(
+                        measure(target, lab.base_url, args.rounds, tmp / "log.db", names, sets))
+            elif target == "local":
+                from chainrun.runtime import local_model
+
+                server = local_model.up(quiet=True)
+                doc["results"][target] = asyncio.run(
+                    measure(target, server.base_url, args.rounds, tmp / "log.db", names,
+                            sets))
+            else:
+                ap.error(f"--target: expected lab or local, got {target!r}")
+
+    def text(d: dict[str, Any]) -> str:
+        lines = []
+        for target, res in d["results"].items():
+            lines.append(f"\n{target} ({res['elapsed_s']} s)")
+            for name, v in res["variants"].items():
+                for route, s in v["answer_ttft_ms_by_route"].items():
+                    lines.append(f"  {name:14} {route:7} n={s['n']:3} p50 {s['p50_ms']} "
+                                 f"{s['p50_ci']}  p90 {s['p90_ms']} {s['p90_ci']}")  # fmt: skip
+        return "\n".join(lines)
+
+    c.finish(doc, as_json=args.json, summary=text, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
