@@ -124,8 +124,8 @@ def test_a_built_in_kind_refuses_keys_of_another_kind() -> None:
         config_from_dict({"steps": {"retrieve": {"reasoning_effort": "low"}}}, "chainrun.toml")
     assert str(e.value) == (
         "chainrun.toml: steps.retrieve.reasoning_effort: a step of kind 'retrieve' takes no "
-        "key 'reasoning_effort' (its keys: after, deadline_s, kind, on_failure, retrieval, "
-        "when) (got 'low')"
+        "key 'reasoning_effort' (its keys: after, deadline_s, follow_ups, kind, on_failure, "
+        "retrieval, when) (got 'low')"
     )
     with pytest.raises(ConfigError, match=r"steps\.validate\.retrieval: a step of kind 'llm' "):
         config_from_dict({"steps": {"validate": {"retrieval": {"k": 3}}}})
