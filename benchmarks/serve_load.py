@@ -56,6 +56,8 @@ class Turn:
     turn_id: int | None = None
     status: str | None = None
     error: str | None = None
+    #: when the client had the ``turn`` event (perf_counter seconds)
+    done_at: float | None = None
 
 
 @dataclass
@@ -87,7 +89,7 @@ async def _one_turn(client: httpx.AsyncClient, turn: Turn, level: Level) -> None
                         data = json.loads(line[5:])
                         turn.client_ms = (time.perf_counter() - t0) * 1000.0
                         turn.turn_id, turn.status = data["turn_id"], data["status"]
-                        level.last_done = time.perf_counter()
+                        level.last_done = turn.done_at = time.perf_counter()
     except httpx.HTTPError as e:
         turn.error = type(e).__name__
     if turn.status is None and turn.error is None:

@@ -50,7 +50,7 @@ from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
 from chainrun.log.redaction import Redactor
 from chainrun.log.rows import RunKind, TurnLog, TurnRow
-from chainrun.log.store import DEFAULT_DB, Store, utc_now
+from chainrun.log.store import DEFAULT_DB, SeedWindows, Store, utc_now
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.catalog import ensure_sample_catalog
@@ -164,9 +164,13 @@ class Chain:
         source: str | None = None,
         run_id: int | None = None,
         quiet: bool = False,
+        seed_windows: SeedWindows | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        #: seed each hedged step's latency window from the log's recent calls at open
+        #: (a new process hedges at the fleet's percentile from its first call)
+        self.seed_windows = seed_windows
         if store is not None and config.log.redact:
             store.redactor = Redactor(config.log.redact)  # [log] redact: the record only
         self.kind: RunKind = kind
@@ -279,13 +283,20 @@ class Chain:
                 # the client's own event-loop lag, recorded with every attempt of hedged steps
                 self._loop_lag = get_loop_lag_monitor()
                 await self._loop_lag.__aenter__()
-            db = self.store.db if self.store is not None else sqlite_utils.Database(memory=True)
-            if self._retriever is None and any(n.catalogue for n in self.needs.values()):
+            # the catalogue: in the SQLite log, or (a PostgreSQL log) in a SQLite file of its
+            # own, opened only when a step searches it
+            wants_catalog = self._retriever is None and any(
+                n.catalogue for n in self.needs.values()
+            )
+            db = (self.store.db if self.store is not None
+                  and (self.store.dialect == "sqlite" or wants_catalog)
+                  else sqlite_utils.Database(memory=True))  # fmt: skip
+            if wants_catalog:
                 ensure_sample_catalog(db)  # a log without a catalogue gets the sample one
             ctx = BuildContext(
                 config=self.config, providers=self._providers, breakers=self._breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
-                retriever=self._retriever, tools=self.tools,
+                retriever=self._retriever, tools=self.tools, seed_windows=self.seed_windows,
             )  # fmt: skip
             for step_name, step in self.steps.items():
                 logs = self.needs[step_name].log

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from log_backends import BACKENDS, open_log
 
 from chainrun.analysis.compare import (
     MinEffect,
@@ -19,6 +20,14 @@ from chainrun.errors import UserInputError
 from chainrun.evals import eval_request_id, parse_case, score_run
 from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
 from chainrun.log.store import Store
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """These tests run on both log backends (SQLite in memory, a PostgreSQL schema)."""
+    with open_log(request.param) as s:
+        yield s
+
 
 #: per turn i: (TTFT ms, completion tokens or None, ms between chunks)
 Profile = Callable[[int], tuple[float, int | None, float]]
@@ -95,13 +104,6 @@ def make_run(
         store.log_turn(run, turn)
     store.finish_run(run, "complete")
     return run
-
-
-@pytest.fixture
-def store() -> Store:
-    s = Store.open(":memory:")
-    yield s
-    s.close()
 
 
 def test_12_turns_against_400_reports_n_and_null_intervals(store: Store) -> None:
@@ -295,7 +297,7 @@ def test_answer_blocks_are_shaped_like_turn(store: Store) -> None:
     a = make_run(store, 40, lambda i: (200.0, 50, 10.0))
     b = make_run(store, 40, lambda i: (200.0, 50, 10.0))
     with store.transaction():
-        store.db.execute("update turns set answer_ttft_ms = 100 + id % 7, answer_done_ms = 900 "
+        store.log.execute("update turns set answer_ttft_ms = 100 + id % 7, answer_done_ms = 900 "
                          "where run_id = ?", [b])  # fmt: skip
     res = compare(store, str(a), str(b))
     for key in ("answer_ttft", "answer_done"):

@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from conftest import reply_by_step
+from log_backends import BACKENDS, open_log
 from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
@@ -28,6 +29,14 @@ from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.serve.chat import BadRequest, parse_chat_body
 from chainrun.serve.openai_face import InvalidRequest, parse_completion_request
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """These tests run on both log backends (SQLite in memory, a PostgreSQL schema)."""
+    with open_log(request.param) as s:
+        yield s
+
 
 STATIC = Path(__file__).resolve().parents[1] / "chainrun" / "serve" / "static"
 
@@ -134,7 +143,7 @@ async def test_bad_body_is_400_and_nothing_logged(config, store, fake) -> None:
     assert r.status_code == 400 and r.json() == {"error": {
         "message": "message: expected a non-empty string", "type": "invalid_request_error",
         "param": "message", "code": "invalid_value"}}  # fmt: skip
-    assert store.db.table("turns").count == 0
+    assert store.log.scalar("select count(*) from turns") == 0
 
 
 async def test_health_ready_and_the_page(config, store, fake) -> None:

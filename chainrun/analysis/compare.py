@@ -68,7 +68,7 @@ from chainrun.evals.scoring import (
     winning_calls,
 )
 from chainrun.log.rows import CallRow, StepRow, TurnRow
-from chainrun.log.store import Store
+from chainrun.log.store import Store, log_time
 
 LIVE = "live"
 #: ``metric`` value selecting the turn and every step
@@ -237,17 +237,10 @@ def select(store: Store, selector: str) -> Side:
 
 def _select_live(store: Store, sel: str) -> Side:
     start, end = parse_live_window(sel)
-    runs = {r.id: r for r in store.runs_of_kind("live") if r.id is not None}
-    turns = []
-    for t in store.turns(list(runs)):
-        stamp = t.started_at or runs[t.run_id or 0].started_at
-        if start is not None or end is not None:
-            if not stamp:
-                continue
-            ts = _parse_ts(stamp, sel)
-            if (start is not None and ts < start) or (end is not None and ts >= end):
-                continue
-        turns.append(t)
+    # filtered in the database: a shared log holds every serving process's live traffic
+    turns = store.turns_between(
+        "live", log_time(start) if start else None, log_time(end) if end else None
+    )
     window = (start.isoformat() if start else None, end.isoformat() if end else None)
     if not turns:
         raise UserInputError(f"{sel!r}: no turns of live runs in this window")
@@ -256,6 +249,28 @@ def _select_live(store: Store, sel: str) -> Side:
     steps = [s for s in store.steps(run_ids) if s.turn_id in ids]
     calls = [c for c in store.calls(run_ids) if c.turn_id in ids]
     return Side(sel, LIVE, run_ids, turns, steps, calls, window=window)
+
+
+def live_window_selectors(
+    a: str, b: str, since: str | None, until: str | None
+) -> tuple[str, str]:
+    """``a`` and ``b`` with a side ``live`` narrowed to ``live:SINCE..UNTIL`` (the
+    ``--since``/``--until`` of ``chainrun compare``).
+
+    Raises:
+        UserInputError: neither side is ``live`` (the window selects live traffic), or a
+            bound is not ISO-8601.
+    """
+    for option, text in (("--since", since), ("--until", until)):
+        if text is not None:
+            _parse_ts(text.strip(), f"{option} {text}")
+    window = f"{LIVE}:{(since or '').strip()}..{(until or '').strip()}"
+    sides = [window if side.strip() == LIVE else side for side in (a, b)]
+    if sides == [a, b]:
+        raise UserInputError("--since/--until select a window of live traffic: name one side "
+                             f"'live' (e.g. chainrun compare RUN live --since ...), got {a!r} "
+                             f"and {b!r}")  # fmt: skip
+    return sides[0], sides[1]
 
 
 # -- latency -----------------------------------------------------------------------------

@@ -264,7 +264,9 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     None where the rate is),
     ``extra_calls_per_turn``, ``budget_exhausted`` (copies refused by the load budget, also
     in ``unsent``), ``mean_delay_ms``, ``n_probe_calls`` (calls hedged as probes while the
-    step was backed off) and ``changes``: every decision of the step's hedge controller
+    step was backed off), ``n_seeded_delay`` and ``seeded_delay_turns`` (the calls whose
+    hedge delay came from a latency window seeded from the log's recent calls when the
+    process started, and their turn ids) and ``changes``: every decision of the step's hedge controller
     (``delay = "auto"`` advice, back-off, resume; :mod:`chainrun.hedging.advisor`), oldest
     first, as ``{at, kind, old, new, why, prediction}`` (``at`` ISO 8601 UTC). The rates
     are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
@@ -298,6 +300,7 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     delays: dict[str, list[float]] = defaultdict(list)
     details: dict[str, list[Mapping[str, Any] | None]] = defaultdict(list)
     probes: Counter[str] = Counter()
+    seeded: dict[str, list[int]] = defaultdict(list)
     fired_steps = []
     for s in store.steps(run_id):  # a change applies to its step whatever became of the turn
         if s.detail and ("hedge_changes" in s.detail or "hedge_probe" in s.detail):
@@ -313,6 +316,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             fired_steps.append(s)
         if s.hedge_delay_ms is not None:
             delays[s.step].append(s.hedge_delay_ms)
+            if (s.detail or {}).get("hedge_delay_seeded") and s.turn_id is not None:
+                seeded[s.step].append(s.turn_id)
         if fired and s.hedge_won and s.time_saved_ms is not None:
             st.record_time_saved(s.time_saved_ms)
     sent_in: dict[tuple[str, int | None], int] = defaultdict(int)
@@ -351,6 +356,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "mean_delay_ms": _mean(delays[name]),
             "n_probe_calls": probes[name],
             "changes": logged_changes(details[name]),
+            "n_seeded_delay": len(seeded[name]),
+            "seeded_delay_turns": seeded[name],
         }
     return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
 

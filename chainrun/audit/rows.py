@@ -96,8 +96,7 @@ def _run(r: RunRow) -> Run:
 
 def all_runs(store: Store) -> list[Run]:
     """Every run of the log, oldest first."""
-    n = store.db.execute("select count(*) from runs").fetchone()[0]
-    return [_run(r) for r in reversed(store.list_runs(limit=max(1, int(n))))]
+    return [_run(r) for r in reversed(store.list_runs(limit=max(1, store.count_runs())))]
 
 
 def get_run(store: Store, run_id: int) -> Run:

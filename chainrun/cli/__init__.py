@@ -155,8 +155,13 @@ config_app = typer.Typer(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The chain's configuration: print the effective config.",
 )  # fmt: skip
+log_app = typer.Typer(
+    cls=_OneLineErrors, no_args_is_help=True,
+    help="The run log itself: copy runs from one log into another.",
+)  # fmt: skip
 app.add_typer(local_app, name="local")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(log_app, name="log")
 app.add_typer(lab_app, name="lab")
 app.add_typer(config_app, name="config")
 
@@ -189,7 +194,33 @@ out = _Console(highlight=False, soft_wrap=True, width=_width)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # shared options (the pattern of simonw/llm: one definition, many commands)
-DbOpt = Annotated[Path, typer.Option("--db", help="SQLite run log.", show_default=True)]
+#: the environment variable every command (and ``chainrun serve``) reads the log from
+DB_ENV = "CHAINRUN_DB"
+DbOpt = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar=DB_ENV,
+        help="Run log: a SQLite file, or a PostgreSQL database as postgresql://USER@HOST/DB "
+        f"(default: ${DB_ENV}, else chainrun.db).",
+        show_default=True,
+    ),
+]
+SinceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        help="Live traffic from this time on (ISO-8601, UTC unless it says otherwise, "
+        "e.g. 2026-12-01T15:00).",
+    ),
+]
+UntilOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--until",
+        help="Live traffic before this time (ISO-8601; a date alone includes that day).",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="chainrun.toml (default: ./chainrun.toml or built-in)."),
@@ -197,7 +228,7 @@ ConfigOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Turns in flight at once.")]
 LabelOpt = Annotated[str | None, typer.Option(help="A label for the run.")]
-DEFAULT_DB_PATH = Path("chainrun.db")
+DEFAULT_DB_PATH = "chainrun.db"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -227,8 +258,11 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json"))
         db = kwargs.get("db")
-        # a log this command creates and then fails before a run: removed, not left empty
-        new_log = db if isinstance(db, Path) and not db.exists() else None
+        # a log file this command creates and then fails before a run: removed, not left
+        # empty (a database on a server is never removed)
+        new_log = (
+            Path(db) if isinstance(db, str) and "://" not in db and not Path(db).exists() else None
+        )
         try:
             try:
                 return fn(*args, **kwargs)
@@ -251,6 +285,14 @@ def handle_errors(fn: F) -> F:
         except Terminated:
             err.print("chainrun: terminated")
             raise typer.Exit(143) from None
+        except Exception as e:
+            if not type(e).__module__.startswith(("psycopg", "psycopg_pool")):
+                raise
+            # the PostgreSQL log went away mid-command, or refused a statement
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            message = f"the log database failed ({type(e).__name__}: {first})"
+            fail(message, as_json=as_json, error={"type": "database_error", "message": message,
+                                                  "file": None, "line": None})  # fmt: skip
 
     return wrapper  # type: ignore[return-value]
 
@@ -316,6 +358,7 @@ from chainrun.cli import (  # noqa: E402,F401
     commands_eval,
     commands_hedge,
     commands_lab,
+    commands_log,
     commands_retrieve,
     commands_serve,
 )

@@ -17,13 +17,16 @@ from rich.table import Table
 from chainrun.analysis.summary import hedge_stats, latency_summary, run_detail
 from chainrun.chain import Chain
 from chainrun.cli import (
+    DB_ENV,
     DEFAULT_DB_PATH,
     ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
     LabelOpt,
+    SinceOpt,
     Terminated,
+    UntilOpt,
     app,
     err,
     handle_errors,
@@ -48,7 +51,7 @@ from chainrun.errors import LogWriteError, UserInputError
 from chainrun.events import StepFinished, TokenDelta, TurnFinished
 from chainrun.log.rows import TurnRow
 from chainrun.log.several_logs import process_name, process_names
-from chainrun.log.store import Store
+from chainrun.log.store import Store, log_window
 from chainrun.replay import (
     ReplayRequest,
     answered_history,
@@ -255,33 +258,46 @@ def runs(
         int, typer.Option(min=1, max=100_000, help="How many runs per log (newest first).")
     ] = 20,
     db: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Option(
             "--db",
-            help="SQLite run log; repeat it to list several processes' logs (each run "
-            "also named RUN@PROCESS, as compare takes it).",
+            envvar=DB_ENV,
+            help="Run log (a SQLite file or postgresql://...); repeat it to list several "
+            "processes' SQLite logs (each run also named RUN@PROCESS, as compare takes it).",
         ),
     ] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the runs in the log (or in each of several logs), newest first."""
+    """List the runs in the log (or in each of several logs), newest first. On a shared
+    log (PostgreSQL) every serving process has its own live run; --since/--until keep the
+    runs that were running at some time in that window."""
     dbs = db or [DEFAULT_DB_PATH]
     if len(dbs) > 1:
         process_names(dbs)  # two logs of one name could not be told apart in compare
+    lo, hi = log_window(since, until)
     keys = ("id", "kind", "label", "status", "n_turns", "started_at", "ended_at", "source")
-    listed: list[tuple[Path, list[dict[str, Any]]]] = []
+    listed: list[tuple[str, list[dict[str, Any]]]] = []
     for path in dbs:
         with Store.open(path, create=False) as store:
-            rows = [r.model_dump(include=set(keys)) for r in store.list_runs(limit)]
+            found = store.list_runs(limit, since=lo, until=hi)
+            name = store.name
+        rows = []
+        for run in found:
+            row = run.model_dump(include=set(keys))
+            writer = (run.meta or {}).get("writer") or {}  # the process that wrote it
+            row["process"] = f"{writer.get('host')}:{writer.get('pid')}" if writer else None
+            rows.append(row)
         if len(dbs) > 1:
             for r in rows:
                 r.update(log=str(path), selector=f"{r['id']}@{process_name(path)}")
-        listed.append((path, rows))
+        listed.append((name, rows))
     if as_json:
         print_json({"runs": [r for _, rows in listed for r in rows]})
         return
     for path, rows in listed:
-        cols = keys if len(dbs) == 1 else ("selector", *keys)
+        cols = (*keys, "process") if len(dbs) == 1 else ("selector", *keys, "process")
         table = Table(title=f"runs in {path}")
         for k in cols:
             table.add_column(k)
@@ -430,7 +446,7 @@ def _print_server(server: local_model.LocalServer, as_json: bool, state: str) ->
                   f"{server.checkout}, log {server.log_path})", markup=False)  # fmt: skip
 
 
-def _warn_failed_turns(store_path: Path, run_id: int) -> None:
+def _warn_failed_turns(store_path: str, run_id: int) -> None:
     """Up to two stderr lines after a run: the turns that did not end ok (by status, with
     the step failures inside them; a server that answers but is not an OpenAI-compatible
     API completes a run of refusals), and, apart, the ok turns answered with a step that

@@ -11,16 +11,25 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from chainrun.analysis.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
+from chainrun.analysis.compare import (
+    DEFAULT_MIN_EFFECT,
+    compare,
+    live_window_selectors,
+    parse_min_effect,
+    regression,
+)
 from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
 from chainrun.analysis.summary import cached_text, latency_summary
 from chainrun.cli import (
+    DB_ENV,
     DEFAULT_DB_PATH,
     ConfigOpt,
     DbOpt,
     JsonOpt,
     LabelOpt,
+    SinceOpt,
     Terminated,
+    UntilOpt,
     app,
     err,
     handle_errors,
@@ -216,20 +225,29 @@ def compare_command(
         ),
     ] = None,
     db: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Option(
             "--db",
-            help="SQLite run log; repeat it to read several processes' logs as one "
-            "(name a run RUN@PROCESS, PROCESS being a log's file name without suffix).",
+            envvar=DB_ENV,
+            help="Run log (a SQLite file or postgresql://...); repeat it to read several "
+            "processes' SQLite logs as one (name a run RUN@PROCESS, PROCESS being a log's "
+            "file name without suffix).",
         ),
     ] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
+    """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates.
+
+    A or B may be ``live``: the turns of every live run (every serving process of a shared
+    log) in the --since/--until window (or ``live:FROM..TO``)."""
     if by is not None and (by != "provider" or metric != "all" or fail_on_regression):
         raise UserInputError(
             f"--by: expected 'provider' (without --metric or --fail-on-regression), got {by!r}"
         )
+    if since is not None or until is not None:
+        a, b = live_window_selectors(a, b, since, until)
     tolerance = parse_min_effect(min_effect)
     dbs = db or [DEFAULT_DB_PATH]
     merged = merge_logs(dbs) if len(dbs) > 1 else None

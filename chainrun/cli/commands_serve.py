@@ -9,6 +9,7 @@ import typer
 
 from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, handle_errors
 from chainrun.config import load_config
+from chainrun.log.store import SeedWindows
 from chainrun.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV, TurnObserver, serve
 from chainrun.telemetry import otel_requested, telemetry_from_env
 
@@ -38,6 +39,20 @@ def serve_command(
         typer.Option(min=1, help="Largest request body in bytes; a larger one is answered 413 "
                      "without being read (default 1 MiB)."),
     ] = DEFAULT_MAX_BODY_BYTES,
+    seed_windows: Annotated[
+        bool,
+        typer.Option(
+            "--seed-windows/--no-seed-windows",
+            help="Before the first turn, fill each hedged step's latency window from the "
+            "log's recent calls of that step (the last 200 within 10 minutes, any process): "
+            "hedge at the fleet's percentile from the first call.",
+        ),
+    ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(min=1, help="Worker processes sharing the port, each with its own live "
+                     "run in the one log (use a PostgreSQL --db to share it widely)."),
+    ] = 1,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -46,12 +61,25 @@ def serve_command(
     cfg = load_config(config)
     observers: list[TurnObserver] = []
     wanted = otel_requested() if otel is None else otel
+    token = os.environ.get(TOKEN_ENV) or None
+    seeds = SeedWindows() if seed_windows else None
+    if workers > 1:
+        # each worker builds its own exporter after the fork (its threads would not survive
+        # one); serve shuts it down (flushing it) as the worker stops
+        def per_worker() -> list[TurnObserver]:
+            return [telemetry_from_env(model_id)] if wanted else []
+
+        serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
+              max_body_bytes=max_body_bytes, workers=workers,
+              observer_factory=per_worker, seed_windows=seeds)  # fmt: skip
+        return
     telemetry = telemetry_from_env(model_id) if wanted else None
     if telemetry is not None:
         observers.append(telemetry)
     try:
-        serve(cfg, db, host=host, port=port, token=os.environ.get(TOKEN_ENV) or None,
-              model_id=model_id, observers=observers, max_body_bytes=max_body_bytes)  # fmt: skip
+        serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
+              observers=observers, max_body_bytes=max_body_bytes,
+              seed_windows=seeds)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()

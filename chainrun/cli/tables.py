@@ -205,11 +205,20 @@ def hedge_table(stats: dict[str, Any]) -> Table:
                   _f(s["time_saved_per_win_ms"]),
                   str(s["n_saved_measured"]), _f(s["extra_calls_per_turn"], 3),
                   _f(s["mean_delay_ms"]))  # fmt: skip
+    notes = []
     if any(s["n_fired_no_copy_sent"] for s in stats["steps"].values()):
-        t.caption = ("fire rate: the hedge timer went off (a copy was due); sent/call: copies "
+        notes.append("fire rate: the hedge timer went off (a copy was due); sent/call: copies "
                      "actually sent per call; unsent b/c/l: due copies not sent (budget "
                      "refused / breaker open / loop lag); a fire with no copy sent cannot win, "
                      "so its loss says nothing of the copy")  # fmt: skip
+    for name, s in stats["steps"].items():
+        turns = s.get("seeded_delay_turns") or []
+        if turns:  # hedged at a delay from the log's recent calls (a window seeded at start)
+            shown = ", ".join(str(t) for t in turns[:8]) + (", ..." if len(turns) > 8 else "")
+            notes.append(f"{name}: {len(turns)} calls hedged at a delay seeded from the log's "
+                         f"recent calls (turns {shown})")  # fmt: skip
+    if notes:
+        t.caption = "\n".join(notes)
     return t
 
 

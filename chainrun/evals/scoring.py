@@ -222,10 +222,7 @@ async def score_run(
                     "scored_at": now,
                 }
             )
-    with store.transaction():
-        store.db.execute("delete from eval_results where run_id = ?", [run_id])
-        if rows:
-            store.db.table("eval_results").insert_all(rows)
+    store.replace_eval_results(run_id, rows)
     summary = summarize_results(rows)
     return {
         "run_id": run_id,
@@ -237,13 +234,7 @@ async def score_run(
 
 def load_results(store: Store, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     """The ``eval_results`` rows of some runs (empty when the table does not exist yet)."""
-    ids = list(run_ids)
-    if not ids or "eval_results" not in store.db.table_names():
-        return []
-    marks = ",".join("?" for _ in ids)
-    return list(
-        store.db.table("eval_results").rows_where(f"run_id in ({marks})", ids, order_by="id")
-    )
+    return store.eval_results(list(run_ids))
 
 
 def _graded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

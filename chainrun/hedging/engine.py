@@ -158,6 +158,9 @@ class Hedger(Generic[T]):
         self.controller = HedgeController(
             p, self.window, clock=clock, running=self._running_ms, rng=self.rng
         )
+        self._clock = clock
+        #: the clock time (s) until which the window may hold seeded samples
+        self._seeded_until = -math.inf
         self._calls = 0
         # shadow watcher task -> the losing attempt's task it watches
         self._shadows: dict[asyncio.Task[None], asyncio.Task[T]] = {}
@@ -173,6 +176,27 @@ class Hedger(Generic[T]):
         if not self._policy.hedges:
             return None
         return self.controller.setting.delay_ms
+
+    def seed_window(self, samples_ms: Sequence[float]) -> int:
+        """Record ``samples_ms`` (latencies in ms, e.g. the fleet's recent calls of this
+        step read from the run log) in the latency window before the first call, so a
+        new process hedges at the fleet's percentile instead of warming up. They expire
+        with the window like any sample (after at most ``window_s``). Returns how many
+        were recorded."""
+        for value in samples_ms:
+            self.window.record(value)
+        if samples_ms:
+            self._seeded_until = self._clock() + self._policy.window_s
+        return len(samples_ms)
+
+    def delay_seeded(self) -> bool:
+        """Whether a call starting now gets its delay from a latency window that may still
+        hold seeded samples (:meth:`seed_window`)."""
+        p = self._policy
+        if self._clock() >= self._seeded_until or p.delay_ms is not None:
+            return False
+        return (p.hedges and p.delay_percentile is not None
+                and self.window.percentile(p.delay_percentile) is not None)  # fmt: skip
 
     async def run(
         self,

@@ -24,8 +24,5 @@ def read_turn(store: Store, turn_id: int) -> LoggedTurn | None:
 def find_turn(store: Store, run_id: int, request_id: str) -> LoggedTurn | None:
     """The latest turn of run ``run_id`` logged with ``request_id`` (how a backend finds a
     turn it cancelled, whose id it never received), or None."""
-    row = store.db.execute(
-        "select id from turns where run_id = ? and request_id = ? order by id desc limit 1",
-        [run_id, request_id],
-    ).fetchone()
-    return read_turn(store, int(row[0])) if row else None
+    turn_id = store.find_turn_id(run_id, request_id)
+    return read_turn(store, turn_id) if turn_id is not None else None

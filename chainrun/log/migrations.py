@@ -5,17 +5,25 @@ recorded in ``_migrations`` (the pattern of simonw/llm's migrations). Never edit
 migration that has shipped: add the next number. The row models in
 :mod:`chainrun.log.rows` must match the tables after the last migration
 (``tests/test_store.py`` pins that).
+
+One list serves SQLite and PostgreSQL: a migration gets a
+:class:`~chainrun.log.backend.LogDb` and writes the schema as sqlite-utils does
+(``db.table(T).create/add_column/create_index``, which the PostgreSQL side maps to its
+types) or as SQL both run. What must differ branches on ``db.dialect``: the product
+catalogue (FTS5 and sqlite-vec exist only in SQLite; a PostgreSQL log keeps its
+catalogue in a SQLite file, see :mod:`chainrun.log.store`) and a column type.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import sqlite_utils
 
-from chainrun.log.transactions import write_transaction
+from chainrun.log.backend import LogDb, PgLogDb, SqliteLogDb
 
 #: the catalogue's columns searched by full-text search (FTS5, bm25)
 FTS_COLUMNS = ("title", "description", "category", "colours", "tags")
@@ -41,7 +49,7 @@ def utc_now() -> str:
     return f"{prefix}.{ns // 1_000_000:03d}+00:00"
 
 
-def _m001_initial(db: sqlite_utils.Database) -> None:
+def _m001_initial(db: LogDb) -> None:
     db.table("runs").create(
         {
             "id": int,
@@ -146,12 +154,12 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("calls").create_index(["turn_id"])
 
 
-def _m002_fired_late(db: sqlite_utils.Database) -> None:
+def _m002_fired_late(db: LogDb) -> None:
     # a copy fired while the client's own event loop was late (chainrun.hedging.looplag)
     db.table("calls").add_column("fired_late", int)
 
 
-def _m003_answer_timings(db: sqlite_utils.Database) -> None:
+def _m003_answer_timings(db: LogDb) -> None:
     # the shopper's wait: first answer token and answer complete, per turn;
     # NULL for turns logged before this migration (unknown, never 0)
     db.table("turns").add_column("answer_ttft_ms", float)
@@ -162,13 +170,15 @@ def _m003_answer_timings(db: sqlite_utils.Database) -> None:
     db.table("calls").add_column("stop", str)
 
 
-def _m004_steps_turn_index(db: sqlite_utils.Database) -> None:
+def _m004_steps_turn_index(db: LogDb) -> None:
     # a turn's steps read back by turn id (Store.turn: chainrun serve, telemetry) without
     # scanning every step of a long-running live run
     db.table("steps").create_index(["turn_id"], if_not_exists=True)
 
 
-def _m010_catalog(db: sqlite_utils.Database) -> None:
+def _m010_catalog(db: LogDb) -> None:
+    if db.dialect != "sqlite":
+        return  # FTS5 and sqlite-vec: the catalogue of a PostgreSQL log lives in SQLite
     db.table("products").create(
         {
             "id": str,
@@ -236,7 +246,7 @@ def fts_statements(table: str, columns: Sequence[str], *, tokenize: str) -> list
     ]
 
 
-def _m020_eval_results(db: sqlite_utils.Database) -> None:
+def _m020_eval_results(db: LogDb) -> None:
     db.table("eval_results").create(
         {
             "id": int,
@@ -257,15 +267,17 @@ def _m020_eval_results(db: sqlite_utils.Database) -> None:
     db.table("eval_results").create_index(["run_id", "case_id"])
 
 
-def _m030_turn_ids(db: sqlite_utils.Database) -> None:
+def _m030_turn_ids(db: LogDb) -> None:
     # the next turn id no process has reserved (chainrun.log.turn_ids): a turn's id is known
     # before its row is committed, so a turn can return before its write
+    next_id = "integer" if db.dialect == "sqlite" else "bigint"
     db.execute(
-        "create table _turn_ids (id integer primary key check (id = 1), next_id integer not null)"
+        "create table _turn_ids (id integer primary key check (id = 1), "
+        f"next_id {next_id} not null)"
     )
 
 
-def _m050_tool_calls(db: sqlite_utils.Database) -> None:
+def _m050_tool_calls(db: LogDb) -> None:
     # one row per tool call a model asked for (chainrun.tools): what ran, once, and why not
     db.table("tool_calls").create(
         {
@@ -295,7 +307,7 @@ def _m050_tool_calls(db: sqlite_utils.Database) -> None:
     db.table("tool_calls").create_index(["run_id", "step"])
 
 
-def _m060_truncated_answers(db: sqlite_utils.Database) -> None:
+def _m060_truncated_answers(db: LogDb) -> None:
     # an answer cut at the token cap (finish reason length) is said in the step and turn
     # rows, not only in a call's finish_reason
     db.table("steps").add_column("truncated", int)
@@ -309,8 +321,14 @@ def _m070_conversations(db: sqlite_utils.Database) -> None:
     db.table("turns").create_index(["conversation_id", "turn_index"], if_not_exists=True)
 
 
+def _m080_turns_started_index(db: LogDb) -> None:
+    # the newest turns across every run and process (hedge windows seeded from the log,
+    # Store.recent_latencies; a window of live traffic) without scanning every turn
+    db.table("turns").create_index(["started_at"], if_not_exists=True)
+
+
 #: Every migration in order. Append only.
-MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
+MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
     ("002_fired_late", _m002_fired_late),
     ("003_answer_timings", _m003_answer_timings),
@@ -321,33 +339,54 @@ MIGRATIONS: tuple[tuple[str, Callable[[sqlite_utils.Database], None]], ...] = (
     ("050_tool_calls", _m050_tool_calls),
     ("060_truncated_answers", _m060_truncated_answers),
     ("070_conversations", _m070_conversations),
+    ("080_turns_started_index", _m080_turns_started_index),
 )
 
 
-def migrate(db: sqlite_utils.Database) -> list[str]:
+@contextmanager
+def _one_migrator(db: LogDb) -> Iterator[None]:
+    """On PostgreSQL, one process migrates at a time: a session advisory lock keyed by
+    the schema (two processes racing to ``create table if not exists`` can otherwise
+    both fail on the catalogue's unique index). SQLite's write lock does this per
+    migration (``BEGIN IMMEDIATE``)."""
+    if not isinstance(db, PgLogDb):
+        yield
+        return
+    with db.session():
+        db.execute("select pg_advisory_lock(7262, hashtext(current_schema()))")
+        try:
+            yield
+        finally:
+            db.execute("select pg_advisory_unlock(7262, hashtext(current_schema()))")
+
+
+def migrate(db: LogDb | sqlite_utils.Database) -> list[str]:
     """Apply every migration not yet recorded in ``_migrations``; return the names applied.
 
-    Each migration is one write transaction (``BEGIN IMMEDIATE``, :mod:`chainrun.log.transactions`)
-    with its ``_migrations`` row: a process killed mid-migration leaves none of it, and
-    of two processes opening a new log at once, the second waits for the write lock,
-    then finds the migration recorded and skips it. Idempotent: a second call applies
-    nothing. A migration must not use ``executescript`` (it commits first).
+    Each migration is one write transaction (on SQLite ``BEGIN IMMEDIATE``,
+    :mod:`chainrun.log.transactions`) with its ``_migrations`` row: a process killed
+    mid-migration leaves none of it, and of two processes opening a new log at once,
+    the second waits for the write lock (on PostgreSQL an advisory lock), then finds
+    the migration recorded and skips it. Idempotent: a second call applies nothing. A
+    migration must not use ``executescript`` (it commits first).
     """
-    with write_transaction(db):
-        db.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
-                   '"applied_at" TEXT)')  # fmt: skip
-    done = {r["name"] for r in db.table("_migrations").rows}
+    log = db if isinstance(db, LogDb) else SqliteLogDb(db)
     applied = []
-    for name, fn in MIGRATIONS:
-        if name in done:
-            continue
-        with write_transaction(db):
-            # re-read under the write lock: another process may have applied it meanwhile
-            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+    with _one_migrator(log):
+        with log.transaction():
+            log.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
+                        '"applied_at" TEXT)')  # fmt: skip
+        done = {r[0] for r in log.execute("select name from _migrations").fetchall()}
+        for name, fn in MIGRATIONS:
+            if name in done:
                 continue
-            fn(db)
-            db.execute(
-                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
-            )
-        applied.append(name)
+            with log.transaction():
+                # re-read under the write lock: another process may have applied it meanwhile
+                if log.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                    continue
+                fn(log)
+                log.execute(
+                    "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
+                )
+            applied.append(name)
     return applied

@@ -1,26 +1,27 @@
-"""Many backend processes, many logs: read several run logs as one.
+"""Many backend processes, many logs: read several SQLite run logs as one.
 
-Each ``chainrun serve`` process keeps its own SQLite log (and its own hedge windows).
-:func:`merge_logs` copies the runs, turns, steps and calls of several logs into one
-in-memory log, renumbering ids so they do not collide and tagging every run with the
-process it came from (``runs.meta``: ``process``, ``source_db``, ``source_run_id``), so
-that a fleet's live window can be compared against a replay without a central database.
-A run of one process is named ``RUN@PROCESS`` (e.g. ``3@shop-a``), the process being the
-log file's name without its suffix.
+When each ``chainrun serve`` process keeps its own SQLite log, :func:`merge_logs` copies
+the runs (turns, steps, calls, eval results) of several logs into one in-memory log,
+renumbering ids so they do not collide and tagging every run with the process it came
+from (``runs.meta``: ``process``, ``source_db``, ``source_run_id``), so that a fleet's
+live window can be compared against a replay without a central database. A run of one
+process is named ``RUN@PROCESS`` (e.g. ``3@shop-a``), the process being the log file's
+name without its suffix. ``compare --db a.db --db b.db`` reads logs this way; a fleet
+that shares one PostgreSQL log needs none of it, and ``chainrun log copy`` moves such
+SQLite logs into one (:mod:`chainrun.log.copy`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from chainrun.errors import UserInputError
+from chainrun.log.backend import is_postgres_url
+from chainrun.log.copy import copy_runs
 from chainrun.log.store import Store
-
-#: tables copied, parents first; each child's ``run_id``/``turn_id`` follow the renumbering
-_TABLES = ("runs", "turns", "steps", "calls")
 
 
 @dataclass
@@ -56,9 +57,12 @@ class MergedLogs:
         return str(self.runs[(process, int(run))])
 
 
-def process_name(path: Path) -> str:
-    """A log's process tag: its file name without the suffix (``logs/shop-a.db`` → ``shop-a``)."""
-    return path.stem
+def process_name(path: Path | str) -> str:
+    """A log's process tag: its file name without the suffix (``logs/shop-a.db`` → ``shop-a``);
+    for a PostgreSQL URL, its database name."""
+    if is_postgres_url(str(path)):
+        return urlsplit(str(path)).path.strip("/") or "postgres"
+    return Path(path).stem
 
 
 def process_names(paths: Sequence[str | Path]) -> list[str]:
@@ -75,7 +79,8 @@ def process_names(paths: Sequence[str | Path]) -> list[str]:
 
 
 def merge_logs(paths: Sequence[str | Path]) -> MergedLogs:
-    """Copy the logs at ``paths`` into one in-memory log (see the module docstring).
+    """Copy the logs at ``paths`` into one in-memory log (see the module docstring), with
+    :func:`chainrun.log.copy.copy_runs` (as ``chainrun log copy`` copies into a shared log).
 
     Raises:
         UserInputError: a path is missing or not a chainrun log, or two logs share a
@@ -83,28 +88,9 @@ def merge_logs(paths: Sequence[str | Path]) -> MergedLogs:
     """
     tags = process_names(paths)
     merged = MergedLogs(Store.open(":memory:"), tags)
-    db = merged.store.db
-    columns = {t: set(db.table(t).columns_dict) for t in _TABLES}
     for path, tag in zip(paths, tags, strict=True):
         with Store.open(path, create=False) as src:  # checks it is a chainrun log
-            offsets = {t: int(db.execute(f"select coalesce(max(id), 0) from {t}").fetchone()[0])
-                       for t in _TABLES}  # fmt: skip
-            for table in _TABLES:
-                rows = []
-                for row in src.db.table(table).rows_where(order_by="id"):
-                    row = {k: v for k, v in row.items() if k in columns[table]}
-                    source_id = row["id"]
-                    row["id"] += offsets[table]
-                    if "run_id" in row:
-                        row["run_id"] += offsets["runs"]
-                    if "turn_id" in row:
-                        row["turn_id"] += offsets["turns"]
-                    if table == "runs":
-                        meta = json.loads(row.get("meta") or "{}")
-                        meta.update(process=tag, source_db=str(path), source_run_id=source_id)
-                        row["meta"] = json.dumps(meta)
-                        merged.runs[(tag, source_id)] = row["id"]
-                    rows.append(row)
-                with db.conn:
-                    db.table(table).insert_all(rows)
+            done = copy_runs(src, merged.store, process=tag, source=str(path))
+        for source_id, new_id in done.run_ids.items():
+            merged.runs[(tag, source_id)] = new_id
     return merged

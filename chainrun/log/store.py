@@ -1,15 +1,23 @@
-"""The run log: a SQLite file (WAL mode) written through sqlite-utils.
+"""The run log: a SQLite file (WAL mode) or a PostgreSQL database, the same on both.
 
 Tables: ``runs`` → ``turns`` → ``steps`` and ``calls`` (one row per model call
 attempt), each written and read as a typed row model of :mod:`chainrun.log.rows`.
 Schema changes are the numbered migrations of :mod:`chainrun.log.migrations`, applied
-once each on open and recorded in ``_migrations`` (the pattern of simonw/llm).
-Prompts and outputs are stored; API keys never are (the config snapshot holds only
-the *name* of the key's environment variable).
+once each on open and recorded in ``_migrations`` (the pattern of simonw/llm), one list
+for both databases. Prompts and outputs are stored; API keys never are (the config
+snapshot holds only the *name* of the key's environment variable).
+
+``Store.open(target)`` takes a file path (SQLite) or a ``postgresql://`` URL
+(:mod:`chainrun.log.backend`); every query goes through the store's :class:`LogDb`
+(``store.log``). ``store.db`` is the SQLite database that holds the product catalogue:
+the log itself for a SQLite log; for a PostgreSQL log a SQLite file of its own
+(:data:`CATALOG_ENV`, default ``chainrun-catalog.db``), since the catalogue's search
+runs on SQLite's FTS5 and sqlite-vec.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -18,16 +26,27 @@ import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
 from chainrun.errors import LogWriteError, LostTurn, UserInputError
+from chainrun.log.backend import (
+    LogDb,
+    PgLogDb,
+    SqliteLogDb,
+    is_postgres_url,
+    open_pg_pool,
+    shown_url,
+)
 from chainrun.log.migrations import MIGRATIONS, migrate, utc_now
 from chainrun.log.redaction import Redactor, redact_calls, redact_turn
 from chainrun.log.rows import (
+    WINNER_OUTCOMES,
     CallRow,
     RunKind,
     RunRow,
@@ -37,13 +56,32 @@ from chainrun.log.rows import (
     TurnLog,
     TurnRow,
 )
-from chainrun.log.transactions import write_transaction
-from chainrun.log.turn_ids import TurnIds, release
+from chainrun.log.turn_ids import BLOCK, TurnIds, release
 from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
 
-__all__ = ["DEFAULT_DB", "Store", "migrate", "remove_unused_log", "utc_now"]
+__all__ = [
+    "CATALOG_ENV",
+    "DEFAULT_DB",
+    "SeedWindows",
+    "Store",
+    "log_time",
+    "log_window",
+    "migrate",
+    "remove_unused_log",
+    "utc_now",
+]
 
+T = TypeVar("T")
 DEFAULT_DB = "chainrun.db"
+#: where the product catalogue of a PostgreSQL log is kept (a SQLite file)
+CATALOG_ENV = "CHAINRUN_CATALOG_DB"
+DEFAULT_CATALOG_DB = "chainrun-catalog.db"
+#: turn ids one process reserves at once on PostgreSQL: the next block is fetched when
+#: half is used, so a process keeps answering (and numbering) 2,048 turns while the
+#: database is unreachable before a turn waits for an id
+PG_BLOCK = 4096
+#: connections a PostgreSQL log's pool holds at most (the writer thread, the readers)
+PG_POOL_MAX = 4
 logger = logging.getLogger("chainrun.log.store")
 
 
@@ -100,22 +138,24 @@ def writer_alive(writer: dict[str, Any] | None) -> bool:
     return writer.get("start") in (None, start)
 
 
-def mark_interrupted_runs(db: sqlite_utils.Database) -> list[int]:
+def mark_interrupted_runs(db: LogDb | sqlite_utils.Database) -> list[int]:
     """Mark ``interrupted`` every run still ``running`` whose writing process is gone
     (killed with SIGKILL, the machine lost power): the next open of the log tells the
     truth instead of leaving it ``running``. Its committed turns are kept as they are.
-    Returns the ids marked."""
+    A writer on another host counts as alive (see :func:`writer_alive`). Returns the ids
+    marked."""
+    log = db if isinstance(db, LogDb) else SqliteLogDb(db)
     marked: list[int] = []
-    for run_id, raw in db.execute("select id, meta from runs where status = 'running'"):
+    for run_id, raw in log.execute("select id, meta from runs where status = 'running'"):
         try:
             meta = json.loads(raw) if raw else {}
         except ValueError:
             meta = {}
         if writer_alive(meta.get("writer") if isinstance(meta, dict) else None):
             continue
-        n = db.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
-        with write_transaction(db):
-            db.execute(
+        with log.transaction():
+            n = log.scalar("select count(*) from turns where run_id = ?", [run_id])
+            log.execute(
                 "update runs set status = 'interrupted', ended_at = ?, n_turns = ? "
                 "where id = ? and status = 'running'",
                 [utc_now(), n, run_id],
@@ -124,39 +164,91 @@ def mark_interrupted_runs(db: sqlite_utils.Database) -> list[int]:
     return marked
 
 
+def catalog_path() -> Path:
+    """The SQLite file of a PostgreSQL log's product catalogue (:data:`CATALOG_ENV`)."""
+    return Path(os.environ.get(CATALOG_ENV) or DEFAULT_CATALOG_DB)
+
+
 class Store:
     """The run log. Open with :meth:`open`; use as a context manager to close it.
 
-    A file log writes turns from the event loop through :meth:`alog_turn` on a writer
-    thread with its own connection (:mod:`chainrun.log.writer`), without waiting for the
-    commit unless asked (``durable=True``); a turn's id is known at once, from a block
-    of ids this process reserved in the log (:mod:`chainrun.log.turn_ids`). Readers in the
+    A file or PostgreSQL log writes turns from the event loop through :meth:`alog_turn`
+    on a writer thread (:mod:`chainrun.log.writer`), without waiting for the commit
+    unless asked (``durable=True``); a turn's id is known at once, from a block of ids
+    this process reserved in the log (:mod:`chainrun.log.turn_ids`). Readers in the
     same process :meth:`flush` first (``Chain.aclose`` does). An in-memory log (one
     connection, not shareable across threads) writes turns inline.
 
-    Raises:
-        UserInputError: the file exists but is not a SQLite database.
+    Args:
+        db: the log's database: a :class:`LogDb`, or a sqlite-utils ``Database``.
+        path: the SQLite file (None: in memory, or PostgreSQL).
+        url: the PostgreSQL URL (None: SQLite).
+        writer: the writer thread (default: one on ``path`` for a SQLite file).
+        block: turn ids reserved at once.
     """
 
-    def __init__(self, db: sqlite_utils.Database, path: Path | None = None) -> None:
-        self.db = db
+    def __init__(
+        self,
+        db: LogDb | sqlite_utils.Database,
+        path: Path | None = None,
+        *,
+        url: str | None = None,
+        writer: LogWriter | None = None,
+        block: int = BLOCK,
+    ) -> None:
+        self.log: LogDb = db if isinstance(db, LogDb) else SqliteLogDb(db)
+        self._catalog: sqlite_utils.Database | None = (
+            self.log.db if isinstance(self.log, SqliteLogDb) else None
+        )
         #: masks personal data in what is logged (the chain sets it from ``[log] redact``)
         self.redactor: Redactor | None = None
         self.path = path
-        self.writer: LogWriter | None = LogWriter(path) if path is not None else None
-        self._ids = TurnIds(self._reserve_on_writer, self._reserve_here)
+        self.url = url
+        #: a PostgreSQL log's catalogue file (None: :func:`catalog_path`)
+        self.catalog_file: Path | None = None
+        if writer is None and path is not None:
+            writer = LogWriter(path)
+        self.writer: LogWriter | None = writer
+        self._ids = TurnIds(self._reserve_on_writer, self._reserve_here, block=block)
 
-    def _reserve_on_writer(self, job: Callable[[sqlite3.Connection], Any]) -> Any:
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The SQLite database holding the product catalogue: the log itself for a SQLite
+        log; for a PostgreSQL log the file :func:`catalog_path` names (opened, created
+        and migrated at first use)."""
+        if self._catalog is None:
+            path = self.catalog_file or catalog_path()
+            if not path.parent.is_dir():
+                raise UserInputError(
+                    f"{CATALOG_ENV}={path}: directory {path.parent} does not exist"
+                )
+            self._catalog = Store._open_file(path, path)
+        return self._catalog
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.log.dialect
+
+    @property
+    def name(self) -> str:
+        """The log as a user names it: its path, or its URL without a password."""
+        if self.url is not None:
+            return shown_url(self.url)
+        return str(self.path) if self.path is not None else ":memory:"
+
+    def _reserve_on_writer(self, job: Callable[[LogDb], Any]) -> Any:
         assert self.writer is not None
-        return self.writer.future(lambda db: job(db.conn))
+        return self.writer.future(job)
 
-    def _reserve_here(self, job: Callable[[sqlite3.Connection], Any]) -> Any:
-        with write_transaction(self.db):
-            return job(self.db.conn)
+    def _reserve_here(self, job: Callable[[LogDb], Any]) -> Any:
+        with self.log.transaction():
+            return job(self.log)
 
     @classmethod
     def open(cls, path: str | Path = DEFAULT_DB, *, create: bool = True) -> Store:
-        """Open (creating and migrating if needed) the log at ``path``; ``":memory:"`` works.
+        """Open (creating and migrating if needed) the log at ``path``; ``":memory:"`` works,
+        and so does a ``postgresql://USER@HOST:PORT/DB`` URL (see :meth:`open_postgres`).
 
         Args:
             create: False for read-only commands: a missing file is an error, not a new log.
@@ -173,6 +265,8 @@ class Store:
                 something else (tables but no chainrun ``_migrations``), which is left as is;
                 or it cannot be read read-only (see :meth:`_open_read_only`).
         """
+        if is_postgres_url(path):
+            return cls.open_postgres(str(path), create=create)
         if str(path) == ":memory:":
             db = sqlite_utils.Database(memory=True)
             migrate(db)
@@ -215,6 +309,42 @@ class Store:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
+
+    @classmethod
+    def open_postgres(cls, url: str, *, create: bool = True) -> Store:
+        """Open the log in the PostgreSQL database at ``url`` (a libpq URI; its
+        ``options=-csearch_path=SCHEMA`` parameter picks a schema), migrating it if
+        needed (one process at a time: an advisory lock), and mark dead runs.
+
+        The role needs CONNECT on the database and USAGE and CREATE on the schema (the
+        migrations create the tables), then SELECT, INSERT, UPDATE on the tables and
+        USAGE on their sequences. Writes go through a writer thread whose batches are
+        retried while the server cannot be reached (see :mod:`chainrun.log.writer`).
+
+        Raises:
+            UserInputError: psycopg is not installed; the server cannot be reached or
+                refuses the role or database; ``create`` is False and the database holds
+                no chainrun log; the role may not create the log's tables.
+        """
+        import psycopg  # only a PostgreSQL log loads the driver
+
+        shown = shown_url(url)
+        log = PgLogDb(url, open_pg_pool(url, max_size=PG_POOL_MAX))
+        try:
+            if not create and "_migrations" not in log.table_names():
+                raise UserInputError(f"{shown}: no chainrun log in this database (run a replay "
+                                     "or a turn first)")  # fmt: skip
+            migrate(log)
+            mark_interrupted_runs(log)
+        except psycopg.Error as e:
+            log.close()
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserInputError(f"{shown}: cannot open the log ({first})") from None
+        except BaseException:
+            log.close()
+            raise
+        writer = LogWriter(None, connect=lambda: log, name=shown, network=True)
+        return cls(log, url=url, writer=writer, block=PG_BLOCK)
 
     @staticmethod
     def _open_read_only(p: Path, path: str | Path) -> sqlite_utils.Database:
@@ -302,12 +432,15 @@ class Store:
         tail = self._ids.unused_tail()
         if tail is not None:
             try:
-                self.db.execute("pragma busy_timeout = 200")  # a gap beats a slow close
-                with write_transaction(self.db):
-                    release(self.db.conn, *tail)
-            except sqlite3.Error:  # another process holds the lock: a gap, no harm
+                if isinstance(self.log, SqliteLogDb):
+                    self.log.execute("pragma busy_timeout = 200")  # a gap beats a slow close
+                with self.log.transaction():
+                    release(self.log, *tail)
+            except Exception:  # another process holds the lock, the server is away: a gap
                 pass
-        self.db.close()
+        if self._catalog is not None and not isinstance(self.log, SqliteLogDb):
+            self._catalog.close()
+        self.log.close()
 
     def __enter__(self) -> Store:
         return self
@@ -317,7 +450,8 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with write_transaction(self.db):
+        """One write transaction on the log (nested: a savepoint)."""
+        with self.log.transaction():
             yield
 
     # -- runs -------------------------------------------------------------------------
@@ -333,8 +467,8 @@ class Store:
         caller for the write (up to the 10 s busy timeout while another connection
         writes): from a coroutine use :meth:`acreate_run`."""
         run = _new_run(kind, config_snapshot, label, source, meta)
-        with write_transaction(self.db):
-            return _insert_run(self.db.conn, run)
+        with self.log.transaction():
+            return _insert_run(self.log, run)
 
     async def acreate_run(
         self,
@@ -344,10 +478,11 @@ class Store:
         source: str | None = None,
         meta: dict[str, Any] | None = None,
     ) -> int:
-        """:meth:`create_run` off the event loop: on the writer thread for a file log (in
-        its queue order, so after every turn queued before it), inline for an in-memory
-        log. Returns the run's id once the run is committed, as :meth:`create_run` does.
-        A cancelled caller stops waiting; the run is created all the same.
+        """:meth:`create_run` off the event loop: on the writer thread for a file or
+        PostgreSQL log (in its queue order, so after every turn queued before it), inline
+        for an in-memory log. Returns the run's id once the run is committed, as
+        :meth:`create_run` does. A cancelled caller stops waiting; the run is created all
+        the same.
 
         Raises:
             Whatever the insert raised (e.g. ``sqlite3.OperationalError`` once the
@@ -356,30 +491,34 @@ class Store:
         if self.writer is None:
             return self.create_run(kind, config_snapshot, label, source, meta)
         run = _new_run(kind, config_snapshot, label, source, meta)
-        return await self.writer.submit(lambda db: _insert_run(db.conn, run))
+        run_id = await self.writer.submit(lambda db: _insert_run(db, run))
+        self._ids.prefetch()  # turn ids before the first turn needs them
+        return run_id
 
     def resume_run(self, run_id: int) -> None:
         """Mark an ended run ``running`` again, written by this process (``--resume``)."""
         meta = dict(self.get_run(run_id).meta or {})
         meta["writer"] = writer_identity()
         meta["resumed"] = [*meta.get("resumed", []), utc_now()]
-        with write_transaction(self.db):
-            self.db.table("runs").update(
-                run_id, {"status": "running", "ended_at": None, "meta": json.dumps(meta)}
+        with self.log.transaction():
+            self.log.execute(
+                "update runs set status = 'running', ended_at = null, meta = ? where id = ?",
+                [json.dumps(meta), run_id],
             )
 
     def finish_run(self, run_id: int, status: RunStatus) -> None:
         """Mark a run ended with ``status`` and store its turn count."""
-        n = self.db.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
-        with write_transaction(self.db):
-            self.db.table("runs").update(
-                run_id, {"status": status, "ended_at": utc_now(), "n_turns": n}
+        with self.log.transaction():
+            n = self.log.scalar("select count(*) from turns where run_id = ?", [run_id])
+            self.log.execute(
+                "update runs set status = ?, ended_at = ?, n_turns = ? where id = ?",
+                [status, utc_now(), n, run_id],
             )
 
     async def afinish_run(self, run_id: int, status: RunStatus) -> bool:
-        """:meth:`finish_run` off the event loop (on the writer thread for a file log,
-        after every write queued before it, so the turn count holds them), only if the
-        run is still ``running``; returns whether it was.
+        """:meth:`finish_run` off the event loop (on the writer thread for a file or
+        PostgreSQL log, after every write queued before it, so the turn count holds
+        them), only if the run is still ``running``; returns whether it was.
 
         Raises:
             Whatever the update raised, or ``RuntimeError`` when the writer is closed.
@@ -390,7 +529,7 @@ class Store:
             self.finish_run(run_id, status)
             return True
         ended_at = utc_now()
-        return await self.writer.submit(lambda db: _finish_run(db.conn, run_id, status, ended_at))
+        return await self.writer.submit(lambda db: _finish_run(db, run_id, status, ended_at))
 
     def get_run(self, run_id: int) -> RunRow:
         """The run ``run_id``.
@@ -400,7 +539,7 @@ class Store:
         """
         if not 0 < run_id < 2**63:
             raise UserInputError(f"run {run_id}: no such run in this log")
-        rows = list(self.db.table("runs").rows_where("id = ?", [run_id]))
+        rows = self.log.query("select * from runs where id = ?", [run_id])
         if not rows:
             raise UserInputError(f"run {run_id}: no such run in this log")
         return RunRow.from_db(rows[0])
@@ -408,27 +547,40 @@ class Store:
     def latest_run_id(self, kind: str | None = None) -> int | None:
         """The newest run's id (of ``kind`` when given), or None in an empty log."""
         where = "where kind = ?" if kind else ""
-        row = self.db.execute(
-            f"select max(id) from runs {where}", [kind] if kind else []
-        ).fetchone()
-        return row[0] if row else None
+        return self.log.scalar(f"select max(id) from runs {where}", [kind] if kind else [])
 
-    def list_runs(self, limit: int = 50) -> list[RunRow]:
-        """The newest ``limit`` runs, newest first.
+    def count_runs(self) -> int:
+        """How many runs the log holds."""
+        return int(self.log.scalar("select count(*) from runs") or 0)
+
+    def list_runs(
+        self, limit: int = 50, *, since: str | None = None, until: str | None = None
+    ) -> list[RunRow]:
+        """The newest ``limit`` runs, newest first; with ``since``/``until`` (ISO-8601 UTC
+        as the log writes it, see :func:`log_time`) only the runs that were running at
+        some time in ``[since, until)``.
 
         ``n_turns`` of a run still running (a live ``chainrun serve`` run, a replay in
         progress) is the count of its turns logged so far; an ended run's is the count
         stored when it ended.
         """
-        rows = [
-            RunRow.from_db(r)
-            for r in self.db.table("runs").rows_where(order_by="id desc", limit=limit)
-        ]
+        where, params = [], []
+        if since is not None:
+            where.append("(ended_at is null or ended_at >= ?)")
+            params.append(since)
+        if until is not None:
+            where.append("started_at < ?")
+            params.append(until)
+        sql = "select * from runs"
+        if where:
+            sql += " where " + " and ".join(where)
+        rows = [RunRow.from_db(r) for r in self.log.query(f"{sql} order by id desc limit ?",
+                                                          [*params, limit])]  # fmt: skip
         for row in rows:
             if row.status == "running":
-                row.n_turns = self.db.execute(
+                row.n_turns = self.log.scalar(
                     "select count(*) from turns where run_id = ?", [row.id]
-                ).fetchone()[0]
+                )
         return rows
 
     # -- turns, steps, calls -------------------------------------------------------------
@@ -440,9 +592,9 @@ class Store:
             redact_turn(log, self.redactor)
         # an id reserved at the turn's start (areserve_turn_id), else the next one
         turn_id = log.turn.id if log.turn.id is not None else self._ids.take_sync()
-        write = _prepare_turn(run_id, log, turn_id)
-        with write_transaction(self.db):
-            return write(self.db.conn)
+        write = _prepare_turn(run_id, log, turn_id, self.log.dialect)
+        with self.log.transaction():
+            return write(self.log)
 
     async def areserve_turn_id(self) -> int:
         """A turn id for a turn about to run, known before its row is written (a turn with
@@ -456,11 +608,12 @@ class Store:
         return await self._ids.take()
 
     async def alog_turn(self, run_id: int, log: TurnLog, *, durable: bool = False) -> int:
-        """:meth:`log_turn` off the event loop (on the writer thread for a file log);
-        returns the turn's id once its rows are queued (``durable``: once committed).
+        """:meth:`log_turn` off the event loop (on the writer thread for a file or
+        PostgreSQL log); returns the turn's id once its rows are queued (``durable``:
+        once committed).
 
         The id comes from this process's reserved block (an await on the writer only
-        when the block runs out, once per :data:`chainrun.log.turn_ids.BLOCK` turns at most).
+        when the block runs out, once per ``block`` turns at most).
         Without ``durable`` the rows are built and redacted on the loop's next turn,
         after this returns (:meth:`chainrun.log.writer.LogWriter.post_later`), so ``log``
         must not change afterwards; a reader sees the turn after :meth:`flush`; a failed
@@ -474,12 +627,12 @@ class Store:
             return self.log_turn(run_id, log)
         turn_id = log.turn.id if log.turn.id is not None else await self._ids.take()
         redactor = self.redactor
+        dialect = self.log.dialect
 
-        def build() -> Callable[[sqlite_utils.Database], int]:
+        def build() -> Callable[[LogDb], int]:
             if redactor:
                 redact_turn(log, redactor)
-            write = _prepare_turn(run_id, log, turn_id)
-            return lambda db: write(db.conn)
+            return _prepare_turn(run_id, log, turn_id, dialect)
 
         if durable:
             return await self.writer.submit(build())
@@ -495,8 +648,8 @@ class Store:
         reach the log."""
         if self.redactor:
             redact_calls(calls, self.redactor)
-        with write_transaction(self.db):
-            _write_step_calls(self.db, turn_id, step, calls, time_saved_ms)
+        with self.log.transaction():
+            _write_step_calls(self.log, turn_id, step, calls, time_saved_ms)
 
     async def aupdate_step_calls(
         self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
@@ -540,12 +693,50 @@ class Store:
         return [_lost_turn(label, error) for label, error in self.writer.lost
                 if isinstance(label, dict) and run_id in (None, label.get("run_id"))]  # fmt: skip
 
-    def _rows(self, table: str, run_ids: int | Sequence[int]) -> Iterator[dict[str, Any]]:
+    async def aread_turn(self, turn_id: int, *, flush_timeout_s: float = 2.0) -> TurnLog | None:
+        """One turn read back once its write is committed, without the event loop waiting
+        on the database: the flush waits at most ``flush_timeout_s`` seconds (the
+        database may be unreachable: then None, and the turn is still queued), and a
+        PostgreSQL read runs in a worker thread.
+
+        Raises:
+            The first failure of a turn write since the last flush (see :meth:`flush`).
+        """
+        if self.writer is not None:
+            try:
+                await asyncio.wait_for(self.writer.flush(), flush_timeout_s)
+            except TimeoutError:
+                return None
+        unreachable: tuple[type[BaseException], ...] = (TimeoutError, *self.log.network_errors)
+        try:
+            return await asyncio.wait_for(self.off_loop(self.turn, turn_id), flush_timeout_s)
+        except Exception as e:
+            if isinstance(e, unreachable):
+                return None
+            raise
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (a read of this store) without the event loop waiting on
+        the network: in a worker thread for a PostgreSQL log; inline for SQLite, whose
+        connection belongs to this thread (a local read of a few ms at most)."""
+        if isinstance(self.log, SqliteLogDb):
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    def log_status(self) -> dict[str, Any]:
+        """The log writer's state for ``/readyz`` and metrics (see
+        :meth:`chainrun.log.writer.LogWriter.status`); ``{"state": "ok"}`` without one."""
+        status = self.writer.status() if self.writer is not None else {"state": "ok"}
+        return {"log": self.name, "backend": self.dialect, **status}
+
+    def _rows(self, table: str, run_ids: int | Sequence[int]) -> list[dict[str, Any]]:
         ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
         if not ids:
-            return iter(())
+            return []
         marks = ",".join("?" for _ in ids)
-        return self.db.table(table).rows_where(f"run_id in ({marks})", ids, order_by="id")
+        return self.log.query(
+            f'select * from "{table}" where run_id in ({marks}) order by id', ids
+        )
 
     def turns(self, run_ids: int | Sequence[int]) -> list[TurnRow]:
         """The turns of a run (or of several), in the order they were logged."""
@@ -575,37 +766,112 @@ class Store:
         where = (f"conversation_id = ? and run_id in (select id from runs where kind in "
                  f"({marks}))")  # fmt: skip
         args = [conversation_id, *kinds]
-        top = self.db.execute(
-            f"select coalesce(max(turn_index), 0) from turns where {where}", args
-        ).fetchone()[0]
+        top = self.log.scalar(f"select coalesce(max(turn_index), 0) from turns where {where}",
+                              args)  # fmt: skip
         if last <= 0:
             return [], int(top)
-        rows = self.db.execute(
+        rows = self.log.query(
             f"select * from turns where {where} order by coalesce(turn_index, 0) desc, id desc "
             "limit ?",
             [*args, last],
         )
-        cols = [d[0] for d in rows.description]
-        turns = [TurnRow.from_db(dict(zip(cols, r, strict=True))) for r in rows.fetchall()]
+        turns = [TurnRow.from_db(r) for r in rows]
         turns.reverse()
         return turns, int(top)
 
+    def turns_between(
+        self, kind: RunKind, since: str | None = None, until: str | None = None
+    ) -> list[TurnRow]:
+        """The turns of every run of ``kind`` that started in ``[since, until)`` (ISO-8601
+        UTC as the log writes it, :func:`log_time`; either bound optional), in log order;
+        a turn without a start time is placed at its run's start. One query, filtered
+        in the database (a fleet's live traffic may be millions of turns)."""
+        sql = ("select t.* from turns t join runs r on r.id = t.run_id where r.kind = ?")
+        params: list[Any] = [kind]
+        stamp = "coalesce(t.started_at, r.started_at)"
+        if since is not None:
+            sql += f" and {stamp} >= ?"
+            params.append(since)
+        if until is not None:
+            sql += f" and {stamp} < ?"
+            params.append(until)
+        return [TurnRow.from_db(r) for r in self.log.query(sql + " order by t.id", params)]
+
     def turn(self, turn_id: int) -> TurnLog | None:
         """One turn's row with its steps and calls, or None when there is no such turn."""
-        rows = list(self.db.table("turns").rows_where("id = ?", [turn_id]))
+        rows = self.log.query("select * from turns where id = ?", [turn_id])
         if not rows:
             return None
-        steps = self.db.table("steps").rows_where("turn_id = ?", [turn_id], order_by="id")
-        calls = self.db.table("calls").rows_where("turn_id = ?", [turn_id], order_by="id")
-        tools = self.db.table("tool_calls").rows_where("turn_id = ?", [turn_id], order_by="id")
+        steps = self.log.query("select * from steps where turn_id = ? order by id", [turn_id])
+        calls = self.log.query("select * from calls where turn_id = ? order by id", [turn_id])
+        tools = self.log.query("select * from tool_calls where turn_id = ? order by id",
+                               [turn_id])  # fmt: skip
         return TurnLog(TurnRow.from_db(rows[0]), [StepRow.from_db(r) for r in steps],
                        [CallRow.from_db(r) for r in calls],
                        [ToolCallRow.from_db(r) for r in tools])  # fmt: skip
 
+    def find_turn_id(self, run_id: int, request_id: str) -> int | None:
+        """The latest turn of run ``run_id`` logged with ``request_id``, or None."""
+        got = self.log.scalar(
+            "select max(id) from turns where run_id = ? and request_id = ?", [run_id, request_id]
+        )
+        return None if got is None else int(got)
+
     def runs_of_kind(self, kind: RunKind) -> list[RunRow]:
         """Every run of ``kind``, oldest first."""
-        rows = self.db.table("runs").rows_where("kind = ?", [kind], order_by="id")
+        rows = self.log.query("select * from runs where kind = ? order by id", [kind])
         return [RunRow.from_db(r) for r in rows]
+
+    def recent_latencies(
+        self, step: str, *, max_calls: int = 200, within_s: float = 600.0
+    ) -> list[float]:
+        """The latencies (ms) the hedging window of ``step`` records, of the step's newest
+        ``max_calls`` answered calls that started within the last ``within_s`` seconds,
+        in any run of any process writing this log (newest first; a call's time is its
+        turn's start).
+
+        What the window records (:mod:`chainrun.hedging.engine`): a settled attempt's own
+        latency, from its start to its first token for a streamed step (``ttft_ms``) or
+        to its whole answer otherwise (``duration_ms``); of winners and of shadow losers
+        that ran to the end. Errors never enter it.
+        """
+        since = log_time(datetime.now(UTC) - timedelta(seconds=within_s))
+        outcomes = (*WINNER_OUTCOMES, "shadow_finished")
+        marks = ",".join("?" for _ in outcomes)
+        rows = self.log.execute(
+            "select case when c.stream = 1 then c.ttft_ms else c.duration_ms end "
+            "from turns t join calls c on c.turn_id = t.id "
+            f"where t.started_at >= ? and c.step = ? and c.outcome in ({marks}) "
+            "and c.error_type is null order by t.started_at desc, c.id desc limit ?",
+            [since, step, *outcomes, max_calls],
+        ).fetchall()
+        return [float(r[0]) for r in rows if r[0] is not None]
+
+    # -- eval results ----------------------------------------------------------------------
+    def replace_eval_results(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Replace run ``run_id``'s ``eval_results`` rows with ``rows`` (one transaction)."""
+        with self.log.transaction():
+            self.log.execute("delete from eval_results where run_id = ?", [run_id])
+            if rows:
+                self.log.table("eval_results").insert_all(rows)
+
+    def eval_results(self, run_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """The ``eval_results`` rows of some runs, in log order."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        marks = ",".join("?" for _ in ids)
+        return self.log.query(
+            f"select * from eval_results where run_id in ({marks}) order by id", ids
+        )
+
+
+def log_time(when: datetime) -> str:
+    """``when`` as the log's ``*_at`` columns hold it (ISO-8601 UTC with ms, as
+    :func:`utc_now`): text that sorts in time order on both databases."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 def _lost_turn(label: dict[str, Any], error: BaseException) -> LostTurn:
@@ -621,53 +887,57 @@ def _new_run(
                   meta={**(meta or {}), "writer": writer_identity()})  # fmt: skip
 
 
-def _insert_run(conn: sqlite3.Connection, run: RunRow) -> int:
+def _insert_run(db: LogDb, run: RunRow) -> int:
     """Insert ``run`` (inside the caller's transaction); its id."""
-    row = run.to_db()
-    rid = conn.execute(_insert_sql("runs", tuple(row)), tuple(row.values())).lastrowid
-    assert rid is not None
-    return int(rid)
+    return db.insert_returning_id("runs", run.to_db())
 
 
-def _finish_run(conn: sqlite3.Connection, run_id: int, status: str, ended_at: str) -> bool:
+def _finish_run(db: LogDb, run_id: int, status: str, ended_at: str) -> bool:
     """End a ``running`` run with ``status`` and its turn count (inside the caller's
     transaction); whether it was running."""
-    n = conn.execute("select count(*) from turns where run_id = ?", [run_id]).fetchone()[0]
-    cur = conn.execute(
+    n = db.scalar("select count(*) from turns where run_id = ?", [run_id])
+    cur = db.execute(
         "update runs set status = ?, ended_at = ?, n_turns = ? where id = ? and status = 'running'",
         [status, ended_at, n, run_id],
     )
     return cur.rowcount > 0
 
 
-_INSERTS: dict[tuple[str, tuple[str, ...]], str] = {}
+_INSERTS: dict[tuple[str, tuple[str, ...], str], str] = {}
 
 
-def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
-    key = (table, columns)
+def _insert_sql(table: str, columns: tuple[str, ...], tail: str = "") -> str:
+    key = (table, columns, tail)
     sql = _INSERTS.get(key)
     if sql is None:
         cols = ", ".join(f'"{c}"' for c in columns)
-        sql = f'insert into "{table}" ({cols}) values ({", ".join("?" for _ in columns)})'
+        sql = f'insert into "{table}" ({cols}) values ({", ".join("?" for _ in columns)}){tail}'
         _INSERTS[key] = sql
     return sql
 
 
 def _prepare_turn(
-    run_id: int, log: TurnLog, turn_id: int | None = None
-) -> Callable[[sqlite3.Connection], int]:
+    run_id: int, log: TurnLog, turn_id: int | None = None, dialect: str = "sqlite"
+) -> Callable[[LogDb], int]:
     """The turn's rows as plain SQL and parameters, built by the caller (on the event
-    loop) so that the writer thread only runs SQLite (which releases the GIL) instead of
-    competing with the loop for it; returns the write, which returns the turn id.
+    loop) so that the writer thread only runs the database calls (which release the
+    GIL) instead of competing with the loop for it; returns the write, which returns
+    the turn id.
 
     Plain ``insert`` statements instead of sqlite-utils' ``insert``/``insert_all``,
     which read the table's schema on every call (profiled: most of a turn's write).
     ``turn_id``: the reserved id to insert with (None: SQLite assigns one).
+
+    On PostgreSQL the turn row is inserted ``on conflict (id) do nothing``: a batch the
+    writer retries after a lost connection may have been committed already (the commit
+    reached the server, its answer did not); its turns are then found in place and
+    skipped whole (a turn is one transaction), so a turn is logged exactly once.
     """
     turn = {**log.turn.to_db(), "run_id": run_id}
     if turn_id is not None:
         turn["id"] = turn_id
-    turn_sql = _insert_sql("turns", tuple(turn))
+    tail = " on conflict (id) do nothing" if dialect == "postgresql" and turn_id else ""
+    turn_sql = _insert_sql("turns", tuple(turn), tail)
     turn_params = tuple(turn.values())
     children: list[tuple[str, list[tuple[Any, ...]]]] = []
     for table, rows in (("steps", [s.to_db() for s in log.steps]),
@@ -680,55 +950,62 @@ def _prepare_turn(
             by_cols.setdefault((*row, "turn_id"), []).append(tuple(row.values()))
         children += [(_insert_sql(table, cols), params) for cols, params in by_cols.items()]
 
-    def write(conn: sqlite3.Connection) -> int:
-        tid = None
+    def write(db: LogDb) -> int:
+        tid = turn_id
         try:
-            tid = conn.execute(turn_sql, turn_params).lastrowid
-            assert tid is not None
+            cur = db.execute(turn_sql, turn_params)
+            if tid is None:
+                tid = cur.lastrowid
+                assert tid is not None
+            elif cur.rowcount == 0:
+                return tid  # committed by an earlier try of this batch (PostgreSQL)
             for sql, params in children:
-                conn.executemany(sql, [(*p, tid) for p in params])
+                db.executemany(sql, [(*p, tid) for p in params])
             return tid
-        except UnicodeEncodeError:
-            return _write_scrubbed(conn, tid, (turn_sql, turn_params), children)
+        except db.text_errors:
+            return _write_scrubbed(db, tid, (turn_sql, turn_params), children)
 
     return write
 
 
 def _write_scrubbed(
-    conn: sqlite3.Connection, partial_id: int | None, turn: tuple[str, tuple[Any, ...]],
+    db: LogDb, partial_id: int | None, turn: tuple[str, tuple[Any, ...]],
     children: list[tuple[str, list[tuple[Any, ...]]]],
 ) -> int:  # fmt: skip
-    """A turn's write again after SQLite refused one of its texts (``UnicodeEncodeError:
-    surrogates not allowed``: a lone surrogate, e.g. a model that streamed a cut
-    ``"\\ud83d"`` escape): undo its rows written so far (``partial_id``: the turn row,
-    when it went in) and write them with the surrogates replaced by U+FFFD, rather than
-    fail the commit and lose the turn. Only on this failure path: the hot path pays
-    nothing for it."""
+    """A turn's write again after the database refused one of its texts (a lone
+    surrogate, ``UnicodeEncodeError: surrogates not allowed``, e.g. a model that streamed
+    a cut ``"\\ud83d"`` escape; on PostgreSQL also a NUL character, which its text type
+    cannot hold): undo its rows written so far (``partial_id``: the turn's id, when
+    known) and write them with those characters replaced by U+FFFD, rather than fail
+    the commit and lose the turn. Only on this failure path: the hot path pays nothing
+    for it."""
     if partial_id is not None:
         for table, col in (("tool_calls", "turn_id"), ("calls", "turn_id"), ("steps", "turn_id"),
                            ("turns", "id")):  # fmt: skip
-            conn.execute(f"delete from {table} where {col} = ?", [partial_id])
-    tid = conn.execute(turn[0], scrub_surrogates(turn[1])).lastrowid
+            db.execute(f"delete from {table} where {col} = ?", [partial_id])
+    cur = db.execute(turn[0], scrub_surrogates(turn[1]))
+    tid = partial_id if partial_id is not None else cur.lastrowid
     assert tid is not None
     for sql, params in children:
-        conn.executemany(sql, [(*scrub_surrogates(p), tid) for p in params])
-    logger.warning("turn %s: lone surrogates in its texts were logged as U+FFFD", tid)
-    return tid
+        db.executemany(sql, [(*scrub_surrogates(p), tid) for p in params])
+    logger.warning("turn %s: lone surrogates or NUL characters in its texts were logged as "
+                   "U+FFFD", tid)  # fmt: skip
+    return int(tid)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff\x00]")
 
 
 def scrub_surrogates(params: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``params`` with every UTF-16 surrogate in its strings replaced by U+FFFD (the
-    Unicode replacement character): what a log write does when SQLite refuses a text
-    (``UnicodeEncodeError: surrogates not allowed``)."""
+    """``params`` with every UTF-16 surrogate (and NUL character) in its strings replaced
+    by U+FFFD (the Unicode replacement character): what a log write does when the
+    database refuses a text (``UnicodeEncodeError: surrogates not allowed``; PostgreSQL:
+    text cannot contain NUL)."""
     return tuple(_SURROGATE.sub("\ufffd", p) if isinstance(p, str) else p for p in params)
 
 
 def _write_step_calls(
-    db: sqlite_utils.Database, turn_id: int, step: str, calls: list[CallRow],
-    time_saved_ms: float | None,
+    db: LogDb, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None,
 ) -> None:  # fmt: skip
     """Rewrite a logged step's calls (by attempt) and time saved (inside the caller's
     transaction)."""
@@ -741,7 +1018,7 @@ def _write_step_calls(
         params = (*row.values(), turn_id, step, c.attempt)
         try:
             db.execute(sql, params)
-        except UnicodeEncodeError:  # a lone surrogate in a loser's text (see _write_scrubbed)
+        except db.text_errors:  # a lone surrogate in a loser's text (see _write_scrubbed)
             db.execute(sql, scrub_surrogates(params))
     db.execute(
         "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
@@ -758,6 +1035,8 @@ def remove_unused_log(path: str | Path) -> bool:
     interrupted replay is resumed from it). Returns True if the file was removed; a file
     that is not a readable log is left alone (False).
     """
+    if is_postgres_url(path):
+        return False  # a database on a server is never removed
     p = Path(path)
     if str(path) == ":memory:" or not p.is_file():
         return False
@@ -777,3 +1056,42 @@ def remove_unused_log(path: str | Path) -> bool:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{p}{suffix}").unlink(missing_ok=True)
     return True
+
+
+@dataclass(frozen=True)
+class SeedWindows:
+    """How a new process seeds its hedge windows from the log (see
+    :meth:`Store.recent_latencies`): the newest ``max_calls`` answered calls of each
+    hedged step that started within the last ``within_s`` seconds."""
+
+    max_calls: int = 200
+    within_s: float = 600.0
+
+
+def log_window(since: str | None, until: str | None) -> tuple[str | None, str | None]:
+    """``--since``/``--until`` (ISO-8601; UTC unless they say otherwise) as the log's time
+    text (:func:`log_time`); a date alone as ``until`` includes that whole day.
+
+    Raises:
+        UserInputError: a value that is not ISO-8601, or a window that ends before it
+            starts (naming the option).
+    """
+    bounds: list[str | None] = []
+    for option, text in (("--since", since), ("--until", until)):
+        if text is None:
+            bounds.append(None)
+            continue
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise UserInputError(
+                f"{option} {text!r}: expected an ISO-8601 time such as 2026-12-01T15:00 "
+                "(UTC unless it says otherwise)"
+            ) from None
+        if option == "--until" and len(text.strip()) == 10:  # a date alone: the whole day
+            when += timedelta(days=1)
+        bounds.append(log_time(when))
+    lo, hi = bounds
+    if lo is not None and hi is not None and hi <= lo:
+        raise UserInputError(f"--since {since} --until {until}: the window ends before it starts")
+    return lo, hi

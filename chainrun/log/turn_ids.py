@@ -18,7 +18,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 
-from sqlite_utils.utils import sqlite3
+from chainrun.log.backend import LogDb
 
 __all__ = ["BLOCK", "TurnIds", "release", "reserve"]
 
@@ -29,16 +29,25 @@ BLOCK = 256
 Block = tuple[int, int]  # [start, end)
 
 
-def reserve(conn: sqlite3.Connection, n: int) -> Block:
+def reserve(db: LogDb, n: int) -> Block:
     """Reserve ``n`` turn ids: ``[start, start + n)``, inside the caller's (write)
     transaction. ``start`` is past every id already in ``turns`` (rows written before
     the ``_turn_ids`` table existed, or by a writer that did not reserve)."""
-    row = conn.execute(
+    if db.dialect == "postgresql":
+        floor = "(select coalesce(max(id), 0) + 1 from turns)"
+        end = db.scalar(
+            f"insert into _turn_ids (id, next_id) values (1, {floor} + ?) on conflict (id) "
+            f"do update set next_id = greatest(_turn_ids.next_id, {floor}) + ? "
+            "returning next_id",
+            [n, n],
+        )
+        return int(end) - n, int(end)
+    row = db.execute(
         "select max(coalesce((select next_id from _turn_ids where id = 1), 1), "
         "coalesce((select max(id) from turns), 0) + 1)"
     ).fetchone()
     start = int(row[0])
-    conn.execute(
+    db.execute(
         "insert into _turn_ids (id, next_id) values (1, ?) "
         "on conflict (id) do update set next_id = excluded.next_id",
         [start + n],
@@ -46,17 +55,17 @@ def reserve(conn: sqlite3.Connection, n: int) -> Block:
     return start, start + n
 
 
-def release(conn: sqlite3.Connection, newest_end: int, first_unused: int) -> bool:
+def release(db: LogDb, newest_end: int, first_unused: int) -> bool:
     """Give back ``[first_unused, newest_end)`` if no one reserved after ``newest_end``
     (inside the caller's write transaction). Returns whether it was given back."""
-    cur = conn.execute(
+    cur = db.execute(
         "update _turn_ids set next_id = ? where id = 1 and next_id = ?",
         [first_unused, newest_end],
     )
     return cur.rowcount == 1
 
 
-Job = Callable[[sqlite3.Connection], Block]
+Job = Callable[[LogDb], Block]
 
 
 class TurnIds:
@@ -86,8 +95,8 @@ class TurnIds:
         self.reserved: list[Block] = []
         self._lock = threading.Lock()
 
-    def _job(self, conn: sqlite3.Connection) -> Block:
-        got = reserve(conn, self.block)
+    def _job(self, db: LogDb) -> Block:
+        got = reserve(db, self.block)
         with self._lock:
             self.reserved.append(got)
         return got
@@ -96,6 +105,13 @@ class TurnIds:
         fut = asyncio.ensure_future(self._on_writer(self._job))
         self._pending = fut
         return fut
+
+    def prefetch(self) -> None:
+        """Start reserving a block now, off the loop, when none is held or coming (a
+        writing process calls it as it creates its run, so that its turns find ids
+        reserved even if the database goes away just after)."""
+        if self._pending is None and self._next >= self._end:
+            self._prefetch()
 
     async def take(self) -> int:
         """The next turn id (awaits a reservation only when no reserved id is left).

@@ -41,6 +41,22 @@ writer thread, once idle for ``idle_checkpoint_s``, runs a ``TRUNCATE`` checkpoi
 (waiting at most :data:`CHECKPOINT_BUSY_MS` for readers: the writer never stalls on
 one), and when a reader has kept checkpoints from completing for ``blocked_warning_s``
 it says so once on the ``chainrun.log.writer`` logger, with the WAL's size.
+
+A log on the network (PostgreSQL; ``network=True``) may be unreachable for a while: a
+restart, a failover, a reset connection. Then the batch in hand is kept and tried
+again (backing off from 50 ms to 1 s; the pool replaces the broken connection) until
+the server answers, while turns go on being answered and their writes queue behind
+it, up to ``max_queue`` jobs. Past that bound a new posted write is dropped instead of
+making the turn wait: every drop is counted (:attr:`LogWriter.dropped`), a warning line
+says when the outage starts, when writes start being dropped and how many, and when
+the server is back; :meth:`LogWriter.status` gives the state (``ok``, ``retrying``,
+``losing``) to ``/readyz``. A caller waiting on a write stops waiting once the outage
+has lasted ``close_timeout_s`` (:class:`LogWriteLost`); at close the writer keeps
+trying for ``close_timeout_s`` seconds, then counts what is left as dropped and says
+so. A batch whose commit reached the server but whose answer did not is tried again;
+its turns are found in place and skipped (the turn insert is ``on conflict do
+nothing``, a turn one transaction), so each turn is logged once. No WAL checkpoints
+there: those are SQLite's.
 """
 
 from __future__ import annotations
@@ -57,11 +73,14 @@ from typing import Any, TypeVar
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (as the store)
 
+from chainrun.log.backend import LogDb, SqliteLogDb
+
 __all__ = [
     "BLOCKED_WARNING_S",
     "CHECKPOINT_BUSY_MS",
     "IDLE_CHECKPOINT_S",
     "JOURNAL_SIZE_LIMIT_BYTES",
+    "LogWriteLost",
     "LogWriter",
     "open_connection",
 ]
@@ -80,12 +99,19 @@ T = TypeVar("T")
 #: fn, the loop and future to resolve (None, None for a posted job), and what the job
 #: writes (a posted turn's ``{"turn_id", "request_id", "run_id"}``; None: nothing named)
 Job = tuple[
-    Callable[[sqlite_utils.Database], Any],
+    Callable[[LogDb], Any],
     "asyncio.AbstractEventLoop | None",
     "asyncio.Future[Any] | None",
     Any,
 ]
 log = logging.getLogger(__name__)
+#: seconds between two "still dropping" warning lines during one outage
+WARN_EVERY_S = 5.0
+
+
+class LogWriteLost(RuntimeError):
+    """A write was dropped or given up: the log's database was unreachable and the queue
+    was full, or the outage outlasted ``close_timeout_s``."""
 
 
 def open_connection(path: Path) -> sqlite_utils.Database:
@@ -107,27 +133,57 @@ def _resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None)
 
 
 class LogWriter:
-    """One writer thread for the log file ``path``, started at the first job.
+    """One writer thread for the log, started at the first job.
 
     Args:
-        path: the SQLite file (already created and migrated by the store).
+        path: the SQLite file (already created and migrated by the store); None with
+            ``connect``.
+        connect: gives the thread's :class:`LogDb` (default: a new connection to
+            ``path``); a PostgreSQL log passes its pooled, thread-safe one.
+        name: the log as messages name it (default: ``path``).
+        network: the database is on the network: retry a batch that failed for want of
+            a connection, and drop (counted, said) rather than wait when the queue is
+            full (see the module docstring).
         max_batch: jobs committed together at most (64).
         max_queue: jobs waiting at most; a caller beyond it waits (in a worker thread,
-            not on the loop) for room, so memory stays bounded (10,000).
+            not on the loop) for room, so memory stays bounded (10,000); with
+            ``network``, a posted job beyond it is dropped.
         idle_checkpoint_s: s without a job before the WAL is checkpointed and truncated.
         blocked_warning_s: s a reader may block checkpoints before the warning.
+        close_timeout_s: with ``network``, how long a waiting caller and :meth:`close`
+            wait for an unreachable database (s).
     """
 
     def __init__(
         self,
-        path: Path,
+        path: Path | None,
         *,
+        connect: Callable[[], LogDb] | None = None,
+        name: str | None = None,
+        network: bool = False,
         max_batch: int = 64,
         max_queue: int = 10_000,
         idle_checkpoint_s: float = IDLE_CHECKPOINT_S,
         blocked_warning_s: float = BLOCKED_WARNING_S,
+        close_timeout_s: float = 10.0,
     ) -> None:
+        if path is None and connect is None:
+            raise ValueError("LogWriter needs a path or a connect function")
         self.path = path
+        self.name = name if name is not None else str(path)
+        self._connect = connect
+        self.network = network
+        self.close_timeout_s = close_timeout_s
+        #: writes dropped because the database was unreachable (queue full, or closed)
+        self.dropped = 0
+        #: times the database became unreachable, and when the current outage began
+        #: (monotonic s; None: reachable)
+        self.outages = 0
+        self.outage_since: float | None = None
+        self._dropped_in_outage = 0
+        self._last_warning = 0.0
+        self._closing = threading.Event()
+        self._give_up_at = float("inf")
         self.max_batch = max_batch
         self.idle_checkpoint_s = idle_checkpoint_s
         self.blocked_warning_s = blocked_warning_s
@@ -151,19 +207,20 @@ class LogWriter:
         #: batches rolled back because one of their jobs failed (then run job by job)
         self.retried = 0
         #: jobs to build on the loop's next turn (:meth:`post_later`), in order
-        self._builds: list[tuple[Callable[[], Callable[[sqlite_utils.Database], Any]], Any]] = []
+        self._builds: list[tuple[Callable[[], Callable[[LogDb], Any]], Any]] = []
 
     def _start(self) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the log writer is closed")
             if self._thread is None:
+                label = self.path.name if self.path is not None else "db"
                 self._thread = threading.Thread(
-                    target=self._run, name=f"chainrun-log-writer:{self.path.name}", daemon=True
+                    target=self._run, name=f"chainrun-log-writer:{label}", daemon=True
                 )
                 self._thread.start()
 
-    def future(self, fn: Callable[[sqlite_utils.Database], T]) -> asyncio.Future[T]:
+    def future(self, fn: Callable[[LogDb], T]) -> asyncio.Future[T]:
         """Queue ``fn(db)`` and return a future of its result (resolved after its
         commit) without waiting; when the queue is full the job is put from a worker
         thread (no back-pressure: for small, rare jobs such as id reservations).
@@ -180,10 +237,13 @@ class LogWriter:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            loop.run_in_executor(None, self._queue.put, job)
+            if self.network:
+                self._drop(job)
+            else:
+                loop.run_in_executor(None, self._queue.put, job)
         return fut
 
-    async def submit(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
+    async def submit(self, fn: Callable[[LogDb], T]) -> T:
         """Run ``fn(db)`` on the writer's connection inside a transaction; its result,
         once committed.
 
@@ -195,11 +255,17 @@ class LogWriter:
             self._start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        await self._put((fn, loop, fut, None))
+        await self._put((fn, loop, fut, None), drop=False)
         # shielded: a cancelled caller does not undo a queued write, it just stops waiting
-        return await asyncio.shield(fut)
+        if not self.network:
+            return await asyncio.shield(fut)
+        while True:  # a database away for longer than close_timeout_s: stop waiting
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), 0.5)
+            except TimeoutError:
+                self._check_outage("the write is still queued")
 
-    async def post(self, fn: Callable[[sqlite_utils.Database], Any], label: Any = None) -> None:
+    async def post(self, fn: Callable[[LogDb], Any], label: Any = None) -> None:
         """Queue ``fn(db)`` to be committed, without waiting for it (a turn's rows).
         Returns at once unless the queue is full (then it waits, off the loop, for
         room: the queue's bound is the back-pressure). A failure is logged and raised
@@ -210,10 +276,10 @@ class LogWriter:
         """
         if self._thread is None:
             self._start()
-        await self._put((fn, None, None, label))
+        await self._put((fn, None, None, label), drop=True)
 
     async def post_later(
-        self, build: Callable[[], Callable[[sqlite_utils.Database], Any]], label: Any = None
+        self, build: Callable[[], Callable[[LogDb], Any]], label: Any = None
     ) -> None:
         """Like :meth:`post`, for a job built by ``build()`` on the loop's next turn:
         the caller (a finished turn) returns before its rows are even built, and the
@@ -254,7 +320,10 @@ class LogWriter:
             try:
                 self._queue.put_nowait((fn, None, None, label))
             except queue.Full:  # only past post_later's half-full check: wait here
-                self._queue.put((fn, None, None, label))
+                if self.network:
+                    self._drop((fn, None, None, label))
+                else:
+                    self._queue.put((fn, None, None, label))
 
     def _failed(self, error: BaseException, label: Any = None) -> None:
         self.failed += 1
@@ -264,7 +333,7 @@ class LogWriter:
             self.lost.append((label, error))
             self._lost_unraised.append((label, error))
         what = f" ({label})" if label is not None else ""
-        log.error("run log %s: a write%s failed and was rolled back: %r", self.path, what, error)
+        log.error("run log %s: a write%s failed and was rolled back: %r", self.name, what, error)
 
     def take_lost(self) -> list[tuple[Any, BaseException]]:
         """The failed posted jobs (label, error) since the last call, oldest first."""
@@ -272,12 +341,81 @@ class LogWriter:
             out, self._lost_unraised = self._lost_unraised, []
         return out
 
-    async def _put(self, job: Job) -> None:
+    async def _put(self, job: Job, *, drop: bool) -> None:
+        """Queue ``job``; when the queue is full, wait for room off the loop, or (a posted
+        job of a log on the network) drop it."""
         self._drain_builds()  # earlier jobs first
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            await asyncio.to_thread(self._queue.put, job)
+            if self.network and drop:
+                self._drop(job)
+            elif self.network:
+                await asyncio.to_thread(self._put_while_reachable, job)
+            else:
+                await asyncio.to_thread(self._queue.put, job)
+
+    def _check_outage(self, what: str) -> None:
+        """Raise :class:`LogWriteLost` once the database has been unreachable for longer
+        than ``close_timeout_s`` (a caller waiting on a write stops waiting)."""
+        since = self.outage_since
+        if since is not None and time.monotonic() - since > self.close_timeout_s:
+            raise LogWriteLost(f"run log {self.name}: the database has been unreachable for "
+                               f"{time.monotonic() - since:.0f} s; {what}")  # fmt: skip
+
+    def _put_while_reachable(self, job: Job) -> None:
+        """Wait for room in the queue (a worker thread), at most until the outage has
+        lasted ``close_timeout_s``; then the job is counted as dropped."""
+        while True:
+            try:
+                self._queue.put(job, timeout=0.5)
+                return
+            except queue.Full:
+                try:
+                    self._check_outage("the queue is full")
+                except LogWriteLost:
+                    self.dropped += 1
+                    raise
+
+    def _drop(self, job: Job) -> None:
+        """Drop a job the full queue has no room for (a log on the network only): count
+        it, say so (at most every :data:`WARN_EVERY_S` seconds), fail its future."""
+        self.dropped += 1
+        self._dropped_in_outage += 1
+        now = time.monotonic()
+        if self._dropped_in_outage == 1 or now - self._last_warning >= WARN_EVERY_S:
+            self._last_warning = now
+            log.warning(
+                "run log %s: the write queue is full (%d) while the database cannot be "
+                "reached: turns are still answered, their log writes are being dropped "
+                "(%d so far)", self.name, self._queue.maxsize, self.dropped,
+            )  # fmt: skip
+        _, loop, fut, _ = job
+        if fut is not None and loop is not None:
+            error = LogWriteLost(f"run log {self.name}: the write was dropped (queue full while "
+                                 "the database could not be reached)")  # fmt: skip
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, None, error)
+            except RuntimeError:
+                pass
+
+    def status(self) -> dict[str, Any]:
+        """The writer's state: ``{"state", "queued", "max_queue", "lost_writes",
+        "outages", "outage_s"}``. ``state`` is ``ok``; ``retrying`` while the database
+        cannot be reached and nothing was dropped yet in this outage; ``losing`` once
+        writes are being dropped. ``lost_writes`` counts the writes dropped since the
+        writer started and the posted writes that failed; ``outage_s`` is how long the
+        current outage has lasted (None: none)."""
+        since = self.outage_since
+        state = "losing" if self._dropped_in_outage else ("ok" if since is None else "retrying")
+        return {
+            "state": state,
+            "queued": self._queue.qsize() + len(self._builds),
+            "max_queue": self._queue.maxsize,
+            "lost_writes": self.dropped + len(self.lost),
+            "outages": self.outages,
+            "outage_s": None if since is None else round(time.monotonic() - since, 3),
+        }
 
     async def flush(self) -> None:
         """Wait until every job queued before this call is committed.
@@ -293,18 +431,32 @@ class LogWriter:
             raise error
 
     def close(self) -> None:
-        """Commit what is queued, then stop the thread and close its connection (blocks)."""
+        """Commit what is queued, then stop the thread and close its connection (blocks).
+        With ``network``, at most ``close_timeout_s`` seconds of retrying an unreachable
+        database; what is still queued then is counted as dropped, with a warning line."""
         self._drain_builds()
         with self._lock:
             self._closed = True
             thread = self._thread
         if thread is not None:
+            self._give_up_at = time.monotonic() + self.close_timeout_s
+            self._closing.set()
             self._queue.put(None)
             thread.join()
+        if self.dropped:
+            log.warning("run log %s: %d log writes were lost in all while the database could "
+                        "not be reached (%d outages)", self.name, self.dropped,
+                        self.outages)  # fmt: skip
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
-        db = open_connection(self.path)
+        db: LogDb
+        if self._connect is not None:
+            db = self._connect()
+        else:
+            assert self.path is not None
+            db = SqliteLogDb(open_connection(self.path))
+        wal = isinstance(db, SqliteLogDb) and self.path is not None  # checkpoints: SQLite's
         try:
             stop = False
             dirty = False  # committed since the WAL was last emptied
@@ -312,11 +464,12 @@ class LogWriter:
                 try:
                     first = self._queue.get(timeout=self.idle_checkpoint_s if dirty else None)
                 except queue.Empty:  # idle: empty the WAL while nobody writes
-                    dirty = not self._checkpoint(db)
+                    assert isinstance(db, SqliteLogDb)
+                    dirty = not self._checkpoint(db.db)
                     continue
                 if first is None:
                     break
-                dirty = True
+                dirty = wal
                 batch = [first]
                 while len(batch) < self.max_batch:
                     try:
@@ -329,7 +482,8 @@ class LogWriter:
                     batch.append(nxt)
                 self._commit(db, batch)
         finally:
-            db.close()
+            if self._connect is None:
+                db.close()  # a connection given by connect() belongs to its owner
 
     def _checkpoint(self, db: sqlite_utils.Database) -> bool:
         """Checkpoint the WAL and truncate it (``TRUNCATE`` mode), waiting at most
@@ -354,6 +508,7 @@ class LogWriter:
         held = now - self._blocked_since
         if held >= self.blocked_warning_s and not self._warned:
             self._warned = True
+            assert self.path is not None
             wal = self.path.with_name(self.path.name + "-wal")
             size = wal.stat().st_size if wal.exists() else 0
             log.warning(
@@ -364,56 +519,97 @@ class LogWriter:
             )  # fmt: skip
         return False
 
-    def _commit(self, db: sqlite_utils.Database, batch: list[Job]) -> None:
+    def _commit(self, db: LogDb, batch: list[Job]) -> None:
         """Run ``batch`` in one transaction; if a job fails, roll back and run each job
-        in a transaction of its own, so that the failing one rolls back alone.
+        in a transaction of its own, so that the failing one rolls back alone. With
+        ``network``, a batch that failed for want of a connection is tried again until
+        it goes through (or the writer gives up at close).
 
-        Optimistic: no savepoint per job (each is two more SQLite calls, and every
-        SQLite call hands the GIL to the event loop and back); jobs are SQL writes, so
+        Optimistic: no savepoint per job (each is two more database calls, and every
+        call hands the GIL to the event loop and back); jobs are SQL writes, so
         running one again after a rollback is safe.
         """
-        try:
-            outcomes = self._transaction(db, batch)
-        except Exception as e:
-            if len(batch) == 1:
-                outcomes = [(None, e)]
-            else:
-                self.retried += 1
-                outcomes = []
-                for job in batch:
-                    try:
-                        outcomes += self._transaction(db, [job])
-                    except Exception as one:
-                        outcomes.append((None, one))
+        outcomes = self._retrying(db, batch) if self.network else self._attempt(db, batch)
         self.jobs += len(batch)
         self._deliver(batch, outcomes)
 
-    def _transaction(
-        self, db: sqlite_utils.Database, batch: list[Job]
-    ) -> list[tuple[Any, BaseException | None]]:
-        """``batch`` in one transaction: its outcomes, or raises (rolled back) when a job
-        (or the commit) fails."""
-        conn = db.conn
-        # IMMEDIATE: take the write lock at the start, so a concurrent writer makes
-        # this wait (busy timeout) rather than fail (as the store's own writes do)
-        conn.execute("BEGIN IMMEDIATE")
+    def _attempt(self, db: LogDb, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
+        """One try of ``batch``: its outcomes (a failed job's is its exception). A network
+        error is raised (with ``network``) instead of failing the job."""
+        unreachable = db.network_errors if self.network else ()
         try:
-            results = [fn(db) for fn, _, _, _ in batch]
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            return self._transaction(db, batch)
+        except unreachable:
             raise
+        except Exception as e:
+            if len(batch) == 1:
+                return [(None, e)]
+            self.retried += 1
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for job in batch:
+                try:
+                    outcomes += self._transaction(db, [job])
+                except unreachable:
+                    raise
+                except Exception as one:
+                    outcomes.append((None, one))
+            return outcomes
+
+    def _retrying(self, db: LogDb, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
+        delay = 0.05
+        while True:
+            try:
+                outcomes = self._attempt(db, batch)
+            except db.network_errors as e:
+                if self.outage_since is None:
+                    self.outage_since = time.monotonic()
+                    self.outages += 1
+                    log.warning(
+                        "run log %s: the database cannot be reached (%s); turns are still "
+                        "answered, their writes queue (at most %d) and are retried",
+                        self.name, _first_line(e), self._queue.maxsize,
+                    )  # fmt: skip
+                if time.monotonic() >= self._give_up_at:
+                    self.dropped += len(batch)
+                    error = LogWriteLost(f"run log {self.name}: the database could not be "
+                                         "reached before the writer closed")  # fmt: skip
+                    return [(None, error)] * len(batch)
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5 if self._closing.is_set() else 1.0)
+                continue
+            if self.outage_since is not None:
+                log.warning(
+                    "run log %s: the database is back after %.1f s; the queued writes are "
+                    "being committed%s", self.name, time.monotonic() - self.outage_since,
+                    f" ({self._dropped_in_outage} were dropped)" if self._dropped_in_outage
+                    else "",
+                )  # fmt: skip
+                self.outage_since = None
+                self._dropped_in_outage = 0
+            return outcomes
+
+    def _transaction(self, db: LogDb, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
+        """``batch`` in one transaction: its outcomes, or raises (rolled back) when a job
+        (or the commit) fails. On SQLite the write lock is taken at the start (``BEGIN
+        IMMEDIATE``), so a concurrent writer makes this wait (busy timeout) rather than
+        fail (as the store's own writes do)."""
+        with db.transaction():
+            results = [fn(db) for fn, _, _, _ in batch]
         self.commits += 1
         return [(r, None) for r in results]
 
     def _deliver(self, batch: list[Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
         for (_, loop, fut, label), (result, error) in zip(batch, outcomes, strict=True):
             if fut is None or loop is None:  # posted: nobody waits, a failure is kept
-                if error is not None:
-                    self._failed(error, label)
+                if error is not None and not isinstance(error, LogWriteLost):
+                    self._failed(error, label)  # (a dropped write is counted and said apart)
                 continue
             try:
                 loop.call_soon_threadsafe(_resolve, fut, result, error)
             except RuntimeError:  # that loop has closed; its caller is gone
                 pass
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

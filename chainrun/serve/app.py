@@ -5,7 +5,9 @@ Routes::
     GET  /                        the chat page (static HTML/CSS/JS, works offline)
     GET  /static/...              its files
     GET  /healthz                 200 {"status": "ok"} while the process serves
-    GET  /readyz                  200 once the providers answered their preflight, else 503
+    GET  /readyz                  200 once the providers answered their preflight, else 503;
+                                  its "log" says the run log writer's state (ok, retrying,
+                                  losing), queued and lost writes
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
     POST /v1/chat/completions
@@ -198,8 +200,12 @@ async def _readyz(request: Request) -> Response:
         return JSONResponse({"status": "starting", "detail": state.not_ready_reason()},
                             status_code=503)  # fmt: skip
     chain = state.runner.chain
+    # the log is behind the answer: a log database that is away leaves the backend ready
+    # (turns are answered); "log" says whether writes are retrying or being dropped
+    log_state = chain.store.log_status() if chain.store is not None else None
     return JSONResponse({"status": "ready", "run_id": chain.run_id,
-                         "steps": list(chain.config.order), "model": state.model_id})  # fmt: skip
+                         "steps": list(chain.config.order), "model": state.model_id,
+                         "log": log_state})  # fmt: skip
 
 
 def create_app(

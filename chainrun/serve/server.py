@@ -9,7 +9,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import uvicorn
@@ -17,7 +18,8 @@ import uvicorn
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import UserInputError
-from chainrun.log.store import Store
+from chainrun.log.backend import shown_url
+from chainrun.log.store import SeedWindows, Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import DEFAULT_MAX_BODY_BYTES, ServeState, create_app
@@ -59,13 +61,23 @@ def serve(
     model_id: str = DEFAULT_MODEL_ID,
     observers: list[TurnObserver] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    workers: int = 1,
+    observer_factory: Callable[[], list[TurnObserver]] | None = None,
+    seed_windows: SeedWindows | None = None,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
 
+    With ``workers`` above 1 the listening socket is bound once and shared by that many
+    worker processes (forked; the kernel spreads connections over them), each with its
+    own chain, hedge windows and live run in the one log ``db`` (a run per process: see
+    ``chainrun runs``). The parent only waits: SIGINT/SIGTERM to it stop every worker
+    gracefully (each gets one SIGTERM); a worker that dies is not restarted.
+
     Args:
         config: the chain's configuration.
-        db: the SQLite run log every turn is written to (a run of kind ``live``).
+        db: the run log every turn is written to (a run of kind ``live``): a SQLite file
+            or a ``postgresql://`` URL.
         host: the address to listen on; anything but loopback needs ``token``.
         port: TCP port (0: any free one; the bound address is printed on stderr).
         token: require ``Authorization: Bearer TOKEN`` (see :data:`TOKEN_ENV`).
@@ -73,26 +85,70 @@ def serve(
         observers: told about every logged turn (e.g. the OpenTelemetry exporter).
         max_body_bytes: the largest request body, in bytes (default 1 MiB); a larger one
             is answered 413 without being read whole.
+        workers: worker processes sharing the socket (1: this process serves).
+        seed_windows: seed each hedged step's latency window from the log's recent calls
+            before the first turn (None: each process learns its own from zero).
+        observer_factory: builds each worker's observers after the fork (an exporter's
+            threads do not survive a fork; one with a ``shutdown()`` is shut down as its
+            worker stops); with one worker, ``observers`` is used.
 
     Raises:
         UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
-            an address that cannot be bound; an unusable log file.
+            ``workers`` below 1; an address that cannot be bound; an unusable log.
     """
     if max_body_bytes < 1:
         raise UserInputError(f"--max-body-bytes: expected at least 1, got {max_body_bytes}")
+    if workers < 1:
+        raise UserInputError(f"--workers: expected at least 1, got {workers}")
     if not is_loopback(host) and not token:
         raise UserInputError(
             f"--host {host}: serving beyond loopback needs a bearer token; "
             f"set {TOKEN_ENV} in the environment"
         )
     sock = bind(host, port)
+    if workers > 1:
+        try:
+            Store.open(db).close()  # a bad log is one error here, not one per worker
+        except BaseException:
+            sock.close()
+            raise
+
+        def one() -> None:
+            made = observer_factory() if observer_factory is not None else []
+            try:
+                _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
+                           max_body_bytes=max_body_bytes, seed_windows=seed_windows)  # fmt: skip
+            finally:
+                for obs in made:  # flush an exporter before the worker exits
+                    stop = getattr(obs, "shutdown", None)
+                    if callable(stop):
+                        stop()
+
+        _fork_workers(sock, workers, one, db)
+        return
+    _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
+               max_body_bytes=max_body_bytes, seed_windows=seed_windows)  # fmt: skip
+
+
+def _serve_one(
+    config: ChainConfig,
+    db: str | Path,
+    sock: socket.socket,
+    *,
+    token: str | None,
+    model_id: str,
+    observers: list[TurnObserver] | None,
+    max_body_bytes: int,
+    seed_windows: SeedWindows | None = None,
+) -> None:
+    """One serving process on the bound ``sock`` until SIGINT/SIGTERM."""
     try:
         store = Store.open(db)
     except BaseException:
         sock.close()
         raise
     state = ServeState(
-        lambda: Chain(config, store=store, kind="live", quiet=True),
+        lambda: Chain(config, store=store, kind="live", quiet=True, seed_windows=seed_windows),
         observers=observers or [],
         model_id=model_id,
         freeze_gc=True,  # a long-running process: start-up objects out of every GC pass
@@ -109,15 +165,62 @@ def serve(
             backlog=2048,
         )
     )
-    bound = sock.getsockname()
-    shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
-    print(f"chainrun serve: http://{shown}:{bound[1]}/ (pid {os.getpid()}, log {db})",
+    print(f"chainrun serve: {_address(sock)} (pid {os.getpid()}, log {store.name})",
           file=sys.stderr, flush=True)  # fmt: skip
     try:
         with _stop_signals_return():
             server.run(sockets=[sock])
     finally:
         store.close()
+
+
+def _address(sock: socket.socket) -> str:
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
+    return f"http://{shown}:{bound[1]}/"
+
+
+def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str | Path) -> None:
+    """Fork ``n`` workers that each ``run()`` on the shared ``sock``; wait for them all.
+
+    Each worker gets a process group of its own, so a Ctrl-C at the terminal reaches
+    the parent only, which sends each worker one SIGTERM (a second signal would make
+    uvicorn skip its graceful shutdown).
+    """
+    shown = shown_url(db) if isinstance(db, str) else str(db)
+    print(f"chainrun serve: {_address(sock)} with {n} worker processes (parent pid "
+          f"{os.getpid()}, log {shown})", file=sys.stderr, flush=True)  # fmt: skip
+    pids: list[int] = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                os.setpgid(0, 0)
+                run()
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    sock.close()  # the workers accept; the parent only waits
+
+    def stop(signum: int, frame: object) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0:
+                print(f"chainrun serve: worker {pid} exited with {code}", file=sys.stderr)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 class _Stopped(Exception):

@@ -33,10 +33,13 @@ from chainrun.chain import Chain
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import new_conversation_id
 from chainrun.events import StepFinished, StepStarted, TokenDelta, ToolCallEvent, TurnFinished
-from chainrun.log.logged_turn import LoggedTurn, TurnUsage, find_turn, read_turn
+from chainrun.log.logged_turn import LoggedTurn, TurnUsage
 from chainrun.serve.disconnect import detached
 
 log = logging.getLogger("chainrun.serve")
+#: how long a finished turn's summary waits for its log write (seconds); past it the
+#: summary is built from the turn's own events (a log database that is away)
+READ_TIMEOUT_S = 2.0
 
 
 class TurnObserver(Protocol):
@@ -284,18 +287,24 @@ class TurnRunner:
         return WireEvent("step", data)
 
     async def _read(self, turn_id: int | None) -> LoggedTurn | None:
+        """The turn as logged, once committed; None without a log, or when the log's
+        database could not be reached within :data:`READ_TIMEOUT_S` (the answer is
+        never held back by the log: the summary then comes from the events)."""
         store = self.chain.store
         if store is None or turn_id is None:
             return None
-        await store.flush()  # the turn returned once queued: committed after this
-        return read_turn(store, turn_id)
+        return await store.aread_turn(turn_id, flush_timeout_s=READ_TIMEOUT_S)
 
     async def _observe_by_request_id(self, request_id: str) -> None:
         store, run_id = self.chain.store, self.chain.run_id
         if store is None or run_id is None or not self.observers:
             return
-        await store.flush()
-        logged = find_turn(store, run_id, request_id)
+        try:
+            await asyncio.wait_for(store.flush(), READ_TIMEOUT_S)
+        except TimeoutError:
+            return  # the log's database is away: no observer call for this turn
+        turn_id = await store.off_loop(store.find_turn_id, run_id, request_id)
+        logged = None if turn_id is None else await store.aread_turn(turn_id)
         if logged is not None:
             self._notify(logged)
 

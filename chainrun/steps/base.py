@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     import sqlite_utils
 
     from chainrun.hedging import BreakerRegistry, HedgePolicy, LoopLagMonitor
-    from chainrun.log.store import Store
+    from chainrun.log.store import SeedWindows, Store
     from chainrun.providers.base import Provider
     from chainrun.steps.model_config import ModelStepConfig
     from chainrun.tools import Tool, TurnTools
@@ -238,6 +238,8 @@ class BuildContext:
     #: the chain's tools by name (``[tools.NAME]``), built before any call
     tools: Mapping[str, Tool] = field(default_factory=dict)
     quiet: bool = False
+    #: seed each hedged step's latency window from the log's recent calls (None: do not)
+    seed_windows: SeedWindows | None = None
 
     def breakers_for(self, policy: HedgePolicy) -> BreakerRegistry:
         """The breaker registry with ``policy``'s breaker settings.

@@ -333,6 +333,15 @@ class LLMStep(Step):
             policy, targets, breakers=ctx.breakers_for(policy), loop_lag=ctx.loop_lag
         )
         self.tools = {name: ctx.tools[name] for name in self.llm.tools}
+        seed, store = ctx.seed_windows, ctx.store
+        if (seed is not None and store is not None and policy is not None and policy.hedges
+                and policy.delay_ms is None):
+            # the fleet's recent calls of this step, before the first turn (off the loop)
+            samples = await store.off_loop(
+                store.recent_latencies, self.name, max_calls=seed.max_calls,
+                within_s=seed.within_s,
+            )  # fmt: skip
+            self._hedger.seed_window(samples)
 
     async def aclose(self) -> None:
         if self._hedger is not None:
@@ -432,6 +441,7 @@ class LLMStep(Step):
         shown: list[str] = []  # what reached the user (redacted by the output check)
         blocked: OutputBlocked | None = None
         cancelled = False
+        seeded = self._hedger.delay_seeded()  # as the race reads its delay, just below
         try:
             outcome = await self._hedger.run(attempt, release=release, accept=gate)
             if outcome.error is not None:
@@ -465,6 +475,9 @@ class LLMStep(Step):
             finally:  # recorded even when the close is interrupted by a cancellation
                 error = self._record(ctx, request, outcome, streams, winner, error,
                                      cancelled=cancelled)
+                if seeded and ctx.row.hedge_delay_ms is not None:
+                    # the delay came from a window holding the fleet's seeded samples
+                    ctx.row.detail = {**(ctx.row.detail or {}), "hedge_delay_seeded": True}
                 if holdback is not None:
                     self._record_holdback(ctx, holdback, winner, blocked)
                 if outcome is not None and outcome.shadows_pending:

@@ -1,0 +1,47 @@
+"""``chainrun log copy``: copy the runs of one log into another (e.g. SQLite logs into
+one PostgreSQL log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from chainrun.cli import JsonOpt, handle_errors, log_app, out, print_json
+from chainrun.log.copy import copy_runs
+from chainrun.log.several_logs import process_name
+from chainrun.log.store import Store
+
+
+@log_app.command("copy")
+@handle_errors
+def copy_command(
+    source: Annotated[str, typer.Argument(help="The log to copy from (a SQLite file or a URL).")],
+    target: Annotated[
+        str, typer.Argument(help="The log to copy into: postgresql://USER@HOST/DB or a file.")
+    ],
+    process: Annotated[
+        str | None,
+        typer.Option(help="The name the copied runs carry (default: the source file's name "
+                     "without suffix, as compare's RUN@PROCESS)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy every run of SOURCE (turns, steps, calls, eval results) into TARGET under new
+    ids, each tagged with the process it came from; a run copied before is skipped."""
+    with Store.open(source, create=False) as src:
+        name = process or (src.name if src.url else process_name(Path(source)))
+        with Store.open(target) as dst:
+            done = copy_runs(src, dst, process=name)
+            target_name = dst.name
+    doc = {"source": src.name, "target": target_name, "process": name, "copied": done.rows,
+           "skipped_runs": done.skipped_runs,
+           "run_ids": {str(k): v for k, v in done.run_ids.items()}}  # fmt: skip
+    if as_json:
+        print_json(doc)
+        return
+    rows = ", ".join(f"{n} {t}" for t, n in done.rows.items())
+    skipped = f"; {len(done.skipped_runs)} runs copied before, skipped" if done.skipped_runs else ""
+    out.print(f"copied {rows} from {src.name} into {target_name} as process {name!r}{skipped}",
+              markup=False)  # fmt: skip
