@@ -4,9 +4,10 @@ one that learns its window from zero.
 The lab answers on a bimodal path: TTFT 50-150 ms with probability 0.95, else 1-3 s
 (every copy an independent draw). One hedged step (``delay = "p90"``, so the delay lies
 on the fast path; a copy to a second target; ``min_samples`` 20, so the window warms up
-after 20 answers; until then the warm-up delay, a third of the 10 s deadline). First a "fleet" process logs
-``--fleet-turns`` turns. Then, per round, two fresh processes (chains) each run their
-first ``--turns`` turns, ``--concurrency`` at a time: one seeded from the log
+after 20 answers; until then the warm-up delay, a third of the 10 s deadline). First a
+"fleet" process logs ``--fleet-turns`` turns. Then, per round, two fresh processes
+(chains) each run their first ``--turns`` turns, ``--concurrency`` at a time: one seeded
+from the log
 (``SeedWindows``: the step's last 200 answers within 10 minutes), one not; the order
 alternates between rounds. Reported per arm: turn latency p50/p90/p99 with n and a
 95% interval (over every round's turns), the calls hedged at a seeded delay (from

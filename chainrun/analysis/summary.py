@@ -266,9 +266,10 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
     in ``unsent``), ``mean_delay_ms``, ``n_probe_calls`` (calls hedged as probes while the
     step was backed off), ``n_seeded_delay`` and ``seeded_delay_turns`` (the calls whose
     hedge delay came from a latency window seeded from the log's recent calls when the
-    process started, and their turn ids) and ``changes``: every decision of the step's hedge controller
-    (``delay = "auto"`` advice, back-off, resume; :mod:`chainrun.hedging.advisor`), oldest
-    first, as ``{at, kind, old, new, why, prediction}`` (``at`` ISO 8601 UTC). The rates
+    process started, and their turn ids) and ``changes``: every decision of the step's
+    hedge controller (``delay = "auto"`` advice, back-off, resume;
+    :mod:`chainrun.hedging.advisor`), oldest first, as ``{at, kind, old, new, why,
+    prediction}`` (``at`` ISO 8601 UTC). The rates
     are defined once, in :mod:`chainrun.hedging.stats` (fire rate = fires per armed
     execution: the hedge timer went off, whether a copy was sent or not; copies sent per
     call says what went out);

@@ -171,7 +171,7 @@ def eval_command(
 
 
 def _print_interrupted(
-    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool, db: Path
+    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool, db: str
 ) -> None:
     """An eval run stopped by Ctrl-C or SIGTERM: its turns so far (not scored)."""
     run_id = summary["run_id"]

@@ -193,10 +193,12 @@ class Hedger(Generic[T]):
         """Whether a call starting now gets its delay from a latency window that may still
         hold seeded samples (:meth:`seed_window`)."""
         p = self._policy
-        if self._clock() >= self._seeded_until or p.delay_ms is not None:
+        if self._clock() >= self._seeded_until or p.delay_ms is not None or not p.hedges:
             return False
-        return (p.hedges and p.delay_percentile is not None
-                and self.window.percentile(p.delay_percentile) is not None)  # fmt: skip
+        if p.delay_percentile is not None:
+            return self.window.percentile(p.delay_percentile) is not None
+        # delay = "auto": advised from the window once it holds min_samples
+        return self.current_delay_ms() is not None and len(self.window) >= p.min_samples
 
     async def run(
         self,
