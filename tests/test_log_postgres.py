@@ -439,9 +439,9 @@ def test_a_dropped_id_reservation_fails_its_turn_loudly() -> None:
                 taken.set()
                 time.sleep(0.5)
 
-            writer._queue.put_nowait((slow, None, None))
+            writer._queue.put_nowait((slow, None, None, None))
             await asyncio.to_thread(taken.wait, 10)  # the thread took the slow job
-            writer._queue.put_nowait((lambda db: None, None, None))  # the queue is full
+            writer._queue.put_nowait((lambda db: None, None, None, None))  # the queue is full
             fut = writer.future(lambda db: 1)
             with pytest.raises(LogWriteLost):
                 await fut
