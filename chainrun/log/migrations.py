@@ -314,7 +314,7 @@ def _m060_truncated_answers(db: LogDb) -> None:
     db.table("turns").add_column("truncated", int)
 
 
-def _m070_conversations(db: sqlite_utils.Database) -> None:
+def _m070_conversations(db: LogDb) -> None:
     # a turn's 1-based position in its conversation (NULL for turns logged before this
     # migration: unknown); a conversation's turns read back by id, in order, for history
     db.table("turns").add_column("turn_index", int)
