@@ -55,6 +55,9 @@ from chainrun.providers.openai_compat import OpenAICompatProvider
 ARMS = ("chainrun", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio")
 N_TOKENS = 16
 MODEL = "chainrun-lab"
+#: generous: on a loaded shared machine a connect can take seconds; CPU is what is measured
+CONNECT_TIMEOUT_S = 60.0
+TIMEOUT = httpx2.Timeout(120.0, connect=CONNECT_TIMEOUT_S)
 
 
 def request_body(i: int) -> dict[str, Any]:
@@ -151,7 +154,9 @@ async def make_arm(
         http = None
         if arm == "chainrun_aiohttp":
             http = _aiohttp_client(pool)
-        provider = OpenAICompatProvider("lab", lab.base_url, None, pool, 5.0, http_client=http)
+        provider = OpenAICompatProvider(
+            "lab", lab.base_url, None, pool, CONNECT_TIMEOUT_S, http_client=http
+        )
 
         async def chainrun_call(i: int) -> int:
             body = request_body(i)
@@ -171,7 +176,7 @@ async def make_arm(
         if arm == "sdk_aiohttp":
             http = _aiohttp_client(max(100, concurrency * 2))
         else:
-            http = openai.DefaultAsyncHttpxClient()
+            http = openai.DefaultAsyncHttpxClient(timeout=TIMEOUT)
         client = openai.AsyncOpenAI(
             base_url=lab.base_url, api_key="x", max_retries=0, http_client=http
         )
@@ -214,7 +219,7 @@ def _aiohttp_client(max_connections: int) -> Any:
         raise RuntimeError(f"openai {openai.__version__} has no DefaultAioHttpClient")
     limits = httpx2.Limits(max_connections=max_connections, keepalive_expiry=2.0)
     try:
-        return factory(limits=limits)
+        return factory(limits=limits, timeout=TIMEOUT)
     except (ImportError, RuntimeError) as e:
         raise RuntimeError(f"openai {openai.__version__}: {e}") from e
 
