@@ -21,11 +21,13 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from sqlite_utils.utils import sqlite3
 from typer._click import exceptions as _cx  # typer carries its own click
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
+from chainrun.cli.fit import fit_table
 from chainrun.errors import ChainrunError
 from chainrun.log.store import remove_unused_log
 from chainrun.runtime.event_loop import loop_factory
@@ -183,6 +185,12 @@ class _Console(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         exit_broken_pipe()
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """rich's print; a table is fitted to the width first (:func:`fit_table`: numbers
+        are never cut, columns are left out in a stated order when too narrow)."""
+        fitted = [fit_table(o, self) if isinstance(o, Table) else o for o in objects]
+        super().print(*fitted, **kwargs)
 
 
 out = _Console(highlight=False, soft_wrap=True, width=_width)

@@ -33,15 +33,16 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
+from chainrun.cli.fit import drop_first
 from chainrun.cli.tables import (
     hedge_table,
     latency_table,
+    marked_verdict_lines,
     printable,
     step_waterfall,
     steps_table,
     tool_call_lines,
     tool_calls_table,
-    verdict_lines,
 )
 from chainrun.config import ChainConfig, config_from_snapshot, load_config
 from chainrun.errors import LogWriteError, UserInputError
@@ -308,8 +309,8 @@ def show(
                   f"label={escape(t.label or '-')}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
         out.print(f"  < {printable(t.output)}", markup=False)
-        for line in verdict_lines(t.verdicts):  # the critique's text, validate's verdict, ...
-            out.print(f"  ✓ {line}", markup=False)
+        for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...
+            out.print(f"  {line}", markup=False)
         out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
@@ -323,6 +324,7 @@ def show(
                 _n(c.reasoning_tokens),
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
+        drop_first(table, "reasoning", "finish", "chunks", "target", "in", "error")
         out.print(table)
         turn_tools = [tc for tc in tool_calls if tc.turn_id == t.id]
         if turn_tools:

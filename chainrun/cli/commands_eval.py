@@ -29,6 +29,7 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
+from chainrun.cli.fit import drop_first
 from chainrun.cli.tables import NO_CI, NO_CI_NOTE, ci_cell, provider_compare_table, turn_counts
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
@@ -54,10 +55,10 @@ def eval_command(
         int | None, typer.Option("--run", help="Score this existing run instead of running.")
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option(min=1, help="Run each case K times (flip rate). [default: 1]")
+        int | None, typer.Option(min=1, help="Run each case K times (flip rate). \\[default: 1]")
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Turns in flight at once. [default: 1]")
+        int | None, typer.Option(min=1, help="Turns in flight at once. \\[default: 1]")
     ] = None,
     label: LabelOpt = None,
     fail_on_skipped: Annotated[
@@ -330,6 +331,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
     if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
         notes.append(NO_CI_NOTE)
     table.caption = "\n".join(notes)
+    # too narrow: the p99s go first, then the p90s and the n columns (never the verdict)
+    drop_first(table, "p99 B [95% CI]", "p99 A [95% CI]", "p90 B [95% CI]", "p90 A [95% CI]",
+               "n B", "n A")  # fmt: skip
     out.print(table)
     cache = doc.get("cache")
     if cache:  # the server's prompt cache can change TTFT twentyfold: said beside it

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chainrun.analysis.summary import left_out
+from chainrun.cli.fit import drop_first
 from chainrun.events import StepFinished, TurnFinished
 from chainrun.log.rows import StepRow, ToolCallRow
 
@@ -63,6 +64,25 @@ def verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def verdict_mark(verdict: Any) -> str:
+    """The mark ``show`` prints beside a step's verdict: ``✓`` only for a verdict that
+    passed (``"ok": true``), ``✗`` for one that failed (``"ok": false``), ``?`` for a
+    missing verdict (``"ok": null``: a timeout, an error, an unparseable reply) and ``·``
+    for a verdict that judges nothing (a critique's advice, a guard's categories)."""
+    if isinstance(verdict, dict) and "ok" in verdict:
+        ok = verdict["ok"]
+        return "✓" if ok is True else "✗" if ok is False else "?"
+    if isinstance(verdict, dict) and verdict.get("missing"):
+        return "?"
+    return "·"
+
+
+def marked_verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
+    """:func:`verdict_lines` with each verdict's :func:`verdict_mark` in front."""
+    marks = [verdict_mark(v) for v in (verdicts or {}).values()]
+    return [f"{m} {line}" for m, line in zip(marks, verdict_lines(verdicts), strict=True)]
+
+
 def step_waterfall(steps: list[StepRow]) -> Table:
     """One turn's steps as a waterfall: start and end offsets (ms from the turn's start)
     and a bar, so steps that ran concurrently show overlapping; post-answer steps
@@ -78,7 +98,7 @@ def step_waterfall(steps: list[StepRow]) -> Table:
         end_ms = s.started_offset_ms + s.duration_ms
         t.add_row(s.step, s.status, _f(s.started_offset_ms), _f(end_ms), bar,
                   "yes" if s.post_answer else "")  # fmt: skip
-    return t
+    return drop_first(t, "", "after answer")  # too narrow: the bars go first
 
 
 def tool_calls_table(rows: list[ToolCallRow]) -> Table:
@@ -182,7 +202,9 @@ def latency_table(summary: dict[str, Any]) -> Table:
         ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")
         t.caption = f"n = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
     t.caption = _note_no_ci(t, t.caption)
-    return t
+    # too narrow: model and effort go first, then token means, failures, TTFT
+    return drop_first(t, "effort", "model", "out tokens (mean)", "failed",
+                      "TTFT p50 ms [95% CI]")  # fmt: skip
 
 
 def hedge_table(stats: dict[str, Any]) -> Table:
@@ -210,7 +232,9 @@ def hedge_table(stats: dict[str, Any]) -> Table:
                      "actually sent per call; unsent b/c/l: due copies not sent (budget "
                      "refused / breaker open / loop lag); a fire with no copy sent cannot win, "
                      "so its loss says nothing of the copy")  # fmt: skip
-    return t
+    # too narrow: the detail columns go first; fire rate, win rate and savings stay
+    return drop_first(t, "mean d ms", "unsent b/c/l", "fired unsent", "measured", "armed",
+                      "sent/call", "extra calls/turn")  # fmt: skip
 
 
 def hedge_changes_table(stats: dict[str, Any]) -> Table | None:

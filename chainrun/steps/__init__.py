@@ -1,8 +1,9 @@
 """Steps: the protocol (:mod:`.base`), the config models, and the built-in kinds.
 
 ``llm`` (:mod:`.llm`): a hedged model call; ``retrieve`` (:mod:`.retrieve`): early-exit
-catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict. Each kind
-owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
+catalogue search; ``classify`` (:mod:`.classify`): a label with no model call (nearest
+examples, keyword rules or both); ``guard`` (:mod:`.guard`): a moderation model's
+verdict. Each kind owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
 ``GuardConfig``), extending :class:`StepConfig` (or :class:`ModelStepConfig` for a kind
 that calls a model). Register your own kind with :func:`register_step_kind`.
 """
@@ -21,6 +22,7 @@ from chainrun.steps.base import (
     register_step_kind,
     step_kinds,
 )
+from chainrun.steps.classify import ClassifyStep
 from chainrun.steps.config import StepConfig, route_problem
 from chainrun.steps.guard import GuardConfig, GuardStep
 from chainrun.steps.llm import LLMConfig, LLMStep
@@ -31,6 +33,7 @@ __all__ = [
     "BUILTIN_FIELDS",
     "INITIAL_FIELDS",
     "BuildContext",
+    "ClassifyStep",
     "GuardConfig",
     "GuardStep",
     "HedgeConfig",

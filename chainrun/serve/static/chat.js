@@ -5,7 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { conversationId: null, token: sessionStorage.getItem("chainrun-token"),
-                controller: null, turn: null };
+                controller: null, finishing: null, turn: null };
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -283,7 +283,19 @@ function addMessage(role, text) {
   return li;
 }
 
+// The answer is the shopper's as soon as the server says "answer_done": Send is enabled
+// again then, while the checks after the answer (validate, critique) finish on the server
+// and this turn's waterfall keeps drawing them, until the next question replaces it.
+function answerIsDone(answer, data) {
+  answer.dataset.status = "answered";
+  if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
+  state.controller = null;
+  $("send").disabled = false;
+  $("stop").disabled = true;
+}
+
 async function ask(message) {
+  if (state.finishing) state.finishing.abort();  // the previous turn's checks: leave them
   addMessage("user", message);
   const answer = addMessage("assistant", "");
   answer.id = "answer";
@@ -296,6 +308,7 @@ async function ask(message) {
   $("send").disabled = true;
   $("stop").disabled = false;
   let wf = null;
+  let answered = false;
   try {
     const body = { message };
     if (state.conversationId) body.conversation_id = state.conversationId;
@@ -325,6 +338,10 @@ async function ask(message) {
       } else if (event === "token" && wf && data.step === wf.answerStep) {
         answer.textContent += data.text;
         answer.scrollIntoView({ block: "end" });
+      } else if (event === "answer_done") {
+        answered = true;
+        state.finishing = controller;
+        answerIsDone(answer, data);
       } else if (event === "turn") {
         answer.dataset.status = data.status;
         if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
@@ -332,7 +349,9 @@ async function ask(message) {
       }
     }
   } catch (e) {
-    if (e.name === "AbortError") {
+    if (answered) {
+      // the next question was asked: this turn's checks finish on the server
+    } else if (e.name === "AbortError") {
       answer.dataset.status = "cancelled";
       if (wf) { wf.done = true; wf.total = wf.now(); $("turn-status").textContent = "cancelled"; }
     } else {
@@ -340,9 +359,12 @@ async function ask(message) {
       answer.textContent += " [" + e.message + "]";
     }
   } finally {
-    state.controller = null;
-    $("send").disabled = false;
-    $("stop").disabled = true;
+    if (state.finishing === controller) state.finishing = null;
+    if (state.controller === controller) {
+      state.controller = null;
+      $("send").disabled = false;
+      $("stop").disabled = true;
+    }
   }
 }
 
