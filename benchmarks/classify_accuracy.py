@@ -8,7 +8,7 @@ Cases: ``evals/regression.jsonl`` (every case carries its expected ``label``). M
   labels>}`` by a JSON Schema enum (``response_format``; llama-server turns it into a
   grammar: :func:`chainrun.classify.label_schema`);
 * ``examples``: nearest labelled examples on MiniLM (``chainrun/data/classify_examples.jsonl``,
-  k = 5; no model call);
+  k = 11; no model call);
 * ``keywords``: the keyword rules of :mod:`chainrun.classify.keywords`;
 * ``combined``: keyword rules when exactly one label's rules fire, else the examples.
 
@@ -42,6 +42,7 @@ import _common as c
 from chainrun.analysis import stats
 from chainrun.classify import (
     DEFAULT_EXAMPLES,
+    DEFAULT_K,
     KeywordRules,
     NearestExamples,
     RulesThenExamples,
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=str(CASES), help="labelled cases (JSONL)")
     parser.add_argument("--rounds", type=int, default=3, help="passes for the latency figures")
-    parser.add_argument("--k", type=int, default=5, help="examples: neighbours that vote")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="examples: neighbours that vote")
     parser.add_argument("--no-model", action="store_true", help="skip the model methods")
     c.add_common_options(parser)
     args = parser.parse_args(argv)

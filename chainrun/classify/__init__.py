@@ -10,11 +10,17 @@
 
 from chainrun.classify.base import FALLBACK_LABEL, Classification, Classifier, label_schema
 from chainrun.classify.combined import RulesThenExamples
-from chainrun.classify.examples import DEFAULT_EXAMPLES, NearestExamples, read_examples
+from chainrun.classify.examples import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_K,
+    NearestExamples,
+    read_examples,
+)
 from chainrun.classify.keywords import DEFAULT_RULES, KeywordRules
 
 __all__ = [
     "DEFAULT_EXAMPLES",
+    "DEFAULT_K",
     "DEFAULT_RULES",
     "FALLBACK_LABEL",
     "Classification",

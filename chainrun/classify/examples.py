@@ -21,6 +21,10 @@ from chainrun.classify.base import Classification
 from chainrun.errors import InputFileError
 from chainrun.retrieval.embeddings import Embedder
 
+#: neighbours that vote: chosen by leave-one-out on the shipped examples (72 of 90 right at
+#: k = 11; 58 at 3, 65 at 5, 70 at 9, 71 at 15, 68 at 21), not on the eval set
+DEFAULT_K = 11
+
 #: labelled examples shipped with chainrun: JSONL lines ``{"label": ..., "message": ...}``
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "classify_examples.jsonl"
 
@@ -68,7 +72,7 @@ class NearestExamples:
         labels: the label set.
         examples: (label, message) pairs.
         embedder: turns texts into L2-normalised vectors (MiniLM by default in the step).
-        k: neighbours that vote.
+        k: neighbours that vote (:data:`DEFAULT_K`).
     """
 
     method = "examples"
@@ -79,7 +83,7 @@ class NearestExamples:
         examples: Sequence[tuple[str, str]],
         embedder: Embedder,
         *,
-        k: int = 5,
+        k: int = DEFAULT_K,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")

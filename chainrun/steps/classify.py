@@ -9,7 +9,7 @@ set by ``json_schema``: :func:`chainrun.classify.label_schema`).
 Settings, under ``[steps.NAME.options]``::
 
     method = "combined"      # "examples" | "keywords" | "combined"
-    k = 5                    # examples: neighbours that vote
+    k = 11                   # examples: neighbours that vote
     examples = "shop-examples.jsonl"   # {"label": ..., "message": ...} lines; default:
                                        # the examples shipped with chainrun
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from chainrun.classify import (
     DEFAULT_EXAMPLES,
+    DEFAULT_K,
     Classifier,
     KeywordRules,
     NearestExamples,
@@ -59,7 +60,7 @@ class ClassifyOptions(BaseModel):
     #: how the label is chosen: nearest examples, keyword rules, or rules then examples
     method: ClassifyMethod = "combined"
     #: examples: the number of nearest examples that vote
-    k: int = Field(default=5, ge=1, le=50)
+    k: int = Field(default=DEFAULT_K, ge=1, le=50)
     #: examples: a JSONL file of {"label", "message"} lines (None: the shipped examples)
     examples: str | None = None
     #: keywords: label → regular expressions, replacing the built-in rules of that label
