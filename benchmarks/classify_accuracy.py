@@ -20,7 +20,8 @@ stopped by the benchmark; ``--no-model`` skips them.
 
 Run (timing runs hold the shared lock)::
 
-    flock /tmp/chainrun-bench.lock python benchmarks/classify_accuracy.py [--rounds 3]
+    flock /tmp/chainrun-bench.lock python benchmarks/classify_accuracy.py \\
+        [--rounds 3] [--model-rounds 1]
 
 The examples and rules were written by the people who labelled the cases (they were
 not fitted to them, but they are not a blind test either): a shop should measure on
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -114,6 +116,7 @@ async def measure(
     right = 0
     confusion: dict[str, dict[str, int]] = {}
     for r in range(rounds):
+        print(f"{name}: round {r + 1} of {rounds}", file=sys.stderr, flush=True)
         for case_id, message, expected in cases:
             t0 = time.perf_counter()
             got = await classify(message)
@@ -172,7 +175,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 fn, close = await model_method(base_url, enum=enum)
                 try:
                     await fn("warm-up")
-                    results.append(await measure(name, fn, cases, args.rounds))
+                    results.append(await measure(name, fn, cases, args.model_rounds))
                 finally:
                     await close()
     return {"methods": results}
@@ -200,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=str(CASES), help="labelled cases (JSONL)")
     parser.add_argument("--rounds", type=int, default=3, help="passes for the latency figures")
+    parser.add_argument("--model-rounds", type=int, default=1,
+                        help="passes of the model methods (a model call per message each)")
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="examples: neighbours that vote")
     parser.add_argument("--no-model", action="store_true", help="skip the model methods")
     c.add_common_options(parser)
@@ -210,6 +215,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

@@ -16,8 +16,8 @@ from conftest import reply_by_step
 from chainrun.chain import Chain
 from chainrun.cli import app
 from chainrun.config import ChainConfig
-from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.log.store import Store
+from chainrun.providers.fake import FakeProvider, FakeReply
 
 
 def chainrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

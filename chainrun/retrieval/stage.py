@@ -240,7 +240,8 @@ class RetrievalStage:
     async def vocabulary(self) -> CategoryVocabulary:
         """The category vocabulary of the catalogue searched (its categories, the
         settings' ``category_synonyms``, the built-in words that point to them), built
-        again when the catalogue is reloaded (:func:`chainrun.retrieval.catalog.catalog_version`)."""
+        again when the catalogue is reloaded
+        (:func:`chainrun.retrieval.catalog.catalog_version`)."""
         synonyms = self.settings.category_synonyms
 
         def read(db: sqlite_utils.Database) -> tuple[int, list[str] | None]:
