@@ -8,12 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from chainrun.analysis.compare import DEFAULT_MIN_EFFECT, compare, parse_min_effect, regression
-from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
-from chainrun.analysis.summary import cached_text, latency_summary
 from chainrun.cli import (
     DEFAULT_DB_PATH,
     ConfigOpt,
@@ -29,14 +24,8 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.fit import drop_first
-from chainrun.cli.tables import NO_CI, NO_CI_NOTE, ci_cell, provider_compare_table, turn_counts
-from chainrun.config import load_config
-from chainrun.errors import UserInputError
-from chainrun.evals import load_cases, load_results
-from chainrun.evals.runner import check_grader, run_eval, score_existing
-from chainrun.log.several_logs import merge_logs
-from chainrun.log.store import Store
+
+# The library is imported inside each command, when it runs (fast --help).
 
 
 def _fmt_rate(r: dict[str, Any]) -> str:
@@ -73,6 +62,22 @@ def eval_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Run an eval set through the chain (kind eval) and print pass rates with n."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+
+    from chainrun.analysis.summary import latency_summary
+    from chainrun.config import load_config
+    from chainrun.errors import UserInputError
+    from chainrun.evals import load_cases, load_results
+    from chainrun.evals.runner import check_grader, run_eval, score_existing
+    from chainrun.log.store import Store
+
     if run is not None:
         given = [f"--{n}" for n, v in (("repeat", repeat), ("concurrency", concurrency),
                                         ("label", label)) if v is not None]  # fmt: skip
@@ -201,13 +206,14 @@ def compare_command(
         ),
     ] = False,
     min_effect: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--min-effect",
             help="Practical tolerance: a latency difference within it (a share of A's "
-            "percentile such as 5%, or a time such as 20ms; 0 for none) is 'same'.",
+            "percentile such as 5%, or a time such as 20ms; 0 for none) is 'same' "
+            "(default: 5%).",
         ),
-    ] = str(DEFAULT_MIN_EFFECT),
+    ] = None,
     by: Annotated[
         str | None,
         typer.Option(
@@ -227,11 +233,23 @@ def compare_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare B against A: percentiles with intervals and n, B − A, paired eval pass rates."""
+    from chainrun.analysis.compare import (
+        DEFAULT_MIN_EFFECT,
+        compare,
+        parse_min_effect,
+        regression,
+    )
+    from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
+    from chainrun.cli.tables import provider_compare_table
+    from chainrun.errors import UserInputError
+    from chainrun.log.several_logs import merge_logs
+    from chainrun.log.store import Store
+
     if by is not None and (by != "provider" or metric != "all" or fail_on_regression):
         raise UserInputError(
             f"--by: expected 'provider' (without --metric or --fail-on-regression), got {by!r}"
         )
-    tolerance = parse_min_effect(min_effect)
+    tolerance = DEFAULT_MIN_EFFECT if min_effect is None else parse_min_effect(min_effect)
     dbs = db or [DEFAULT_DB_PATH]
     merged = merge_logs(dbs) if len(dbs) > 1 else None
     sel_a, sel_b = (merged.run_id(a), merged.run_id(b)) if merged else (a, b)
@@ -278,6 +296,8 @@ def _ms(v: Any) -> str:
 
 
 def _ci(v: Any) -> str:
+    from chainrun.cli.tables import ci_cell
+
     return ci_cell(v)
 
 
@@ -298,6 +318,12 @@ def _verdict(m: dict[str, Any]) -> str:
 
 
 def _print_compare(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from chainrun.analysis.summary import cached_text
+    from chainrun.cli.fit import drop_first
+    from chainrun.cli.tables import NO_CI, NO_CI_NOTE, turn_counts
+
     table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
     for col in ("", "n A", "n B", "p50 A [95% CI]", "p50 B [95% CI]", "p90 A [95% CI]",
                 "p90 B [95% CI]",

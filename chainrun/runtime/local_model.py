@@ -40,8 +40,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -268,6 +266,9 @@ def _pid_alive(pid: int) -> bool:
 
 def healthy(port: int, timeout_s: float = 1.0) -> bool:
     """True when llama-server on ``port`` answers ``GET /health`` with 200 (model loaded)."""
+    import urllib.error  # here, not at the top: `chainrun --help` needs none of it
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as r:
             return bool(r.status == 200)

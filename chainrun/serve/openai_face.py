@@ -66,8 +66,6 @@ from chainrun.serve.errors import JSONBody, error_body, error_response, not_read
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
-DEFAULT_MODEL_ID = "chainrun-shop"
-
 
 @dataclass(frozen=True)
 class CompletionRequest:
