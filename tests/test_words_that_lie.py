@@ -4,6 +4,7 @@ rows shown."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -92,3 +93,33 @@ def test_help_text_in_brackets_is_shown_not_eaten() -> None:
         assert proc.returncode == 0, proc.stderr
         flat = " ".join(proc.stdout.split())
         assert token in flat, f"chainrun {' '.join(path)} --help lost {token!r}"
+
+
+def test_advise_shows_the_row_it_recommends(tmp_path: Path) -> None:
+    from test_advise import log_bimodal_guard
+
+    db = tmp_path / "log.db"
+    with Store.open(db) as store:
+        run = log_bimodal_guard(store, n=200)
+    args = ["advise", "--run", str(run), "--step", "guard", "--db", str(db),
+            "--simulations", "2000", "--seed", "1", "--max-extra-calls", "1.05"]  # fmt: skip
+    doc = json.loads(chainrun(*args, "--json").stdout)
+    rec = doc["recommendation"]
+    assert rec["hedge"]
+    text = chainrun(*args, env={"COLUMNS": "160"}).stdout
+    (picked,) = [ln for ln in text.splitlines() if "← recommended" in ln]
+    cells = picked.replace("│", " ").split()
+    assert float(cells[0]) == pytest.approx(rec["delay_ms"], abs=0.5)
+    assert int(cells[1]) == rec["attempts"]
+
+
+def test_advise_says_a_p99_beyond_the_deadline_once_and_without_a_unit() -> None:
+    from chainrun.analysis.advise import _pick
+
+    beyond = {"in_time": 0.5, "p99_ms": None, "extra_calls_per_turn": 0.0, "attempts": 1,
+              "delay_ms": 0.0}  # fmt: skip
+    worse = {**beyond, "in_time": 0.5, "attempts": 2, "delay_ms": 500.0,
+             "extra_calls_per_turn": 0.1}  # fmt: skip
+    reason = _pick(beyond, [worse])["reason"]
+    assert "beyond the deadline ms" not in reason
+    assert "p99 beyond the deadline either way" in reason

@@ -282,7 +282,9 @@ def simulate_table(result: dict[str, Any]) -> Table:
 
 
 def advise_table(result: dict[str, Any], top: int = 8) -> Table:
-    """``chainrun advise``: the baseline and the best candidates, by share in time then p99."""
+    """``chainrun advise``: the baseline and the best candidates, by share in time then p99,
+    and always the recommended setting (marked ``←``), also when it ranks below ``top``:
+    the pick weighs extra calls too, so it need not be among the fastest rows."""
     rec = result["recommendation"]
     verdict = (f"hedge: delay {rec['delay_ms']:g} ms, {rec['attempts']} attempts"
                if rec["hedge"] else "do not hedge")  # fmt: skip
@@ -290,21 +292,29 @@ def advise_table(result: dict[str, Any], top: int = 8) -> Table:
                     f"{result['n_censored']} censored; deadline {result['deadline_s']:g} s): "
                     f"{verdict}")  # fmt: skip
     for col in ("delay ms", "attempts", "in time", "p50 ms", "p99 ms", "extra calls/turn",
-                "fire rate", "win rate"):  # fmt: skip
-        t.add_column(col, justify="right")
+                "fire rate", "win rate", "pick"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "pick" else "right")
 
-    def row(c: dict[str, Any], label: str | None = None) -> None:
+    def picked(c: dict[str, Any]) -> bool:
+        return bool(rec["hedge"]) and (c["delay_ms"], c["attempts"]) == (
+            rec["delay_ms"], rec["attempts"])  # fmt: skip
+
+    def row(c: dict[str, Any], label: str | None = None, mark: bool = False) -> None:
         t.add_row(label or _f(c["delay_ms"]), str(c["attempts"]), _f(c["in_time"], 4),
                   _f(c["p50_ms"]), _f(c["p99_ms"]), _f(c["extra_calls_per_turn"], 3),
-                  _f(c["fire_rate"], 3), _f(c["win_rate"], 3))  # fmt: skip
+                  _f(c["fire_rate"], 3), _f(c["win_rate"], 3),
+                  "← recommended" if mark else "")  # fmt: skip
 
-    row(result["baseline"], "no hedge")
+    row(result["baseline"], "no hedge", mark=not rec["hedge"])
     ranked = sorted(result["candidates"],
                     key=lambda c: (-c["in_time"], c["p99_ms"] or float("inf")))  # fmt: skip
-    for c in ranked[:top]:
-        row(c)
+    shown = ranked[:top]
+    shown += [c for c in ranked[top:] if picked(c)][:1]  # the pick, wherever it ranks
+    for c in shown:
+        row(c, mark=picked(c))
     t.caption = rec["reason"]
-    return t
+    # too narrow: p50, fire and win rates go first (never the pick or the setting)
+    return drop_first(t, "p50 ms", "win rate", "fire rate")
 
 
 def _p50(summary: dict[str, Any], unit: str) -> str:

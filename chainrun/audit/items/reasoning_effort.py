@@ -287,6 +287,26 @@ def check_reasoning(scope: Scope) -> Item:
         )
     verdict = worst(verdicts, empty="pass")
     n_pairs = sum(len(v) for v in pairs.values())
+    if verdict == "pass" and n_pairs == 0:
+        # no step reasons, but nothing compared an effort against another either: a pass
+        # on zero pairs would be no evidence at all
+        missing.append(
+            f"two eval runs differing only in one step's reasoning_effort: `chainrun eval "
+            f"{eval_set}` with the current config and with a copy that changes one step's "
+            "reasoning_effort"
+        )
+        return Item(
+            2,
+            TITLE_2,
+            "not_enough_data",
+            f"{len(llm_steps)} LLM steps checked and none is seen to reason, but 0 pairs of "
+            "eval runs differ only in one step's reasoning effort: nothing measured what "
+            "effort does to quality.",
+            figures,
+            notes,
+            missing,
+            [table],
+        )
     if verdict == "warn":
         evidence = (
             "A step reasons more than the eval set shows it needs, or was never evaluated "
