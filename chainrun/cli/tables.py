@@ -89,7 +89,8 @@ def step_waterfall(steps: list[StepRow]) -> Table:
     (not part of the shopper's wait) are marked."""
     t = Table(show_edge=False)
     for col in ("step", "status", "start ms", "end ms", "", "after answer"):
-        t.add_column(col, justify="right" if "ms" in col else "left")
+        # a bar is drawn whole or not at all (fit_table leaves the bars out when narrow)
+        t.add_column(col, justify="right" if "ms" in col else "left", no_wrap=col == "")
     end = max((s.started_offset_ms + s.duration_ms for s in steps), default=0.0) or 1.0
     for s in steps:
         a = int(s.started_offset_ms / end * _BAR)
