@@ -8,7 +8,13 @@
 ``benchmarks/classify_accuracy.py`` measures all four on the labelled eval set.
 """
 
-from chainrun.classify.base import FALLBACK_LABEL, Classification, Classifier, label_schema
+from chainrun.classify.base import (
+    DEFAULT_LABELS,
+    FALLBACK_LABEL,
+    Classification,
+    Classifier,
+    label_schema,
+)
 from chainrun.classify.combined import RulesThenExamples
 from chainrun.classify.examples import (
     DEFAULT_EXAMPLES,
@@ -21,6 +27,7 @@ from chainrun.classify.keywords import DEFAULT_RULES, KeywordRules
 __all__ = [
     "DEFAULT_EXAMPLES",
     "DEFAULT_K",
+    "DEFAULT_LABELS",
     "DEFAULT_RULES",
     "FALLBACK_LABEL",
     "Classification",

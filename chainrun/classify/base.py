@@ -1,7 +1,7 @@
 """What every classifier gives back, and the label set's JSON Schema for a model.
 
 A classifier maps the shopper's message to one of a fixed set of labels (the default
-set: :data:`chainrun.config.CLASSIFY_LABELS`). Every method here answers the same
+set: :data:`DEFAULT_LABELS`). Every method here answers the same
 :class:`Classification`, so that a benchmark (``benchmarks/classify_accuracy.py``) and
 the ``classify`` step treat them alike.
 """
@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+#: the default label set: a fashion shop's message categories (what the default chain's
+#: classify step gives and routes on)
+DEFAULT_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
 #: the label a classifier gives when nothing points to another one
 FALLBACK_LABEL = "other"
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from chainrun.classify.base import DEFAULT_LABELS
+
 STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
-CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
+CLASSIFY_LABELS = DEFAULT_LABELS
 
 
 # The default prompts are transcripts for the model to continue: the embedded local

@@ -6,15 +6,15 @@ when exactly one label's rules fire, nearest examples otherwise). To classify wi
 model itself, use an ``llm`` step with ``labels`` (its answer constrained to the label
 set by ``json_schema``: :func:`chainrun.classify.label_schema`).
 
-Settings, under ``[steps.NAME.options]``::
+Settings, in ``[steps.NAME]``::
 
+    kind = "classify"
     method = "combined"      # "examples" | "keywords" | "combined"
+    labels = ["sizing", "product_search", "order_status", "returns", "styling", "other"]
     k = 11                   # examples: neighbours that vote
     examples = "shop-examples.jsonl"   # {"label": ..., "message": ...} lines; default:
                                        # the examples shipped with chainrun
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
-
-and ``labels`` on the step (default: the default chain's labels).
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from chainrun.classify import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
+    DEFAULT_LABELS,
     Classifier,
     KeywordRules,
     NearestExamples,
     RulesThenExamples,
     read_examples,
 )
-from chainrun.config import CLASSIFY_LABELS, StepConfig
 from chainrun.errors import ChainrunError, ConfigError, error_type
 from chainrun.retrieval.embeddings import build_embedder
 from chainrun.retrieval.settings import EmbeddingSettings
@@ -48,17 +48,20 @@ from chainrun.steps.base import (
     TurnState,
     register_step_kind,
 )
+from chainrun.steps.config import StepConfig
 
 ClassifyMethod = Literal["examples", "keywords", "combined"]
 
 
-class ClassifyOptions(BaseModel):
-    """The ``options`` table of a ``classify`` step (see the module docstring)."""
+class ClassifyConfig(StepConfig):
+    """A ``classify`` step (``[steps.NAME]`` with ``kind = "classify"``; see the module
+    docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+    kind: Literal["classify"] = "classify"
     #: how the label is chosen: nearest examples, keyword rules, or rules then examples
     method: ClassifyMethod = "combined"
+    #: the labels the step may give (the turn's ``label``)
+    labels: list[str] = Field(default_factory=lambda: list(DEFAULT_LABELS), min_length=1)
     #: examples: the number of nearest examples that vote
     k: int = Field(default=DEFAULT_K, ge=1, le=50)
     #: examples: a JSONL file of {"label", "message"} lines (None: the shipped examples)
@@ -67,27 +70,14 @@ class ClassifyOptions(BaseModel):
     rules: dict[str, list[str]] = Field(default_factory=dict)
     #: examples: the embedder (default: MiniLM, run in NumPy)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
-
-
-def classify_options(name: str, config: StepConfig) -> ClassifyOptions:
-    """The step's options, validated.
-
-    Raises:
-        ConfigError: one line naming ``steps.NAME.options.KEY``.
-    """
-    try:
-        return ClassifyOptions.model_validate(config.options)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
-        raise ConfigError(f"steps.{name}.options.{where}: {msg}") from None
+    #: deadline for one classification, in s
+    deadline_s: float = Field(default=5.0, gt=0)
 
 
 def build_classifier(
-    labels: Sequence[str], options: ClassifyOptions, *, base_dir: Path | None = None
+    labels: Sequence[str], options: ClassifyConfig, *, base_dir: Path | None = None
 ) -> Classifier:
-    """The classifier ``options`` describe, over ``labels``.
+    """The classifier a ``classify`` step's settings describe, over ``labels``.
 
     ``base_dir``: where a relative ``examples`` path is read from (the config file's
     directory; None: the working directory).
@@ -98,7 +88,7 @@ def build_classifier(
     try:
         rules = KeywordRules(labels, options.rules)
     except ValueError as e:
-        raise ConfigError(f"classify options: {e}") from None
+        raise ConfigError(f"classify step: {e}") from None
     if options.method == "keywords":
         return rules
     path = Path(options.examples) if options.examples else DEFAULT_EXAMPLES
@@ -116,11 +106,12 @@ class ClassifyStep(Step):
     """The shopper's message → one of ``labels``, with no model call."""
 
     kind = "classify"
+    config_model = ClassifyConfig
+    config: ClassifyConfig
 
-    def __init__(self, name: str, config: StepConfig) -> None:
+    def __init__(self, name: str, config: ClassifyConfig) -> None:
         super().__init__(name, config)
-        self.options = classify_options(name, config)
-        self.labels = list(config.labels or CLASSIFY_LABELS)
+        self.labels = list(config.labels)
         self.classifier: Classifier | None = None
 
     @property
@@ -132,11 +123,11 @@ class ClassifyStep(Step):
         return frozenset({"label"})
 
     async def open(self, ctx: BuildContext) -> None:
-        path = ctx.config.path
+        path: str | None = getattr(ctx.config, "path", None)  # ChainConfig's source file
         base = Path(path).parent if path else None  # a relative examples path: beside it
         # reads the examples file: off the event loop
         self.classifier = await asyncio.to_thread(
-            build_classifier, self.labels, self.options, base_dir=base
+            build_classifier, self.labels, self.config, base_dir=base
         )
         warm = getattr(self.classifier, "warm", None)
         if warm is not None:
@@ -165,4 +156,4 @@ class ClassifyStep(Step):
         yield result
 
 
-__all__ = ["ClassifyOptions", "ClassifyStep", "build_classifier", "classify_options"]
+__all__ = ["ClassifyConfig", "ClassifyStep", "build_classifier"]
