@@ -130,7 +130,7 @@ async def measure(
     n = len(cases)
     lat = sorted(latencies)
     p50, p95 = stats.percentile(lat, 50), stats.percentile(lat, 95)
-    return {
+    result = {
         "method": name,
         "n": n,
         "correct": right,
@@ -144,6 +144,9 @@ async def measure(
         "confusion": confusion,
         "wrong": wrong,
     }
+    # each method's figures as soon as they are known (a long model run may be cut)
+    print("result " + json.dumps(result), file=sys.stderr, flush=True)
+    return result
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -54,3 +54,21 @@ def test_item2_zero_pairs_compared_is_not_a_pass(tmp_path: Path) -> None:
     assert item2["verdict"] == "not_enough_data"
     assert "0 pairs" in item2["evidence"]
     assert any("reasoning_effort" in m for m in item2["missing"])
+
+
+def test_item2_reports_label_accuracy_of_eval_runs(tmp_path: Path) -> None:
+    from audit_logs import add_eval_results
+
+    db = tmp_path / "log.db"
+    with Store.open(db) as store:
+        run = add_run(store, "eval", [turn([llm("classify", tokens=2)]) for _ in range(10)],
+                      source="evals/regression.jsonl")  # fmt: skip
+        turns = [t.id for t in store.turns(run)]
+        add_eval_results(store, run, [
+            {"case_id": f"c{i}", "type": "equals", "step": "label", "passed": i < 7,
+             "turn_id": tid} for i, tid in enumerate(turns)])  # fmt: skip
+    acc = _items(db)[2]["figures"]["label_accuracy"][str(run)]
+    assert (acc["correct"], acc["n"]) == (7, 10)
+    lo, hi = acc["ci95"]
+    assert lo < 0.7 < hi
+    assert any("label accuracy" in n for n in _items(db)[2]["notes"])
