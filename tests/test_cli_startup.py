@@ -17,7 +17,8 @@ from chainrun.lab.scenarios import BUILTIN_SCENARIOS
 #: not listed: sqlite-utils imports it when it is installed, so reading a log loads it)
 HEAVY = ("chainrun.chain", "chainrun.steps", "chainrun.providers", "chainrun.analysis",
          "chainrun.audit", "chainrun.serve.app", "chainrun.lab.server", "chainrun.retrieval",
-         "openai", "httpx", "scipy", "matplotlib", "starlette", "uvicorn")  # fmt: skip
+         "chainrun.config", "chainrun.capabilities", "openai", "httpx", "scipy",
+         "matplotlib", "starlette", "uvicorn")  # fmt: skip
 
 _MODULES_AFTER = """
 import runpy, sys
