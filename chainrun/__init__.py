@@ -8,22 +8,71 @@ The public API (pinned by tests/test_public_api.py)::
             ...
 """
 
-from chainrun.chain import Chain
-from chainrun.config import ChainConfig, HedgeConfig, ProviderConfig, StepConfig, load_config
-from chainrun.errors import (
-    ChainClosed,
-    ChainrunError,
-    ConfigError,
-    InputFileError,
-    ProviderError,
-    ProviderStatusError,
-    ProviderTimeout,
-    ProviderUnavailable,
-    StreamTruncated,
-    UserInputError,
-)
-from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
-from chainrun.log.store import Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chainrun.chain import Chain
+    from chainrun.config import (
+        ChainConfig,
+        HedgeConfig,
+        ProviderConfig,
+        StepConfig,
+        load_config,
+    )
+    from chainrun.errors import (
+        ChainClosed,
+        ChainrunError,
+        ConfigError,
+        InputFileError,
+        ProviderError,
+        ProviderStatusError,
+        ProviderTimeout,
+        ProviderUnavailable,
+        StreamTruncated,
+        UserInputError,
+    )
+    from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
+    from chainrun.log.store import Store
+
+#: public name -> the module defining it. Imported on first use (PEP 562 ``__getattr__``),
+#: so that ``import chainrun.errors`` or the CLI's ``--help`` does not load the chain, the
+#: providers and their HTTP stack.
+_EXPORTS = {
+    "Chain": "chainrun.chain",
+    **dict.fromkeys(
+        ("ChainConfig", "HedgeConfig", "ProviderConfig", "StepConfig", "load_config"),
+        "chainrun.config",
+    ),
+    **dict.fromkeys(
+        (
+            "ChainClosed", "ChainrunError", "ConfigError", "InputFileError", "ProviderError",
+            "ProviderStatusError", "ProviderTimeout", "ProviderUnavailable", "StreamTruncated",
+            "UserInputError",
+        ),
+        "chainrun.errors",
+    ),
+    **dict.fromkeys(
+        ("Event", "StepFinished", "StepStarted", "TokenDelta", "TurnFinished"), "chainrun.events"
+    ),
+    "Store": "chainrun.log.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chainrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 

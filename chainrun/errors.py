@@ -40,8 +40,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from chainrun.hedging.errors import CircuitOpen, NoAcceptableAnswer
-
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
@@ -344,6 +342,10 @@ def error_type(err: BaseException | None) -> str | None:
         return getattr(err, "error_type", None) or "internal_error"
     if isinstance(err, TimeoutError):
         return "timeout"
+    # imported here, not at the top: every CLI command imports this module, and the
+    # hedging package (its policy models) is not needed to list runs or print --help
+    from chainrun.hedging.errors import CircuitOpen, NoAcceptableAnswer
+
     if isinstance(err, CircuitOpen):
         return "circuit_open"
     if isinstance(err, NoAcceptableAnswer):

@@ -2,7 +2,8 @@
 
 Order within a turn: for each step ``StepStarted`` → (``TokenDelta`` and, for a step
 with tools, ``ToolCallEvent`` …) → ``StepFinished``; steps that run concurrently
-interleave; then one ``TurnFinished``.
+interleave; at most one ``AnswerDone`` once the shopper has the whole answer (checks of
+the answer may still be running); then one ``TurnFinished``.
 All durations and offsets are in ms.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from chainrun.log.rows import TurnUsage
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,34 @@ class StepFinished:
 
 
 @dataclass(frozen=True)
+class AnswerDone:
+    """The shopper has the whole answer and nothing can take it back: the answer step
+    ended, every check that holds the answer passed, and no step that may still end the
+    turn (refuse it, or fail closed) is pending. Steps after the answer (validate,
+    critique) may still be running; a chat client can take the next question now.
+
+    Yielded at most once per turn, never for a refused, failed or cancelled turn.
+
+    Attributes:
+        step: the answer step.
+        text: the answer as the shopper saw it.
+        answer_ttft_ms / answer_done_ms: the shopper's wait for the first answer token /
+            the whole answer, from the turn's start.
+        pending: steps not finished yet (they finish after this event).
+        usage: tokens of the model calls of the steps finished so far (the answer's and
+            those before it); ``unknown_calls`` counts calls whose tokens are unknown.
+    """
+
+    step: str
+    text: str
+    answer_ttft_ms: float | None
+    answer_done_ms: float
+    pending: tuple[str, ...] = ()
+    usage: TurnUsage = field(default_factory=TurnUsage)
+    type: Literal["answer_done"] = "answer_done"
+
+
+@dataclass(frozen=True)
 class TurnFinished:
     """The turn ended; ``status`` is ok | refused | replaced | error | cancelled
     (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text).
@@ -110,4 +141,4 @@ class TurnFinished:
     type: Literal["turn_finished"] = "turn_finished"
 
 
-Event = StepStarted | TokenDelta | ToolCallEvent | StepFinished | TurnFinished
+Event = StepStarted | TokenDelta | ToolCallEvent | StepFinished | AnswerDone | TurnFinished

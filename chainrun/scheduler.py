@@ -29,9 +29,16 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ProviderUnavailable, RequestRejected, StepConfigError, error_type
-from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, ToolCallEvent
+from chainrun.events import (
+    AnswerDone,
+    Event,
+    StepFinished,
+    StepStarted,
+    TokenDelta,
+    ToolCallEvent,
+)
 from chainrun.graph import TurnGraph
-from chainrun.log.rows import CallRow, StepRow, ToolCallRow
+from chainrun.log.rows import CallRow, StepRow, ToolCallRow, calls_usage
 from chainrun.steps.base import Step, StepContext, StepResult, TurnState
 from chainrun.steps.config import route_problem
 
@@ -107,6 +114,7 @@ class TurnRun:
         self.tools = tools
         #: steps waiting in :meth:`clear_to_act`
         self._clear_waiters: list[asyncio.Future[None]] = []
+        self._announced = False  # AnswerDone was yielded
 
     def now_ms(self) -> float:
         """ms since the turn started."""
@@ -250,7 +258,24 @@ class TurnRun:
             await self._cancel_running()
         elif not self._holding():
             events.extend(self._release())
+            events.extend(self._answer_done())
         return events
+
+    def _answer_done(self) -> list[Event]:
+        """One :class:`AnswerDone` once the answer is complete and shown, and no step
+        that could still refuse the turn or fail it closed is pending."""
+        if self._announced or self.refused or self.answer_done_ms is None:
+            return []
+        if any(self.steps[n].may_end_turn and n not in self._ended for n in self.graph.order):
+            return []
+        self._announced = True
+        ended = [n for n in self.graph.order if n in self._ended]
+        pending = tuple(n for n in self.graph.order if n not in self._ended)
+        return [AnswerDone(
+            step=self.graph.answer_step, text=self.state.answer or "",
+            answer_ttft_ms=self.answer_ttft_ms, answer_done_ms=self.answer_done_ms,
+            pending=pending, usage=calls_usage(c for n in ended for c in self._ctx[n].calls),
+        )]  # fmt: skip
 
     def _apply(self, name: str, result: StepResult, row: StepRow) -> None:
         step = self.steps[name]

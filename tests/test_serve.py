@@ -280,6 +280,10 @@ async def test_openai_client_streamed_and_not_with_summed_usage(quick_lab, tmp_p
                 stream=True, stream_options={"include_usage": True},
             )  # fmt: skip
             chunks = [c async for c in stream]
+        for _ in range(500):  # the streamed turn ends at its answer; its checks go on
+            if len(list(store.db.table("turns").rows)) == 2:
+                break
+            await asyncio.sleep(0.02)
     assert [m.id for m in models.data] == ["chainrun-shop"]
     # not streamed: the chain's answer, usage summed over the logged calls of the turn
     extra = whole.model_extra["chainrun"]
@@ -293,17 +297,22 @@ async def test_openai_client_streamed_and_not_with_summed_usage(quick_lab, tmp_p
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert [s["step"] for s in extra["steps"]] == ["classify", "retrieve", "compose", "validate",
                                                      "critique"]  # fmt: skip
-    # streamed: the deltas make the answer; finish chunk carries the summary; usage last
+    # streamed: the deltas make the answer; the stream ends at the answer (its finish
+    # chunk says what is still running); usage last, of the calls made until the answer
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1 and finish[0].choices[0].finish_reason == "stop"
     summary = finish[0].model_extra["chainrun"]
-    assert text == summary["output"] and text
+    assert text == summary["output"] and text and summary["status"] == "answered"
+    assert {"validate", "critique"} <= set(summary["pending"])
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    calls = [c for c in store.calls(summary["run_id"]) if c.turn_id == summary["turn_id"]]
+    turns = store.turns(extra["run_id"])
+    (streamed,) = [t for t in turns if t.request_id == summary["request_id"]]
+    assert streamed.status == "ok" and streamed.output == text  # the checks finished after
+    calls = [c for c in store.calls(extra["run_id"]) if c.turn_id == streamed.id
+             and c.step not in summary["pending"]]  # fmt: skip
     assert chunks[-1].usage.prompt_tokens == sum(c.input_tokens for c in calls)
     assert chunks[-1].usage.completion_tokens == sum(c.output_tokens for c in calls)
-    turns = store.turns(summary["run_id"])
     assert [t.conversation_id is not None for t in turns] == [True, True]
     assert turns[0].conversation_id == "shopper-7"
     store.close()

@@ -439,8 +439,16 @@ def advise(
 
 
 def _ms(v: float | None) -> str:
-    """A p99 for a sentence; None (it lies beyond the deadline) is said in words."""
-    return "beyond the deadline" if v is None else f"{v:g}"
+    """A p99 for a sentence, with its unit; None (it lies beyond the deadline) is said in
+    words, with no unit after them."""
+    return "beyond the deadline" if v is None else f"{v:g} ms"
+
+
+def _p99_change(before: float | None, after: float | None, sep: str) -> str:
+    """``p99 1200 ms -> 900 ms``; one phrase when both lie beyond the deadline."""
+    if before is None and after is None:
+        return "p99 beyond the deadline either way"
+    return f"p99 {_ms(before)}{sep}{_ms(after)}"
 
 
 def _key_p99(c: dict[str, Any]) -> float:
@@ -477,8 +485,8 @@ def _pick(baseline: dict[str, Any], allowed: list[dict[str, Any]]) -> dict[str, 
             "hedge": False,
             "reason": (
                 "no delay beats one attempt: share in time "
-                f"{best['in_time']:.4f} vs {baseline['in_time']:.4f}, p99 "
-                f"{_ms(best['p99_ms'])} vs {_ms(baseline['p99_ms'])} ms"
+                f"{best['in_time']:.4f} vs {baseline['in_time']:.4f}, "
+                f"{_p99_change(best['p99_ms'], baseline['p99_ms'], ' vs ')}"
             ),
             "predicted": baseline,
         }
@@ -487,8 +495,8 @@ def _pick(baseline: dict[str, Any], allowed: list[dict[str, Any]]) -> dict[str, 
         "delay_ms": best["delay_ms"],
         "attempts": best["attempts"],
         "reason": (
-            f"share in time {baseline['in_time']:.4f} -> {best['in_time']:.4f}, p99 "
-            f"{_ms(baseline['p99_ms'])} -> {_ms(best['p99_ms'])} ms, for "
+            f"share in time {baseline['in_time']:.4f} -> {best['in_time']:.4f}, "
+            f"{_p99_change(baseline['p99_ms'], best['p99_ms'], ' -> ')}, for "
             f"{best['extra_calls_per_turn']:.3f} extra calls per turn"
         ),
         "predicted": best,

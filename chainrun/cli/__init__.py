@@ -1,5 +1,10 @@
 """The ``chainrun`` command line: a thin layer over the library (parse, call, print).
 
+Start-up: ``chainrun --help`` and every command's ``--help`` import only typer, rich and
+the command modules; a command imports the library it needs when it runs (the chain,
+the HTTP stack, statistics, plots), so that ``--help`` and ``runs`` start fast
+(``benchmarks/cli_startup.py``).
+
 Every command takes ``--json`` (one JSON document on stdout instead of tables) and,
 where it touches the log, ``--db``. A user mistake or a provider failure is printed
 as one line on stderr with exit code 2, never a traceback.
@@ -7,7 +12,6 @@ as one line on stderr with exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -21,14 +25,12 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from sqlite_utils.utils import sqlite3
+from rich.table import Table
 from typer._click import exceptions as _cx  # typer carries its own click
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from chainrun.errors import ChainrunError
-from chainrun.log.store import remove_unused_log
-from chainrun.runtime.event_loop import loop_factory
+from chainrun.cli.fit import fit_table
 
 
 def _refuse_repeated_options(ctx: Any, name: str | None, cmd: Any, args: list[str]) -> None:
@@ -189,6 +191,12 @@ class _Console(Console):
         self.quiet = True
         exit_broken_pipe()
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """rich's print; a table is fitted to the width first (:func:`fit_table`: numbers
+        are never cut, columns are left out in a stated order when too narrow)."""
+        fitted = [fit_table(o, self) if isinstance(o, Table) else o for o in objects]
+        super().print(*fitted, **kwargs)
+
 
 out = _Console(highlight=False, soft_wrap=True, width=_width)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -268,17 +276,10 @@ def handle_errors(fn: F) -> F:
                 return fn(*args, **kwargs)
             except BaseException:
                 if new_log is not None:
+                    from chainrun.log.store import remove_unused_log  # only on failure
+
                     remove_unused_log(new_log)
                 raise
-        except ChainrunError as e:
-            fail(str(e), as_json=as_json, error=e.as_dict())
-        except sqlite3.OperationalError as e:  # e.g. another process holds a write lock
-            where = f"{db}: " if db is not None else ""
-            what = "is not writable" if "readonly" in str(e) else "is busy or unwritable"
-            message = f"{where}the log database {what} ({e})"
-            fail(message, as_json=as_json, error={"type": "database_error", "message": message,
-                                                  "file": None if db is None else str(db),
-                                                  "line": None})  # fmt: skip
         except KeyboardInterrupt:
             err.print("chainrun: interrupted")
             raise typer.Exit(130) from None
@@ -286,15 +287,35 @@ def handle_errors(fn: F) -> F:
             err.print("chainrun: terminated")
             raise typer.Exit(143) from None
         except Exception as e:
-            if not type(e).__module__.startswith(("psycopg", "psycopg_pool")):
+            from chainrun.errors import ChainrunError  # loaded by then if it was raised
+
+            if isinstance(e, ChainrunError):
+                fail(str(e), as_json=as_json, error=e.as_dict())
+            if type(e).__module__.startswith(("psycopg", "psycopg_pool")):
+                # the PostgreSQL log went away mid-command, or refused a statement
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                message = f"the log database failed ({type(e).__name__}: {first})"
+                fail(message, as_json=as_json, error={"type": "database_error",
+                                                      "message": message, "file": None,
+                                                      "line": None})  # fmt: skip
+            if not _database_error(e):  # e.g. another process holds a write lock
                 raise
-            # the PostgreSQL log went away mid-command, or refused a statement
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            message = f"the log database failed ({type(e).__name__}: {first})"
+            where = f"{db}: " if db is not None else ""
+            what = "is not writable" if "readonly" in str(e) else "is busy or unwritable"
+            message = f"{where}the log database {what} ({e})"
             fail(message, as_json=as_json, error={"type": "database_error", "message": message,
-                                                  "file": None, "line": None})  # fmt: skip
+                                                  "file": None if db is None else str(db),
+                                                  "line": None})  # fmt: skip
 
     return wrapper  # type: ignore[return-value]
+
+
+def _database_error(e: BaseException) -> bool:
+    """Whether ``e`` is SQLite's ``OperationalError`` (of the sqlite3 module sqlite-utils
+    uses: pysqlite3's when installed), imported only when an error is being reported."""
+    from sqlite_utils.utils import sqlite3
+
+    return isinstance(e, sqlite3.OperationalError)
 
 
 def print_json(doc: Any) -> None:
@@ -323,6 +344,9 @@ class Terminated(Exception):
 def run_async(coro: Any) -> Any:
     """Run ``coro``. SIGTERM cancels it like Ctrl-C does, so that a terminated command
     cancels its turns, logs them as cancelled and marks its run ``interrupted``."""
+    import asyncio  # a command that runs a coroutine: not paid by --help
+
+    from chainrun.runtime.event_loop import loop_factory
 
     async def main() -> Any:
         task = asyncio.current_task()

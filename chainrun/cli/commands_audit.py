@@ -6,12 +6,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.table import Table
 
-from chainrun.audit import FORMATS, audit, default_path, fails_on, load_labelled_queries, render
-from chainrun.audit import write_report as write
 from chainrun.cli import DEFAULT_DB_PATH, DbOpt, JsonOpt, app, fail, handle_errors, out, print_json
-from chainrun.log.store import Store
 
 DEFAULT_QUERIES = Path("evals/retrieval_queries.jsonl")
 
@@ -51,6 +47,12 @@ def audit_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Judge the seven-item slow-chain checklist from the log and write a report."""
+    from rich.table import Table
+
+    from chainrun.audit import FORMATS, audit, default_path, fails_on, load_labelled_queries, render
+    from chainrun.audit import write_report as write
+    from chainrun.log.store import Store
+
     if fmt not in FORMATS:
         fail(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     if fail_on not in (None, "warn", "fail"):

@@ -7,15 +7,11 @@ import enum
 import shlex
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from chainrun.analysis.summary import hedge_stats, latency_summary, run_detail
-from chainrun.chain import Chain
 from chainrun.cli import (
     DB_ENV,
     DEFAULT_DB_PATH,
@@ -36,30 +32,16 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import (
-    hedge_table,
-    latency_table,
-    printable,
-    step_waterfall,
-    steps_table,
-    tool_call_lines,
-    tool_calls_table,
-    verdict_lines,
-)
-from chainrun.config import ChainConfig, config_from_snapshot, load_config
-from chainrun.errors import LogWriteError, UserInputError
-from chainrun.events import StepFinished, TokenDelta, TurnFinished
-from chainrun.log.rows import TurnRow
-from chainrun.log.several_logs import process_name, process_names
-from chainrun.log.store import Store, log_window
-from chainrun.replay import (
-    ReplayRequest,
-    answered_history,
-    load_requests,
-    missing_requests,
-    run_requests,
-)
 from chainrun.runtime import local_model
+
+if TYPE_CHECKING:
+    from chainrun.config import ChainConfig
+    from chainrun.events import TurnFinished
+    from chainrun.log.rows import TurnRow
+    from chainrun.replay import ReplayRequest
+
+# The library is imported inside each command, when it runs: ``--help`` and ``runs``
+# do not pay for the chain, the providers' HTTP stack or the statistics.
 
 
 class PromptCacheMode(enum.StrEnum):
@@ -95,6 +77,13 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Run one turn through the chain, streaming the answer, then print a per-step table."""
+    from chainrun.chain import Chain
+    from chainrun.cli.tables import printable, steps_table
+    from chainrun.config import load_config
+    from chainrun.errors import UserInputError
+    from chainrun.events import StepFinished, TokenDelta, TurnFinished
+    from chainrun.log.store import Store
+
     cfg = load_config(config)
     if not message.strip():
         raise UserInputError("message: expected a non-empty message")
@@ -171,6 +160,21 @@ def replay(
     ] = PromptCacheMode.server,
 ) -> None:
     """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from chainrun.analysis.summary import hedge_stats, latency_summary
+    from chainrun.cli.tables import hedge_table, latency_table
+    from chainrun.config import config_from_snapshot, load_config
+    from chainrun.errors import LogWriteError, UserInputError
+    from chainrun.log.store import Store
+    from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
+
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")
     if resume is not None and prompt_cache is not PromptCacheMode.server:
@@ -273,6 +277,11 @@ def runs(
     """List the runs in the log (or in each of several logs), newest first. On a shared
     log (PostgreSQL) every serving process has its own live run; --since/--until keep the
     runs that were running at some time in that window."""
+    from rich.table import Table
+
+    from chainrun.log.several_logs import process_name, process_names
+    from chainrun.log.store import Store, log_window
+
     dbs = db or [DEFAULT_DB_PATH]
     if len(dbs) > 1:
         process_names(dbs)  # two logs of one name could not be told apart in compare
@@ -314,6 +323,20 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a run: its turns, and each turn's steps and calls."""
+    from rich.table import Table
+
+    from chainrun.analysis.summary import latency_summary, run_detail
+    from chainrun.cli.fit import drop_first
+    from chainrun.cli.tables import (
+        latency_table,
+        marked_verdict_lines,
+        printable,
+        step_waterfall,
+        tool_call_lines,
+        tool_calls_table,
+    )
+    from chainrun.log.store import Store
+
     with Store.open(db, create=False) as store:
         detail = run_detail(store, run_id)
         summary = latency_summary(store, run_id)
@@ -346,8 +369,8 @@ def show(
                   f"label={escape(t.label or '-')}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
         out.print(f"  < {printable(t.output)}", markup=False)
-        for line in verdict_lines(t.verdicts):  # the critique's text, validate's verdict, ...
-            out.print(f"  ✓ {line}", markup=False)
+        for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...
+            out.print(f"  {line}", markup=False)
         out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
@@ -361,6 +384,7 @@ def show(
                 _n(c.reasoning_tokens),
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
+        drop_first(table, "reasoning", "finish", "chunks", "target", "in", "error")
         out.print(table)
         turn_tools = [tc for tc in tool_calls if tc.turn_id == t.id]
         if turn_tools:
@@ -451,6 +475,8 @@ def _warn_failed_turns(store_path: str, run_id: int) -> None:
     the step failures inside them; a server that answers but is not an OpenAI-compatible
     API completes a run of refusals), and, apart, the ok turns answered with a step that
     failed open (its failure let the turn through unchecked)."""
+    from chainrun.log.store import Store
+
     with Store.open(store_path, create=False) as store:
         turns = store.turns(run_id)
         status_of = {t.id: t.status for t in turns}

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from chainrun.analysis.compare import (
-    DEFAULT_MIN_EFFECT,
-    compare,
-    live_window_selectors,
-    parse_min_effect,
-    regression,
-)
-from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
-from chainrun.analysis.summary import cached_text, latency_summary
 from chainrun.cli import (
     DB_ENV,
     DEFAULT_DB_PATH,
@@ -38,13 +27,11 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.cli.tables import NO_CI, NO_CI_NOTE, ci_cell, provider_compare_table, turn_counts
-from chainrun.config import load_config
-from chainrun.errors import UserInputError
-from chainrun.evals import load_cases, load_results
-from chainrun.evals.runner import check_grader, run_eval, score_existing
-from chainrun.log.several_logs import merge_logs
-from chainrun.log.store import Store
+
+# The library is imported inside each command, when it runs (fast --help).
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def _fmt_rate(r: dict[str, Any]) -> str:
@@ -63,10 +50,10 @@ def eval_command(
         int | None, typer.Option("--run", help="Score this existing run instead of running.")
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option(min=1, help="Run each case K times (flip rate). [default: 1]")
+        int | None, typer.Option(min=1, help="Run each case K times (flip rate). \\[default: 1]")
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Turns in flight at once. [default: 1]")
+        int | None, typer.Option(min=1, help="Turns in flight at once. \\[default: 1]")
     ] = None,
     label: LabelOpt = None,
     fail_on_skipped: Annotated[
@@ -81,6 +68,22 @@ def eval_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Run an eval set through the chain (kind eval) and print pass rates with n."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+
+    from chainrun.analysis.summary import latency_summary
+    from chainrun.config import load_config
+    from chainrun.errors import UserInputError
+    from chainrun.evals import load_cases, load_results
+    from chainrun.evals.runner import check_grader, run_eval, score_existing
+    from chainrun.log.store import Store
+
     if run is not None:
         given = [f"--{n}" for n, v in (("repeat", repeat), ("concurrency", concurrency),
                                         ("label", label)) if v is not None]  # fmt: skip
@@ -209,13 +212,14 @@ def compare_command(
         ),
     ] = False,
     min_effect: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--min-effect",
             help="Practical tolerance: a latency difference within it (a share of A's "
-            "percentile such as 5%, or a time such as 20ms; 0 for none) is 'same'.",
+            "percentile such as 5%, or a time such as 20ms; 0 for none) is 'same' "
+            "(default: 5%).",
         ),
-    ] = str(DEFAULT_MIN_EFFECT),
+    ] = None,
     by: Annotated[
         str | None,
         typer.Option(
@@ -242,13 +246,27 @@ def compare_command(
 
     A or B may be ``live``: the turns of every live run (every serving process of a shared
     log) in the --since/--until window (or ``live:FROM..TO``)."""
+
+    from chainrun.analysis.compare import (
+        DEFAULT_MIN_EFFECT,
+        compare,
+        live_window_selectors,
+        parse_min_effect,
+        regression,
+    )
+    from chainrun.analysis.provider_compare import compare_providers, differ_only_in_provider
+    from chainrun.cli.tables import provider_compare_table
+    from chainrun.errors import UserInputError
+    from chainrun.log.several_logs import merge_logs
+    from chainrun.log.store import Store
+
     if by is not None and (by != "provider" or metric != "all" or fail_on_regression):
         raise UserInputError(
             f"--by: expected 'provider' (without --metric or --fail-on-regression), got {by!r}"
         )
     if since is not None or until is not None:
         a, b = live_window_selectors(a, b, since, until)
-    tolerance = parse_min_effect(min_effect)
+    tolerance = DEFAULT_MIN_EFFECT if min_effect is None else parse_min_effect(min_effect)
     dbs = db or [DEFAULT_DB_PATH]
     merged = merge_logs(dbs) if len(dbs) > 1 else None
     sel_a, sel_b = (merged.run_id(a), merged.run_id(b)) if merged else (a, b)
@@ -295,6 +313,8 @@ def _ms(v: Any) -> str:
 
 
 def _ci(v: Any) -> str:
+    from chainrun.cli.tables import ci_cell
+
     return ci_cell(v)
 
 
@@ -315,6 +335,12 @@ def _verdict(m: dict[str, Any]) -> str:
 
 
 def _print_compare(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from chainrun.analysis.summary import cached_text
+    from chainrun.cli.fit import drop_first
+    from chainrun.cli.tables import NO_CI, NO_CI_NOTE, turn_counts
+
     table = Table(title=f"compare A={doc['a']['selector']}  B={doc['b']['selector']}")
     for col in ("", "n A", "n B", "p50 A [95% CI]", "p50 B [95% CI]", "p90 A [95% CI]",
                 "p90 B [95% CI]",
@@ -348,6 +374,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
     if any(NO_CI in str(cell) for col in table.columns for cell in col.cells):
         notes.append(NO_CI_NOTE)
     table.caption = "\n".join(notes)
+    # too narrow: the p99s go first, then the p90s and the n columns (never the verdict)
+    drop_first(table, "p99 B [95% CI]", "p99 A [95% CI]", "p90 B [95% CI]", "p90 A [95% CI]",
+               "n B", "n A")  # fmt: skip
     out.print(table)
     cache = doc.get("cache")
     if cache:  # the server's prompt cache can change TTFT twentyfold: said beside it
@@ -385,6 +414,8 @@ def _print_compare(doc: dict[str, Any]) -> None:
 
 def _turn_index_table(by_turn: dict[str, Any]) -> Table:
     """Conversations: the shopper's wait and the answer's prompt tokens per turn index."""
+    from rich.table import Table
+
     table = Table(title="by turn index (paired on conversation id and turn index)")
     for col in ("turn", "n A", "n B", "answer TTFT p50 A [95% CI]", "B [95% CI]",
                 "prompt tokens p50 A", "B", "pairs", "B−A TTFT p50 [CI]",

@@ -8,13 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from chainrun.analysis.advise import advise
-from chainrun.analysis.simulate import Bimodal, plot_p99, simulate_bimodal, simulate_lognormal
-from chainrun.analysis.summary import hedge_stats
 from chainrun.cli import DEFAULT_DB_PATH, DbOpt, JsonOpt, app, handle_errors, out, print_json
-from chainrun.cli.tables import advise_table, hedge_changes_table, hedge_table, simulate_table
-from chainrun.errors import UserInputError
-from chainrun.log.store import Store
+
+# The library is imported inside each command, when it runs (fast --help).
 
 
 @app.command("hedge-stats")
@@ -26,6 +22,11 @@ def hedge_stats_command(
 ) -> None:
     """Fire rate, win rate, time saved per win and extra calls per turn, per step; and
     every change of a step's hedge setting (auto delay, back-off, resume) with its why."""
+    from chainrun.analysis.summary import hedge_stats
+    from chainrun.cli.tables import hedge_changes_table, hedge_table
+    from chainrun.errors import UserInputError
+    from chainrun.log.store import Store
+
     with Store.open(db, create=False) as store:
         rid = run_id if run_id is not None else store.latest_run_id()
         if rid is None:
@@ -41,6 +42,8 @@ def hedge_stats_command(
 
 
 def _numbers(text: str, option: str, kind: type = float) -> list[Any]:
+    from chainrun.errors import UserInputError
+
     try:
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -48,6 +51,8 @@ def _numbers(text: str, option: str, kind: type = float) -> list[Any]:
 
 
 def _range(text: str, option: str) -> tuple[float, float]:
+    from chainrun.errors import UserInputError
+
     parts = text.replace(",", "-").split("-")
     try:
         lo, hi = (float(p) for p in parts)
@@ -82,6 +87,15 @@ def simulate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Monte Carlo latency budget of k checks: sequential, parallel, hedged (or bimodal)."""
+    from chainrun.analysis.simulate import (
+        Bimodal,
+        plot_p99,
+        simulate_bimodal,
+        simulate_lognormal,
+    )
+    from chainrun.cli.tables import simulate_table
+    from chainrun.errors import UserInputError
+
     if dist == "lognormal":
         result = simulate_lognormal(
             median_ms=median_ms, sigma=sigma, checks=_numbers(checks, "--checks", int),
@@ -116,6 +130,10 @@ def advise_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Pick a hedge delay and attempts for a step from its logged calls (or: do not hedge)."""
+    from chainrun.analysis.advise import advise
+    from chainrun.cli.tables import advise_table
+    from chainrun.log.store import Store
+
     with Store.open(db, create=False) as store:
         result = advise(
             store, run, step, deadline_s=deadline_s, max_extra_calls=max_extra_calls,

@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from chainrun.cli import JsonOpt, handle_errors, lab_app, print_json
-from chainrun.lab import load_scenario, serve
-from chainrun.lab.scenarios import BUILTIN_SCENARIOS
+from chainrun.lab.names import BUILTIN_SCENARIO_NAMES
 
 
 @lab_app.command("serve")
@@ -17,7 +16,7 @@ def lab_serve(
     scenario: Annotated[
         str,
         typer.Option(
-            help=f"Built-in name ({', '.join(BUILTIN_SCENARIOS)}) or a scenario TOML file."
+            help=f"Built-in name ({', '.join(BUILTIN_SCENARIO_NAMES)}) or a scenario TOML file."
         ),
     ] = "fast",
     host: Annotated[str, typer.Option(help="Loopback address to listen on.")] = "127.0.0.1",
@@ -31,6 +30,9 @@ def lab_serve(
 
     Per-request records (disconnects, tokens sent) are at GET /admin/requests.
     """
+    from chainrun.lab.scenarios import load_scenario
+    from chainrun.lab.server import serve
+
     sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed)
 
     def announce(bound: int) -> None:  # the port bound, not the 0 asked for

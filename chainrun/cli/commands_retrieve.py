@@ -8,11 +8,10 @@ Thin: loads the config, opens the log database, calls :mod:`chainrun.retrieval` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from chainrun.cli import (
     DEFAULT_DB_PATH,
@@ -27,16 +26,13 @@ from chainrun.cli import (
     print_json,
     run_async,
 )
-from chainrun.config import RetrieveConfig, load_config
-from chainrun.errors import ProviderError
-from chainrun.log.store import Store
-from chainrun.retrieval import RetrievalResult, RetrievalSettings, build_retriever
-from chainrun.retrieval.catalog import (
-    ensure_sample_catalog,
-    get_products,
-    read_catalog,
-    write_products,
-)
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from chainrun.retrieval import RetrievalResult, RetrievalSettings
+
+# The library is imported inside each function, when it runs (fast --help).
 
 
 def retrieval_settings(config_path: str | None) -> RetrievalSettings:
@@ -45,6 +41,9 @@ def retrieval_settings(config_path: str | None) -> RetrievalSettings:
     Raises:
         ConfigError: the config file is invalid.
     """
+    from chainrun.config import RetrieveConfig, load_config
+    from chainrun.retrieval import RetrievalSettings
+
     cfg = load_config(config_path)
     for name in cfg.order:
         step = cfg.steps[name]
@@ -58,6 +57,8 @@ def _price(v: Any) -> str:
 
 
 def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]]) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for col in ("#", "id", "title", "category", "price"):
         t.add_column(col, justify="right" if col in ("#", "price") else "left")
@@ -75,6 +76,8 @@ def print_result(
 
     ``products`` maps the ids the searches found to their product dicts (for titles).
     """
+    from rich.table import Table
+
     ran = [s.name for s in result.searches]
     skipped = [n for n in settings.searches if n not in ran]
     t = Table(title=escape(f"query {result.query!r}  filters {result.filters.as_json()}"),
@@ -120,6 +123,11 @@ def retrieve_command(query: str, db_path: str, config_path: str | None, as_json:
     Raises:
         ConfigError: invalid config. UserInputError: ``db_path`` is not a chainrun log.
     """
+    from chainrun.errors import ProviderError
+    from chainrun.log.store import Store
+    from chainrun.retrieval import build_retriever
+    from chainrun.retrieval.catalog import ensure_sample_catalog, get_products
+
     settings = retrieval_settings(config_path)
     store = Store.open(db_path)
     try:
@@ -168,6 +176,9 @@ def catalog_load(
     as_json: JsonOpt = False,
 ) -> None:
     """Load (replace) the product catalogue from JSONL or CSV; a bad row loads nothing."""
+    from chainrun.log.store import Store
+    from chainrun.retrieval.catalog import read_catalog, write_products
+
     products = read_catalog(file)  # validated before the log is opened (or created)
     with Store.open(db) as store:
         n = write_products(store.db, products, source=str(file))

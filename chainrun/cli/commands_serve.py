@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, handle_errors
-from chainrun.config import load_config
-from chainrun.log.store import SeedWindows
-from chainrun.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV, TurnObserver, serve
-from chainrun.telemetry import otel_requested, telemetry_from_env
+from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from chainrun.serve.turns import TurnObserver
 
 
 @app.command("serve")
@@ -30,8 +30,9 @@ def serve_command(
         bool | None,
         typer.Option(
             "--otel/--no-otel",
+            # help text is rich markup: "[otel]" must be escaped or it is taken as a tag
             help="Export spans and metrics by OTLP/HTTP (default: when "
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set; needs chainrun[otel]).",
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set; needs the otel extra, chainrun\\[otel]).",
         ),
     ] = None,
     max_body_bytes: Annotated[
@@ -58,6 +59,11 @@ def serve_command(
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
     kind live; the bearer token, if any, comes from the environment (CHAINRUN_SERVE_TOKEN).
     """
+    from chainrun.config import load_config
+    from chainrun.log.store import SeedWindows
+    from chainrun.serve.server import serve
+    from chainrun.telemetry import otel_requested, telemetry_from_env
+
     cfg = load_config(config)
     observers: list[TurnObserver] = []
     wanted = otel_requested() if otel is None else otel

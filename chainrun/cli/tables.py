@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chainrun.analysis.summary import left_out
+from chainrun.cli.fit import drop_first
 from chainrun.events import StepFinished, TurnFinished
 from chainrun.log.rows import StepRow, ToolCallRow
 
@@ -63,13 +64,33 @@ def verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def verdict_mark(verdict: Any) -> str:
+    """The mark ``show`` prints beside a step's verdict: ``✓`` only for a verdict that
+    passed (``"ok": true``), ``✗`` for one that failed (``"ok": false``), ``?`` for a
+    missing verdict (``"ok": null``: a timeout, an error, an unparseable reply) and ``·``
+    for a verdict that judges nothing (a critique's advice, a guard's categories)."""
+    if isinstance(verdict, dict) and "ok" in verdict:
+        ok = verdict["ok"]
+        return "✓" if ok is True else "✗" if ok is False else "?"
+    if isinstance(verdict, dict) and verdict.get("missing"):
+        return "?"
+    return "·"
+
+
+def marked_verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
+    """:func:`verdict_lines` with each verdict's :func:`verdict_mark` in front."""
+    marks = [verdict_mark(v) for v in (verdicts or {}).values()]
+    return [f"{m} {line}" for m, line in zip(marks, verdict_lines(verdicts), strict=True)]
+
+
 def step_waterfall(steps: list[StepRow]) -> Table:
     """One turn's steps as a waterfall: start and end offsets (ms from the turn's start)
     and a bar, so steps that ran concurrently show overlapping; post-answer steps
     (not part of the shopper's wait) are marked."""
     t = Table(show_edge=False)
     for col in ("step", "status", "start ms", "end ms", "", "after answer"):
-        t.add_column(col, justify="right" if "ms" in col else "left")
+        # a bar is drawn whole or not at all (fit_table leaves the bars out when narrow)
+        t.add_column(col, justify="right" if "ms" in col else "left", no_wrap=col == "")
     end = max((s.started_offset_ms + s.duration_ms for s in steps), default=0.0) or 1.0
     for s in steps:
         a = int(s.started_offset_ms / end * _BAR)
@@ -78,7 +99,7 @@ def step_waterfall(steps: list[StepRow]) -> Table:
         end_ms = s.started_offset_ms + s.duration_ms
         t.add_row(s.step, s.status, _f(s.started_offset_ms), _f(end_ms), bar,
                   "yes" if s.post_answer else "")  # fmt: skip
-    return t
+    return drop_first(t, "", "after answer")  # too narrow: the bars go first
 
 
 def tool_calls_table(rows: list[ToolCallRow]) -> Table:
@@ -182,7 +203,9 @@ def latency_table(summary: dict[str, Any]) -> Table:
         ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")
         t.caption = f"n = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
     t.caption = _note_no_ci(t, t.caption)
-    return t
+    # too narrow: model and effort go first, then token means, failures, TTFT
+    return drop_first(t, "effort", "model", "out tokens (mean)", "failed",
+                      "TTFT p50 ms [95% CI]")  # fmt: skip
 
 
 def hedge_table(stats: dict[str, Any]) -> Table:
@@ -219,7 +242,9 @@ def hedge_table(stats: dict[str, Any]) -> Table:
                          f"recent calls (turns {shown})")  # fmt: skip
     if notes:
         t.caption = "\n".join(notes)
-    return t
+    # too narrow: the detail columns go first; fire rate, win rate and savings stay
+    return drop_first(t, "mean d ms", "unsent b/c/l", "fired unsent", "measured", "armed",
+                      "sent/call", "extra calls/turn")  # fmt: skip
 
 
 def hedge_changes_table(stats: dict[str, Any]) -> Table | None:
@@ -267,7 +292,9 @@ def simulate_table(result: dict[str, Any]) -> Table:
 
 
 def advise_table(result: dict[str, Any], top: int = 8) -> Table:
-    """``chainrun advise``: the baseline and the best candidates, by share in time then p99."""
+    """``chainrun advise``: the baseline and the best candidates, by share in time then p99,
+    and always the recommended setting (marked ``←``), also when it ranks below ``top``:
+    the pick weighs extra calls too, so it need not be among the fastest rows."""
     rec = result["recommendation"]
     verdict = (f"hedge: delay {rec['delay_ms']:g} ms, {rec['attempts']} attempts"
                if rec["hedge"] else "do not hedge")  # fmt: skip
@@ -275,21 +302,29 @@ def advise_table(result: dict[str, Any], top: int = 8) -> Table:
                     f"{result['n_censored']} censored; deadline {result['deadline_s']:g} s): "
                     f"{verdict}")  # fmt: skip
     for col in ("delay ms", "attempts", "in time", "p50 ms", "p99 ms", "extra calls/turn",
-                "fire rate", "win rate"):  # fmt: skip
-        t.add_column(col, justify="right")
+                "fire rate", "win rate", "pick"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "pick" else "right")
 
-    def row(c: dict[str, Any], label: str | None = None) -> None:
+    def picked(c: dict[str, Any]) -> bool:
+        return bool(rec["hedge"]) and (c["delay_ms"], c["attempts"]) == (
+            rec["delay_ms"], rec["attempts"])  # fmt: skip
+
+    def row(c: dict[str, Any], label: str | None = None, mark: bool = False) -> None:
         t.add_row(label or _f(c["delay_ms"]), str(c["attempts"]), _f(c["in_time"], 4),
                   _f(c["p50_ms"]), _f(c["p99_ms"]), _f(c["extra_calls_per_turn"], 3),
-                  _f(c["fire_rate"], 3), _f(c["win_rate"], 3))  # fmt: skip
+                  _f(c["fire_rate"], 3), _f(c["win_rate"], 3),
+                  "← recommended" if mark else "")  # fmt: skip
 
-    row(result["baseline"], "no hedge")
+    row(result["baseline"], "no hedge", mark=not rec["hedge"])
     ranked = sorted(result["candidates"],
                     key=lambda c: (-c["in_time"], c["p99_ms"] or float("inf")))  # fmt: skip
-    for c in ranked[:top]:
-        row(c)
+    shown = ranked[:top]
+    shown += [c for c in ranked[top:] if picked(c)][:1]  # the pick, wherever it ranks
+    for c in shown:
+        row(c, mark=picked(c))
     t.caption = rec["reason"]
-    return t
+    # too narrow: p50, fire and win rates go first (never the pick or the setting)
+    return drop_first(t, "p50 ms", "win rate", "fire rate")
 
 
 def _p50(summary: dict[str, Any], unit: str) -> str:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from chainrun.classify.base import DEFAULT_LABELS
+
 STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
-CLASSIFY_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
+CLASSIFY_LABELS = DEFAULT_LABELS
 #: the labels :data:`ROUTED_CHAIN` answers from the shop's policy text without a product
 #: search (every other label, and a turn whose classify failed, searches the catalogue):
 #: the labels of the replay and eval sets' order, delivery, return and fit questions

@@ -2,12 +2,14 @@
 
 Each line::
 
-    {"id": "sizing-01", "message": "Do your jeans run small?",
+    {"id": "sizing-01", "message": "Do your jeans run small?", "label": "sizing",
      "context": {"filters": {"category": "jeans"}, "order_state": null},
      "assert": [{"type": "equals", "step": "label", "value": "sizing"}, ...]}
 
 ``context`` is optional (``filters``: retrieval filters; ``order_state``: the order
-facts the shop would have for this shopper). ``tags`` and ``description`` are optional
+facts the shop would have for this shopper). ``label`` is the classify label the case
+expects (what label accuracy is measured against: ``chainrun eval``'s label accuracy and
+``benchmarks/classify_accuracy.py``). ``tags`` and ``description`` are optional
 too. Unknown keys are errors, so a typo never silently drops an assertion.
 
 A case may be a turn of a conversation: ``conversation_id`` and ``turn`` (its 1-based
@@ -68,6 +70,8 @@ class EvalCase(BaseModel):
 
     id: str = Field(min_length=1)
     message: str = Field(min_length=1)
+    #: the classify label this message should get (None: not labelled)
+    label: str | None = Field(default=None, min_length=1)
     context: CaseContext | None = None
     asserts: list[Assertion] = Field(alias="assert", min_length=1)
     tags: list[str] = Field(default_factory=list)

@@ -15,7 +15,7 @@ name says otherwise. ``None`` means unknown and is stored as NULL, never as 0.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal, Self
@@ -461,18 +461,24 @@ class TurnLog:
 
     def usage(self) -> TurnUsage:
         """The turn's tokens summed over its sent calls (see :class:`TurnUsage`)."""
-        sums: dict[str, int | None] = dict.fromkeys(
-            ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")
-        )
-        calls = unknown = 0
-        for c in self.calls:
-            if c.outcome in UNSENT_OUTCOMES:
-                continue
-            calls += 1
-            if c.input_tokens is None and c.output_tokens is None:
-                unknown += 1
-            for key in sums:
-                value = getattr(c, key)
-                if value is not None:
-                    sums[key] = (sums[key] or 0) + int(value)
-        return TurnUsage(**sums, calls=calls, unknown_calls=unknown)
+        return calls_usage(self.calls)
+
+
+def calls_usage(calls: Iterable[CallRow]) -> TurnUsage:
+    """Tokens summed over the sent calls among ``calls`` (see :class:`TurnUsage`): a count
+    no call reported is None, never 0."""
+    sums: dict[str, int | None] = dict.fromkeys(
+        ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")
+    )
+    n = unknown = 0
+    for c in calls:
+        if c.outcome in UNSENT_OUTCOMES:
+            continue
+        n += 1
+        if c.input_tokens is None and c.output_tokens is None:
+            unknown += 1
+        for key in sums:
+            value = getattr(c, key)
+            if value is not None:
+                sums[key] = (sums[key] or 0) + int(value)
+    return TurnUsage(**sums, calls=n, unknown_calls=unknown)

@@ -1,7 +1,8 @@
 """Structured filters parsed from the shopper's message (and the classify label).
 
 "a rain jacket under 100 in size M" → price ≤ 100 EUR, size M in stock, category in
-(jackets, coats, sportswear), and the query text left for the searches is
+(jackets, coats, sportswear) in the sample catalogue (categories come from the catalogue
+searched: :mod:`chainrun.retrieval.categories`), and the query text left for the searches is
 "a rain jacket". Every search applies the same filters (as SQL), so a ranked list is
 never cut down after the fact; :class:`FilterSearch` browses by filters alone, for a
 message that is nothing but constraints ("anything under 30 in XL?").
@@ -18,86 +19,12 @@ from typing import Any
 
 import sqlite_utils
 
+from chainrun.retrieval.categories import BUILTIN_VOCABULARY, GARMENT_WORDS, CategoryVocabulary
 from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.reader import CatalogReader, reader_for
 
-#: word (singular, lower case) → the categories of the sample catalogue it points to.
-#: A jacket can be sold as a coat or as sportswear, so some words name several.
-CATEGORY_WORDS: dict[str, tuple[str, ...]] = {
-    # multi-word and hyphenated names first (matched on the text before single words)
-    "t-shirt": ("tops", "sportswear"),
-    "tshirt": ("tops", "sportswear"),
-    "belt bag": ("bags",),
-    "bum bag": ("bags",),
-    "sports bra": ("sportswear",),
-    "swim shorts": ("sportswear",),
-    "rain coat": ("jackets", "coats"),
-    # single words
-    "jacket": ("jackets", "coats", "sportswear"),
-    "raincoat": ("jackets", "coats"),
-    "anorak": ("jackets",),
-    "windbreaker": ("jackets",),
-    "poncho": ("jackets",),
-    "blazer": ("jackets",),
-    "coat": ("coats", "jackets"),
-    "overcoat": ("coats",),
-    "parka": ("coats",),
-    "trench": ("coats",),
-    "dress": ("dresses",),
-    "jeans": ("jeans",),
-    "trousers": ("trousers",),
-    "pants": ("trousers", "jeans"),
-    "chinos": ("trousers",),
-    "joggers": ("trousers",),
-    "skirt": ("skirts",),
-    "shirt": ("shirts",),
-    "blouse": ("shirts",),
-    "tee": ("tops", "sportswear"),
-    "top": ("tops",),
-    "hoodie": ("tops",),
-    "polo": ("tops",),
-    "henley": ("tops",),
-    "jumper": ("knitwear",),
-    "sweater": ("knitwear",),
-    "pullover": ("knitwear",),
-    "cardigan": ("knitwear",),
-    "knitwear": ("knitwear",),
-    "shoe": ("shoes",),
-    "footwear": ("shoes",),
-    "boot": ("shoes",),
-    "sneaker": ("shoes",),
-    "trainer": ("shoes",),
-    "sandal": ("shoes",),
-    "loafer": ("shoes",),
-    "heel": ("shoes",),
-    "flat": ("shoes",),
-    "wellies": ("shoes",),
-    "wellington": ("shoes",),
-    "espadrille": ("shoes",),
-    "bag": ("bags",),
-    "backpack": ("bags",),
-    "rucksack": ("bags",),
-    "tote": ("bags",),
-    "handbag": ("bags",),
-    "duffel": ("bags",),
-    "scarf": ("accessories",),
-    "scarves": ("accessories",),
-    "hat": ("accessories",),
-    "beanie": ("accessories",),
-    "cap": ("accessories",),
-    "glove": ("accessories",),
-    "belt": ("accessories",),
-    "umbrella": ("accessories",),
-    "sunglasses": ("accessories",),
-    "sock": ("accessories",),
-    "accessory": ("accessories",),
-    "accessories": ("accessories",),
-    "leggings": ("sportswear",),
-    "swimsuit": ("sportswear",),
-    "swimwear": ("sportswear",),
-    "bikini": ("sportswear",),
-    "sportswear": ("sportswear",),
-}
+#: the built-in garment words (see :mod:`chainrun.retrieval.categories`)
+CATEGORY_WORDS = GARMENT_WORDS
 
 _SIZE_WORDS = {
     "extra small": "XS",
@@ -151,7 +78,6 @@ _SIZE_ALONE = [
     re.compile(r"\beu\s*(\d{2})\b", re.I),
     re.compile(r"\bw(\d{2})\b", re.I),  # jeans waist W32
 ]
-_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
 
 
 _GROUPING = re.compile(r"[\s'’\u2009\u202f\u00a0]")
@@ -272,42 +198,24 @@ class ParsedQuery:
     filters: Filters = field(default_factory=Filters)
 
 
-def _word_categories(word: str) -> tuple[str, ...]:
-    """Categories of one lower-case word, trying it as a plural too ("boots" → "boot")."""
-    for candidate in (word, word[:-1] if word.endswith("s") else "", word[:-2]):
-        if candidate and candidate in CATEGORY_WORDS:
-            return CATEGORY_WORDS[candidate]
-    return ()
-
-
-def _categories(text: str, label: str | None) -> tuple[str, ...]:
-    low = text.lower()
-    found: list[str] = []
-    for phrase, cats in CATEGORY_WORDS.items():
-        if " " in phrase or "-" in phrase:
-            pattern = rf"\b{re.escape(phrase)}s?\b"
-            if re.search(pattern, low):
-                found.extend(cats)
-                low = re.sub(pattern, " ", low)
-    for word in _WORD.findall(low):
-        found.extend(_word_categories(word))
-    if label:
-        lab = label.strip().lower()
-        all_categories = {c for cats in CATEGORY_WORDS.values() for c in cats}
-        found.extend((lab,) if lab in all_categories else _word_categories(lab))
-    return tuple(dict.fromkeys(found))
-
-
-def parse_query(message: str, label: str | None = None, *, in_stock: bool = True) -> ParsedQuery:
+def parse_query(
+    message: str,
+    label: str | None = None,
+    *,
+    in_stock: bool = True,
+    vocabulary: CategoryVocabulary | None = None,
+) -> ParsedQuery:
     """Split ``message`` into search text and :class:`Filters`.
 
     Price: "under 100", "below €80", "less than 50 euros", "up to 120", "< 60",
     "100 or less", "max 90" (ceiling); "over 50", "at least 40" (floor);
     "between 50 and 100" (both). Size: "size M", "sizes M or L", "size 38", "in a
-    medium", "XL", "in M" (capital), "EU 42", "W32". Category: garment words ("jacket",
-    "boots", "jumper", ...) through :data:`CATEGORY_WORDS`, and the classify ``label``
-    when it names a category or such a word. Price and size phrases are cut from the
-    text; garment words stay (they are good search terms).
+    medium", "XL", "in M" (capital), "EU 42", "W32". Category: the catalogue's category
+    names, the shop's synonyms and garment words ("jacket", "boots", "jumper", ...)
+    through ``vocabulary`` (:meth:`CategoryVocabulary.for_catalogue`; None: the built-in
+    garment words, :data:`~chainrun.retrieval.categories.BUILTIN_VOCABULARY`), and the
+    classify ``label`` when it names a category or such a word. Price and size phrases
+    are cut from the text; garment words stay (they are good search terms).
     """
     text = message
     max_price: float | None = None
@@ -338,7 +246,7 @@ def parse_query(message: str, label: str | None = None, *, in_stock: bool = True
         max_price=max_price,
         min_price=min_price,
         sizes=tuple(dict.fromkeys(s for s in sizes if s)),
-        categories=_categories(text, label),
+        categories=(vocabulary or BUILTIN_VOCABULARY).find(text, label),
         in_stock=in_stock,
     )
     return ParsedQuery(re.sub(r"\s+", " ", text).strip(" ,.?!;:"), filters)

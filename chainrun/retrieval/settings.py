@@ -8,6 +8,7 @@
     k = 8                                        # products handed to the compose step
     fallbacks = { hybrid = "keyword_any" }       # race a fallback instead of waiting
     vector_backend = "auto"                      # or "numpy", "sqlite-vec", "vec0"
+    category_synonyms = { outerwear = ["rain jacket", "anorak"] }   # the shop's words
 
     [steps.retrieve.retrieval.embedding]
     backend = "minilm"                           # or "openai" (base_url, model) or "hash"
@@ -107,6 +108,11 @@ class RetrievalSettings(_Strict):
     vector_oversample: int = Field(default=4, ge=1, le=512)
     #: recommend sold-out products too
     include_out_of_stock: bool = False
+    #: the shop's own words for its categories: category → words or phrases, e.g.
+    #: ``{ outerwear = ["rain jacket", "anorak"] }``. The category filter's vocabulary is
+    #: the catalogue's categories, these synonyms and the built-in garment words that
+    #: point to a category the catalogue has (chainrun.retrieval.categories)
+    category_synonyms: dict[str, list[str]] = Field(default_factory=dict)
     #: the embedder of the vector and hybrid searches
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
 
@@ -120,6 +126,16 @@ class RetrievalSettings(_Strict):
                 raise ValueError(f"unknown search {name!r}; expected one of {list(SEARCH_NAMES)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a search is listed twice: {v}")
+        return v
+
+    @field_validator("category_synonyms")
+    @classmethod
+    def _synonyms(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for category, words in v.items():
+            if not category.strip():
+                raise ValueError("a category name must not be blank")
+            if not words or any(not w.strip() for w in words):
+                raise ValueError(f"{category}: expected a list of non-blank words or phrases")
         return v
 
     @model_validator(mode="after")

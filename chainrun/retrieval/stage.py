@@ -25,7 +25,8 @@ import sqlite_utils
 from chainrun.errors import ConfigError
 from chainrun.hedging import ErrorInfo, HedgePolicy, Hedger
 from chainrun.retrieval.base import RetrievalResult, Search, SearchLog
-from chainrun.retrieval.catalog import ensure_catalog_tables, get_products
+from chainrun.retrieval.catalog import catalog_version, ensure_catalog_tables, get_products
+from chainrun.retrieval.categories import CategoryVocabulary
 from chainrun.retrieval.embeddings import Embedder, build_embedder
 from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
 from chainrun.retrieval.followup import price_order
@@ -167,6 +168,7 @@ class RetrievalStage:
         self.searches = dict(searches)
         self.index = index
         self.embedder = embedder
+        self._vocabulary: tuple[int, CategoryVocabulary] | None = None
         self.hedgers = {
             name: fallback_hedger(
                 name,
@@ -242,6 +244,26 @@ class RetrievalStage:
         log.ids = [h.id for h in hits]
         return hits, log
 
+    async def vocabulary(self) -> CategoryVocabulary:
+        """The category vocabulary of the catalogue searched (its categories, the
+        settings' ``category_synonyms``, the built-in words that point to them), built
+        again when the catalogue is reloaded
+        (:func:`chainrun.retrieval.catalog.catalog_version`)."""
+        synonyms = self.settings.category_synonyms
+
+        def read(db: sqlite_utils.Database) -> tuple[int, list[str] | None]:
+            version = catalog_version(db)
+            if self._vocabulary is not None and self._vocabulary[0] == version:
+                return version, None
+            rows = db.execute("select distinct category from products").fetchall()
+            return version, [r[0] for r in rows]
+
+        version, categories = await self.reader.run(read)
+        if categories is not None:
+            self._vocabulary = (version, CategoryVocabulary.for_catalogue(categories, synonyms))
+        assert self._vocabulary is not None
+        return self._vocabulary[1]
+
     async def retrieve(self, query: str, *, label: str | None = None) -> RetrievalResult:
         """Products for the shopper's ``query`` (and the classify ``label``, if known).
 
@@ -253,7 +275,10 @@ class RetrievalStage:
         """
         t0 = time.perf_counter()
         s = self.settings
-        parsed = parse_query(query, label, in_stock=not s.include_out_of_stock)
+        vocabulary = await self.vocabulary()
+        parsed = parse_query(
+            query, label, in_stock=not s.include_out_of_stock, vocabulary=vocabulary
+        )
         order, text = price_order(parsed.text)
         k = s.k if order is None else max(s.k, PRICE_ORDER_CANDIDATES)
         found: dict[str, str] = {}  # id → the search that found it first (insertion order)

@@ -16,6 +16,13 @@ server, also when they share one llama-server binary and model (a
 server is reported as such, with its checkout, and :func:`down` refuses to stop it
 without ``force``.
 
+One install, one server: a server of this install that is alive but slow to answer
+``/health`` (busy serving another process, or still loading) is waited for, never
+doubled; and a live llama-server that some chainrun started (it carries
+``CHAINRUN_CHECKOUT``) but that no state file records (an older chainrun could overwrite
+the record of a busy server with a second one's) is still found, by its process: it is
+listed by ``status`` and stopped by ``down``.
+
 Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the wrong
 template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see llama.cpp's
 server README
@@ -33,8 +40,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -179,6 +184,56 @@ def _recorded() -> list[LocalServer]:
     return found
 
 
+def _arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def _unrecorded(known: set[int]) -> list[LocalServer]:
+    """Live llama-servers of *this* install (binary, model and the checkout named in their
+    ``CHAINRUN_CHECKOUT``) that no state file under :func:`home` records; pids in
+    ``known`` are skipped. Other installs' unrecorded servers are not ours to list."""
+    key = this_install()
+    if key is None:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in known:
+            continue
+        pid = int(entry.name)
+        args = _cmdline(pid)
+        if not args or "llama-server" not in Path(args[0]).name:
+            continue
+        owner = _environ(pid, CHECKOUT_ENV)
+        port = _arg(args, "--port")
+        if owner is None or port is None or not port.isdigit() or not _pid_alive(pid):
+            continue
+        try:
+            started = entry.stat().st_mtime
+        except OSError:
+            continue
+        server = LocalServer(pid, int(port), _arg(args, "--model") or "?", started, "",
+                             binary=args[0], checkout=owner)  # fmt: skip
+        if server.key == key:
+            found.append(server)
+    return found
+
+
+def _live() -> list[LocalServer]:
+    """Every recorded live llama-server, then this install's unrecorded ones."""
+    recorded = _recorded()
+    return recorded + _unrecorded({s.pid for s in recorded})
+
+
+def mine() -> list[LocalServer]:
+    """This install's live servers, healthy ones first (normally one; more only when an
+    older chainrun started a second, or a record was lost)."""
+    key = this_install()
+    if key is None:
+        return []
+    servers = [s for s in _live() if s.key == key]
+    return sorted(servers, key=lambda s: not healthy(s.port))
+
+
 def this_install() -> str | None:
     """This install's key (binary, model and checkout), or None when the ``[local]``
     extra is missing."""
@@ -211,6 +266,9 @@ def _pid_alive(pid: int) -> bool:
 
 def healthy(port: int, timeout_s: float = 1.0) -> bool:
     """True when llama-server on ``port`` answers ``GET /health`` with 200 (model loaded)."""
+    import urllib.error  # here, not at the top: `chainrun --help` needs none of it
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as r:
             return bool(r.status == 200)
@@ -260,19 +318,37 @@ def server_binary() -> Path:
 
 
 def status() -> LocalServer | None:
-    """This install's server if it is alive and healthy, else None (see :func:`others`)."""
-    key = this_install()
-    for server in _recorded():
-        if key is not None and server.key == key and healthy(server.port):
-            return server
-    return None
+    """This install's server if one is alive (a healthy one first; one slow to answer
+    ``/health`` counts: it is busy or loading), else None (see :func:`mine` for all of
+    them and :func:`others`)."""
+    servers = mine()
+    return servers[0] if servers else None
 
 
 def others() -> list[LocalServer]:
-    """Live llama-servers recorded under :func:`home` by *other* installs (another
-    virtualenv's binary, or another model)."""
+    """Live llama-servers of *other* installs (another virtualenv's binary, another
+    model, another checkout), recorded under :func:`home` or found by their process."""
     key = this_install()
-    return [s for s in _recorded() if key is None or s.key != key]
+    return [s for s in _live() if key is None or s.key != key]
+
+
+def _wait_healthy(server: LocalServer, timeout_s: float) -> LocalServer:
+    """``server`` once it answers ``/health``.
+
+    Raises:
+        ProviderUnavailable: it did not within ``timeout_s`` s, or its process ended.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not healthy(server.port):
+        if not _pid_alive(server.pid):
+            raise ProviderUnavailable(f"the local model server (pid {server.pid}) has exited")
+        if time.monotonic() > deadline:
+            raise ProviderUnavailable(
+                f"the local model server (pid {server.pid}, port {server.port}) is running "
+                f"but has not answered /health for {timeout_s:.0f} s; see {server.log_path}"
+            )
+        time.sleep(0.2)
+    return server
 
 
 def describe(server: LocalServer) -> str:
@@ -293,7 +369,8 @@ def up(
     extra_args: list[str] | None = None,
     timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> LocalServer:
-    """Start llama-server with the local model (or return the one already running).
+    """Start llama-server with the local model (or return this install's live one, once
+    it answers ``/health``: one install runs one server).
 
     The server runs in its own session (it outlives this process) and logs to
     ``home()/llama-server.log``. Says what it does on stderr unless ``quiet``.
@@ -302,15 +379,15 @@ def up(
         ProviderUnavailable: not installed, or not healthy within ``timeout_s`` (s).
     """
     running = status()
-    if running:
-        return running
+    if running:  # alive: if busy or still loading, wait for it rather than start another
+        return _wait_healthy(running, timeout_s)
     home().mkdir(parents=True, exist_ok=True)
     # one starter at a time: two commands started together must share one server
     with open(home() / "local-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         running = status()
         if running:
-            return running
+            return _wait_healthy(running, timeout_s)
         return _start(slots, context, port, quiet, extra_args, timeout_s)
 
 
@@ -371,7 +448,8 @@ def _start(
 
 
 def down(*, force: bool = False) -> list[LocalServer]:
-    """Stop this install's server; returns what was stopped (empty if nothing ran).
+    """Stop this install's servers (every live one, recorded or found by its process);
+    returns what was stopped (empty if nothing ran).
 
     With ``force``, also stop the servers other installs started.
 
@@ -379,15 +457,15 @@ def down(*, force: bool = False) -> list[LocalServer]:
         UserInputError: this install runs no server but another install does (its
             owner may be using it), and ``force`` is not set; the message names it.
     """
-    mine = status()
+    own = mine()
     foreign = others()
-    if mine is None and foreign and not force:
+    if not own and foreign and not force:
         raise UserInputError(
             "no local model server of this install is running; another install's is ("
             + "; ".join(describe(s) for s in foreign)
             + "): chainrun local down --force stops it"
         )
-    targets = ([mine] if mine else []) + (foreign if force else [])
+    targets = own + (foreign if force else [])
     for server in targets:
         _stop(server)
     return targets

@@ -9,13 +9,47 @@
 * :mod:`chainrun.serve.errors`: the one error shape of every route;
 * :mod:`chainrun.serve.disconnect`: cancel a non-streamed turn whose client went away;
 * :mod:`chainrun.serve.server`: run it under uvicorn (loopback unless a token is set);
+* :mod:`chainrun.serve.settings`: the fixed settings (default model id, body limit, the
+  token's environment variable);
 * ``static/``: the chat page with its live step waterfall.
 """
 
-from chainrun.serve.app import DEFAULT_MAX_BODY_BYTES, ServeState, create_app
-from chainrun.serve.openai_face import DEFAULT_MODEL_ID
-from chainrun.serve.server import TOKEN_ENV, serve
-from chainrun.serve.turns import TurnObserver, TurnRunner, WireEvent, turn_summary
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from chainrun.serve.app import ServeState, create_app
+    from chainrun.serve.server import serve
+    from chainrun.serve.turns import TurnObserver, TurnRunner, WireEvent, turn_summary
+
+#: public name -> its module, imported on first use (PEP 562): ``chainrun serve --help``
+#: needs the settings, not the HTTP stack
+_EXPORTS = {
+    "ServeState": "chainrun.serve.app",
+    "create_app": "chainrun.serve.app",
+    "serve": "chainrun.serve.server",
+    **dict.fromkeys(
+        ("TurnObserver", "TurnRunner", "WireEvent", "turn_summary"), "chainrun.serve.turns"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chainrun.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

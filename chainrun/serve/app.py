@@ -42,6 +42,7 @@ from chainrun.errors import ChainrunError
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
+from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
 log = logging.getLogger("chainrun.serve")
@@ -49,9 +50,6 @@ log = logging.getLogger("chainrun.serve")
 STATIC_DIR = Path(__file__).parent / "static"
 #: routes open without the bearer token (the page itself holds no data)
 PUBLIC_PATHS = ("/healthz", "/readyz", "/static/")
-#: the largest request body accepted, in bytes (1 MiB: a chat body is a few KB, and
-#: a message is at most 8,000 characters, 32 KB of UTF-8 at most, JSON escapes aside)
-DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
 class ServeState:
@@ -72,7 +70,7 @@ class ServeState:
         chain_factory: Callable[[], Chain],
         *,
         observers: Sequence[TurnObserver] = (),
-        model_id: str = openai_face.DEFAULT_MODEL_ID,
+        model_id: str = DEFAULT_MODEL_ID,
         retry_s: float = 2.0,
         freeze_gc: bool = False,
     ) -> None:

@@ -52,9 +52,13 @@ async def detached(
     source: AsyncGenerator[T, None],
     background: set[asyncio.Task[None]],
     maxsize: int = 256,
+    *,
+    finish_after: Callable[[T], bool] | None = None,
 ) -> AsyncGenerator[T, None]:
     """Iterate ``source`` in a task of its own and yield its items; closing this generator
-    cancels that task once.
+    cancels that task once, unless an item for which ``finish_after(item)`` is true was
+    yielded: then ``source`` runs to its end in that task (its later items dropped), e.g.
+    a turn whose answer the client has, left to finish its checks.
 
     Why: a streamed response (sse-starlette's task group, an anyio cancel scope) is
     cancelled *level-triggered*: every ``await`` in the cancelled scope raises again, so
@@ -65,22 +69,28 @@ async def detached(
     ``maxsize`` items wait for a slow consumer (then ``source`` waits too).
     """
     queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue(maxsize)
+    left = False  # the consumer went away after a finish_after item: drop what follows
+
+    async def put(entry: tuple[Any, BaseException | None]) -> None:
+        if not left:
+            await queue.put(entry)
 
     async def pump() -> None:
         try:
             async with contextlib.aclosing(source):
                 async for item in source:
-                    await queue.put((item, None))
+                    await put((item, None))
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            await queue.put((_END, e))
+            await put((_END, e))
         else:
-            await queue.put((_END, None))
+            await put((_END, None))
 
     task = asyncio.create_task(pump())
     background.add(task)
     task.add_done_callback(background.discard)
+    let_finish = False
     try:
         while True:
             item, error = await queue.get()
@@ -88,7 +98,14 @@ async def detached(
                 raise error
             if item is _END:
                 return
+            if finish_after is not None and not let_finish and finish_after(item):
+                let_finish = True
             yield item
     finally:
         if not task.done():
-            task.cancel()
+            if let_finish:
+                left = True
+                while not queue.empty():  # a pump waiting on a full queue goes on
+                    queue.get_nowait()
+            else:
+                task.cancel()

@@ -31,10 +31,19 @@ What comes back besides the answer:
   ``choices`` when ``stream_options.include_usage`` is set (as OpenAI does). A count
   that no call of the turn reported (a server that sends no ``*_details``) is null,
   never 0; one that some calls reported is their sum.
-* ``chainrun``: an extra field on the completion (streamed: on the chunk carrying
-  ``finish_reason``) holding the turn summary of
+* ``chainrun``: an extra field on the completion holding the turn summary of
   :func:`chainrun.serve.turns.turn_summary` (turn id, status, per-step timings and
   attempts, ``usage.unknown_calls``: calls whose tokens the server never reported).
+* **A streamed answer ends at the answer**: once the shopper has the whole answer and
+  nothing pending can refuse it (the ``answer_done`` event of
+  :mod:`chainrun.serve.turns`), the chunk with ``finish_reason`` ``stop``, the usage
+  chunk and ``[DONE]`` are sent, and the checks after the answer (validate, critique)
+  finish on the server and are logged. That chunk's ``chainrun`` is then
+  ``{status: "answered", step, output, answer_ttft_ms, answer_done_ms, pending,
+  usage, conversation_id, request_id}`` (``pending``: the steps still running;
+  ``request_id`` finds the turn in the log), and ``usage`` covers the calls made until
+  the answer. A turn refused or failed before its answer ends as before, with the
+  whole turn summary.
 * ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn the
   chain refused (a fail-closed step); a refused streamed turn whose answer had already
   begun ends there, its ``chainrun.status`` says ``refused``.
@@ -65,8 +74,6 @@ from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
-
-DEFAULT_MODEL_ID = "chainrun-shop"
 
 
 @dataclass(frozen=True)
@@ -164,9 +171,14 @@ def _flag(value: Any, param: str) -> bool:
 
 
 def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
-    """The turn summary's summed usage in the Chat Completions ``usage`` shape; a count no
-    call of the turn reported is null, never 0 (unknown is not none)."""
-    u = summary["usage"]
+    """The turn summary's summed usage in the Chat Completions ``usage`` shape."""
+    return answer_done_usage(summary["usage"])
+
+
+def answer_done_usage(u: dict[str, Any]) -> dict[str, Any]:
+    """A usage object of :class:`chainrun.log.rows.TurnUsage`'s JSON shape in the Chat
+    Completions ``usage`` shape; a count no call reported is null, never 0 (unknown is
+    not none)."""
     inp, out = u["input_tokens"], u["output_tokens"]
     return {
         "prompt_tokens": inp,
@@ -270,12 +282,32 @@ async def _chunks(
         }
         return ServerSentEvent(data=json.dumps(doc))
 
+    def usage_chunk(usage: dict[str, Any]) -> ServerSentEvent:
+        doc = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+               "model": model_id, "system_fingerprint": None, "choices": [],
+               "usage": usage}  # fmt: skip
+        return ServerSentEvent(data=json.dumps(doc))
+
     yield chunk({"role": "assistant", "content": ""})
     sent_text = False
+    started: dict[str, Any] = {}
     async for ev in runner.stream(req.message, req.conversation_id, req.history):
-        if ev.event == "token" and ev.data["step"] == runner.answer_step:
+        if ev.event == "turn_started":
+            started = ev.data
+        elif ev.event == "token" and ev.data["step"] == runner.answer_step:
             sent_text = True
             yield chunk({"content": ev.data["text"]})
+        elif ev.event == "answer_done":
+            # the stream ends at the answer; the turn's checks finish on the server
+            done = {"status": "answered", **ev.data,
+                    "conversation_id": started.get("conversation_id"),
+                    "request_id": started.get("request_id")}  # fmt: skip
+            if not sent_text and done["output"]:
+                yield chunk({"content": done["output"]})  # a non-streamed answer step
+            yield chunk({}, "stop", chainrun=done)
+            if req.include_usage:
+                yield usage_chunk(answer_done_usage(done["usage"]))
+            break
         elif ev.event == "turn":
             summary = ev.data
             if summary["status"] == "error":
@@ -287,8 +319,5 @@ async def _chunks(
                 yield chunk({"content": summary["output"]})  # e.g. the refusal text
             yield chunk({}, _finish_reason(summary["status"]), chainrun=summary)
             if req.include_usage:
-                doc = {"id": completion_id, "object": "chat.completion.chunk",
-                       "created": created, "model": model_id, "system_fingerprint": None,
-                       "choices": [], "usage": openai_usage(summary)}  # fmt: skip
-                yield ServerSentEvent(data=json.dumps(doc))
+                yield usage_chunk(openai_usage(summary))
     yield ServerSentEvent(data="[DONE]")

@@ -22,13 +22,9 @@ from chainrun.log.backend import shown_url
 from chainrun.log.store import SeedWindows, Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
-from chainrun.serve.app import DEFAULT_MAX_BODY_BYTES, ServeState, create_app
-from chainrun.serve.openai_face import DEFAULT_MODEL_ID
+from chainrun.serve.app import ServeState, create_app
+from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
 from chainrun.serve.turns import TurnObserver
-
-#: the environment variable holding the bearer token (never a command-line argument,
-#: which other users of the machine can read in the process list)
-TOKEN_ENV = "CHAINRUN_SERVE_TOKEN"
 
 
 def is_loopback(host: str) -> bool:

@@ -12,11 +12,19 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     step          {phase: "finished", step, kind, status, started_ms, duration_ms,
                    ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
                    error_type, model, reasoning_effort, output}
+    answer_done   {step, output, answer_ttft_ms, answer_done_ms, pending: [step names],
+                   usage: {input_tokens, ..., unknown_calls} of the calls so far}
     turn          the summary of :func:`turn_summary`, read back from the log
 
+``answer_done`` (at most once, see :class:`chainrun.events.AnswerDone`): the shopper has
+the whole answer and nothing pending can refuse it; the steps in ``pending`` (checks of
+the answer) still run, and their ``step`` events and the ``turn`` event follow.
+
 All times are in ms from the turn's start. Closing the runner's iterator (a client that
-went away) cancels the turn's in-flight model calls; the chain logs the turn
-``cancelled`` and the runner's observers still get it, found in the log by request id.
+went away) before ``answer_done`` cancels the turn's in-flight model calls; the chain
+logs the turn ``cancelled`` and the runner's observers still get it, found in the log by
+request id. Closed after ``answer_done``, the turn runs to its end on the server (its
+checks finish and are logged) and the observers get it as usual.
 """
 
 from __future__ import annotations
@@ -32,7 +40,14 @@ from typing import Any, Protocol
 from chainrun.chain import Chain
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import new_conversation_id
-from chainrun.events import StepFinished, StepStarted, TokenDelta, ToolCallEvent, TurnFinished
+from chainrun.events import (
+    AnswerDone,
+    StepFinished,
+    StepStarted,
+    TokenDelta,
+    ToolCallEvent,
+    TurnFinished,
+)
 from chainrun.log.logged_turn import LoggedTurn, TurnUsage
 from chainrun.serve.disconnect import detached
 
@@ -198,11 +213,16 @@ class TurnRunner:
         record of the conversation (``/chat``).
 
         The turn runs in a task of its own; closing the returned generator (a client
-        gone) cancels it once, and it logs itself ``cancelled``. A provider that cannot be
+        gone) before ``answer_done`` cancels it once, and it logs itself ``cancelled``;
+        closed after, the turn finishes on the server. A provider that cannot be
         reached at all ends the turn with status ``error`` (its ``turn`` event is still
         sent; the error is not re-raised here).
         """
-        return detached(self._turn(message, conversation_id, history), self.background)
+        return detached(
+            self._turn(message, conversation_id, history),
+            self.background,
+            finish_after=lambda ev: ev.event == "answer_done",
+        )
 
     async def _turn(
         self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None
@@ -258,6 +278,13 @@ class TurnRunner:
                 "started_ms": ev.started_offset_ms, "duration_ms": ev.duration_ms,
                 "status": ev.status, "error_type": ev.error_type,
             })  # fmt: skip
+        if isinstance(ev, AnswerDone):
+            return WireEvent(
+                "answer_done",
+                {"step": ev.step, "output": ev.text, "answer_ttft_ms": ev.answer_ttft_ms,
+                 "answer_done_ms": ev.answer_done_ms, "pending": list(ev.pending),
+                 "usage": ev.usage.as_json()},
+            )  # fmt: skip
         if isinstance(ev, StepStarted):
             started = ev.started_offset_ms
             return WireEvent(

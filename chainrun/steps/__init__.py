@@ -1,9 +1,10 @@
 """Steps: the protocol (:mod:`.base`), the config models, and the built-in kinds.
 
 ``llm`` (:mod:`.llm`): a hedged model call; ``retrieve`` (:mod:`.retrieve`): early-exit
-catalogue search; ``guard`` (:mod:`.guard`): a moderation model's verdict; ``policy``
-(:mod:`.policy`): the shop's policy text for the turn's label. Each kind
-owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
+catalogue search; ``classify`` (:mod:`.classify`): a label with no model call (nearest
+examples, keyword rules or both); ``guard`` (:mod:`.guard`): a moderation model's
+verdict; ``policy`` (:mod:`.policy`): the shop's policy text for the turn's label. Each
+kind owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
 ``GuardConfig``), extending :class:`StepConfig` (or :class:`ModelStepConfig` for a kind
 that calls a model). Register your own kind with :func:`register_step_kind`.
 """
@@ -22,6 +23,7 @@ from chainrun.steps.base import (
     register_step_kind,
     step_kinds,
 )
+from chainrun.steps.classify import ClassifyStep
 from chainrun.steps.config import StepConfig, route_problem
 from chainrun.steps.guard import GuardConfig, GuardStep
 from chainrun.steps.llm import LLMConfig, LLMStep
@@ -33,6 +35,7 @@ __all__ = [
     "BUILTIN_FIELDS",
     "INITIAL_FIELDS",
     "BuildContext",
+    "ClassifyStep",
     "GuardConfig",
     "GuardStep",
     "HedgeConfig",

@@ -54,6 +54,39 @@ def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any] | Non
     }
 
 
+#: a slope of time on output tokens says something only over calls whose token counts
+#: differ: at least this many distinct counts ...
+MIN_DISTINCT_TOKENS = 5
+#: ... spread over at least this many tokens (2-3-token calls fit any slope)
+MIN_TOKEN_SPAN = 10
+
+
+def fit_problem(
+    xs: Sequence[float], fit: Mapping[str, Any] | None, duration_p50_ms: float | None
+) -> str | None:
+    """Why a fit of duration (ms) on output tokens is no evidence (None: it is): too few
+    distinct token counts, a span of too few tokens, an undefined slope interval, or a
+    negative fixed cost larger than the median call (a line that describes no call)."""
+    if fit is None:
+        return "no fit"
+    distinct = sorted(set(xs))
+    lo, hi = (int(distinct[0]), int(distinct[-1])) if distinct else (0, 0)
+    if len(distinct) < MIN_DISTINCT_TOKENS or hi - lo < MIN_TOKEN_SPAN:
+        return (
+            f"the calls' output tokens take {len(distinct)} distinct values over {lo}-{hi} "
+            f"tokens: a slope needs {MIN_DISTINCT_TOKENS} values over {MIN_TOKEN_SPAN}+ tokens"
+        )
+    if fit["slope_ci"] is None:
+        return "the slope's 95% interval is undefined (too many tied values)"
+    b = fit["intercept_ms"]
+    if duration_p50_ms is not None and b < 0 and -b > duration_p50_ms:
+        return (
+            f"the fit's fixed cost is {b:.0f} ms, below minus the median call "
+            f"({duration_p50_ms:.0f} ms): a line that describes none of the calls"
+        )
+    return None
+
+
 def _slope_text(fit: Mapping[str, Any] | None) -> str:
     if fit is None:
         return "no fit"
@@ -67,7 +100,9 @@ def _provider_diagnosis(
 ) -> str:
     """Why ``b`` (the slower by median duration) is slower than ``a``."""
     tok_a, tok_b = ga["output_tokens_p50"], gb["output_tokens_p50"]
-    fa, fb = ga["fit"], gb["fit"]
+    # a fit that is no evidence (fit_problem) cannot tell work from serving either
+    fa = None if ga.get("fit_problem") else ga["fit"]
+    fb = None if gb.get("fit_problem") else gb["fit"]
     head = (
         f"{step}: {b} is slower than {a} ({gb['duration_p50_ms']:.0f} vs "
         f"{ga['duration_p50_ms']:.0f} ms at the median, n = {gb['n']} and {ga['n']})"
@@ -153,6 +188,8 @@ def check_latency_tokens(scope: Scope) -> Item:
                 "n_time_between_tokens": len(tbt),
                 "fit": fit,
             }
+            problem = fit_problem(xs, fit, g["duration_p50_ms"]) if fit is not None else None
+            g["fit_problem"] = problem
             figs[step][prov] = g
             if len(cs) >= MIN_FIT and unknown * 2 > len(cs):
                 verdicts.append("fail")
@@ -166,6 +203,9 @@ def check_latency_tokens(scope: Scope) -> Item:
                     f"{step} on {prov}: {len(pairs)} calls with duration and tokens; "
                     f"a fit needs {MIN_FIT}."
                 )
+            elif problem is not None:
+                verdicts.append("not_enough_data")
+                notes.append(f"{step} on {prov}: no evidence from the fit: {problem}.")
             else:
                 verdicts.append("pass")
             fit_panels.setdefault(step, {})[prov] = FitSeries(
@@ -205,7 +245,8 @@ def check_latency_tokens(scope: Scope) -> Item:
     if verdict == "pass":
         evidence = (
             f"Duration is fitted against output tokens for every step and provider "
-            f"({len(rows)} fits, each on at least {MIN_FIT} calls)."
+            f"({len(rows)} fits, each on at least {MIN_FIT} calls with at least "
+            f"{MIN_DISTINCT_TOKENS} distinct token counts over {MIN_TOKEN_SPAN}+ tokens)."
         )
     else:
         evidence = " ".join(n for n in notes if " is slower than " not in n)[:600]

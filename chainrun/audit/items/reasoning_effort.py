@@ -12,6 +12,7 @@ from chainrun.analysis.stats import (
     paired_compare,
     quantile_diff,
     summarize,
+    wilson_interval,
 )
 from chainrun.analysis.summary import completed_turns
 from chainrun.audit.items.common import (
@@ -136,6 +137,23 @@ def _effort_in_use(scope: Scope, step: str) -> str | None:
     return next((c.reasoning_effort for c in reversed(scope.calls) if c.step == step), None)
 
 
+def label_accuracy(results: list[EvalResult]) -> dict[int, dict[str, Any]]:
+    """Per eval run, the share of its turns whose classify label was the expected one:
+    its ``equals`` assertions on ``label`` (skipped verdicts left out), with n and a 95%
+    Wilson interval (:func:`chainrun.analysis.stats.wilson_interval`)."""
+    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for r in results:
+        if r.type == "equals" and r.step == "label" and r.passed is not None:
+            counts[r.run_id][0] += int(r.passed)
+            counts[r.run_id][1] += 1
+    out = {}
+    for run_id, (k, n) in sorted(counts.items()):
+        ci = wilson_interval(k, n)
+        out[run_id] = {"correct": k, "n": n, "accuracy": round(k / n, 4),
+                       "ci95": [round(ci[0], 4), round(ci[1], 4)] if ci else None}  # fmt: skip
+    return out
+
+
 def check_reasoning(scope: Scope) -> Item:
     """Item 2: per step the effort in use; eval runs differing only in that step's
     effort, with the paired pass-rate test and the latency and reasoning-token change."""
@@ -244,10 +262,19 @@ def check_reasoning(scope: Scope) -> Item:
                 ]
             )
         per_step[step] = entry
+    accuracy = label_accuracy(scope.results)
+    for run_id, acc in accuracy.items():
+        ci = acc["ci95"]
+        shown = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        notes.append(
+            f"label accuracy of eval run {run_id} (its cases' expected labels): "
+            f"{acc['correct']}/{acc['n']} = {acc['accuracy']:.3f}{shown} (95% Wilson)"
+        )
     figures = {
         "steps": per_step,
         "eval_runs": [e.run.id for e in scope.evals],
         "pairs": {k: [list(p) for p in v] for k, v in pairs.items()},
+        "label_accuracy": {str(k): v for k, v in accuracy.items()},
     }
     table = Table(
         "Reasoning effort per step",
@@ -287,6 +314,26 @@ def check_reasoning(scope: Scope) -> Item:
         )
     verdict = worst(verdicts, empty="pass")
     n_pairs = sum(len(v) for v in pairs.values())
+    if verdict == "pass" and n_pairs == 0:
+        # no step reasons, but nothing compared an effort against another either: a pass
+        # on zero pairs would be no evidence at all
+        missing.append(
+            f"two eval runs differing only in one step's reasoning_effort: `chainrun eval "
+            f"{eval_set}` with the current config and with a copy that changes one step's "
+            "reasoning_effort"
+        )
+        return Item(
+            2,
+            TITLE_2,
+            "not_enough_data",
+            f"{len(llm_steps)} LLM steps checked and none is seen to reason, but 0 pairs of "
+            "eval runs differ only in one step's reasoning effort: nothing measured what "
+            "effort does to quality.",
+            figures,
+            notes,
+            missing,
+            [table],
+        )
     if verdict == "warn":
         evidence = (
             "A step reasons more than the eval set shows it needs, or was never evaluated "

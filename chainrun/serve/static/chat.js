@@ -9,7 +9,8 @@
 const $ = (id) => document.getElementById(id);
 const saved = JSON.parse(sessionStorage.getItem("chainrun-conversation") || "null");
 const state = { conversationId: saved ? saved.id : null, thread: saved ? saved.thread : [],
-                token: sessionStorage.getItem("chainrun-token"), controller: null, turn: null };
+                token: sessionStorage.getItem("chainrun-token"), controller: null,
+                finishing: null, turn: null };
 
 function saveConversation() {
   sessionStorage.setItem("chainrun-conversation",
@@ -310,7 +311,26 @@ function newConversation() {
   saveConversation();
 }
 
+// One turn of the thread, kept as the shopper saw it (at answer_done, or at the end).
+function remember(message, answer) {
+  state.thread.push({ role: "user", text: message },
+                    { role: "assistant", text: answer.textContent, status: answer.dataset.status });
+  saveConversation();
+}
+
+// The answer is the shopper's as soon as the server says "answer_done": Send is enabled
+// again then, while the checks after the answer (validate, critique) finish on the server
+// and this turn's waterfall keeps drawing them, until the next question replaces it.
+function answerIsDone(answer, data) {
+  answer.dataset.status = "answered";
+  if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
+  state.controller = null;
+  $("send").disabled = false;
+  $("stop").disabled = true;
+}
+
 async function ask(message) {
+  if (state.finishing) state.finishing.abort();  // the previous turn's checks: leave them
   addMessage("user", message);
   const answer = addMessage("assistant", "");
   answer.id = "answer";
@@ -323,6 +343,7 @@ async function ask(message) {
   $("send").disabled = true;
   $("stop").disabled = false;
   let wf = null;
+  let answered = false;
   try {
     const body = { message };
     if (state.conversationId) body.conversation_id = state.conversationId;
@@ -353,6 +374,11 @@ async function ask(message) {
       } else if (event === "token" && wf && data.step === wf.answerStep) {
         answer.textContent += data.text;
         answer.scrollIntoView({ block: "end" });
+      } else if (event === "answer_done") {
+        answered = true;
+        state.finishing = controller;
+        answerIsDone(answer, data);
+        remember(message, answer);
       } else if (event === "turn") {
         answer.dataset.status = data.status;
         if (data.output !== null && data.output !== answer.textContent) answer.textContent = data.output;
@@ -361,7 +387,9 @@ async function ask(message) {
       }
     }
   } catch (e) {
-    if (e.name === "AbortError") {
+    if (answered) {
+      // the next question was asked: this turn's checks finish on the server
+    } else if (e.name === "AbortError") {
       answer.dataset.status = "cancelled";
       if (wf) { wf.done = true; wf.total = wf.now(); $("turn-status").textContent = "cancelled"; }
     } else {
@@ -369,12 +397,13 @@ async function ask(message) {
       answer.textContent += " [" + e.message + "]";
     }
   } finally {
-    state.controller = null;
-    $("send").disabled = false;
-    $("stop").disabled = true;
-    state.thread.push({ role: "user", text: message },
-                      { role: "assistant", text: answer.textContent, status: answer.dataset.status });
-    saveConversation();
+    if (!answered) remember(message, answer);
+    if (state.finishing === controller) state.finishing = null;
+    if (state.controller === controller) {
+      state.controller = null;
+      $("send").disabled = false;
+      $("stop").disabled = true;
+    }
   }
 }
 

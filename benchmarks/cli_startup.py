@@ -1,0 +1,149 @@
+"""Start-up time of the CLI: ``chainrun --help`` and ``chainrun runs``, wall clock.
+
+Each command runs as a user runs it (``python -m chainrun ...`` in a fresh process), with
+each checkout given by ``--checkout`` first on ``PYTHONPATH`` (default: this one), and
+a bare interpreter (``python -c pass``) in the same rounds: on a shared machine the
+ratio to the bare interpreter is the figure to compare, the absolute times move with the
+load. Rounds interleave the checkouts and commands so that load changes hit each alike.
+Reported per command and checkout: n, median wall time in ms with its 95%
+order-statistic interval, and the median ratio to the bare interpreter of the same
+round; plus, from one ``python -X importtime`` run, the chainrun modules and libraries
+that cost most to import.
+
+Run (timing runs hold the shared lock)::
+
+    flock /tmp/chainrun-bench.lock python benchmarks/cli_startup.py \\
+        [--checkout /path/to/other/checkout] [--rounds 15]
+
+``runs`` lists an empty log made for the run (a temporary file), so the figure is the
+start-up and not the reading of a large log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+from chainrun.analysis import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(checkout: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    env["COLUMNS"] = "120"
+    return env
+
+
+def _wall_ms(args: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ms = (time.perf_counter() - t0) * 1000.0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
+    return ms
+
+
+def importtime(args: list[str], env: dict[str, str], top: int = 12) -> list[dict[str, Any]]:
+    """The ``top`` costliest imports (cumulative µs → ms) of one run of ``args``."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", *args[1:]], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    rows = []
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _self_us, cum_us, name = line.replace("import time:", "").split("|")
+        rows.append({"module": name.strip(), "cumulative_ms": int(cum_us) / 1000.0})
+    return sorted(rows, key=lambda r: -r["cumulative_ms"])[:top]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    checkouts = [Path(p).resolve() for p in (args.checkout or [str(ROOT)])]
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "empty.db"
+        # an empty log: runs lists nothing; the figure is the start-up
+        subprocess.run([sys.executable, "-c", "import sqlite3, sys; sqlite3.connect(sys.argv[1])"
+                        ".close()", str(db)], check=True)  # fmt: skip
+        commands = {
+            "--help": [sys.executable, "-m", "chainrun", "--help"],
+            "runs": [sys.executable, "-m", "chainrun", "runs", "--db", str(db)],
+        }
+        bare = [sys.executable, "-c", "pass"]
+        times: dict[str, dict[str, list[float]]] = {
+            str(co): {name: [] for name in commands} for co in checkouts
+        }
+        ratios: dict[str, dict[str, list[float]]] = {
+            str(co): {name: [] for name in commands} for co in checkouts
+        }
+        bare_ms: list[float] = []
+        for r in range(args.rounds):
+            print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+            base = _wall_ms(bare, _env(None))
+            bare_ms.append(base)
+            for co in checkouts:
+                for name, cmd in commands.items():
+                    ms = _wall_ms(cmd, _env(co))
+                    times[str(co)][name].append(ms)
+                    ratios[str(co)][name].append(ms / base)
+        out: dict[str, Any] = {"bare_python": _summary(bare_ms), "checkouts": {}}
+        for co in checkouts:
+            entry: dict[str, Any] = {}
+            for name, cmd in commands.items():
+                entry[name] = {
+                    **_summary(times[str(co)][name]),
+                    "ratio_to_bare_median": round(statistics.median(ratios[str(co)][name]), 2),
+                    "top_imports": importtime(cmd, _env(co)),
+                }
+            out["checkouts"][str(co)] = entry
+    return out
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    ci = stats.quantile_ci(values, 50)
+    return {
+        "n": len(values),
+        "median_ms": round(statistics.median(values), 1),
+        "median_ci95_ms": [round(ci[0], 1), round(ci[1], 1)] if ci else None,
+    }
+
+
+def summary(doc: dict[str, Any]) -> str:
+    res = doc["results"]
+    b = res["bare_python"]
+    lines = [f"bare python: median {b['median_ms']} ms {b['median_ci95_ms']} (n={b['n']})"]
+    for co, entry in res["checkouts"].items():
+        lines.append(co)
+        for name, m in entry.items():
+            lines.append(f"  chainrun {name:<7} median {m['median_ms']:>7} ms "
+                         f"{m['median_ci95_ms']} (n={m['n']}), "
+                         f"{m['ratio_to_bare_median']}x bare python")  # fmt: skip
+            top = ", ".join(f"{t['module']} {t['cumulative_ms']:.0f}" for t in m["top_imports"][:4])
+            lines.append(f"    costliest imports (ms, cumulative): {top}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkout", action="append",
+                        help="a chainrun checkout to measure (repeatable; default: this one)")
+    parser.add_argument("--rounds", type=int, default=15, help="runs of each command")
+    c.add_common_options(parser)
+    args = parser.parse_args(argv)
+    doc = c.new_document("cli_startup", argv or [], vars(args))
+    doc["results"] = run(args)
+    c.finish(doc, as_json=args.json, summary=summary, out=args.out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

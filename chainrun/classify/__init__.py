@@ -1,0 +1,40 @@
+"""Classifying the shopper's message into a fixed label set, several ways.
+
+``keywords`` (:class:`KeywordRules`: regular expressions per label), ``examples``
+(:class:`NearestExamples`: k nearest labelled examples on MiniLM embeddings),
+``combined`` (:class:`RulesThenExamples`), and the model itself: an ``llm`` step with
+``labels`` whose answer is constrained to the label set by :func:`label_schema`. The
+``classify`` step kind (:mod:`chainrun.steps.classify`) runs the first three;
+``benchmarks/classify_accuracy.py`` measures all four on the labelled eval set.
+"""
+
+from chainrun.classify.base import (
+    DEFAULT_LABELS,
+    FALLBACK_LABEL,
+    Classification,
+    Classifier,
+    label_schema,
+)
+from chainrun.classify.combined import RulesThenExamples
+from chainrun.classify.examples import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_K,
+    NearestExamples,
+    read_examples,
+)
+from chainrun.classify.keywords import DEFAULT_RULES, KeywordRules
+
+__all__ = [
+    "DEFAULT_EXAMPLES",
+    "DEFAULT_K",
+    "DEFAULT_LABELS",
+    "DEFAULT_RULES",
+    "FALLBACK_LABEL",
+    "Classification",
+    "Classifier",
+    "KeywordRules",
+    "NearestExamples",
+    "RulesThenExamples",
+    "label_schema",
+    "read_examples",
+]

@@ -1,0 +1,5 @@
+"""The built-in scenario names, for ``chainrun lab serve --help`` without building the
+scenario models (:data:`chainrun.lab.scenarios.BUILTIN_SCENARIOS`, whose keys these are:
+kept equal by a test)."""
+
+BUILTIN_SCENARIO_NAMES = ("fast", "lognormal", "heavy-tail", "bimodal-guard", "work-noise")

@@ -1,0 +1,11 @@
+"""The serve face's fixed settings, in a module of their own so that ``chainrun serve
+--help`` shows them without loading the HTTP stack."""
+
+#: the largest request body accepted, in bytes (1 MiB: a chat body is a few KB, and
+#: a message is at most 8,000 characters, 32 KB of UTF-8 at most, JSON escapes aside)
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: the chain's model id on the OpenAI-compatible face (``/v1/models``)
+DEFAULT_MODEL_ID = "chainrun-shop"
+#: the environment variable holding the bearer token (never a command-line argument,
+#: which other users of the machine can read in the process list)
+TOKEN_ENV = "CHAINRUN_SERVE_TOKEN"

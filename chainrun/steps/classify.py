@@ -1,0 +1,159 @@
+"""The classify step without a model call (``kind = "classify"``): writes ``label``.
+
+Methods (:mod:`chainrun.classify`): ``examples`` (nearest labelled examples on MiniLM
+embeddings), ``keywords`` (regular expressions per label), ``combined`` (keyword rules
+when exactly one label's rules fire, nearest examples otherwise). To classify with the
+model itself, use an ``llm`` step with ``labels`` (its answer constrained to the label
+set by ``json_schema``: :func:`chainrun.classify.label_schema`).
+
+Settings, in ``[steps.NAME]``::
+
+    kind = "classify"
+    method = "combined"      # "examples" | "keywords" | "combined"
+    labels = ["sizing", "product_search", "order_status", "returns", "styling", "other"]
+    k = 11                   # examples: neighbours that vote
+    examples = "shop-examples.jsonl"   # {"label": ..., "message": ...} lines; default:
+                                       # the examples shipped with chainrun
+    rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from chainrun.classify import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_K,
+    DEFAULT_LABELS,
+    Classifier,
+    KeywordRules,
+    NearestExamples,
+    RulesThenExamples,
+    read_examples,
+)
+from chainrun.errors import ChainrunError, ConfigError, error_type
+from chainrun.retrieval.embeddings import build_embedder
+from chainrun.retrieval.settings import EmbeddingSettings
+from chainrun.steps.base import (
+    BuildContext,
+    Step,
+    StepContext,
+    StepItem,
+    StepResult,
+    TurnState,
+    register_step_kind,
+)
+from chainrun.steps.config import StepConfig
+
+ClassifyMethod = Literal["examples", "keywords", "combined"]
+
+
+class ClassifyConfig(StepConfig):
+    """A ``classify`` step (``[steps.NAME]`` with ``kind = "classify"``; see the module
+    docstring)."""
+
+    kind: Literal["classify"] = "classify"
+    #: how the label is chosen: nearest examples, keyword rules, or rules then examples
+    method: ClassifyMethod = "combined"
+    #: the labels the step may give (the turn's ``label``)
+    labels: list[str] = Field(default_factory=lambda: list(DEFAULT_LABELS), min_length=1)
+    #: examples: the number of nearest examples that vote
+    k: int = Field(default=DEFAULT_K, ge=1, le=50)
+    #: examples: a JSONL file of {"label", "message"} lines (None: the shipped examples)
+    examples: str | None = None
+    #: keywords: label → regular expressions, replacing the built-in rules of that label
+    rules: dict[str, list[str]] = Field(default_factory=dict)
+    #: examples: the embedder (default: MiniLM, run in NumPy)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    #: deadline for one classification, in s
+    deadline_s: float = Field(default=5.0, gt=0)
+
+
+def build_classifier(
+    labels: Sequence[str], options: ClassifyConfig, *, base_dir: Path | None = None
+) -> Classifier:
+    """The classifier a ``classify`` step's settings describe, over ``labels``.
+
+    ``base_dir``: where a relative ``examples`` path is read from (the config file's
+    directory; None: the working directory).
+
+    Raises:
+        ConfigError: a bad keyword pattern. InputFileError: a bad examples file.
+    """
+    try:
+        rules = KeywordRules(labels, options.rules)
+    except ValueError as e:
+        raise ConfigError(f"classify step: {e}") from None
+    if options.method == "keywords":
+        return rules
+    path = Path(options.examples) if options.examples else DEFAULT_EXAMPLES
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    examples = read_examples(path, labels)
+    nearest = NearestExamples(labels, examples, build_embedder(options.embedding), k=options.k)
+    if options.method == "examples":
+        return nearest
+    return RulesThenExamples(rules, nearest)
+
+
+@register_step_kind
+class ClassifyStep(Step):
+    """The shopper's message → one of ``labels``, with no model call."""
+
+    kind = "classify"
+    config_model = ClassifyConfig
+    config: ClassifyConfig
+
+    def __init__(self, name: str, config: ClassifyConfig) -> None:
+        super().__init__(name, config)
+        self.labels = list(config.labels)
+        self.classifier: Classifier | None = None
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return frozenset({"message"})
+
+    @property
+    def writes(self) -> frozenset[str]:
+        return frozenset({"label"})
+
+    async def open(self, ctx: BuildContext) -> None:
+        path: str | None = getattr(ctx.config, "path", None)  # ChainConfig's source file
+        base = Path(path).parent if path else None  # a relative examples path: beside it
+        # reads the examples file: off the event loop
+        self.classifier = await asyncio.to_thread(
+            build_classifier, self.labels, self.config, base_dir=base
+        )
+        warm = getattr(self.classifier, "warm", None)
+        if warm is not None:
+            await warm()  # embed the examples before the first turn
+
+    async def aclose(self) -> None:
+        embedder: Any = getattr(getattr(self.classifier, "examples", None), "embedder", None)
+        embedder = embedder or getattr(self.classifier, "embedder", None)
+        close = getattr(embedder, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        assert self.classifier is not None, "ClassifyStep.open() was not called"
+        row, result = ctx.row, StepResult()
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                found = await self.classifier.classify(state.message)
+            result.updates["label"] = found.label
+            row.output = found.label
+            row.detail = {"method": found.method, "score": found.score, **found.detail}
+        except (ChainrunError, TimeoutError) as e:
+            result.error = e
+            row.error_type = error_type(e)
+        row.duration_ms = ctx.elapsed_ms()
+        yield result
+
+
+__all__ = ["ClassifyConfig", "ClassifyStep", "build_classifier"]

@@ -1,0 +1,57 @@
+"""The CLI starts without loading what the command does not use: ``--help`` and ``runs``
+import no model client, no HTTP server, no statistics or plots, no chain. (How long
+start-up takes is a benchmark, ``benchmarks/cli_startup.py``, not a test.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chainrun.lab.names import BUILTIN_SCENARIO_NAMES
+from chainrun.lab.scenarios import BUILTIN_SCENARIOS
+
+#: what a command that neither runs the chain nor analyses a run must not import (NumPy is
+#: not listed: sqlite-utils imports it when it is installed, so reading a log loads it)
+HEAVY = ("chainrun.chain", "chainrun.steps", "chainrun.providers", "chainrun.analysis",
+         "chainrun.audit", "chainrun.serve.app", "chainrun.lab.server", "chainrun.retrieval",
+         "chainrun.config", "chainrun.capabilities", "openai", "httpx", "scipy",
+         "matplotlib", "starlette", "uvicorn")  # fmt: skip
+
+_MODULES_AFTER = """
+import runpy, sys
+sys.argv = ["chainrun", *sys.argv[1:]]
+try:
+    runpy.run_module("chainrun", run_name="__main__")
+except SystemExit:
+    pass
+sys.stderr.write("\\n".join(sorted(sys.modules)))
+"""
+
+
+def _modules_after(*args: str, cwd: Path) -> set[str]:
+    proc = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return set(proc.stderr.splitlines())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--help",), ("runs", "--db", "empty.db"), ("serve", "--help"), ("lab", "serve", "--help")],
+)
+def test_start_up_imports_only_what_the_command_needs(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "empty.db").close()
+    loaded = _modules_after(*args, cwd=tmp_path)
+    assert "chainrun.cli" in loaded  # the command ran
+    heavy = sorted(m for m in loaded if m.startswith(HEAVY))
+    assert heavy == [], f"chainrun {' '.join(args)} imported {heavy[:8]}"
+
+
+def test_scenario_names_for_help_are_the_built_in_scenarios() -> None:
+    assert BUILTIN_SCENARIO_NAMES == tuple(BUILTIN_SCENARIOS)
