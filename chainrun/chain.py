@@ -45,7 +45,7 @@ from chainrun.errors import (
     ProviderUnavailable,
     error_type,
 )
-from chainrun.events import Event, TokenDelta, TurnFinished
+from chainrun.events import AnswerDone, Event, TokenDelta, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
 from chainrun.log.redaction import Redactor
@@ -517,6 +517,9 @@ class Chain:
             async for event in run.events():
                 if isinstance(event, TokenDelta) and event.step == answer_step:
                     shown.append(event.text)
+                elif isinstance(event, AnswerDone):
+                    event = dataclasses.replace(event, conversation_id=turn.conversation_id,
+                                                turn_index=turn.turn_index)  # fmt: skip
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             turn.status = "cancelled"

@@ -100,6 +100,8 @@ class AnswerDone:
         pending: steps not finished yet (they finish after this event).
         usage: tokens of the model calls of the steps finished so far (the answer's and
             those before it); ``unknown_calls`` counts calls whose tokens are unknown.
+        conversation_id / turn_index: the turn's conversation and its 1-based position
+            there (set by :meth:`chainrun.Chain.stream_turn`).
     """
 
     step: str
@@ -108,6 +110,8 @@ class AnswerDone:
     answer_done_ms: float
     pending: tuple[str, ...] = ()
     usage: TurnUsage = field(default_factory=TurnUsage)
+    conversation_id: str | None = None
+    turn_index: int | None = None
     type: Literal["answer_done"] = "answer_done"
 
 

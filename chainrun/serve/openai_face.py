@@ -39,8 +39,8 @@ What comes back besides the answer:
   :mod:`chainrun.serve.turns`), the chunk with ``finish_reason`` ``stop``, the usage
   chunk and ``[DONE]`` are sent, and the checks after the answer (validate, critique)
   finish on the server and are logged. That chunk's ``chainrun`` is then
-  ``{status: "answered", step, output, answer_ttft_ms, answer_done_ms, pending,
-  usage, conversation_id, request_id}`` (``pending``: the steps still running;
+  ``{status: "answered", step, output, answer_ttft_ms, answer_done_ms, turn_index,
+  pending, usage, conversation_id, request_id}`` (``pending``: the steps still running;
   ``request_id`` finds the turn in the log), and ``usage`` covers the calls made until
   the answer. A turn refused or failed before its answer ends as before, with the
   whole turn summary.

@@ -12,7 +12,7 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     step          {phase: "finished", step, kind, status, started_ms, duration_ms,
                    ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
                    error_type, model, reasoning_effort, output}
-    answer_done   {step, output, answer_ttft_ms, answer_done_ms, pending: [step names],
+    answer_done   {step, output, answer_ttft_ms, answer_done_ms, turn_index, pending: [step names],
                    usage: {input_tokens, ..., unknown_calls} of the calls so far}
     turn          the summary of :func:`turn_summary`, read back from the log
 
@@ -283,7 +283,7 @@ class TurnRunner:
                 "answer_done",
                 {"step": ev.step, "output": ev.text, "answer_ttft_ms": ev.answer_ttft_ms,
                  "answer_done_ms": ev.answer_done_ms, "pending": list(ev.pending),
-                 "usage": ev.usage.as_json()},
+                 "usage": ev.usage.as_json(), "turn_index": ev.turn_index},
             )  # fmt: skip
         if isinstance(ev, StepStarted):
             started = ev.started_offset_ms
