@@ -51,6 +51,9 @@ def test_start_up_imports_only_what_the_command_needs(
     assert "chainrun.cli" in loaded  # the command ran
     heavy = sorted(m for m in loaded if m.startswith(HEAVY))
     assert heavy == [], f"chainrun {' '.join(args)} imported {heavy[:8]}"
+    if args[0] != "runs":  # help text reads no log: neither the store nor a database driver
+        log = sorted(m for m in loaded if m.startswith(("chainrun.log.store", "psycopg")))
+        assert log == [], f"chainrun {' '.join(args)} imported {log[:8]}"
 
 
 def test_scenario_names_for_help_are_the_built_in_scenarios() -> None:

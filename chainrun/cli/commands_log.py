@@ -9,9 +9,6 @@ from typing import Annotated
 import typer
 
 from chainrun.cli import JsonOpt, handle_errors, log_app, out, print_json
-from chainrun.log.copy import copy_runs
-from chainrun.log.several_logs import process_name
-from chainrun.log.store import Store
 
 
 @log_app.command("copy")
@@ -30,6 +27,10 @@ def copy_command(
 ) -> None:
     """Copy every run of SOURCE (turns, steps, calls, eval results) into TARGET under new
     ids, each tagged with the process it came from; a run copied before is skipped."""
+    from chainrun.log.copy import copy_runs
+    from chainrun.log.several_logs import process_name
+    from chainrun.log.store import Store
+
     with Store.open(source, create=False) as src:
         name = process or (src.name if src.url else process_name(Path(source)))
         with Store.open(target) as dst:
