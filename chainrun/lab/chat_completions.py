@@ -23,6 +23,7 @@ from chainrun.lab.state import (
     max_tokens_of,
     planned_answer,
     rate_limited,
+    read_json_body,
     record_request,
     sleep_unless_disconnected,
     usage_body,
@@ -33,13 +34,10 @@ from chainrun.lab.tool_calls import LabToolCall
 
 async def chat_completions(request: Request, *, deployment: str | None = None) -> Response:
     lab: LabState = request.app.state.lab
-    try:
-        body = await request.json()
-    except ValueError:
-        return error_response(400, "request body is not JSON", "invalid_request_error")
-    # the planned TTFT counts from the moment the whole request is in (as a real server's
-    # work can start no earlier); tokens due while the loop lagged are then sent at once
-    arrived = asyncio.get_running_loop().time()
+    read = await read_json_body(request)
+    if isinstance(read, Response):
+        return read
+    body, arrived = read  # tokens due while the loop lagged are then sent at once
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return error_response(400, "'messages' must be a list", "invalid_request_error")
 

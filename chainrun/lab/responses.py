@@ -54,6 +54,7 @@ from chainrun.lab.state import (
     error_response,
     planned_answer,
     rate_limited,
+    read_json_body,
     record_request,
     sleep_unless_disconnected,
     wire_response,
@@ -114,11 +115,10 @@ def _response(rec: RequestRecord, model: str, status: str, **fields: Any) -> dic
 async def responses(request: Request) -> Response:
     """``POST /v1/responses``: plan the request as a chat one, then play it as events."""
     lab: LabState = request.app.state.lab
-    try:
-        body = await request.json()
-    except ValueError:
-        return error_response(400, "request body is not JSON", "invalid_request_error")
-    arrived = asyncio.get_running_loop().time()
+    read = await read_json_body(request)
+    if isinstance(read, Response):
+        return read
+    body, arrived = read
     messages = messages_of(body) if isinstance(body, dict) else None
     if messages is None:
         problem = "'input' must be a string or a list of messages"

@@ -294,3 +294,14 @@ def rate_limited(lab: LabState, rec: RequestRecord) -> Response:
     if not lab.scenario.faults.retry_after:
         headers = {}
     return error_response(429, "lab: rate limited", "rate_limit_exceeded", headers)
+
+
+async def read_json_body(request: Request) -> tuple[Any, float] | Response:
+    """The request's JSON body and the loop time (s) it was all in (a planned TTFT counts
+    from then, as a real server's work can start no earlier), or a 400 response when the
+    body is not JSON."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "request body is not JSON", "invalid_request_error")
+    return body, asyncio.get_running_loop().time()

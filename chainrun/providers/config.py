@@ -20,6 +20,18 @@ from chainrun.errors import ConfigError
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
+
+def http_url(v: str | None) -> str | None:
+    """``v`` unchanged when it is None or an ``http://``/``https://`` URL (the check every
+    config URL gets: providers, URL tools).
+
+    Raises:
+        ValueError: anything else (pydantic turns it into the field's config error).
+    """
+    if v is not None and not re.match(r"^https?://", v):
+        raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+    return v
+
 class ProviderConfig(BaseModel):
     """Where a step's model is served.
 
@@ -72,9 +84,7 @@ class ProviderConfig(BaseModel):
     @field_validator("base_url", "endpoint")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://", v):
-            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
-        return v
+        return http_url(v)
 
     @model_validator(mode="after")
     def _kind_fields(self) -> ProviderConfig:

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chainrun.answer_json import check_schema
+from chainrun.providers.config import http_url
 
 __all__ = ["RESERVED_ARGUMENTS", "TOOL_NAME_RE", "ToolConfig", "check_tool_name"]
 
@@ -124,9 +125,7 @@ class ToolConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://", v):
-            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
-        return v
+        return http_url(v)
 
     @model_validator(mode="after")
     def _one_target(self) -> ToolConfig:
