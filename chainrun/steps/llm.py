@@ -39,12 +39,12 @@ from chainrun.errors import (
     ProviderTimeout,
     error_type,
 )
-from chainrun.events import TokenDelta
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
 from chainrun.hedging.advisor import hedge_detail
 from chainrun.log.rows import CallRow
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
+from chainrun.steps.answer_stream import stream_answer
 from chainrun.steps.base import (
     BuildContext,
     Step,
@@ -450,13 +450,10 @@ class LLMStep(Step):
                 winner = outcome.value
                 assert winner is not None
                 if cfg.stream:
-                    source = winner.deltas()
-                    if holdback is not None:
-                        source = holdback.stream(source)
-                    async with asyncio.timeout_at(deadline), contextlib.aclosing(source):
-                        async for text in source:
-                            shown.append(text)
-                            yield TokenDelta(step=self.name, text=text)
+                    deltas = stream_answer(self.name, winner, holdback, deadline, shown)
+                    async with contextlib.aclosing(deltas):
+                        async for delta in deltas:
+                            yield delta
                 else:
                     await winner.collect()
         except OutputBlocked as e:

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from chainrun.checks.holdback import OutputBlocked
 from chainrun.errors import ProviderError, ToolRoundsExceeded, error_type
-from chainrun.events import TokenDelta, ToolCallEvent
+from chainrun.events import ToolCallEvent
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome
 from chainrun.log.rows import CallRow, ToolCallRow
 from chainrun.providers.base import ChatRequest, ChatStream
+from chainrun.steps.answer_stream import stream_answer
 from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState
 from chainrun.timing import StreamedToolCall
 from chainrun.tools import ToolCall, ToolCallRecord
@@ -217,13 +218,10 @@ async def run_tool_rounds(
             assert winner is not None
             holdback = step.holdback()
             if cfg.stream:
-                source = winner.deltas()
-                if holdback is not None:
-                    source = holdback.stream(source)
-                async with asyncio.timeout_at(deadline), contextlib.aclosing(source):
-                    async for text in source:
-                        shown.append(text)
-                        yield TokenDelta(step=step.name, text=text)
+                deltas = stream_answer(step.name, winner, holdback, deadline, shown)
+                async with contextlib.aclosing(deltas):
+                    async for delta in deltas:
+                        yield delta
             else:
                 async with asyncio.timeout_at(deadline):
                     await winner.collect()
