@@ -20,9 +20,9 @@ from chainrun.lab.state import (
     LabState,
     RequestRecord,
     error_response,
+    failed_before_answer,
     max_tokens_of,
     planned_answer,
-    rate_limited,
     read_json_body,
     record_request,
     sleep_unless_disconnected,
@@ -58,8 +58,6 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         plan = dataclasses.replace(plan, ttft_ms=plan.ttft_ms * factor)
         rec.planned_ttft_ms = round(plan.ttft_ms, 3)
 
-    if plan.fault == "rate_limit":
-        return rate_limited(lab, rec)
     if plan.fault == "reject":
         rej = lab.scenario.faults.reject
         assert rej is not None
@@ -68,15 +66,9 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         err = {"message": rej.message, "type": "invalid_request_error", "param": rej.param,
                "code": rej.code}  # fmt: skip
         return JSONResponse({"error": err}, status_code=rej.status)
-    if plan.fault == "server_error":
-        rec.status_code = 500
-        rec.finished_at = lab.now()
-        return error_response(500, "lab: injected server error", "server_error")
-    if plan.fault == "hang":
-        await sleep_unless_disconnected(request.receive, None)
-        rec.disconnected = True
-        rec.disconnected_at = rec.finished_at = lab.now()
-        return Response(status_code=499)  # never reaches the client, which has gone
+    failed = await failed_before_answer(lab, rec, plan, request)
+    if failed is not None:
+        return failed
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
     plan, words, call = planned_answer(lab, rec, body, messages, plan,

@@ -52,8 +52,8 @@ from chainrun.lab.state import (
     LabState,
     RequestRecord,
     error_response,
+    failed_before_answer,
     planned_answer,
-    rate_limited,
     read_json_body,
     record_request,
     sleep_unless_disconnected,
@@ -137,17 +137,9 @@ async def responses(request: Request) -> Response:
                          messages=messages)  # fmt: skip
     if rec.stream and sc.wire is not None:
         return wire_response(lab, rec, arrived)
-    if plan.fault == "rate_limit":
-        return rate_limited(lab, rec)
-    if plan.fault == "server_error":
-        rec.status_code = 500
-        rec.finished_at = lab.now()
-        return error_response(500, "lab: injected server error", "server_error")
-    if plan.fault == "hang":
-        await sleep_unless_disconnected(request.receive, None)
-        rec.disconnected = True
-        rec.disconnected_at = rec.finished_at = lab.now()
-        return Response(status_code=499)
+    failed = await failed_before_answer(lab, rec, plan, request)
+    if failed is not None:
+        return failed
 
     prompt_tokens = max(1, len(content_key(messages)) // 4)
     plan, words, call = planned_answer(lab, rec, body, messages, plan, text_cap)

@@ -305,3 +305,23 @@ async def read_json_body(request: Request) -> tuple[Any, float] | Response:
     except ValueError:
         return error_response(400, "request body is not JSON", "invalid_request_error")
     return body, asyncio.get_running_loop().time()
+
+
+async def failed_before_answer(
+    lab: LabState, rec: RequestRecord, plan: Plan, request: Request
+) -> Response | None:
+    """The response of a fault that stops a request before any answer (``rate_limit``,
+    ``server_error``, ``hang`` until the client goes away), recorded in ``rec``; None when
+    the plan has no such fault."""
+    if plan.fault == "rate_limit":
+        return rate_limited(lab, rec)
+    if plan.fault == "server_error":
+        rec.status_code = 500
+        rec.finished_at = lab.now()
+        return error_response(500, "lab: injected server error", "server_error")
+    if plan.fault == "hang":
+        await sleep_unless_disconnected(request.receive, None)
+        rec.disconnected = True
+        rec.disconnected_at = rec.finished_at = lab.now()
+        return Response(status_code=499)  # never reaches the client, which has gone
+    return None

@@ -40,3 +40,18 @@ async def stream_answer(
         async for text in source:
             shown.append(text)
             yield TokenDelta(step=step, text=text)
+
+
+async def settle_attempt(stream: ChatStream, streamed: bool) -> ChatStream:
+    """An attempt's stream once it has its first token (``streamed``) or its whole answer
+    (the race settles on it); the stream is closed on any failure or cancellation, so a
+    loser's HTTP response never stays open.
+
+    Raises:
+        whatever the stream raised (a provider error, a first-token or idle timeout).
+    """
+    try:
+        return await (stream.first_token() if streamed else stream.collect())
+    except BaseException:
+        await stream.aclose()
+        raise

@@ -44,7 +44,7 @@ from chainrun.hedging.advisor import hedge_detail
 from chainrun.log.rows import CallRow
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
-from chainrun.steps.answer_stream import stream_answer
+from chainrun.steps.answer_stream import settle_attempt, stream_answer
 from chainrun.steps.base import (
     BuildContext,
     Step,
@@ -420,11 +420,7 @@ class LLMStep(Step):
                 pump=cfg.stream,  # a whole answer is read in this attempt's own task
             )  # fmt: skip
             streams[info.number] = s
-            try:
-                return await (s.first_token() if cfg.stream else s.collect())
-            except BaseException:
-                await s.aclose()
-                raise
+            return await settle_attempt(s, cfg.stream)
 
         async def release(s: ChatStream) -> None:
             await s.aclose()

@@ -38,7 +38,7 @@ from chainrun.events import ToolCallEvent
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome
 from chainrun.log.rows import CallRow, ToolCallRow
 from chainrun.providers.base import ChatRequest, ChatStream
-from chainrun.steps.answer_stream import stream_answer
+from chainrun.steps.answer_stream import settle_attempt, stream_answer
 from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState
 from chainrun.timing import StreamedToolCall
 from chainrun.tools import ToolCall, ToolCallRecord
@@ -163,11 +163,7 @@ async def _race(step: ToolStep, rnd: _Round) -> None:
             pump=cfg.stream,
         )  # fmt: skip
         rnd.streams[info.number] = s
-        try:
-            return await (s.first_token() if cfg.stream else s.collect())
-        except BaseException:
-            await s.aclose()
-            raise
+        return await settle_attempt(s, cfg.stream)
 
     async def release(s: ChatStream) -> None:
         await s.aclose()
