@@ -58,6 +58,7 @@ from chainrun.log.rows import (
 )
 from chainrun.log.turn_ids import BLOCK, TurnIds, release
 from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
+from chainrun.runtime.processes import pid_exists
 
 __all__ = [
     "CATALOG_ENV",
@@ -128,13 +129,7 @@ def writer_alive(writer: dict[str, Any] | None) -> bool:
         return True
     start = _process_start(pid)
     if start is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return writer.get("start") is None
+        return pid_exists(pid) and writer.get("start") is None
     return writer.get("start") in (None, start)
 
 

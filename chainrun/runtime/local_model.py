@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chainrun.errors import ProviderUnavailable, UserInputError
+from chainrun.runtime.processes import pid_exists
 
 #: operator-facing progress (starting the model, ready); the CLI shows it on stderr
 progress = logging.getLogger("chainrun.progress")
@@ -244,12 +245,8 @@ def this_install() -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     # a zombie child of ours counts as dead (and is reaped)
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
