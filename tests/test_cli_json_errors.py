@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from chainrun.cli import app
@@ -60,3 +61,27 @@ def test_json_errors_are_one_json_document_on_stdout(lab_config: Path, tmp_path:
     # without --json stdout stays empty
     proc = chainrun("replay", str(bad), "--config", str(lab_config), "--db", str(db))
     assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_a_log_write_given_up_during_an_outage_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A database that stayed away past the writer's patience ends a command in one line
+    (error type log_write) and exit 2, never a traceback (seen when PostgreSQL went away
+    during a replay and the run's end could not be written)."""
+    import typer
+
+    from chainrun.cli import handle_errors
+    from chainrun.log.writer import LogWriteLost
+
+    @handle_errors
+    def command(as_json: bool = False) -> None:
+        raise LogWriteLost("run log postgresql://db: the database has been unreachable for "
+                           "14 s; the write is still queued")  # fmt: skip
+
+    with pytest.raises(typer.Exit) as exited:
+        command(as_json=True)
+    assert exited.value.exit_code == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"]["message"].startswith("run log postgresql://db")
+    assert err.count("\n") == 1 and "unreachable for 14 s" in err and "Traceback" not in err

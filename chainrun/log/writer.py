@@ -73,6 +73,7 @@ from typing import Any, TypeVar
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (as the store)
 
+from chainrun.errors import ChainrunError
 from chainrun.log.backend import LogDb, SqliteLogDb
 
 __all__ = [
@@ -109,9 +110,12 @@ log = logging.getLogger(__name__)
 WARN_EVERY_S = 5.0
 
 
-class LogWriteLost(RuntimeError):
+class LogWriteLost(ChainrunError):
     """A write was dropped or given up: the log's database was unreachable and the queue
-    was full, or the outage outlasted ``close_timeout_s``."""
+    was full, or the outage outlasted ``close_timeout_s``. Error type ``log_write`` (the
+    CLI says it in one line and exits 2, as for any write the log could not take)."""
+
+    error_type = "log_write"
 
 
 def open_connection(path: Path) -> sqlite_utils.Database:
