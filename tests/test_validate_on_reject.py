@@ -95,7 +95,8 @@ def test_show_prints_each_turns_critique_text_and_verdicts(tmp_path: Path) -> No
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "  ✓ critique: Mention that the \\x1b[31mStorm Shell is waterproof." in lines
+    # a critique is text, no pass or fail: marked "·" (a tick is for a verdict that passed)
+    assert "  · critique: Mention that the \\x1b[31mStorm Shell is waterproof." in lines
     assert '  ✓ validate: ok=true, reason="fine"' in lines
 
 
