@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from chainrun.cli import app
+from cli_runner import chainrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
 
 
 # -- --json errors ---------------------------------------------------------------------

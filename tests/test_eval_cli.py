@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
-
-from chainrun.cli import app
+from cli_runner import chainrun, short_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _short_replay(tmp_path: Path, n: int = 3) -> Path:
-    """The first ``n`` requests of the shipped replay set (a faster run of the same kind)."""
-    p = tmp_path / f"replay-{n}.jsonl"
-    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
-    return p
-
 
 
 # -- evals -----------------------------------------------------------------------------
@@ -100,7 +76,7 @@ def test_eval_run_refuses_new_run_options_and_exits_2_without_a_match(
     lab_config: Path, tmp_path: Path
 ) -> None:
     db = tmp_path / "log.db"
-    proc = chainrun("replay", str(_short_replay(tmp_path)), "--config", str(lab_config),
+    proc = chainrun("replay", str(short_replay(tmp_path)), "--config", str(lab_config),
                     "--db", str(db), "--json")  # fmt: skip
     run_id = json.loads(proc.stdout)["run_id"]
     cases = _cases(tmp_path / "c.jsonl", {"id": "x", "message": "not in the replay",

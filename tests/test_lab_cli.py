@@ -8,25 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
-
-from typer.testing import CliRunner
-
-from chainrun.cli import app
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 def _read_json_doc(stream: Any, timeout_s: float = 20.0) -> dict[str, Any]:
@@ -44,7 +26,6 @@ def _read_json_doc(stream: Any, timeout_s: float = 20.0) -> dict[str, Any]:
         except json.JSONDecodeError:
             continue
     raise AssertionError(f"no JSON document on stdout: {text!r}")
-
 
 
 def test_lab_serve_port_0_json_prints_the_bound_port() -> None:

@@ -9,34 +9,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import chainrun
 
-from chainrun.cli import app, main
+from chainrun.cli import main
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
 
 
 # -- the local server ------------------------------------------------------------------

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_runner import chainrun, short_replay
 from static_files import serve_directory
-from typer.testing import CliRunner
 
-from chainrun.cli import app
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 
@@ -20,27 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _short_replay(tmp_path: Path, n: int = 3) -> Path:
-    """The first ``n`` requests of the shipped replay set (a faster run of the same kind)."""
-    p = tmp_path / f"replay-{n}.jsonl"
-    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
-    return p
-
 
 
 # -- providers -------------------------------------------------------------------------
@@ -60,7 +37,7 @@ def test_a_dead_hedge_target_does_not_block_the_run(lab: LabServer, tmp_path: Pa
         '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
     )
     db = tmp_path / "log.db"
-    replay = _short_replay(tmp_path)
+    replay = short_replay(tmp_path)
     proc = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db), "--json")
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "backup" in line]

@@ -9,13 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
+from cli_runner import chainrun
 
-from chainrun.cli import app
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 
@@ -29,19 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 # -- re-checked as a new user: what the earlier tests did not cover ----------------------

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import chainrun
 
-from chainrun.cli import app
 from chainrun.cli.commands_eval import _verdict
 from chainrun.log.store import Store
 
@@ -20,28 +18,12 @@ def _cases(path: Path, *cases: dict[str, Any]) -> Path:
     return path
 
 
-
 RUBRIC_ONLY = (
     {"id": "r1", "message": "Do your slim jeans run small?",
      "assert": [{"type": "llm-rubric", "value": "Answers the sizing question."}]},
     {"id": "r2", "message": "Where is my parcel?",
      "assert": [{"type": "llm-rubric", "value": "Does not invent order details."}]},
 )  # fmt: skip
-
-
-def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 
 # -- summaries of interrupted runs: one rule -----------------------------------------
 
