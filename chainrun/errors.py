@@ -35,8 +35,8 @@ exits 2 for both (a clear one-line message, never a traceback; with ``--json`` a
 
 from __future__ import annotations
 
-import asyncio
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -350,6 +350,7 @@ def error_type(err: BaseException | None) -> str | None:
         return "circuit_open"
     if isinstance(err, NoAcceptableAnswer):
         return "invalid_answer"
-    if isinstance(err, asyncio.CancelledError):
+    asyncio = sys.modules.get("asyncio")  # without asyncio loaded, nothing was cancelled
+    if asyncio is not None and isinstance(err, asyncio.CancelledError):
         return "cancelled"
     return "internal_error"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict, dataclass, field
-from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar, cast
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -154,6 +156,8 @@ class HedgeOutcome(Generic[T]):
 
     async def shadows_done(self) -> None:
         """Wait until every shadow loser of this call has finished (or been cancelled)."""
+        import asyncio  # here, not at the top: the run log's rows import this module
+
         pending = [task for task in self._shadows if not task.done()]
         if pending:
             await asyncio.wait(pending)
