@@ -17,7 +17,8 @@ from chainrun.lab.scenarios import BUILTIN_SCENARIOS
 #: not listed: sqlite-utils imports it when it is installed, so reading a log loads it)
 HEAVY = ("chainrun.chain", "chainrun.steps", "chainrun.providers", "chainrun.analysis",
          "chainrun.audit", "chainrun.serve.app", "chainrun.lab.server", "chainrun.retrieval",
-         "chainrun.config", "chainrun.capabilities", "openai", "httpx", "scipy",
+         "chainrun.config", "chainrun.capabilities", "chainrun.hedging.engine",
+         "chainrun.hedging.advisor", "chainrun.hedging.window", "openai", "httpx", "scipy",
          "matplotlib", "starlette", "uvicorn")  # fmt: skip
 
 _MODULES_AFTER = """
