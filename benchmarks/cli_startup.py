@@ -46,18 +46,20 @@ def _env(checkout: Path | None) -> dict[str, str]:
     return env
 
 
-def _wall_ms(args: list[str], env: dict[str, str]) -> float:
+def _wall_ms(args: list[str], env: dict[str, str], cwd: str) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run(args, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ms = (time.perf_counter() - t0) * 1000.0
     if proc.returncode != 0:
         raise RuntimeError(f"{args} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
     return ms
 
 
-def importtime(args: list[str], env: dict[str, str], top: int = 12) -> list[dict[str, Any]]:
+def importtime(
+    args: list[str], env: dict[str, str], cwd: str, top: int = 12
+) -> list[dict[str, Any]]:
     """The ``top`` costliest imports (cumulative µs → ms) of one run of ``args``."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", *args[1:]], env=env,
+    proc = subprocess.run([sys.executable, "-X", "importtime", *args[1:]], env=env, cwd=cwd,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     rows = []
     for line in proc.stderr.splitlines():
@@ -79,6 +81,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "--help": [sys.executable, "-m", "chainrun", "--help"],
             "runs": [sys.executable, "-m", "chainrun", "runs", "--db", str(db)],
         }
+        for co in checkouts:  # each checkout's runs import that checkout's chainrun
+            probe = [sys.executable, "-c", "import chainrun; print(chainrun.__file__)"]
+            where = subprocess.run(probe, env=_env(co), cwd=tmp, capture_output=True, text=True)
+            if not where.stdout.strip().startswith(str(co)):
+                raise SystemExit(f"{co}: python -m chainrun would import {where.stdout.strip()}")
         bare = [sys.executable, "-c", "pass"]
         times: dict[str, dict[str, list[float]]] = {
             str(co): {name: [] for name in commands} for co in checkouts
@@ -89,11 +96,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bare_ms: list[float] = []
         for r in range(args.rounds):
             print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-            base = _wall_ms(bare, _env(None))
+            # every command runs in the temporary directory: ``python -m`` puts the working
+            # directory first on sys.path, ahead of PYTHONPATH, so a run from a checkout
+            # would import that checkout whatever --checkout says
+            base = _wall_ms(bare, _env(None), tmp)
             bare_ms.append(base)
             for co in checkouts:
                 for name, cmd in commands.items():
-                    ms = _wall_ms(cmd, _env(co))
+                    ms = _wall_ms(cmd, _env(co), tmp)
                     times[str(co)][name].append(ms)
                     ratios[str(co)][name].append(ms / base)
         out: dict[str, Any] = {"bare_python": _summary(bare_ms), "checkouts": {}}
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 entry[name] = {
                     **_summary(times[str(co)][name]),
                     "ratio_to_bare_median": round(statistics.median(ratios[str(co)][name]), 2),
-                    "top_imports": importtime(cmd, _env(co)),
+                    "top_imports": importtime(cmd, _env(co), tmp),
                 }
             out["checkouts"][str(co)] = entry
     return out
