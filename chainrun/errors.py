@@ -8,6 +8,7 @@
     │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
     ├── ChainClosed               a turn asked of a Chain already closed (also a RuntimeError)
     ├── LogWriteError             turns that returned could not be written to the run log
+    │   └── LogFileGone           the log's file was deleted or replaced during a run
     └── ProviderError             the model server failed us (not the user's fault)
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
@@ -128,24 +129,58 @@ class LogWriteError(ChainrunError):
     Attributes:
         lost: the turns lost since the last time this was raised (:class:`LostTurn`).
         log: the log file (None: not known).
+
+    ``message``: the error's text (default: the first lost turn named, and how many more).
     """
 
     error_type = "log_write"
 
-    def __init__(self, lost: list[LostTurn], log: str | None = None) -> None:
+    def __init__(
+        self, lost: list[LostTurn], log: str | None = None, *, message: str | None = None
+    ) -> None:
         self.lost = list(lost)
         self.log = log
-        where = f"run log {log}" if log else "run log"
-        first = lost[0] if lost else None
-        what = (f"{first.describe()} was not logged: {first.error}" if first is not None
-                else "a write failed")  # fmt: skip
-        more = f" (and {len(lost) - 1} more turns)" if len(lost) > 1 else ""
-        super().__init__(f"{where}: {what}{more}")
+        if message is None:
+            where = f"run log {log}" if log else "run log"
+            first = lost[0] if lost else None
+            what = (f"{first.describe()} was not logged: {first.error}" if first is not None
+                    else "a write failed")  # fmt: skip
+            more = f" (and {len(lost) - 1} more turns)" if len(lost) > 1 else ""
+            message = f"{where}: {what}{more}"
+        super().__init__(message)
 
     def lines(self) -> list[str]:
         """One line per lost turn, each naming its turn id and request id."""
         where = f"run log {self.log}: " if self.log else ""
         return [f"{where}{t.describe()} was not logged: {t.error}" for t in self.lost]
+
+
+class LogFileGone(LogWriteError):
+    """The run log's SQLite file was deleted, or replaced by another file, while a run was
+    writing it. SQLite raises nothing then: its open connections go on writing to the
+    deleted file, which disappears with them when the process ends, so every turn of
+    the run (and of any other run in that file) is lost. A replay or eval stops at the
+    first turn that finds the file gone.
+
+    Attributes:
+        lost: the run's turns that were in the file (:class:`LostTurn`, oldest first).
+        log: the log file.
+        run_id: the run that was being written.
+        not_run: requests of the run that were not sent because of it.
+    """
+
+    def __init__(self, log: str, run_id: int, lost: list[LostTurn], not_run: int = 0) -> None:
+        self.run_id = run_id
+        self.not_run = not_run
+        names = [t.request_id or f"turn {t.turn_id}" for t in lost]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        turns = f"its {len(lost)} turns so far ({shown}) are lost with it" if lost else (
+            "no turn of it had been written")  # fmt: skip
+        rest = f"; stopped with {not_run} requests not run" if not_run else ""
+        message = (f"run log {log} was deleted or replaced while run {run_id} was writing "
+                   f"it: {turns}{rest}")  # fmt: skip
+        super().__init__(lost, log, message=message)
+        self.path = log  # the file at fault (--json's "file")
 
 
 class ProviderError(ChainrunError):

@@ -31,7 +31,7 @@ from typing import Any
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
-from chainrun.errors import InputFileError, UserInputError
+from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl
 from chainrun.log.rows import RunKind
@@ -229,6 +229,9 @@ async def run_requests(
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
+        LogFileGone: the log's SQLite file was deleted or replaced during the run: the
+            replay stops after the first turn that finds it gone (turns in flight are
+            cancelled), naming the run's turns that went with the file.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
@@ -239,12 +242,14 @@ async def run_requests(
     sem = asyncio.Semaphore(concurrency)
 
     stopped = False  # set inside the semaphore, so no queued turn starts after a stop
+    sent = 0
 
     async def one(req: ReplayRequest, history: Sequence[HistoryTurn]) -> TurnFinished | None:
-        nonlocal stopped
+        nonlocal stopped, sent
         async with sem:
             if stopped:
                 return None
+            sent += 1
             try:
                 done = await chain.run_turn(
                     req.message, request_id=req.id, conversation_id=req.conversation_id,
@@ -253,6 +258,9 @@ async def run_requests(
             except BaseException:
                 stopped = True
                 raise
+            if store.file_gone():  # SQLite writes on into a deleted file without a word
+                stopped = True
+                raise _LogGone()
             if on_turn is not None:
                 on_turn(req, done)
             return done
@@ -269,18 +277,37 @@ async def run_requests(
                 return
             history.append(HistoryTurn(req.message, done.output or ""))
 
-    async with chain:
-        started = await chain.ensure_run()
-        if on_run is not None and started is not None:
-            on_run(started)
-        tasks = [asyncio.create_task(conversation(c)) for c in conversations_of(requests)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            # stopped (unreachable provider, Ctrl-C, SIGTERM): cancel the turns in flight
-            # and let them log themselves as cancelled before the run is closed
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        async with chain:
+            started = await chain.ensure_run()
+            if on_run is not None and started is not None:
+                on_run(started)
+            tasks = [asyncio.create_task(conversation(c)) for c in conversations_of(requests)]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                # stopped (unreachable provider, Ctrl-C, SIGTERM, the log gone): cancel the
+                # turns in flight and let them log themselves cancelled before the run ends
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    except _LogGone:
+        assert chain.run_id is not None
+        raise _log_gone(store, chain.run_id, len(requests) - sent) from None
     assert chain.run_id is not None
+    if store.file_gone():  # gone after the last turn's check, before the run's end
+        raise _log_gone(store, chain.run_id, 0)
     return chain.run_id
+
+
+class _LogGone(Exception):
+    """A turn of the run found the log's file gone (turned into :class:`LogFileGone`
+    once the run is closed and its turns can be listed)."""
+
+
+def _log_gone(store: Store, run_id: int, not_run: int) -> LogFileGone:
+    """The error for run ``run_id`` whose log file was deleted: every turn of the run
+    the store wrote is listed (read through the store's still-open connection)."""
+    why = "the log file was deleted or replaced"
+    lost = [LostTurn(t.id, t.request_id, why) for t in store.turns(run_id)]
+    return LogFileGone(store.name, run_id, lost, not_run)

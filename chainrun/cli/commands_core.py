@@ -171,7 +171,7 @@ def replay(
     from chainrun.analysis.summary import hedge_stats, latency_summary
     from chainrun.cli.tables import hedge_table, latency_table
     from chainrun.config import config_from_snapshot, load_config
-    from chainrun.errors import LogWriteError, UserInputError
+    from chainrun.errors import LogFileGone, LogWriteError, UserInputError
     from chainrun.log.store import Store
     from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
 
@@ -222,7 +222,7 @@ def replay(
                 raise
             run_id, stopped = started[0], e
         except LogWriteError as e:
-            if not started:
+            if not started or isinstance(e, LogFileGone):  # no log left to summarise
                 raise
             run_id, lost = started[0], e
         summary = latency_summary(store, run_id)

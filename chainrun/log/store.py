@@ -204,6 +204,8 @@ class Store:
         if writer is None and path is not None:
             writer = LogWriter(path)
         self.writer: LogWriter | None = writer
+        #: the (device, inode) of the SQLite file as opened (None: in memory, PostgreSQL)
+        self._file_id = _file_id(path) if path is not None else None
         self._ids = TurnIds(self._reserve_on_writer, self._reserve_here, block=block)
 
     @property
@@ -219,6 +221,16 @@ class Store:
                 )
             self._catalog = Store._open_file(path, path)
         return self._catalog
+
+    def file_gone(self) -> bool:
+        """Whether a SQLite log's file was deleted, or replaced by another file, since
+        this store opened it (False in memory and on PostgreSQL). SQLite says nothing
+        then: its connections go on writing to the deleted file, which disappears with
+        them when they close, so whatever was written to it is lost (one ``stat``, a few
+        µs: cheap enough to ask after every turn)."""
+        if self._file_id is None or self.path is None:
+            return False
+        return _file_id(self.path) != self._file_id
 
     @property
     def dialect(self) -> str:
@@ -859,6 +871,15 @@ class Store:
         return self.log.query(
             f"select * from eval_results where run_id in ({marks}) order by id", ids
         )
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file at ``path`` (None: no file there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def log_time(when: datetime) -> str:
