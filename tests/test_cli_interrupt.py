@@ -143,3 +143,16 @@ def test_ctrl_c_of_eval_prints_the_turns_so_far(tmp_path: Path) -> None:
     n_cases = sum(1 for line in cases.read_text().splitlines() if line.strip())
     assert doc["turns"]["n_completed"] >= 3 and doc["n_cases"] == n_cases
     assert f"--run {doc['run_id']} scores the turns done" in doc["score_with"]
+
+
+@pytest.mark.parametrize("command", ["replay", "eval"])
+def test_ctrl_c_is_said_in_one_line(tmp_path: Path, command: str) -> None:
+    """The line naming the run and how to go on is the whole of stderr: no bare
+    ``chainrun: interrupted`` after it (before: two lines, the second saying less)."""
+    source = REPLAY if command == "replay" else ROOT / "evals" / "regression.jsonl"
+    res, _ = _ctrl_c_after([command, str(source)], tmp_path / "log.db", tmp_path)
+    assert res.returncode == 130
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"chainrun: {command} interrupted: run 1 has "), res.stderr
+    hint = "runs the rest" if command == "replay" else "scores the turns done"
+    assert line.endswith(hint), line

@@ -327,18 +327,30 @@ def print_json(doc: Any) -> None:
         exit_broken_pipe()
 
 
-def interrupted_line(command: str, summary: dict[str, Any]) -> str:
-    """One stderr line for a run stopped by Ctrl-C or SIGTERM: its id and its turns so far
-    (``summary`` is :func:`chainrun.analysis.summary.latency_summary`'s)."""
+def interrupted_line(
+    command: str, summary: dict[str, Any], stopped: BaseException | None = None
+) -> str:
+    """One stderr line for a run stopped by Ctrl-C or SIGTERM (``stopped``: the
+    :class:`KeyboardInterrupt` or :class:`Terminated`; it says ``terminated`` for the
+    latter): its id and its turns so far (``summary`` is
+    :func:`chainrun.analysis.summary.latency_summary`'s). The command then leaves with
+    :func:`exit_stopped`, so this is the only line that says it stopped."""
     c = summary["turns"]
     done = c["n_completed"] + c["n_refused"] + c["n_replaced"] + c["n_errored"]
-    return (f"chainrun: {command} interrupted: run {summary['run_id']} has {done} turns "
+    how = "terminated" if isinstance(stopped, Terminated) else "interrupted"
+    return (f"chainrun: {command} {how}: run {summary['run_id']} has {done} turns "
             f"answered ({c['n_completed']} completed), {c['n_cancelled']} cancelled in "
             "flight")  # fmt: skip
 
 
 class Terminated(Exception):
     """The command received SIGTERM (its work was cancelled and logged as such)."""
+
+
+def exit_stopped(stopped: BaseException) -> NoReturn:
+    """Leave a command stopped by Ctrl-C (exit 130) or SIGTERM (:class:`Terminated`, exit
+    143) whose own line (:func:`interrupted_line`) already said so: no second line."""
+    raise typer.Exit(143 if isinstance(stopped, Terminated) else 130)
 
 
 def run_async(coro: Any) -> Any:

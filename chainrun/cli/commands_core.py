@@ -25,6 +25,7 @@ from chainrun.cli import (
     UntilOpt,
     app,
     err,
+    exit_stopped,
     handle_errors,
     interrupted_line,
     local_app,
@@ -250,9 +251,9 @@ def replay(
     if stopped is not None:
         again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
                             "--resume", str(run_id)])  # fmt: skip
-        err.print(interrupted_line("replay", summary) + f"; {again} runs the rest",
+        err.print(interrupted_line("replay", summary, stopped) + f"; {again} runs the rest",
                   markup=False)  # fmt: skip
-        raise stopped
+        exit_stopped(stopped)
 
 
 @app.command()

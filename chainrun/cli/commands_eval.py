@@ -21,6 +21,7 @@ from chainrun.cli import (
     UntilOpt,
     app,
     err,
+    exit_stopped,
     handle_errors,
     interrupted_line,
     out,
@@ -117,11 +118,13 @@ def eval_command(
                                  quiet=as_json, on_turn=lambda *_: progress.advance(task),
                                  on_run=started.append)
                     )  # fmt: skip
-        except (KeyboardInterrupt, Terminated):
-            if started:  # the turns so far, unscored: `eval FILE --run N` scores them
-                _print_interrupted(latency_summary(store, started[0]), file, repeat, len(cases),
-                                   as_json, db)  # fmt: skip
-            raise
+        except (KeyboardInterrupt, Terminated) as e:
+            if not started:
+                raise
+            # the turns so far, unscored: `eval FILE --run N` scores them
+            _print_interrupted(latency_summary(store, started[0]), file, repeat, len(cases),
+                               as_json, db, e)  # fmt: skip
+            exit_stopped(e)
         verdicts = [
             {k: r[k] for k in ("case_id", "repeat", "type", "step", "passed", "detail", "grader")}
             for r in load_results(store, [result["run_id"]])
@@ -174,7 +177,8 @@ def eval_command(
 
 
 def _print_interrupted(
-    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool, db: str
+    summary: dict[str, Any], file: Path, repeat: int, n_cases: int, as_json: bool, db: str,
+    stopped: BaseException,
 ) -> None:
     """An eval run stopped by Ctrl-C or SIGTERM: its turns so far (not scored)."""
     run_id = summary["run_id"]
@@ -184,7 +188,7 @@ def _print_interrupted(
         print_json({"run_id": run_id, "status": summary["status"], "n_cases": n_cases,
                     "repeat": repeat, "n_turns": summary["n_turns"],
                     "turns": summary["turns"], "scored": False, "score_with": hint})  # fmt: skip
-    err.print(interrupted_line("eval", summary) + f"; {hint}", markup=False)
+    err.print(interrupted_line("eval", summary, stopped) + f"; {hint}", markup=False)
 
 
 @app.command("compare")
