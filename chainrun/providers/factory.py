@@ -10,6 +10,7 @@ wire format ``api`` asks for (Chat Completions or the Responses API), Azure when
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from chainrun.providers.base import Provider
 from chainrun.providers.config import ProviderConfig
@@ -48,7 +49,7 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
             ),
         )
     elif base_url is None:
-        base_url = (await asyncio.to_thread(local_model.up, quiet=quiet)).base_url
+        base_url = (await _local_model_up(quiet)).base_url
     cls = ResponsesProvider if cfg.api == "responses" else OpenAICompatProvider
     provider: OpenAICompatProvider | ResponsesProvider = cls(
         name,
@@ -67,3 +68,16 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         await provider.aclose()
         raise
     return provider
+
+
+async def _local_model_up(quiet: bool) -> local_model.LocalServer:
+    """:func:`chainrun.runtime.local_model.up` in a worker thread, told to stop waiting
+    when this is cancelled: otherwise the thread would wait on for the server (up to
+    its start-up timeout) and hold the process's exit (``asyncio.run`` joins its worker
+    threads), so a Ctrl-C of ``chainrun serve`` during start-up seemed ignored."""
+    cancel = threading.Event()
+    try:
+        return await asyncio.to_thread(local_model.up, quiet=quiet, cancel=cancel)
+    except asyncio.CancelledError:
+        cancel.set()
+        raise

@@ -39,6 +39,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -329,11 +330,32 @@ def others() -> list[LocalServer]:
     return [s for s in _live() if key is None or s.key != key]
 
 
-def _wait_healthy(server: LocalServer, timeout_s: float) -> LocalServer:
+class StartCancelled(ProviderUnavailable):
+    """:func:`up` stopped waiting for the server because its caller gave up (the event
+    given as ``cancel`` was set: a Ctrl-C of the process waiting for it). The server, if
+    one was started, is left to finish loading: the next :func:`up` finds it."""
+
+
+def _pause(cancel: threading.Event | None, seconds: float, what: str) -> None:
+    """Sleep ``seconds`` s, or less when ``cancel`` is set.
+
+    Raises:
+        StartCancelled: ``cancel`` is set (``what``: what was being waited for).
+    """
+    if cancel is None:
+        time.sleep(seconds)
+    elif cancel.wait(seconds):
+        raise StartCancelled(f"stopped waiting for {what}")
+
+
+def _wait_healthy(
+    server: LocalServer, timeout_s: float, cancel: threading.Event | None = None
+) -> LocalServer:
     """``server`` once it answers ``/health``.
 
     Raises:
         ProviderUnavailable: it did not within ``timeout_s`` s, or its process ended.
+        StartCancelled: ``cancel`` was set meanwhile.
     """
     deadline = time.monotonic() + timeout_s
     while not healthy(server.port):
@@ -344,7 +366,7 @@ def _wait_healthy(server: LocalServer, timeout_s: float) -> LocalServer:
                 f"the local model server (pid {server.pid}, port {server.port}) is running "
                 f"but has not answered /health for {timeout_s:.0f} s; see {server.log_path}"
             )
-        time.sleep(0.2)
+        _pause(cancel, 0.2, f"the local model server (pid {server.pid})")
     return server
 
 
@@ -365,27 +387,37 @@ def up(
     quiet: bool = False,
     extra_args: list[str] | None = None,
     timeout_s: float = STARTUP_TIMEOUT_S,
+    cancel: threading.Event | None = None,
 ) -> LocalServer:
     """Start llama-server with the local model (or return this install's live one, once
     it answers ``/health``: one install runs one server).
 
     The server runs in its own session (it outlives this process) and logs to
     ``home()/llama-server.log``. Says what it does on stderr unless ``quiet``.
+    ``cancel``: an event that, once set (from another thread), ends every wait here
+    within 0.2 s plus one ``/health`` check (1 s at most): a caller running ``up`` in a
+    worker thread sets it when it is cancelled, so that its process can exit.
 
     Raises:
         ProviderUnavailable: not installed, or not healthy within ``timeout_s`` (s).
+        StartCancelled: ``cancel`` was set while waiting.
     """
     running = status()
     if running:  # alive: if busy or still loading, wait for it rather than start another
-        return _wait_healthy(running, timeout_s)
+        return _wait_healthy(running, timeout_s, cancel)
     home().mkdir(parents=True, exist_ok=True)
     # one starter at a time: two commands started together must share one server
     with open(home() / "local-server.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another process is starting the server
+                _pause(cancel, 0.2, "another process starting the local model")
         running = status()
         if running:
-            return _wait_healthy(running, timeout_s)
-        return _start(slots, context, port, quiet, extra_args, timeout_s)
+            return _wait_healthy(running, timeout_s, cancel)
+        return _start(slots, context, port, quiet, extra_args, timeout_s, cancel)
 
 
 def _start(
@@ -395,6 +427,7 @@ def _start(
     quiet: bool,
     extra_args: list[str] | None,
     timeout_s: float,
+    cancel: threading.Event | None = None,
 ) -> LocalServer:
     binary = server_binary()
     model = model_path()
@@ -438,7 +471,8 @@ def _start(
             if not quiet:
                 progress.info("local model ready at %s", server.base_url)
             return server
-        time.sleep(0.2)
+        # given up on: the server loads on (unrecorded until healthy, found by its process)
+        _pause(cancel, 0.2, f"llama-server (pid {proc.pid}) to load the model")
     proc.kill()
     proc.wait()
     raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
@@ -63,6 +64,9 @@ class ServeState:
         freeze_gc: once the chain is open, ``gc.freeze()`` the objects alive then and
             make full collections rare (:mod:`chainrun.runtime.gc_settings`; ``chainrun serve``
             does).
+        shutdown_grace_s: at shutdown, how long the turns in flight get to finish (s,
+            from the stop request: :meth:`request_stop`) before they are cancelled (each
+            is logged ``cancelled``); None: wait for them however long they take.
     """
 
     def __init__(
@@ -73,8 +77,13 @@ class ServeState:
         model_id: str = DEFAULT_MODEL_ID,
         retry_s: float = 2.0,
         freeze_gc: bool = False,
+        shutdown_grace_s: float | None = None,
     ) -> None:
         self.chain_factory = chain_factory
+        self.shutdown_grace_s = shutdown_grace_s
+        #: time.monotonic() of the first stop request (None: none yet)
+        self.stop_requested_at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.freeze_gc = freeze_gc
         self.observers = list(observers)
         self.model_id = model_id
@@ -106,7 +115,35 @@ class ServeState:
 
     def start(self) -> None:
         """Start opening the chain in the background (``/readyz`` says when it is done)."""
+        self._loop = asyncio.get_running_loop()
         self._opener = asyncio.create_task(self._open_until_ready())
+
+    def turns_in_flight(self) -> int:
+        """Turns running now (answered turns whose checks still run count too)."""
+        runner = self.runner
+        return sum(1 for t in runner.background if not t.done()) if runner else 0
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """The server was told to stop (safe from a signal handler or another thread):
+        the grace of the turns in flight starts now (:attr:`shutdown_grace_s`); with
+        ``now`` they are cancelled at once (each logs itself ``cancelled``)."""
+        first = self.stop_requested_at is None
+        if first:
+            self.stop_requested_at = time.monotonic()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if now:
+            loop.call_soon_threadsafe(self._cancel_turns, False)
+        elif first and self.shutdown_grace_s is not None:
+            grace = self.shutdown_grace_s
+            loop.call_soon_threadsafe(lambda: loop.call_later(grace, self._cancel_turns, True))
+
+    def _cancel_turns(self, at_deadline: bool) -> None:
+        n = self.runner.cancel() if self.runner is not None else 0
+        if n and at_deadline:
+            log.warning("cancelled %d turn%s still running at the stop's deadline (logged "
+                        "cancelled)", n, "" if n == 1 else "s")  # fmt: skip
 
     async def wait_ready(self) -> None:
         """Wait until the chain is open (for tests and embedding code)."""
@@ -119,12 +156,29 @@ class ServeState:
             self._opener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._opener
-        runner, self.runner = self.runner, None
+        runner = self.runner
         if runner is not None:
-            await runner.drain()
+            await self._drain(runner)
+        self.runner = None
         chain, self.chain = self.chain, None
         if chain is not None:
             await chain.aclose("complete")
+
+
+    async def _drain(self, runner: TurnRunner) -> None:
+        """Wait for the turns in flight, for :attr:`shutdown_grace_s` at most (counted
+        from the stop request), then cancel the rest and wait for them to log."""
+        if self.shutdown_grace_s is None:
+            await runner.drain()
+            return
+        since = self.stop_requested_at or time.monotonic()
+        left = since + self.shutdown_grace_s - time.monotonic()
+        drain = asyncio.ensure_future(runner.drain())
+        try:
+            await asyncio.wait_for(asyncio.shield(drain), max(left, 0.0))
+        except TimeoutError:
+            self._cancel_turns(True)
+        await drain
 
 
 class BearerAuth:

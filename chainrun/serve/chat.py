@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from chainrun.serve.errors import error_response, not_ready
+from chainrun.serve.settings import SHUTDOWN_GRACE_S
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
@@ -92,5 +93,8 @@ async def chat(request: Request) -> Response:
         _events(runner, message, conversation_id),
         ping=15,  # a comment line every 15 s keeps idle proxies from closing the stream
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        # at shutdown the stream runs on while its turn has its grace (the turn is
+        # cancelled at SHUTDOWN_GRACE_S, which ends the stream cleanly first)
+        shutdown_grace_period=SHUTDOWN_GRACE_S + 1,
     )
 

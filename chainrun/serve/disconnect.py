@@ -65,8 +65,9 @@ async def detached(
     a producer running inside it could not await its own clean-up (close its HTTP
     streams, log what happened). In its own task it gets one plain ``cancel()`` and
     cleans up normally. The task stays in ``background`` until it is done, so a server
-    can wait for it at shutdown. ``source``'s exceptions are re-raised here; at most
-    ``maxsize`` items wait for a slow consumer (then ``source`` waits too).
+    can wait for it at shutdown, or cancel it: this generator then ends. ``source``'s
+    exceptions are re-raised here; at most ``maxsize`` items wait for a slow consumer
+    (then ``source`` waits too).
     """
     queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue(maxsize)
     left = False  # the consumer went away after a finish_after item: drop what follows
@@ -81,6 +82,11 @@ async def detached(
                 async for item in source:
                     await put((item, None))
         except asyncio.CancelledError:
+            # cancelled from outside (a server stopping its turns): a consumer still
+            # reading ends too, instead of waiting for an item that never comes
+            if not left:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait((_END, None))
             raise
         except BaseException as e:
             await put((_END, e))

@@ -72,6 +72,7 @@ from chainrun.conversations.messages import read_thread
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
+from chainrun.serve.settings import SHUTDOWN_GRACE_S
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
@@ -224,6 +225,9 @@ async def chat_completions(request: Request) -> Response:
             _chunks(runner, req, completion_id, state.model_id),
             ping=15,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            # at shutdown the stream runs on while its turn has its grace (the turn is
+            # cancelled at SHUTDOWN_GRACE_S, which ends the stream cleanly first)
+            shutdown_grace_period=SHUTDOWN_GRACE_S + 1,
         )
     summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged

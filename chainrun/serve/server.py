@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -23,7 +24,12 @@ from chainrun.log.store import SeedWindows, Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app
-from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
+from chainrun.serve.settings import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MODEL_ID,
+    SHUTDOWN_GRACE_S,
+    TOKEN_ENV,
+)
 from chainrun.serve.turns import TurnObserver
 
 
@@ -113,7 +119,8 @@ def serve(
             made = observer_factory() if observer_factory is not None else []
             try:
                 _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
-                           max_body_bytes=max_body_bytes, seed_windows=seed_windows)  # fmt: skip
+                           max_body_bytes=max_body_bytes, seed_windows=seed_windows,
+                           announce=False)  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
                     stop = getattr(obs, "shutdown", None)
@@ -136,8 +143,11 @@ def _serve_one(
     observers: list[TurnObserver] | None,
     max_body_bytes: int,
     seed_windows: SeedWindows | None = None,
+    announce: bool = True,
 ) -> None:
-    """One serving process on the bound ``sock`` until SIGINT/SIGTERM."""
+    """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
+    ``announce``: say on stderr what a stop signal does; a worker leaves that to its
+    parent)."""
     try:
         store = Store.open(db)
     except BaseException:
@@ -148,18 +158,23 @@ def _serve_one(
         observers=observers or [],
         model_id=model_id,
         freeze_gc=True,  # a long-running process: start-up objects out of every GC pass
+        shutdown_grace_s=SHUTDOWN_GRACE_S,
     )
     app = create_app(state, token=token, max_body_bytes=max_body_bytes)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             log_level="warning",
             access_log=False,
             loop=uvicorn_loop(),  # uvloop when installed (chainrun.runtime.event_loop)
             timeout_keep_alive=30,
-            timeout_graceful_shutdown=5,  # then open streams are cancelled (turns logged)
+            # the last resort: ServeState cancels the turns at SHUTDOWN_GRACE_S, which
+            # ends their streams; then whatever still runs is cancelled
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 2,
             backlog=2048,
-        )
+        ),
+        state,
+        announce=announce,
     )
     print(f"chainrun serve: {_address(sock)} (pid {os.getpid()}, log {store.name})",
           file=sys.stderr, flush=True)  # fmt: skip
@@ -168,6 +183,53 @@ def _serve_one(
             server.run(sockets=[sock])
     finally:
         store.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with the stop signals of ``chainrun serve``, each said in one line:
+
+    1. the first SIGINT/SIGTERM stops accepting connections; the connections and turns
+       in flight get :data:`SHUTDOWN_GRACE_S` to finish, then are cancelled (each turn
+       logged ``cancelled``), the chain is closed and its run ended;
+    2. a second one cancels the turns in flight at once, and the run still ends cleanly;
+    3. a third is uvicorn's own forced exit (the run is left for the next open to mark
+       ``interrupted``).
+
+    uvicorn alone says nothing at ``log_level = "warning"`` and makes the second signal
+    a forced exit that skips the app's shutdown; and a turn whose answer was sent but
+    whose checks still ran was waited for however long they took, so the first Ctrl-C
+    looked ignored.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServeState, *, announce: bool) -> None:
+        super().__init__(config)
+        self.state = state
+        self.announce = announce
+        self.stop_signals = 0
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.stop_signals += 1
+        if self.stop_signals == 1:
+            super().handle_exit(sig, frame)
+            n = self.state.turns_in_flight()
+            self._say(f"stopping: {_turns(n)} in flight, up to {SHUTDOWN_GRACE_S} s to "
+                      "finish, then cancelled; Ctrl-C again to cancel now" if n else
+                      "stopping (no turn in flight)")  # fmt: skip
+            self.state.request_stop()
+        elif self.stop_signals == 2:
+            self._say(f"cancelling {_turns(self.state.turns_in_flight())} in flight now "
+                      "(logged cancelled)")  # fmt: skip
+            self.state.request_stop(now=True)
+        else:
+            super().handle_exit(sig, frame)
+
+    def _say(self, line: str) -> None:
+        if self.announce:
+            print(f"chainrun serve: {line}", file=sys.stderr, flush=True)
+
+
+def _turns(n: int) -> str:
+    return "1 turn" if n == 1 else f"{n} turns"
 
 
 def _address(sock: socket.socket) -> str:
@@ -180,8 +242,9 @@ def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str 
     """Fork ``n`` workers that each ``run()`` on the shared ``sock``; wait for them all.
 
     Each worker gets a process group of its own, so a Ctrl-C at the terminal reaches
-    the parent only, which sends each worker one SIGTERM (a second signal would make
-    uvicorn skip its graceful shutdown).
+    the parent only, which says so in one line and passes each stop signal on to every
+    worker as a SIGTERM (the first: finish within the grace; the second: cancel the
+    turns in flight now; see :class:`_Server`).
     """
     shown = shown_url(db) if isinstance(db, str) else str(db)
     print(f"chainrun serve: {_address(sock)} with {n} worker processes (parent pid "
@@ -202,7 +265,18 @@ def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str 
         pids.append(pid)
     sock.close()  # the workers accept; the parent only waits
 
+    signals = 0
+
     def stop(signum: int, frame: object) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            print(f"chainrun serve: stopping {n} workers: their turns in flight, up to "
+                  f"{SHUTDOWN_GRACE_S} s to finish, then cancelled; Ctrl-C again to cancel "
+                  "now", file=sys.stderr, flush=True)  # fmt: skip
+        elif signals == 2:
+            print("chainrun serve: cancelling the workers' turns in flight now (logged "
+                  "cancelled)", file=sys.stderr, flush=True)  # fmt: skip
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

@@ -196,6 +196,14 @@ class TurnRunner:
         while self.background:
             await asyncio.gather(*self.background, return_exceptions=True)
 
+    def cancel(self) -> int:
+        """Cancel every turn in flight (a server stopping now): each logs itself
+        ``cancelled``, and a stream still sending one ends. Returns how many."""
+        tasks = [t for t in self.background if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
     @property
     def answer_step(self) -> str:
         return self.chain.config.answer_step
