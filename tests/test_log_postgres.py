@@ -272,6 +272,41 @@ async def test_the_database_away_for_seconds_loses_nothing_and_says_so(
     assert "cannot be reached" in said and "is back after" in said
 
 
+async def test_the_writer_is_back_within_seconds_of_the_servers_return(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real stop of 9.5 s, longer than the writer's patience (5 s here): a flush that
+    starts once the server is back does not give up (the outage is over, the writer is
+    about to commit), and the queued turns are committed within seconds of the return,
+    not when a connection pool's reconnection backoff (tries about 1, 2, 4, 8 s apart:
+    the next one 4 to 6 s after a 9.5 s outage) would next try."""
+    caplog.set_level(logging.WARNING, logger="chainrun.log.writer")
+    with Store.open(cluster.url) as s:
+        assert s.writer is not None
+        s.writer.close_timeout_s = 5.0
+        run = await s.acreate_run("replay", "{}")
+        ids = [await s.alog_turn(run, a_turn(i)) for i in range(5)]
+        await asyncio.wait_for(s.flush(), 30)
+        await asyncio.to_thread(cluster.stop, "fast")
+        down = time.monotonic()
+        while time.monotonic() - down < 9.5:  # turns keep coming while it is away
+            ids.append(await s.alog_turn(run, a_turn(len(ids))))
+            await asyncio.sleep(0.1)
+        assert s.log_status()["state"] == "retrying"
+        await asyncio.to_thread(cluster.start)
+        back = time.monotonic()
+        await asyncio.wait_for(s.flush(), 30)  # raised LogWriteLost when the clock stuck
+        lag = time.monotonic() - back
+        status = s.log_status()
+        logged = [t.id for t in s.turns(run)]
+    assert lag < 2.5, f"the queued turns were committed {lag:.1f} s after the server's return"
+    assert status["state"] == "ok" and status["lost_writes"] == 0
+    assert sorted(logged) == sorted(ids)
+    (back_line,) = [r.getMessage() for r in caplog.records if "is back after" in r.getMessage()]
+    outage_s = float(back_line.split("is back after ")[1].split(" s")[0])
+    assert 9.0 <= outage_s <= 9.5 + lag + 1.0, back_line  # from the stop, not from noticing it
+
+
 async def test_writes_past_the_bound_are_counted_and_said(
     cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

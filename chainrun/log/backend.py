@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 __all__ = [
+    "PG_RECONNECT_TIMEOUT_S",
     "PG_TYPES",
     "POSTGRES_SCHEMES",
     "LogDb",
@@ -244,12 +245,24 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_dumper(bool, BoolAsInt)
 
 
+#: s a pool keeps retrying a connection that failed before it gives that attempt up.
+#: psycopg_pool retries with exponential backoff (about 1, 2, 4, 8, 16 s... apart, for up
+#: to ``reconnect_timeout``, 5 minutes by default; psycopg_pool docs, "Connection pools",
+#: pool behaviour), one growing attempt at a time: after a 35 s outage its next try came
+#: 15 s after the server was back, and the writer, finding no connection, went on
+#: counting the outage. Given up after 1 s instead, the attempt makes room for a new one,
+#: which the pool starts as soon as a caller asks for a connection (it grows on demand):
+#: the log is written again within about a second of the server's return.
+PG_RECONNECT_TIMEOUT_S = 1.0
+
+
 def open_pg_pool(
     url: str, *, min_size: int = 1, max_size: int = 4, timeout_s: float = 10.0
 ) -> ConnectionPool:
     """A psycopg_pool ``ConnectionPool`` on ``url`` (autocommit connections, each
-    checked when taken from the pool so that one a server restart broke is replaced),
-    opened and holding ``min_size`` connections.
+    checked when taken from the pool so that one a server restart broke is replaced;
+    a failed reconnection given up after :data:`PG_RECONNECT_TIMEOUT_S` so that the next
+    request tries again at once), opened and holding ``min_size`` connections.
 
     Raises:
         UserInputError: psycopg is not installed, or the server cannot be reached (or
@@ -283,6 +296,7 @@ def open_pg_pool(
         configure=_configure,
         check=ConnectionPool.check_connection,
         timeout=timeout_s,
+        reconnect_timeout=PG_RECONNECT_TIMEOUT_S,
         name="chainrun-log",
         open=False,
     )
@@ -296,30 +310,72 @@ def open_pg_pool(
 
 
 class PgLogDb(LogDb):
-    """A PostgreSQL log through a psycopg_pool ``ConnectionPool`` (thread-safe).
+    """A PostgreSQL log through a psycopg_pool ``ConnectionPool`` (thread-safe), or
+    through one connection of its own (:meth:`dedicated`, for one thread).
 
     Args:
         url: the libpq connection URI (``postgresql://USER@HOST:PORT/DB``).
-        pool: the pool (:func:`open_pg_pool`); closed by :meth:`close`.
+        pool: the pool (:func:`open_pg_pool`); closed by :meth:`close`. None: one
+            connection, opened at the first statement and again after it broke.
         wait_s: how long a statement waits for a pooled connection (seconds) before it
             raises ``PoolTimeout`` (one of :attr:`network_errors`): while the server is
-            away, the writer learns it within this time and says so.
+            away, the writer learns it within this time and says so. Without a pool,
+            the connect timeout (libpq's ``connect_timeout``, whole seconds, at least 2).
     """
 
     dialect: Dialect = "postgresql"
 
-    def __init__(self, url: str, pool: ConnectionPool, *, wait_s: float = 2.0) -> None:
+    def __init__(self, url: str, pool: ConnectionPool | None, *, wait_s: float = 2.0) -> None:
         import psycopg
         from psycopg_pool import PoolTimeout
 
         self.url = url
         self.pool = pool
         self.wait_s = wait_s
+        self._own: psycopg.Connection[Any] | None = None
         self._local = threading.local()
         self.text_errors = (UnicodeEncodeError, psycopg.DataError)
         # OperationalError: connection refused/reset/closed by the server (a restart, a
         # failover); PoolTimeout: no connection could be made within the pool timeout
         self.network_errors = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
+
+    def dedicated(self) -> PgLogDb:
+        """A :class:`PgLogDb` on the same database with one connection of its own (no
+        pool), for one thread: the log's writer. A statement that finds the connection
+        broken (a server restart, a failover, a reset) raises one of
+        :attr:`network_errors` and the next statement connects again, at once: the
+        caller's retries decide how often it tries, not a pool's reconnection backoff.
+        :meth:`close` closes that connection only."""
+        return PgLogDb(self.url, None, wait_s=self.wait_s)
+
+    @contextmanager
+    def _take(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one statement or one transaction: a pooled one (given back
+        after), or this object's own (opened if it has none or it broke)."""
+        if self.pool is not None:
+            with self.pool.connection(timeout=self.wait_s) as conn:
+                yield conn
+            return
+        import psycopg
+
+        own = self._own
+        if own is not None and not (own.closed or own.broken):
+            conn = own
+        else:
+            if own is not None:
+                own.close()
+            self._own = None
+            conn = psycopg.connect(self.url, autocommit=True, application_name="chainrun",
+                                   connect_timeout=max(2, round(self.wait_s)))  # fmt: skip
+            _configure(conn)
+            self._own = conn
+        try:
+            yield conn
+        except self.network_errors:
+            if conn.broken or conn.closed:  # the next statement connects again
+                conn.close()
+                self._own = None
+            raise
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -327,7 +383,7 @@ class PgLogDb(LogDb):
         if held is not None:
             yield held
             return
-        with self.pool.connection(timeout=self.wait_s) as conn:
+        with self._take() as conn:
             yield conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Fetched:
@@ -355,7 +411,7 @@ class PgLogDb(LogDb):
         if getattr(self._local, "conn", None) is not None:
             yield
             return
-        with self.pool.connection(timeout=self.wait_s) as conn:
+        with self._take() as conn:
             self._local.conn = conn
             try:
                 yield
@@ -369,7 +425,7 @@ class PgLogDb(LogDb):
             with held.transaction():
                 yield
             return
-        with self.pool.connection(timeout=self.wait_s) as conn:
+        with self._take() as conn:
             self._local.conn = conn
             try:
                 with conn.transaction():
@@ -404,7 +460,11 @@ class PgLogDb(LogDb):
         )
 
     def close(self) -> None:
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self._own is not None:
+            self._own.close()
+            self._own = None
 
 
 def _quote(name: str) -> str:

@@ -350,7 +350,8 @@ class Store:
         except BaseException:
             log.close()
             raise
-        writer = LogWriter(None, connect=lambda: log, name=shown, network=True)
+        # the writer's own connection: after an outage it reconnects at its next retry
+        writer = LogWriter(None, connect=log.dedicated, name=shown, network=True)
         return cls(log, url=url, writer=writer, block=PG_BLOCK)
 
     @staticmethod

@@ -44,19 +44,27 @@ it says so once on the ``chainrun.log.writer`` logger, with the WAL's size.
 
 A log on the network (PostgreSQL; ``network=True``) may be unreachable for a while: a
 restart, a failover, a reset connection. Then the batch in hand is kept and tried
-again (backing off from 50 ms to 1 s; the pool replaces the broken connection) until
-the server answers, while turns go on being answered and their writes queue behind
+again (backing off from 50 ms to 1 s, the thread's connection opened again at each
+try) until the server answers, while turns go on being answered and their writes queue behind
 it, up to ``max_queue`` jobs. Past that bound a new posted write is dropped instead of
 making the turn wait: every drop is counted (:attr:`LogWriter.dropped`), a warning line
 says when the outage starts, when writes start being dropped and how many, and when
 the server is back; :meth:`LogWriter.status` gives the state (``ok``, ``retrying``,
-``losing``) to ``/readyz``. A caller waiting on a write stops waiting once the outage
-has lasted ``close_timeout_s`` (:class:`LogWriteLost`); at close the writer keeps
-trying for ``close_timeout_s`` seconds, then counts what is left as dropped and says
-so. A batch whose commit reached the server but whose answer did not is tried again;
-its turns are found in place and skipped (the turn insert is ``on conflict do
-nothing``, a turn one transaction), so each turn is logged once. No WAL checkpoints
+``losing``; ``stopped``, below) to ``/readyz``. A caller waiting on a write stops
+waiting once it has waited ``close_timeout_s`` with the database unreachable
+(:class:`LogWriteLost`; only the part of its wait inside the outage counts); at close
+the writer keeps trying for ``close_timeout_s`` seconds, then counts what is left as
+dropped and says so. A batch
+whose commit reached the server but whose answer did not is tried again; its turns
+are found in place and skipped (the turn insert is ``on conflict do nothing``, a turn
+one transaction), so each turn is logged once. No WAL checkpoints
 there: those are SQLite's.
+
+A writer thread that stops on an error of its own (its connection cannot be opened, an
+error escapes a batch) says so once, fails every job it leaves (a waiter gets
+:class:`LogWriterStopped`, a posted turn is counted as lost and named by the next
+:meth:`LogWriter.flush`), and from then on every write fails at once the same way:
+nothing waits for a thread that is gone.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ __all__ = [
     "JOURNAL_SIZE_LIMIT_BYTES",
     "LogWriteLost",
     "LogWriter",
+    "LogWriterStopped",
     "open_connection",
 ]
 
@@ -118,6 +127,16 @@ class LogWriteLost(ChainrunError):
     error_type = "log_write"
 
 
+class LogWriterStopped(ChainrunError):
+    """The log's writer thread has stopped on an error of its own (its connection could
+    not be opened, or an error escaped a batch): what it had not committed is lost (the
+    posted turns are counted and named as lost), and every later write, flush or waiting
+    caller gets this error at once instead of waiting for a thread that is gone. The
+    message names the error that stopped it. Error type ``log_write``."""
+
+    error_type = "log_write"
+
+
 def open_connection(path: Path) -> sqlite_utils.Database:
     """A connection to an existing WAL log with the store's pragmas (busy wait 10 s)."""
     db = sqlite_utils.Database(str(path))
@@ -128,7 +147,7 @@ def open_connection(path: Path) -> sqlite_utils.Database:
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if fut.cancelled():
+    if fut.done():  # cancelled, or failed already by a stopping writer
         return
     if error is not None:
         fut.set_exception(error)
@@ -143,7 +162,9 @@ class LogWriter:
         path: the SQLite file (already created and migrated by the store); None with
             ``connect``.
         connect: gives the thread's :class:`LogDb` (default: a new connection to
-            ``path``); a PostgreSQL log passes its pooled, thread-safe one.
+            ``path``), which the thread closes when it stops; a PostgreSQL log passes
+            one with a connection of its own
+            (:meth:`chainrun.log.backend.PgLogDb.dedicated`).
         name: the log as messages name it (default: ``path``).
         network: the database is on the network: retry a batch that failed for want of
             a connection, and drop (counted, said) rather than wait when the queue is
@@ -187,6 +208,8 @@ class LogWriter:
         self._dropped_in_outage = 0
         self._last_warning = 0.0
         self._closing = threading.Event()
+        #: why the writer thread stopped on its own (None: running, or not stopped so)
+        self.stopped: LogWriterStopped | None = None
         self._give_up_at = float("inf")
         self.max_batch = max_batch
         self.idle_checkpoint_s = idle_checkpoint_s
@@ -234,6 +257,7 @@ class LogWriter:
         """
         if self._thread is None:
             self._start()
+        self._raise_if_stopped()
         self._drain_builds()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
@@ -245,6 +269,7 @@ class LogWriter:
                 self._drop(job)
             else:
                 loop.run_in_executor(None, self._queue.put, job)
+        self._fail_queued_if_stopped()
         return fut
 
     async def submit(self, fn: Callable[[LogDb], T]) -> T:
@@ -253,6 +278,9 @@ class LogWriter:
 
         Raises:
             Whatever ``fn`` raised (its writes are rolled back, the batch's others kept).
+            LogWriterStopped: the writer thread has stopped (before or while waiting).
+            LogWriteLost: (``network``) the database could not be reached for
+                ``close_timeout_s`` of this wait.
             RuntimeError: the writer is closed.
         """
         if self._thread is None:
@@ -261,13 +289,15 @@ class LogWriter:
         fut: asyncio.Future[T] = loop.create_future()
         await self._put((fn, loop, fut, None), drop=False)
         # shielded: a cancelled caller does not undo a queued write, it just stops waiting
+        # (a stopping writer thread fails every job it leaves behind, this one included)
         if not self.network:
             return await asyncio.shield(fut)
-        while True:  # a database away for longer than close_timeout_s: stop waiting
+        waiting_since = time.monotonic()
+        while True:  # the database away for close_timeout_s of this wait: stop waiting
             try:
                 return await asyncio.wait_for(asyncio.shield(fut), 0.5)
             except TimeoutError:
-                self._check_outage("the write is still queued")
+                self._check_outage("the write is still queued", waiting_since)
 
     async def post(self, fn: Callable[[LogDb], Any], label: Any = None) -> None:
         """Queue ``fn(db)`` to be committed, without waiting for it (a turn's rows).
@@ -321,6 +351,9 @@ class LogWriter:
             except Exception as e:
                 self._failed(e, label)
                 continue
+            if self.stopped is not None:
+                self._failed(self.stopped, label)
+                continue
             try:
                 self._queue.put_nowait((fn, None, None, label))
             except queue.Full:  # only past post_later's half-full check: wait here
@@ -328,6 +361,7 @@ class LogWriter:
                     self._drop((fn, None, None, label))
                 else:
                     self._queue.put((fn, None, None, label))
+        self._fail_queued_if_stopped()
 
     def _failed(self, error: BaseException, label: Any = None) -> None:
         self.failed += 1
@@ -336,6 +370,8 @@ class LogWriter:
         with self._lock:
             self.lost.append((label, error))
             self._lost_unraised.append((label, error))
+        if isinstance(error, LogWriterStopped):
+            return  # said once, when the thread stopped
         what = f" ({label})" if label is not None else ""
         log.error("run log %s: a write%s failed and was rolled back: %r", self.name, what, error)
 
@@ -347,7 +383,18 @@ class LogWriter:
 
     async def _put(self, job: Job, *, drop: bool) -> None:
         """Queue ``job``; when the queue is full, wait for room off the loop, or (a posted
-        job of a log on the network) drop it."""
+        job of a log on the network) drop it.
+
+        Raises:
+            LogWriterStopped: the writer thread has stopped and ``job`` has a waiter
+                (a posted job is counted as lost instead, raised by the next flush).
+        """
+        if self.stopped is not None:
+            _, _, fut, label = job
+            if fut is None:
+                self._failed(self.stopped, label)
+                return
+            raise self.stopped
         self._drain_builds()  # earlier jobs first
         try:
             self._queue.put_nowait(job)
@@ -358,25 +405,44 @@ class LogWriter:
                 await asyncio.to_thread(self._put_while_reachable, job)
             else:
                 await asyncio.to_thread(self._queue.put, job)
+        self._fail_queued_if_stopped()
 
-    def _check_outage(self, what: str) -> None:
-        """Raise :class:`LogWriteLost` once the database has been unreachable for longer
-        than ``close_timeout_s`` (a caller waiting on a write stops waiting)."""
+    def _raise_if_stopped(self) -> None:
+        if self.stopped is not None:
+            raise self.stopped
+
+    def _fail_queued_if_stopped(self) -> None:
+        """After a put: if the thread stopped meanwhile, fail what is queued (the job just
+        put included). The thread sets :attr:`stopped` before it fails its queue, so a
+        job put before that is failed by the thread and one put after it is failed here."""
+        if self.stopped is not None:
+            self._fail_queue(self.stopped)
+
+    def _check_outage(self, what: str, waiting_since: float) -> None:
+        """Raise :class:`LogWriteLost` once the caller, waiting since ``waiting_since``
+        (monotonic s), has waited ``close_timeout_s`` while the database could not be
+        reached: the part of its wait inside the current outage counts, so a caller that
+        starts waiting just after a long outage ended (the writer about to commit) waits
+        its full ``close_timeout_s``, not none of it."""
         since = self.outage_since
-        if since is not None and time.monotonic() - since > self.close_timeout_s:
+        if since is None:
+            return
+        now = time.monotonic()
+        if now - max(since, waiting_since) > self.close_timeout_s:
             raise LogWriteLost(f"run log {self.name}: the database has been unreachable for "
-                               f"{time.monotonic() - since:.0f} s; {what}")  # fmt: skip
+                               f"{now - since:.0f} s; {what}")  # fmt: skip
 
     def _put_while_reachable(self, job: Job) -> None:
         """Wait for room in the queue (a worker thread), at most until the outage has
-        lasted ``close_timeout_s``; then the job is counted as dropped."""
+        lasted ``close_timeout_s`` of this wait; then the job is counted as dropped."""
+        waiting_since = time.monotonic()
         while True:
             try:
                 self._queue.put(job, timeout=0.5)
                 return
             except queue.Full:
                 try:
-                    self._check_outage("the queue is full")
+                    self._check_outage("the queue is full", waiting_since)
                 except LogWriteLost:
                     self.dropped += 1
                     raise
@@ -407,11 +473,14 @@ class LogWriter:
         """The writer's state: ``{"state", "queued", "max_queue", "lost_writes",
         "outages", "outage_s"}``. ``state`` is ``ok``; ``retrying`` while the database
         cannot be reached and nothing was dropped yet in this outage; ``losing`` once
-        writes are being dropped. ``lost_writes`` counts the writes dropped since the
-        writer started and the posted writes that failed; ``outage_s`` is how long the
-        current outage has lasted (None: none)."""
+        writes are being dropped; ``stopped`` once the writer thread has stopped on an
+        error (:class:`LogWriterStopped`: nothing more is written). ``lost_writes`` counts
+        the writes dropped since the writer started and the posted writes that failed;
+        ``outage_s`` is how long the current outage has lasted (None: none)."""
         since = self.outage_since
         state = "losing" if self._dropped_in_outage else ("ok" if since is None else "retrying")
+        if self.stopped is not None:
+            state = "stopped"
         return {
             "state": state,
             "queued": self._queue.qsize() + len(self._builds),
@@ -427,9 +496,15 @@ class LogWriter:
         Raises:
             The first failure of a posted job since the last flush (its turn is not in
             the log; the other jobs of its batch are).
+            LogWriterStopped: the writer thread has stopped (at once, or as soon as it
+                stops while this waits); the posted turns it did not commit are lost.
         """
         if self._thread is not None and not self._closed:
-            await self.submit(lambda db: None)  # builds pending jobs first (_put)
+            try:
+                await self.submit(lambda db: None)  # builds pending jobs first (_put)
+            except LogWriterStopped:
+                self._error = None  # the same stop, said once
+                raise
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -445,8 +520,14 @@ class LogWriter:
         if thread is not None:
             self._give_up_at = time.monotonic() + self.close_timeout_s
             self._closing.set()
-            self._queue.put(None)
+            while thread.is_alive():  # a stopped thread takes no sentinel
+                try:
+                    self._queue.put(None, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
             thread.join()
+            self._fail_queued_if_stopped()
         if self.dropped:
             log.warning("run log %s: %d log writes were lost in all while the database could "
                         "not be reached (%d outages)", self.name, self.dropped,
@@ -454,6 +535,49 @@ class LogWriter:
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
+        batch: list[Job] = []
+        try:
+            self._serve(batch)
+        except BaseException as e:  # the thread stops: nobody may wait for it any more
+            self._stop_on(e, batch)
+
+    def _stop_on(self, error: BaseException, batch: list[Job]) -> None:
+        """The thread is stopping on ``error``: say it, fail the batch in hand and every
+        queued job (a waiter gets :class:`LogWriterStopped`, a posted turn is counted as
+        lost and raised by the next flush)."""
+        self.stopped = LogWriterStopped(
+            f"run log {self.name}: the log's writer thread stopped ({error!r}); writes "
+            "not yet committed are lost and no more can be written by this process"
+        )
+        self.stopped.__cause__ = error
+        log.error("%s", self.stopped, exc_info=error)
+        self._fail_jobs(batch, self.stopped)
+        self._fail_queue(self.stopped)
+
+    def _fail_queue(self, error: LogWriterStopped) -> None:
+        jobs: list[Job] = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                jobs.append(job)
+        self._fail_jobs(jobs, error)
+
+    def _fail_jobs(self, jobs: list[Job], error: LogWriterStopped) -> None:
+        for _, loop, fut, label in jobs:
+            if fut is None or loop is None:
+                self._failed(error, label)
+                continue
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, None, error)
+            except RuntimeError:  # that loop has closed; its caller is gone
+                pass
+
+    def _serve(self, batch: list[Job]) -> None:
+        """The thread's loop: take batches from the queue and commit them until the
+        sentinel; ``batch`` holds the batch in hand (for :meth:`_stop_on`)."""
         db: LogDb
         if self._connect is not None:
             db = self._connect()
@@ -474,7 +598,7 @@ class LogWriter:
                 if first is None:
                     break
                 dirty = wal
-                batch = [first]
+                batch[:] = [first]
                 while len(batch) < self.max_batch:
                     try:
                         nxt = self._queue.get_nowait()
@@ -485,9 +609,9 @@ class LogWriter:
                         break
                     batch.append(nxt)
                 self._commit(db, batch)
+                batch.clear()
         finally:
-            if self._connect is None:
-                db.close()  # a connection given by connect() belongs to its owner
+            db.close()
 
     def _checkpoint(self, db: sqlite_utils.Database) -> bool:
         """Checkpoint the WAL and truncate it (``TRUNCATE`` mode), waiting at most
@@ -562,11 +686,12 @@ class LogWriter:
     def _retrying(self, db: LogDb, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
         delay = 0.05
         while True:
+            tried_at = time.monotonic()
             try:
                 outcomes = self._attempt(db, batch)
             except db.network_errors as e:
-                if self.outage_since is None:
-                    self.outage_since = time.monotonic()
+                if self.outage_since is None:  # from the try that failed, not its timeout
+                    self.outage_since = tried_at
                     self.outages += 1
                     log.warning(
                         "run log %s: the database cannot be reached (%s); turns are still "
