@@ -3,6 +3,7 @@ thread, the chain's conversation memory, the standalone query rules, the shop po
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -159,6 +160,31 @@ def test_memory_orders_turns_that_end_out_of_order() -> None:
     mem.end("c", second, HistoryTurn("two"))
     mem.end("c", first, HistoryTurn("one"))
     assert [t.message for t in mem.begin("c")[0]] == ["one", "two"]
+
+
+async def test_memory_reads_an_unknown_conversation_once_without_holding_the_loop() -> None:
+    """An asynchronous loader (a PostgreSQL read in a worker thread): two turns of one
+    conversation starting together share one read and get consecutive indexes; the
+    event loop keeps running meanwhile."""
+    loads: list[str] = []
+    release = asyncio.Event()
+
+    async def load(cid: str, keep: int) -> tuple[list[tuple[int, HistoryTurn]], int]:
+        loads.append(cid)
+        await release.wait()
+        return [(1, RAIN)], 1
+
+    mem = ConversationMemory(load, keep_turns=2)
+    first = asyncio.ensure_future(mem.abegin("c1"))
+    second = asyncio.ensure_future(mem.abegin("c1"))
+    await asyncio.sleep(0.01)
+    assert not first.done() and loads == ["c1"]  # waiting on the read, the loop runs
+    release.set()
+    assert await first == ((RAIN,), 2) and await second == ((RAIN,), 3)
+    assert await mem.abegin("c1") == ((RAIN,), 4) and loads == ["c1"]
+    assert await mem.abegin("new", new=True) == ((), 1) and loads == ["c1"]
+    with pytest.raises(TypeError, match="abegin"):
+        mem.begin("c2")  # a synchronous begin cannot await this loader
 
 
 # -- the standalone query ---------------------------------------------------------------

@@ -206,6 +206,39 @@ def test_a_database_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "cannot connect to the log database" in lines[0]
 
 
+def start_serve(url: str, lab: LabServer, tmp_path: Path, workers: int = 2
+                ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+    """``chainrun serve --workers N`` on log ``url`` against ``lab``, ready (its /readyz
+    answered 200 several times in a row: every worker up); the process and its base URL."""
+    from benchmarks._pg import free_port
+
+    config = tmp_path / "chainrun.toml"
+    config.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "serve", "--workers", str(workers), "--port",
+         str(port), "--config", str(config)],
+        env={**os.environ, "CHAINRUN_DB": url,
+             "CHAINRUN_CATALOG_DB": str(tmp_path / "catalog.db")}, cwd=ROOT,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    ready = 0
+    while time.monotonic() < deadline and ready < 2 * workers + 1:
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=2)
+            ready = ready + 1 if r.status_code == 200 else 0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    if not ready:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("serve did not get ready")
+    return proc, base
+
+
 # -- PostgreSQL only -------------------------------------------------------------------------
 def test_a_retried_batch_logs_each_turn_once() -> None:
     """The commit of a batch reached the server but its answer did not: the writer runs
@@ -307,6 +340,83 @@ async def test_the_writer_is_back_within_seconds_of_the_servers_return(
     assert 9.0 <= outage_s <= 9.5 + lag + 1.0, back_line  # from the stop, not from noticing it
 
 
+def test_chats_are_answered_through_a_database_restart(cluster: Any, tmp_path: Path) -> None:
+    """``chainrun serve --workers 2`` on PostgreSQL under steady chat load (8 chats at
+    once, each turn a new conversation id the process must look up in the log) while
+    the server is stopped for 5 s and started again: every chat is answered, turns keep
+    being answered while it is down, /readyz answers and says ``retrying``, the warning
+    lines say it, and afterwards every turn the clients saw is in the log exactly once."""
+    with pg_schema(cluster.url) as url, LabServer("lognormal", median_ms=20, sigma=0.3,
+                                                  n_tokens=4) as lab:  # fmt: skip
+        proc, base = start_serve(url, lab, tmp_path)
+        seen: list[dict[str, Any]] = []  # one per chat: conversation, turn id, status, when
+        window: dict[str, float] = {}
+        states: set[str] = set()
+        try:
+            async def one(client: httpx.AsyncClient, cid: str) -> None:
+                chat: dict[str, Any] = {"cid": cid, "turn_id": None, "status": None}
+                seen.append(chat)
+                body = {"message": "a rain jacket under 100?", "conversation_id": cid}
+                try:
+                    async with client.stream("POST", "/chat", json=body) as resp:
+                        chat["status"] = f"http_{resp.status_code}"
+                        event = None
+                        async for line in resp.aiter_lines():
+                            if line.startswith("event:"):
+                                event = line[6:].strip()
+                            elif line.startswith("data:") and event == "turn":
+                                data = json.loads(line[5:])
+                                chat["turn_id"], chat["status"] = data["turn_id"], data["status"]
+                                chat["done"] = time.monotonic()
+                except httpx.HTTPError as e:
+                    chat["status"] = type(e).__name__
+
+            async def outage() -> None:
+                await asyncio.sleep(1.5)
+                await asyncio.to_thread(cluster.stop, "fast")
+                window["down"] = time.monotonic()
+                async with httpx.AsyncClient(base_url=base, timeout=2) as probe:
+                    while time.monotonic() - window["down"] < 5.0:
+                        try:
+                            states.add((await probe.get("/readyz")).json()["log"]["state"])
+                        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                            states.add("no answer")
+                        await asyncio.sleep(0.25)
+                await asyncio.to_thread(cluster.start)
+                window["up"] = time.monotonic()
+
+            async def load() -> None:
+                async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+                    stop = asyncio.ensure_future(outage())
+
+                    async def loop(w: int) -> None:
+                        k = 0
+                        while not stop.done() or time.monotonic() - window["up"] < 1.5:
+                            await one(client, f"w{w}-t{k}")
+                            k += 1
+
+                    await asyncio.gather(stop, *(loop(w) for w in range(8)))
+
+            asyncio.run(load())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err
+        with Store.open(url, create=False) as s:
+            runs = s.runs_of_kind("live")
+            logged = s.turns([r.id for r in runs if r.id is not None])
+    failed = [c for c in seen if c["status"] != "ok"]
+    assert not failed, f"{len(failed)} of {len(seen)} chats not answered: {failed[:3]}"
+    while_down = [c for c in seen if window["down"] <= c["done"] <= window["up"]]
+    assert len(while_down) >= 10, f"only {len(while_down)} chats answered while it was down"
+    assert "no answer" not in states and "retrying" in states, states
+    assert "cannot be reached" in err and "is back after" in err
+    assert "could not be read" in err  # the conversations looked up while it was down
+    by_id = {t.id: t for t in logged}
+    assert len(by_id) == len(logged) == len(seen)  # each turn once, no other turn
+    assert {(by_id[c["turn_id"]].conversation_id) for c in seen} == {c["cid"] for c in seen}
+
+
 async def test_writes_past_the_bound_are_counted_and_said(
     cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -406,31 +516,8 @@ def test_serve_workers_log_every_turn_once(tmp_path: Path) -> None:
     exactly once, one live run per worker process, both stopped by one SIGTERM."""
     with pg_schema(need_pg()) as url, LabServer("lognormal", median_ms=5, sigma=0.2,
                                                 n_tokens=4) as lab:  # fmt: skip
-        config = tmp_path / "chainrun.toml"
-        config.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
-        from benchmarks._pg import free_port
-
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainrun", "serve", "--workers", "2", "--port", str(port),
-             "--config", str(config)],
-            env={**os.environ, "CHAINRUN_DB": url,
-                 "CHAINRUN_CATALOG_DB": str(tmp_path / "catalog.db")}, cwd=ROOT,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        proc, base = start_serve(url, lab, tmp_path)
         try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            ready = 0
-            while time.monotonic() < deadline and ready < 5:
-                try:
-                    r = httpx.get(f"{base}/readyz", timeout=2)
-                    ready = ready + 1 if r.status_code == 200 else 0
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-            assert ready, "serve did not get ready"
-
             async def chats() -> list[int]:
                 async with httpx.AsyncClient(base_url=base, timeout=30) as client:
 

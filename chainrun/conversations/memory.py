@@ -12,22 +12,31 @@ the least recently used dropped first (read again from the log when they come ba
 Turn indexes are handed out here, 1-based and in start order: a turn that starts
 while an earlier turn of its conversation is still running gets the next index, and
 does not see that turn in its history (it has not ended).
+
+A chain reads the log without the event loop waiting on it (:meth:`ConversationMemory.abegin`
+with a loader that returns an awaitable: a PostgreSQL read runs in a worker thread);
+turns of one conversation that start while its read is in flight share that read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import inspect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from chainrun.conversations.history import HistoryTurn
 
 __all__ = ["ConversationMemory", "LoadConversation"]
 
-#: ``load(conversation_id, keep) -> (the latest `keep` turns as (turn index, turn),
-#: oldest first; the highest turn index logged, 0 for none)``
-LoadConversation = Callable[[str, int], tuple[list[tuple[int, HistoryTurn]], int]]
+#: what a conversation's read from the log gives: (the latest `keep` turns as (turn
+#: index, turn), oldest first; the highest turn index logged, 0 for none)
+Loaded = tuple[list[tuple[int, HistoryTurn]], int]
+#: ``load(conversation_id, keep) -> Loaded``, or an awaitable of it (for
+#: :meth:`ConversationMemory.abegin`)
+LoadConversation = Callable[[str, int], "Loaded | Awaitable[Loaded]"]
 
 
 @dataclass
@@ -58,8 +67,18 @@ class ConversationMemory:
         self.keep_turns = keep_turns
         self.max_conversations = max_conversations
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        #: reads from the log in flight (:meth:`abegin`), by conversation id
+        self._loading: dict[str, asyncio.Future[_Conversation]] = {}
         #: conversations read from the log (misses), for tests and diagnostics
         self.loads = 0
+
+    def _keep(self, conversation_id: str, conv: _Conversation) -> None:
+        """Hold ``conv`` as the most recently used; drop the least recently used past
+        ``max_conversations``."""
+        self._conversations[conversation_id] = conv
+        self._conversations.move_to_end(conversation_id)
+        if len(self._conversations) > self.max_conversations:
+            self._conversations.popitem(last=False)
 
     def _get(self, conversation_id: str, *, new: bool) -> _Conversation:
         conv = self._conversations.get(conversation_id)
@@ -69,11 +88,51 @@ class ConversationMemory:
         conv = _Conversation()
         if self.load is not None and not new:
             self.loads += 1
-            conv.turns, conv.last_index = self.load(conversation_id, self.keep_turns)
-        self._conversations[conversation_id] = conv
-        if len(self._conversations) > self.max_conversations:
-            self._conversations.popitem(last=False)
+            loaded = self.load(conversation_id, self.keep_turns)
+            if inspect.isawaitable(loaded):
+                close = getattr(loaded, "close", None)
+                if close is not None:
+                    close()  # never awaited: say so rather than warn of it later
+                raise TypeError("this conversation loader is asynchronous: use abegin()")
+            conv.turns, conv.last_index = loaded
+        self._keep(conversation_id, conv)
         return conv
+
+    async def _load(self, conversation_id: str) -> _Conversation:
+        assert self.load is not None
+        self.loads += 1
+        loaded = self.load(conversation_id, self.keep_turns)
+        turns, last_index = await loaded if inspect.isawaitable(loaded) else loaded
+        conv = _Conversation(list(turns), last_index)
+        self._keep(conversation_id, conv)
+        return conv
+
+    async def abegin(
+        self, conversation_id: str, *, new: bool = False
+    ) -> tuple[tuple[HistoryTurn, ...], int]:
+        """:meth:`begin` for a chain: a conversation not in memory is read with ``load``
+        awaited (an asynchronous loader does not hold the event loop); turns of the same
+        conversation that start meanwhile wait for that one read.
+
+        Raises:
+            Whatever ``load`` raised (the conversation stays unknown: read again by the
+            next turn).
+        """
+        conv = self._conversations.get(conversation_id)
+        if conv is None and self.load is not None and not new:
+            pending = self._loading.get(conversation_id)
+            if pending is None:
+                pending = asyncio.ensure_future(self._load(conversation_id))
+                self._loading[conversation_id] = pending
+                pending.add_done_callback(lambda _: self._loading.pop(conversation_id, None))
+            conv = await asyncio.shield(pending)
+            self._keep(conversation_id, conv)  # (evicted meanwhile: held again)
+        elif conv is None:
+            conv = self._get(conversation_id, new=True)
+        else:
+            self._conversations.move_to_end(conversation_id)
+        conv.last_index += 1
+        return tuple(t for _, t in conv.turns), conv.last_index
 
     def begin(
         self, conversation_id: str, *, new: bool = False

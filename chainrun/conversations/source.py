@@ -19,6 +19,9 @@ Either way the history is cut to the ``[history]`` budget
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,11 +33,24 @@ from chainrun.conversations.history import (
     cut_to_budget,
     render_history,
 )
-from chainrun.conversations.memory import ConversationMemory, LoadConversation
+from chainrun.conversations.memory import ConversationMemory, LoadConversation, Loaded
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
 from chainrun.log.store import Store
 
-__all__ = ["ConversationSource", "TurnPlace", "log_loader", "new_conversation_id"]
+__all__ = [
+    "LOAD_TIMEOUT_S",
+    "WARN_EVERY_S",
+    "ConversationSource",
+    "TurnPlace",
+    "log_loader",
+    "new_conversation_id",
+]
+
+log = logging.getLogger("chainrun.conversations")
+#: s a conversation's read from the log may take before the turn goes on without it
+LOAD_TIMEOUT_S = 2.0
+#: s between two warnings that conversations went on without their earlier turns
+WARN_EVERY_S = 5.0
 
 
 def new_conversation_id() -> str:
@@ -42,14 +58,47 @@ def new_conversation_id() -> str:
     return uuid.uuid4().hex
 
 
-def log_loader(store: Store) -> LoadConversation:
+def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConversation:
     """Reads a conversation's latest turns from ``store``: the turns of live runs (a
     replay's or an eval's conversation ids are that run's own), each as its message and
-    what reached the shopper (the turn's ``output``)."""
+    what reached the shopper (the turn's ``output``). Asynchronous: a PostgreSQL read
+    runs in a worker thread (:meth:`chainrun.log.store.Store.off_loop`), so the event
+    loop never waits on the database's network.
 
-    def load(conversation_id: str, keep: int) -> tuple[list[tuple[int, HistoryTurn]], int]:
+    The log is behind the answer, never in front of it: when the read fails for want of
+    the database (unreachable, or no answer within ``timeout_s`` seconds) the turn goes
+    on without the conversation's earlier turns (it starts at turn index 1 in this
+    process; while the log's writer is retrying an outage, at once, without a read),
+    and a warning on the ``chainrun.conversations`` logger says so (at most
+    every :data:`WARN_EVERY_S` seconds, with the count since the last line). Any other
+    error of the read is raised.
+    """
+    unreachable: tuple[type[BaseException], ...] = (
+        TimeoutError, ConnectionError, *store.log.network_errors
+    )
+    said = {"at": -WARN_EVERY_S, "since": 0}
+
+    def read(conversation_id: str, keep: int) -> Loaded:
         rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
         return [(r.turn_index or 0, HistoryTurn(r.input, r.output or "")) for r in rows], top
+
+    async def load(conversation_id: str, keep: int) -> Loaded:
+        try:
+            if store.writer is not None and store.writer.outage_since is not None:
+                raise ConnectionError("the log's writer is waiting for the database")
+            return await asyncio.wait_for(store.off_loop(read, conversation_id, keep),
+                                          timeout_s)  # fmt: skip
+        except unreachable as e:
+            said["since"] += 1
+            now = time.monotonic()
+            if now - said["at"] >= WARN_EVERY_S:
+                log.warning(
+                    "run log %s could not be read (%s): %d conversation(s) not known to "
+                    "this process went on without their earlier turns (last: %s)",
+                    store.name, str(e) or type(e).__name__, said["since"], conversation_id,
+                )  # fmt: skip
+                said["at"], said["since"] = now, 0
+            return [], 0
 
     return load
 
@@ -113,7 +162,7 @@ class ConversationSource:
         new = conversation_id is None
         cid = conversation_id if conversation_id is not None else new_conversation_id()
         if history is None:
-            earlier, index = self.memory.begin(cid, new=new)
+            earlier, index = await self.memory.abegin(cid, new=new)
             remember = True
         else:
             earlier, index, remember = tuple(history), len(history) + 1, False

@@ -57,7 +57,12 @@ from chainrun.log.rows import (
     TurnRow,
 )
 from chainrun.log.turn_ids import BLOCK, TurnIds, release
-from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
+from chainrun.log.writer import (
+    JOURNAL_SIZE_LIMIT_BYTES,
+    LogWriteLost,
+    LogWriter,
+    LogWriterStopped,
+)
 from chainrun.runtime.processes import pid_exists
 
 __all__ = [
@@ -704,8 +709,9 @@ class Store:
     async def aread_turn(self, turn_id: int, *, flush_timeout_s: float = 2.0) -> TurnLog | None:
         """One turn read back once its write is committed, without the event loop waiting
         on the database: the flush waits at most ``flush_timeout_s`` seconds (the
-        database may be unreachable: then None, and the turn is still queued), and a
-        PostgreSQL read runs in a worker thread.
+        database may be unreachable: then None, and the turn is still queued, or was
+        counted as lost; None too when the writer thread has stopped), and a PostgreSQL
+        read runs in a worker thread.
 
         Raises:
             The first failure of a turn write since the last flush (see :meth:`flush`).
@@ -713,7 +719,7 @@ class Store:
         if self.writer is not None:
             try:
                 await asyncio.wait_for(self.writer.flush(), flush_timeout_s)
-            except TimeoutError:
+            except (TimeoutError, LogWriteLost, LogWriterStopped):
                 return None
         unreachable: tuple[type[BaseException], ...] = (TimeoutError, *self.log.network_errors)
         try:
