@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -48,7 +49,8 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def a_turn(i: int, *, step: str = "answer", ttft: float = 20.0, hedged: bool = False,
-           started_at: str | None = None) -> TurnLog:  # fmt: skip
+           started_at: str | None = None, server: str | None = None,
+           model: str | None = None) -> TurnLog:  # fmt: skip
     return TurnLog(
         TurnRow(input=f"message {i}", output=f"answer {i}", request_id=f"r{i}",
                 duration_ms=100.0 + i, started_at=started_at or utc_now()),
@@ -56,7 +58,8 @@ def a_turn(i: int, *, step: str = "answer", ttft: float = 20.0, hedged: bool = F
                  hedge_fired=hedged, n_attempts=1)],
         [CallRow(step=step, stream=True, ttft_ms=ttft + i, duration_ms=80.0 + i,
                  outcome="primary" if hedged else "not_fired", started_at=utc_now(),
-                 chunk_gaps_ms=[1.0, 2.5], output_tokens=None, input_tokens=7)],
+                 chunk_gaps_ms=[1.0, 2.5], output_tokens=None, input_tokens=7,
+                 server_address=server, model=model)],
     )  # fmt: skip
 
 
@@ -448,9 +451,11 @@ async def test_writes_past_the_bound_are_counted_and_said(
 async def test_a_seeded_window_hedges_the_first_call_at_the_fleets_delay(
     tmp_path: Path, target: str
 ) -> None:
-    """A new process seeds its hedged step's window from the log's recent calls: its very
-    first call is hedged at the p90 of what the fleet logged (not at the warm-up delay),
-    the step row says the delay was seeded, and hedge-stats counts it."""
+    """A new process seeds its hedged step's window from the log's recent calls of that
+    step to the same server: its very first call is hedged at the p90 of what the fleet
+    logged (not at the warm-up delay; calls to another server, a replay against another
+    lab say, are left out), the step row says the delay was seeded, and hedge-stats
+    counts it."""
     with LabServer("lognormal", median_ms=5, sigma=0.2, n_tokens=4) as lab:
         cfg = config_from_dict({
             "order": ["answer"], "answer_step": "answer",
@@ -463,8 +468,12 @@ async def test_a_seeded_window_hedges_the_first_call_at_the_fleets_delay(
         })  # fmt: skip
         with Store.open(target) as s:
             fleet = s.create_run("live", "{}")
+            server, model = urlsplit(lab.base_url).netloc, cfg.steps["answer"].model
             for i in range(40):  # the fleet's recent calls: TTFT 100..139 ms
-                s.log_turn(fleet, a_turn(i, ttft=100.0))
+                s.log_turn(fleet, a_turn(i, ttft=100.0, server=server, model=model))
+                # not these: another server, another model
+                s.log_turn(fleet, a_turn(i, ttft=1.0, server="10.0.0.9:8000", model=model))
+                s.log_turn(fleet, a_turn(i, ttft=1.0, server=server, model="other-model"))
             s.finish_run(fleet, "complete")
             async with Chain(cfg, store=s, kind="replay", seed_windows=SeedWindows()) as chain:
                 first = await chain.run_turn("hello")

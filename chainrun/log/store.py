@@ -837,12 +837,19 @@ class Store:
         return [RunRow.from_db(r) for r in rows]
 
     def recent_latencies(
-        self, step: str, *, max_calls: int = 200, within_s: float = 600.0
+        self,
+        step: str,
+        *,
+        max_calls: int = 200,
+        within_s: float = 600.0,
+        servers: Sequence[str] | None = None,
+        model: str | None = None,
     ) -> list[float]:
         """The latencies (ms) the hedging window of ``step`` records, of the step's newest
         ``max_calls`` answered calls that started within the last ``within_s`` seconds,
         in any run of any process writing this log (newest first; a call's time is its
-        turn's start).
+        turn's start), sent to one of ``servers`` (``host:port`` as logged in
+        ``calls.server_address``; None: any) and asking for ``model`` (None: any).
 
         What the window records (:mod:`chainrun.hedging.engine`): a settled attempt's own
         latency, from its start to its first token for a streamed step (``ttft_ms``) or
@@ -852,12 +859,19 @@ class Store:
         since = log_time(datetime.now(UTC) - timedelta(seconds=within_s))
         outcomes = (*WINNER_OUTCOMES, "shadow_finished")
         marks = ",".join("?" for _ in outcomes)
+        where, params = "", []
+        if servers is not None:
+            where += f" and c.server_address in ({','.join('?' for _ in servers) or 'null'})"
+            params += list(servers)
+        if model is not None:
+            where += " and c.model = ?"
+            params.append(model)
         rows = self.log.execute(
             "select case when c.stream = 1 then c.ttft_ms else c.duration_ms end "
             "from turns t join calls c on c.turn_id = t.id "
             f"where t.started_at >= ? and c.step = ? and c.outcome in ({marks}) "
-            "and c.error_type is null order by t.started_at desc, c.id desc limit ?",
-            [since, step, *outcomes, max_calls],
+            f"and c.error_type is null{where} order by t.started_at desc, c.id desc limit ?",
+            [since, step, *outcomes, *params, max_calls],
         ).fetchall()
         return [float(r[0]) for r in rows if r[0] is not None]
 

@@ -336,10 +336,13 @@ class LLMStep(Step):
         seed, store = ctx.seed_windows, ctx.store
         if (seed is not None and store is not None and policy is not None and policy.hedges
                 and policy.delay_ms is None):
-            # the fleet's recent calls of this step, before the first turn (off the loop)
+            # the fleet's recent calls of this step to the same servers and model (not a
+            # replay's against the lab, say), before the first turn (off the loop)
+            addresses = [p.server_address for p in self._providers.values()]
+            servers = None if None in addresses else [a for a in addresses if a is not None]
             samples = await store.off_loop(
                 store.recent_latencies, self.name, max_calls=seed.max_calls,
-                within_s=seed.within_s,
+                within_s=seed.within_s, servers=servers, model=cfg.model,
             )  # fmt: skip
             self._hedger.seed_window(samples)
 
