@@ -580,3 +580,19 @@ def test_a_dropped_id_reservation_fails_its_turn_loudly() -> None:
 
         asyncio.run(main())
         assert s.writer.dropped == 1
+
+
+def test_serve_seeds_its_windows_by_default(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:  # fmt: skip
+    """``chainrun serve`` seeds (measured: benchmarks/seeded_windows.py); ``--no-seed-windows``
+    does not."""
+    from cli_runner import chainrun
+
+    import chainrun.serve.server as server
+
+    got: list[Any] = []
+    monkeypatch.setattr(server, "serve", lambda *a, **kw: got.append(kw.get("seed_windows")))
+    db = str(tmp_path / "log.db")
+    assert chainrun("serve", "--db", db).returncode == 0
+    assert chainrun("serve", "--db", db, "--no-seed-windows").returncode == 0
+    assert isinstance(got[0], SeedWindows) and got[1] is None

@@ -45,10 +45,11 @@ def serve_command(
         typer.Option(
             "--seed-windows/--no-seed-windows",
             help="Before the first turn, fill each hedged step's latency window from the "
-            "log's recent calls of that step (the last 200 within 10 minutes, any process): "
-            "hedge at the fleet's percentile from the first call.",
+            "log's recent calls of that step to the same servers and model (the last 200 "
+            "within 10 minutes, any process): hedge at the fleet's percentile from the "
+            "first call instead of the warm-up delay. On by default.",
         ),
-    ] = False,
+    ] = True,
     workers: Annotated[
         int,
         typer.Option(min=1, help="Worker processes sharing the port, each with its own live "

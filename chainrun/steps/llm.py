@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -59,6 +60,11 @@ from chainrun.steps.config import StepConfig
 from chainrun.steps.model_config import ModelStepConfig, policy_from_config, template_fields
 from chainrun.steps.tool_use import run_tool_rounds
 from chainrun.tools import Tool
+
+log = logging.getLogger(__name__)
+#: s a new process waits for the run log's recent calls to seed a hedge window; past it
+#: (or with the log's database unreachable) the window starts empty, with a warning
+SEED_TIMEOUT_S = 5.0
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
 #: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
@@ -340,10 +346,19 @@ class LLMStep(Step):
             # replay's against the lab, say), before the first turn (off the loop)
             addresses = [p.server_address for p in self._providers.values()]
             servers = None if None in addresses else [a for a in addresses if a is not None]
-            samples = await store.off_loop(
-                store.recent_latencies, self.name, max_calls=seed.max_calls,
-                within_s=seed.within_s, servers=servers, model=cfg.model,
-            )  # fmt: skip
+            unreachable: tuple[type[BaseException], ...] = (
+                TimeoutError, *store.log.network_errors
+            )
+            try:  # the log is behind the answer: a log that cannot be read seeds nothing
+                samples = await asyncio.wait_for(store.off_loop(
+                    store.recent_latencies, self.name, max_calls=seed.max_calls,
+                    within_s=seed.within_s, servers=servers, model=cfg.model,
+                ), SEED_TIMEOUT_S)  # fmt: skip
+            except unreachable as e:
+                why = str(e) or type(e).__name__
+                log.warning("step %s: hedge window not seeded: the run log %s could not be "
+                            "read (%s)", self.name, store.name, why)  # fmt: skip
+                samples = []
             self._hedger.seed_window(samples)
 
     async def aclose(self) -> None:
