@@ -12,7 +12,9 @@ run answered them (the chain's own answers, or what reached the shopper of a tur
 did not end ok), or the line's own ``history`` for a fixed context: a list of
 ``{"message": ..., "answer": ...}`` objects, oldest first (the next turns of that
 conversation then continue from it). A line without ``turn`` is a conversation of its
-own (no history). ``(conversation_id, turn)`` is unique in a file::
+own (no history). ``(conversation_id, turn)`` is unique in a file, and a turn's earlier
+turns are in it (a turn 2 with no turn 1 and no ``history`` is refused: it would run,
+and be reported under turn 2, without the turn before it)::
 
     {"id": "rain-1", "conversation_id": "rain", "turn": 1, "message": "Do you have rain jackets?"}
     {"id": "rain-2", "conversation_id": "rain", "turn": 2, "message": "Which is cheapest?"}
@@ -31,6 +33,7 @@ from typing import Any
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl
@@ -61,7 +64,9 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     Raises:
         InputFileError: unreadable or oversized file (see :mod:`chainrun.input_files`), a
             malformed line (file and line named), a duplicate id, a turn repeated in its
-            conversation, or no requests at all.
+            conversation, a turn whose earlier turn is neither in the file nor in its
+            ``history`` (:func:`~chainrun.conversations.turn_order.missing_earlier_turn`),
+            or no requests at all.
     """
     p = Path(path)
     out: list[ReplayRequest] = []
@@ -100,6 +105,12 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
         )  # fmt: skip
     if not out:
         raise InputFileError(str(p), None, "no requests in file")
+    gap = missing_earlier_turn(
+        (r.conversation_id, r.turn, r.history is not None, turns_seen[(r.conversation_id, r.turn)])
+        for r in out if r.turn is not None and r.conversation_id is not None
+    )  # fmt: skip
+    if gap is not None:
+        raise InputFileError(str(p), *gap)
     return out
 
 

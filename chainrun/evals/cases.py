@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError
 from chainrun.evals.assertions import LABEL, Assertion
 from chainrun.input_files import read_jsonl
@@ -156,8 +157,9 @@ def load_cases(
 
     Raises:
         InputFileError: the file cannot be read, has no case, a line is not JSON or not a
-            valid case (the message names the line), a case id repeats, or an assertion
-            names a step the chain does not have.
+            valid case (the message names the line), a case id repeats, an assertion
+            names a step the chain does not have, or a conversation's turn has neither its
+            earlier turn in the file nor a ``history``.
     """
     p = str(path)
     cases: list[EvalCase] = []
@@ -183,4 +185,10 @@ def load_cases(
         cases.append(case)
     if not cases:
         raise InputFileError(p, None, "no eval cases in file")
+    gap = missing_earlier_turn(
+        (c.conversation_id, c.turn, c.history is not None, turn_line[(c.conversation_id, c.turn)])
+        for c in cases if c.conversation_id is not None and c.turn is not None
+    )  # fmt: skip
+    if gap is not None:
+        raise InputFileError(p, *gap)
     return cases
