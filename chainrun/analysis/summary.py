@@ -181,7 +181,11 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     n_refused, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci, p90_ci}, answer_ttft: {...},
     answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
     reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, ttft_cached_share,
-    output_tokens_mean, n_failed}}, prompt_cache}``;
+    output_tokens_mean, n_ran, n_failed, failures}}, prompt_cache}``;
+    ``n_ran`` is the turns the step ran in (every turn but cancelled ones and the turns
+    that skipped it), ``n_failed`` how many of those it failed in (failed open or closed,
+    whatever the turn's status: a step that failed closed refused its turn, which no
+    percentile includes) and ``failures`` those by error type, most frequent first;
     beside every TTFT its cached share (:func:`cache_state` of the calls it is over:
     ``ttft_cached_share`` per step, ``answer_ttft.cached_share`` over every answering
     call of the completed turns; None when unknown) and the run's ``prompt_cache``
@@ -201,13 +205,19 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     answer_ttft = [t.answer_ttft_ms for t in turns if t.answer_ttft_ms is not None]
     answer_done = [t.answer_done_ms for t in turns if t.answer_done_ms is not None]
     by_step: dict[str, list[float]] = defaultdict(list)
-    failed: dict[str, int] = defaultdict(int)
-    for s in done.of(store.steps(run_id)):
-        if s.status == "skipped":
+    ran: Counter[str] = Counter()
+    failures: dict[str, Counter[str]] = defaultdict(Counter)
+    cancelled = {t.id for t in all_turns if t.status == "cancelled"}
+    for s in store.steps(run_id):
+        if s.status == "skipped" or s.turn_id in cancelled:
             continue
-        by_step[s.step].append(s.duration_ms)
-        if s.status != "ok":
-            failed[s.step] += 1
+        # failures over every turn the step ran in: a step that failed closed ended its
+        # turn refused or errored, so counting completed turns only would show none
+        ran[s.step] += 1
+        if s.status not in ("ok", "cancelled"):
+            failures[s.step][s.error_type or s.status] += 1
+        if s.turn_id in done.ids:
+            by_step[s.step].append(s.duration_ms)
     ttft: dict[str, list[float]] = defaultdict(list)
     winners: dict[str, list[CallRow]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
@@ -223,7 +233,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
             tokens[c.step].append(c.output_tokens)
     answer_cache = cache_state(c for w in winners.values() for c in w)
     steps = {}
-    for name, values in by_step.items():
+    for name in ran:
+        values = by_step[name]
         model, effort = meta.get(name, (None, None))
         steps[name] = {
             **_p50_p90(values),
@@ -234,7 +245,9 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
             "ttft_p50_ci": _ci(ttft[name], 50),
             "ttft_cached_share": cache_state(winners[name])["share"],
             "output_tokens_mean": _mean(tokens[name]),
-            "n_failed": failed[name],
+            "n_ran": ran[name],
+            "n_failed": sum(failures[name].values()),
+            "failures": dict(failures[name].most_common()),
         }
     return {
         "run_id": run_id,

@@ -472,13 +472,15 @@ def _print_server(server: local_model.LocalServer, as_json: bool, state: str) ->
 
 
 def _warn_failed_turns(store_path: str, run_id: int) -> None:
-    """Up to two stderr lines after a run: the turns that did not end ok (by status, with
-    the step failures inside them; a server that answers but is not an OpenAI-compatible
-    API completes a run of refusals), and, apart, the ok turns answered with a step that
-    failed open (its failure let the turn through unchecked)."""
+    """Stderr lines after a run: the turns that did not end ok (by status, with the step
+    failures inside them; a server that answers but is not an OpenAI-compatible API
+    completes a run of refusals), and, apart, the ok turns answered with a step that
+    failed open (its failure let the turn through unchecked); then, per step that ran
+    out of time, the setting to raise (:func:`_timeout_hints`)."""
     from chainrun.log.store import Store
 
     with Store.open(store_path, create=False) as store:
+        config = store.get_run(run_id).config
         turns = store.turns(run_id)
         status_of = {t.id: t.status for t in turns}
         in_not_ok: Counter[str] = Counter()
@@ -504,6 +506,41 @@ def _warn_failed_turns(store_path: str, run_id: int) -> None:
         err.print(f"chainrun: warning: {len(ok_turns_hit)} of {n_ok} ok turns answered with "
                   f"a step failed open ({_kinds(open_in_ok)}); see chainrun show {run_id}",
                   markup=False)  # fmt: skip
+    for line in _timeout_hints(config, in_not_ok + open_in_ok):
+        err.print(f"chainrun: warning: {line}", markup=False, highlight=False)
+
+
+#: a step's error type when it ran out of time -> the setting that bounds it, and its name
+_TIME_LIMITS = {
+    "timeout": ("deadline_s", "its deadline"),
+    "first_token_timeout": ("first_token_timeout_s", "its first-token timeout"),
+    "idle_timeout": ("idle_timeout_s", "its idle timeout"),
+}
+
+
+def _timeout_hints(config: str | None, failures: Counter[str]) -> list[str]:
+    """One line per step and time limit it ran out of (``failures``: ``{"step:error_type":
+    n}``), naming the setting to raise and its value in the run's config snapshot."""
+    from chainrun.config import config_from_snapshot
+    from chainrun.errors import ConfigError
+
+    try:
+        cfg = config_from_snapshot(config or "", "the run") if config else None
+    except ConfigError:
+        cfg = None
+    lines = []
+    for key, n in failures.most_common():
+        step, _, error_type = key.partition(":")
+        if error_type not in _TIME_LIMITS:
+            continue
+        setting, what = _TIME_LIMITS[error_type]
+        value = getattr(cfg.steps.get(step), setting, None) if cfg is not None else None
+        now = f" = {value:g} s" if isinstance(value, int | float) else ""
+        lines.append(f"{step} ran out of {what} in {n} turns (steps.{step}.{setting}{now}): "
+                     f"a server slower than that here needs more; raise it ([steps.{step}] "
+                     f"{setting} in the chain's config) or use a faster model or "
+                     "server")  # fmt: skip
+    return lines
 
 
 def _kinds(counts: Counter[str]) -> str:

@@ -165,11 +165,23 @@ def _share(share: float | None) -> str:
     return "?%" if share is None else f"{share * 100:.0f}%"
 
 
+def _failed_cell(step: dict[str, Any]) -> str:
+    """``8 of 12: timeout``: the turns a step failed in, of those it ran in (refused and
+    errored turns included), with the failures by error type; ``0 of 12``."""
+    cell = f"{step['n_failed']} of {step['n_ran']}"
+    kinds = step.get("failures") or {}
+    if len(kinds) == 1:
+        return f"{cell}: {next(iter(kinds))}"
+    if kinds:
+        return f"{cell}: " + ", ".join(f"{k} ×{n}" for k, n in kinds.items())
+    return cell
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
     """Per turn and per step: n, p50, p90 (ms) with their 95% order-statistic intervals,
     TTFT p50 (its own n when it differs) with the cached share of its calls' prompt
     tokens, and mean output tokens, over completed turns, the others counted in the
-    title."""
+    title; and the turns each step failed in, of every turn it ran in, by error type."""
     t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
                     f"{summary['n_turns']} turns, percentiles "
                     f"{turn_counts(summary.get('turns'))}")  # fmt: skip
@@ -194,7 +206,7 @@ def latency_table(summary: dict[str, Any]) -> Table:
         if s["ttft_p50_ms"] is not None:  # the server's prompt cache decides TTFT
             ttft = f"{ttft} · {_share(s.get('ttft_cached_share'))} cached"
         t.add_row(name, str(s["n"]), *pcts(s), ttft, _f(s["output_tokens_mean"], 1),
-                  str(s["n_failed"]), s["model"] or "-", s["reasoning_effort"] or "-")  # fmt: skip
+                  _failed_cell(s), s["model"] or "-", s["reasoning_effort"] or "-")  # fmt: skip
     n = turn["n"]
     if summary.get("prompt_cache") == "off":
         t.title = f"{t.title}; prompt cache off (cache_prompt: false)"
