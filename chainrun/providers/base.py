@@ -133,6 +133,8 @@ class ChatStream:
         self.first_token_timeout_s = first_token_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._started_loop = asyncio.get_running_loop().time()
+        #: when the request was sent, wall clock (Unix time, s): the call's ``started_at``
+        self.sent_at = time.time()
         self.timer = StreamTimer(t_start=clock())
         self.error: BaseException | None = None
         #: a :meth:`deltas` reader waiting for more text (woken per content chunk)

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -126,6 +127,9 @@ def call_row(
         t = stream.timer
         usage = t.usage
         fields.update(
+            # the format of every *_at column (chainrun.log.migrations.utc_now)
+            started_at=datetime.fromtimestamp(stream.sent_at, UTC).isoformat(
+                timespec="milliseconds"),
             prompt=json.dumps(request.messages, ensure_ascii=False),
             output=t.text,
             reasoning="".join(t.reasoning) or None,
