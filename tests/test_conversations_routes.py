@@ -1,6 +1,8 @@
-"""The chain routed on the classify label (``chainrun.config.ROUTED_CHAIN``): product
-questions search the catalogue; order-status, returns and sizing questions answer from
-the shop's policy text without a product search; a turn whose label is unknown searches."""
+"""The default chain routes on the classify label: product questions search the
+catalogue; order-status, returns and sizing questions answer from the shop's policy text
+without a product search; a turn whose label is unknown searches. Its classify step
+calls no model, so the route costs the answer no model call; a follow-up keeps the
+label (and the search subject) of the turn it follows."""
 
 from __future__ import annotations
 
@@ -8,15 +10,17 @@ import pytest
 from conftest import reply_by_step
 
 from chainrun.chain import Chain
-from chainrun.config import ROUTED_CHAIN, config_from_dict
+from chainrun.config import LLM_CLASSIFY_STEP, POLICY_LABELS, config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply, failing
 
 
-def _chain(store: Store, classify: FakeReply) -> tuple[Chain, FakeProvider]:
-    fake = FakeProvider(name="local", script=reply_by_step({"classify": classify}))
-    return Chain(config_from_dict(ROUTED_CHAIN), store=store, providers={"local": fake}), fake
+def _chain(
+    store: Store, data: dict | None = None, **replies: FakeReply
+) -> tuple[Chain, FakeProvider]:
+    fake = FakeProvider(name="local", script=reply_by_step(replies))
+    return Chain(config_from_dict(data or {}), store=store, providers={"local": fake}), fake
 
 
 def _compose_prompt(fake: FakeProvider) -> str:
@@ -32,55 +36,143 @@ async def _steps(store: Store, turn_id: int) -> dict:
     return {s.step: s for s in logged.steps}
 
 
-@pytest.mark.parametrize("label", ["returns", "order_status", "sizing"])
-async def test_policy_questions_answer_from_the_policy_without_a_search(store, label) -> None:
-    chain, fake = _chain(store, FakeReply(label))
+def test_the_default_chain_is_routed_on_a_classify_step_that_calls_no_model() -> None:
+    cfg = config_from_dict({})
+    assert cfg.order == ["classify", "retrieve", "policy", "compose", "validate", "critique"]
+    assert cfg.steps["classify"].kind == "classify"
+    assert cfg.steps["classify"].method == "combined"
+    assert cfg.steps["retrieve"].when == {"label": {"not": list(POLICY_LABELS)}}
+    assert cfg.steps["policy"].when == {"label": list(POLICY_LABELS)}
+    assert "{policy}" in cfg.steps["compose"].prompt
+
+
+@pytest.mark.parametrize(("message", "label"), [
+    ("Can I return the linen trousers I bought?", "returns"),
+    ("Where is my parcel? The order number is FS-10293.", "order_status"),
+    ("Which size should I pick for the jersey wrap dress?", "sizing"),
+])  # fmt: skip
+async def test_policy_questions_answer_from_the_policy_without_a_search(
+    store, message, label
+) -> None:
+    chain, fake = _chain(store)
     async with chain:
-        done = await chain.run_turn("The boots are too big, can I send them back?")
+        done = await chain.run_turn(message)
     steps = await _steps(store, done.turn_id)
     assert done.status == "ok" and done.label == label
+    assert steps["classify"].status == "ok" and steps["classify"].output == label
     assert steps["retrieve"].status == "skipped"
     assert steps["retrieve"].detail == {"skipped": f"when: label is '{label}', one of "
                                         "order_status, returns, sizing"}  # fmt: skip
     assert steps["policy"].status == "ok" and steps["policy"].output == label
     prompt = _compose_prompt(fake)
     assert "Shop policy, " in prompt and "Catalogue matches:\n(none)" in prompt
+    # no model call before the answer's: compose is the first request the model saw
+    assert "Catalogue matches" in fake.requests[0].messages[-1]["content"]
 
 
-@pytest.mark.parametrize("classify", [FakeReply("product_search"), FakeReply("styling"),
-                                      FakeReply("nonsense"), failing("classify is down")])
-async def test_other_questions_search_the_catalogue(store, classify) -> None:
-    chain, fake = _chain(store, classify)
+@pytest.mark.parametrize(("message", "label"), [
+    ("Do you have rain jackets?", "product_search"),
+    ("What should I wear with a rain jacket to a festival?", "styling"),
+])  # fmt: skip
+async def test_other_questions_search_the_catalogue(store, message, label) -> None:
+    chain, fake = _chain(store)
     async with chain:
-        done = await chain.run_turn("Do you have rain jackets?")
+        done = await chain.run_turn(message)
     steps = await _steps(store, done.turn_id)
-    assert done.status == "ok"
+    assert done.status == "ok" and done.label == label
     assert steps["retrieve"].status == "ok" and steps["policy"].status == "skipped"
     prompt = _compose_prompt(fake)
     assert "Shop policy" not in prompt and "Catalogue matches:\n(none)" not in prompt
     assert "Rain Jacket" in prompt
 
 
-async def test_a_follow_up_searches_the_subject_it_follows_cheapest_first(store) -> None:
-    chain, _ = _chain(store, FakeReply("product_search"))
+@pytest.mark.parametrize(("classify", "label"), [
+    (FakeReply("nonsense"), "other"), (failing("classify is down"), None)])  # fmt: skip
+async def test_a_model_label_outside_the_routes_or_none_searches_the_catalogue(
+    store, classify, label
+) -> None:
+    """Classified by the model instead (an llm classify step): an answer outside the
+    label set is ``other``, a failed classify (fails open) leaves ``label`` unset; both
+    search."""
+    chain, fake = _chain(store, {"steps": {"classify": LLM_CLASSIFY_STEP}}, classify=classify)
     async with chain:
-        await chain.run_turn("Do you have rain jackets?", conversation_id="c")
+        done = await chain.run_turn("Do you have rain jackets?")
+    steps = await _steps(store, done.turn_id)
+    assert done.status == "ok" and done.label == label
+    assert steps["classify"].kind == "llm"
+    assert steps["retrieve"].status == "ok" and steps["policy"].status == "skipped"
+    assert "Rain Jacket" in _compose_prompt(fake)
+
+
+async def test_the_route_waits_only_for_a_classification_of_milliseconds(store) -> None:
+    """What the answer waits for before it starts: classify (no model call, a few ms),
+    then retrieve; no model call precedes the answer's."""
+    chain, fake = _chain(store)
+    async with chain:
+        done = await chain.run_turn("Do you have rain jackets?")
+    steps = await _steps(store, done.turn_id)
+    classify, retrieve = steps["classify"], steps["retrieve"]
+    assert classify.kind == "classify" and classify.n_attempts == 0
+    assert classify.detail is not None and classify.detail["decided_by"] == "keywords"
+    # 50 ms: generous for a loaded machine; keyword rules take tens of microseconds
+    assert classify.duration_ms < 50.0
+    assert classify.started_offset_ms + classify.duration_ms <= retrieve.started_offset_ms + 1.0
+    prompts = [r.messages[-1]["content"] for r in fake.requests]
+    assert "Catalogue matches" in prompts[0] and len(prompts) == 3  # compose, validate, critique
+
+
+async def test_a_follow_up_keeps_the_route_and_searches_the_subject_cheapest_first(
+    store,
+) -> None:
+    chain, _ = _chain(store)
+    async with chain:
+        first = await chain.run_turn("Do you have rain jackets?", conversation_id="c")
         done = await chain.run_turn("Which of those is cheapest?", conversation_id="c")
+        navy = await chain.run_turn("Is it available in navy?", conversation_id="c")
+    assert first.label == done.label == navy.label == "product_search"
     retrieve = (await _steps(store, done.turn_id))["retrieve"]
+    assert retrieve.status == "ok"
     detail = retrieve.detail or {}
     assert detail["standalone_query"] == "Do you have rain jackets? Which of those is cheapest?"
     assert detail["price_order"] == "price_asc"
     prices = [item["price"] for item in detail["results"]]
     assert prices == sorted(prices) and len(prices) >= 4
     assert all("JKT" in item["id"] or "COT" in item["id"] for item in detail["results"])
+    # "Is it available in navy?" fires no rule and names no subject: the label of the
+    # turn it follows ("cheapest" fires a product-search rule on its own)
+    steps = await _steps(store, navy.turn_id)
+    assert steps["classify"].detail["decided_by"] == "follow_up"
+    assert steps["classify"].detail["follows"] == "Which of those is cheapest?"
+    assert steps["retrieve"].status == "ok" and steps["policy"].status == "skipped"
+
+
+async def test_a_follow_up_to_a_policy_question_stays_on_the_policy_route(store) -> None:
+    chain, _ = _chain(store)
+    async with chain:
+        await chain.run_turn("Where is my order FS-10293?", conversation_id="o")
+        done = await chain.run_turn("Is it there yet?", conversation_id="o")
+        alone = await chain.run_turn("Is it there yet?")
+    assert done.label == "order_status"
+    steps = await _steps(store, done.turn_id)
+    assert steps["retrieve"].status == "skipped" and steps["policy"].status == "ok"
+    # the same words on a conversation's first turn are classified alone
+    alone_steps = await _steps(store, alone.turn_id)
+    assert alone_steps["classify"].detail["decided_by"] != "follow_up"
+
+
+async def test_follow_ups_off_classifies_each_message_alone(store) -> None:
+    chain, _ = _chain(store, {"steps": {"classify": {"follow_ups": False}}})
+    async with chain:
+        await chain.run_turn("Where is my order FS-10293?", conversation_id="o")
+        done = await chain.run_turn("Is it there yet?", conversation_id="o")
+    steps = await _steps(store, done.turn_id)
+    assert steps["classify"].detail["decided_by"] != "follow_up"
 
 
 def test_policy_step_settings_are_checked(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"policy.*reasoning_effort"):
-        config_from_dict({"order": ROUTED_CHAIN["order"],
-                          "steps": {"policy": {"kind": "policy", "reasoning_effort": "low"}}})
-    cfg = config_from_dict({"order": ROUTED_CHAIN["order"], "steps": {
-        **ROUTED_CHAIN["steps"], "policy": {"kind": "policy", "file": str(tmp_path / "x.toml")}}})
+        config_from_dict({"steps": {"policy": {"reasoning_effort": "low"}}})
+    cfg = config_from_dict({"steps": {"policy": {"file": str(tmp_path / "x.toml")}}})
     with pytest.raises(ConfigError, match=r"x\.toml: cannot read policy file"):
         Chain(cfg)
 
@@ -88,3 +180,4 @@ def test_policy_step_settings_are_checked(tmp_path) -> None:
 def test_the_default_chain_searches_a_follow_up_with_its_subject() -> None:
     cfg = config_from_dict({})
     assert cfg.steps["retrieve"].follow_ups and "{history}" in cfg.steps["compose"].prompt
+    assert cfg.steps["classify"].follow_ups

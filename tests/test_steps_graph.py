@@ -10,7 +10,7 @@ import sys
 from collections.abc import AsyncGenerator
 
 import pytest
-from conftest import reply_by_step
+from conftest import model_classify_config, reply_by_step
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
@@ -45,7 +45,7 @@ register_step_kind(Shout)
 
 async def test_a_custom_step_kind_from_outside_the_package(store) -> None:
     cfg = config_from_dict({
-        "order": ["classify", "retrieve", "compose", "shout"],
+        "order": ["classify", "retrieve", "policy", "compose", "shout"],
         "steps": {"shout": {"kind": "test_shout"}},
     })  # fmt: skip
     fake = FakeProvider(name="local", script=reply_by_step())
@@ -82,7 +82,7 @@ def _slow_classify_script():
 async def test_independent_steps_run_concurrently_when_ready(store) -> None:
     """off_path_steps = "when_ready": classify runs beside retrieve/compose (compose does
     not read the label); validate and critique both need only the answer and overlap."""
-    cfg = config_from_dict({"off_path_steps": "when_ready"})
+    cfg = model_classify_config({"off_path_steps": "when_ready"})
     fake = FakeProvider(name="local", script=_slow_classify_script())
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         assert chain.graph.deferred == frozenset()
@@ -104,7 +104,7 @@ async def test_off_path_steps_wait_for_the_answer_by_default(store) -> None:
     turn) starts once the answer is complete, beside validate and critique, so it does not
     share a compute-bound model server with the answer's prefill; it is post-answer."""
     fake = FakeProvider(name="local", script=_slow_classify_script())
-    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+    async with Chain(model_classify_config(), store=store, providers={"local": fake}) as chain:
         assert chain.graph.deferred == {"classify"}
         assert chain.graph.deps["classify"] == {"compose"}
         done = await chain.run_turn("a jacket?")
@@ -118,12 +118,31 @@ async def test_off_path_steps_wait_for_the_answer_by_default(store) -> None:
     assert turn.label == "sizing"
 
 
+async def test_the_default_classify_step_is_on_the_path_and_takes_milliseconds(store) -> None:
+    """The default chain routes on the label, so classify runs first, before retrieve or
+    policy, and the answer waits for it; it calls no model, so the wait is milliseconds
+    (keyword rules; a message they do not decide costs one MiniLM forward pass) and no
+    model call precedes the answer's."""
+    fake = FakeProvider(name="local", script=reply_by_step())
+    async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
+        assert chain.graph.deferred == frozenset()
+        assert chain.graph.deps["classify"] == frozenset()
+        assert chain.graph.deps["retrieve"] == chain.graph.deps["policy"] == {"classify"}
+        done = await chain.run_turn("Do you have a rain jacket?")
+    spans = _offsets(store, done.run_id)
+    assert spans["classify"][1] <= spans["retrieve"][0] + 1.0
+    assert spans["classify"][1] - spans["classify"][0] < 50.0  # ms, on a loaded machine
+    steps = {s.step: s for s in store.steps(done.run_id)}
+    assert not steps["classify"].post_answer and steps["classify"].n_attempts == 0
+    assert next(c.step for c in store.calls(done.run_id)) == "compose"
+
+
 def test_a_step_that_can_end_the_turn_is_never_deferred() -> None:
     """A fail-closed classify (or a guard, or a step such a step waits for) keeps its
     place before the answer: ending the turn after the answer was shown is too late."""
-    closed = Chain(config_from_dict({"steps": {"classify": {"on_failure": "closed"}}}))
+    closed = Chain(model_classify_config({"steps": {"classify": {"on_failure": "closed"}}}))
     assert closed.graph.deferred == frozenset() and closed.graph.deps["classify"] == frozenset()
-    gate = Chain(config_from_dict({
+    gate = Chain(model_classify_config({
         "order": ["classify", "gate", "retrieve", "compose"],
         "steps": {"gate": {"prompt": "{label}", "on_failure": "closed"}},
     }))  # fmt: skip
@@ -146,11 +165,13 @@ async def test_a_compose_prompt_that_reads_the_label_waits_for_classify(store) -
 
 
 def test_retrieve_reads_the_label_only_when_asked() -> None:
-    default = Chain(config_from_dict({}))
-    assert default.graph.deps["retrieve"] == frozenset()
+    unrouted = Chain(model_classify_config())
+    assert unrouted.graph.deps["retrieve"] == frozenset()
     use_label = {"steps": {"retrieve": {"retrieval": {"use_label": True}}}}
-    with_label = Chain(config_from_dict(use_label))
+    with_label = Chain(model_classify_config(use_label))
     assert with_label.graph.deps["retrieve"] == {"classify"}
+    # or when it routes on it, as in the default chain
+    assert Chain(config_from_dict({})).graph.deps["retrieve"] == {"classify"}
 
 
 def test_a_cycle_is_one_config_error_naming_both_steps() -> None:
@@ -198,7 +219,8 @@ def test_a_capability_error_names_the_config_file_exit_2(tmp_path) -> None:
 
 
 def test_a_field_nothing_writes_is_a_config_error() -> None:
-    cfg = config_from_dict({"order": ["compose"]})  # compose reads {products}
+    cfg = config_from_dict({"order": ["compose"], "steps": {"compose": {
+        "prompt": "{products} {message}"}}})  # fmt: skip
     with pytest.raises(ConfigError, match=r"steps\.compose: reads \{products\}, which no step"):
         Chain(cfg)
 
@@ -217,7 +239,7 @@ async def test_a_closed_failure_cancels_running_siblings(store) -> None:
         "classify": FakeReply("sizing", ttft_s=5.0),
         "compose": FakeReply(error=TimeoutError()),
     }))  # fmt: skip
-    cfg = config_from_dict({"off_path_steps": "when_ready"})  # classify runs beside compose
+    cfg = model_classify_config({"off_path_steps": "when_ready"})  # classify beside compose
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         t0 = asyncio.get_running_loop().time()
         done = await chain.run_turn("hi")
@@ -255,7 +277,8 @@ register_step_kind(HoldGate)
 async def test_an_answer_held_by_a_check_is_released_or_dropped(store, message) -> None:
     cfg = config_from_dict({
         "order": ["gate", "retrieve", "compose"],
-        "steps": {"gate": {"kind": "test_hold_gate"}},
+        "steps": {"gate": {"kind": "test_hold_gate"}, "retrieve": {"when": {}},
+                  "compose": {"prompt": "Catalogue matches:\n{products}\n\n{message}"}},
     })  # fmt: skip
     fake = FakeProvider(name="local", script=reply_by_step({
         "compose": FakeReply("one two three four", ttft_s=0.01, gap_s=0.01),
@@ -283,7 +306,7 @@ async def test_a_call_in_flight_when_the_turn_is_cancelled_is_still_a_row(store)
         "classify": FakeReply("sizing", ttft_s=5.0),
         "compose": FakeReply("slow", ttft_s=5.0),
     }))  # fmt: skip
-    cfg = config_from_dict({"off_path_steps": "when_ready"})  # classify runs beside compose
+    cfg = model_classify_config({"off_path_steps": "when_ready"})  # classify beside compose
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         task = asyncio.create_task(chain.run_turn("hi"))
         await asyncio.sleep(0.3)

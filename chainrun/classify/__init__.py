@@ -4,7 +4,8 @@
 (:class:`NearestExamples`: k nearest labelled examples on MiniLM embeddings),
 ``combined`` (:class:`RulesThenExamples`), and the model itself: an ``llm`` step with
 ``labels`` whose answer is constrained to the label set by :func:`label_schema`. The
-``classify`` step kind (:mod:`chainrun.steps.classify`) runs the first three;
+``classify`` step kind (:mod:`chainrun.steps.classify`) runs the first three, and in a
+conversation a follow-up keeps the label of the turn it follows (:class:`FollowUps`);
 ``benchmarks/classify_accuracy.py`` measures all four on the labelled eval set.
 """
 
@@ -16,6 +17,7 @@ from chainrun.classify.base import (
     label_schema,
 )
 from chainrun.classify.combined import RulesThenExamples
+from chainrun.classify.conversation import FollowUps
 from chainrun.classify.examples import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
@@ -32,6 +34,7 @@ __all__ = [
     "FALLBACK_LABEL",
     "Classification",
     "Classifier",
+    "FollowUps",
     "KeywordRules",
     "NearestExamples",
     "RulesThenExamples",

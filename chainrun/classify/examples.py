@@ -5,7 +5,8 @@ With MiniLM (all-MiniLM-L6-v2, run in NumPy: :mod:`chainrun.retrieval.embeddings
 message costs one forward pass (about 5-25 ms on 2 cores) and no model server call. The
 examples are embedded once, on first use. The shipped examples
 (:data:`DEFAULT_EXAMPLES`, 15 per default label) were written for this purpose and are
-not the regression eval set's messages, which measure the classifier.
+not the regression eval set's messages, which measure the classifier. With the local
+embedders (MiniLM, hash) the examples are embedded once per process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from chainrun.classify.base import Classification
 from chainrun.errors import InputFileError
-from chainrun.retrieval.embeddings import Embedder
+from chainrun.retrieval.embeddings import Embedder, HashEmbedder, MiniLMEmbedder
 
 #: neighbours that vote: chosen by leave-one-out on the shipped examples (72 of 90 right at
 #: k = 11; 58 at 3, 65 at 5, 70 at 9, 71 at 15, 68 at 21), not on the eval set
@@ -27,6 +28,20 @@ DEFAULT_K = 11
 
 #: labelled examples shipped with chainrun: JSONL lines ``{"label": ..., "message": ...}``
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "classify_examples.jsonl"
+
+
+#: the examples' vectors by (embedder, examples): embedded once per process, as every
+#: chain a process opens (a server's, each test's) would embed the same 90 messages again
+#: (about 1 s on an idle core); only for the local, deterministic embedders
+_MATRICES: dict[tuple[object, ...], np.ndarray] = {}
+
+
+def _matrix_key(embedder: Embedder, messages: Sequence[str]) -> tuple[object, ...] | None:
+    if isinstance(embedder, MiniLMEmbedder):
+        return ("minilm", str(embedder.model_dir), tuple(messages))
+    if isinstance(embedder, HashEmbedder):
+        return (embedder.model, tuple(messages))
+    return None
 
 
 def read_examples(path: str | Path, labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -103,8 +118,16 @@ class NearestExamples:
         if self._matrix is None:
             async with self._lock:
                 if self._matrix is None:
-                    vectors = await self.embedder.embed([m for _, m in self.examples])
-                    self._matrix = np.asarray(vectors, dtype=np.float32)
+                    messages = [m for _, m in self.examples]
+                    key = _matrix_key(self.embedder, messages)
+                    matrix = _MATRICES.get(key) if key is not None else None
+                    if matrix is None:
+                        vectors = await self.embedder.embed(messages)
+                        matrix = np.asarray(vectors, dtype=np.float32)
+                        matrix.flags.writeable = False
+                        if key is not None:
+                            _MATRICES[key] = matrix
+                    self._matrix = matrix
 
     def vote(self, vector: np.ndarray) -> Classification:
         """The label for one message's embedding (after :meth:`warm`)."""

@@ -33,8 +33,8 @@ from chainrun.config.chain import (
 from chainrun.config.defaults import (
     CLASSIFY_LABELS,
     DEFAULT_CHAIN,
+    LLM_CLASSIFY_STEP,
     POLICY_LABELS,
-    ROUTED_CHAIN,
     STEP_NAMES_DEFAULT,
 )
 from chainrun.config.effective import effective_toml
@@ -55,8 +55,8 @@ from chainrun.steps.retrieve import RetrieveConfig
 __all__ = [
     "CLASSIFY_LABELS",
     "DEFAULT_CHAIN",
+    "LLM_CLASSIFY_STEP",
     "POLICY_LABELS",
-    "ROUTED_CHAIN",
     "STEP_NAMES_DEFAULT",
     "CapabilityParam",
     "ChainConfig",

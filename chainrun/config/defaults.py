@@ -1,14 +1,22 @@
 """The built-in default chain: what a ``chainrun.toml`` is merged onto, key by key.
 
-Five steps: classify (the message's category, a :data:`CLASSIFY_LABELS` label), retrieve
-(catalogue search; a follow-up searches the subject of the turn it follows), compose
-(the streamed answer, from the conversation's history and the products), validate (a
-JSON verdict on the answer) and critique (one sentence of feedback). ``chainrun config
-show`` prints it, merged with a config file, as TOML.
+Six steps, routed on the classify label:
 
-:data:`ROUTED_CHAIN` routes it on the classify label: product questions search the
-catalogue, :data:`POLICY_LABELS` questions (orders, returns, sizes) are answered from
-the shop's policy text without a product search.
+- classify (``kind = "classify"``, method ``combined``: keyword rules, else the nearest
+  labelled examples; no model call) writes the message's category, a
+  :data:`CLASSIFY_LABELS` label; a follow-up that names no subject of its own keeps the
+  label of the turn it follows;
+- retrieve (catalogue search; a follow-up searches the subject of the turn it follows)
+  runs unless the label is one of :data:`POLICY_LABELS`;
+- policy (the shop's policy text for the label) runs only for those labels;
+- compose (the streamed answer, from the conversation's history, the policy text and
+  the products);
+- validate (a JSON verdict on the answer) and critique (one sentence of feedback).
+
+The label decides the route at the cost of a few keyword rules (an embedding of the
+message when the rules do not decide), so routing puts no model call before the
+answer. ``chainrun config show`` prints the chain, merged with a config file, as TOML.
+:data:`LLM_CLASSIFY_STEP` is the classify step done by the model instead.
 """
 
 from __future__ import annotations
@@ -17,16 +25,16 @@ from typing import Any
 
 from chainrun.classify.base import DEFAULT_LABELS
 
-STEP_NAMES_DEFAULT = ("classify", "retrieve", "compose", "validate", "critique")
+STEP_NAMES_DEFAULT = ("classify", "retrieve", "policy", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
 CLASSIFY_LABELS = DEFAULT_LABELS
-#: the labels :data:`ROUTED_CHAIN` answers from the shop's policy text without a product
+#: the labels the default chain answers from the shop's policy text without a product
 #: search (every other label, and a turn whose classify failed, searches the catalogue):
 #: the labels of the replay and eval sets' order, delivery, return and fit questions
 POLICY_LABELS = ("order_status", "returns", "sizing")
 
 
-# The default prompts are transcripts for the model to continue: the embedded local
+# The model prompts are transcripts for the model to continue: the embedded local
 # model is the pre-trained Gemma 3 270M, which continues text well and follows
 # instructions badly. A chat-tuned model (e.g. OpenAI's) reads them just as well.
 _CLASSIFY_PROMPT = (
@@ -45,10 +53,9 @@ _COMPOSE_SYSTEM = (
 # {history} first: the earlier turns are the start of the prompt that the next turn of
 # the conversation repeats, so a server's prompt cache can reuse them (llama-server
 # keeps each slot's last prompt); it renders "" on a conversation's first turn
-_COMPOSE_PROMPT = "{history}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
-# the routed chain's answer prompt: {policy} is "" on the search route, the policy
-# section and a blank line on the policy route
-_ROUTED_COMPOSE_PROMPT = (
+# {policy} is "" on the search route, the policy section and a blank line on the policy
+# route (where {products} is "(none)": retrieve did not run)
+_COMPOSE_PROMPT = (
     "{history}{policy}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 )
 _VALIDATE_PROMPT = (
@@ -77,15 +84,19 @@ DEFAULT_CHAIN: dict[str, Any] = {
     "providers": {"local": {}},
     "steps": {
         "classify": {
-            "prompt": _CLASSIFY_PROMPT,
+            "kind": "classify",
+            "method": "combined",
             "labels": list(CLASSIFY_LABELS),
-            "stop": ["\n"],
-            "max_output_tokens": 8,
-            "temperature": 0.0,
-            "deadline_s": 30.0,
+            "follow_ups": True,
+            "deadline_s": 5.0,
             "on_failure": "open",
         },
-        "retrieve": {"kind": "retrieve", "deadline_s": 5.0},
+        "retrieve": {
+            "kind": "retrieve",
+            "deadline_s": 5.0,
+            "when": {"label": {"not": list(POLICY_LABELS)}},
+        },
+        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
@@ -116,25 +127,27 @@ DEFAULT_CHAIN: dict[str, Any] = {
 }
 
 
-#: The default chain routed on the classify label, as a chainrun.toml dict merged onto
-#: :data:`DEFAULT_CHAIN` (docs/guides/chain.md, "Routing on the label", gives its TOML):
-#: retrieve runs unless the label is one of :data:`POLICY_LABELS`, the ``policy`` step
-#: (the shop's policy text) only then; the answer prompt reads both. The label is then
-#: on the answer's critical path (retrieve and policy wait for classify).
-ROUTED_CHAIN: dict[str, Any] = {
-    "order": ["classify", "retrieve", "policy", "compose", "validate", "critique"],
-    "steps": {
-        "retrieve": {"when": {"label": {"not": list(POLICY_LABELS)}}},
-        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
-        "compose": {"prompt": _ROUTED_COMPOSE_PROMPT},
-    },
+#: The classify step done by the model (an ``llm`` step, as ``[steps.classify]`` with
+#: ``kind = "llm"`` and these keys): the local model continues a few-shot transcript and
+#: its first label is taken. Not in the default chain (a model call before the answer,
+#: and fewer labels right than the ``combined`` method on the regression eval set:
+#: benchmarks/README.md, "Label accuracy of each way to classify"); kept for
+#: comparisons (``benchmarks/classify_accuracy.py``, ``benchmarks/conversation_routes.py``).
+LLM_CLASSIFY_STEP: dict[str, Any] = {
+    "kind": "llm",
+    "prompt": _CLASSIFY_PROMPT,
+    "labels": list(CLASSIFY_LABELS),
+    "stop": ["\n"],
+    "max_output_tokens": 8,
+    "temperature": 0.0,
+    "deadline_s": 30.0,
+    "on_failure": "open",
 }
-
 
 __all__ = [
     "CLASSIFY_LABELS",
     "DEFAULT_CHAIN",
+    "LLM_CLASSIFY_STEP",
     "POLICY_LABELS",
-    "ROUTED_CHAIN",
     "STEP_NAMES_DEFAULT",
 ]

@@ -7,9 +7,10 @@ pointing the default chain at another OpenAI-compatible server takes only::
     base_url = "http://127.0.0.1:8080/v1"
 
 A step table whose ``kind`` differs from the default step of the same name replaces it
-whole (the default's keys belong to another kind). ``plugins = ["shop_steps"]`` imports
-those modules before the config is validated, so the kinds they register can be named
-in ``[steps.NAME] kind``. Every mistake is one :class:`~chainrun.errors.ConfigError`
+whole (the default's keys belong to another kind); a step's ``json_schema`` and ``when``
+replace the default's whole (``when = {}``: the step runs on every turn).
+``plugins = ["shop_steps"]`` imports those modules before the config is validated, so
+the kinds they register can be named in ``[steps.NAME] kind``. Every mistake is one :class:`~chainrun.errors.ConfigError`
 naming the field path and the bad value, before anything is written.
 """
 
@@ -122,10 +123,14 @@ def _merged(data: dict[str, Any]) -> dict[str, Any]:
         if step.get("kind", default_kind) != default_kind:
             # another kind: the default step's keys are not its keys
             merged_steps[name] = copy.deepcopy(step)
-        elif "json_schema" in step and isinstance(merged_steps.get(name), dict):
+        elif isinstance(merged_steps.get(name), dict):
             # a JSON Schema is one value: the user's replaces the default's whole (merged
-            # key by key, its "properties" and "required" would mix with the default's)
-            merged_steps[name]["json_schema"] = copy.deepcopy(step["json_schema"])
+            # key by key, its "properties" and "required" would mix with the default's);
+            # so is a routing condition (the default retrieve's `not` list would be ANDed
+            # with the user's own fields; `when = {}` must run the step on every turn)
+            for key in ("json_schema", "when"):
+                if key in step:
+                    merged_steps[name][key] = copy.deepcopy(step[key])
     # A built-in step the user's order leaves out is dropped (a shorter chain needs only
     # `order`); a step the user wrote but left out of order is a mistake, reported later.
     order = merged.get("order")

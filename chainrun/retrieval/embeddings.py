@@ -107,12 +107,32 @@ def minilm_model_dir() -> Path | None:
     return path if (path / "model.safetensors").exists() else None
 
 
+#: loaded MiniLM weights by model directory: one copy per process (about 90 MB), shared
+#: by every embedder of that directory (the catalogue search's, the classify step's);
+#: the model holds no state between calls, so threads may share it
+_MINILMS: dict[Path, MiniLM] = {}
+_MINILMS_LOCK = threading.Lock()
+
+
+def _shared_minilm(model_dir: Path) -> MiniLM:
+    """The process's MiniLM loaded from ``model_dir`` (loaded on first use, ~0.2-0.5 s)."""
+    key = model_dir.resolve()
+    with _MINILMS_LOCK:
+        model = _MINILMS.get(key)
+        if model is None:
+            from chainrun.retrieval._minilm import MiniLM
+
+            model = _MINILMS[key] = MiniLM(key)
+        return model
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) in NumPy, from locally installed weights.
 
-    Loads lazily (about 0.2 s) on the first :meth:`embed`; inference runs in a worker
-    thread so the event loop keeps serving other turns. Measured on 2 cores: about
-    15-25 ms per query, about 5-10 s to embed the 285-product sample catalogue.
+    Loads lazily (about 0.2 s; once per process and model directory) on the first
+    :meth:`embed`; inference runs in a worker thread so the event loop keeps serving
+    other turns. Measured on 2 cores: about 15-25 ms per query, about 5-10 s to embed
+    the 285-product sample catalogue.
 
     Args:
         model_dir: a directory with ``config.json``, ``vocab.txt``, ``model.safetensors``;
@@ -139,8 +159,6 @@ class MiniLMEmbedder:
     def _load(self) -> MiniLM:
         with self._lock:
             if self._encoder is None:
-                from chainrun.retrieval._minilm import MiniLM
-
                 model_dir = self.model_dir or minilm_model_dir()
                 if model_dir is None or not (model_dir / "model.safetensors").exists():
                     where = f" in {self.model_dir}" if self.model_dir else ""
@@ -148,7 +166,7 @@ class MiniLMEmbedder:
                         f"the MiniLM embedder's model files are not installed{where} "
                         f"(run: {MINILM_INSTALL_HINT})"
                     )
-                self._encoder = MiniLM(model_dir)
+                self._encoder = _shared_minilm(model_dir)
             return self._encoder
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:

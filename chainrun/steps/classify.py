@@ -2,9 +2,16 @@
 
 Methods (:mod:`chainrun.classify`): ``examples`` (nearest labelled examples on MiniLM
 embeddings), ``keywords`` (regular expressions per label), ``combined`` (keyword rules
-when exactly one label's rules fire, nearest examples otherwise). To classify with the
-model itself, use an ``llm`` step with ``labels`` (its answer constrained to the label
-set by ``json_schema``: :func:`chainrun.classify.label_schema`).
+when exactly one label's rules fire, nearest examples otherwise). The default chain's
+classify step is this kind, method ``combined``. To classify with the model itself, use
+an ``llm`` step with ``labels`` (:data:`chainrun.config.LLM_CLASSIFY_STEP`; its answer
+may be constrained to the label set by ``json_schema``:
+:func:`chainrun.classify.label_schema`).
+
+There is no prompt: the step reads the turn's ``message`` and, with ``follow_ups`` (the
+default), the conversation's earlier messages (``history``): a follow-up that names no
+subject and fires no rule ("Is it available in navy?") takes the label of the turn it
+follows (:mod:`chainrun.classify.conversation`).
 
 Settings, in ``[steps.NAME]``::
 
@@ -15,6 +22,7 @@ Settings, in ``[steps.NAME]``::
     examples = "shop-examples.jsonl"   # {"label": ..., "message": ...} lines; default:
                                        # the examples shipped with chainrun
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
+    follow_ups = true        # a follow-up keeps the label of the turn it follows
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from chainrun.classify import (
     DEFAULT_K,
     DEFAULT_LABELS,
     Classifier,
+    FollowUps,
     KeywordRules,
     NearestExamples,
     RulesThenExamples,
@@ -70,6 +79,9 @@ class ClassifyConfig(StepConfig):
     rules: dict[str, list[str]] = Field(default_factory=dict)
     #: examples: the embedder (default: MiniLM, run in NumPy)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    #: a follow-up message (it names no subject and fires no keyword rule: "is it
+    #: available in navy?") takes the label of the conversation's turn it follows
+    follow_ups: bool = True
     #: deadline for one classification, in s
     deadline_s: float = Field(default=5.0, gt=0)
 
@@ -112,11 +124,11 @@ class ClassifyStep(Step):
     def __init__(self, name: str, config: ClassifyConfig) -> None:
         super().__init__(name, config)
         self.labels = list(config.labels)
-        self.classifier: Classifier | None = None
+        self.classifier: FollowUps | None = None
 
     @property
     def reads(self) -> frozenset[str]:
-        return frozenset({"message"})
+        return frozenset({"message", "history"} if self.config.follow_ups else {"message"})
 
     @property
     def writes(self) -> frozenset[str]:
@@ -126,16 +138,20 @@ class ClassifyStep(Step):
         path: str | None = getattr(ctx.config, "path", None)  # ChainConfig's source file
         base = Path(path).parent if path else None  # a relative examples path: beside it
         # reads the examples file: off the event loop
-        self.classifier = await asyncio.to_thread(
+        classifier = await asyncio.to_thread(
             build_classifier, self.labels, self.config, base_dir=base
         )
-        warm = getattr(self.classifier, "warm", None)
+        rules = classifier if isinstance(classifier, KeywordRules) else getattr(
+            classifier, "rules", None)  # fmt: skip
+        self.classifier = FollowUps(classifier, rules)
+        warm = getattr(classifier, "warm", None)
         if warm is not None:
             await warm()  # embed the examples before the first turn
 
     async def aclose(self) -> None:
-        embedder: Any = getattr(getattr(self.classifier, "examples", None), "embedder", None)
-        embedder = embedder or getattr(self.classifier, "embedder", None)
+        classifier = self.classifier.classifier if self.classifier is not None else None
+        embedder: Any = getattr(getattr(classifier, "examples", None), "embedder", None)
+        embedder = embedder or getattr(classifier, "embedder", None)
         close = getattr(embedder, "aclose", None)
         if close is not None:
             await close()
@@ -145,7 +161,10 @@ class ClassifyStep(Step):
         row, result = ctx.row, StepResult()
         try:
             async with asyncio.timeout(self.config.deadline_s):
-                found = await self.classifier.classify(state.message)
+                earlier = (
+                    [t.message for t in state.history.turns] if self.config.follow_ups else []
+                )
+                found = await self.classifier.classify(state.message, earlier)
             result.updates["label"] = found.label
             row.output = found.label
             row.detail = {"method": found.method, "score": found.score, **found.detail}
