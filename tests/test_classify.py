@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from conftest import reply_by_step
 
@@ -21,10 +22,12 @@ from chainrun.classify import (
     label_schema,
     read_examples,
 )
+from chainrun.classify import examples as examples_module
+from chainrun.classify.examples import seeded_vectors
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError, InputFileError
 from chainrun.providers.fake import FakeProvider
-from chainrun.retrieval.embeddings import HashEmbedder
+from chainrun.retrieval.embeddings import MINILM_PACKAGE, HashEmbedder, MiniLMEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,3 +94,36 @@ def test_a_classify_step_key_it_does_not_take_is_one_config_line() -> None:
     with pytest.raises(ConfigError) as e:
         config_from_dict({"steps": {"classify": {"kind": "classify", "methd": "keywords"}}})
     assert "methd" in str(e.value) and "\n" not in str(e.value)
+
+
+async def test_the_shipped_examples_open_without_being_embedded(monkeypatch) -> None:
+    """Their MiniLM vectors ship beside them (benchmarks/make_classify_vectors.py): warming
+    the default classifier embeds nothing, and the shipped vectors are MiniLM's."""
+    pytest.importorskip(MINILM_PACKAGE)
+    monkeypatch.setattr(examples_module, "_MATRICES", {})  # nothing warmed earlier
+    examples = read_examples(DEFAULT_EXAMPLES, DEFAULT_LABELS)
+    messages = [m for _, m in examples]
+    seeded = seeded_vectors(MiniLMEmbedder.model, messages)
+    assert sorted(seeded) == list(range(len(messages))), (
+        "classify_examples.minilm.npz is stale: run benchmarks/make_classify_vectors.py"
+    )
+
+    class Counting(MiniLMEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+
+        async def embed(self, texts):  # type: ignore[no-untyped-def]
+            self.texts.extend(texts)
+            return await super().embed(texts)
+
+    embedder = Counting()
+    await NearestExamples(DEFAULT_LABELS, examples, embedder).warm()
+    assert embedder.texts == []
+    fresh = await embedder.embed(messages[:5])
+    assert np.allclose(fresh, [seeded[i] for i in range(5)], atol=1e-4)
+    # a message the shipped file does not know is embedded, and only that one
+    other = Counting()
+    await NearestExamples(DEFAULT_LABELS, [*examples, ("other", "a brand new example")],
+                          other).warm()  # fmt: skip
+    assert other.texts == ["a brand new example"]

@@ -79,6 +79,8 @@ def _shop(tmp_path: Path, lab: LabServer, kind: str) -> Path:
         'order = ["parcel", "retrieve", "compose"]\n'
         f'[providers.local]\nbase_url = "{lab.base_url}"\n'
         f'[steps.parcel]\nkind = "{kind}"\nstatus = "delivered on Monday"\n'
+        # no classify step here: retrieve runs on every turn (the default routes on the label)
+        "[steps.retrieve]\nwhen = {}\n"
         '[steps.compose]\nprompt = "Parcel: {parcel}\\nShopper: {message}\\nStylist:"\n'
     )
     return cfg
@@ -120,12 +122,12 @@ def test_a_plugin_that_does_not_import_is_one_line_exit_2(tmp_path: Path) -> Non
 
 
 def test_a_hedged_run_resumes_from_its_stored_config(lab: LabServer, tmp_path: Path) -> None:
-    """A run whose classify step is hedged, resumed: its stored config validates again
+    """A run whose validate step is hedged, resumed: its stored config validates again
     (it held hedge.deadline_s = null, which the [hedge] table refused)."""
     cfg = tmp_path / "hedged.toml"
     cfg.write_text(
         f'[providers.local]\nbase_url = "{lab.base_url}"\n'
-        '[steps.classify.hedge]\ndelay = "p95"\nmax_attempts = 2\n'
+        '[steps.validate.hedge]\ndelay = "p95"\nmax_attempts = 2\n'
     )
     lines = REPLAY.read_text().splitlines(keepends=True)
     replay = tmp_path / "replay.jsonl"
@@ -152,9 +154,12 @@ def test_config_show_prints_the_effective_chain_as_toml(tmp_path: Path) -> None:
     # the file's values, and the defaults it did not change (labels, prompts, kinds)
     assert doc["steps"]["compose"]["max_output_tokens"] == 50
     assert doc["steps"]["classify"]["labels"] == ["a", "b"]
-    assert "Category:" in doc["steps"]["classify"]["prompt"]
+    assert doc["steps"]["classify"]["method"] == "combined"
+    assert "{policy}" in doc["steps"]["compose"]["prompt"]
     assert doc["steps"]["retrieve"]["kind"] == "retrieve"
-    assert doc["order"] == ["classify", "retrieve", "compose", "validate", "critique"]
+    assert doc["steps"]["retrieve"]["when"] == {"label": {"not": ["order_status", "returns",
+                                                                  "sizing"]}}  # fmt: skip
+    assert doc["order"] == ["classify", "retrieve", "policy", "compose", "validate", "critique"]
     # loaded as a chainrun.toml, it is the same chain
     again = tmp_path / "again.toml"
     again.write_text(res.stdout)

@@ -25,8 +25,8 @@ def chainrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 def test_a_hedge_that_can_never_fire_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text('[steps.classify.hedge]\ndelay = "p95"\nmax_attempts = 1\n')
-    with pytest.raises(ConfigError, match=r"c\.toml: steps\.classify\.hedge: max_attempts: a "
+    path.write_text('[steps.validate.hedge]\ndelay = "p95"\nmax_attempts = 1\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: steps\.validate\.hedge: max_attempts: a "
                        r"hedge needs at least 2 .* can never fire"):  # fmt: skip
         load_config(path)
 

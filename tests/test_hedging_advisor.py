@@ -254,19 +254,19 @@ def test_delay_auto_in_the_config_reaches_the_engine() -> None:
     from chainrun.config import config_from_dict, policy_from_config
     from chainrun.errors import ConfigError
 
-    cfg = config_from_dict({"steps": {"classify": {"deadline_s": 3.0, "hedge": {
+    cfg = config_from_dict({"steps": {"validate": {"deadline_s": 3.0, "hedge": {
         "delay": "auto", "target": "in_deadline", "max_attempts": 10,
         "max_extra_load": 1.05}}}})  # fmt: skip
-    policy = policy_from_config(cfg.steps["classify"])
+    policy = policy_from_config(cfg.steps["validate"])
     assert policy.delay_auto and policy.target == "in_deadline" and policy.deadline_s == 3.0
     assert policy.delay_ms is None and policy.delay_percentile is None
     for hedge, expected in (
         ({"delay": "p95", "target": "p99"}, "target applies to delay = 'auto' only"),
-        ({"delay": "auto", "target": "p50"}, "steps.classify.hedge.target"),
+        ({"delay": "auto", "target": "p50"}, "steps.validate.hedge.target"),
         ({"delay": "autoo"}, "or 'auto'"),
     ):
         with pytest.raises(ConfigError) as e:
-            config_from_dict({"steps": {"classify": {"hedge": hedge}}}, "c.toml")
+            config_from_dict({"steps": {"validate": {"hedge": hedge}}}, "c.toml")
         assert expected in str(e.value) and str(e.value).startswith("c.toml: ")
 
 
@@ -277,13 +277,13 @@ async def test_a_steps_back_off_is_logged_with_the_call_it_applies_to(store: Any
     """A step whose copies always lose backs off; the change (time, old, new, why) is in
     the step row of the first turn it applies to, and later turns are not armed."""
     from chainrun.chain import Chain
-    from chainrun.config import config_from_dict
+    from chainrun.config import LLM_CLASSIFY_STEP, config_from_dict
     from chainrun.providers.fake import FakeProvider, FakeReply
 
     cfg = config_from_dict({
         "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
         "order": ["classify"], "answer_step": "classify",
-        "steps": {"classify": {"stream": False, "hedge": {
+        "steps": {"classify": {**LLM_CLASSIFY_STEP, "stream": False, "hedge": {
             "delay_ms": 10, "max_attempts": 2, "targets": ["backup"], "max_extra_load": 1.0,
             "min_fires": 3, "min_win_rate": 0.5, "probe_rate": 0.0}}},
     })  # fmt: skip

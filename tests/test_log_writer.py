@@ -19,7 +19,7 @@ import sqlite_utils
 from conftest import reply_by_step, ticks_while
 
 from chainrun.chain import Chain
-from chainrun.config import ChainConfig, LogConfig, config_from_dict
+from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, LogConfig, config_from_dict
 from chainrun.events import TokenDelta
 from chainrun.log.rows import TurnLog, TurnRow
 from chainrun.log.store import Store
@@ -49,7 +49,7 @@ async def test_concurrent_turns_are_logged_once_each_with_the_ids_they_returned(
     assert sorted(t.id for t in turns) == sorted(ids)
     assert {d.turn_id: d.run_id for d in dones} == {t.id: t.run_id for t in turns}
     assert sorted(t.input for t in turns) == sorted(f"question {i}" for i in range(30))
-    assert len(file_store.calls(run_id)) == 30 * 4  # classify, compose, validate, critique
+    assert len(file_store.calls(run_id)) == 30 * 3  # compose, validate, critique
     assert {c.turn_id for c in file_store.calls(run_id)} == set(ids)
     assert file_store.get_run(run_id).n_turns == 30
     writer = file_store.writer
@@ -267,7 +267,8 @@ async def test_cancelled_turns_are_still_logged_through_the_writer(config, file_
 async def test_shadow_loser_update_lands_through_the_writer(file_store) -> None:
     cfg: ChainConfig = config_from_dict({
         "providers": {"backup": {"base_url": "http://127.0.0.1:1/v1"}},
-        "steps": {"classify": {"hedge": {"delay_ms": 20, "max_attempts": 2,
+        "steps": {"classify": {**LLM_CLASSIFY_STEP,  # classified by the model, hedged
+                               "hedge": {"delay_ms": 20, "max_attempts": 2,
                                          "targets": ["backup"], "max_extra_load": 1.0,
                                          "shadow_fraction": 1.0}}},
     })  # fmt: skip

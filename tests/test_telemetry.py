@@ -28,7 +28,7 @@ from otel_helpers import Otel
 from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
-from chainrun.config import config_from_dict
+from chainrun.config import LLM_CLASSIFY_STEP, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -54,9 +54,11 @@ async def test_spans_carry_the_genai_attributes_of_the_log(config, store, fake, 
     turn = events[-1][1]
     spans = otel.spans.get_finished_spans()
     names = sorted(s.name for s in spans)
+    # three model calls: compose, validate, critique (classify calls no model; the policy
+    # step was skipped on this product question)
     assert names == sorted(["invoke_workflow chainrun-shop", "step classify", "retrieval retrieve",
                             "step compose", "step validate", "step critique"]
-                           + ["chat gemma-3-270m"] * 4)  # fmt: skip
+                           + ["chat gemma-3-270m"] * 3)  # fmt: skip
     by = _by_name(spans)
     root = by["invoke_workflow chainrun-shop"]
     assert root.parent is None
@@ -87,13 +89,13 @@ async def test_spans_carry_the_genai_attributes_of_the_log(config, store, fake, 
         assert root.start_time <= parent.start_time and parent.end_time <= root.end_time + 1_000_000
         assert (s.end_time - s.start_time) / 1e6 == pytest.approx(c.duration_ms, abs=0.01)
     m = otel.metrics()
-    assert sum(p.count for p in m["gen_ai.client.operation.duration"]) == 4
-    assert sum(p.count for p in m["gen_ai.client.operation.time_to_first_chunk"]) == 4
+    assert sum(p.count for p in m["gen_ai.client.operation.duration"]) == 3
+    assert sum(p.count for p in m["gen_ai.client.operation.time_to_first_chunk"]) == 3
     gaps = sum(len(c.chunk_gaps_ms) for c in store.calls(turn["run_id"]))
     assert sum(p.count for p in m["gen_ai.client.operation.time_per_output_chunk"]) == gaps
     tokens = {p.attributes["gen_ai.token.type"]: p for p in m["gen_ai.client.token.usage"]
               if p.attributes["gen_ai.request.model"] == "gemma-3-270m"}  # fmt: skip
-    assert tokens["input"].sum == turn["usage"]["input_tokens"] and tokens["input"].count == 4
+    assert tokens["input"].sum == turn["usage"]["input_tokens"] and tokens["input"].count == 3
     assert tokens["output"].sum == turn["usage"]["output_tokens"]
     for p in m["gen_ai.client.operation.duration"]:
         assert p.attributes["gen_ai.operation.name"] == "chat"
@@ -110,16 +112,16 @@ async def test_unknown_token_counts_are_not_emitted(config, store, otel) -> None
     assert events[-1][1]["usage"]["unknown_calls"] == 1
     chats = [s for s in otel.spans.get_finished_spans() if s.name.startswith("chat ")]
     without = [s for s in chats if "gen_ai.usage.input_tokens" not in s.attributes]
-    assert len(chats) == 4 and len(without) == 1
+    assert len(chats) == 3 and len(without) == 1  # compose, validate, critique
     m = otel.metrics()
     counts = {p.attributes["gen_ai.token.type"]: p.count for p in m["gen_ai.client.token.usage"]}
-    assert counts == {"input": 3, "output": 3}
-    assert sum(p.count for p in m["gen_ai.client.operation.duration"]) == 4
+    assert counts == {"input": 2, "output": 2}
+    assert sum(p.count for p in m["gen_ai.client.operation.duration"]) == 3
 
 
 async def test_hedged_attempts_are_spans_with_their_outcome(store, otel) -> None:
-    config = config_from_dict({"steps": {"classify": {"hedge": {"delay_ms": 20,
-                                                                "max_attempts": 2}}}})  # fmt: skip
+    config = config_from_dict({"steps": {"classify": {  # classified by the model, hedged
+        **LLM_CLASSIFY_STEP, "hedge": {"delay_ms": 20, "max_attempts": 2}}}})  # fmt: skip
     seen: list[int] = []
     base = reply_by_step()
 
@@ -263,7 +265,7 @@ def test_serve_exports_to_a_local_otlp_receiver(tmp_path: Path) -> None:
         by_name.setdefault(s.name, []).append(s)
     assert len(by_name["invoke_workflow chainrun-shop"]) == 1
     chats = by_name["chat gemma-3-270m"]
-    assert len(chats) == 4
+    assert len(chats) == 3  # compose, validate, critique: classify calls no model
     for s in chats:
         a = _attrs(s.attributes)
         assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "local"
@@ -280,6 +282,6 @@ def test_serve_exports_to_a_local_otlp_receiver(tmp_path: Path) -> None:
             "gen_ai.client.operation.time_to_first_chunk",
             "gen_ai.client.operation.time_per_output_chunk"} <= set(metrics)  # fmt: skip
     duration = metrics["gen_ai.client.operation.duration"]
-    assert duration.unit == "s" and sum(p.count for p in duration.histogram.data_points) == 4
+    assert duration.unit == "s" and sum(p.count for p in duration.histogram.data_points) == 3
     with Store.open(db) as store:
         assert store.list_runs()[0].status == "complete"

@@ -320,7 +320,8 @@ async def test_results_go_to_a_state_field_and_the_label_picks_the_tools() -> No
         "providers": {"local": {"base_url": "http://127.0.0.1:9/v1"}},
         "tools": {"add_to_cart": CART, "order_status": ORDER},
         "steps": {
-            "classify": {"prompt": "{message}\nCategory:", "labels": ["order_status", "other"]},
+            "classify": {"kind": "llm", "prompt": "{message}\nCategory:",
+                         "labels": ["order_status", "other"]},
             "lookup": {"prompt": "{message}", "tools": ["order_status", "add_to_cart"],
                        "tools_by_label": {"order_status": ["order_status"]},
                        "tool_results_field": "order"},

@@ -3,10 +3,12 @@ embedding space (k-nearest neighbours, cosine similarity, votes weighted by simi
 
 With MiniLM (all-MiniLM-L6-v2, run in NumPy: :mod:`chainrun.retrieval.embeddings`) one
 message costs one forward pass (about 5-25 ms on 2 cores) and no model server call. The
-examples are embedded once, on first use. The shipped examples
-(:data:`DEFAULT_EXAMPLES`, 15 per default label) were written for this purpose and are
-not the regression eval set's messages, which measure the classifier. With the local
-embedders (MiniLM, hash) the examples are embedded once per process.
+examples are embedded once, on first use (:meth:`NearestExamples.warm`): with the local
+embedders (MiniLM, hash) once per process, and the shipped examples
+(:data:`DEFAULT_EXAMPLES`, 15 per default label) not at all with MiniLM, whose vectors
+of them ship beside them (:data:`DEFAULT_VECTORS`). The shipped examples were written
+for this purpose and are not the regression eval set's messages, which measure the
+classifier.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from chainrun.classify.base import Classification
 from chainrun.errors import InputFileError
 from chainrun.retrieval.embeddings import Embedder, HashEmbedder, MiniLMEmbedder
+from chainrun.retrieval.vector import text_hash
 
 #: neighbours that vote: chosen by leave-one-out on the shipped examples (72 of 90 right at
 #: k = 11; 58 at 3, 65 at 5, 70 at 9, 71 at 15, 68 at 21), not on the eval set
@@ -28,6 +31,12 @@ DEFAULT_K = 11
 
 #: labelled examples shipped with chainrun: JSONL lines ``{"label": ..., "message": ...}``
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "classify_examples.jsonl"
+
+#: all-MiniLM-L6-v2 vectors of the shipped examples (keys ``model``, ``text_hashes``,
+#: ``vectors``, as the catalogue's), made by ``python benchmarks/make_classify_vectors.py``:
+#: a chain then opens without embedding them (about 1-2 s of CPU on an idle core, each
+#: process); an example whose text has no vector there is embedded as usual
+DEFAULT_VECTORS = DEFAULT_EXAMPLES.with_name("classify_examples.minilm.npz")
 
 
 #: the examples' vectors by (embedder, examples): embedded once per process, as every
@@ -42,6 +51,22 @@ def _matrix_key(embedder: Embedder, messages: Sequence[str]) -> tuple[object, ..
     if isinstance(embedder, HashEmbedder):
         return (embedder.model, tuple(messages))
     return None
+
+
+def seeded_vectors(
+    model: str, messages: Sequence[str], seeds: Path = DEFAULT_VECTORS
+) -> dict[int, np.ndarray]:
+    """The vectors ``seeds`` holds for ``messages`` embedded by ``model``, by the message's
+    index (messages it has none for are left out; an unreadable file gives none)."""
+    try:
+        with np.load(seeds, allow_pickle=False) as f:
+            if str(f["model"]) != model:
+                return {}
+            by_hash = dict(zip((str(h) for h in f["text_hashes"]), f["vectors"], strict=True))
+    except (OSError, KeyError, ValueError):
+        return {}
+    found = {i: by_hash.get(text_hash(model, m)) for i, m in enumerate(messages)}
+    return {i: np.asarray(v, dtype=np.float32) for i, v in found.items() if v is not None}
 
 
 def read_examples(path: str | Path, labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -122,12 +147,23 @@ class NearestExamples:
                     key = _matrix_key(self.embedder, messages)
                     matrix = _MATRICES.get(key) if key is not None else None
                     if matrix is None:
-                        vectors = await self.embedder.embed(messages)
-                        matrix = np.asarray(vectors, dtype=np.float32)
+                        matrix = await self._embed(messages)
                         matrix.flags.writeable = False
                         if key is not None:
                             _MATRICES[key] = matrix
                     self._matrix = matrix
+
+    async def _embed(self, messages: list[str]) -> np.ndarray:
+        """The examples' vectors: the shipped ones where they match, the rest embedded."""
+        seeded = (
+            seeded_vectors(self.embedder.model, messages)
+            if isinstance(self.embedder, MiniLMEmbedder)
+            else {}
+        )
+        missing = [i for i in range(len(messages)) if i not in seeded]
+        embedded = await self.embedder.embed([messages[i] for i in missing]) if missing else []
+        rows = {**seeded, **dict(zip(missing, np.asarray(embedded, np.float32), strict=True))}
+        return np.stack([rows[i] for i in range(len(messages))]).astype(np.float32)
 
     def vote(self, vector: np.ndarray) -> Classification:
         """The label for one message's embedding (after :meth:`warm`)."""

@@ -10,8 +10,9 @@ A step table whose ``kind`` differs from the default step of the same name repla
 whole (the default's keys belong to another kind); a step's ``json_schema`` and ``when``
 replace the default's whole (``when = {}``: the step runs on every turn).
 ``plugins = ["shop_steps"]`` imports those modules before the config is validated, so
-the kinds they register can be named in ``[steps.NAME] kind``. Every mistake is one :class:`~chainrun.errors.ConfigError`
-naming the field path and the bad value, before anything is written.
+the kinds they register can be named in ``[steps.NAME] kind``. Every mistake is one
+:class:`~chainrun.errors.ConfigError` naming the field path and the bad value, before
+anything is written.
 """
 
 from __future__ import annotations

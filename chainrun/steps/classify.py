@@ -73,7 +73,8 @@ class ClassifyConfig(StepConfig):
     labels: list[str] = Field(default_factory=lambda: list(DEFAULT_LABELS), min_length=1)
     #: examples: the number of nearest examples that vote
     k: int = Field(default=DEFAULT_K, ge=1, le=50)
-    #: examples: a JSONL file of {"label", "message"} lines (None: the shipped examples)
+    #: examples: a JSONL file of {"label", "message"} lines (None: the shipped examples
+    #: of the step's labels)
     examples: str | None = None
     #: keywords: label → regular expressions, replacing the built-in rules of that label
     rules: dict[str, list[str]] = Field(default_factory=dict)
@@ -94,8 +95,11 @@ def build_classifier(
     ``base_dir``: where a relative ``examples`` path is read from (the config file's
     directory; None: the working directory).
 
+    Without ``examples``, the shipped examples of the labels in ``labels`` are used.
+
     Raises:
-        ConfigError: a bad keyword pattern. InputFileError: a bad examples file.
+        ConfigError: a bad keyword pattern, or no shipped example for any of ``labels``
+            (and no ``examples`` file). InputFileError: a bad examples file.
     """
     try:
         rules = KeywordRules(labels, options.rules)
@@ -103,10 +107,18 @@ def build_classifier(
         raise ConfigError(f"classify step: {e}") from None
     if options.method == "keywords":
         return rules
-    path = Path(options.examples) if options.examples else DEFAULT_EXAMPLES
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    examples = read_examples(path, labels)
+    if options.examples:
+        path = Path(options.examples)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        examples = read_examples(path, labels)
+    else:  # the shipped examples of the step's labels (a shop may keep only some)
+        examples = [e for e in read_examples(DEFAULT_EXAMPLES, DEFAULT_LABELS) if e[0] in labels]
+        if not examples:
+            raise ConfigError(
+                f"classify step: no shipped example has any of the labels {list(labels)}; "
+                "give the step its own examples (examples = FILE) or method = 'keywords'"
+            )
     nearest = NearestExamples(labels, examples, build_embedder(options.embedding), k=options.k)
     if options.method == "examples":
         return nearest
