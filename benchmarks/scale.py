@@ -1,4 +1,5 @@
-"""The default chain (four model steps and retrieve) against the lab at 1 to 1,000
+"""The default chain (classify without a model call, retrieve or the shop policy, and
+three model steps: compose, validate, critique) against the lab at 1 to 1,000
 concurrent turns in one process: a saturating run and a paced run.
 
 Each run starts its own lab server in its own process (sharing the machine's cores with
@@ -387,7 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "scenario": "lognormal",
         "median_ms": args.median_ms,
         "n_tokens": args.tokens,
-        "chain": "default (classify, retrieve, compose, validate, critique) on the lab",
+        "chain": "default (classify, retrieve or policy, compose, validate, critique) on the lab",
         "loop_lag_timer_ms": 10,
         "embedding": args.embedding,
         "pool_connections": args.pool_connections,

@@ -142,11 +142,11 @@ def test_scale(tmp_path: Path) -> None:
         assert row["concurrency"] == int(key) and row["turns"] == 3
         assert row["turns_logged"] == 3 and row["turns_logged_once"] is True
         assert row["statuses"] == {"ok": 3}
-        assert row["calls"] == 12  # four model steps a turn
+        assert row["calls"] == 9  # three model steps a turn (classify calls no model)
         assert row["turns_per_s"] > 0 and row["peak_rss_mb"] > 0
         assert row["loop_lag_p99_ms"] >= 0 and isinstance(row["added_ms_per_call"], float)
         # every call paired with the lab's record of it (by response id)
-        assert row["added_ms_per_call_n"] == 12
+        assert row["added_ms_per_call_n"] == 9
         assert row["client_cpu_ms_per_turn"] > 0 and row["lab_cpu_ms_per_turn"] > 0
 
 
@@ -169,7 +169,7 @@ def test_scale_paced(tmp_path: Path) -> None:
         n = int(key)
         assert row["concurrency"] == n and row["turns"] == 2 * n
         assert row["turns_logged"] == 2 * n and row["turns_logged_once"] is True
-        assert row["added_ms_per_call_n"] == row["calls"] == 8 * n
+        assert row["added_ms_per_call_n"] == row["calls"] == 6 * n  # 3 model steps a turn
         assert row["peak_rss_mb"] > 0 and row["loop_lag_n"] >= 0
     assert paced["1"]["ramp_s"] == 0.0 and paced["4"]["ramp_s"] == 0.3
     assert {row["event_loop"] for row in paced.values()} == {"asyncio"}

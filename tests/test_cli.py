@@ -58,9 +58,12 @@ def test_replay_json_has_the_interface_keys(lab_config: Path, tmp_path: Path) ->
     doc = json.loads(proc.stdout)
     assert doc["n_turns"] == 12 and doc["turn"]["n"] == 12
     assert {"p50_ms", "p90_ms", "n"} <= set(doc["turn"])
-    for name in ("classify", "retrieve", "compose", "validate", "critique"):
+    for name in ("classify", "retrieve", "policy", "compose", "validate", "critique"):
         assert {"n", "p50_ms", "p90_ms"} <= set(doc["steps"][name])
+    for name in ("classify", "compose", "validate", "critique"):
         assert doc["steps"][name]["n"] == 12
+    # each turn took one route: the catalogue search or the shop policy
+    assert doc["steps"]["retrieve"]["n"] + doc["steps"]["policy"]["n"] == 12
     run = runs_in(db)[0]
     assert run.id == doc["run_id"] and run.status == "complete" and run.label == "lab"
     # the other read commands on that run
@@ -127,7 +130,7 @@ def test_run_streams_answer_and_prints_table(lab_config: Path, tmp_path: Path) -
     doc = json.loads(chainrun("run", "hello", "--config", str(lab_config),
                               "--db", str(tmp_path / "log.db"), "--json").stdout)  # fmt: skip
     assert [s["step"] for s in doc["steps"]] == [
-        "classify", "retrieve", "compose", "validate", "critique"]  # fmt: skip
+        "classify", "retrieve", "policy", "compose", "validate", "critique"]  # fmt: skip
 
 
 def test_unknown_run_and_not_a_database(tmp_path: Path) -> None:

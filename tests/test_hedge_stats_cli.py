@@ -56,27 +56,27 @@ def test_hedge_stats_with_a_dead_backup_shows_no_copy_was_sent(
     cfg.write_text(
         f'[providers.local]\nbase_url = "{lab.base_url}"\n'
         f'[providers.backup]\nbase_url = "http://127.0.0.1:{_free_port()}/v1"\n'
-        '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
+        '[steps.critique.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
     )
     db = tmp_path / "log.db"
     proc = chainrun("replay", str(_short_replay(tmp_path)), "--config", str(cfg),
                     "--db", str(db))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(chainrun("hedge-stats", "--db", str(db), "--json").stdout)
-    classify = doc["steps"]["classify"]
-    assert classify["fire_rate"] == 1.0 and classify["n_fired"] == 3  # the timer went off
-    assert classify["copies_sent"] == 0 and classify["copies_sent_per_call"] == 0.0
-    assert classify["n_fired_no_copy_sent"] == 3
-    assert classify["unsent"] == {"budget_exhausted": 0, "circuit_open": 3, "loop_lag": 0}
+    critique = doc["steps"]["critique"]
+    assert critique["fire_rate"] == 1.0 and critique["n_fired"] == 3  # the timer went off
+    assert critique["copies_sent"] == 0 and critique["copies_sent_per_call"] == 0.0
+    assert critique["n_fired_no_copy_sent"] == 3
+    assert critique["unsent"] == {"budget_exhausted": 0, "circuit_open": 3, "loop_lag": 0}
     text = chainrun("hedge-stats", "--db", str(db)).stdout
     assert "sent/call" in text and "unsent b/c/l" in text and "0/3/0" in text
     assert "a fire with no copy sent cannot win" in text
-    # advise validates its prediction against this run: it says the copies never went out
-    adv = json.loads(chainrun("advise", "--run", "1", "--step", "classify", "--db", str(db),
+    # advise critiques its prediction against this run: it says the copies never went out
+    adv = json.loads(chainrun("advise", "--run", "1", "--step", "critique", "--db", str(db),
                               "--simulations", "200", "--json").stdout)  # fmt: skip
     observed = adv["validation"]["observed"]
     assert observed["copies_sent_per_call"] == 0.0 and observed["n_fired_no_copy_sent"] == 3
     assert adv["validation"]["note"].startswith("3 of 3 fires sent no copy (circuit_open 3)")
-    text = chainrun("advise", "--run", "1", "--step", "classify", "--db", str(db),
+    text = chainrun("advise", "--run", "1", "--step", "critique", "--db", str(db),
                     "--simulations", "200").stdout  # fmt: skip
     assert "observed run 1: 3 of 3 fires sent no copy" in text

@@ -34,7 +34,7 @@ def test_a_dead_hedge_target_does_not_block_the_run(lab: LabServer, tmp_path: Pa
     cfg.write_text(
         f'[providers.local]\nbase_url = "{lab.base_url}"\n'
         f'[providers.backup]\nbase_url = "http://127.0.0.1:{_free_port()}/v1"\n'
-        '[steps.classify.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
+        '[steps.validate.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
     )
     db = tmp_path / "log.db"
     replay = short_replay(tmp_path)

@@ -55,7 +55,8 @@ def test_merge_renumbers_ids_and_keeps_rows_joined(logs: list[Path]) -> None:
         rows = list(db.table(table).rows)
         assert rows and all(r["turn_id"] in ids for r in rows)
         assert all(r["run_id"] == ids[r["turn_id"]]["run_id"] for r in rows)
-    assert db.table("steps").count == 9 * 5 and db.table("calls").count == 9 * 4
+    # six steps a turn (one of retrieve and policy skipped), three model calls
+    assert db.table("steps").count == 9 * 6 and db.table("calls").count == 9 * 3
     assert merged.run_id("1@shop-b") == "3" and merged.run_id("live") == "live"
     # a bare id named a renumbered run of whichever log it fell in (new user)
     with pytest.raises(UserInputError, match="name a run as RUN@PROCESS"):

@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -114,6 +115,13 @@ _MINILMS: dict[Path, MiniLM] = {}
 _MINILMS_LOCK = threading.Lock()
 
 
+#: single texts' vectors (a shopper's message, a search query) by (model directory,
+#: text), least recently used dropped first: the classify step embeds the message and the
+#: vector search embeds the same text right after it; the second is then free
+_RECENT: OrderedDict[tuple[Path | None, str], np.ndarray] = OrderedDict()
+RECENT_SIZE = 1024
+
+
 def _shared_minilm(model_dir: Path) -> MiniLM:
     """The process's MiniLM loaded from ``model_dir`` (loaded on first use, ~0.2-0.5 s)."""
     key = model_dir.resolve()
@@ -131,7 +139,8 @@ class MiniLMEmbedder:
 
     Loads lazily (about 0.2 s; once per process and model directory) on the first
     :meth:`embed`; inference runs in a worker thread so the event loop keeps serving
-    other turns. Measured on 2 cores: about 15-25 ms per query, about 5-10 s to embed
+    other turns. The vectors of the last :data:`RECENT_SIZE` single texts embedded in the
+    process are kept (the classify step and the vector search embed the same message). Measured on 2 cores: about 15-25 ms per query, about 5-10 s to embed
     the 285-product sample catalogue.
 
     Args:
@@ -182,7 +191,19 @@ class MiniLMEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 384), np.float32)
-        return await asyncio.to_thread(self.encode, list(texts))
+        if len(texts) != 1:  # a batch (the catalogue, examples): not kept
+            return await asyncio.to_thread(self.encode, list(texts))
+        key = (self.model_dir, texts[0])
+        vector = _RECENT.get(key)
+        if vector is None:
+            vector = (await asyncio.to_thread(self.encode, [texts[0]]))[0]
+            vector.flags.writeable = False
+            _RECENT[key] = vector
+            if len(_RECENT) > RECENT_SIZE:
+                _RECENT.popitem(last=False)
+        else:
+            _RECENT.move_to_end(key)
+        return vector[None, :].copy()
 
 
 class OpenAIEmbedder:
