@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cli_runner import chainrun
 
 from chainrun.lab import LabServer
@@ -263,7 +262,8 @@ async def test_the_tour_needs_no_embedding_model(tmp_path: Path, monkeypatch: An
             # need the embedding model)
             hello = await chain.run_turn("Hello there")
             await chain.flush()
-            steps = {s.step: s for s in store.steps(chain.run_id or 0) if s.turn_id == hello.turn_id}
+            steps = {s.step: s for s in store.steps(chain.run_id or 0)
+                     if s.turn_id == hello.turn_id}  # fmt: skip
     assert parcel.status == "ok" and parcel.label == "order_status"
     assert hello.status == "ok" and hello.label == "other"
     assert steps["classify"].status == "ok" and steps["retrieve"].status == "ok"

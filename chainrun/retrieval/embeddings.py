@@ -140,8 +140,9 @@ class MiniLMEmbedder:
     Loads lazily (about 0.2 s; once per process and model directory) on the first
     :meth:`embed`; inference runs in a worker thread so the event loop keeps serving
     other turns. The vectors of the last :data:`RECENT_SIZE` single texts embedded in the
-    process are kept (the classify step and the vector search embed the same message). Measured on 2 cores: about 15-25 ms per query, about 5-10 s to embed
-    the 285-product sample catalogue.
+    process are kept (the classify step and the vector search embed the same message).
+    Measured on 2 cores: about 15-25 ms per query, about 5-10 s to embed the 285-product
+    sample catalogue.
 
     Args:
         model_dir: a directory with ``config.json``, ``vocab.txt``, ``model.safetensors``;
