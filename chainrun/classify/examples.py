@@ -161,8 +161,10 @@ class NearestExamples:
             else {}
         )
         missing = [i for i in range(len(messages)) if i not in seeded]
-        embedded = await self.embedder.embed([messages[i] for i in missing]) if missing else []
-        rows = {**seeded, **dict(zip(missing, np.asarray(embedded, np.float32), strict=True))}
+        rows = dict(seeded)
+        if missing:
+            embedded = await self.embedder.embed([messages[i] for i in missing])
+            rows.update(zip(missing, np.asarray(embedded, np.float32), strict=True))
         return np.stack([rows[i] for i in range(len(messages))]).astype(np.float32)
 
     def vote(self, vector: np.ndarray) -> Classification:
