@@ -13,6 +13,7 @@ as one line on stderr with exit code 2, never a traceback.
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -400,12 +402,46 @@ from chainrun.cli import (  # noqa: E402,F401
 )
 
 
+class _NoNumpyForSqliteUtils(importlib.abc.MetaPathFinder):
+    """Keeps NumPy out of the import of ``sqlite_utils.db``, and only of that.
+
+    sqlite-utils imports NumPy (and pandas) when they are installed, at the top of its
+    ``db`` module, whatever is imported from the package, only to map NumPy scalar types
+    to column types when it creates a table from inserted values; chainrun never inserts
+    NumPy values. That import was the largest part of starting a command that reads the
+    log (``chainrun runs``: ~230 ms of ~1,050 ms, ``benchmarks/README.md``, "CLI
+    start-up"). Installed by the console script only (:func:`main`), so that a program
+    embedding chainrun keeps sqlite-utils as it is; a command that needs NumPy itself
+    (statistics) imports it as usual.
+    """
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name in ("numpy", "pandas") and _importing_from("sqlite_utils.db"):
+            raise ModuleNotFoundError(f"{name}: not loaded for sqlite-utils", name=name)
+        return None
+
+
+def _importing_from(module: str) -> bool:
+    """Whether the import under way was asked for by the body of ``module`` (its frame
+    is among the import machinery's callers: a few frames up)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(32):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == module:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def main() -> None:
     """Console-script entry point.
 
     With ``--json`` a usage error (an unknown option, a value out of range) is also one
     JSON document on stdout (type ``usage_error``), as every other error is.
     """
+    if "sqlite_utils.db" not in sys.modules:
+        sys.meta_path.insert(0, _NoNumpyForSqliteUtils())
     try:
         _main()
     except BrokenPipeError:  # output written outside rich and print_json
