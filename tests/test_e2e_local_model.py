@@ -64,7 +64,8 @@ def test_one_turn_on_the_local_model_is_timed_and_consistent(
     assert doc["status"] in ("ok", "refused")
     with Store.open(db) as store:
         calls = store.calls(doc["run_id"])
-        ran = {s.step for s in store.steps(doc["run_id"]) if s.status != "skipped"}
+        steps = {s.step: s for s in store.steps(doc["run_id"])}
+        ran = {name for name, s in steps.items() if s.status != "skipped"}
     # the classify step calls no model: the calls are compose's and, unless the turn was
     # refused (the sampled answer can be empty: fail closed, and the steps after compose
     # are skipped), validate's and critique's
@@ -90,8 +91,15 @@ def test_one_turn_on_the_local_model_is_timed_and_consistent(
         # nor the end before the server finished generating
         assert c.ttft_ms >= 0.9 * st["prompt_ms"], where
         assert c.duration_ms >= 0.9 * served_ms, where
-        # and the HTTP + parsing overhead on loopback stays small
-        assert c.duration_ms <= served_ms + 3000, where
+        # and the call is measured inside its own step (same clock, same unit): it started
+        # after the step did and ended before the step did. How much the client adds to
+        # the server's own time is not bounded here: on a loaded 2-core machine the
+        # request also waits for the server's process and the client's loop (78 s over
+        # the server's timings at load 19); chainrun's added time per call is a
+        # benchmark's figure (benchmarks/scale.py, added_ms_per_call)
+        step = steps[c.step]
+        assert c.started_offset_ms is not None and c.started_offset_ms >= 0, where
+        assert c.started_offset_ms + c.duration_ms <= step.duration_ms + 1, where
         if c.output_tokens >= 5:
             # gaps between streamed chunks account for the server's generation time
             assert sum(gaps) >= 0.5 * st["predicted_ms"], where

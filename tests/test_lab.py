@@ -446,15 +446,21 @@ async def test_300_concurrent_streams() -> None:
                 )
                 return len([ch async for ch in stream if ch.choices[0].delta.content])
 
-            t0 = time.monotonic()
             counts = await asyncio.gather(*(one(i) for i in range(300)))
-            elapsed = time.monotonic() - t0
         records = lab.requests()
     assert counts == [10] * 300
     assert len(records) == 300 and all(r["completed"] for r in records)
-    # 10 tokens at 20 ms is 0.2 s per stream; the bound is loose: the client process,
-    # not the lab, is what saturates first on 2 cores
-    assert elapsed < 15.0, elapsed
+    # served side by side, not one after another: each stream lasts at least 0.2 s (10
+    # tokens at 20 ms), so one at a time the lab would take at least 60 s. How many were
+    # open at once, from the lab's own record (not how fast: that depends on the
+    # machine's load and is a benchmark's business)
+    events = sorted([(r["received_at"], 1) for r in records]
+                    + [(r["finished_at"], -1) for r in records])  # fmt: skip
+    open_now = peak = 0
+    for _, step in events:
+        open_now += step
+        peak = max(peak, open_now)
+    assert peak >= 100, peak
 
 
 async def test_a_client_closing_right_after_done_is_a_completed_stream() -> None:
