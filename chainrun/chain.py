@@ -319,6 +319,21 @@ class Chain:
                                     self.config.history.tokenizer)  # fmt: skip
         self.conversations.use_counter(counter)
 
+    def embedded_model_providers(self) -> list[Provider]:
+        """The open providers that talk to the embedded local model (``base_url`` unset in
+        their ``[providers.NAME]`` table, so this chain started or found llama-server):
+        the ones to point at that server again if it is restarted elsewhere
+        (``chainrun serve`` watches it). Injected providers are the caller's and are
+        never listed."""
+        out = []
+        for name, provider in self._providers.items():
+            cfg = self.config.providers.get(name)
+            if name in self._injected or isinstance(provider, _Down) or cfg is None:
+                continue
+            if cfg.base_url is None and cfg.kind != "azure":
+                out.append(provider)
+        return out
+
     async def _open_providers(self) -> None:
         """Build every provider a step uses and check that its server answers.
 

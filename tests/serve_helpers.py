@@ -26,9 +26,12 @@ async def serving(
     wait_ready: bool = True,
     retry_s: float = 2.0,
     max_body_bytes: int | None = None,
+    watch_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, ServeState]]:
     """The serve app on a free loopback port in this event loop; yields (base URL, state)."""
-    state = ServeState(factory, observers=observers or [], retry_s=retry_s)
+    state = ServeState(
+        factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options
+    )
     limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
     app = create_app(state, token=token, **limit)
     sock = bind("127.0.0.1", 0)

@@ -49,7 +49,7 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
             ),
         )
     elif base_url is None:
-        base_url = (await _local_model_up(quiet)).base_url
+        base_url = (await start_local_model(quiet)).base_url
     cls = ResponsesProvider if cfg.api == "responses" else OpenAICompatProvider
     provider: OpenAICompatProvider | ResponsesProvider = cls(
         name,
@@ -70,8 +70,9 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
     return provider
 
 
-async def _local_model_up(quiet: bool) -> local_model.LocalServer:
-    """:func:`chainrun.runtime.local_model.up` in a worker thread, told to stop waiting
+async def start_local_model(quiet: bool) -> local_model.LocalServer:
+    """This install's local model server, started if none is running:
+    :func:`chainrun.runtime.local_model.up` in a worker thread, told to stop waiting
     when this is cancelled: otherwise the thread would wait on for the server (up to
     its start-up timeout) and hold the process's exit (``asyncio.run`` joins its worker
     threads), so a Ctrl-C of ``chainrun serve`` during start-up seemed ignored."""

@@ -366,6 +366,13 @@ def stale_connection(e: BaseException) -> bool:
     return False
 
 
+def server_address(url: str) -> str:
+    """``host:port`` of ``url`` (the scheme's port when it names none): what the log's
+    ``server.address`` holds (OpenTelemetry GenAI semantic conventions)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
 class OpenAIClientProvider:
     """What every provider over the ``openai`` SDK shares: the client and its lifecycle.
 
@@ -411,10 +418,7 @@ class OpenAIClientProvider:
         self.azure = azure
         url = azure.endpoint if azure is not None else (base_url or "https://api.openai.com/v1")
         self.where = url
-        parts = urlsplit(url)
-        self.server_address: str | None = (
-            f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
-        )
+        self.server_address: str | None = server_address(url)
         self._connect_timeout_s = connect_timeout_s
         self._owns_http = http_client is None
         self._http = http_client or build_http_client(
@@ -423,6 +427,20 @@ class OpenAIClientProvider:
         self.client = build_client(
             base_url=base_url, api_key=key, http_client=self._http, azure=azure
         )
+
+    def repoint(self, base_url: str) -> None:
+        """Send every later request to ``base_url`` (an OpenAI-compatible ``.../v1`` URL),
+        keeping the connection pools: a server that moved (the embedded local model
+        started again on another port). Requests in flight finish where they went.
+
+        Raises:
+            ValueError: an Azure provider (its URLs are built from its endpoint).
+        """
+        if self.azure is not None:
+            raise ValueError(f"provider {self.name!r}: an Azure provider cannot be repointed")
+        self.base_url = self.where = base_url
+        self.server_address = server_address(base_url)
+        self.client.base_url = base_url  # the SDK joins every request's path to it
 
     def _error(
         self,

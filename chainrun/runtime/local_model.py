@@ -32,6 +32,7 @@ server README
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -281,8 +282,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@functools.cache
 def model_path() -> Path:
     """Path of the Gemma 3 270M GGUF file, assembling it from the package on first use.
+    Kept for the process's life: the package checks the file's SHA-256 on every
+    ``assemble()`` (about 0.2 s for its 250 MB), and :func:`status`, which serve asks
+    every few seconds, needs the path twice.
 
     Raises:
         ProviderUnavailable: the ``[local]`` extra is not installed.

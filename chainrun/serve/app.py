@@ -5,7 +5,8 @@ Routes::
     GET  /                        the chat page (static HTML/CSS/JS, works offline)
     GET  /static/...              its files
     GET  /healthz                 200 {"status": "ok"} while the process serves
-    GET  /readyz                  200 once the providers answered their preflight, else 503;
+    GET  /readyz                  200 once the providers answered their preflight, else 503
+                                  (also while the embedded local model's server is down);
                                   its "log" says the run log writer's state (ok, retrying,
                                   losing), queued and lost writes
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
@@ -26,8 +27,9 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -43,6 +45,7 @@ from chainrun.errors import ChainrunError
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
+from chainrun.serve.local_model_watch import LocalModelWatch
 from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
@@ -67,6 +70,10 @@ class ServeState:
         shutdown_grace_s: at shutdown, how long the turns in flight get to finish (s,
             from the stop request: :meth:`request_stop`) before they are cancelled (each
             is logged ``cancelled``); None: wait for them however long they take.
+        watch_options: keyword arguments of the
+            :class:`~chainrun.serve.local_model_watch.LocalModelWatch` started when the
+            chain uses the embedded local model (``every_s``; tests give ``find`` and
+            ``start``).
     """
 
     def __init__(
@@ -78,6 +85,7 @@ class ServeState:
         retry_s: float = 2.0,
         freeze_gc: bool = False,
         shutdown_grace_s: float | None = None,
+        watch_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.chain_factory = chain_factory
         self.shutdown_grace_s = shutdown_grace_s
@@ -92,6 +100,11 @@ class ServeState:
         self.runner: TurnRunner | None = None
         self.last_error: str | None = None
         self._opener: asyncio.Task[None] | None = None
+        #: watches the embedded local model's server once the chain is open (None: the
+        #: chain uses no embedded model)
+        self.model_watch: LocalModelWatch | None = None
+        self._watch_options = dict(watch_options or {})
+        self._watcher: asyncio.Task[None] | None = None
 
     def not_ready_reason(self) -> str:
         return self.last_error or "starting: the providers have not answered their preflight yet"
@@ -108,6 +121,10 @@ class ServeState:
                 continue
             self.chain, self.last_error = chain, None
             self.runner = TurnRunner(chain, self.observers)
+            embedded = chain.embedded_model_providers()
+            if embedded:
+                self.model_watch = LocalModelWatch(embedded, **self._watch_options)
+                self._watcher = asyncio.create_task(self.model_watch.run())
             if self.freeze_gc:
                 freeze_startup_objects()
                 rare_full_collections()
@@ -152,10 +169,11 @@ class ServeState:
 
     async def aclose(self) -> None:
         """Stop opening, close the chain (ending its run ``complete``)."""
-        if self._opener is not None and not self._opener.done():
-            self._opener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._opener
+        for task in (self._opener, self._watcher):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         runner = self.runner
         if runner is not None:
             await self._drain(runner)
@@ -252,6 +270,9 @@ async def _readyz(request: Request) -> Response:
         return JSONResponse({"status": "starting", "detail": state.not_ready_reason()},
                             status_code=503)  # fmt: skip
     chain = state.runner.chain
+    watch = state.model_watch
+    if watch is not None and watch.down is not None:  # no answer can come now
+        return JSONResponse({"status": "not_ready", "detail": watch.down}, status_code=503)
     # the log is behind the answer: a log database that is away leaves the backend ready
     # (turns are answered); "log" says whether writes are retrying or being dropped
     log_state = chain.store.log_status() if chain.store is not None else None
