@@ -107,6 +107,9 @@ def test_an_unrecorded_server_of_this_install_is_listed_and_stopped(home: Path) 
         assert status["running"] is True and status["pid"] == orphan.pid
         text = chainrun("local", "status", home=home).stdout
         assert f"pid {orphan.pid}" in text and "not running" not in text
+        # where its output goes: the install's server log (it printed "log )" before)
+        assert status["log"] == str(home / "llama-server.log"), status
+        assert f"log {home / 'llama-server.log'})" in text.replace("\n", ""), text
         down = chainrun("local", "down", "--json", home=home)
         assert down.returncode == 0, down.stderr
         assert [s["pid"] for s in json.loads(down.stdout)["servers"]] == [orphan.pid]

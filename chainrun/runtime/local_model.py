@@ -214,7 +214,9 @@ def _unrecorded(known: set[int]) -> list[LocalServer]:
             started = entry.stat().st_mtime
         except OSError:
             continue
-        server = LocalServer(pid, int(port), _arg(args, "--model") or "?", started, "",
+        # this install starts its servers with their output in home()'s log (_start)
+        log_path = str(home() / "llama-server.log")
+        server = LocalServer(pid, int(port), _arg(args, "--model") or "?", started, log_path,
                              binary=args[0], checkout=owner)  # fmt: skip
         if server.key == key:
             found.append(server)
