@@ -334,6 +334,21 @@ class Chain:
                 out.append(provider)
         return out
 
+    def answer_providers(self) -> dict[str, Provider]:
+        """The answer step's primary provider, by name, when this chain opened it (not
+        injected, not the embedded local model: see :meth:`embedded_model_providers`):
+        the server whose absence fails every turn (``chainrun serve`` watches it)."""
+        names = self.config.steps[self.config.answer_step].provider_names()
+        embedded = {id(p) for p in self.embedded_model_providers()}
+        out: dict[str, Provider] = {}
+        for name in names[:1]:
+            provider = self._providers.get(name)
+            if provider is None or name in self._injected or isinstance(provider, _Down):
+                continue
+            if id(provider) not in embedded:
+                out[name] = provider
+        return out
+
     async def _open_providers(self) -> None:
         """Build every provider a step uses and check that its server answers.
 

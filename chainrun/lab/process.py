@@ -66,8 +66,9 @@ class LabServer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> LabServer:
-        """Start the subprocess and wait until ``/health`` answers. Returns self."""
+    def start(self, port: int = 0) -> LabServer:
+        """Start the subprocess on ``port`` (0: a free one) and wait until ``/health``
+        answers. Returns self."""
         if self._proc is not None:
             return self
         self._tmp = Path(tempfile.mkdtemp(prefix="chainrun-lab-"))
@@ -80,7 +81,7 @@ class LabServer:
         cmd = [
             sys.executable, "-m", "chainrun.lab", "serve",
             "--scenario-json", self.scenario.model_dump_json(),
-            "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
+            "--host", "127.0.0.1", "--port", str(port), "--port-file", str(port_file),
         ]  # fmt: skip
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=env

@@ -6,7 +6,7 @@ Routes::
     GET  /static/...              its files
     GET  /healthz                 200 {"status": "ok"} while the process serves
     GET  /readyz                  200 once the providers answered their preflight, else 503
-                                  (also while the embedded local model's server is down);
+                                  (also while the answer's model server cannot be reached);
                                   its "log" says the run log writer's state (ok, retrying,
                                   losing), queued and lost writes
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
@@ -45,7 +45,7 @@ from chainrun.errors import ChainrunError
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
-from chainrun.serve.local_model_watch import LocalModelWatch
+from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
 from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
@@ -71,9 +71,10 @@ class ServeState:
             from the stop request: :meth:`request_stop`) before they are cancelled (each
             is logged ``cancelled``); None: wait for them however long they take.
         watch_options: keyword arguments of the
-            :class:`~chainrun.serve.local_model_watch.LocalModelWatch` started when the
+            :class:`~chainrun.serve.provider_watch.LocalModelWatch` started when the
             chain uses the embedded local model (``every_s``; tests give ``find`` and
-            ``start``).
+            ``start``); ``every_s`` is also the
+            :class:`~chainrun.serve.provider_watch.ProviderWatch`'s.
     """
 
     def __init__(
@@ -105,6 +106,9 @@ class ServeState:
         self.model_watch: LocalModelWatch | None = None
         self._watch_options = dict(watch_options or {})
         self._watcher: asyncio.Task[None] | None = None
+        #: says when the answer step's provider cannot be reached (set once the chain is open)
+        self.provider_watch: ProviderWatch | None = None
+        self._watch_every = {k: v for k, v in self._watch_options.items() if k == "every_s"}
 
     def not_ready_reason(self) -> str:
         return self.last_error or "starting: the providers have not answered their preflight yet"
@@ -120,7 +124,10 @@ class ServeState:
                 await asyncio.sleep(self.retry_s)
                 continue
             self.chain, self.last_error = chain, None
-            self.runner = TurnRunner(chain, self.observers)
+            self.provider_watch = ProviderWatch(chain.answer_providers(), **self._watch_every)
+            self.runner = TurnRunner(
+                chain, self.observers, on_finished=[self.provider_watch.turn_finished]
+            )
             embedded = chain.embedded_model_providers()
             if embedded:
                 self.model_watch = LocalModelWatch(embedded, **self._watch_options)
@@ -174,6 +181,8 @@ class ServeState:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.provider_watch is not None:
+            await self.provider_watch.aclose()
         runner = self.runner
         if runner is not None:
             await self._drain(runner)
@@ -273,6 +282,10 @@ async def _readyz(request: Request) -> Response:
     watch = state.model_watch
     if watch is not None and watch.down is not None:  # no answer can come now
         return JSONResponse({"status": "not_ready", "detail": watch.down}, status_code=503)
+    away = state.provider_watch.down if state.provider_watch is not None else {}
+    if away:
+        return JSONResponse({"status": "not_ready", "detail": "; ".join(away.values())},
+                            status_code=503)  # fmt: skip
     # the log is behind the answer: a log database that is away leaves the backend ready
     # (turns are answered); "log" says whether writes are retrying or being dropped
     log_state = chain.store.log_status() if chain.store is not None else None

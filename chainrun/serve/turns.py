@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -183,11 +183,19 @@ class TurnRunner:
     Args:
         chain: an opened chain; every turn of every chat goes through it.
         observers: told about each logged turn (e.g. the OpenTelemetry exporter).
+        on_finished: called with each turn's ``TurnFinished`` as soon as the chain
+            yields it, before the log is read (serve's provider watch).
     """
 
-    def __init__(self, chain: Chain, observers: Sequence[TurnObserver] = ()) -> None:
+    def __init__(
+        self,
+        chain: Chain,
+        observers: Sequence[TurnObserver] = (),
+        on_finished: Sequence[Callable[[TurnFinished], None]] = (),
+    ) -> None:
         self.chain = chain
         self.observers = list(observers)
+        self.on_finished = list(on_finished)
         #: turns in flight, each in a task of its own (see :func:`detached`)
         self.background: set[asyncio.Task[None]] = set()
 
@@ -256,6 +264,8 @@ class TurnRunner:
                 async for ev in events:
                     if isinstance(ev, TurnFinished):
                         done = ev
+                        for hook in self.on_finished:
+                            hook(ev)
                         break
                     yield self._wire(ev, finished)
         except Exception as e:

@@ -25,7 +25,7 @@ from chainrun.lab import LabServer
 from chainrun.providers import factory
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.runtime.local_model import LocalServer, free_port
-from chainrun.serve.local_model_watch import LocalModelWatch
+from chainrun.serve.provider_watch import LocalModelWatch
 
 
 def _server(port: int) -> LocalServer:
@@ -147,3 +147,59 @@ async def test_serve_says_the_model_is_down_and_answers_again_after_its_restart(
             assert again[-1][1]["status"] == "ok", again[-1]
             assert state.model_watch is not None and state.model_watch.down is None
     assert len(second.requests()) >= 1  # the second turn went to the restarted server
+
+
+async def test_serve_says_when_the_answers_server_is_away_and_when_it_is_back(
+    tmp_path, caplog
+) -> None:
+    """A lab (a real server) killed under serve: the failed turn starts the watch, one
+    warning line, /readyz 503 naming the provider; a lab started again on the same port:
+    one line, /readyz 200, chats answered."""
+    lab = LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8, per_token_ms=1).start()
+    port = lab.port
+    cfg = config_from_dict(
+        {"providers": {"local": {"base_url": lab.base_url, "connect_timeout_s": 0.5}}}
+    )
+    revived: LabServer | None = None
+    try:
+        with open_log("sqlite") as store, caplog.at_level(logging.WARNING, "chainrun.serve"):
+
+            def make() -> Chain:
+                return Chain(cfg, store=store, kind="live", quiet=True)
+
+            async with (
+                serving(make, watch_options={"every_s": 0.1}) as (url, state),
+                httpx.AsyncClient(base_url=url, timeout=30) as client,
+            ):
+                assert (await chat(client, "Do you have rain jackets?"))[-1][1]["status"] == "ok"
+                assert (await client.get("/readyz")).status_code == 200
+                lab.stop()  # the model server dies
+                failed = await chat(client, "Do you have rain jackets?")
+                assert failed[-1][1]["status"] == "error", failed[-1]
+                for _ in range(100):
+                    ready = await client.get("/readyz")
+                    if ready.status_code == 503:
+                        break
+                    await asyncio.sleep(0.05)
+                assert ready.status_code == 503, ready.text
+                assert "provider 'local'" in ready.json()["detail"], ready.text
+                said = [r.getMessage() for r in caplog.records]
+                away = [m for m in said if "cannot be reached" in m]
+                assert len(away) == 1, away
+                revived = LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8,
+                                    per_token_ms=1)  # fmt: skip
+                revived.start(port=port)
+                for _ in range(100):
+                    ready = await client.get("/readyz")
+                    if ready.status_code == 200:
+                        break
+                    await asyncio.sleep(0.05)
+                assert ready.status_code == 200, ready.text
+                assert any("answers again" in r.getMessage() for r in caplog.records)
+                again = await chat(client, "Do you have rain jackets?")
+                assert again[-1][1]["status"] == "ok", again[-1]
+                assert state.provider_watch is not None and state.provider_watch.down == {}
+    finally:
+        lab.stop()
+        if revived is not None:
+            revived.stop()
