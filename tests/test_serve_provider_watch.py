@@ -28,6 +28,17 @@ from chainrun.runtime.local_model import LocalServer, free_port
 from chainrun.serve.provider_watch import LocalModelWatch
 
 
+async def readyz_until(client: httpx.AsyncClient, status: int) -> httpx.Response:
+    """``GET /readyz`` until it answers ``status`` (the watch acts every 50-100 ms here),
+    for at most 5 s; the last answer."""
+    for _ in range(100):
+        ready = await client.get("/readyz")
+        if ready.status_code == status:
+            break
+        await asyncio.sleep(0.05)
+    return ready
+
+
 def _server(port: int) -> LocalServer:
     return LocalServer(os.getpid(), port, "model.gguf", time.time(), "llama-server.log")
 
@@ -130,18 +141,10 @@ async def test_serve_says_the_model_is_down_and_answers_again_after_its_restart(
             assert (await chat(client, "Do you have rain jackets?"))[-1][1]["status"] == "ok"
             second.reset()
             running[0] = None  # the server is killed
-            for _ in range(200):
-                ready = await client.get("/readyz")
-                if ready.status_code == 503:
-                    break
-                await asyncio.sleep(0.02)
+            ready = await readyz_until(client, 503)
             assert ready.status_code == 503 and "not running" in ready.json()["detail"]
             restarted.set()
-            for _ in range(200):
-                ready = await client.get("/readyz")
-                if ready.status_code == 200:
-                    break
-                await asyncio.sleep(0.02)
+            ready = await readyz_until(client, 200)
             assert ready.status_code == 200, ready.text
             again = await chat(client, "Do you have rain jackets?")
             assert again[-1][1]["status"] == "ok", again[-1]
@@ -176,11 +179,7 @@ async def test_serve_says_when_the_answers_server_is_away_and_when_it_is_back(
                 lab.stop()  # the model server dies
                 failed = await chat(client, "Do you have rain jackets?")
                 assert failed[-1][1]["status"] == "error", failed[-1]
-                for _ in range(100):
-                    ready = await client.get("/readyz")
-                    if ready.status_code == 503:
-                        break
-                    await asyncio.sleep(0.05)
+                ready = await readyz_until(client, 503)
                 assert ready.status_code == 503, ready.text
                 assert "provider 'local'" in ready.json()["detail"], ready.text
                 said = [r.getMessage() for r in caplog.records]
@@ -189,11 +188,7 @@ async def test_serve_says_when_the_answers_server_is_away_and_when_it_is_back(
                 revived = LabServer("lognormal", median_ms=5, sigma=0.3, n_tokens=8,
                                     per_token_ms=1)  # fmt: skip
                 revived.start(port=port)
-                for _ in range(100):
-                    ready = await client.get("/readyz")
-                    if ready.status_code == 200:
-                        break
-                    await asyncio.sleep(0.05)
+                ready = await readyz_until(client, 200)
                 assert ready.status_code == 200, ready.text
                 assert any("answers again" in r.getMessage() for r in caplog.records)
                 again = await chat(client, "Do you have rain jackets?")
