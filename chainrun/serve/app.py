@@ -8,7 +8,8 @@ Routes::
     GET  /readyz                  200 once the providers answered their preflight, else 503
                                   (also while the answer's model server cannot be reached);
                                   its "log" says the run log writer's state (ok, retrying,
-                                  losing), queued and lost writes
+                                  losing), queued and lost writes; ``file_gone`` with
+                                  ``lost_turns`` once the log's SQLite file was deleted
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
     POST /v1/chat/completions
@@ -41,7 +42,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
-from chainrun.errors import ChainrunError
+from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
@@ -109,6 +110,13 @@ class ServeState:
         #: says when the answer step's provider cannot be reached (set once the chain is open)
         self.provider_watch: ProviderWatch | None = None
         self._watch_every = {k: v for k, v in self._watch_options.items() if k == "every_s"}
+        #: checks every :attr:`log_check_s` that the log's SQLite file is still there
+        self._log_checker: asyncio.Task[None] | None = None
+        self.log_check_s = 1.0
+        #: the log's SQLite file was found deleted or replaced (said once, on stderr)
+        self.log_file_gone = False
+        #: set at close when the log's file was gone: the run's turns lost with it
+        self.log_gone: LogFileGone | None = None
 
     def not_ready_reason(self) -> str:
         return self.last_error or "starting: the providers have not answered their preflight yet"
@@ -132,10 +140,66 @@ class ServeState:
             if embedded:
                 self.model_watch = LocalModelWatch(embedded, **self._watch_options)
                 self._watcher = asyncio.create_task(self.model_watch.run())
+            if chain.store is not None and chain.store.path is not None:
+                self._log_checker = asyncio.create_task(self._watch_log_file())
             if self.freeze_gc:
                 freeze_startup_objects()
                 rare_full_collections()
             return
+
+    async def _watch_log_file(self) -> None:
+        """Said once, when found (a stat every :attr:`log_check_s` s)."""
+        while True:
+            if self.check_log_file():
+                return
+            await asyncio.sleep(self.log_check_s)
+
+    def check_log_file(self) -> bool:
+        """Whether the log's SQLite file was deleted or replaced since the chain opened it
+        (:meth:`chainrun.log.store.Store.file_gone`; one ``stat``). SQLite says nothing
+        then and goes on writing into the deleted file, so every turn of the live run,
+        before and after, is lost when the process ends: the first time it is found,
+        one warning line says so."""
+        if self.log_file_gone:
+            return True
+        chain = self.chain
+        if chain is None or chain.store is None or not chain.store.file_gone():
+            return False
+        self.log_file_gone = True
+        log.warning("run log %s was deleted or replaced while run %s was writing it: the "
+                    "run's %d turns so far and every turn from now on are lost with it; "
+                    "restart serve to log again", chain.store.name, chain.run_id,
+                    self._turns_in_run(chain))  # fmt: skip
+        return True
+
+    @staticmethod
+    def _turns_in_run(chain: Chain) -> int:
+        """The live run's turns written so far (read through the store's own connection,
+        which still holds the deleted file)."""
+        if chain.store is None or chain.run_id is None:
+            return 0
+        n = chain.store.log.scalar("select count(*) from turns where run_id = ?",
+                                   [chain.run_id])  # fmt: skip
+        return int(n or 0)
+
+    def log_status(self) -> dict[str, Any] | None:
+        """``/readyz``'s ``log``: the store's :meth:`~chainrun.log.store.Store.log_status`
+        (None without a log); once the SQLite file is gone its ``state`` is
+        ``file_gone`` and ``lost_turns`` counts the run's turns that went with it."""
+        chain = self.chain
+        if chain is None or chain.store is None:
+            return None
+        status = chain.store.log_status()
+        if self.check_log_file():
+            lost = self._turns_in_run(chain)
+            status.update(
+                state="file_gone",
+                lost_turns=lost,
+                detail=f"the log file was deleted or replaced while run {chain.run_id} was "
+                f"writing it: its {lost} turns and every turn from now on are lost with it; "
+                "restart serve to log again",
+            )
+        return status
 
     def start(self) -> None:
         """Start opening the chain in the background (``/readyz`` says when it is done)."""
@@ -176,7 +240,7 @@ class ServeState:
 
     async def aclose(self) -> None:
         """Stop opening, close the chain (ending its run ``complete``)."""
-        for task in (self._opener, self._watcher):
+        for task in (self._opener, self._watcher, self._log_checker):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -187,10 +251,18 @@ class ServeState:
         if runner is not None:
             await self._drain(runner)
         self.runner = None
-        chain, self.chain = self.chain, None
+        chain = self.chain
         if chain is not None:
             await chain.aclose("complete")
-
+            if (
+                chain.store is not None
+                and chain.run_id is not None
+                and (self.log_file_gone or chain.store.file_gone())
+            ):
+                why = "the log file was deleted or replaced"
+                lost = [LostTurn(t.id, t.request_id, why) for t in chain.store.turns(chain.run_id)]
+                self.log_gone = LogFileGone(chain.store.name, chain.run_id, lost)
+        self.chain = None
 
     async def _drain(self, runner: TurnRunner) -> None:
         """Wait for the turns in flight, for :attr:`shutdown_grace_s` at most (counted
@@ -288,7 +360,7 @@ async def _readyz(request: Request) -> Response:
                             status_code=503)  # fmt: skip
     # the log is behind the answer: a log database that is away leaves the backend ready
     # (turns are answered); "log" says whether writes are retrying or being dropped
-    log_state = chain.store.log_status() if chain.store is not None else None
+    log_state = state.log_status()
     return JSONResponse({"status": "ready", "run_id": chain.run_id,
                          "steps": list(chain.config.order), "model": state.model_id,
                          "log": log_state})  # fmt: skip

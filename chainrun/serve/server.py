@@ -97,6 +97,8 @@ def serve(
     Raises:
         UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
             ``workers`` below 1; an address that cannot be bound; an unusable log.
+        LogFileGone: (one worker) the log's SQLite file was deleted or replaced while
+            serving: raised at the stop, naming the run's turns that went with it.
     """
     if max_body_bytes < 1:
         raise UserInputError(f"--max-body-bytes: expected at least 1, got {max_body_bytes}")
@@ -147,7 +149,12 @@ def _serve_one(
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
-    parent)."""
+    parent).
+
+    Raises:
+        LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
+            while serving (said in a warning line when found): the run's turns went with it.
+    """
     try:
         store = Store.open(db)
     except BaseException:
@@ -183,6 +190,8 @@ def _serve_one(
             server.run(sockets=[sock])
     finally:
         store.close()
+    if state.log_gone is not None:  # served on, but every turn of the run went with the file
+        raise state.log_gone
 
 
 class _Server(uvicorn.Server):
