@@ -27,7 +27,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,7 @@ from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monit
 from chainrun.log.redaction import Redactor
 from chainrun.log.rows import RunKind, TurnLog, TurnRow
 from chainrun.log.store import DEFAULT_DB, SeedWindows, Store, utc_now
+from chainrun.log.writer import LogWriteLost, LogWriterStopped
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.catalog import ensure_sample_catalog
@@ -75,6 +83,22 @@ logger = logging.getLogger(__name__)
 REFUSAL = "Sorry, I can't help with that right now. Please try again in a moment."
 
 __all__ = ["REFUSAL", "Chain", "Retriever", "build_steps"]
+
+
+async def _after_log(
+    callback: Callable[[int | None], Awaitable[None]], turn_id: int | None
+) -> None:
+    """Run one of a turn's after-log callbacks (a shadow loser's rows rewritten once it
+    ends) in its own task, whose failure nobody awaits: a log write refused or given up
+    (the database away: the writer counts and says every lost write) is left at that; any
+    other error is said in one warning line with its traceback, never as an unretrieved
+    task exception."""
+    try:
+        await callback(turn_id)
+    except (LogWriteError, LogWriteLost, LogWriterStopped) as e:
+        logger.debug("turn %s: a late log update was not written (%s)", turn_id, e)
+    except Exception:
+        logger.warning("turn %s: a late log update failed", turn_id, exc_info=True)
 
 
 class _Down:
@@ -621,7 +645,7 @@ class Chain:
             turn_id = await self.store.alog_turn(run_id, log,
                                                  durable=self.config.log.durable_turns)
         for callback in run.after_log():
-            task = asyncio.create_task(callback(turn_id))
+            task = asyncio.create_task(_after_log(callback, turn_id))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         return turn_id

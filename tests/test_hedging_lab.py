@@ -8,6 +8,7 @@ and uses the lab's own per-request records to prove what happened on the server 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
+from chainrun.log.writer import LogWriteLost
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +226,37 @@ async def test_shadow_losers_finish_and_their_times_are_logged(fast_lab: LabServ
         assert step.hedge_won == 1 and step.time_saved_ms is not None
         assert 250 <= step.time_saved_ms <= 450
         await wait_for(lambda: len(slow.requests()) == 1 and slow.requests()[0]["tokens_sent"] > 0)
+
+
+async def test_a_shadow_losers_late_log_update_that_fails_is_no_unretrieved_task_error(
+    fast_lab: LabServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database away (PostgreSQL stopped) when a shadow loser ends: its rows' update
+    gives up (LogWriteLost, the writer counts and says what is lost). That failure is in a
+    task nobody awaits; it printed "Task exception was never retrieved" and a traceback."""
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    with LabServer("lognormal", median_ms=400, sigma=0.01, n_tokens=5) as slow:
+        cfg = one_step_config(slow.base_url, fast_lab.base_url,
+                              {"delay_ms": 50, "max_attempts": 2, "max_extra_load": 1.0,
+                               "shadow_fraction": 1.0})  # fmt: skip
+        with Store.open(":memory:") as store:
+            tried: list[int | None] = []
+
+            async def away(turn_id: int | None, *args: Any, **kwargs: Any) -> None:
+                tried.append(turn_id)
+                raise LogWriteLost("run log: the database has been unreachable for 14 s")
+
+            monkeypatch.setattr(store, "aupdate_step_calls", away)
+            async with Chain(cfg, store=store) as chain:
+                done = await chain.run_turn("shadow me")
+                # the 400 ms shadow primary ends, its update fails, its task is done and
+                # dropped while the chain runs on (a serve process)
+                await wait_for(lambda: bool(tried))
+                await asyncio.sleep(0.05)
+                gc.collect()  # an unretrieved task exception is said when it is collected
+                await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert done.status == "ok" and tried == [done.turn_id]
+    assert unretrieved == [], [c.get("message") for c in unretrieved]
