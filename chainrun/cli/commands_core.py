@@ -314,6 +314,13 @@ def runs(
         for r in rows:
             table.add_row(*("" if r[k] is None else str(r[k]) for k in cols))
         out.print(table)
+    for path, rows in listed:  # how to go on with a replay that did not finish
+        for r in rows:
+            if r["kind"] == "replay" and r["status"] in ("interrupted", "failed") and r["source"]:
+                again = shlex.join(["chainrun", "replay", r["source"], "--db", str(path),
+                                    "--resume", str(r["id"])])  # fmt: skip
+                out.print(f"run {r['id']} is {r['status']} after {r['n_turns']} turns: "
+                          f"{again} runs the rest", markup=False, highlight=False)  # fmt: skip
 
 
 @app.command()
