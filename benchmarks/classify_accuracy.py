@@ -2,8 +2,9 @@
 
 Cases: ``evals/regression.jsonl`` (every case carries its expected ``label``). Methods:
 
-* ``model``: today's default classify step: the local model continues the few-shot
-  transcript (``Category:``), its answer's first label is taken (``parse_label``);
+* ``model``: the classify step done by the model (:data:`chainrun.config.LLM_CLASSIFY_STEP`):
+  the local model continues the few-shot transcript (``Category:``), its answer's first
+  label is taken (``parse_label``);
 * ``model-enum``: the same prompt, the answer constrained to ``{"label": <one of the
   labels>}`` by a JSON Schema enum (``response_format``; llama-server turns it into a
   grammar: :func:`chainrun.classify.label_schema`);
@@ -51,7 +52,7 @@ from chainrun.classify import (
     label_schema,
     read_examples,
 )
-from chainrun.config import CLASSIFY_LABELS, DEFAULT_CHAIN, ProviderConfig
+from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, ProviderConfig
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.embeddings import MiniLMEmbedder
@@ -77,15 +78,17 @@ def load_cases(path: Path) -> list[tuple[str, str, str]]:
 async def model_method(
     base_url: str, *, enum: bool
 ) -> tuple[Classify, Callable[[], Awaitable[None]]]:
-    """The default classify step's request on the server at ``base_url``."""
-    step = DEFAULT_CHAIN["steps"]["classify"]
+    """The model classify step's request on the server at ``base_url`` (a conversation's
+    first turn: ``{history}`` empty)."""
+    step = LLM_CLASSIFY_STEP
     provider = await open_provider("local", ProviderConfig(base_url=base_url), quiet=True)
     labels = list(CLASSIFY_LABELS)
 
     async def classify(message: str) -> str:
         request = ChatRequest(
             model="gemma-3-270m",
-            messages=[{"role": "user", "content": step["prompt"].format(message=message)}],
+            messages=[{"role": "user",
+                       "content": step["prompt"].format(history="", message=message)}],
             max_output_tokens=16 if enum else step["max_output_tokens"],
             temperature=0.0,
             stop=None if enum else step["stop"],

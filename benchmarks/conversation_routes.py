@@ -21,11 +21,22 @@ shopper) per route, with n, p50 and p90 and their 95% order-statistic intervals:
 - ``separate_call``: ``routed_llm`` plus a second model call that writes the query,
   which the search waits for.
 
+The MiniLM weights are loaded once before the first variant, and the process's kept
+vectors of single texts are dropped before each, so every variant embeds the messages
+itself (a shopper's message is new; within a turn, the vector search reuses the classify
+step's embedding of the same text, as in production).
+
 A turn's route is the one the ``default`` variant gave that request (``policy``: the
 policy step ran; ``search``: the catalogue was searched), so every variant is measured
 on the same turns per route (``before`` has one route, but its turns are grouped the
 same way); each variant's own route counts are reported too. Variants run one after
 another over the whole set, ``--rounds`` times.
+
+``--answer-only`` leaves validate and critique out of every variant: they run after the
+answer, and turns run one at a time, so a turn's answer TTFT does not wait for them;
+they only make each turn (and the run) longer. (They also take llama-server slots'
+prompt caches in turn, which this option leaves to the answer's prompts: the figures
+are then of a server that kept more of the history's prefix.)
 
 Run: ``python benchmarks/conversation_routes.py --target lab,local [--rounds 1] [--json]``
 (``local`` needs the ``local`` extra; it starts the embedded model if it is not running).
@@ -45,12 +56,14 @@ from typing import Any
 import _common as c
 
 from chainrun.analysis import stats
-from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, config_from_dict
+from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.replay import load_requests, run_requests
+from chainrun.retrieval.embeddings import MiniLMEmbedder, forget_recent
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ORDER = list(STEP_NAMES_DEFAULT)
 SETS = [ROOT / "replays" / "conversations.jsonl", ROOT / "replays" / "commerce-12.jsonl"]
 
 # the answer prompt of the default chain before routing (no {policy}: no policy step)
@@ -79,12 +92,19 @@ _QUERY_PROMPT = (
 )
 
 
-def variants(base_url: str) -> dict[str, dict[str, Any]]:
+def variants(base_url: str, *, answer_only: bool = False) -> dict[str, dict[str, Any]]:
     """The chain configs compared (see the module text), as chainrun.toml dicts merged
     onto the default chain (a step the ``order`` leaves out is dropped; a step table of
-    another kind replaces the default step whole)."""
+    another kind replaces the default step whole). ``answer_only``: without validate and
+    critique."""
+    if answer_only:
+        out = variants(base_url)
+        for cfg in out.values():
+            cfg["order"] = [s for s in cfg.get("order", DEFAULT_ORDER)
+                            if s not in ("validate", "critique")]  # fmt: skip
+        return out
     provider = {"providers": {"local": {"base_url": base_url}}}
-    order = ["classify", "retrieve", "policy", "compose", "validate", "critique"]
+    order = list(DEFAULT_ORDER)
     rewrite = {"kind": "llm", "prompt": _QUERY_PROMPT, "stop": ["\n"],
                "max_output_tokens": 16, "temperature": 0.0, "deadline_s": 30.0,
                "on_failure": "open"}  # fmt: skip
@@ -130,17 +150,20 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 
 async def measure(
-    target: str, base_url: str, rounds: int, db: Path, names: list[str], sets: list[Path]
+    target: str, base_url: str, rounds: int, db: Path, names: list[str], sets: list[Path],
+    answer_only: bool = False,
 ) -> dict[str, Any]:
     requests = [r for path in sets for r in load_requests(path)]
     configs = {name: config_from_dict(cfg, f"variant {name}") for name, cfg in
-               variants(base_url).items() if name in names}  # fmt: skip
+               variants(base_url, answer_only=answer_only).items() if name in names}  # fmt: skip
     store = Store.open(db)
     runs: dict[str, list[int]] = defaultdict(list)
+    await MiniLMEmbedder().embed(["warm-up"])  # the weights loaded before any variant
     t0 = time.perf_counter()
     try:
         for _ in range(rounds):
             for name, cfg in configs.items():  # one variant after another, same turns
+                forget_recent()  # each variant embeds the messages itself, as new ones
                 runs[name].append(await run_requests(
                     cfg, requests, store, label=f"{target}:{name}", concurrency=1, quiet=True))
         routed = {}
@@ -150,8 +173,11 @@ async def measure(
         for name, rids in runs.items():
             waits: dict[str, list[float]] = defaultdict(list)
             own: dict[str, int] = defaultdict(int)
+            classify_ms: list[float] = []
             for rid in rids:
                 mine = route_of(store, rid)
+                classify_ms += [s.duration_ms for s in store.steps(rid)
+                                if s.step == "classify" and s.status != "skipped"]  # fmt: skip
                 for t in store.turns(rid):
                     if t.status != "ok" or t.answer_ttft_ms is None:
                         continue
@@ -162,6 +188,7 @@ async def measure(
                 "runs": rids,
                 "answer_ttft_ms_by_route": {k: summary(v) for k, v in sorted(waits.items())},
                 "own_routes": dict(own),
+                "classify_ms": summary(classify_ms),
             }
     finally:
         store.close()
@@ -176,6 +203,8 @@ def main() -> int:
                     help="which variants, comma-separated (default: all)")
     ap.add_argument("--conversations-only", action="store_true",
                     help="only replays/conversations.jsonl (not the 12 single requests)")
+    ap.add_argument("--answer-only", action="store_true",
+                    help="leave validate and critique out (they run after the answer)")
     c.add_common_options(ap)
     args = ap.parse_args()
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
@@ -186,6 +215,7 @@ def main() -> int:
     sets = SETS[:1] if args.conversations_only else SETS
     doc = c.new_document("conversation_routes", sys.argv[1:],
                          {"targets": targets, "rounds": args.rounds, "variants": names,
+                          "answer_only": args.answer_only,
                           "sets": [str(p.relative_to(ROOT)) for p in sets]})  # fmt: skip
     for target in targets:
         with tempfile.TemporaryDirectory(prefix="chainrun-routes-") as name:
@@ -194,14 +224,15 @@ def main() -> int:
                 with LabServer("lognormal", median_ms=120, sigma=0.3, n_tokens=24,
                                per_token_ms=8) as lab:  # fmt: skip
                     doc["results"][target] = asyncio.run(
-                        measure(target, lab.base_url, args.rounds, tmp / "log.db", names, sets))
+                        measure(target, lab.base_url, args.rounds, tmp / "log.db", names, sets,
+                                args.answer_only))
             elif target == "local":
                 from chainrun.runtime import local_model
 
                 server = local_model.up(quiet=True)
                 doc["results"][target] = asyncio.run(
                     measure(target, server.base_url, args.rounds, tmp / "log.db", names,
-                            sets))
+                            sets, args.answer_only))
             else:
                 ap.error(f"--target: expected lab or local, got {target!r}")
 
@@ -210,6 +241,9 @@ def main() -> int:
         for target, res in d["results"].items():
             lines.append(f"\n{target} ({res['elapsed_s']} s)")
             for name, v in res["variants"].items():
+                s = v["classify_ms"]
+                lines.append(f"  {name:14} classify n={s['n']:3} p50 {s['p50_ms']} "
+                             f"{s['p50_ci']}  p90 {s['p90_ms']} {s['p90_ci']}")  # fmt: skip
                 for route, s in v["answer_ttft_ms_by_route"].items():
                     lines.append(f"  {name:14} {route:7} n={s['n']:3} p50 {s['p50_ms']} "
                                  f"{s['p50_ci']}  p90 {s['p90_ms']} {s['p90_ci']}")  # fmt: skip

@@ -122,6 +122,12 @@ _RECENT: OrderedDict[tuple[Path | None, str], np.ndarray] = OrderedDict()
 RECENT_SIZE = 1024
 
 
+def forget_recent() -> None:
+    """Drop the kept vectors of single texts (a benchmark that replays the same messages
+    through several chains makes each embed them, as new messages are)."""
+    _RECENT.clear()
+
+
 def _shared_minilm(model_dir: Path) -> MiniLM:
     """The process's MiniLM loaded from ``model_dir`` (loaded on first use, ~0.2-0.5 s)."""
     key = model_dir.resolve()

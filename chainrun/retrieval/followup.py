@@ -16,7 +16,7 @@ follow-ups keeps its subject.
 Rules rather than a model call: the query decides what the answer can recommend, so it
 sits on the answer's critical path; these rules cost microseconds, where a model call
 writing the query costs a call's time to first token plus its tokens on every turn
-(measured: benchmarks/README.md, "Conversations").
+(measured: benchmarks/README.md, "Conversations: the shopper's wait per route").
 """
 
 from __future__ import annotations
