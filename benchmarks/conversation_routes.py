@@ -166,32 +166,49 @@ async def measure(
                 forget_recent()  # each variant embeds the messages itself, as new ones
                 runs[name].append(await run_requests(
                     cfg, requests, store, label=f"{target}:{name}", concurrency=1, quiet=True))
-        routed = {}
-        for rid in runs["default"]:
-            routed.update(route_of(store, rid))
-        out: dict[str, Any] = {"elapsed_s": c.r(time.perf_counter() - t0), "variants": {}}
-        for name, rids in runs.items():
-            waits: dict[str, list[float]] = defaultdict(list)
-            own: dict[str, int] = defaultdict(int)
-            classify_ms: list[float] = []
-            for rid in rids:
-                mine = route_of(store, rid)
-                classify_ms += [s.duration_ms for s in store.steps(rid)
-                                if s.step == "classify" and s.status != "skipped"]  # fmt: skip
-                for t in store.turns(rid):
-                    if t.status != "ok" or t.answer_ttft_ms is None:
-                        continue
-                    waits[str(routed.get(t.request_id or ""))].append(t.answer_ttft_ms)
-                    waits["all"].append(t.answer_ttft_ms)
-                    own[str(mine.get(t.request_id or ""))] += 1
-            out["variants"][name] = {
-                "runs": rids,
-                "answer_ttft_ms_by_route": {k: summary(v) for k, v in sorted(waits.items())},
-                "own_routes": dict(own),
-                "classify_ms": summary(classify_ms),
-            }
+        return {"elapsed_s": c.r(time.perf_counter() - t0), **summarize(store, runs)}
     finally:
         store.close()
+
+
+def runs_in_log(store: Store, target: str) -> dict[str, list[int]]:
+    """The runs of a kept log by variant (their labels are ``TARGET:VARIANT``)."""
+    runs: dict[str, list[int]] = defaultdict(list)
+    for run in sorted(store.list_runs(), key=lambda r: r.id or 0):
+        prefix, _, name = (run.label or "").partition(":")
+        if prefix == target and name:
+            runs[name].append(run.id or 0)
+    return runs
+
+
+def summarize(store: Store, runs: dict[str, list[int]]) -> dict[str, Any]:
+    """Answer TTFT per route (the ``default`` variant's routes) and the classify step's
+    time, per variant; a turn not ``ok`` is left out, a run stopped early counts the
+    turns it logged."""
+    routed: dict[str, str | None] = {}
+    for rid in runs["default"]:
+        routed.update(route_of(store, rid))
+    out: dict[str, Any] = {"variants": {}}
+    for name, rids in runs.items():
+        waits: dict[str, list[float]] = defaultdict(list)
+        own: dict[str, int] = defaultdict(int)
+        classify_ms: list[float] = []
+        for rid in rids:
+            mine = route_of(store, rid)
+            classify_ms += [s.duration_ms for s in store.steps(rid)
+                            if s.step == "classify" and s.status != "skipped"]  # fmt: skip
+            for t in store.turns(rid):
+                if t.status != "ok" or t.answer_ttft_ms is None:
+                    continue
+                waits[str(routed.get(t.request_id or ""))].append(t.answer_ttft_ms)
+                waits["all"].append(t.answer_ttft_ms)
+                own[str(mine.get(t.request_id or ""))] += 1
+        out["variants"][name] = {
+            "runs": rids,
+            "answer_ttft_ms_by_route": {k: summary(v) for k, v in sorted(waits.items())},
+            "own_routes": dict(own),
+            "classify_ms": summary(classify_ms),
+        }
     return out
 
 
@@ -205,6 +222,9 @@ def main() -> int:
                     help="only replays/conversations.jsonl (not the 12 single requests)")
     ap.add_argument("--answer-only", action="store_true",
                     help="leave validate and critique out (they run after the answer)")
+    ap.add_argument("--from-log", type=Path, default=None,
+                    help="run nothing: summarize the runs of a log this benchmark wrote "
+                         "(labels TARGET:VARIANT; e.g. a copy of a run stopped early)")
     c.add_common_options(ap)
     args = ap.parse_args()
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
@@ -217,6 +237,16 @@ def main() -> int:
                          {"targets": targets, "rounds": args.rounds, "variants": names,
                           "answer_only": args.answer_only,
                           "sets": [str(p.relative_to(ROOT)) for p in sets]})  # fmt: skip
+    if args.from_log is not None:
+        doc["parameters"]["from_log"] = str(args.from_log)
+        store = Store.open(args.from_log)
+        try:
+            for target in targets:
+                doc["results"][target] = {"elapsed_s": None,
+                                          **summarize(store, runs_in_log(store, target))}
+        finally:
+            store.close()
+        targets = []
     for target in targets:
         with tempfile.TemporaryDirectory(prefix="chainrun-routes-") as name:
             tmp = Path(name)
