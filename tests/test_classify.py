@@ -120,6 +120,9 @@ async def test_the_shipped_examples_open_without_being_embedded(monkeypatch) -> 
     embedder = Counting()
     await NearestExamples(DEFAULT_LABELS, examples, embedder).warm()
     assert embedder.texts == []
+    # the model itself is loaded by warm (the chain's open), not by the first turn's
+    # message (which waited ~1.7 s for it on the answer's path)
+    assert embedder._encoder is not None
     fresh = await embedder.embed(messages[:5])
     assert np.allclose(fresh, [seeded[i] for i in range(5)], atol=1e-4)
     # a message the shipped file does not know is embedded, and only that one

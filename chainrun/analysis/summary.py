@@ -208,7 +208,14 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     ran: Counter[str] = Counter()
     failures: dict[str, Counter[str]] = defaultdict(Counter)
     cancelled = {t.id for t in all_turns if t.status == "cancelled"}
+    # each step's place in a turn (a turn's steps are in display order; a routed step is
+    # skipped in some turns, so the first turn alone may not show every step in place)
+    place: dict[str, int] = {}
+    index, last_turn = 0, None
     for s in store.steps(run_id):
+        index = 0 if s.turn_id != last_turn else index + 1
+        last_turn = s.turn_id
+        place[s.step] = min(place.get(s.step, index), index)
         if s.status == "skipped" or s.turn_id in cancelled:
             continue
         # failures over every turn the step ran in: a step that failed closed ended its
@@ -233,7 +240,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
             tokens[c.step].append(c.output_tokens)
     answer_cache = cache_state(c for w in winners.values() for c in w)
     steps = {}
-    for name in ran:
+    for name in sorted(ran, key=lambda n: place[n]):
         values = by_step[name]
         model, effort = meta.get(name, (None, None))
         steps[name] = {

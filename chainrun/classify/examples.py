@@ -139,7 +139,12 @@ class NearestExamples:
         return self._labels
 
     async def warm(self) -> None:
-        """Embed the examples now (the first :meth:`classify` does it otherwise)."""
+        """Embed the examples and load the embedder's model now (the first
+        :meth:`classify` does it otherwise, on a shopper's turn): the shipped examples'
+        vectors need no model, the message's does."""
+        load = getattr(self.embedder, "warm", None)
+        if load is not None:
+            await load()
         if self._matrix is None:
             async with self._lock:
                 if self._matrix is None:

@@ -197,8 +197,13 @@ def latency_table(summary: dict[str, Any]) -> Table:
     for key, name in (("answer_ttft", "answer TTFT"), ("answer_done", "answer done")):
         a = summary.get(key)
         if a:
-            cached = f"{_share(a.get('cached_share'))} cached" if key == "answer_ttft" else ""
-            t.add_row(name, str(a["n"]), *pcts(a), cached, "", "", "", "")
+            # the answer's TTFT is this row's own p50: said again in the TTFT column, with
+            # the prompt cache's share that decides it (a lone "0% cached" read as missing)
+            ttft = ""
+            if key == "answer_ttft":
+                ttft = (f"{_with_ci(a['p50_ms'], a.get('p50_ci'))} · "
+                        f"{_share(a.get('cached_share'))} cached")  # fmt: skip
+            t.add_row(name, str(a["n"]), *pcts(a), ttft, "", "", "", "")
     for name, s in summary["steps"].items():
         ttft = _with_ci(s["ttft_p50_ms"], s.get("ttft_p50_ci"))
         if s["ttft_p50_ms"] is not None and s.get("ttft_n", s["n"]) != s["n"]:

@@ -185,6 +185,15 @@ class MiniLMEmbedder:
                 self._encoder = _shared_minilm(model_dir)
             return self._encoder
 
+    async def warm(self) -> None:
+        """Load the model now, off the event loop (else the first :meth:`embed` does, and
+        the first turn waits for it: about 1.7 s on this project's 2-core test machine).
+
+        Raises:
+            ProviderUnavailable: the model files are not installed.
+        """
+        await asyncio.to_thread(self._load)
+
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Blocking: embed ``texts`` (batched by length to limit padding)."""
         encoder = self._load()
