@@ -545,13 +545,16 @@ class Chain:
         self._check_open()  # also when the run exists already (ensure_run is skipped then)
         run_id = self.run_id if self.run_id is not None else await self.ensure_run()
         started = time.perf_counter()  # the shopper's wait includes finding the history
+        # the wall-clock start, taken with the monotonic one: started_at + duration_ms is
+        # the turn's end (reading the history from the log may take a while)
+        started_at = utc_now()
         if history is not None:  # the caller's thread: what the checks mask stays masked
             history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer)
                        for h in history]  # fmt: skip
         place = await self.conversations.begin(conversation_id, history, turn_index)
         turn = TurnRow(input=message, request_id=request_id,
                        conversation_id=place.conversation_id, turn_index=place.turn_index,
-                       started_at=utc_now(), original_ms=original_ms)  # fmt: skip
+                       started_at=started_at, original_ms=original_ms)  # fmt: skip
         # deterministic checks first: microseconds, before any model call
         checked = self._input_checks.check(message)
         if checked.findings:
