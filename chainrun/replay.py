@@ -2,7 +2,8 @@
 
 A replay file is JSON Lines: one object a line with ``id`` (string) and ``message``
 (non-empty string); optional ``conversation_id`` and ``original_ms`` (the latency the
-original live turn recorded, in ms, reported apart from the replay's own wall time).
+original live turn recorded, in ms, reported apart from the replay's own wall time), and
+``turn`` and ``history`` (below); any other field is refused, naming the file and line.
 
 **Conversations.** A line with ``turn`` (an int >= 1, with a ``conversation_id``) is
 that turn of its conversation. A replay runs each conversation's turns in ``turn``
@@ -25,6 +26,7 @@ The whole file is validated before any run is created.
 from __future__ import annotations
 
 import asyncio
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,12 +60,18 @@ class ReplayRequest:
     history: tuple[HistoryTurn, ...] | None = None
 
 
+#: the fields a replay line may have (any other is refused: a misspelled field would
+#: otherwise be dropped without a word)
+REPLAY_FIELDS = ("id", "message", "conversation_id", "turn", "history", "original_ms")
+
+
 def load_requests(path: str | Path) -> list[ReplayRequest]:
     """Read and validate a replay file.
 
     Raises:
         InputFileError: unreadable or oversized file (see :mod:`chainrun.input_files`), a
-            malformed line (file and line named), a duplicate id, a turn repeated in its
+            malformed line (file and line named), a field not in :data:`REPLAY_FIELDS`,
+            a duplicate id, a turn repeated in its
             conversation, a turn whose earlier turn is neither in the file nor in its
             ``history`` (:func:`~chainrun.conversations.turn_order.missing_earlier_turn`),
             or no requests at all.
@@ -73,6 +81,12 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     seen: set[str] = set()
     turns_seen: dict[tuple[str, int], int] = {}
     for no, obj in read_jsonl(p, "replay set"):
+        for key in obj:
+            if key not in REPLAY_FIELDS:
+                close = difflib.get_close_matches(key, REPLAY_FIELDS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise InputFileError(str(p), no, f"unknown field {key!r}{hint}; expected "
+                                     f"{', '.join(REPLAY_FIELDS)}")  # fmt: skip
         rid, msg = obj.get("id"), obj.get("message")
         if not isinstance(rid, str | int) or isinstance(rid, bool) or str(rid) == "":
             raise InputFileError(str(p), no, "expected field 'id' (a non-empty string)")

@@ -28,7 +28,8 @@ def _write(path: Path, lines: list[dict]) -> Path:
 def test_a_lone_turn_2_is_refused_naming_file_line_and_conversation(
     tmp_path: Path, lab_config: Path, command: str
 ) -> None:
-    checks = {"assert": [{"type": "contains", "value": "x"}]}  # eval needs it; replay ignores it
+    # eval needs checks; a replay line refuses any field of an eval case
+    checks = {"assert": [{"type": "contains", "value": "x"}]} if command == "eval" else {}
     path = _write(tmp_path / "set.jsonl", [
         {"id": "solo", "message": "Do you have rain jackets?", **checks},
         {"id": "rain-2", "conversation_id": "rain", "turn": 2, "message": "Which is cheapest?",

@@ -149,6 +149,33 @@ async def test_bad_body_is_400_and_nothing_logged(config, store, fake) -> None:
     assert store.log.scalar("select count(*) from turns") == 0
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"message": "hi", "extra": 1},
+         "extra: unknown field; expected message, conversation_id"),
+        ({"message": "hi", "conversationId": "c1"},
+         "conversationId: unknown field (did you mean 'conversation_id'?); expected message, "
+         "conversation_id"),
+    ],
+)  # fmt: skip
+async def test_an_unknown_chat_key_is_400_naming_it_and_nothing_logged(
+    config, store, fake, body, said
+) -> None:
+    """A typo such as ``conversationId`` used to be dropped: the turn ran in a new
+    conversation without a word."""
+    async with (
+        serving(fake_factory(config, store, fake)) as (url, _),
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        r = await client.post("/chat", json=body)
+    param = next(k for k in body if k != "message")
+    assert r.status_code == 400 and r.json() == {"error": {
+        "message": said, "type": "invalid_request_error", "param": param,
+        "code": "invalid_value"}}  # fmt: skip
+    assert store.log.scalar("select count(*) from turns") == 0
+
+
 async def test_health_ready_and_the_page(config, store, fake) -> None:
     async with (
         serving(fake_factory(config, store, fake)) as (url, _),

@@ -15,6 +15,7 @@ ASGI ``http.disconnect``), which closes the in-flight model calls.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import AsyncIterator
 
@@ -31,6 +32,8 @@ __all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat
            "parse_chat_body"]  # fmt: skip
 
 MAX_CONVERSATION_ID_CHARS = 200
+#: the keys a ``/chat`` body may have
+CHAT_KEYS = ("message", "conversation_id")
 
 
 class BadRequest(ValueError):
@@ -51,7 +54,9 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
         BadRequest: not a JSON object; ``message`` missing, blank, not a string, over
             :data:`MAX_MESSAGE_CHARS` or holding a lone surrogate (the library's rule,
             :func:`chainrun.turn_input.check_turn_input`); ``conversation_id`` not such a
-            string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
+            string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters; a key not in
+            :data:`CHAT_KEYS` (a typo such as ``conversationId`` would otherwise start a
+            new conversation without a word).
     """
     try:
         body = json.loads(raw)
@@ -59,6 +64,11 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
         raise BadRequest("body: expected a JSON object", None) from None
     if not isinstance(body, dict):
         raise BadRequest("body: expected a JSON object", None)
+    for key in body:
+        if key not in CHAT_KEYS:
+            close = difflib.get_close_matches(str(key), CHAT_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BadRequest(f"{key}: unknown field{hint}; expected {', '.join(CHAT_KEYS)}", key)
     message = body.get("message")
     problem = text_problem(message, required=True, max_chars=MAX_MESSAGE_CHARS)
     if problem is not None:
