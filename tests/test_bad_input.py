@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlite_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -205,6 +206,73 @@ def test_cli_bad_files_exit_2_and_write_nothing(
     lines = _error_lines(result)
     assert len(lines) == 1 and str(bad) in lines[0], lines
     assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [("extra", "unknown field 'extra'; expected id, message, conversation_id, turn, "
+      "history, original_ms"),
+     ("conversationId", "unknown field 'conversationId' (did you mean 'conversation_id'?); "
+      "expected id, message, conversation_id, turn, history, original_ms")],
+)  # fmt: skip
+def test_cli_replay_refuses_an_unknown_field_naming_it(
+    tmp_path: Path, key: str, said: str
+) -> None:
+    """A replay line's unknown key used to be dropped: the run went ahead without it (a
+    misspelled conversation id ran the turn alone, exit 0)."""
+    p = _write(tmp_path, "r.jsonl", '{"id": "a", "message": "hi"}\n'
+               f'{{"id": "b", "message": "hi", "{key}": 1}}\n')  # fmt: skip
+    db = tmp_path / "never.db"
+    result = _cli("replay", str(p), "--db", str(db))
+    assert result.exit_code == 2, result.output
+    assert _error_lines(result) == [f"chainrun: error: {p}:2: {said}"]
+    assert not db.exists()
+
+
+_PRODUCT = '"title": "Rain shell", "category": "rainwear"'
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [('"price": true', "price: expected a number, got true"),
+     ('"price": "10"', 'price: expected a number, got "10"'),
+     ('"price": 10, "stock": true', "stock: expected a whole number, got true"),
+     ('"price": 10, "sizes": {"S": true}', "sizes.S: expected a whole number, got true"),
+     ('"price": 10, "stock": "3"', 'stock: expected a whole number, got "3"')],
+)  # fmt: skip
+def test_cli_catalog_jsonl_refuses_a_value_of_the_wrong_type(
+    tmp_path: Path, fields: str, said: str
+) -> None:
+    """JSON booleans used to load as 1 (price EUR 1.00, stock 1) and a string price as a
+    number; the catalogue already loaded stays as it was."""
+    db = tmp_path / "shop.db"
+    good = _write(tmp_path, "good.csv", "id,title,category,price\nSC-1,Wool scarf,scarves,30\n")
+    assert _cli("catalog", "load", str(good), "--db", str(db)).exit_code == 0
+    bad = _write(tmp_path, "c.jsonl", f'{{"id": "RW-1", {_PRODUCT}, "price": 5}}\n'
+                 f'{{"id": "RW-2", {_PRODUCT}, {fields}}}\n')  # fmt: skip
+    result = _cli("catalog", "load", str(bad), "--db", str(db))
+    assert result.exit_code == 2, result.output
+    assert _error_lines(result) == [f"chainrun: error: {bad}:2: {said}"]
+    conn = sqlite_utils.Database(db)
+    try:
+        assert [r["id"] for r in conn.query("select id from products")] == ["SC-1"]
+    finally:
+        conn.close()
+
+
+def test_cli_catalog_csv_cells_are_text_and_parsed(tmp_path: Path) -> None:
+    """The same values as CSV text load: a CSV cell has no type of its own."""
+    db = tmp_path / "shop.db"
+    csv = _write(tmp_path, "c.csv", "id,title,category,price,stock,sizes\n"
+                 "RW-9,Rain shell,rainwear,10,3,S:1;M:2\n")  # fmt: skip
+    assert _cli("catalog", "load", str(csv), "--db", str(db)).exit_code == 0
+    conn = sqlite_utils.Database(db)
+    try:
+        row = next(iter(conn.query("select price, stock, sizes from products")))
+    finally:
+        conn.close()
+    assert row["price"] == 10.0 and row["stock"] == 3
+    assert json.loads(row["sizes"]) == {"S": 1, "M": 2}
 
 
 @pytest.mark.parametrize(

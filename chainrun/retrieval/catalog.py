@@ -108,6 +108,16 @@ def ensure_catalog_tables(db: sqlite_utils.Database) -> None:
 # -- reading files -------------------------------------------------------------------------
 
 
+#: what a JSON value of the wrong type should have been, by pydantic's error type
+_EXPECTED = {
+    "float_type": "a number",
+    "int_type": "a whole number",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "an object",
+}
+
+
 def _problem(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
@@ -116,6 +126,9 @@ def _problem(err: ValidationError) -> str:
         return f"unknown field {where!r}; expected {', '.join(Product.model_fields)}"
     if first["type"] == "missing":
         return f"missing field {where!r}"
+    if first["type"] in _EXPECTED:  # a JSON value of the wrong type (true, "10")
+        got = json.dumps(first.get("input"), ensure_ascii=False, default=str)
+        return f"{where}: expected {_EXPECTED[first['type']]}, got {got}"
     value = first.get("input")
     shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
     return f"{where}: {msg}{shown}" if where else f"{msg}{shown}"
@@ -181,11 +194,15 @@ def read_catalog(path: str | Path) -> list[Product]:
     """Read and validate every product of a ``.jsonl`` or ``.csv`` catalogue file.
 
     CSV columns are the :class:`Product` fields; ``colours`` and ``tags`` are
-    ``;``-separated (or a JSON list), ``sizes`` is ``S:3;M:0`` (or a JSON object).
+    ``;``-separated (or a JSON list), ``sizes`` is ``S:3;M:0`` (or a JSON object); their
+    text is parsed. A JSONL value must have its field's JSON type: ``price`` a number,
+    ``stock`` and each size's stock a whole number, the rest strings (lists, an object
+    for ``sizes``); ``true`` or ``"10"`` is refused, not converted.
 
     Raises:
         InputFileError: the file cannot be read, has an unknown suffix, holds no product,
-            or a row is malformed or repeats an id (file and line named).
+            or a row is malformed, holds a value of the wrong type or repeats an id (file,
+            line and field named: ``c.jsonl:3: price: expected a number, got true``).
     """
     p = Path(path)
     suffix = p.suffix.lower()
@@ -206,7 +223,10 @@ def read_catalog(path: str | Path) -> list[Product]:
         if not isinstance(rec, dict):
             raise InputFileError(str(p), lineno, "expected a JSON object (one product per line)")
         try:
-            product = Product.model_validate(rec)
+            # JSON has types: a value of the wrong one (true, "10") is refused, never
+            # converted (pydantic's strict mode; an int is still a number for price);
+            # CSV cells are all text and are parsed
+            product = Product.model_validate(rec, strict=suffix == ".jsonl")
         except ValidationError as e:
             raise InputFileError(str(p), lineno, _problem(e)) from None
         if product.id in first_line:
