@@ -172,7 +172,7 @@ def replay(
     from chainrun.analysis.summary import hedge_stats, latency_summary
     from chainrun.cli.tables import hedge_table, latency_table
     from chainrun.config import config_from_snapshot, load_config
-    from chainrun.errors import LogFileGone, LogWriteError, UserInputError
+    from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
     from chainrun.log.store import Store
     from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
 
@@ -226,6 +226,19 @@ def replay(
             if not started or isinstance(e, LogFileGone):  # no log left to summarise
                 raise
             run_id, lost = started[0], e
+        except ProviderUnavailable as e:
+            if not started:  # no run yet: nothing to go on with
+                raise
+            # the provider went away mid-run: the run ended failed; say which, and how to
+            # run the rest once the provider answers (as the Ctrl-C line does)
+            run_id = started[0]
+            logged = store.log.scalar("select count(*) from turns where run_id = ?", [run_id])
+            again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
+                                "--resume", str(run_id)])  # fmt: skip
+            raise ProviderUnavailable(
+                f"{e}; run {run_id} ended failed with {logged} turns logged; once it "
+                f"answers, {again} runs the rest"
+            ) from None
         summary = latency_summary(store, run_id)
         hedging = hedge_stats(store, run_id)
     finally:
