@@ -29,7 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from typer._click import exceptions as _cx  # typer carries its own click
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.cli.fit import fit_table
@@ -98,10 +98,31 @@ def log_to_stderr() -> None:
     logging.getLogger("chainrun.progress").setLevel(logging.INFO)
 
 
+def _wrapping_help() -> None:
+    """Let help text wrap instead of being cut with "…" (:mod:`chainrun.cli.help_layout`,
+    imported only when help is printed)."""
+    from chainrun.cli import help_layout
+
+    help_layout.install()
+
+
+class _Command(TyperCommand):
+    """A command whose help wraps at any width (:func:`_wrapping_help`)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _wrapping_help()
+        super().format_help(ctx, formatter)
+
+
 class _OneLineErrors(TyperGroup):
     """A group of commands: a usage error (a missing argument, an unknown option, a bad
     value, an option that takes one value given twice) prints one line and exits 2,
-    instead of click's usage block or typer's box."""
+    instead of click's usage block or typer's box. Its help, and its commands', wraps
+    (:func:`_wrapping_help`)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _wrapping_help()
+        super().format_help(ctx, formatter)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -135,7 +156,15 @@ class _OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-app = typer.Typer(
+class _App(typer.Typer):
+    """``typer.Typer`` whose commands are :class:`_Command` (help that wraps) unless a
+    command names its own class."""
+
+    def command(self, name: str | None = None, *, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(name, cls=cls or _Command, **kwargs)
+
+
+app = _App(
     name="chainrun",
     cls=_OneLineErrors,
     help="Run multi-step LLM chains fast and measurably: hedged steps, TTFT and tokens in SQLite.",
@@ -143,23 +172,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-local_app = typer.Typer(
+local_app = _App(
     cls=_OneLineErrors, no_args_is_help=True,
     help="Start, stop and inspect the embedded local model server.",
 )  # fmt: skip
-lab_app = typer.Typer(
+lab_app = _App(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The latency lab: an OpenAI-compatible server with known latencies.",
 )  # fmt: skip
-catalog_app = typer.Typer(
+catalog_app = _App(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The product catalogue the retrieve step searches.",
 )  # fmt: skip
-config_app = typer.Typer(
+config_app = _App(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The chain's configuration: print the effective config.",
 )  # fmt: skip
-log_app = typer.Typer(
+log_app = _App(
     cls=_OneLineErrors, no_args_is_help=True,
     help="The run log itself: copy runs from one log into another.",
 )  # fmt: skip
