@@ -166,6 +166,11 @@ class ServeState:
         if chain is None or chain.store is None or not chain.store.file_gone():
             return False
         self.log_file_gone = True
+        if chain.run_id is None:  # no turn yet: the run is made at the first one
+            log.warning("run log %s was deleted or replaced while serving (no turn written "
+                        "yet): every turn from now on is lost with it; restart serve to log "
+                        "again", chain.store.name)  # fmt: skip
+            return True
         log.warning("run log %s was deleted or replaced while run %s was writing it: the "
                     "run's %d turns so far and every turn from now on are lost with it; "
                     "restart serve to log again", chain.store.name, chain.run_id,
@@ -192,12 +197,13 @@ class ServeState:
         status = chain.store.log_status()
         if self.check_log_file():
             lost = self._turns_in_run(chain)
+            run = f"run {chain.run_id}" if chain.run_id is not None else "serve"
             status.update(
                 state="file_gone",
                 lost_turns=lost,
-                detail=f"the log file was deleted or replaced while run {chain.run_id} was "
-                f"writing it: its {lost} turns and every turn from now on are lost with it; "
-                "restart serve to log again",
+                detail=f"the log file was deleted or replaced while {run} was writing it: "
+                f"its {lost} turns and every turn from now on are lost with it; restart serve "
+                "to log again",
             )
         return status
 

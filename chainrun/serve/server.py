@@ -18,7 +18,7 @@ import uvicorn
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
-from chainrun.errors import UserInputError
+from chainrun.errors import ChainrunError, UserInputError
 from chainrun.log.backend import shown_url
 from chainrun.log.store import SeedWindows, Store
 from chainrun.runtime.event_loop import uvicorn_loop
@@ -266,6 +266,10 @@ def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str 
             try:
                 os.setpgid(0, 0)
                 run()
+            except ChainrunError as e:  # one line (its log file deleted under it, say)
+                print(f"chainrun: error: worker {os.getpid()}: {e}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                code = 2
             except BaseException:
                 traceback.print_exc()
                 code = 1
