@@ -89,7 +89,10 @@ async def model_method(
             model="gemma-3-270m",
             messages=[{"role": "user",
                        "content": step["prompt"].format(history="", message=message)}],
-            max_output_tokens=16 if enum else step["max_output_tokens"],
+            # the grammar llama-server builds from a JSON Schema allows whitespace before
+            # the object, and the 270M model writes some: 16 tokens cut every answer
+            # ('finish_reason: length', all unparseable); 64 leave room for the label
+            max_output_tokens=64 if enum else step["max_output_tokens"],
             temperature=0.0,
             stop=None if enum else step["stop"],
             json_schema=label_schema(labels) if enum else None,
