@@ -102,3 +102,13 @@ def test_vocabulary_keeps_only_the_catalogues_categories() -> None:
     assert parse_query("waterproof jacket").filters.categories == BUILTIN_VOCABULARY.find(
         "waterproof jacket"
     ) == ("jackets", "coats", "sportswear")  # fmt: skip
+
+
+def test_a_category_ending_in_ves_is_named_by_its_singular() -> None:
+    """A new user's catalogue with the category ``scarves``: "a scarf" named no category
+    (the singular was taken as "scarve", the plural minus its s)."""
+    vocab = CategoryVocabulary.for_catalogue(["scarves", "gloves", "rainwear"])
+    assert vocab.find("a scarf") == ("scarves",)
+    assert vocab.find("two scarves") == ("scarves",)
+    assert vocab.find("a glove") == ("gloves",)
+    assert vocab.find("a rain poncho") == ()

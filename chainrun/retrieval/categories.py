@@ -168,6 +168,9 @@ class CategoryVocabulary:
         for category in sorted(have):
             add(category, (category,))
             add(_singular(category), (category,))
+            if category.endswith("ves"):  # scarves → scarf, knives → knife (gloves → glove above)
+                add(category[:-3] + "f", (category,))
+                add(category[:-3] + "fe", (category,))
         for category, phrases in (synonyms or {}).items():
             for phrase in phrases:
                 add(_key(phrase), (_key(category),))
