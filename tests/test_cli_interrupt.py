@@ -12,13 +12,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import Result, chainrun
 
-from chainrun.cli import app
 from chainrun.lab import LabServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,17 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def chainrun(*args: str) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
 
 
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from chainrun.cli import app
+from cli_runner import chainrun, short_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,23 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
-def chainrun(*args: str) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-def _short_replay(tmp_path: Path, n: int = 3) -> Path:
-    p = tmp_path / f"replay-{n}.jsonl"
-    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
-    return p
 
 
 
@@ -40,7 +22,7 @@ def _short_replay(tmp_path: Path, n: int = 3) -> Path:
 
 
 def test_runs_lists_the_runs_of_every_db_given(lab_config: Path, tmp_path: Path) -> None:
-    replay = _short_replay(tmp_path, 1)
+    replay = short_replay(tmp_path, 1)
     a, b = tmp_path / "shop-a.db", tmp_path / "shop-b.db"
     for db, n in ((a, 1), (b, 2)):
         for _ in range(n):

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from cli_runner import chainrun
 from serve_helpers import chat, serving
-from typer.testing import CliRunner
 
 from chainrun.chain import Chain
-from chainrun.cli import app
 from chainrun.config import load_config
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
@@ -23,17 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def chainrun(*args: str) -> Result:
-    """Run one chainrun command in-process, as a user sees it."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
 
 
 #: A shop's own module: a step kind with its own config model and state field.

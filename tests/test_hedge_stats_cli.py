@@ -4,37 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_runner import chainrun, short_replay
 
-from chainrun.cli import app
 from chainrun.lab import LabServer
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-REPLAY = ROOT / "replays" / "commerce-12.jsonl"
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def chainrun(*args: str) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
-
-
-def _short_replay(tmp_path: Path, n: int = 3) -> Path:
-    p = tmp_path / f"replay-{n}.jsonl"
-    p.write_text("".join(REPLAY.read_text().splitlines(keepends=True)[:n]))
-    return p
 
 
 def _free_port() -> int:
@@ -66,7 +40,7 @@ def _dead_backup_run(lab: LabServer, tmp_path: Path) -> None:
         '[steps.critique.hedge]\ndelay_ms = 1\nmax_attempts = 2\ntargets = ["local", "backup"]\n'
     )
     db = tmp_path / "log.db"
-    proc = chainrun("replay", str(_short_replay(tmp_path)), "--config", str(cfg),
+    proc = chainrun("replay", str(short_replay(tmp_path)), "--config", str(cfg),
                     "--db", str(db))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(chainrun("hedge-stats", "--db", str(db), "--json").stdout)

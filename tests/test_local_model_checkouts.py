@@ -10,26 +10,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from chainrun.cli import app
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def chainrun(*args: str) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
+from cli_runner import chainrun
 
 
 def _free_port() -> int:

@@ -548,8 +548,13 @@ def test_serve_workers_log_every_turn_once(tmp_path: Path) -> None:
         with Store.open(url, create=False) as s:
             runs = s.runs_of_kind("live")
             turns = s.turns([r.id for r in runs if r.id is not None])
-    assert len(runs) == 2 and {r.status for r in runs} == {"complete"}
-    assert len({(r.meta or {})["writer"]["pid"] for r in runs}) == 2
+    # a worker's live run is created by its first turn, and the kernel hands the shared
+    # socket's connections to whichever worker accepts first: all 40 chats can land on one
+    # (seen at load ~2); what holds either way is one run per worker that served, each
+    # ended by the one SIGTERM, and every turn logged once
+    pids = [(r.meta or {})["writer"]["pid"] for r in runs]
+    assert 1 <= len(runs) <= 2 and len(set(pids)) == len(runs), pids
+    assert {r.status for r in runs} == {"complete"}
     assert sorted(t.id for t in turns) == sorted(turn_ids) and len(set(turn_ids)) == 40
 
 
