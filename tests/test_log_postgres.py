@@ -413,7 +413,11 @@ def test_chats_are_answered_through_a_database_restart(cluster: Any, tmp_path: P
     assert not failed, f"{len(failed)} of {len(seen)} chats not answered: {failed[:3]}"
     while_down = [c for c in seen if window["down"] <= c["done"] <= window["up"]]
     assert len(while_down) >= 10, f"only {len(while_down)} chats answered while it was down"
-    assert "no answer" not in states and "retrying" in states, states
+    # /readyz always answered; which worker a probe reaches is the kernel's choice (one
+    # keep-alive connection, and all chats can land on the other worker), so its log
+    # state is "retrying" only if that worker had writes queued: the writer's own lines
+    # below are what shows the outage was noticed and ended
+    assert "no answer" not in states and states <= {"ok", "retrying"}, states
     assert "cannot be reached" in err and "is back after" in err
     assert "could not be read" in err  # the conversations looked up while it was down
     by_id = {t.id: t for t in logged}
