@@ -10,6 +10,7 @@ stopping it disturbs no other test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -237,10 +238,27 @@ def start_serve(url: str, lab: LabServer, tmp_path: Path, workers: int = 2
             pass
         time.sleep(0.1 if ready == 0 else 0.01)
     if ready < 10 * workers:
+        # the workers are forked into process groups of their own and hold stderr open:
+        # killing the parent alone left communicate() waiting for them forever
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.kill()
-        proc.communicate()
-        raise AssertionError("serve did not get ready")
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"serve did not get ready in 60 s: {err[-2000:]}")
     return proc, base
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rpartition(")")[2].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
 
 
 # -- PostgreSQL only -------------------------------------------------------------------------
