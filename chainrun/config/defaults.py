@@ -58,6 +58,15 @@ _COMPOSE_SYSTEM = (
 _COMPOSE_PROMPT = (
     "{history}{policy}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 )
+#: Where the compose step's answer ends: a blank line, or a line that starts another
+#: speaker's turn. The default prompt is a transcript of "Shopper:" and "Stylist:"
+#: lines, and a pre-trained model continues a transcript past its own turn: the
+#: embedded 270M model went on with invented "Customer:" and "Stylist:" lines
+#: (and once "Shop manager:"). Four sequences, the most the OpenAI Chat Completions API
+#: takes ("up to four stop sequences": help.openai.com, "How do I use stop sequences in
+#: the OpenAI API?"), so the default chain stays valid on such a provider; a blank line
+#: ends most other invented speakers' lines.
+COMPOSE_STOP = ("\nShopper:", "\nStylist:", "\nCustomer:", "\n\n")
 _VALIDATE_PROMPT = (
     "Shopper: {message}\nStylist:{answer}\n\n"
     "Review: is the stylist's reply polite, on topic and free of invented facts? "
@@ -100,7 +109,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
-            "stop": ["\nShopper:", "\n\n"],
+            "stop": list(COMPOSE_STOP),
             "max_output_tokens": 120,
             "temperature": 0.7,
             "stream": True,
@@ -146,6 +155,7 @@ LLM_CLASSIFY_STEP: dict[str, Any] = {
 
 __all__ = [
     "CLASSIFY_LABELS",
+    "COMPOSE_STOP",
     "DEFAULT_CHAIN",
     "LLM_CLASSIFY_STEP",
     "POLICY_LABELS",

@@ -2,7 +2,10 @@
 
 Used by the unit tests (which never touch the network) and usable by library users
 to test their own chains. Each reply is scripted as a :class:`FakeReply`, either
-fixed or computed from the request by a function.
+fixed or computed from the request by a function. A request's ``stop`` sequences end
+the scripted text as a server's would: before the first one it holds (the sequence
+itself is not sent), with finish reason ``stop`` (OpenAI API reference, Chat
+Completions, ``stop``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class FakeReply:
 Script = FakeReply | Callable[[ChatRequest], FakeReply]
 
 
+def _until_stop(reply: FakeReply, stop: list[str] | None) -> str:
+    """``reply.text`` cut before the first of the ``stop`` sequences it holds."""
+    cuts = [i for s in stop or () if s and (i := reply.text.find(s)) >= 0]
+    return reply.text[: min(cuts)] if cuts else reply.text
+
+
 @dataclass
 class FakeProvider:
     """A provider whose replies are scripted; records every request it saw.
@@ -88,7 +97,7 @@ class FakeProvider:
                     n += 1
                 words = []
             else:
-                words = reply.text.split(" ")
+                words = _until_stop(reply, request.stop).split(" ")
             for i, word in enumerate(words):
                 if i or n:
                     await asyncio.sleep(reply.gap_s)
