@@ -9,6 +9,10 @@ pointing the default chain at another OpenAI-compatible server takes only::
 A step table whose ``kind`` differs from the default step of the same name replaces it
 whole (the default's keys belong to another kind); a step's ``json_schema`` and ``when``
 replace the default's whole (``when = {}``: the step runs on every turn).
+A default step's ``when`` that a file keeps while its ``order`` leaves out the step
+that serves the labels it skips (a config written before the default chain had the
+``policy`` step, listing ``order`` without it) is an error: those labels would reach
+neither step (:func:`route_without_step`).
 ``plugins = ["shop_steps"]`` imports those modules before the config is validated, so
 the kinds they register can be named in ``[steps.NAME] kind``. Every mistake is one
 :class:`~chainrun.errors.ConfigError` naming the field path and the bad value, before
@@ -31,6 +35,7 @@ from pydantic import ValidationError
 from chainrun.config.chain import DEFAULT_KIND, ChainConfig
 from chainrun.config.defaults import DEFAULT_CHAIN
 from chainrun.errors import ConfigError
+from chainrun.steps.config import route_problem
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +164,57 @@ def config_from_dict(
         config = ChainConfig.model_validate(_merged(data))
     except ValidationError as e:
         raise ConfigError(format_validation_error(source, e), path=path) from None
+    problem = route_without_step(data, config)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}", path=path)
     config._path = path
     return config
+
+
+def route_without_step(data: dict[str, Any], config: ChainConfig) -> str | None:
+    """Why ``config`` (validated from the file's ``data``) leaves labels with no route,
+    in one line (None: it does not).
+
+    A step of the default chain routed on the label whose ``when`` the file does not
+    set keeps the default's, which skips some labels because another default step
+    serves them (retrieve skips order_status, returns and sizing: the policy step
+    answers them). When none of the steps in ``order`` routes those labels to itself,
+    a turn with one of them gets neither step: the file's ``order`` left out the step
+    that serves them (written before the default chain had it), or replaced it. Only
+    the labels the chain's classifying step can write count.
+    """
+    steps = data.get("steps")
+    user_steps: dict[str, Any] = steps if isinstance(steps, dict) else {}
+    # the labels of the step that writes the turn's label (a classify step, an llm
+    # step with labels); none: nothing routes on a label this config knows
+    labels = next((list(found) for n in config.order
+                   if (found := getattr(config.steps[n], "labels", None))), [])  # fmt: skip
+    if not labels:
+        return None
+    for name in config.order:
+        step = config.steps[name]
+        default = DEFAULT_CHAIN["steps"].get(name) or {}
+        table = user_steps.get(name)
+        if (step.when is None or set(step.when) != {"label"} or "when" not in default
+                or (isinstance(table, dict) and "when" in table)):
+            continue  # not a default route the file kept unchanged
+        skipped = [lab for lab in labels if route_problem(step.when, {"label": lab}) is not None]
+        routed = [when for n in config.order
+                  if n != name and (when := config.steps[n].when) and "label" in when]
+        lost = [lab for lab in skipped
+                if not any(route_problem(w, {"label": lab}) is None for w in routed)]
+        if not lost:
+            continue
+        servers = [n for n, d in DEFAULT_CHAIN["steps"].items()
+                   if n != name and d.get("when") and n not in config.order
+                   and all(route_problem(d["when"], {"label": lab}) is None for lab in lost)]
+        left_out = (f"the step that serves them, {servers[0]!r}, is not in order"
+                    if servers else "no step in order routes them to itself")
+        fix = f"add {servers[0]!r} to order, or " if servers else ""
+        return (f"order: labels {', '.join(lost)} reach no step: steps.{name} keeps the "
+                f"default `when` that skips them, and {left_out}; {fix}give "
+                f"[steps.{name}] `when = {{}}` to run it on every label")
+    return None
 
 
 def config_from_snapshot(snapshot: str, source: str = "run") -> ChainConfig:
@@ -223,4 +277,5 @@ __all__ = [
     "format_validation_error",
     "load_config",
     "load_plugins",
+    "route_without_step",
 ]
