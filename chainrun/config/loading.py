@@ -178,10 +178,11 @@ def route_without_step(data: dict[str, Any], config: ChainConfig) -> str | None:
     A step of the default chain routed on the label whose ``when`` the file does not
     set keeps the default's, which skips some labels because another default step
     serves them (retrieve skips order_status, returns and sizing: the policy step
-    answers them). When none of the steps in ``order`` routes those labels to itself,
-    a turn with one of them gets neither step: the file's ``order`` left out the step
-    that serves them (written before the default chain had it), or replaced it. Only
-    the labels the chain's classifying step can write count.
+    answers them). When the file's ``order`` leaves that other step out (written before
+    the default chain had it) and no step in ``order`` routes those labels to itself, a
+    turn with one of them gets neither. Only the labels the chain's classifying step
+    can write count; a ``when`` the file sets, or an ``order`` that keeps both ends of
+    a route, is the file's choice.
     """
     steps = data.get("steps")
     user_steps: dict[str, Any] = steps if isinstance(steps, dict) else {}
@@ -199,20 +200,21 @@ def route_without_step(data: dict[str, Any], config: ChainConfig) -> str | None:
                 or (isinstance(table, dict) and "when" in table)):
             continue  # not a default route the file kept unchanged
         skipped = [lab for lab in labels if route_problem(step.when, {"label": lab}) is not None]
+        # the default steps left out of order that served what this route skips
+        absent = {n: d["when"] for n, d in DEFAULT_CHAIN["steps"].items()
+                  if n != name and d.get("when") and n not in config.order}
         routed = [when for n in config.order
                   if n != name and (when := config.steps[n].when) and "label" in when]
         lost = [lab for lab in skipped
-                if not any(route_problem(w, {"label": lab}) is None for w in routed)]
+                if any(route_problem(w, {"label": lab}) is None for w in absent.values())
+                and not any(route_problem(w, {"label": lab}) is None for w in routed)]
         if not lost:
             continue
-        servers = [n for n, d in DEFAULT_CHAIN["steps"].items()
-                   if n != name and d.get("when") and n not in config.order
-                   and all(route_problem(d["when"], {"label": lab}) is None for lab in lost)]
-        left_out = (f"the step that serves them, {servers[0]!r}, is not in order"
-                    if servers else "no step in order routes them to itself")
-        fix = f"add {servers[0]!r} to order, or " if servers else ""
+        servers = [n for n, w in absent.items()
+                   if any(route_problem(w, {"label": lab}) is None for lab in lost)]
         return (f"order: labels {', '.join(lost)} reach no step: steps.{name} keeps the "
-                f"default `when` that skips them, and {left_out}; {fix}give "
+                f"default `when` that skips them, and the step that serves them, "
+                f"{servers[0]!r}, is not in order; add {servers[0]!r} to order, or give "
                 f"[steps.{name}] `when = {{}}` to run it on every label")
     return None
 
