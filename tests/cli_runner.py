@@ -16,17 +16,20 @@ REPLAY = ROOT / "replays" / "commerce-12.jsonl"
 
 @dataclass
 class Result:
-    """What a user sees of one command: exit code, stdout, stderr."""
+    """What a user sees of one command: exit code, stdout, stderr, and both streams as
+    a terminal shows them, in the order they were written (``output``)."""
 
     returncode: int
     stdout: str
     stderr: str
+    output: str = ""
 
 
 def chainrun(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run one chainrun command; ``.returncode``, ``.stdout`` and ``.stderr`` as a user sees."""
+    """Run one chainrun command; ``.returncode``, ``.stdout``, ``.stderr`` and ``.output``
+    as a user sees them."""
     result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
-    return Result(result.exit_code, result.stdout, result.stderr)
+    return Result(result.exit_code, result.stdout, result.stderr, result.output)
 
 
 def short_replay(tmp_path: Path, n: int = 3) -> Path:

@@ -52,7 +52,7 @@ def test_a_step_failing_closed_is_counted_with_its_error_type(
     replay = short_replay(tmp_path, 4)
     res = chainrun("replay", str(replay), "--config", str(_config(tmp_path, slow_lab)),
                    "--db", str(tmp_path / "log.db"), "--json")  # fmt: skip
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # no turn ok: exit 1 (chainrun replay)
     doc = json.loads(res.stdout)
     assert doc["turns"]["n_refused"] == 4 and doc["turns"]["n_completed"] == 0
     compose = doc["steps"]["compose"]
@@ -70,8 +70,8 @@ def test_the_table_counts_it_and_a_step_out_of_time_names_the_setting_to_raise(
     replay = short_replay(tmp_path, 4)
     res = chainrun("replay", str(replay), "--config", str(_config(tmp_path, slow_lab)),
                    "--db", str(tmp_path / "log.db"))  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert "4 of 4: timeout" in _cells(res.stdout, "compose"), res.stdout  # "failed"
+    assert res.returncode == 1, res.stderr  # no turn ok: exit 1 (chainrun replay)
+    assert "4: timeout" in _cells(res.stdout, "compose"), res.stdout  # "failed"
     hints = [ln for ln in res.stderr.splitlines() if "ran out of" in ln]
     assert hints == [
         "chainrun: warning: compose ran out of its deadline in 4 turns "

@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 # do not pay for the chain, the providers' HTTP stack or the statistics.
 
 
+#: ``chainrun replay``'s exit status when the run ended without a turn answered ok (every
+#: turn refused or errored: a provider that answers nothing usable, a deadline below what
+#: the server takes); 2 stays for bad input and failures that stop the run, 130/143 for
+#: Ctrl-C/SIGTERM
+EXIT_NO_TURN_OK = 1
+
+
 class PromptCacheMode(enum.StrEnum):
     """``chainrun replay --prompt-cache``: who decides the prompt cache state measured."""
 
@@ -160,7 +167,8 @@ def replay(
         ),
     ] = PromptCacheMode.server,
 ) -> None:
-    """Run a fixed request set as one run; print p50/p90 per turn and per step, with n."""
+    """Run a fixed request set as one run; print a headline (turns ok, the answer's TTFT),
+    p50/p90 per turn and per step with n, then warnings. Exits 1 when no turn ended ok."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -170,7 +178,7 @@ def replay(
     )
 
     from chainrun.analysis.summary import hedge_stats, latency_summary
-    from chainrun.cli.tables import hedge_table, latency_table
+    from chainrun.cli.tables import hedge_table, latency_table, run_headline
     from chainrun.config import config_from_snapshot, load_config
     from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
     from chainrun.log.store import Store
@@ -243,8 +251,7 @@ def replay(
         hedging = hedge_stats(store, run_id)
     finally:
         store.close()
-    if stopped is None and lost is None:
-        _warn_failed_turns(store_path=db, run_id=run_id)
+    none_ok = stopped is None and lost is None and not summary["turns"]["n_completed"]
     if as_json:
         doc = {**summary, "hedging": hedging["steps"]}
         if lost is not None:
@@ -252,9 +259,16 @@ def replay(
             doc["error"] = lost.as_dict()
         print_json(doc)
     else:
+        # what the shopper got and waited first, then the tables, then the warnings
+        headline = run_headline(summary)
+        if none_ok:
+            headline += f"; exit {EXIT_NO_TURN_OK}: no turn ok"
+        out.print(headline, markup=False)
         out.print(latency_table(summary))
         if any(s["n_armed"] for s in hedging["steps"].values()):
             out.print(hedge_table(hedging))
+    if stopped is None and lost is None:
+        _warn_failed_turns(store_path=db, run_id=run_id)
     if lost is not None:
         for line in lost.lines():
             err.print(f"chainrun: error: {line}", markup=False, highlight=False)
@@ -267,6 +281,8 @@ def replay(
         err.print(interrupted_line("replay", summary, stopped) + f"; {again} runs the rest",
                   markup=False)  # fmt: skip
         exit_stopped(stopped)
+    if none_ok:
+        raise typer.Exit(EXIT_NO_TURN_OK)
 
 
 @app.command()
@@ -352,6 +368,7 @@ def show(
         latency_table,
         marked_verdict_lines,
         printable,
+        run_headline,
         step_waterfall,
         tool_call_lines,
         tool_calls_table,
@@ -412,6 +429,8 @@ def show(
             out.print(tool_calls_table(turn_tools))
             for line in tool_call_lines(turn_tools):
                 out.print(f"  tool {line}", markup=False, soft_wrap=True)
+    out.print()
+    out.print(run_headline(summary), markup=False)
     out.print(latency_table(summary))
 
 
@@ -492,11 +511,12 @@ def _print_server(server: local_model.LocalServer, as_json: bool, state: str) ->
 
 
 def _warn_failed_turns(store_path: str, run_id: int) -> None:
-    """Stderr lines after a run: the turns that did not end ok (by status, with the step
-    failures inside them; a server that answers but is not an OpenAI-compatible API
-    completes a run of refusals), and, apart, the ok turns answered with a step that
-    failed open (its failure let the turn through unchecked); then, per step that ran
-    out of time, the setting to raise (:func:`_timeout_hints`)."""
+    """Stderr lines after a run's tables, each said once: the turns that did not end ok
+    (by status, with the step failures inside them; a server that answers but is not an
+    OpenAI-compatible API completes a run of refusals), then, apart, the ok turns
+    answered with a step that failed open (its failure let the turn through unchecked),
+    then one line for every step that ran out of time, naming the settings to raise
+    (:func:`_timeout_hint`). Where to look (``chainrun show``) is said on the first."""
     from chainrun.log.store import Store
 
     with Store.open(store_path, create=False) as store:
@@ -515,18 +535,22 @@ def _warn_failed_turns(store_path: str, run_id: int) -> None:
                 ok_turns_hit.add(s.turn_id)
             else:
                 in_not_ok[key] += 1
+    lines = []
     not_ok = Counter(t.status for t in turns if t.status != "ok")
     if not_ok:
         by_status = ", ".join(f"{n} {status}" for status, n in not_ok.most_common())
         steps = f"; failed steps in them: {_kinds(in_not_ok)}" if in_not_ok else ""
-        err.print(f"chainrun: warning: {sum(not_ok.values())} of {len(turns)} turns not ok "
-                  f"({by_status}{steps}); see chainrun show {run_id}", markup=False)  # fmt: skip
+        lines.append(f"{sum(not_ok.values())} of {len(turns)} turns not ok ({by_status}{steps})")
     if open_in_ok:
         n_ok = len(turns) - sum(not_ok.values())
-        err.print(f"chainrun: warning: {len(ok_turns_hit)} of {n_ok} ok turns answered with "
-                  f"a step failed open ({_kinds(open_in_ok)}); see chainrun show {run_id}",
-                  markup=False)  # fmt: skip
-    for line in _timeout_hints(config, in_not_ok + open_in_ok):
+        lines.append(f"{len(ok_turns_hit)} of {n_ok} ok turns answered with a step failed "
+                     f"open ({_kinds(open_in_ok)})")  # fmt: skip
+    if lines:
+        lines[0] += f"; see chainrun show {run_id}"
+    hint = _timeout_hint(config, in_not_ok + open_in_ok)
+    if hint is not None:
+        lines.append(hint)
+    for line in lines:
         err.print(f"chainrun: warning: {line}", markup=False, highlight=False)
 
 
@@ -538,9 +562,10 @@ _TIME_LIMITS = {
 }
 
 
-def _timeout_hints(config: str | None, failures: Counter[str]) -> list[str]:
-    """One line per step and time limit it ran out of (``failures``: ``{"step:error_type":
-    n}``), naming the setting to raise and its value in the run's config snapshot."""
+def _timeout_hint(config: str | None, failures: Counter[str]) -> str | None:
+    """One line for every step and time limit it ran out of (``failures``:
+    ``{"step:error_type": n}``), naming each setting to raise and its value in the run's
+    config snapshot, and the advice once; None when no step ran out of time."""
     from chainrun.config import config_from_snapshot
     from chainrun.errors import ConfigError
 
@@ -548,7 +573,7 @@ def _timeout_hints(config: str | None, failures: Counter[str]) -> list[str]:
         cfg = config_from_snapshot(config or "", "the run") if config else None
     except ConfigError:
         cfg = None
-    lines = []
+    parts, settings = [], []
     for key, n in failures.most_common():
         step, _, error_type = key.partition(":")
         if error_type not in _TIME_LIMITS:
@@ -556,11 +581,15 @@ def _timeout_hints(config: str | None, failures: Counter[str]) -> list[str]:
         setting, what = _TIME_LIMITS[error_type]
         value = getattr(cfg.steps.get(step), setting, None) if cfg is not None else None
         now = f" = {value:g} s" if isinstance(value, int | float) else ""
-        lines.append(f"{step} ran out of {what} in {n} turns (steps.{step}.{setting}{now}): "
-                     f"a server slower than that here needs more; raise it ([steps.{step}] "
-                     f"{setting} in the chain's config) or use a faster model or "
-                     "server")  # fmt: skip
-    return lines
+        turns = "turn" if n == 1 else "turns"
+        parts.append(f"{step} ran out of {what} in {n} {turns} (steps.{step}.{setting}{now})")
+        settings.append(f"[steps.{step}] {setting}")
+    if not parts:
+        return None
+    which = "it" if len(parts) == 1 else "them"
+    return (f"{', '.join(parts)}: a server slower than that here needs more; raise {which} "
+            f"({', '.join(settings)} in the chain's config) or use a faster model or "
+            "server")  # fmt: skip
 
 
 def _kinds(counts: Counter[str]) -> str:

@@ -166,9 +166,10 @@ def _share(share: float | None) -> str:
 
 
 def _failed_cell(step: dict[str, Any]) -> str:
-    """``8 of 12: timeout``: the turns a step failed in, of those it ran in (refused and
-    errored turns included), with the failures by error type; ``0 of 12``."""
-    cell = f"{step['n_failed']} of {step['n_ran']}"
+    """``2: timeout``: the turns a step failed in (refused and errored turns included),
+    with the failures by error type; ``0``. One count: the turns it ran in are in
+    ``--json`` (``n_ran``), not beside it, where a second count read as the first's total."""
+    cell = str(step["n_failed"])
     kinds = step.get("failures") or {}
     if len(kinds) == 1:
         return f"{cell}: {next(iter(kinds))}"
@@ -177,48 +178,90 @@ def _failed_cell(step: dict[str, Any]) -> str:
     return cell
 
 
+def _ms_with_ci(v: Any, ci: Any) -> str:
+    """``120 ms [83, 274]``: an estimate in ms and its 95% interval (:func:`ci_cell`)."""
+    return f"{_f(float(v))} ms {ci_cell(ci)}"
+
+
+def run_headline(summary: dict[str, Any]) -> str:
+    """The one line printed before a run's tables: what a shopper got and waited.
+
+    ``run 1 (replay, complete): 12 turns, 10 ok (2 refused); answer TTFT p50 120 ms
+    [83, 274], p90 274 ms -*, n = 10``: the run's turns and those that ended ok,
+    the others by status (:func:`~chainrun.analysis.summary.left_out`), then the answer's
+    time to first token over the ok turns (``summary`` is
+    :func:`~chainrun.analysis.summary.latency_summary`'s; p50 and p90 with their 95%
+    order-statistic intervals, ``-*`` where n cannot bound one, and n). A run with no
+    ok turn says so instead of a latency.
+    """
+    counts = summary.get("turns") or {}
+    ok = counts.get("n_completed", 0)
+    others = left_out(counts)
+    line = (f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
+            f"{summary['n_turns']} turns, {ok} ok" + (f" ({others})" if others else ""))  # fmt: skip
+    a = summary.get("answer_ttft") or {}
+    if not ok:
+        return f"{line}; no ok answer to time"
+    if not a.get("n"):
+        return f"{line}; answer TTFT unknown (no ok turn recorded one)"
+    return (f"{line}; answer TTFT p50 {_ms_with_ci(a['p50_ms'], a.get('p50_ci'))}, "
+            f"p90 {_ms_with_ci(a['p90_ms'], a.get('p90_ci'))}, n = {a['n']}")  # fmt: skip
+
+
+#: the table's legend of its two counts (its caption)
+_COUNTS_NOTE = ("n: the completed turns a row is over (a step's: those it ran in); "
+                "failed: the turns a step failed in, refused and errored ones included")
+
+
 def latency_table(summary: dict[str, Any]) -> Table:
     """Per turn and per step: n, p50, p90 (ms) with their 95% order-statistic intervals,
     TTFT p50 (its own n when it differs) with the cached share of its calls' prompt
-    tokens, and mean output tokens, over completed turns, the others counted in the
-    title; and the turns each step failed in, of every turn it ran in, by error type."""
-    t = Table(title=f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
-                    f"{summary['n_turns']} turns, percentiles "
-                    f"{turn_counts(summary.get('turns'))}")  # fmt: skip
-    for col in ("", "n", "p50 ms [95% CI]", "p90 ms [95% CI]", "TTFT p50 ms [95% CI]",
-                "out tokens (mean)", "failed", "model", "effort"):  # fmt: skip
+    tokens, and mean output tokens, over completed turns (the others are counted in
+    :func:`run_headline`); the turns each step failed in, by error type; the model, and
+    the reasoning effort where a step sent one. One count a column, said in the caption."""
+    counts = summary.get("turns") or {}
+    t = Table(title=f"run {summary['run_id']} per turn and step: percentiles over "
+                    f"{counts.get('n_completed', 0)} completed turns")  # fmt: skip
+    # a column of "-" only says nothing: effort shows where a step sent one
+    efforts = any(s["reasoning_effort"] for s in summary["steps"].values())
+    cols = ("", "n", "p50 ms [95% CI]", "p90 ms [95% CI]", "TTFT p50 ms [95% CI]",
+            "out tokens (mean)", "failed", "model", *(("effort",) if efforts else ()))
+    for col in cols:
         t.add_column(col, justify="left" if col in ("", "model", "effort") else "right")
+    blank = [""] * (len(cols) - 4)
 
     def pcts(s: dict[str, Any]) -> tuple[str, str]:
         return (_with_ci(s["p50_ms"], s.get("p50_ci")), _with_ci(s["p90_ms"], s.get("p90_ci")))
 
     turn = summary["turn"]
-    t.add_row("turn", str(turn["n"]), *pcts(turn), "", "", "", "", "")
+    t.add_row("turn", str(turn["n"]), *pcts(turn), *blank)
     for key, name in (("answer_ttft", "answer TTFT"), ("answer_done", "answer done")):
         a = summary.get(key)
         if a:
             # the answer's TTFT is this row's own p50: said again in the TTFT column, with
             # the prompt cache's share that decides it (a lone "0% cached" read as missing)
             ttft = ""
-            if key == "answer_ttft":
+            if key == "answer_ttft" and a["p50_ms"] is not None:
                 ttft = (f"{_with_ci(a['p50_ms'], a.get('p50_ci'))} · "
                         f"{_share(a.get('cached_share'))} cached")  # fmt: skip
-            t.add_row(name, str(a["n"]), *pcts(a), ttft, "", "", "", "")
+            t.add_row(name, str(a["n"]), *pcts(a), ttft, *blank[1:])
     for name, s in summary["steps"].items():
         ttft = _with_ci(s["ttft_p50_ms"], s.get("ttft_p50_ci"))
         if s["ttft_p50_ms"] is not None and s.get("ttft_n", s["n"]) != s["n"]:
             ttft = f"{ttft} (n={s['ttft_n']})"
         if s["ttft_p50_ms"] is not None:  # the server's prompt cache decides TTFT
             ttft = f"{ttft} · {_share(s.get('ttft_cached_share'))} cached"
+        effort = (s["reasoning_effort"] or "-",) if efforts else ()
         t.add_row(name, str(s["n"]), *pcts(s), ttft, _f(s["output_tokens_mean"], 1),
-                  _failed_cell(s), s["model"] or "-", s["reasoning_effort"] or "-")  # fmt: skip
+                  _failed_cell(s), s["model"] or "-", *effort)  # fmt: skip
     n = turn["n"]
     if summary.get("prompt_cache") == "off":
         t.title = f"{t.title}; prompt cache off (cache_prompt: false)"
+    t.caption = _COUNTS_NOTE
     if n and n < 36:  # below 36 values no order-statistic interval bounds a p90
         rank = n - max(1, -(-n * 90 // 100)) + 1
         ordinal = {1: "", 2: "2nd-", 3: "3rd-"}.get(rank, f"{rank}th-")
-        t.caption = f"n = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
+        t.caption += f"\nn = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
     t.caption = _note_no_ci(t, t.caption)
     # too narrow: model and effort go first, then token means, failures, TTFT
     return drop_first(t, "effort", "model", "out tokens (mean)", "failed",
