@@ -14,8 +14,9 @@ exhausting memory:
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,40 @@ def read_jsonl(
                     str(p), lineno, f"expected a JSON object, got {_json_type(value)}"
                 )
             yield lineno, value
+
+
+def read_text_file(path: str | Path, what: str, kind: str) -> str:
+    """A whole text file (at most :data:`MAX_FILE_BYTES`) as UTF-8, a byte-order mark
+    dropped; ``kind`` names its format in messages (``"CSV"``).
+
+    Raises:
+        InputFileError: the file is missing, unreadable or too large, or not UTF-8: then
+            naming the line and the byte in it (1-based), as :func:`read_jsonl` does.
+    """
+    p = Path(path)
+    check_file_size(p, what)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise InputFileError(str(p), None, f"cannot read {what} ({e.strerror})") from None
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        byte = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputFileError(
+            str(p), line, f"not UTF-8 text (byte {byte}); expected UTF-8 {kind}"
+        ) from None
+
+
+def unknown_field(key: str, known: Sequence[str]) -> str:
+    """The one wording of a key a file's record may not have, for every input file:
+    ``unknown field 'mesage' (did you mean 'message'?); expected id, message, ...``."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown field {key!r}{hint}; expected {', '.join(known)}"
 
 
 def _json_type(value: Any) -> str:

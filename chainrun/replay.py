@@ -1,9 +1,10 @@
 """Replay a fixed request set through the chain as one run (kind ``replay``).
 
-A replay file is JSON Lines: one object a line with ``id`` (string) and ``message``
-(non-empty string); optional ``conversation_id`` and ``original_ms`` (the latency the
-original live turn recorded, in ms, reported apart from the replay's own wall time), and
-``turn`` and ``history`` (below); any other field is refused, naming the file and line.
+A replay file is JSON Lines: one object a line with ``id`` and ``message`` (each a
+non-empty string); optional ``conversation_id`` (a non-empty string) and
+``original_ms`` (the latency the original live turn recorded, in ms, reported apart
+from the replay's own wall time), and ``turn`` and ``history`` (below); any other field
+is refused, naming the file and line.
 
 **Conversations.** A line with ``turn`` (an int >= 1, with a ``conversation_id``) is
 that turn of its conversation. A replay runs each conversation's turns in ``turn``
@@ -26,7 +27,7 @@ The whole file is validated before any run is created.
 from __future__ import annotations
 
 import asyncio
-import difflib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
-from chainrun.input_files import read_jsonl
+from chainrun.input_files import read_jsonl, unknown_field
 from chainrun.log.rows import RunKind
 from chainrun.log.store import Store
 from chainrun.providers.base import Provider
@@ -83,24 +84,16 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     for no, obj in read_jsonl(p, "replay set"):
         for key in obj:
             if key not in REPLAY_FIELDS:
-                close = difflib.get_close_matches(key, REPLAY_FIELDS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise InputFileError(str(p), no, f"unknown field {key!r}{hint}; expected "
-                                     f"{', '.join(REPLAY_FIELDS)}")  # fmt: skip
-        rid, msg = obj.get("id"), obj.get("message")
-        if not isinstance(rid, str | int) or isinstance(rid, bool) or str(rid) == "":
-            raise InputFileError(str(p), no, "expected field 'id' (a non-empty string)")
-        if not isinstance(msg, str) or not msg.strip():
-            raise InputFileError(str(p), no, "expected field 'message' (a non-empty string)")
-        problem = text_problem(msg, required=True, max_chars=MAX_MESSAGE_CHARS)
-        if problem is not None:  # the turn's own rule, said here with the line
-            raise InputFileError(str(p), no, f"field 'message': {problem}")
-        if str(rid) in seen:
+                raise InputFileError(str(p), no, unknown_field(key, REPLAY_FIELDS))
+        rid = _text_field(obj, "id", str(p), no)
+        msg = _text_field(obj, "message", str(p), no)
+        conv = _text_field(obj, "conversation_id", str(p), no, required=False)
+        assert rid is not None and msg is not None
+        if rid in seen:
             raise InputFileError(str(p), no, f"duplicate id {rid!r}")
         orig = obj.get("original_ms")
         if orig is not None and (not isinstance(orig, int | float) or isinstance(orig, bool)):
             raise InputFileError(str(p), no, "field 'original_ms' must be a number (ms)")
-        conv = obj.get("conversation_id")
         turn, history = _conversation_fields(obj, str(p), no)
         if turn is not None:
             if conv is None:
@@ -112,10 +105,10 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
                     f"(first on line {turns_seen[key]})",
                 )  # fmt: skip
             turns_seen[key] = no
-        seen.add(str(rid))
+        seen.add(rid)
         out.append(
-            ReplayRequest(str(rid), msg, str(conv) if conv is not None else None,
-                          float(orig) if orig is not None else None, turn, history)
+            ReplayRequest(rid, msg, conv, float(orig) if orig is not None else None, turn,
+                          history)
         )  # fmt: skip
     if not out:
         raise InputFileError(str(p), None, "no requests in file")
@@ -126,6 +119,36 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
     if gap is not None:
         raise InputFileError(str(p), *gap)
     return out
+
+
+def _text_field(
+    obj: Mapping[str, Any], name: str, path: str, line: int, *, required: bool = True
+) -> str | None:
+    """A line's text field ``name``: a non-empty string (the one rule for ``id``,
+    ``message`` and ``conversation_id``), within the turn's own limits
+    (:func:`~chainrun.turn_input.text_problem`); None when absent and not ``required``.
+
+    Raises:
+        InputFileError: missing when required, or not such a string (saying what it got).
+    """
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise InputFileError(path, line, f"missing field {name!r} (a non-empty string)")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputFileError(path, line, f"field {name!r}: expected a non-empty string, got "
+                             f"{_shown(value)}")  # fmt: skip
+    problem = text_problem(value, required=True, max_chars=MAX_MESSAGE_CHARS)
+    if problem is not None:  # the turn's own rule, said here with the line
+        raise InputFileError(path, line, f"field {name!r}: {problem}")
+    return value
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """``value`` as the JSON it was written as, cut to ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _conversation_fields(

@@ -198,7 +198,9 @@ def run_headline(summary: dict[str, Any]) -> str:
     ok = counts.get("n_completed", 0)
     others = left_out(counts)
     line = (f"run {summary['run_id']} ({summary['kind']}, {summary['status']}): "
-            f"{summary['n_turns']} turns, {ok} ok" + (f" ({others})" if others else ""))  # fmt: skip
+            f"{summary['n_turns']} turns, {ok} ok")  # fmt: skip
+    if others:
+        line += f" ({others})"
     a = summary.get("answer_ttft") or {}
     if not ok:
         return f"{line}; no ok answer to time"

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import json
 import re
 import sys
 import tomllib
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +96,8 @@ def load_plugins(names: Any, source: str, *, folder: Path | None = None) -> None
         try:
             module = importlib.import_module(module_name)
         except Exception as e:  # a plugin's own error (SyntaxError, a duplicate kind...)
-            raise ConfigError(
-                f"{source}: plugins: cannot import {module_name!r} ({type(e).__name__}: {e}); "
-                f"expected a module on the Python path or in {where}"
-            ) from None
+            raise ConfigError(f"{source}: plugins: {_import_problem(module_name, e, where)}"
+                              ) from None  # fmt: skip
         if not function:
             continue
         hook = getattr(module, function, None)
@@ -112,6 +112,30 @@ def load_plugins(names: Any, source: str, *, folder: Path | None = None) -> None
             raise ConfigError(
                 f"{source}: plugins: {entry!r} failed ({type(e).__name__}: {e})"
             ) from None
+
+
+def _import_problem(module_name: str, e: Exception, where: str) -> str:
+    """Why ``module_name`` did not import: not found (nothing of that name on the path or
+    in ``where``), or found but failed in its own code, then naming its file and the
+    line where it failed (an import of its own that is missing, a syntax error, ...)."""
+    missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    error = f"{type(e).__name__}: {e}"
+    if missing is not None and (module_name + ".").startswith(missing + "."):
+        return (f"cannot import {module_name!r} ({error}); expected a module on the Python "
+                f"path or in {where}")  # fmt: skip
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    origin = spec.origin if spec is not None else None
+    line = e.lineno if isinstance(e, SyntaxError) else None
+    for frame in traceback.extract_tb(e.__traceback__):
+        if origin is not None and frame.filename == origin:
+            line = frame.lineno  # the plugin's own line, last seen
+    at = f" at line {line}" if line is not None else ""
+    found = f" ({origin})" if origin else ""
+    return (f"cannot import {module_name!r}: the module was found{found} but failed "
+            f"while importing{at} ({error})")
 
 
 def _merged(data: dict[str, Any]) -> dict[str, Any]:

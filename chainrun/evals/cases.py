@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import (
     BaseModel,
@@ -40,8 +40,8 @@ from pydantic import (
 
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError
-from chainrun.evals.assertions import LABEL, Assertion
-from chainrun.input_files import read_jsonl
+from chainrun.evals.assertions import ASSERTION_TYPES, LABEL, Assertion
+from chainrun.input_files import read_jsonl, unknown_field
 
 DEFAULT_CASES = "evals/regression.jsonl"
 
@@ -101,17 +101,71 @@ class EvalCase(BaseModel):
         return v
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's annotation holds (``list[X]``, ``X | None``, a union)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _models_in(a)]
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str] | None:
+    """The keys the object at ``loc`` (a pydantic error's location, its last part the
+    key at fault) may have, by their names in the file; None when not found."""
+    models: list[type[BaseModel]] = [EvalCase]
+    for part in loc[:-1]:
+        if isinstance(part, int):  # a list's item
+            continue
+        if len(models) > 1:  # an assertion: pydantic names the member by its type
+            models = [m for m in models if part in get_args(m.model_fields["type"].annotation)]
+            continue
+        found = [f for n, f in models[0].model_fields.items() if part in (n, f.alias)]
+        if not found:
+            return None
+        models = _models_in(found[0].annotation)
+    if len(models) != 1:
+        return None
+    return [f.alias or n for n, f in models[0].model_fields.items()]
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """``assert[0]``: an object's place in a case (tag names pydantic adds left out)."""
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif i and isinstance(loc[i - 1], int) and part in ASSERTION_TYPES:
+            continue  # the assertion's type, which pydantic adds after its index
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 def _problem(err: ValidationError) -> str:
     errors = err.errors()
     # a misspelt key explains a "missing field" better than the missing field does
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    known = _fields_at(first["loc"]) if first["type"] == "extra_forbidden" else None
+    if known is not None:  # the wording of every input file (replay sets too)
+        where = _where(first["loc"][:-1])
+        problem = unknown_field(str(first["loc"][-1]), known)
+        return _one_line(f"{where}: {problem}" if where else problem)
+    if first["type"] == "union_tag_invalid":  # an assertion type that does not exist
+        tag = str((first.get("ctx") or {}).get("tag", ""))
+        close = difflib.get_close_matches(tag, ASSERTION_TYPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return _one_line(f"{_where(first['loc'])}.type: unknown assertion type {tag!r}{hint}; "
+                         f"expected {', '.join(ASSERTION_TYPES)}")  # fmt: skip
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
-    # keys and values (a quoted assertion type, say) may hold any character: escape
-    # control characters so the message stays one line
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in f"{loc}: {msg}")
+    return _one_line(f"{loc}: {msg}")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters escaped: keys and values (a quoted assertion
+    type, say) may hold any character, and the message stays one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def parse_case(data: Any, path: str = "<case>", line: int | None = None) -> EvalCase:

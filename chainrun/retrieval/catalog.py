@@ -28,7 +28,7 @@ import sqlite_utils
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chainrun.errors import InputFileError
-from chainrun.input_files import check_file_size, read_jsonl
+from chainrun.input_files import read_jsonl, read_text_file, unknown_field
 from chainrun.log.migrations import migrate, utc_now
 from chainrun.log.transactions import write_transaction
 
@@ -123,7 +123,7 @@ def _problem(err: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        return f"unknown field {where!r}; expected {', '.join(Product.model_fields)}"
+        return unknown_field(where, list(Product.model_fields))
     if first["type"] == "missing":
         return f"missing field {where!r}"
     if first["type"] in _EXPECTED:  # a JSON value of the wrong type (true, "10")
@@ -211,12 +211,7 @@ def read_catalog(path: str | Path) -> list[Product]:
     if suffix == ".jsonl":
         rows: Iterable[tuple[int, Any]] = read_jsonl(p, "catalogue", objects=False)
     else:
-        check_file_size(p, "catalogue")
-        try:
-            text = p.read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputFileError(str(p), None, f"cannot read catalogue ({e})") from None
-        rows = _iter_csv(p, text)
+        rows = _iter_csv(p, read_text_file(p, "catalogue", "CSV"))
     products: list[Product] = []
     first_line: dict[str, int] = {}
     for lineno, rec in rows:
