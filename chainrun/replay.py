@@ -204,24 +204,41 @@ def conversations_of(requests: Sequence[ReplayRequest]) -> list[list[ReplayReque
     return out
 
 
+#: the turn statuses a resume runs again: the chain gave no answer of its own (Ctrl-C or
+#: SIGTERM cancelled the turn; a provider could not be reached or failed it, e.g. during
+#: an outage); ``ok``, ``refused`` and ``replaced`` are answers and stay
+RERUN_STATUSES = frozenset({"cancelled", "error"})
+
+
 def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
     """The turns run ``run_id`` has answered, as history by conversation id (by turn
-    index): what a resumed replay's later turns continue from."""
-    by_conv: dict[str, list[tuple[int, HistoryTurn]]] = {}
+    index): what a resumed replay's later turns continue from. A conversation's history
+    stops before its first turn a resume runs again (:data:`RERUN_STATUSES`, or a turn
+    not logged), so that turn sees only the turns before it."""
+    answered: dict[str, dict[int, HistoryTurn]] = {}
     for t in store.turns(run_id):
-        if t.status == "cancelled" or t.conversation_id is None or t.turn_index is None:
+        if t.status in RERUN_STATUSES or t.conversation_id is None or t.turn_index is None:
             continue
-        by_conv.setdefault(t.conversation_id, []).append(
-            (t.turn_index, HistoryTurn(t.input, t.output or ""))
+        answered.setdefault(t.conversation_id, {})[t.turn_index] = HistoryTurn(
+            t.input, t.output or ""
         )
-    return {c: [h for _, h in sorted(turns, key=lambda x: x[0])] for c, turns in by_conv.items()}
+    out: dict[str, list[HistoryTurn]] = {}
+    for cid, turns in answered.items():
+        index = min(turns)
+        out[cid] = []
+        while index in turns:  # up to the first gap: a turn to run again, or not yet run
+            out[cid].append(turns[index])
+            index += 1
+    return out
 
 
 def missing_requests(
     store: Store, run_id: int, requests: list[ReplayRequest], source: str | None = None
 ) -> list[ReplayRequest]:
     """The requests of a replay set that run ``run_id`` has not yet answered: those with
-    no logged turn, or only ``cancelled`` ones (``chainrun replay FILE --resume RUN``).
+    no logged turn, or only turns that ended ``cancelled`` or ``error``
+    (:data:`RERUN_STATUSES`; ``chainrun replay FILE --resume RUN``). The turns they had
+    stay in the log, counted by their status.
 
     Raises:
         UserInputError: no such run, not a replay run, still being written, or made
@@ -241,7 +258,7 @@ def missing_requests(
     done = {
         t.request_id
         for t in store.turns(run_id)
-        if t.status != "cancelled" and t.request_id is not None
+        if t.status not in RERUN_STATUSES and t.request_id is not None
     }
     return [r for r in requests if r.id not in done]
 

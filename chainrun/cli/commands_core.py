@@ -152,8 +152,9 @@ def replay(
     resume: Annotated[
         int | None,
         typer.Option(
-            help="Run the requests this run has not answered yet, into it "
-            "(after a crash or kill), with the run's own config."
+            help="Run the requests this run has not answered yet, into it (after a "
+            "crash, a kill or a provider outage: those with no turn, or whose turns ended "
+            "cancelled or error), with the run's own config."
         ),
     ] = None,
     prompt_cache: Annotated[
@@ -227,8 +228,17 @@ def replay(
                     )
                 )  # fmt: skip
         except (KeyboardInterrupt, Terminated) as e:
-            if not started:
-                raise
+            if not started:  # stopped while the chain opened: say so, not a bare word
+                how = "terminated" if isinstance(e, Terminated) else "interrupted"
+                what = "no run was made and nothing was logged"
+                if resume is not None:
+                    again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
+                                        "--resume", str(resume)])  # fmt: skip
+                    what = f"run {resume} got no new turn; {again} runs the rest"
+                err.print(f"chainrun: replay {how} before its first turn (while the chain "
+                          f"was starting: its providers' startup checks, the models it "
+                          f"loads): {what}", markup=False, highlight=False)  # fmt: skip
+                exit_stopped(e)
             run_id, stopped = started[0], e
         except LogWriteError as e:
             if not started or isinstance(e, LogFileGone):  # no log left to summarise
