@@ -379,6 +379,7 @@ def show(
         marked_verdict_lines,
         printable,
         run_headline,
+        skipped_lines,
         step_waterfall,
         tool_call_lines,
         tool_calls_table,
@@ -419,7 +420,10 @@ def show(
         out.print(f"  < {printable(t.output)}", markup=False)
         for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...
             out.print(f"  {line}", markup=False)
-        out.print(step_waterfall([s for s in steps if s.turn_id == t.id]))
+        turn_steps = [s for s in steps if s.turn_id == t.id]
+        out.print(step_waterfall(turn_steps))
+        for line in skipped_lines(turn_steps):  # why a routed step did not run
+            out.print(f"  {line}", markup=False)
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
                     "chunks", "in", "cached", "out", "reasoning", "finish", "error"):  # fmt: skip

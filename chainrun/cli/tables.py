@@ -102,6 +102,17 @@ def step_waterfall(steps: list[StepRow]) -> Table:
     return drop_first(t, "", "after answer")  # too narrow: the bars go first
 
 
+def skipped_lines(steps: list[StepRow]) -> list[str]:
+    """Per step skipped by its ``when``, one printable line with the reason it was
+    logged with: ``retrieve skipped: when: label is 'order_status', one of ...``."""
+    lines = []
+    for s in steps:
+        why = (s.detail or {}).get("skipped") if s.status == "skipped" else None
+        if why:
+            lines.append(printable(f"{s.step} skipped: {why}"))
+    return lines
+
+
 def tool_calls_table(rows: list[ToolCallRow]) -> Table:
     """A turn's tool calls: step, round, the attempt that asked, tool, status, start (ms
     from its step's start) and duration (see :func:`tool_call_lines` for the rest)."""
