@@ -10,7 +10,9 @@ body is answered 400 naming the field, a server not yet ready 503, both in the o
 error shape of :mod:`chainrun.serve.errors` (``{"error": {"message", "type", "param",
 "code"}}``). The message follows the library's rule (:mod:`chainrun.turn_input`). A
 client that disconnects cancels the turn (sse-starlette cancels the generator on the
-ASGI ``http.disconnect``), which closes the in-flight model calls.
+ASGI ``http.disconnect``), which closes the in-flight model calls. A turn the server
+cancels as it stops (its stop's deadline, a second Ctrl-C) still ends its stream with
+its ``turn`` event, status ``cancelled``.
 """
 
 from __future__ import annotations

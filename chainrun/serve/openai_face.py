@@ -52,6 +52,8 @@ A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or,
 stream has begun, an ``error`` object in the stream (the ``openai`` client raises
 ``APIError`` on it). Closing the stream early, or disconnecting while waiting for a
 non-streamed answer, cancels the turn's in-flight calls; the turn is logged ``cancelled``.
+A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is an HTTP
+503 error object with code ``cancelled``, or that ``error`` object in a stream.
 """
 
 from __future__ import annotations
@@ -190,6 +192,14 @@ def answer_done_usage(u: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _failure(summary: dict[str, Any]) -> tuple[str, str | None]:
+    """The error message and code of a turn that gave no answer: failed (``error``), or
+    cancelled by the server stopping (the client that went away reads nothing)."""
+    if summary["status"] == "cancelled":
+        return "the server stopped before the turn finished (the turn was cancelled)", "cancelled"
+    return f"the chain failed: {summary['error_type']}", summary["error_type"]
+
+
 def _finish_reason(status: str) -> str:
     return "content_filter" if status in ("refused", "replaced") else "stop"
 
@@ -232,9 +242,10 @@ async def chat_completions(request: Request) -> Response:
     summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
-    if summary["status"] == "error":
-        return error_response(502, f"the chain failed: {summary['error_type']}",
-                              "server_error", code=summary["error_type"])  # fmt: skip
+    if summary["status"] in ("error", "cancelled"):
+        message, code = _failure(summary)
+        status = 503 if summary["status"] == "cancelled" else 502
+        return error_response(status, message, "server_error", code=code)
     return JSONBody(
         {
             "id": completion_id,
@@ -314,9 +325,9 @@ async def _chunks(
             break
         elif ev.event == "turn":
             summary = ev.data
-            if summary["status"] == "error":
-                message = f"the chain failed: {summary['error_type']}"
-                body = error_body(message, "server_error", code=summary["error_type"])
+            if summary["status"] in ("error", "cancelled"):
+                message, code = _failure(summary)
+                body = error_body(message, "server_error", code=code)
                 yield ServerSentEvent(data=json.dumps({**body, "chainrun": summary}))
                 break
             if not sent_text and summary["output"]:

@@ -24,7 +24,9 @@ All times are in ms from the turn's start. Closing the runner's iterator (a clie
 went away) before ``answer_done`` cancels the turn's in-flight model calls; the chain
 logs the turn ``cancelled`` and the runner's observers still get it, found in the log by
 request id. Closed after ``answer_done``, the turn runs to its end on the server (its
-checks finish and are logged) and the observers get it as usual.
+checks finish and are logged) and the observers get it as usual. A turn the server
+cancels (:meth:`TurnRunner.cancel`, a server stopping) ends its stream with its ``turn``
+event, status ``cancelled``, read back from the log.
 """
 
 from __future__ import annotations
@@ -176,6 +178,36 @@ def turn_summary(
     }
 
 
+def _cancelled_summary(
+    logged: LoggedTurn | None,
+    request_id: str,
+    conversation_id: str,
+    run_id: int | None,
+    live_steps: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``turn`` event of a turn the server cancelled (:func:`turn_summary`'s shape,
+    status ``cancelled``), from its logged row; without one (no log, or its database
+    away) from the events alone, times and usage unknown (None, never 0)."""
+    if logged is not None:
+        t = logged.turn
+        done = TurnFinished(
+            turn_id=t.id, run_id=t.run_id, output=t.output, status=t.status,
+            duration_ms=t.duration_ms or 0.0, label=t.label, verdicts=dict(t.verdicts),
+            error_type=t.error_type, answer_ttft_ms=t.answer_ttft_ms,
+            answer_done_ms=t.answer_done_ms, truncated=bool(t.truncated),
+            conversation_id=t.conversation_id, turn_index=t.turn_index,
+        )  # fmt: skip
+        summary = turn_summary(logged, done, conversation_id, live_steps)
+        summary["duration_ms"] = t.duration_ms
+        return summary
+    done = TurnFinished(turn_id=None, run_id=run_id, output=None, status="cancelled",
+                        duration_ms=0.0)  # fmt: skip
+    summary = turn_summary(None, done, conversation_id, live_steps)
+    summary["duration_ms"] = None
+    summary["usage"] = {k: None for k in summary["usage"]}
+    return summary
+
+
 class TurnRunner:
     """Runs chat turns on one shared :class:`~chainrun.Chain` (one connection pool, one run
     of kind ``live``) and streams them as :class:`WireEvent` s.
@@ -198,6 +230,9 @@ class TurnRunner:
         self.on_finished = list(on_finished)
         #: turns in flight, each in a task of its own (see :func:`detached`)
         self.background: set[asyncio.Task[None]] = set()
+        #: the server cancelled its turns (:meth:`cancel`): a cancelled turn's stream
+        #: still ends with its ``turn`` event
+        self.stopping = False
 
     async def drain(self) -> None:
         """Wait for the turns in flight (cancelled ones log themselves first)."""
@@ -206,7 +241,9 @@ class TurnRunner:
 
     def cancel(self) -> int:
         """Cancel every turn in flight (a server stopping now): each logs itself
-        ``cancelled``, and a stream still sending one ends. Returns how many."""
+        ``cancelled``, and a stream still sending one ends with that turn's ``turn``
+        event (status ``cancelled``). Returns how many."""
+        self.stopping = True
         tasks = [t for t in self.background if not t.done()]
         for task in tasks:
             task.cancel()
@@ -259,6 +296,7 @@ class TurnRunner:
         events = self.chain.stream_turn(
             message, request_id=request_id, conversation_id=conversation_id, history=history
         )
+        cut: LoggedTurn | None = None  # the turn as logged, when the server cancelled it
         try:
             async with contextlib.aclosing(events):
                 async for ev in events:
@@ -268,6 +306,15 @@ class TurnRunner:
                             hook(ev)
                         break
                     yield self._wire(ev, finished)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise  # the client went away: nobody reads a closing event
+            # the server's stop cancelled the turn, which logged itself cancelled: the
+            # stream still reading gets the turn's closing event, as every turn's stream
+            cut = await self._observe_by_request_id(request_id)
+            yield WireEvent("turn", _cancelled_summary(cut, request_id, conversation_id,
+                                                       self.chain.run_id, finished))
+            return
         except Exception as e:
             # the chain logged the turn (status error) and yielded TurnFinished before
             # raising, e.g. ProviderUnavailable: the backend reports it, it does not crash
@@ -275,8 +322,8 @@ class TurnRunner:
                 raise
             log.warning("turn %s: %s", done.turn_id, e)
         finally:
-            if done is None:  # cancelled (client gone) or crashed: the chain logged it
-                await self._observe_by_request_id(request_id)
+            if done is None and cut is None:  # cancelled (client gone) or crashed
+                await self._observe_by_request_id(request_id)  # the chain logged it
         assert done is not None
         logged = await self._read(done.turn_id)
         if logged is not None:
@@ -340,18 +387,22 @@ class TurnRunner:
             return None
         return await store.aread_turn(turn_id, flush_timeout_s=READ_TIMEOUT_S)
 
-    async def _observe_by_request_id(self, request_id: str) -> None:
+    async def _observe_by_request_id(self, request_id: str) -> LoggedTurn | None:
+        """Find a turn that ended without ``TurnFinished`` (cancelled) in the log by its
+        request id, tell the observers, and return it (None: no log, or its database did
+        not answer within :data:`READ_TIMEOUT_S`)."""
         store, run_id = self.chain.store, self.chain.run_id
-        if store is None or run_id is None or not self.observers:
-            return
+        if store is None or run_id is None:
+            return None
         try:
             await asyncio.wait_for(store.flush(), READ_TIMEOUT_S)
         except TimeoutError:
-            return  # the log's database is away: no observer call for this turn
+            return None  # the log's database is away: no observer call for this turn
         turn_id = await store.off_loop(store.find_turn_id, run_id, request_id)
         logged = None if turn_id is None else await store.aread_turn(turn_id)
         if logged is not None:
             self._notify(logged)
+        return logged
 
     def _notify(self, logged: LoggedTurn) -> None:
         for obs in self.observers:
