@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_servers import stopping_only_what_starts_here
 
 from chainrun.log.store import Store
 from chainrun.runtime import local_model
@@ -30,10 +31,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_model.Loc
     try:
         # the default 4 slots: validate and critique (after the answer) run at once, and
         # neither may queue for a slot, or the queueing would count as client overhead
-        # below
-        srv = local_model.up(quiet=True)
-        yield srv
-        local_model.down()
+        # below; a server of this install already running is used and left running
+        with stopping_only_what_starts_here():
+            yield local_model.up(quiet=True)
     finally:
         if old is None:
             os.environ.pop("CHAINRUN_HOME", None)

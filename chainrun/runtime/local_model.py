@@ -27,10 +27,15 @@ Server flags: ``--jinja`` (Gemma's chat template; without it the model sees the 
 template), ``-np`` parallel slots, ``-c`` context (shared by the slots); see llama.cpp's
 server README
 (https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md).
+
+The server starts at niceness :data:`SERVER_NICENESS` (0) whatever the niceness of the
+command that starts it (``setpriority(2)`` in the child before it execs; an unprivileged
+starter cannot lower its own niceness, and then one warning line says so).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -50,6 +55,7 @@ from chainrun.runtime.processes import pid_exists
 
 #: operator-facing progress (starting the model, ready); the CLI shows it on stderr
 progress = logging.getLogger("chainrun.progress")
+log = logging.getLogger(__name__)
 
 #: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
 LOCAL_MODEL = "gemma-3-270m"
@@ -58,6 +64,10 @@ DEFAULT_SLOTS = 4
 CHECKOUT_ENV = "CHAINRUN_CHECKOUT"
 DEFAULT_CONTEXT = 8192  # tokens, shared by the slots: 2048 each with 4 slots
 STARTUP_TIMEOUT_S = 120.0
+#: the niceness llama-server is started at, whatever the niceness of the process that
+#: starts it: the server is shared by every later command of the install, so a starter
+#: run at ``nice -n 19`` (a test run, a batch job) must not leave a starved model for all
+SERVER_NICENESS = 0
 #: The packaged GGUF is the *pre-trained* Gemma 3 270M (not the -it variant): it carries
 #: no chat template and was not tuned on turn markers, so llama-server's ChatML fallback
 #: (and even Gemma's own turn format) make it echo the prompt. chainrun serves it with
@@ -455,12 +465,16 @@ def _start(
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH", "")) if p
     )
-    with open(log_path, "ab") as log:
+    niced = os.getpriority(os.PRIO_PROCESS, 0) != SERVER_NICENESS
+    with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
+            # only a starter at another niceness forks through Python code before exec
+            preexec_fn=_at_server_niceness if niced else None,
         )  # fmt: skip
     _children[proc.pid] = proc
+    _say_niceness(proc.pid)
     state = _state_file(install_key(binary, model, checkout()))
     server = LocalServer(proc.pid, port, str(model), time.time(), str(log_path),
                          binary=str(binary), state_path=str(state),
@@ -485,6 +499,28 @@ def _start(
     raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")
 
 
+def _at_server_niceness() -> None:
+    """In the started server's process, before it execs llama-server: take
+    :data:`SERVER_NICENESS` (``setpriority(2)``; lowering a niceness needs
+    ``CAP_SYS_NICE``, so an unprivileged starter's server keeps the starter's, which
+    :func:`_say_niceness` reports). The threads llama-server starts inherit it."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICENESS)
+
+
+def _say_niceness(pid: int) -> None:
+    """One warning line when the server did not get :data:`SERVER_NICENESS`."""
+    try:
+        niceness = os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return  # already gone: the start's own check says so
+    if niceness != SERVER_NICENESS:
+        log.warning("the local model server (pid %d) runs at niceness %d, this process's "
+                    "(setting %d needs CAP_SYS_NICE): every later user of the server gets "
+                    "that share of the CPU; as root, renice -n %d -p %d", pid, niceness,
+                    SERVER_NICENESS, SERVER_NICENESS, pid)  # fmt: skip
+
+
 def down(*, force: bool = False) -> list[LocalServer]:
     """Stop this install's servers (every live one, recorded or found by its process);
     returns what was stopped (empty if nothing ran).
@@ -505,11 +541,15 @@ def down(*, force: bool = False) -> list[LocalServer]:
         )
     targets = own + (foreign if force else [])
     for server in targets:
-        _stop(server)
+        stop(server)
     return targets
 
 
-def _stop(server: LocalServer) -> None:
+def stop(server: LocalServer) -> None:
+    """Stop one server (SIGTERM to its process group, SIGKILL after 5 s) and remove its
+    record; nothing when its process is gone or is no llama-server any more. For a
+    caller that stops only the server it started (:func:`down` stops every server of
+    the install, whoever uses it)."""
     if _pid_alive(server.pid) and _is_llama_server(server.pid):
         try:
             os.killpg(server.pid, signal.SIGTERM)
