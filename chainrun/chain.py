@@ -43,7 +43,7 @@ import sqlite_utils
 from chainrun.capabilities import check_model_step
 from chainrun.config import ChainConfig, load_config
 from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.source import ConversationSource, log_loader
+from chainrun.conversations.source import ConversationSource, log_loader, shown_products
 from chainrun.conversations.tokens import counter_for
 from chainrun.errors import (
     ChainClosed,
@@ -549,8 +549,8 @@ class Chain:
         # the turn's end (reading the history from the log may take a while)
         started_at = utc_now()
         if history is not None:  # the caller's thread: what the checks mask stays masked
-            history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer)
-                       for h in history]  # fmt: skip
+            history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer,
+                                   h.products) for h in history]  # fmt: skip
         place = await self.conversations.begin(conversation_id, history, turn_index)
         turn = TurnRow(input=message, request_id=request_id,
                        conversation_id=place.conversation_id, turn_index=place.turn_index,
@@ -590,13 +590,15 @@ class Chain:
                 await run.cancel()  # no-op unless the turn was stopped half way
             finally:
                 turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
-                self.conversations.end(place, turn.input, turn.output)
+                products = shown_products(run.rows())
+                self.conversations.end(place, turn.input, turn.output, products)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
             error_type=turn.error_type, answer_ttft_ms=turn.answer_ttft_ms,
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
             conversation_id=place.conversation_id, turn_index=place.turn_index,
+            products=products,
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable
@@ -628,6 +630,12 @@ class Chain:
             turn.status = "replaced" if run.replaced else "refused"
             refuser = next((r for r in run.rows() if r.step == run.refused_by), None)
             turn.error_type = refuser.error_type if refuser is not None else None
+        elif turn.status == "ok" and run.cut_by is not None:
+            # the answer step failed once part of its answer had reached the shopper:
+            # that part is the turn's answer, cut (chainrun.scheduler), never a refusal
+            turn.status = "cut"
+            cutter = next((r for r in run.rows() if r.step == run.cut_by), None)
+            turn.error_type = cutter.error_type if cutter is not None else None
         if run.unavailable is not None and turn.status != "cancelled":
             turn.status, turn.error_type = "error", run.unavailable.error_type
         # the shopper's wait for the first answer token is known once a token reached them,
@@ -640,7 +648,7 @@ class Chain:
             turn.answer_done_ms = run.answer_done_ms
         elif turn.status in ("refused", "replaced"):
             turn.output = run.refusal_text or REFUSAL
-        else:  # cancelled or error: the part of the answer that reached the shopper
+        else:  # cut, cancelled or error: the part of the answer that reached the shopper
             turn.output = shown or None
         turn_id = None
         if self.store is not None and run_id is not None:

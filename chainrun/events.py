@@ -90,7 +90,7 @@ class AnswerDone:
     turn (refuse it, or fail closed) is pending. Steps after the answer (validate,
     critique) may still be running; a chat client can take the next question now.
 
-    Yielded at most once per turn, never for a refused, failed or cancelled turn.
+    Yielded at most once per turn, never for a refused, cut, failed or cancelled turn.
 
     Attributes:
         step: the answer step.
@@ -117,16 +117,23 @@ class AnswerDone:
 
 @dataclass(frozen=True)
 class TurnFinished:
-    """The turn ended; ``status`` is ok | refused | replaced | error | cancelled
-    (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text).
+    """The turn ended; ``status`` is ok | cut | refused | replaced | error | cancelled
+    (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text;
+    ``cut``: the answer step failed, e.g. at its deadline, after part of its answer had
+    reached the user: ``output`` is that part, ``error_type`` the step's error, and
+    the steps after the answer did not run).
 
     ``duration_ms``: all steps done (checks after the answer included);
     ``answer_ttft_ms``: the shopper's wait for the first answer token, whatever the status
     (None: no answer token reached the user); ``answer_done_ms``: until the answer was
-    complete, ok turns only (None otherwise). ``truncated``: the answer step's answer was
-    cut at its token cap (finish reason ``length``; the text is the cut-off answer).
+    complete, ok turns only (None otherwise: a cut answer never was). ``truncated``: the
+    answer step's answer was cut at its token cap (finish reason ``length``; the text is
+    the cut-off answer).
     ``conversation_id`` / ``turn_index``: the turn's conversation and its 1-based
-    position there.
+    position there. ``products``: the ids of the products the turn's search showed, in
+    the order shown (None: no search ran ok); a caller that keeps its own thread (a
+    replay) hands them back in the next turn's history
+    (:class:`~chainrun.conversations.history.HistoryTurn`).
     """
 
     turn_id: int | None
@@ -142,6 +149,7 @@ class TurnFinished:
     truncated: bool = False
     conversation_id: str | None = None
     turn_index: int | None = None
+    products: tuple[str, ...] | None = None
     type: Literal["turn_finished"] = "turn_finished"
 
 

@@ -36,11 +36,12 @@ from typing import Any
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.source import shown_products
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl, unknown_field
-from chainrun.log.rows import RunKind
+from chainrun.log.rows import RunKind, StepRow
 from chainrun.log.store import Store
 from chainrun.providers.base import Provider
 from chainrun.steps import Retriever
@@ -212,15 +213,19 @@ RERUN_STATUSES = frozenset({"cancelled", "error"})
 
 def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
     """The turns run ``run_id`` has answered, as history by conversation id (by turn
-    index): what a resumed replay's later turns continue from. A conversation's history
-    stops before its first turn a resume runs again (:data:`RERUN_STATUSES`, or a turn
-    not logged), so that turn sees only the turns before it."""
+    index), with the products each showed: what a resumed replay's later turns continue
+    from. A conversation's history stops before its first turn a resume runs again
+    (:data:`RERUN_STATUSES`, or a turn not logged), so that turn sees only the turns
+    before it."""
     answered: dict[str, dict[int, HistoryTurn]] = {}
+    steps_of: dict[int | None, list[StepRow]] = {}
+    for s in store.steps(run_id):
+        steps_of.setdefault(s.turn_id, []).append(s)
     for t in store.turns(run_id):
         if t.status in RERUN_STATUSES or t.conversation_id is None or t.turn_index is None:
             continue
         answered.setdefault(t.conversation_id, {})[t.turn_index] = HistoryTurn(
-            t.input, t.output or ""
+            t.input, t.output or "", shown_products(steps_of.get(t.id, []))
         )
     out: dict[str, list[HistoryTurn]] = {}
     for cid, turns in answered.items():
@@ -340,7 +345,7 @@ async def run_requests(
             done = await one(req, history)
             if done is None:
                 return
-            history.append(HistoryTurn(req.message, done.output or ""))
+            history.append(HistoryTurn(req.message, done.output or "", done.products))
 
     try:
         async with chain:

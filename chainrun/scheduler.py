@@ -10,6 +10,14 @@ The answer step's tokens are held back while a step that ``holds_answer`` (an in
 guard raced against the answer) has not ended; they are released once it passes and
 dropped if it refuses. Times in ms from the turn's start.
 
+Once part of the answer has reached the shopper, a failure of the answer step (its
+deadline, a stream that broke off) no longer refuses the turn, whatever the step's
+``on_failure``: fail closed guards against an answer that is missing, and cannot take
+back what the shopper has read. The turn ends **cut** (:attr:`TurnRun.cut_by`): the
+step's row keeps its status and error, the running steps are cancelled and the rest
+skipped (they would judge an answer the shopper did not get whole). Before the first
+answer token reached the shopper, ``on_failure`` decides as for any step.
+
 A step with ``when`` is checked as it becomes ready (what it routes on has been
 written, or its writer has ended without writing it): when the turn-state fields do
 not match, it does not run; its row is ``skipped`` with the reason in
@@ -76,8 +84,8 @@ class TurnRun:
 
     After :meth:`events` ends (or :meth:`cancel` returns) the outcome is in
     ``state`` (the folded turn state), ``verdicts``, ``refused`` / ``refusal_text``,
-    ``unavailable`` (a provider that could not be reached), ``answer_ttft_ms`` and
-    ``answer_done_ms``, and :meth:`rows` / :meth:`calls` give what to log.
+    ``unavailable`` (a provider that could not be reached), ``cut_by``, ``answer_ttft_ms``
+    and ``answer_done_ms``, and :meth:`rows` / :meth:`calls` give what to log.
     """
 
     def __init__(
@@ -102,6 +110,9 @@ class TurnRun:
         #: the refusal is a safe answer replacing the turn's answer (on_reject = "replace")
         self.replaced = False
         self.unavailable: ProviderUnavailable | StepConfigError | None = None
+        #: the answer step, when it failed after part of its answer had reached the
+        #: shopper: the turn ended there, its answer cut (see the module text)
+        self.cut_by: str | None = None
         self.answer_ttft_ms: float | None = None
         self.answer_done_ms: float | None = None
         self._queue = _Inbox()
@@ -124,7 +135,7 @@ class TurnRun:
     async def events(self) -> AsyncIterator[Event]:
         """Run the turn, yielding StepStarted, TokenDelta and StepFinished as they happen."""
         while True:
-            if not self.refused:
+            if not self.ended_early:
                 for ev in self._start_ready():
                     yield ev
             if not self._tasks:
@@ -216,11 +227,11 @@ class TurnRun:
             return any(self.steps[n].holds_answer and n not in self._ended and n not in after
                        for n in self.graph.order)  # fmt: skip
 
-        while blocked() and not self.refused:
+        while blocked() and not self.ended_early:
             waiter = asyncio.get_running_loop().create_future()
             self._clear_waiters.append(waiter)
             await waiter
-        if self.refused:
+        if self.ended_early:
             raise asyncio.CancelledError()
 
     def _wake_clear_waiters(self) -> None:
@@ -253,7 +264,7 @@ class TurnRun:
         events: list[Event] = [self._finished(name, ctx)]
         if name == self.graph.answer_step:
             self._answer_ended = True
-        if self.refused:
+        if self.ended_early:
             self._held.clear()
             await self._cancel_running()
         elif not self._holding():
@@ -264,7 +275,7 @@ class TurnRun:
     def _answer_done(self) -> list[Event]:
         """One :class:`AnswerDone` once the answer is complete and shown, and no step
         that could still refuse the turn or fail it closed is pending."""
-        if self._announced or self.refused or self.answer_done_ms is None:
+        if self._announced or self.ended_early or self.answer_done_ms is None:
             return []
         if any(self.steps[n].may_end_turn and n not in self._ended for n in self.graph.order):
             return []
@@ -292,6 +303,11 @@ class TurnRun:
                 self.unavailable = stop
                 row.status = "failed_closed"
                 self._refuse(name, None)
+            elif name == self.graph.answer_step and self.answer_ttft_ms is not None:
+                # part of the answer reached the shopper: the turn ends with it, cut
+                row.status = "failed_closed" if step.config.on_failure == "closed" \
+                    else "failed_open"
+                self.cut_by = name
             elif step.config.on_failure == "closed":
                 row.status = "failed_closed"
                 self._refuse(name, None)
@@ -308,6 +324,11 @@ class TurnRun:
             self.state = dataclasses.replace(self.state, verdicts=dict(self.verdicts))
         if result.refuse:
             self._refuse(name, result.refusal_text, replaced=result.replaced)
+
+    @property
+    def ended_early(self) -> bool:
+        """Whether the turn stopped before its steps' end: refused, or its answer cut."""
+        return self.refused or self.cut_by is not None
 
     def _config_stop(self, name: str, err: BaseException) -> StepConfigError | None:
         """A provider's refusal of the step's request as misconfigured: HTTP 400 naming a

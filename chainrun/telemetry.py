@@ -164,9 +164,9 @@ class Telemetry:
             "chainrun.turn.answer_done_ms": row.answer_done_ms,
             "chainrun.turn.calls_usage_unknown": usage.unknown_calls,
             "error.type": row.error_type or (
-                row.status if row.status in ("error", "cancelled") else None),
+                row.status if row.status in ("error", "cancelled", "cut") else None),
         })  # fmt: skip
-        if row.status in ("error", "cancelled"):
+        if row.status in ("error", "cancelled", "cut"):
             span.set_status(self._trace.StatusCode.ERROR, row.status)
         ctx = self._trace.set_span_in_context(span)
         for step in turn.steps:

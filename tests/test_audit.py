@@ -516,8 +516,8 @@ def test_latency_items_follow_the_one_rule_of_every_summary(store) -> None:
     rid = add_run(store, "replay", turns, config=hedge_config())
     report = audit(store, runs=[rid])
     shown, hedging = latency_summary(store, rid), hedge_stats(store, rid)
-    counts = {"n_completed": 80, "n_cancelled": 6, "n_refused": 0, "n_replaced": 0,
-              "n_errored": 2}
+    counts = {"n_completed": 80, "n_cut": 0, "n_cancelled": 6, "n_refused": 0,
+              "n_replaced": 0, "n_errored": 2}
     assert shown["turns"] == hedging["turns"] == counts
     assert report.scope["samples"][0]["turns"] == counts
     i3, i4, i5, i7 = (report.items[k - 1].figures for k in (3, 4, 5, 7))

@@ -86,7 +86,10 @@ async def test_truncated_stream_is_not_success(config, store) -> None:
     }))  # fmt: skip
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hello")
-    assert done.status == "refused"  # compose fails closed by default
+    # not a success; its words had reached the shopper, so the turn is cut (they stay
+    # the answer), not refused
+    assert done.status == "cut" and done.error_type == "truncated"
+    assert done.output == "cut off here"
     call = next(c for c in store.calls(done.run_id) if c.step == "compose")
     assert call.truncated == 1 and call.finish_reason is None
     assert call.error_type == "truncated"

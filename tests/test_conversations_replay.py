@@ -150,7 +150,10 @@ async def test_a_resumed_run_continues_from_its_answered_turns(tmp_path, fake) -
                                 providers={"local": fake})  # fmt: skip
     earlier = answered_history(store, run_id)
     first = store.turns(run_id)[0]
-    assert earlier == {"y": [HistoryTurn("Do you have boots?", first.output)]}
+    shown = next(s for s in store.steps(run_id) if s.step == "retrieve").output
+    assert shown is not None  # with the products turn 1 showed (a follow-up's search)
+    assert earlier == {"y": [HistoryTurn("Do you have boots?", first.output,
+                                         tuple(json.loads(shown)))]}  # fmt: skip
     fake.requests.clear()
     await run_requests(config_from_dict({}), requests[1:], store, providers={"local": fake},
                        run_id=run_id, earlier=earlier)  # fmt: skip

@@ -133,7 +133,9 @@ async def test_a_follow_up_keeps_the_route_and_searches_the_subject_cheapest_fir
     retrieve = (await _steps(store, done.turn_id))["retrieve"]
     assert retrieve.status == "ok"
     detail = retrieve.detail or {}
-    assert detail["standalone_query"] == "Do you have rain jackets? Which of those is cheapest?"
+    assert detail["standalone_query"] == "Do you have rain jackets? cheapest"
+    assert detail["within"] == [i["id"] for i in (await _steps(store, first.turn_id))[
+        "retrieve"].detail["results"]]  # "those": turn 1's products
     assert detail["price_order"] == "price_asc"
     prices = [item["price"] for item in detail["results"]]
     assert prices == sorted(prices) and len(prices) >= 4

@@ -50,8 +50,8 @@ def _interrupted_run(db: Path) -> int:
 def test_every_summary_counts_only_completed_turns(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
     run = _interrupted_run(db)
-    counts = {"n_completed": 6, "n_cancelled": 2, "n_refused": 1, "n_replaced": 0,
-              "n_errored": 1}
+    counts = {"n_completed": 6, "n_cut": 0, "n_cancelled": 2, "n_refused": 1,
+              "n_replaced": 0, "n_errored": 1}
     shown = json.loads(chainrun("show", str(run), "--db", str(db), "--json").stdout)["summary"]
     assert shown["turn"]["n"] == 6 and shown["turns"] == counts
     assert shown["turn"]["p50_ms"] == 1200.0  # not pulled down by 156 ms and 104 ms

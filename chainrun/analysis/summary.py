@@ -91,12 +91,13 @@ def prompt_cache_mode(config_snapshot: str | None) -> str:
 class CompletedTurns:
     """Which turns a latency summary may use, and the counts shown beside it.
 
-    ``ids``: ids of the completed turns (status ``ok``); ``n_cancelled``,
+    ``ids``: ids of the completed turns (status ``ok``); ``n_cut``, ``n_cancelled``,
     ``n_refused``, ``n_replaced``, ``n_errored``: the other turns, by status.
     """
 
     ids: frozenset[int]
     n_cancelled: int = 0
+    n_cut: int = 0
     n_refused: int = 0
     n_errored: int = 0
     n_replaced: int = 0
@@ -106,8 +107,10 @@ class CompletedTurns:
         return len(self.ids)
 
     def counts(self) -> dict[str, int]:
-        """``{"n_completed", "n_cancelled", "n_refused", "n_replaced", "n_errored"}`` (turns)."""
-        return {"n_completed": self.n_completed, "n_cancelled": self.n_cancelled,
+        """``{"n_completed", "n_cut", "n_cancelled", "n_refused", "n_replaced",
+        "n_errored"}`` (turns)."""
+        return {"n_completed": self.n_completed, "n_cut": self.n_cut,
+                "n_cancelled": self.n_cancelled,
                 "n_refused": self.n_refused, "n_replaced": self.n_replaced,
                 "n_errored": self.n_errored}  # fmt: skip
 
@@ -127,7 +130,7 @@ class CompletedTurns:
 def left_out(counts: Mapping[str, int] | None) -> str:
     """The turns a summary left out, from :meth:`CompletedTurns.counts`: ``"2 cancelled,
     1 refused"`` (``""`` when none), said beside every percentile."""
-    words = (("n_cancelled", "cancelled"), ("n_refused", "refused"),
+    words = (("n_cut", "cut"), ("n_cancelled", "cancelled"), ("n_refused", "refused"),
              ("n_replaced", "replaced"), ("n_errored", "errored"))  # fmt: skip
     given = counts or {}
     return ", ".join(f"{given[k]} {w}" for k, w in words if given.get(k))
@@ -136,8 +139,8 @@ def left_out(counts: Mapping[str, int] | None) -> str:
 def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:
     """The one rule of every latency summary: percentiles over completed turns only.
 
-    A turn is *completed* when its status is ``ok``; cancelled, refused and errored
-    turns are counted (see :class:`CompletedTurns`), never part of a percentile.
+    A turn is *completed* when its status is ``ok``; cut, cancelled, refused, replaced
+    and errored turns are counted (see :class:`CompletedTurns`), never part of a percentile.
     """
     by_status: Counter[str] = Counter()
     ids = set()
@@ -145,7 +148,8 @@ def completed_turns(turns: Iterable[TurnRow]) -> CompletedTurns:
         by_status[t.status] += 1
         if t.status == "ok" and t.id is not None:
             ids.add(t.id)
-    return CompletedTurns(frozenset(ids), n_cancelled=by_status["cancelled"],
+    return CompletedTurns(frozenset(ids), n_cut=by_status["cut"],
+                          n_cancelled=by_status["cancelled"],
                           n_refused=by_status["refused"], n_errored=by_status["error"],
                           n_replaced=by_status["replaced"])  # fmt: skip
 
@@ -177,8 +181,9 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     ``answer_ttft`` is the shopper's wait for the first answer token, ``answer_done``
     until the answer is complete; ``turn`` is all steps done (post-answer checks too).
 
-    Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cancelled,
-    n_refused, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci, p90_ci}, answer_ttft: {...},
+    Returns ``{run_id, kind, label, status, n_turns, turns: {n_completed, n_cut,
+    n_cancelled, n_refused, n_replaced, n_errored}, turn: {n, p50_ms, p90_ms, p50_ci,
+    p90_ci}, answer_ttft: {...},
     answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
     reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, ttft_cached_share,
     output_tokens_mean, n_ran, n_failed, failures}}, prompt_cache}``;

@@ -367,7 +367,7 @@ def interrupted_line(
     :func:`chainrun.analysis.summary.latency_summary`'s). The command then leaves with
     :func:`exit_stopped`, so this is the only line that says it stopped."""
     c = summary["turns"]
-    done = c["n_completed"] + c["n_refused"] + c["n_replaced"] + c["n_errored"]
+    done = c["n_completed"] + c["n_cut"] + c["n_refused"] + c["n_replaced"] + c["n_errored"]
     how = "terminated" if isinstance(stopped, Terminated) else "interrupted"
     return (f"chainrun: {command} {how}: run {summary['run_id']} has {done} turns "
             f"answered ({c['n_completed']} completed), {c['n_cancelled']} cancelled in "

@@ -2,9 +2,9 @@
 
 A turn of history is the shopper's message and what reached them: the answer, the
 refusal text of a refused turn, the part of the answer streamed before a cancelled
-turn stopped, or nothing (``""``) when nothing reached them. Prompts read the history
-as ``{history}``: the kept turns oldest first, rendered as a transcript in the default
-prompts' own speaker names::
+turn stopped or a cut one ended (its answer step's deadline), or nothing (``""``) when
+nothing reached them. Prompts read the history as ``{history}``: the kept turns oldest
+first, rendered as a transcript in the default prompts' own speaker names::
 
     Shopper: Do you have rain jackets?
     Stylist: Yes: the City Drizzle Packable Rain Jacket (44.95 EUR) and ...
@@ -46,10 +46,15 @@ class HistoryTurn:
         message: the shopper's message as the chain received it (after the
             deterministic checks' redactions).
         answer: what reached the shopper ("" when nothing did).
+        products: the ids of the products the turn's search showed, in the order shown
+            (None: not known, e.g. a client's own thread; ``()``: none were found).
+            A follow-up that points back at them ("Which of those is cheapest?")
+            searches among them (:mod:`chainrun.retrieval.followup`).
     """
 
     message: str
     answer: str = ""
+    products: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,11 @@ Either way the history is cut to the ``[history]`` budget
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from chainrun.conversations.history import (
@@ -35,6 +36,7 @@ from chainrun.conversations.history import (
 )
 from chainrun.conversations.memory import ConversationMemory, LoadConversation, Loaded
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
+from chainrun.log.rows import StepRow
 from chainrun.log.store import Store
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "TurnPlace",
     "log_loader",
     "new_conversation_id",
+    "shown_products",
 ]
 
 log = logging.getLogger("chainrun.conversations")
@@ -51,6 +54,20 @@ log = logging.getLogger("chainrun.conversations")
 LOAD_TIMEOUT_S = 2.0
 #: s between two warnings that conversations went on without their earlier turns
 WARN_EVERY_S = 5.0
+
+
+def shown_products(steps: Iterable[StepRow]) -> tuple[str, ...] | None:
+    """The ids of the products a turn showed: the output (a JSON list of ids) of its
+    first ``retrieve`` step that ended ok; None when none did (skipped, failed, or a
+    chain without one)."""
+    for s in steps:
+        if s.kind == "retrieve" and s.status == "ok" and s.output:
+            try:
+                ids = json.loads(s.output)
+            except ValueError:
+                return None
+            return tuple(str(i) for i in ids) if isinstance(ids, list) else None
+    return None
 
 
 def new_conversation_id() -> str:
@@ -80,7 +97,14 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
 
     def read(conversation_id: str, keep: int) -> Loaded:
         rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
-        return [(r.turn_index or 0, HistoryTurn(r.input, r.output or "")) for r in rows], top
+        ids = [r.id for r in rows if r.id is not None]
+        steps = store.steps_of_turns(ids, kind="retrieve") if ids else []
+        by_turn: dict[int | None, list[StepRow]] = {}
+        for s in steps:
+            by_turn.setdefault(s.turn_id, []).append(s)
+        return [(r.turn_index or 0, HistoryTurn(r.input, r.output or "",
+                                                shown_products(by_turn.get(r.id, []))))
+                for r in rows], top  # fmt: skip
 
     async def load(conversation_id: str, keep: int) -> Loaded:
         try:
@@ -172,8 +196,11 @@ class ConversationSource:
         text = render_history(kept, self.settings)
         return TurnPlace(cid, index, History(kept, text, len(earlier) - len(kept)), remember)
 
-    def end(self, place: TurnPlace, message: str, shown: str | None) -> None:
+    def end(
+        self, place: TurnPlace, message: str, shown: str | None,
+        products: tuple[str, ...] | None = None,
+    ) -> None:  # fmt: skip
         """Record an ended turn: the message and what reached the shopper."""
         if place.remember:
             self.memory.end(place.conversation_id, place.turn_index,
-                            HistoryTurn(message, shown or ""))  # fmt: skip
+                            HistoryTurn(message, shown or "", products))  # fmt: skip

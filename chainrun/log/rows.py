@@ -44,12 +44,16 @@ RunKind = Literal["replay", "live", "eval"]
 #: ``lost_turns``: the run ended, and the log refused some of its turns' rows (they
 #: returned but are not in the log; :class:`chainrun.errors.LogWriteError`)
 RunStatus = Literal["running", "complete", "failed", "interrupted", "lost_turns"]
-#: ok: answered; refused: a step failed closed (or a check refused); error: a provider
-#: could not be reached; cancelled: the caller went away (Ctrl-C, a closed stream)
-TurnStatus = Literal["ok", "refused", "replaced", "error", "cancelled"]
+#: ok: answered; cut: the answer step failed (its deadline, a broken stream) after part
+#: of its answer had reached the user, which is the turn's output (``error_type`` says
+#: why); refused: a step failed closed (or a check refused); replaced: a validating
+#: step answered its safe text instead; error: a provider could not be reached;
+#: cancelled: the caller went away (Ctrl-C, a closed stream)
+TurnStatus = Literal["ok", "cut", "refused", "replaced", "error", "cancelled"]
 #: failed_open: no answer, the turn went on; failed_closed: no answer, the turn was
-#: refused; skipped: never started (the turn was refused first); cancelled: stopped
-#: while running (the caller went away, or a sibling failed closed)
+#: refused (or, for the answer step once part of its answer had reached the user, the
+#: turn ended ``cut``); skipped: never started (the turn was refused first);
+#: cancelled: stopped while running (the caller went away, or a sibling failed closed)
 StepStatus = Literal["ok", "failed_open", "failed_closed", "skipped", "cancelled"]
 
 #: the attempt outcomes whose answer a step used (the race's winner)
@@ -149,12 +153,12 @@ class TurnRow(_Row):
     #: the user's message as logged (matches of redacting checks masked)
     input: str
     #: the answer that reached the user (a refusal's text for a refused turn; for a
-    #: cancelled or failed turn the part of the answer streamed before it ended, NULL
-    #: when none was)
+    #: cut, cancelled or failed turn the part of the answer streamed before it ended,
+    #: NULL when none was)
     output: str | None = None
     #: the classify label the turn got, if any
     label: str | None = None
-    #: ok, refused, replaced, error or cancelled
+    #: ok, cut, refused, replaced, error or cancelled
     status: TurnStatus = "ok"
     #: every checking step's verdict, by step name (JSON)
     verdicts: dict[str, Any] = Field(default_factory=dict)

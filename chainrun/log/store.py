@@ -760,6 +760,17 @@ class Store:
         """The steps of a run (or of several), by turn, in the order they were logged."""
         return [StepRow.from_db(r) for r in self._rows("steps", run_ids)]
 
+    def steps_of_turns(self, turn_ids: Sequence[int], *, kind: str | None = None) -> list[StepRow]:
+        """The steps of the turns ``turn_ids`` (only those of ``kind``, if given), in the
+        order they were logged."""
+        if not turn_ids:
+            return []
+        marks = ",".join("?" for _ in turn_ids)
+        where = f"turn_id in ({marks})" + (" and kind = ?" if kind is not None else "")
+        args: list[Any] = [*turn_ids, *([kind] if kind is not None else [])]
+        rows = self.log.query(f"select * from steps where {where} order by id", args)
+        return [StepRow.from_db(r) for r in rows]
+
     def calls(self, run_ids: int | Sequence[int]) -> list[CallRow]:
         """The model call attempts of a run (or of several), in the order they were logged."""
         return [CallRow.from_db(r) for r in self._rows("calls", run_ids)]

@@ -78,6 +78,9 @@ class RetrievalResult:
         ms: the whole stage, in ms.
         price_order: ``price_asc`` / ``price_desc`` when the query asked for the
             cheapest or dearest first (the items are then in that order), else None.
+        within: the products searched among (an earlier turn's, in the order shown),
+            or None when the catalogue was searched.
+        colours: the colour words the products were narrowed by (``within`` only).
     """
 
     items: list[dict[str, Any]]
@@ -87,6 +90,8 @@ class RetrievalResult:
     query: str = ""
     ms: float = 0.0
     price_order: str | None = None
+    within: list[str] | None = None
+    colours: tuple[str, ...] = ()
 
     @property
     def ids(self) -> list[str]:
@@ -97,9 +102,10 @@ class RetrievalResult:
 
         Keys: ``query``, ``price_order``, ``filters``, ``results`` (merged items, each
         with ``id``), ``searches`` (each with ``name``, ``ms``, ``n``, ``new``, ``error``,
-        ``hedged``, ``ids``), ``stopped_after`` and ``ms``.
+        ``hedged``, ``ids``), ``stopped_after`` and ``ms``; a search among an earlier
+        turn's products adds ``within`` (their ids) and ``colours``.
         """
-        return {
+        doc: dict[str, Any] = {
             "query": self.query,
             "price_order": self.price_order,
             "filters": self.filters.as_json(),
@@ -108,6 +114,10 @@ class RetrievalResult:
             "stopped_after": self.stopped_after,
             "ms": round(self.ms, 3),
         }
+        if self.within is not None:
+            doc["within"] = list(self.within)
+            doc["colours"] = list(self.colours)
+        return doc
 
     def prompt_text(self) -> str:
         """The items as the compose step's prompt gets them (see :func:`format_for_prompt`)."""

@@ -15,8 +15,9 @@ slow but valid primary can still win.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from chainrun.retrieval.catalog import catalog_version, ensure_catalog_tables, g
 from chainrun.retrieval.categories import CategoryVocabulary
 from chainrun.retrieval.embeddings import Embedder, build_embedder
 from chainrun.retrieval.filters import Filters, FilterSearch, parse_query
-from chainrun.retrieval.followup import price_order
+from chainrun.retrieval.followup import colours_named, price_order
 from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.hybrid import RRF_K, HybridSearch
 from chainrun.retrieval.keyword import KeywordSearch
@@ -129,6 +130,9 @@ async def hedged_search(
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
+
+#: the name a search among the products an earlier turn showed is logged under
+EARLIER_RESULTS = "earlier_results"
 
 #: products each search looks at when the query asks for a price order (the k cheapest
 #: are taken from those found): enough for a category of the sample catalogue
@@ -280,6 +284,7 @@ class RetrievalStage:
             query, label, in_stock=not s.include_out_of_stock, vocabulary=vocabulary
         )
         order, text = price_order(parsed.text)
+        text = text.strip(" ,.?!;:")  # "rain jackets? cheapest" searches "rain jackets"
         k = s.k if order is None else max(s.k, PRICE_ORDER_CANDIDATES)
         found: dict[str, str] = {}  # id → the search that found it first (insertion order)
         logs: list[SearchLog] = []
@@ -308,6 +313,55 @@ class RetrievalStage:
             query=text,
             ms=(time.perf_counter() - t0) * 1000.0,
             price_order=order,
+        )
+
+    async def retrieve_within(
+        self, ids: Sequence[str], message: str, query: str | None = None
+    ) -> RetrievalResult:
+        """The products ``ids`` (those an earlier turn showed, in the order shown) that
+        the follow-up ``message`` asks for: narrowed by the sizes and prices it names
+        (:func:`~chainrun.retrieval.filters.parse_query`, in stock unless
+        ``include_out_of_stock``) and by its colours (a product with a colour holding
+        each named colour word: "navy" finds "navy stripe"), in price order when it
+        asks for the cheapest or dearest first
+        (:func:`~chainrun.retrieval.followup.price_order`), else in the order shown; at
+        most ``k``. No search runs: the one :class:`SearchLog` is
+        :data:`EARLIER_RESULTS`. An empty result means none of them fits. ``query``:
+        the follow-up's standalone query, logged as the result's ``query`` without its
+        price-order words (default: the message).
+        """
+        t0 = time.perf_counter()
+        parsed = parse_query(message, None, in_stock=not self.settings.include_out_of_stock)
+        order, _ = price_order(parsed.text)
+        text = price_order(parse_query(query or message).text)[1].strip(" ,.?!;:")
+        colours = colours_named(message)
+        # the products were found by the earlier turn's search: its categories hold
+        filters = dataclasses.replace(parsed.filters, categories=())
+        wanted = list(dict.fromkeys(ids))
+        products = await self.reader.run(lambda db: get_products(db, wanted))
+
+        def has_colours(p: dict[str, Any]) -> bool:
+            words = {w.replace("gray", "grey") for c in p.get("colours") or []
+                     for w in str(c).lower().split()}  # fmt: skip
+            return all(c in words for c in colours)
+
+        kept = [p for p in products if filters.matches(p) and has_colours(p)]
+        if order is not None:  # by price, then as shown (sorted() is stable)
+            kept = sorted(kept, key=lambda p: float(p["price"]), reverse=order == "price_desc")
+        kept = kept[: self.settings.k]
+        ms = (time.perf_counter() - t0) * 1000.0
+        log = SearchLog(name=EARLIER_RESULTS, ms=ms, n=len(kept), new=len(kept),
+                        answered_by=EARLIER_RESULTS, ids=[p["id"] for p in kept])  # fmt: skip
+        return RetrievalResult(
+            items=[{**p, "source": EARLIER_RESULTS} for p in kept],
+            searches=[log],
+            stopped_after=None,
+            filters=filters,
+            query=text,
+            ms=ms,
+            price_order=order,
+            within=wanted,
+            colours=colours,
         )
 
 

@@ -46,7 +46,11 @@ What comes back besides the answer:
   whole turn summary.
 * ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn the
   chain refused (a fail-closed step); a refused streamed turn whose answer had already
-  begun ends there, its ``chainrun.status`` says ``refused``.
+  begun ends there, its ``chainrun.status`` says ``refused``. ``length`` for a turn whose
+  answer was **cut**: the answer step failed (its deadline, a stream that broke off)
+  after part of its answer had been sent; that part is the answer (``content``, or the
+  chunks already streamed), never replaced by a refusal, and ``chainrun.status`` is
+  ``cut`` with the step's ``error_type``.
 
 A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
 stream has begun, an ``error`` object in the stream (the ``openai`` client raises
@@ -201,7 +205,12 @@ def _failure(summary: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _finish_reason(status: str) -> str:
-    return "content_filter" if status in ("refused", "replaced") else "stop"
+    """``content_filter`` for a refused or replaced turn, ``length`` for a cut one (the
+    answer ended before it was complete: the API's "the maximum number of tokens ...
+    was reached" is the nearest of its reasons), else ``stop``."""
+    if status in ("refused", "replaced"):
+        return "content_filter"
+    return "length" if status == "cut" else "stop"
 
 
 async def models(request: Request) -> Response:

@@ -20,6 +20,12 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
 the whole answer and nothing pending can refuse it; the steps in ``pending`` (checks of
 the answer) still run, and their ``step`` events and the ``turn`` event follow.
 
+``turn`` closes every turn; its ``status`` says how it ended. A turn whose answer step
+failed (its deadline, a stream that broke off) after ``token`` events had been sent
+ends ``cut``: no ``answer_done``, and ``turn`` with ``status: "cut"``, ``error_type``
+(e.g. ``timeout``) and ``output``, the text those tokens made: the answer as the
+shopper has it, never replaced by a refusal.
+
 All times are in ms from the turn's start. Closing the runner's iterator (a client that
 went away) before ``answer_done`` cancels the turn's in-flight model calls; the chain
 logs the turn ``cancelled`` and the runner's observers still get it, found in the log by

@@ -6,7 +6,12 @@ compose prompt shows them, and ``query``: what it searched for. With ``follow_up
 (the default) a follow-up that names no subject of its own ("Which of those is
 cheapest?") searches the subject of the earlier turn it follows too, by rules and
 without a model call (:func:`chainrun.retrieval.followup.standalone_query`); price and
-category filters and a price order are parsed from that query. The searches themselves
+category filters and a price order are parsed from that query. A follow-up that points
+back at what the shopper was shown ("Which of those is cheapest?", "Is it available in
+navy?") searches among the products the nearest earlier turn showed, when the history
+knows them (:meth:`chainrun.retrieval.stage.RetrievalStage.retrieve_within`: in price
+order, or narrowed by colour, size or price, as it asks); the row's ``detail`` then
+has ``within`` (those ids). The searches themselves
 live in :mod:`chainrun.retrieval`; the catalogue in the log database (the sample
 catalogue is loaded there when the database has none).
 """
@@ -24,7 +29,7 @@ from pydantic import Field, model_validator
 from chainrun.errors import ChainrunError, ProviderError, error_type
 from chainrun.retrieval import build_retriever
 from chainrun.retrieval.base import Retriever
-from chainrun.retrieval.followup import standalone_query
+from chainrun.retrieval.followup import points_back, standalone_query
 from chainrun.retrieval.settings import RetrievalSettings
 from chainrun.steps.base import (
     BuildContext,
@@ -100,6 +105,17 @@ class RetrieveStep(Step):
             return state.message
         return standalone_query(state.message, [t.message for t in state.history.turns])
 
+    def within(self, state: TurnState) -> tuple[str, ...] | None:
+        """The products a follow-up that points back searches among: those the nearest
+        earlier turn that showed any showed (None: the message does not point back, or
+        the history does not know them; see the module text)."""
+        if not self.config.follow_ups or not points_back(state.message):
+            return None
+        for turn in reversed(state.history.turns):
+            if turn.products:
+                return turn.products
+        return None
+
     def needs(self) -> StepNeeds:
         """The catalogue."""
         return StepNeeds(catalogue=True)
@@ -132,9 +148,14 @@ class RetrieveStep(Step):
             label = state.label if self.config.retrieval.use_label else None
             query = self.query(state)
             result.updates["query"] = query
+            within = self.within(state)
+            among = getattr(self.retriever, "retrieve_within", None)
             try:
                 async with asyncio.timeout(self.config.deadline_s):
-                    found = await self.retriever.retrieve(query, label=label)
+                    if within is not None and among is not None:
+                        found = await among(within, state.message, query)
+                    else:
+                        found = await self.retriever.retrieve(query, label=label)
                 row.detail = {"standalone_query": query, **found.as_json()}
                 result.updates["products"] = found.prompt_text() or "(none)"
                 row.output = json.dumps([item["id"] for item in row.detail.get("results", [])])
