@@ -180,7 +180,8 @@ def test_a_replay_shows_the_cut_answer_and_counts_it(tmp_path: Path) -> None:
         replay.write_text(json.dumps({"id": "r1", "message": "rain jackets?"}) + "\n")
         db = tmp_path / "log.db"
         res = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db))
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # no turn ok: a replay then exits 1
+    assert "0 ok (1 cut)" in res.stdout
     assert "1 of 1 turns not ok (1 cut; failed steps in them: compose:timeout ×1)" in res.stderr
     shown = json.loads(chainrun("show", "1", "--db", str(db), "--json").stdout)
     (turn,) = shown["turns"]
