@@ -29,8 +29,16 @@ step's embedding of the same text, as in production).
 A turn's route is the one the ``default`` variant gave that request (``policy``: the
 policy step ran; ``search``: the catalogue was searched), so every variant is measured
 on the same turns per route (``before`` has one route, but its turns are grouped the
-same way); each variant's own route counts are reported too. Variants run one after
-another over the whole set, ``--rounds`` times.
+same way); each variant's own route counts are reported too.
+
+**Interleaved.** The set is cut into blocks (a conversation's turns; a single request),
+and each block runs through every variant before the next block starts, the variants'
+order rotating from block to block; each variant keeps one run (its later blocks are
+added to it). Run one after another over the whole set, the variants met different loads
+of this shared machine twice (a surge during one variant, then a quiet first variant):
+interleaved, a drift in load falls on every variant alike. Each block opens its
+variant's chain anew (its steps, the providers' preflight; not part of a turn's time).
+``--rounds`` repeats the whole.
 
 ``--answer-only`` leaves validate and critique out of every variant: they run after the
 answer, and turns run one at a time, so a turn's answer TTFT does not wait for them;
@@ -59,7 +67,7 @@ from chainrun.analysis import stats
 from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
-from chainrun.replay import load_requests, run_requests
+from chainrun.replay import ReplayRequest, load_requests, run_requests
 from chainrun.retrieval.embeddings import MiniLMEmbedder, forget_recent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,14 +169,38 @@ async def measure(
     await MiniLMEmbedder().embed(["warm-up"])  # the weights loaded before any variant
     t0 = time.perf_counter()
     try:
-        for _ in range(rounds):
-            for name, cfg in configs.items():  # one variant after another, same turns
-                forget_recent()  # each variant embeds the messages itself, as new ones
-                runs[name].append(await run_requests(
-                    cfg, requests, store, label=f"{target}:{name}", concurrency=1, quiet=True))
+        for r in range(rounds):
+            order = list(configs)
+            ran: dict[str, int] = {}  # the round's run of each variant
+            for i, block in enumerate(blocks(requests)):
+                k = (i + r) % len(order)
+                for name in order[k:] + order[:k]:  # the variants' order rotates
+                    forget_recent()  # each variant embeds the messages itself, as new ones
+                    ran[name] = await run_requests(
+                        configs[name], block, store, label=f"{target}:{name}",
+                        concurrency=1, quiet=True, run_id=ran.get(name))  # fmt: skip
+            for name, rid in ran.items():
+                runs[name].append(rid)
         return {"elapsed_s": c.r(time.perf_counter() - t0), **summarize(store, runs)}
     finally:
         store.close()
+
+
+def blocks(requests: list[ReplayRequest]) -> list[list[ReplayRequest]]:
+    """``requests`` cut into what must run together, in file order: a conversation's
+    turns (one block, in turn order as in the file) or a single request."""
+    out: list[list[ReplayRequest]] = []
+    where: dict[str, list[ReplayRequest]] = {}
+    for req in requests:
+        conv = req.conversation_id
+        if conv is None:
+            out.append([req])
+        elif conv in where:
+            where[conv].append(req)
+        else:
+            where[conv] = [req]
+            out.append(where[conv])
+    return out
 
 
 def runs_in_log(store: Store, target: str) -> dict[str, list[int]]:
@@ -205,11 +237,44 @@ def summarize(store: Store, runs: dict[str, list[int]]) -> dict[str, Any]:
                 own[str(mine.get(t.request_id or ""))] += 1
         out["variants"][name] = {
             "runs": rids,
+            "paired_with_default": paired(store, rids, runs["default"]),
             "answer_ttft_ms_by_route": {k: summary(v) for k, v in sorted(waits.items())},
             "own_routes": dict(own),
             "classify_ms": summary(classify_ms),
         }
     return out
+
+
+def paired(store: Store, rids: list[int], default_rids: list[int]) -> dict[str, Any]:
+    """A variant's answer TTFT minus the default's on the same request (both turns
+    ``ok``; with ``--rounds`` above 1, a request's turns pair round by round): n, the
+    median difference (ms) and its 95% order-statistic interval, the median ratio, and
+    how many turns the variant answered sooner, with the exact two-sided sign test's p
+    (:func:`chainrun.analysis.stats.sign_test_p`). Pairing takes out what the turns
+    share (the message, its history, the load at that moment, interleaved): the figure
+    to read when the per-variant intervals overlap."""
+    def ttfts(run_ids: list[int]) -> dict[tuple[int, str], float]:
+        out: dict[tuple[int, str], float] = {}
+        for k, rid in enumerate(run_ids):
+            for t in store.turns(rid):
+                if t.status == "ok" and t.answer_ttft_ms is not None:
+                    out[(k, t.request_id or "")] = t.answer_ttft_ms
+        return out
+
+    mine, base = ttfts(rids), ttfts(default_rids)
+    keys = sorted(mine.keys() & base.keys())
+    diffs = [mine[k] - base[k] for k in keys]
+    ratios = [mine[k] / base[k] for k in keys if base[k] > 0]
+    sooner = sum(1 for d in diffs if d < 0)
+    ci = stats.quantile_ci(diffs, 50) if diffs else None
+    return {
+        "n": len(diffs),
+        "median_diff_ms": c.r(stats.percentile(diffs, 50)) if diffs else None,
+        "median_diff_ci": [c.r(x) for x in ci] if ci else None,
+        "median_ratio": round(stats.percentile(ratios, 50), 3) if ratios else None,
+        "sooner": sooner,
+        "sign_test_p": round(stats.sign_test_p(sooner, sum(1 for d in diffs if d != 0)), 4),
+    }
 
 
 def main() -> int:
@@ -225,6 +290,9 @@ def main() -> int:
     ap.add_argument("--from-log", type=Path, default=None,
                     help="run nothing: summarize the runs of a log this benchmark wrote "
                          "(labels TARGET:VARIANT; e.g. a copy of a run stopped early)")
+    ap.add_argument("--keep-log", type=Path, default=None,
+                    help="write the run log here (a new SQLite file) instead of a temporary "
+                         "one, to read later with chainrun show/compare or --from-log")
     c.add_common_options(ap)
     args = ap.parse_args()
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
@@ -232,6 +300,8 @@ def main() -> int:
     unknown = set(names) - set(variants("http://x/v1"))
     if "default" not in names or unknown:
         ap.error(f"--variants: default is needed (it assigns the routes); unknown: {unknown}")
+    if args.keep_log is not None and len(targets) > 1:
+        ap.error("--keep-log: one --target at a time (one log per run of this script)")
     sets = SETS[:1] if args.conversations_only else SETS
     doc = c.new_document("conversation_routes", sys.argv[1:],
                          {"targets": targets, "rounds": args.rounds, "variants": names,
@@ -247,6 +317,13 @@ def main() -> int:
         finally:
             store.close()
         targets = []
+    def log_path(tmp: Path) -> Path:
+        if args.keep_log is None:
+            return tmp / "log.db"
+        if args.keep_log.exists():
+            ap.error(f"--keep-log {args.keep_log}: expected a new file, it exists")
+        return args.keep_log
+
     for target in targets:
         with tempfile.TemporaryDirectory(prefix="chainrun-routes-") as name:
             tmp = Path(name)
@@ -254,14 +331,14 @@ def main() -> int:
                 with LabServer("lognormal", median_ms=120, sigma=0.3, n_tokens=24,
                                per_token_ms=8) as lab:  # fmt: skip
                     doc["results"][target] = asyncio.run(
-                        measure(target, lab.base_url, args.rounds, tmp / "log.db", names, sets,
+                        measure(target, lab.base_url, args.rounds, log_path(tmp), names, sets,
                                 args.answer_only))
             elif target == "local":
                 from chainrun.runtime import local_model
 
                 server = local_model.up(quiet=True)
                 doc["results"][target] = asyncio.run(
-                    measure(target, server.base_url, args.rounds, tmp / "log.db", names,
+                    measure(target, server.base_url, args.rounds, log_path(tmp), names,
                             sets, args.answer_only))
             else:
                 ap.error(f"--target: expected lab or local, got {target!r}")
@@ -274,6 +351,12 @@ def main() -> int:
                 s = v["classify_ms"]
                 lines.append(f"  {name:14} classify n={s['n']:3} p50 {s['p50_ms']} "
                              f"{s['p50_ci']}  p90 {s['p90_ms']} {s['p90_ci']}")  # fmt: skip
+                pd = v["paired_with_default"]
+                if name != "default" and pd["n"]:
+                    lines.append(f"  {name:14} minus default, paired n={pd['n']}: median "
+                                 f"{pd['median_diff_ms']} ms {pd['median_diff_ci']}, ratio "
+                                 f"{pd['median_ratio']}, sooner on {pd['sooner']} "
+                                 f"(sign test p {pd['sign_test_p']})")  # fmt: skip
                 for route, s in v["answer_ttft_ms_by_route"].items():
                     lines.append(f"  {name:14} {route:7} n={s['n']:3} p50 {s['p50_ms']} "
                                  f"{s['p50_ci']}  p90 {s['p90_ms']} {s['p90_ci']}")  # fmt: skip
