@@ -58,7 +58,6 @@ from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monit
 from chainrun.log.redaction import Redactor
 from chainrun.log.rows import RunKind, TurnLog, TurnRow
 from chainrun.log.store import DEFAULT_DB, SeedWindows, Store, utc_now
-from chainrun.log.writer import LogWriteLost, LogWriterStopped
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.catalog import ensure_sample_catalog
@@ -89,13 +88,13 @@ async def _after_log(
     callback: Callable[[int | None], Awaitable[None]], turn_id: int | None
 ) -> None:
     """Run one of a turn's after-log callbacks (a shadow loser's rows rewritten once it
-    ends) in its own task, whose failure nobody awaits: a log write refused or given up
-    (the database away: the writer counts and says every lost write) is left at that; any
-    other error is said in one warning line with its traceback, never as an unretrieved
-    task exception."""
+    ends) in its own task, whose failure nobody awaits: a log write that failed (refused,
+    or given up with the database away: the writer counts and says every lost write) is
+    left at that; any other error is said in one warning line with its traceback, never
+    as an unretrieved task exception."""
     try:
         await callback(turn_id)
-    except (LogWriteError, LogWriteLost, LogWriterStopped) as e:
+    except LogWriteError as e:
         logger.debug("turn %s: a late log update was not written (%s)", turn_id, e)
     except Exception:
         logger.warning("turn %s: a late log update failed", turn_id, exc_info=True)
@@ -434,7 +433,7 @@ class Chain:
             await self.flush()
         except Exception as e:
             write_error = e
-            if not isinstance(e, LogWriteError):
+            if not (isinstance(e, LogWriteError) and e.lost):  # lost turns: lost_turns below
                 status = "failed"
         if (self.store is not None and self.run_id is not None and status != "interrupted"
                 and self.store.lost_turns(self.run_id)):  # fmt: skip

@@ -7,8 +7,10 @@
     │   ├── ConfigError           bad chainrun.toml / field path and value named
     │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
     ├── ChainClosed               a turn asked of a Chain already closed (also a RuntimeError)
-    ├── LogWriteError             turns that returned could not be written to the run log
-    │   └── LogFileGone           the log's file was deleted or replaced during a run
+    ├── LogWriteError             a run log write failed (turns that returned and are lost named)
+    │   ├── LogFileGone           the log's file was deleted or replaced during a run
+    │   ├── LogWriteLost          a write given up: the database away too long, or the queue full
+    │   └── LogWriterStopped      the log's writer thread stopped on an error of its own
     └── ProviderError             the model server failed us (not the user's fault)
         ├── ProviderUnavailable   cannot connect / server not running / local model missing
         ├── ProviderStatusError   the server answered with an HTTP error status
@@ -122,9 +124,14 @@ class LostTurn:
 
 
 class LogWriteError(ChainrunError):
-    """Turns that had returned could not be written to the run log (a write the database
-    refused: disk full, a constraint, a lock held past the busy timeout). The run ends
-    ``lost_turns``; a resumed replay runs them again.
+    """A write to the run log failed: catch this for "a log write failed". Raised as is
+    when turns that had returned could not be written (a write the database refused:
+    disk full, a constraint, a lock held past the busy timeout; they are named in
+    ``lost``): the run ends ``lost_turns``, and a resumed replay runs them again. Its
+    subclasses :class:`LogFileGone`, and ``LogWriteLost`` and ``LogWriterStopped`` of
+    :mod:`chainrun.log.writer` (a write given up while the database was away, the writer
+    thread stopped; their ``lost`` is empty: the turns they cost are named by the next
+    flush), say what else went wrong.
 
     Attributes:
         lost: the turns lost since the last time this was raised (:class:`LostTurn`).

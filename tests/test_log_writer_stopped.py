@@ -105,3 +105,36 @@ async def test_a_thread_that_cannot_open_its_connection_fails_flush_at_once(
     ]
     await asyncio.wait_for(asyncio.to_thread(writer.close), PATIENCE_S)
     assert writer.status()["state"] == "stopped"
+
+
+async def test_every_failed_log_write_is_a_log_write_error(tmp_path: Path) -> None:
+    """A write dropped with the database away (``LogWriteLost``) and a writer thread that
+    stopped (``LogWriterStopped``) are caught as :class:`LogWriteError`, the one class
+    for "a log write failed" (they were chainrun errors of their own, so code catching
+    it let them through); they name no turn (``lost`` is empty) and keep their type."""
+    Store.open(tmp_path / "log.db").close()  # a log file for the writer to write
+    gate = threading.Event()
+    # a network writer whose queue is full drops the write at once (a log on the network)
+    full = LogWriter(tmp_path / "log.db", network=True, max_queue=1, name="log.db")
+    try:
+        await full.post(lambda db: gate.wait(PATIENCE_S))  # the thread holds this one
+        await asyncio.sleep(0.2)
+        await full.post(lambda db: None)  # fills the queue
+        with pytest.raises(LogWriteError) as dropped:
+            await asyncio.wait_for(full.future(lambda db: 1), PATIENCE_S)
+    finally:
+        gate.set()
+        await asyncio.to_thread(full.close)
+
+    def cannot_connect() -> LogDb:
+        raise OSError("unable to open database file")
+
+    stopped = LogWriter(None, connect=cannot_connect, name="log.db")
+    await stopped.post(lambda db: None)
+    with pytest.raises(LogWriteError) as gone:
+        await asyncio.wait_for(stopped.flush(), PATIENCE_S)
+    await asyncio.wait_for(asyncio.to_thread(stopped.close), PATIENCE_S)
+    for error, kind in ((dropped.value, "log_write_lost"), (gone.value, "log_writer_stopped")):
+        assert error.as_dict()["type"] == kind and error.error_type == "log_write"
+        assert error.lost == [] and error.lines() == [] and error.log == "log.db"
+    assert "queue full" in str(dropped.value) and "writer thread stopped" in str(gone.value)

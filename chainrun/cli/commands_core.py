@@ -241,7 +241,9 @@ def replay(
                 exit_stopped(e)
             run_id, stopped = started[0], e
         except LogWriteError as e:
-            if not started or isinstance(e, LogFileGone):  # no log left to summarise
+            # no run, no log left to summarise (its file gone), or no turn to name (the
+            # database away too long, the writer stopped): the error's one line
+            if not started or isinstance(e, LogFileGone) or not e.lost:
                 raise
             run_id, lost = started[0], e
         except ProviderUnavailable as e:

@@ -57,12 +57,7 @@ from chainrun.log.rows import (
     TurnRow,
 )
 from chainrun.log.turn_ids import BLOCK, TurnIds, release
-from chainrun.log.writer import (
-    JOURNAL_SIZE_LIMIT_BYTES,
-    LogWriteLost,
-    LogWriter,
-    LogWriterStopped,
-)
+from chainrun.log.writer import JOURNAL_SIZE_LIMIT_BYTES, LogWriter
 from chainrun.runtime.processes import pid_exists
 
 __all__ = [
@@ -719,7 +714,7 @@ class Store:
         if self.writer is not None:
             try:
                 await asyncio.wait_for(self.writer.flush(), flush_timeout_s)
-            except (TimeoutError, LogWriteLost, LogWriterStopped):
+            except (TimeoutError, LogWriteError):  # away too long, or the writer stopped
                 return None
         unreachable: tuple[type[BaseException], ...] = (TimeoutError, *self.log.network_errors)
         try:

@@ -81,7 +81,7 @@ from typing import Any, TypeVar
 import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (as the store)
 
-from chainrun.errors import ChainrunError
+from chainrun.errors import LogWriteError
 from chainrun.log.backend import LogDb, SqliteLogDb
 
 __all__ = [
@@ -119,22 +119,37 @@ log = logging.getLogger(__name__)
 WARN_EVERY_S = 5.0
 
 
-class LogWriteLost(ChainrunError):
+class LogWriteLost(LogWriteError):
     """A write was dropped or given up: the log's database was unreachable and the queue
-    was full, or the outage outlasted ``close_timeout_s``. Error type ``log_write`` (the
-    CLI says it in one line and exits 2, as for any write the log could not take)."""
+    was full, or the outage outlasted ``close_timeout_s``. A :class:`LogWriteError` that
+    names no turn (``lost`` is empty: the turns a dropped write carried are counted, and
+    named by the next :meth:`~chainrun.log.store.Store.flush`); error type ``log_write``
+    (the CLI says it in one line and exits 2, as for any write the log could not take).
 
-    error_type = "log_write"
+    Args:
+        message: what was given up, and why.
+        log: the log as the user names it (its file, or its URL without a password).
+    """
+
+    def __init__(self, message: str, *, log: str | None = None) -> None:
+        super().__init__([], log, message=message)
 
 
-class LogWriterStopped(ChainrunError):
+class LogWriterStopped(LogWriteError):
     """The log's writer thread has stopped on an error of its own (its connection could
     not be opened, or an error escaped a batch): what it had not committed is lost (the
     posted turns are counted and named as lost), and every later write, flush or waiting
     caller gets this error at once instead of waiting for a thread that is gone. The
-    message names the error that stopped it. Error type ``log_write``."""
+    message names the error that stopped it. A :class:`LogWriteError` that names no turn
+    (``lost`` is empty); error type ``log_write``.
 
-    error_type = "log_write"
+    Args:
+        message: why the thread stopped.
+        log: the log as the user names it.
+    """
+
+    def __init__(self, message: str, *, log: str | None = None) -> None:
+        super().__init__([], log, message=message)
 
 
 def open_connection(path: Path) -> sqlite_utils.Database:
@@ -430,7 +445,7 @@ class LogWriter:
         now = time.monotonic()
         if now - max(since, waiting_since) > self.close_timeout_s:
             raise LogWriteLost(f"run log {self.name}: the database has been unreachable for "
-                               f"{now - since:.0f} s; {what}")  # fmt: skip
+                               f"{now - since:.0f} s; {what}", log=self.name)  # fmt: skip
 
     def _put_while_reachable(self, job: Job) -> None:
         """Wait for room in the queue (a worker thread), at most until the outage has
@@ -463,7 +478,7 @@ class LogWriter:
         _, loop, fut, _ = job
         if fut is not None and loop is not None:
             error = LogWriteLost(f"run log {self.name}: the write was dropped (queue full while "
-                                 "the database could not be reached)")  # fmt: skip
+                                 "the database could not be reached)", log=self.name)  # fmt: skip
             try:
                 loop.call_soon_threadsafe(_resolve, fut, None, error)
             except RuntimeError:
@@ -547,7 +562,8 @@ class LogWriter:
         lost and raised by the next flush)."""
         self.stopped = LogWriterStopped(
             f"run log {self.name}: the log's writer thread stopped ({error!r}); writes "
-            "not yet committed are lost and no more can be written by this process"
+            "not yet committed are lost and no more can be written by this process",
+            log=self.name,
         )
         self.stopped.__cause__ = error
         log.error("%s", self.stopped, exc_info=error)
@@ -701,7 +717,8 @@ class LogWriter:
                 if time.monotonic() >= self._give_up_at:
                     self.dropped += len(batch)
                     error = LogWriteLost(f"run log {self.name}: the database could not be "
-                                         "reached before the writer closed")  # fmt: skip
+                                         "reached before the writer closed",
+                                         log=self.name)  # fmt: skip
                     return [(None, error)] * len(batch)
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5 if self._closing.is_set() else 1.0)
