@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -84,3 +88,43 @@ async def chat(client: httpx.AsyncClient, message: str, **body: Any) -> list[tup
         async for ev in sse(r):
             events.append(ev)
     return events
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rpartition(")")[2].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
+
+
+def kill_with_workers(pid: int) -> None:
+    """SIGKILL ``pid`` and its children: the workers of ``serve --workers N`` are forked
+    into process groups of their own and hold its stderr open, so killing the parent
+    alone leaves a reader of that stderr waiting for them forever."""
+    for child in children(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def workers_ready(base: str, workers: int, timeout_s: float = 60.0) -> bool:
+    """Whether ``GET {base}/readyz`` answered 200 on 10 × ``workers`` new connections in a
+    row within ``timeout_s``: the kernel spreads connections over the workers of ``serve
+    --workers N``, so every worker has most likely answered (one 200 says only that one
+    of them is ready)."""
+    deadline = time.monotonic() + timeout_s
+    ready = 0
+    while time.monotonic() < deadline and ready < 10 * workers:
+        try:
+            r = httpx.get(f"{base.rstrip('/')}/readyz", timeout=2)
+            ready = ready + 1 if r.status_code == 200 else 0
+        except httpx.HTTPError:
+            ready = 0
+        time.sleep(0.1 if ready == 0 else 0.01)
+    return ready >= 10 * workers

@@ -10,7 +10,7 @@ stopping it disturbs no other test.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from log_backends import BACKENDS, log_target, need_pg, pg_schema
+from serve_helpers import kill_with_workers, workers_ready
 
 from chainrun.analysis.summary import hedge_stats, latency_summary
 from chainrun.chain import Chain
@@ -228,37 +229,11 @@ def start_serve(url: str, lab: LabServer, tmp_path: Path, workers: int = 2
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    ready = 0
-    while time.monotonic() < deadline and ready < 10 * workers:
-        try:
-            r = httpx.get(f"{base}/readyz", timeout=2)
-            ready = ready + 1 if r.status_code == 200 else 0
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1 if ready == 0 else 0.01)
-    if ready < 10 * workers:
-        # the workers are forked into process groups of their own and hold stderr open:
-        # killing the parent alone left communicate() waiting for them forever
-        for pid in _children(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.kill()
+    if not workers_ready(base, workers):
+        kill_with_workers(proc.pid)
         _, err = proc.communicate(timeout=30)
         raise AssertionError(f"serve did not get ready in 60 s: {err[-2000:]}")
     return proc, base
-
-
-def _children(pid: int) -> list[int]:
-    """The pids whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                if int(stat.rpartition(")")[2].split()[1]) == pid:
-                    out.append(int(entry.name))
-    return out
 
 
 # -- PostgreSQL only -------------------------------------------------------------------------
@@ -578,6 +553,36 @@ def test_serve_workers_log_every_turn_once(tmp_path: Path) -> None:
     assert 1 <= len(runs) <= 2 and len(set(pids)) == len(runs), pids
     assert {r.status for r in runs} == {"complete"}
     assert sorted(t.id for t in turns) == sorted(turn_ids) and len(set(turn_ids)) == 40
+
+
+def test_processes_opening_a_new_catalogue_file_take_turns(tmp_path: Path) -> None:
+    """A PostgreSQL log's catalogue file is opened one opener at a time per directory (the
+    lock a SQLite log's openers take). The workers of ``serve --workers N`` open a new
+    one together; the one switching it to WAL while the other was creating it failed at
+    once with "database is locked" (SQLite does not wait on its busy timeout there: about
+    1 in 60 opens of a new file by two processes at the same moment), and that error
+    ended the worker's chain opening for good: ``/readyz`` said "starting" forever."""
+    with pg_schema(need_pg()) as url:
+        Store.open(url).close()
+        catalogue = tmp_path / "catalog.db"
+        tables: list[str] = []
+
+        def open_catalogue() -> None:
+            with Store.open(url) as s:
+                s.catalog_file = catalogue
+                tables.extend(s.db.table_names())
+
+        other = os.open(tmp_path, os.O_RDONLY)
+        fcntl.flock(other, fcntl.LOCK_EX)  # another process's opener is at work there
+        opener = threading.Thread(target=open_catalogue)
+        try:
+            opener.start()
+            time.sleep(1.0)
+            assert tables == [] and not catalogue.exists()  # it waits its turn
+        finally:
+            os.close(other)  # the other opener is done
+            opener.join(30)
+    assert "products" in tables and "_migrations" in tables
 
 
 def test_a_dropped_id_reservation_fails_its_turn_loudly() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -231,6 +232,41 @@ async def test_readyz_is_503_until_the_providers_answer(config, store, fake) -> 
         assert (await client.get("/readyz")).status_code == 200
         events = await chat(client, "hi")
     assert events[-1][1]["status"] == "ok" and len(tries) == 3
+
+
+async def test_an_unexpected_error_opening_the_chain_is_said_and_retried(
+    config, store, fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open that fails with an error that is not chainrun's (the catalogue's SQLite
+    file locked by another worker creating it) is said with its traceback, shown by
+    /readyz and retried: it used to end the opener silently, and /readyz said "starting:
+    the providers have not answered their preflight yet" for as long as the process ran."""
+    tries: list[int] = []
+
+    class LockedOnce(Chain):
+        async def open(self) -> None:
+            tries.append(1)
+            if len(tries) == 1:
+                raise sqlite3.OperationalError("database is locked")
+            await super().open()
+
+    def factory() -> Chain:
+        return LockedOnce(config, store=store, providers={"local": fake}, kind="live",
+                          quiet=True)  # fmt: skip
+
+    async with (
+        serving(factory, wait_ready=False, retry_s=0.5) as (url, state),
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        await asyncio.sleep(0.1)
+        r = await client.get("/readyz")
+        assert r.status_code == 503 and "OperationalError: database is locked" in r.text, r.text
+        await asyncio.wait_for(state.wait_ready(), 10)
+        assert (await client.get("/readyz")).status_code == 200
+        events = await chat(client, "hi")
+    assert events[-1][1]["status"] == "ok" and len(tries) == 2
+    said = [r for r in caplog.records if "database is locked" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "ERROR" and said[0].exc_info is not None
 
 
 async def test_bearer_token(config, store, fake) -> None:

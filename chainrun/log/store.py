@@ -219,7 +219,9 @@ class Store:
                 raise UserInputError(
                     f"{CATALOG_ENV}={path}: directory {path.parent} does not exist"
                 )
-            self._catalog = Store._open_file(path, path)
+            if path.is_dir():
+                raise UserInputError(f"{CATALOG_ENV}={path}: is a directory (expected a file)")
+            self._catalog = Store._open_sqlite_file(path, f"{CATALOG_ENV}={path}")
         return self._catalog
 
     def file_gone(self) -> bool:
@@ -290,18 +292,34 @@ class Store:
                 return cls(cls._open_read_only(p, path), p)
             except sqlite3.DatabaseError as e:
                 raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
+        return cls(cls._open_sqlite_file(p, path), p)
+
+    @classmethod
+    def _open_sqlite_file(cls, p: Path, path: str | Path) -> sqlite_utils.Database:
+        """Open (creating, switching to WAL and migrating if needed) the SQLite file ``p``
+        (``path`` as the user named it, for messages): a SQLite log, or a PostgreSQL log's
+        catalogue file (:attr:`db`).
+
+        One opener at a time per directory, across processes: two openers of a new file
+        (two commands, or the workers of ``chainrun serve --workers N`` opening their
+        catalogue together) would otherwise race to switch it to WAL, and the loser gets
+        "database is locked" at once (SQLite does not wait on its busy timeout for a lock
+        it would deadlock on), or both apply the same migrations. The lock is a flock on
+        the *directory*, never an fd on the file: closing any fd of the log file drops
+        every POSIX lock this process holds on it, SQLite's included, and another
+        process's reader then thinks it is the last one, checkpoints and deletes the WAL
+        under our open connection (SQLite, "How To Corrupt An SQLite Database File",
+        2.2), losing committed turns.
+
+        Raises:
+            UserInputError: the file or its directory is not writable; the file is not
+                SQLite, or is a SQLite database of something else.
+        """
         try:
-            # One opener at a time per directory: two commands starting on a new log
-            # would otherwise race to switch it to WAL and to apply the same migrations.
-            # The lock is a flock on the *directory*, never an fd on the log: closing any
-            # fd of the log file drops every POSIX lock this process holds on it, SQLite's
-            # included, and another process's reader then thinks it is the last one,
-            # checkpoints and deletes the WAL under our open connection (SQLite, "How To
-            # Corrupt An SQLite Database File", 2.2), losing committed turns.
             dir_fd = os.open(p.parent, os.O_RDONLY)
             try:
                 fcntl.flock(dir_fd, fcntl.LOCK_EX)
-                return cls(cls._open_file(p, path), p)
+                return cls._open_file(p, path)
             finally:
                 os.close(dir_fd)  # releases the flock
         except sqlite3.OperationalError as e:

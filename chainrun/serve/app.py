@@ -122,13 +122,29 @@ class ServeState:
         return self.last_error or "starting: the providers have not answered their preflight yet"
 
     async def _open_until_ready(self) -> None:
+        """Open a new chain every :attr:`retry_s` until one opens; ``/readyz`` says the
+        last failure. A chainrun error (a provider that does not answer yet) is said in
+        one warning line; any other exception (a fault chainrun has no name for, such as
+        a database error) is said with its traceback the first time, then in one line,
+        and retried too: it must never end the opener, which would leave ``/readyz``
+        saying "starting" for good with nothing said."""
+        unexpected: set[str] = set()  # exception types already said with a traceback
         while True:
-            chain = self.chain_factory()
             try:
+                chain = self.chain_factory()
                 await chain.open()
             except ChainrunError as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("chain not ready (%s); retrying in %g s", self.last_error, self.retry_s)
+                await asyncio.sleep(self.retry_s)
+                continue
+            except Exception as e:
+                kind = f"{type(e).__module__}.{type(e).__qualname__}"
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.error("chain not ready: opening it failed (%s); retrying in %g s",
+                          self.last_error, self.retry_s,
+                          exc_info=e if kind not in unexpected else None)  # fmt: skip
+                unexpected.add(kind)
                 await asyncio.sleep(self.retry_s)
                 continue
             self.chain, self.last_error = chain, None
