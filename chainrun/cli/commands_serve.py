@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, handle_errors
+from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, fail, handle_errors
 from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def serve_command(
     """
     from chainrun.config import load_config
     from chainrun.log.store import SeedWindows
-    from chainrun.serve.server import serve
+    from chainrun.serve.server import WorkersFailed, serve
     from chainrun.telemetry import otel_requested, telemetry_from_env
 
     cfg = load_config(config)
@@ -76,9 +76,12 @@ def serve_command(
         def per_worker() -> list[TurnObserver]:
             return [telemetry_from_env(model_id)] if wanted else []
 
-        serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
-              max_body_bytes=max_body_bytes, workers=workers,
-              observer_factory=per_worker, seed_windows=seeds)  # fmt: skip
+        try:
+            serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
+                  max_body_bytes=max_body_bytes, workers=workers,
+                  observer_factory=per_worker, seed_windows=seeds)  # fmt: skip
+        except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
+            fail(str(e), e.exit_code)
         return
     telemetry = telemetry_from_env(model_id) if wanted else None
     if telemetry is not None:

@@ -99,6 +99,8 @@ def serve(
             ``workers`` below 1; an address that cannot be bound; an unusable log.
         LogFileGone: (one worker) the log's SQLite file was deleted or replaced while
             serving: raised at the stop, naming the run's turns that went with it.
+        WorkersFailed: (``workers`` above 1) once every worker has ended, when any of
+            them exited with an error (each said its own on stderr as it ended).
     """
     if max_body_bytes < 1:
         raise UserInputError(f"--max-body-bytes: expected at least 1, got {max_body_bytes}")
@@ -129,7 +131,9 @@ def serve(
                     if callable(stop):
                         stop()
 
-        _fork_workers(sock, workers, one, db)
+        failed = _fork_workers(sock, workers, one, db)
+        if failed:
+            raise WorkersFailed(failed, workers)
         return
     _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
                max_body_bytes=max_body_bytes, seed_windows=seed_windows)  # fmt: skip
@@ -247,8 +251,40 @@ def _address(sock: socket.socket) -> str:
     return f"http://{shown}:{bound[1]}/"
 
 
-def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str | Path) -> None:
+class WorkersFailed(ChainrunError):
+    """Worker processes of ``chainrun serve --workers N`` exited with an error (each said
+    its own on stderr as it ended: a chainrun error in one line, anything else with its
+    traceback).
+
+    Args:
+        codes: the failed workers' exit codes by pid (as
+            :func:`os.waitstatus_to_exitcode` gives them: negative for a signal).
+        workers: how many workers there were.
+
+    Attributes:
+        exit_code: what the parent exits with: 2 when any worker said a chainrun error
+            (it exited 2, as the CLI does), else the worst of them (a worker killed by
+            signal N counts as 128 + N, as a shell reports it).
+    """
+
+    def __init__(self, codes: dict[int, int], workers: int) -> None:
+        self.codes = dict(codes)
+        shell = [128 - c if c < 0 else c for c in self.codes.values()]
+        self.exit_code = 2 if 2 in shell else max(shell)
+        each = ", ".join(
+            f"worker {pid} {f'killed by signal {-c}' if c < 0 else f'exited {c}'}"
+            for pid, c in self.codes.items()
+        )
+        n = len(self.codes)
+        super().__init__(f"{n} of {workers} worker processes ended with an error ({each}); "
+                         "see each one's line above")  # fmt: skip
+
+
+def _fork_workers(
+    sock: socket.socket, n: int, run: Callable[[], None], db: str | Path
+) -> dict[int, int]:
     """Fork ``n`` workers that each ``run()`` on the shared ``sock``; wait for them all.
+    Returns the exit codes of those that failed, by pid (empty: every one exited 0).
 
     Each worker gets a process group of its own, so a Ctrl-C at the terminal reaches
     the parent only, which says so in one line and passes each stop signal on to every
@@ -295,15 +331,18 @@ def _fork_workers(sock: socket.socket, n: int, run: Callable[[], None], db: str 
                 os.kill(pid, signal.SIGTERM)
 
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failed: dict[int, int] = {}
     try:
         for pid in pids:
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
             if code != 0:
+                failed[pid] = code
                 print(f"chainrun serve: worker {pid} exited with {code}", file=sys.stderr)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    return failed
 
 
 class _Stopped(Exception):
