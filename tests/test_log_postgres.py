@@ -334,7 +334,9 @@ async def test_the_writer_is_back_within_seconds_of_the_servers_return(
     assert sorted(logged) == sorted(ids)
     (back_line,) = [r.getMessage() for r in caplog.records if "is back after" in r.getMessage()]
     outage_s = float(back_line.split("is back after ")[1].split(" s")[0])
-    assert 9.0 <= outage_s <= 9.5 + lag + 1.0, back_line  # from the stop, not from noticing it
+    # from the stop, not from noticing it; the server was down until pg_ctl's start returned
+    # (at load 6 that start alone took over 3 s: "back after 13.1 s" after a 9.5 s stop)
+    assert 9.0 <= outage_s <= (back - down) + lag + 1.0, back_line
 
 
 def test_chats_are_answered_through_a_database_restart(cluster: Any, tmp_path: Path) -> None:

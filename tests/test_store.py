@@ -119,6 +119,26 @@ def test_unknown_run_and_non_database_file(tmp_path: Path) -> None:
         Store.open(bad)
 
 
+def test_a_log_another_process_holds_locked_is_one_error_naming_the_lock(
+    tmp_path: Path,
+) -> None:
+    """A log file another connection holds locked past SQLite's wait (5 s) is one error
+    line that says so (it said "not a chainrun log database (database is locked)")."""
+    from sqlite_utils.utils import sqlite3  # the store's SQLite: its locks are seen in-process
+
+    path = tmp_path / "held.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("begin exclusive")
+        holder.execute("create table mid_write (x)")  # a write under way, never committed
+        with pytest.raises(UserInputError) as err:
+            Store.open(path)
+    finally:
+        holder.close()
+    assert str(err.value) == (f"{path}: cannot open: another process holds the file locked "
+                              "(database is locked)")  # fmt: skip
+
+
 def test_concurrent_openers_of_a_new_log_share_it(tmp_path: Path) -> None:
     """Two commands starting on a new file must not race on WAL and migrations."""
     import subprocess

@@ -312,8 +312,9 @@ class Store:
         2.2), losing committed turns.
 
         Raises:
-            UserInputError: the file or its directory is not writable; the file is not
-                SQLite, or is a SQLite database of something else.
+            UserInputError: the file or its directory is not writable; another process
+                holds the file locked past the busy timeout; the file is not SQLite, or
+                is a SQLite database of something else.
         """
         try:
             dir_fd = os.open(p.parent, os.O_RDONLY)
@@ -331,6 +332,9 @@ class Store:
             if "readonly" in str(e) or (p.exists() and not os.access(p, os.W_OK)):
                 raise UserInputError(f"{path}: cannot write the log: the file is read-only "
                                      f"({e})") from None  # fmt: skip
+            if "locked" in str(e):  # held by another process past the busy timeout
+                raise UserInputError(f"{path}: cannot open: another process holds the file "
+                                     f"locked ({e})") from None  # fmt: skip
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
         except sqlite3.DatabaseError as e:
             raise UserInputError(f"{path}: not a chainrun log database ({e})") from None
