@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_helpers import workers_ready
 from test_local_model_one_server import stand_in
 
 from chainrun.lab import LabServer
@@ -92,18 +93,6 @@ def _turn_with_slow_checks(url: str) -> tuple[threading.Event, list[str]]:
     return answered, lines
 
 
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "readyz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail("serve never ready")
-
-
 def _log(db: Path) -> tuple[list[str], list[str], dict[str, str]]:
     conn = sqlite3.connect(db)
     try:
@@ -131,7 +120,8 @@ def test_ctrl_c_while_an_answered_turns_checks_run(
                        '[steps.critique]\nprovider = "slow"\ndeadline_s = 120\n')  # fmt: skip
         proc, url = _serve(["--config", str(cfg), "--db", str(db),
                             "--workers", str(workers)])  # fmt: skip
-        _wait_ready(url)
+        # every worker ready: the one turn may go to either
+        assert workers_ready(url, workers), "serve did not get ready in 60 s"
         answered, client_lines = _turn_with_slow_checks(url)
         assert answered.wait(60), client_lines
         _, lines = _stopped(proc, *([0.5] * (signals - 1)))
