@@ -61,3 +61,24 @@ def test_start_up_imports_only_what_the_command_needs(
 
 def test_scenario_names_for_help_are_the_built_in_scenarios() -> None:
     assert BUILTIN_SCENARIO_NAMES == tuple(BUILTIN_SCENARIOS)
+
+
+#: what ``chainrun run`` and ``chainrun replay`` import before their first turn
+_BEFORE_FIRST_TURN = ("chainrun.cli.commands_core", "chainrun.chain", "chainrun.cli.tables",
+                      "chainrun.config", "chainrun.log.store", "chainrun.analysis.summary",
+                      "chainrun.replay", "chainrun.analysis.simulate")  # fmt: skip
+
+
+def test_run_and_replay_import_no_scipy_before_a_percentile_interval() -> None:
+    """scipy.stats takes seconds to import at load: only an interval needs it."""
+    code = (
+        f"import {', '.join(_BEFORE_FIRST_TURN)}, sys\n"
+        "assert not [m for m in sys.modules if m.startswith('scipy')], "
+        "sorted(m for m in sys.modules if m.startswith('scipy'))[:5]\n"
+        "from chainrun.analysis.stats import quantile_ci\n"
+        "assert quantile_ci(list(range(40)), 50) == (13.0, 26.0)\n"
+        "assert 'scipy.stats' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from chainrun.errors import UserInputError
 from chainrun.ranks import nearest_rank
@@ -65,6 +64,8 @@ def _summary(values: np.ndarray) -> dict[str, Any]:
 
 def lognormal_quantile_ms(median_ms: float, sigma: float, q: float) -> float:
     """The q-quantile of a log-normal latency, in ms: median · exp(sigma · Φ⁻¹(q))."""
+    from scipy.stats import norm  # lazy: scipy.stats takes seconds to import
+
     return float(median_ms * math.exp(sigma * norm.ppf(q)))
 
 

@@ -28,7 +28,6 @@ from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import binom
 
 from chainrun.ranks import nearest_rank
 
@@ -74,6 +73,8 @@ def order_stat_indices(n: int, p: float, confidence: float = 0.95) -> tuple[int 
         raise ValueError(f"confidence must be in (0, 1); got {confidence!r}")
     if n <= 0:
         return None, None
+    from scipy.stats import binom  # lazy: scipy.stats takes seconds to import
+
     dist = binom(n, p / 100)
     alpha_half = (1 - confidence) / 2
     lo = int(dist.ppf(alpha_half)) - 1
