@@ -569,6 +569,7 @@ class Chain:
             run.refuse_before_start("checks", checked.block_text(self.config.checks.block_texts))
         shown: list[str] = []  # the answer's text as it reached the caller
         answer_step = self.config.answer_step
+        answered = False  # AnswerDone reached the caller: the shopper has the whole answer
         try:
             async for event in run.events():
                 if isinstance(event, TokenDelta) and event.step == answer_step:
@@ -576,9 +577,13 @@ class Chain:
                 elif isinstance(event, AnswerDone):
                     event = dataclasses.replace(event, conversation_id=turn.conversation_id,
                                                 turn_index=turn.turn_index)  # fmt: skip
+                    answered = True
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
-            turn.status = "cancelled"
+            # stopped after the whole answer reached the shopper: the turn stays answered
+            # (no step still pending could end it, see TurnRun's AnswerDone); only the
+            # checks still running are cut, their steps logged ``cancelled``
+            turn.status = "ok" if answered else "cancelled"
             raise
         except BaseException as e:
             turn.status = "error"

@@ -7,14 +7,17 @@ import contextlib
 import json
 
 import pytest
+from cli_runner import chainrun
 from conftest import model_classify_config, reply_by_step
 
+from chainrun.analysis.summary import latency_summary
 from chainrun.answer_json import parse_json_object
 from chainrun.chain import REFUSAL, Chain
 from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
-from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.events import AnswerDone, StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import BreakerRegistry
+from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.steps.llm import parse_label
@@ -148,6 +151,47 @@ async def test_cancelled_task_logs_cancelled_turn(config, store) -> None:
     assert store.turns(run_id)[0].status == "cancelled"
     assert store.turns(run_id)[0].answer_ttft_ms is None  # no answer token was shown
     assert fake.closed_early >= 1
+
+
+async def test_a_turn_cancelled_after_its_answer_was_done_stays_answered(config, tmp_path) -> None:
+    """A stop after ``answer_done`` (the shopper has the whole answer) cuts only the checks
+    still running: the turn stays ``ok`` with its answer times, those steps ``cancelled``
+    (said by ``chainrun show``; their cut times stay out of the step percentiles)."""
+    store = Store.open(tmp_path / "log.db")
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("Try the Storm Shell.", ttft_s=0.001, gap_s=0.001),
+        "validate": FakeReply('{"ok": true, "reason": "fine"}', ttft_s=5.0),
+        "critique": FakeReply('{"ok": true, "reason": "fine"}', ttft_s=5.0),
+    }))  # fmt: skip
+    answered = asyncio.Event()
+
+    async def turn() -> None:
+        async with contextlib.aclosing(chain.stream_turn("hello")) as it:
+            async for ev in it:
+                if isinstance(ev, AnswerDone):
+                    answered.set()
+
+    async with Chain(config, store=store, providers={"local": fake}) as chain:
+        task = asyncio.create_task(turn())
+        await asyncio.wait_for(answered.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run_id = chain.run_id
+    (logged,) = store.turns(run_id)
+    assert logged.status == "ok" and logged.output == "Try the Storm Shell."
+    assert logged.answer_done_ms is not None and logged.answer_ttft_ms is not None
+    steps = {s.step: s.status for s in store.steps(run_id)}
+    assert steps["compose"] == "ok"
+    assert steps["validate"] == steps["critique"] == "cancelled"
+    summary = latency_summary(store, run_id)
+    assert summary["turns"]["n_completed"] == 1 and summary["answer_done"]["n"] == 1
+    assert summary["steps"]["compose"]["n"] == 1 and summary["steps"]["validate"]["n"] == 0
+    store.close()
+    shown = chainrun("show", str(run_id), "--db", str(tmp_path / "log.db"))
+    assert shown.returncode == 0, shown.output
+    assert f"turn {logged.id}" in shown.stdout and " ok " in shown.stdout
+    assert "validate, critique cancelled after the answer was done" in shown.stdout
 
 
 async def test_unreachable_provider_raises_unavailable(store) -> None:

@@ -228,7 +228,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         ran[s.step] += 1
         if s.status not in ("ok", "cancelled"):
             failures[s.step][s.error_type or s.status] += 1
-        if s.turn_id in done.ids:
+        if s.turn_id in done.ids and s.status != "cancelled":  # a cut check's time is not its own
             by_step[s.step].append(s.duration_ms)
     ttft: dict[str, list[float]] = defaultdict(list)
     winners: dict[str, list[CallRow]] = defaultdict(list)

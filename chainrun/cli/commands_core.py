@@ -377,6 +377,7 @@ def show(
     from chainrun.analysis.summary import latency_summary, run_detail
     from chainrun.cli.fit import drop_first
     from chainrun.cli.tables import (
+        cancelled_check_lines,
         latency_table,
         marked_verdict_lines,
         printable,
@@ -425,6 +426,8 @@ def show(
         turn_steps = [s for s in steps if s.turn_id == t.id]
         out.print(step_waterfall(turn_steps))
         for line in skipped_lines(turn_steps):  # why a routed step did not run
+            out.print(f"  {line}", markup=False)
+        for line in cancelled_check_lines(t.status, turn_steps):  # an answered turn's cut checks
             out.print(f"  {line}", markup=False)
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",

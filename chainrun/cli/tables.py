@@ -113,6 +113,17 @@ def skipped_lines(steps: list[StepRow]) -> list[str]:
     return lines
 
 
+def cancelled_check_lines(turn_status: str, steps: list[StepRow]) -> list[str]:
+    """For a turn that stayed answered while steps of it were cancelled (a stop after the
+    whole answer reached the shopper), one line naming those steps: ``validate, critique
+    cancelled after the answer was done: the stop cut these checks``; else none."""
+    cut = [s.step for s in steps if s.status == "cancelled"]
+    if turn_status != "ok" or not cut:
+        return []
+    return [printable(f"{', '.join(cut)} cancelled after the answer was done: the stop "
+                      "cut these checks, the shopper had the whole answer")]  # fmt: skip
+
+
 def tool_calls_table(rows: list[ToolCallRow]) -> Table:
     """A turn's tool calls: step, round, the attempt that asked, tool, status, start (ms
     from its step's start) and duration (see :func:`tool_call_lines` for the rest)."""

@@ -253,7 +253,8 @@ class ServeState:
         n = self.runner.cancel() if self.runner is not None else 0
         if n and at_deadline:
             log.warning("cancelled %d turn%s still running at the stop's deadline (logged "
-                        "cancelled)", n, "" if n == 1 else "s")  # fmt: skip
+                        "cancelled; one already answered stays ok)",
+                        n, "" if n == 1 else "s")  # fmt: skip
 
     async def wait_ready(self) -> None:
         """Wait until the chain is open (for tests and embedding code)."""

@@ -231,7 +231,7 @@ class _Server(uvicorn.Server):
             self.state.request_stop()
         elif self.stop_signals == 2:
             self._say(f"cancelling {_turns(self.state.turns_in_flight())} in flight now "
-                      "(logged cancelled)")  # fmt: skip
+                      "(logged cancelled; one already answered stays ok)")  # fmt: skip
             self.state.request_stop(now=True)
         else:
             super().handle_exit(sig, frame)
@@ -325,7 +325,8 @@ def _fork_workers(
                   "now", file=sys.stderr, flush=True)  # fmt: skip
         elif signals == 2:
             print("chainrun serve: cancelling the workers' turns in flight now (logged "
-                  "cancelled)", file=sys.stderr, flush=True)  # fmt: skip
+                  "cancelled; one already answered stays ok)",
+                  file=sys.stderr, flush=True)  # fmt: skip
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

@@ -248,7 +248,8 @@ class TurnRunner:
     def cancel(self) -> int:
         """Cancel every turn in flight (a server stopping now): each logs itself
         ``cancelled``, and a stream still sending one ends with that turn's ``turn``
-        event (status ``cancelled``). Returns how many."""
+        event (status ``cancelled``; ``ok`` for a turn whose answer was done, only its checks
+        cancelled). Returns how many."""
         self.stopping = True
         tasks = [t for t in self.background if not t.done()]
         for task in tasks:
