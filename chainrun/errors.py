@@ -203,6 +203,14 @@ class ProviderUnavailable(ProviderError):
     error_type = "unavailable"
 
 
+class ProviderConnectionLost(ProviderError):
+    """The provider's connection broke while its answer streamed (closed or reset by the
+    server before the stream ended, e.g. a killed server): the server went away, nothing
+    the chain decided. ``chainrun replay --resume`` runs such a refused turn again."""
+
+    error_type = "connection_lost"
+
+
 class ProviderStatusError(ProviderError):
     """The provider answered with an HTTP error status.
 

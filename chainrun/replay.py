@@ -41,7 +41,7 @@ from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl, unknown_field
-from chainrun.log.rows import RunKind, StepRow
+from chainrun.log.rows import RunKind, StepRow, TurnRow
 from chainrun.log.store import Store
 from chainrun.providers.base import Provider
 from chainrun.steps import Retriever
@@ -209,6 +209,18 @@ def conversations_of(requests: Sequence[ReplayRequest]) -> list[list[ReplayReque
 #: SIGTERM cancelled the turn; a provider could not be reached or failed it, e.g. during
 #: an outage); ``ok``, ``refused`` and ``replaced`` are answers and stay
 RERUN_STATUSES = frozenset({"cancelled", "error"})
+#: the error types of a ``refused`` turn that a resume runs again too: the step failed
+#: closed because its provider went away (could not be reached, or its connection broke
+#: mid-answer: docs/reference/error-types.md), not by the chain's own rules
+SERVER_DOWN_ERRORS = frozenset({"unavailable", "connection_lost"})
+
+
+def to_rerun(turn: TurnRow) -> bool:
+    """True when a resume runs ``turn``'s request again: :data:`RERUN_STATUSES`, or
+    refused for a provider that was down (:data:`SERVER_DOWN_ERRORS`)."""
+    return turn.status in RERUN_STATUSES or (
+        turn.status == "refused" and turn.error_type in SERVER_DOWN_ERRORS
+    )
 
 
 def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
@@ -222,7 +234,7 @@ def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
     for s in store.steps(run_id):
         steps_of.setdefault(s.turn_id, []).append(s)
     for t in store.turns(run_id):
-        if t.status in RERUN_STATUSES or t.conversation_id is None or t.turn_index is None:
+        if to_rerun(t) or t.conversation_id is None or t.turn_index is None:
             continue
         answered.setdefault(t.conversation_id, {})[t.turn_index] = HistoryTurn(
             t.input, t.output or "", shown_products(steps_of.get(t.id, []))
@@ -241,8 +253,9 @@ def missing_requests(
     store: Store, run_id: int, requests: list[ReplayRequest], source: str | None = None
 ) -> list[ReplayRequest]:
     """The requests of a replay set that run ``run_id`` has not yet answered: those with
-    no logged turn, or only turns that ended ``cancelled`` or ``error``
-    (:data:`RERUN_STATUSES`; ``chainrun replay FILE --resume RUN``). The turns they had
+    no logged turn, or only turns that ended ``cancelled`` or ``error``, or ``refused``
+    because the provider was down (:func:`to_rerun`; ``chainrun replay FILE --resume
+    RUN``). The turns they had
     stay in the log, counted by their status.
 
     Raises:
@@ -263,7 +276,7 @@ def missing_requests(
     done = {
         t.request_id
         for t in store.turns(run_id)
-        if t.status not in RERUN_STATUSES and t.request_id is not None
+        if not to_rerun(t) and t.request_id is not None
     }
     return [r for r in requests if r.id not in done]
 

@@ -89,6 +89,19 @@ def reply_by_step(
     return script
 
 
+def failing_compose_on(message: str, error: Exception) -> FakeProvider:
+    """A provider answering like :func:`reply_by_step`, but whose compose call for the turn
+    of ``message`` fails with ``error`` (an outage's turn)."""
+    answer = reply_by_step()
+
+    def script(req: ChatRequest) -> FakeReply:
+        if req.messages[-1]["content"].rstrip().endswith(f"{message}\nStylist:"):
+            return FakeReply("", error=error)
+        return answer(req)
+
+    return FakeProvider(name="local", script=script)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _ctrl_c_reaches_the_processes_tests_start() -> Iterator[None]:
     """Give SIGINT Python's default handler for the session if pytest inherited it ignored.

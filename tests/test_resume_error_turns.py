@@ -12,13 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import reply_by_step
+from conftest import failing_compose_on, reply_by_step
 
 from chainrun.config import config_from_dict
 from chainrun.errors import ProviderUnavailable
 from chainrun.log.store import Store
-from chainrun.providers.base import ChatRequest
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider
 from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
 
 LINES = [
@@ -31,15 +30,7 @@ LINES = [
 
 def _outage_on(message: str) -> FakeProvider:
     """A provider that cannot be reached for the compose call of ``message``'s turn."""
-    answer = reply_by_step()
-
-    def script(req: ChatRequest) -> FakeReply:
-        prompt = req.messages[-1]["content"]
-        if prompt.rstrip().endswith(f"{message}\nStylist:"):
-            return FakeReply("", error=ProviderUnavailable("cannot reach provider 'local'"))
-        return answer(req)
-
-    return FakeProvider(name="local", script=script)
+    return failing_compose_on(message, ProviderUnavailable("cannot reach provider 'local'"))
 
 
 async def test_a_resume_runs_the_turns_that_ended_error_again(tmp_path: Path) -> None:

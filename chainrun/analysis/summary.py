@@ -174,6 +174,14 @@ def _p50_p90(values: list[float]) -> dict[str, Any]:
             "p50_ci": _ci(values, 50), "p90_ci": _ci(values, 90)}  # fmt: skip
 
 
+def latest_per_request(turns: Sequence[TurnRow]) -> list[TurnRow]:
+    """``turns`` (in log order) with, per request id, only its latest turn: a request a
+    resumed replay ran again counts once, as it ended (a turn without a request id is
+    kept). Shape: the same rows, in the same order."""
+    latest: dict[str, int | None] = {t.request_id: t.id for t in turns if t.request_id}
+    return [t for t in turns if not t.request_id or latest[t.request_id] == t.id]
+
+
 def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     """p50/p90 with n per turn and per step, plus TTFT and tokens per LLM step, over
     completed turns only (:func:`completed_turns`), with the other turns counted.
@@ -187,6 +195,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
     reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, ttft_cached_share,
     output_tokens_mean, n_ran, n_failed, failures}}, prompt_cache}``;
+    A request a resumed replay ran again counts once, by its latest turn
+    (:func:`latest_per_request`): ``n_turns`` counts requests, not log rows.
     ``n_ran`` is the turns the step ran in (every turn but cancelled ones and the turns
     that skipped it), ``n_failed`` how many of those it failed in (failed open or closed,
     whatever the turn's status: a step that failed closed refused its turn, which no
@@ -203,7 +213,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         UserInputError: no such run.
     """
     run = store.get_run(run_id)
-    all_turns = store.turns(run_id)
+    all_turns = latest_per_request(store.turns(run_id))
+    kept = {t.id for t in all_turns}
     done = completed_turns(all_turns)
     turns = done.of(all_turns)
     durations = [t.duration_ms for t in turns if t.duration_ms is not None]
@@ -221,7 +232,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         index = 0 if s.turn_id != last_turn else index + 1
         last_turn = s.turn_id
         place[s.step] = min(place.get(s.step, index), index)
-        if s.status == "skipped" or s.turn_id in cancelled:
+        if s.status == "skipped" or s.turn_id in cancelled or s.turn_id not in kept:
             continue
         # failures over every turn the step ran in: a step that failed closed ended its
         # turn refused or errored, so counting completed turns only would show none

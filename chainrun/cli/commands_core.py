@@ -154,7 +154,8 @@ def replay(
         typer.Option(
             help="Run the requests this run has not answered yet, into it (after a "
             "crash, a kill or a provider outage: those with no turn, or whose turns ended "
-            "cancelled or error), with the run's own config."
+            "cancelled or error, or refused because the provider was down), with the run's "
+            "own config."
         ),
     ] = None,
     prompt_cache: Annotated[

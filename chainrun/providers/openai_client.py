@@ -40,6 +40,7 @@ from openai._streaming import SSEDecoder  # the SDK's own decoder, extended belo
 from chainrun.errors import (
     ConfigError,
     ContextLengthExceeded,
+    ProviderConnectionLost,
     ProviderError,
     ProviderStatusError,
     ProviderTimeout,
@@ -331,6 +332,8 @@ def map_openai_error(
         return _stream_error(name, e)
     if streaming and not isinstance(e, openai.APIStatusError):
         detail = str(e) if isinstance(e, openai.APIError) else f"{type(e).__name__}: {e}"
+        if connection_broke(e):
+            return ProviderConnectionLost(f"{name}: connection lost mid-stream: {detail}")
         return ProviderError(f"{name}: stream failed: {detail}")
     if isinstance(e, openai.APITimeoutError):
         return ProviderTimeout(f"{name}: request timed out ({e})")
@@ -354,6 +357,17 @@ def map_openai_error(
     if isinstance(e, openai.APIError):
         return ProviderError(f"{name}: stream failed: {e}")
     return ProviderError(f"{name}: stream failed: {type(e).__name__}: {e}")
+
+
+def connection_broke(e: BaseException) -> bool:
+    """True when ``e`` (or what caused it) is the connection itself failing: reset,
+    closed by the server mid-body (httpx's ``NetworkError``, ``RemoteProtocolError``)."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, httpx2.NetworkError | httpx2.RemoteProtocolError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def stale_connection(e: BaseException) -> bool:
