@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
 from chainrun.config import steps_calling_models
+from chainrun.events import TurnFinished
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, TurnRow
@@ -172,6 +173,30 @@ def _ci(values: list[float], p: float) -> list[float] | None:
 def _p50_p90(values: list[float]) -> dict[str, Any]:
     return {"n": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90),
             "p50_ci": _ci(values, 50), "p90_ci": _ci(values, 90)}  # fmt: skip
+
+
+def answered_summary(
+    run_id: int, kind: str, status: str, finished: Sequence[TurnFinished]
+) -> dict[str, Any]:
+    """What a run answered, from its turns as they finished (``TurnFinished``, in
+    memory), for when its log cannot be read (a database gone): :func:`latency_summary`'s
+    ``run_id, kind, status, n_turns, turns, answer_ttft, answer_done`` (the same rule:
+    percentiles over the ``ok`` turns, ms, n and 95% intervals), ``steps`` empty."""
+    by_status = Counter(t.status for t in finished)
+    ok = [t for t in finished if t.status == "ok"]
+    counts = CompletedTurns(frozenset(range(len(ok))), n_cut=by_status["cut"],
+                            n_cancelled=by_status["cancelled"],
+                            n_refused=by_status["refused"], n_errored=by_status["error"],
+                            n_replaced=by_status["replaced"]).counts()  # fmt: skip
+    return {
+        "run_id": run_id, "kind": kind, "label": None, "status": status,
+        "n_turns": len(finished), "turns": counts,
+        "turn": _p50_p90([t.duration_ms for t in ok]),
+        "answer_ttft": {**_p50_p90([t.answer_ttft_ms for t in ok
+                                    if t.answer_ttft_ms is not None]), "cached_share": None},
+        "answer_done": _p50_p90([t.answer_done_ms for t in ok if t.answer_done_ms is not None]),
+        "steps": {},
+    }  # fmt: skip
 
 
 def latest_per_request(turns: Sequence[TurnRow]) -> list[TurnRow]:

@@ -179,11 +179,12 @@ def replay(
         TimeElapsedColumn,
     )
 
-    from chainrun.analysis.summary import hedge_stats, latency_summary
+    from chainrun.analysis.summary import answered_summary, hedge_stats, latency_summary
     from chainrun.cli.tables import hedge_table, latency_table, run_headline
     from chainrun.config import config_from_snapshot, load_config
     from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
     from chainrun.log.store import Store
+    from chainrun.log.writer import LogWriteLost
     from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
 
     if resume is not None and config is not None:
@@ -212,7 +213,10 @@ def replay(
     )  # fmt: skip
     task = progress.add_task("", total=len(requests))
 
+    finished: list[TurnFinished] = []  # what the run answered: its summary if the log is gone
+
     def on_turn(req: ReplayRequest, done: TurnFinished) -> None:
+        finished.append(done)
         progress.update(task, advance=1, description=f"{escape(req.id)}: {done.status}")
 
     started: list[int] = []
@@ -242,9 +246,12 @@ def replay(
                 exit_stopped(e)
             run_id, stopped = started[0], e
         except LogWriteError as e:
-            # no run, no log left to summarise (its file gone), or no turn to name (the
-            # database away too long, the writer stopped): the error's one line
-            if not started or isinstance(e, LogFileGone) or not e.lost:
+            # no run, no log left to summarise (its file gone), or the writer stopped on
+            # an error with no turn to name: the error's one line (the database away is
+            # said below, with the summary from memory)
+            if not started or isinstance(e, LogFileGone) or (
+                not e.lost and not isinstance(e, LogWriteLost)
+            ):
                 raise
             run_id, lost = started[0], e
         except ProviderUnavailable as e:
@@ -260,8 +267,13 @@ def replay(
                 f"{e}; run {run_id} ended failed with {logged} turns logged; once it "
                 f"answers, {again} runs the rest"
             ) from None
-        summary = latency_summary(store, run_id)
-        hedging = hedge_stats(store, run_id)
+        unreadable = lost is not None and not lost.lost  # the database away: summary from memory
+        if unreadable:
+            summary = answered_summary(run_id, "replay", "log unreachable", finished)
+            hedging: dict[str, Any] = {"steps": {}}
+        else:
+            summary = latency_summary(store, run_id)
+            hedging = hedge_stats(store, run_id)
     finally:
         store.close()
     none_ok = stopped is None and lost is None and not summary["turns"]["n_completed"]
@@ -282,6 +294,16 @@ def replay(
             out.print(hedge_table(hedging))
     if stopped is None and lost is None:
         _warn_failed_turns(store_path=db, run_id=run_id)
+    if lost is not None and not lost.lost:  # the database away: one line, what was lost and how
+        again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
+                            "--resume", str(run_id)])  # fmt: skip
+        dropped = store.writer.dropped if store.writer is not None else 0
+        what = f"{dropped} log writes" if dropped else "its pending log writes"
+        err.print(f"chainrun: error: run log {db} could not be reached: {what}"
+                  f" of run {run_id} were lost (its {len(finished)} turns answered are summarised "
+                  f"above, from memory); once the database is back, {again} runs the "
+                  "rest", markup=False, highlight=False)  # fmt: skip
+        raise typer.Exit(2)
     if lost is not None:
         for line in lost.lines():
             err.print(f"chainrun: error: {line}", markup=False, highlight=False)
