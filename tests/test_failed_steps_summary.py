@@ -79,3 +79,14 @@ def test_the_table_counts_it_and_a_step_out_of_time_names_the_setting_to_raise(
         "raise it ([steps.compose] deadline_s in the chain's config) or use a faster model "
         "or server"
     ]
+
+
+def test_run_says_which_step_failed_and_why(tmp_path: Path, slow_lab: LabServer) -> None:
+    """``chainrun run`` of a refused turn names the failed step and its error type on the
+    turn's line and in the step table's status cell (before: "turn refused: Sorry, ..."
+    and a bare ``failed_closed``: nothing said it was compose's deadline)."""
+    res = chainrun("run", "Do you have rain jackets?", "--config",
+                   str(_config(tmp_path, slow_lab)), "--db", str(tmp_path / "log.db"))  # fmt: skip
+    out = " ".join(res.stdout.split())
+    assert "turn refused (compose: timeout):" in out, res.stdout
+    assert _cells(res.stdout, "compose")[1] == "failed_closed: timeout", res.stdout

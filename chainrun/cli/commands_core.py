@@ -136,7 +136,9 @@ def run(
         return
     out.print()
     if turn.status != "ok":
-        out.print(f"[yellow]turn {turn.status}[/]: {escape(printable(turn.output))}")
+        failed = ", ".join(f"{s.step}: {s.error_type}" for s in steps if s.error_type)
+        why = f" ({escape(failed)})" if failed else ""
+        out.print(f"[yellow]turn {turn.status}[/]{why}: {escape(printable(turn.output))}")
     out.print(steps_table(steps, turn))
 
 

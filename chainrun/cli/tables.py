@@ -37,14 +37,16 @@ def _f(v: Any, digits: int = 0) -> str:
 
 
 def steps_table(steps: list[StepFinished], turn: TurnFinished) -> Table:
-    """One turn: step, model, effort, TTFT, duration, tokens (ms)."""
+    """One turn: step, status (with the step's error type when it failed, e.g.
+    ``failed_closed: timeout``), model, effort, TTFT, duration (ms), tokens, attempts."""
     t = Table(title=f"turn {turn.turn_id} of run {turn.run_id}: {turn.status}, "
                     f"{turn.duration_ms:.0f} ms")  # fmt: skip
     for col in ("step", "status", "model", "effort", "TTFT ms", "duration ms", "out tokens",
                 "attempts"):  # fmt: skip
         t.add_column(col, justify="right" if "ms" in col or "tok" in col else "left")
     for s in steps:
-        t.add_row(s.step, s.status, s.model or "-", s.reasoning_effort or "-", _f(s.ttft_ms),
+        status = f"{s.status}: {s.error_type}" if s.error_type else s.status
+        t.add_row(s.step, status, s.model or "-", s.reasoning_effort or "-", _f(s.ttft_ms),
                   _f(s.duration_ms), _f(s.output_tokens), str(s.n_attempts))  # fmt: skip
     return t
 
