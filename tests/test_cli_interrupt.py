@@ -97,8 +97,13 @@ def test_ctrl_c_of_replay_prints_the_partial_summary(
     assert counts["n_completed"] >= 3 and doc["turn"]["n"] == counts["n_completed"]
     assert doc["n_turns"] < 12 and "hedging" in doc
     shown = json.loads(chainrun("show", "1", "--db", str(db), "--json").stdout)
-    # the log holds the cancelled turns and, after the resume, every request answered
-    assert shown["summary"]["turns"] == {**counts, "n_completed": 12}
+    # after the resume every request is answered: the summary counts each request by
+    # its latest turn; the log still holds the turns Ctrl-C cancelled
+    assert shown["summary"]["turns"] == {**counts, "n_completed": 12, "n_cancelled": 0}
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        (cancelled,) = con.execute("select count(*) from turns where status = 'cancelled'"
+                                   ).fetchone()  # fmt: skip
+    assert cancelled == counts["n_cancelled"]
     assert f"--resume {doc['run_id']} runs the rest" in res.stderr
     # text mode: the table of the turns so far, and the line saying where it stopped
     db2 = tmp_path / "log2.db"
