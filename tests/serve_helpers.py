@@ -31,10 +31,13 @@ async def serving(
     retry_s: float = 2.0,
     max_body_bytes: int | None = None,
     watch_options: dict[str, Any] | None = None,
+    **state_options: Any,
 ) -> AsyncIterator[tuple[str, ServeState]]:
-    """The serve app on a free loopback port in this event loop; yields (base URL, state)."""
+    """The serve app on a free loopback port in this event loop; yields (base URL, state).
+    ``state_options``: more keyword arguments of :class:`ServeState` (keep-alives...)."""
     state = ServeState(
-        factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options
+        factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options,
+        **state_options,
     )
     limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
     app = create_app(state, token=token, **limit)

@@ -280,3 +280,29 @@ async def test_the_request_is_the_one_chat_completions_create_sends() -> None:
     assert {k: v for k, v in ours.headers.items() if k not in skip} == {
         k: v for k, v in sdk_request.headers.items() if k not in skip
     }
+
+
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [
+        # DeepSeek: top-level hit/miss counts, no prompt_tokens_details
+        ({"prompt_tokens": 100, "completion_tokens": 5, "prompt_cache_hit_tokens": 64,
+          "prompt_cache_miss_tokens": 36}, 64),
+        # both: OpenAI's nested field wins
+        ({"prompt_tokens": 100, "completion_tokens": 5, "prompt_cache_hit_tokens": 64,
+          "prompt_tokens_details": {"cached_tokens": 60}}, 60),
+        # neither: unknown, never 0
+        ({"prompt_tokens": 100, "completion_tokens": 5}, None),
+    ],
+)
+def test_cached_tokens_as_each_server_reports_them(
+    usage: dict[str, Any], cached: int | None
+) -> None:
+    """The same usage read by both transports (chainrun's SSE parser and the SDK's types)."""
+    frame = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+             "choices": [], "usage": usage}  # fmt: skip
+    ours = chunk_from_dict(frame)
+    sdk = normalise_chunk(construct_type(type_=ChatCompletionChunk, value=frame))
+    for chunk in (ours, sdk):
+        assert chunk.usage == Usage(input_tokens=100, output_tokens=5, reasoning_tokens=None,
+                                    cached_input_tokens=cached)  # fmt: skip

@@ -4,6 +4,7 @@ Responses event accumulator. HTTP is faked with a real transport (``httpx2.MockT
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -26,6 +27,7 @@ from chainrun.providers.openai_client import (
     build_client,
     map_openai_error,
     read_api_key,
+    retry_after_s,
 )
 from chainrun.providers.responses import (
     ResponseEvents,
@@ -91,15 +93,26 @@ def _status_error(status: int, headers: dict[str, str]) -> openai.APIStatusError
     return openai.APIStatusError("slow down", response=response, body=None)
 
 
+def test_retry_after_in_both_rfc_9110_forms_and_milliseconds() -> None:
+    now = datetime(2026, 12, 2, 7, 0, 0, tzinfo=UTC)
+    assert retry_after_s({"retry-after": "Wed, 02 Dec 2026 07:00:30 GMT"}, now=now) == 30.0
+    assert retry_after_s({"retry-after": "30"}, now=now) == 30.0
+    assert retry_after_s({"retry-after-ms": "250"}, now=now) == 0.25
+    # a broken retry-after-ms falls back to Retry-After
+    assert retry_after_s({"retry-after-ms": "nan", "retry-after": "2"}, now=now) == 2.0
+    for odd in ("-5", "nan", "inf", "1e12", "soon", ""):
+        assert retry_after_s({"retry-after": odd}, now=now) is None, odd
+
+
 def test_error_mapping_keeps_retry_after() -> None:
     err = map_openai_error(_status_error(429, {"retry-after-ms": "1500"}), name="p", where="u")
     assert isinstance(err, ProviderStatusError)
     assert err.status == 429 and err.retry_after_s == 1.5 and err.error_type == "http_429"
     err = map_openai_error(_status_error(503, {"retry-after": "2"}), name="p", where="u")
     assert isinstance(err, ProviderStatusError) and err.retry_after_s == 2.0
-    date = {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    date = {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}  # long past: retry now
     err = map_openai_error(_status_error(503, date), name="p", where="u")
-    assert isinstance(err, ProviderStatusError) and err.retry_after_s is None
+    assert isinstance(err, ProviderStatusError) and err.retry_after_s == 0.0
     request = httpx2.Request("POST", "http://x")
     timeout = map_openai_error(openai.APITimeoutError(request), name="p", where="u")
     assert isinstance(timeout, ProviderTimeout)

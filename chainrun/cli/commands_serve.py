@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, fail, handle_errors
-from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID, TOKEN_ENV
+from chainrun.serve.settings import (
+    CHAT_KEEPALIVE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MODEL_ID,
+    TOKEN_ENV,
+)
 
 if TYPE_CHECKING:
     from chainrun.serve.turns import TurnObserver
@@ -55,6 +60,17 @@ def serve_command(
         typer.Option(min=1, help="Worker processes sharing the port, each with its own live "
                      "run in the one log (use a PostgreSQL --db to share it widely)."),
     ] = 1,
+    chat_keepalive_s: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds between keep-alive comment lines on /chat's stream "
+                     "(0: none)."),
+    ] = CHAT_KEEPALIVE_S,
+    v1_keepalive_s: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds between keep-alive comment lines on the "
+                     "OpenAI-compatible face's streams (default 0: none, as OpenAI sends "
+                     "none and some clients reject them)."),
+    ] = 0.0,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -79,7 +95,8 @@ def serve_command(
         try:
             serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
                   max_body_bytes=max_body_bytes, workers=workers,
-                  observer_factory=per_worker, seed_windows=seeds)  # fmt: skip
+                  observer_factory=per_worker, seed_windows=seeds,
+                  chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s)  # fmt: skip
         except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
             fail(str(e), e.exit_code)
         return
@@ -89,7 +106,8 @@ def serve_command(
     try:
         serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
               observers=observers, max_body_bytes=max_body_bytes,
-              seed_windows=seeds)  # fmt: skip
+              seed_windows=seeds, chat_keepalive_s=chat_keepalive_s,
+              v1_keepalive_s=v1_keepalive_s)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()

@@ -49,18 +49,25 @@ def usage_from_dict(u: Any) -> Usage | None:
     """A Chat Completions ``usage`` object as :class:`~chainrun.timing.Usage` (None: none
     sent). ``completion_tokens_details.reasoning_tokens`` is a subset of the output
     tokens and ``prompt_tokens_details.cached_tokens`` of the input (OpenAI's API
-    reference); a count the server did not send stays None."""
+    reference); a count the server did not send stays None.
+
+    Cached input tokens as each server family reports them: OpenAI's nested
+    ``prompt_tokens_details.cached_tokens`` wins; else DeepSeek's top-level
+    ``prompt_cache_hit_tokens`` (DeepSeek API docs, context caching; its companion
+    ``prompt_cache_miss_tokens`` is the rest of ``prompt_tokens``).
+    """
     if not isinstance(u, dict):
         return None
     details = u.get("completion_tokens_details")
     prompt_details = u.get("prompt_tokens_details")
+    cached = prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None
+    if cached is None:
+        cached = u.get("prompt_cache_hit_tokens")
     return Usage(
         input_tokens=u.get("prompt_tokens"),
         output_tokens=u.get("completion_tokens"),
         reasoning_tokens=details.get("reasoning_tokens") if isinstance(details, dict) else None,
-        cached_input_tokens=prompt_details.get("cached_tokens")
-        if isinstance(prompt_details, dict)
-        else None,
+        cached_input_tokens=cached,
     )
 
 

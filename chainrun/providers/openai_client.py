@@ -24,12 +24,15 @@ server's message kept.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import os
 import re
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -219,26 +222,53 @@ def build_client(
     )
 
 
-def retry_after_s(headers: Any) -> float | None:
-    """``retry-after-ms`` or ``Retry-After`` (seconds form) from response headers, in s.
+#: The longest server pushback believed, in s (one day): a larger value is read as a
+#: broken header and ignored rather than stalling a step for it.
+MAX_RETRY_AFTER_S = 86_400.0
 
-    The HTTP-date form of ``Retry-After`` (RFC 9110) gives None.
+
+def _pushback_s(value: float) -> float | None:
+    """``value`` (s) when it is a wait a server could mean: finite, not negative, at most
+    :data:`MAX_RETRY_AFTER_S`; else None (ignored)."""
+    if not math.isfinite(value) or value < 0 or value > MAX_RETRY_AFTER_S:
+        return None
+    return value
+
+
+def retry_after_s(headers: Any, *, now: datetime | None = None) -> float | None:
+    """The server's pushback from response headers, in s; None when it sent none we can use.
+
+    Read in this order: OpenAI's ``retry-after-ms`` (milliseconds), then ``Retry-After``
+    in either of RFC 9110 §10.2.3's forms: delay-seconds (``"30"``) or an HTTP-date
+    (``"Wed, 21 Oct 2026 07:28:00 GMT"``, counted from ``now``, default the current UTC
+    time; a date already past is a wait of 0). Negative, ``nan``, infinite or absurd
+    values (beyond :data:`MAX_RETRY_AFTER_S`) are ignored.
     """
     if headers is None:
         return None
     ms = headers.get("retry-after-ms")
     if ms is not None:
         try:
-            return float(ms) / 1000.0
+            wait = _pushback_s(float(ms) / 1000.0)
         except ValueError:
-            pass
+            wait = None
+        if wait is not None:
+            return wait
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return float(value)
+        return _pushback_s(float(value))
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:  # RFC 9110's IMF-fixdate is always GMT
+        when = when.replace(tzinfo=UTC)
+    current = now or datetime.now(UTC)
+    return _pushback_s(max(0.0, (when - current).total_seconds()))
 
 
 _CONTEXT_RE = re.compile(

@@ -25,24 +25,18 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
-from chainrun.providers.chat_sse import DONE, ChatSSEParser
+from chainrun.providers.chat_sse import DONE, ChatSSEParser, usage_from_dict
 from chainrun.providers.openai_client import OpenAIClientProvider
 from chainrun.timing import Chunk, ToolCallDelta, Usage, make_chunk
 
 
 def _usage(u: Any) -> Usage | None:
+    """The SDK's ``CompletionUsage`` read by :func:`~chainrun.providers.chat_sse.usage_from_dict`
+    (one reader of usage fields for both transports; ``model_dump`` keeps a server's
+    extra fields such as DeepSeek's ``prompt_cache_hit_tokens``)."""
     if u is None:
         return None
-    details = getattr(u, "completion_tokens_details", None)
-    prompt_details = getattr(u, "prompt_tokens_details", None)
-    return Usage(
-        input_tokens=getattr(u, "prompt_tokens", None),
-        output_tokens=getattr(u, "completion_tokens", None),
-        reasoning_tokens=getattr(details, "reasoning_tokens", None) if details else None,
-        cached_input_tokens=getattr(prompt_details, "cached_tokens", None)
-        if prompt_details
-        else None,
-    )
+    return usage_from_dict(u.model_dump() if hasattr(u, "model_dump") else u)
 
 
 def normalise_chunk(raw: Any, nbytes: int = 0) -> Chunk:

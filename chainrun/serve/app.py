@@ -47,7 +47,7 @@ from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_colle
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
-from chainrun.serve.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
+from chainrun.serve.settings import CHAT_KEEPALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
 
 log = logging.getLogger("chainrun.serve")
@@ -76,6 +76,9 @@ class ServeState:
             chain uses the embedded local model (``every_s``; tests give ``find`` and
             ``start``); ``every_s`` is also the
             :class:`~chainrun.serve.provider_watch.ProviderWatch`'s.
+        chat_keepalive_s: s between keep-alive comment lines on ``/chat`` (None: none).
+        v1_keepalive_s: the same on the OpenAI face's streams; None (the default): none,
+            as OpenAI sends none (:mod:`chainrun.serve.sse`).
     """
 
     def __init__(
@@ -88,8 +91,12 @@ class ServeState:
         freeze_gc: bool = False,
         shutdown_grace_s: float | None = None,
         watch_options: Mapping[str, Any] | None = None,
+        chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
+        v1_keepalive_s: float | None = None,
     ) -> None:
         self.chain_factory = chain_factory
+        self.chat_keepalive_s = chat_keepalive_s
+        self.v1_keepalive_s = v1_keepalive_s
         self.shutdown_grace_s = shutdown_grace_s
         #: time.monotonic() of the first stop request (None: none yet)
         self.stop_requested_at: float | None = None

@@ -21,12 +21,12 @@ import difflib
 import json
 from collections.abc import AsyncIterator
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
 from chainrun.serve.errors import error_response, not_ready
-from chainrun.serve.settings import SHUTDOWN_GRACE_S
+from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
@@ -89,7 +89,7 @@ async def _events(
     runner: TurnRunner, message: str, conversation_id: str | None
 ) -> AsyncIterator[ServerSentEvent]:
     async for ev in runner.stream(message, conversation_id):
-        yield ServerSentEvent(data=json.dumps(ev.data), event=ev.event)
+        yield sse_event(json.dumps(ev.data), ev.event)
 
 
 async def chat(request: Request) -> Response:
@@ -101,12 +101,8 @@ async def chat(request: Request) -> Response:
         message, conversation_id = parse_chat_body(await request.body())
     except BadRequest as e:
         return error_response(400, str(e), param=e.param, code="invalid_value")
-    return EventSourceResponse(
+    return sse_response(
         _events(runner, message, conversation_id),
-        ping=15,  # a comment line every 15 s keeps idle proxies from closing the stream
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        # at shutdown the stream runs on while its turn has its grace (the turn is
-        # cancelled at SHUTDOWN_GRACE_S, which ends the stream cleanly first)
-        shutdown_grace_period=SHUTDOWN_GRACE_S + 1,
+        keepalive_s=request.app.state.serve.chat_keepalive_s,
     )
 

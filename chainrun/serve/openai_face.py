@@ -19,8 +19,11 @@ or ``user`` (else a new one). The face keeps no state, as the API it copies: the
 history is the client's, never the log's. ``system`` and ``developer`` messages are not
 used: the chain's steps have their own system texts (config), and a client's
 instructions reach no step (each step's logged prompt shows what was sent). Sampling
-parameters are the chain's own (its config); ``n`` other than 1 and
-``tools`` are refused with 400.
+parameters are the chain's own (its config) and are ignored
+(:data:`IGNORED_PARAMETERS`); a parameter that would change what the answer is and that
+the face does not honour (:data:`REFUSED_PARAMETERS`: ``n`` other than 1, ``tools``,
+``response_format`` other than text, ``logprobs``, audio) is refused with 400
+``unsupported_parameter`` naming it, never answered with prose that ignores it.
 
 What comes back besides the answer:
 
@@ -65,11 +68,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -78,7 +81,7 @@ from chainrun.conversations.messages import read_thread
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
-from chainrun.serve.settings import SHUTDOWN_GRACE_S
+from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
 from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
@@ -106,6 +109,42 @@ class InvalidRequest(ValueError):
         self.code = code
 
 
+#: Request parameters that would change what the answer is, which the face does not
+#: honour: each maps to (the values it accepts as harmless, why not). A request that sets
+#: one to anything else is refused with 400 ``unsupported_parameter`` naming it, never
+#: answered with prose that ignores it. ``docs/guides/serving.md`` lists them (a test
+#: keeps the list and this table equal).
+_NO_LOGPROBS = "the chain's answer carries no log probabilities"
+REFUSED_PARAMETERS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: v == 1 and not isinstance(v, bool), "the chain gives one answer"),
+    "tools": (lambda v: v == [], "the chain's tools are its config ([tools.NAME])"),
+    "tool_choice": (lambda v: v == "none", "the chain's tools are its config"),
+    "functions": (lambda v: v == [], "the chain's tools are its config"),
+    "function_call": (lambda v: v == "none", "the chain's tools are its config"),
+    "response_format": (
+        lambda v: v == {"type": "text"},
+        "the answer's format is the chain's config (the answer step's json_schema)",
+    ),
+    "logprobs": (lambda v: v is False, _NO_LOGPROBS),
+    "top_logprobs": (lambda v: v == 0 and not isinstance(v, bool), _NO_LOGPROBS),
+    "audio": (lambda v: False, "the chain answers in text"),
+    "modalities": (lambda v: v == ["text"], "the chain answers in text"),
+    "prediction": (lambda v: False, "predicted outputs are not supported"),
+    "web_search_options": (lambda v: False, "the chain searches its own catalogue"),
+}
+
+#: Request parameters taken without effect: the chain's steps have their own settings
+#: (model, sampling, caps, reasoning effort: the config), so these are ignored, as the
+#: module docstring says (``user`` and ``metadata.conversation_id`` name the
+#: conversation; ``stream_options.include_usage`` is honoured).
+IGNORED_PARAMETERS: tuple[str, ...] = (
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
+    "presence_penalty", "frequency_penalty", "logit_bias", "reasoning_effort",
+    "parallel_tool_calls", "store", "service_tier", "verbosity", "prompt_cache_key",
+    "safety_identifier",
+)  # fmt: skip
+
+
 def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     """The chain's view of a ``/v1/chat/completions`` body.
 
@@ -114,7 +153,9 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
             ``model_not_found``); ``messages`` holds no user message with text; the text
             breaks the library's rule (:func:`chainrun.turn_input.check_turn_input`: over
             :data:`~chainrun.turn_input.MAX_MESSAGE_CHARS` characters, a lone
-            surrogate); ``n`` is not 1; ``tools`` are given; ``stream`` or
+            surrogate); a parameter of :data:`REFUSED_PARAMETERS` set to a value it does
+            not accept (``n`` other than 1, ``tools``, ``response_format`` other than
+            text, ...: 400 ``unsupported_parameter``); ``stream`` or
             ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
             not taken as true); ``stream_options`` is not an object.
     """
@@ -145,11 +186,10 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
                 raise InvalidRequest(
                     f"messages: earlier turn {i + 1}, the {what} message: {problem}", "messages"
                 )
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise InvalidRequest("n: only 1 choice is supported", "n")
-    if body.get("tools"):
-        raise InvalidRequest("tools: the chain takes no tools", "tools")
+    for param, (accepts, reason) in REFUSED_PARAMETERS.items():
+        if body.get(param) is not None and not accepts(body[param]):
+            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
+                                 code="unsupported_parameter")  # fmt: skip
     metadata = body.get("metadata")
     conv = metadata.get("conversation_id") if isinstance(metadata, dict) else None
     conv = conv if isinstance(conv, str) else body.get("user")
@@ -240,13 +280,9 @@ async def chat_completions(request: Request) -> Response:
         return not_ready(request)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
-        return EventSourceResponse(
+        return sse_response(
             _chunks(runner, req, completion_id, state.model_id),
-            ping=15,
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-            # at shutdown the stream runs on while its turn has its grace (the turn is
-            # cancelled at SHUTDOWN_GRACE_S, which ends the stream cleanly first)
-            shutdown_grace_period=SHUTDOWN_GRACE_S + 1,
+            keepalive_s=state.v1_keepalive_s,
         )
     summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
@@ -304,13 +340,13 @@ async def _chunks(
             "choices": [choice],
             **extra,
         }
-        return ServerSentEvent(data=json.dumps(doc))
+        return sse_event(json.dumps(doc))
 
     def usage_chunk(usage: dict[str, Any]) -> ServerSentEvent:
         doc = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                "model": model_id, "system_fingerprint": None, "choices": [],
                "usage": usage}  # fmt: skip
-        return ServerSentEvent(data=json.dumps(doc))
+        return sse_event(json.dumps(doc))
 
     yield chunk({"role": "assistant", "content": ""})
     sent_text = False
@@ -337,11 +373,11 @@ async def _chunks(
             if summary["status"] in ("error", "cancelled"):
                 message, code = _failure(summary)
                 body = error_body(message, "server_error", code=code)
-                yield ServerSentEvent(data=json.dumps({**body, "chainrun": summary}))
+                yield sse_event(json.dumps({**body, "chainrun": summary}))
                 break
             if not sent_text and summary["output"]:
                 yield chunk({"content": summary["output"]})  # e.g. the refusal text
             yield chunk({}, _finish_reason(summary["status"]), chainrun=summary)
             if req.include_usage:
                 yield usage_chunk(openai_usage(summary))
-    yield ServerSentEvent(data="[DONE]")
+    yield sse_event("[DONE]")

@@ -25,6 +25,7 @@ from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app
 from chainrun.serve.settings import (
+    CHAT_KEEPALIVE_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MODEL_ID,
     SHUTDOWN_GRACE_S,
@@ -66,6 +67,8 @@ def serve(
     workers: int = 1,
     observer_factory: Callable[[], list[TurnObserver]] | None = None,
     seed_windows: SeedWindows | None = None,
+    chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
+    v1_keepalive_s: float | None = None,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -93,6 +96,8 @@ def serve(
         observer_factory: builds each worker's observers after the fork (an exporter's
             threads do not survive a fork; one with a ``shutdown()`` is shut down as its
             worker stops); with one worker, ``observers`` is used.
+        chat_keepalive_s: s between keep-alive comment lines on ``/chat`` (None or 0: none).
+        v1_keepalive_s: the same on the OpenAI face's streams (default none, as OpenAI's).
 
     Raises:
         UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
@@ -124,6 +129,7 @@ def serve(
             try:
                 _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
                            max_body_bytes=max_body_bytes, seed_windows=seed_windows,
+                           keepalive=(chat_keepalive_s, v1_keepalive_s),
                            announce=False)  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
@@ -136,7 +142,8 @@ def serve(
             raise WorkersFailed(failed, workers)
         return
     _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
-               max_body_bytes=max_body_bytes, seed_windows=seed_windows)  # fmt: skip
+               max_body_bytes=max_body_bytes, seed_windows=seed_windows,
+               keepalive=(chat_keepalive_s, v1_keepalive_s))  # fmt: skip
 
 
 def _serve_one(
@@ -150,10 +157,11 @@ def _serve_one(
     max_body_bytes: int,
     seed_windows: SeedWindows | None = None,
     announce: bool = True,
+    keepalive: tuple[float | None, float | None] = (CHAT_KEEPALIVE_S, None),
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
-    parent).
+    parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s).
 
     Raises:
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
@@ -170,6 +178,8 @@ def _serve_one(
         model_id=model_id,
         freeze_gc=True,  # a long-running process: start-up objects out of every GC pass
         shutdown_grace_s=SHUTDOWN_GRACE_S,
+        chat_keepalive_s=keepalive[0],
+        v1_keepalive_s=keepalive[1],
     )
     app = create_app(state, token=token, max_body_bytes=max_body_bytes)
     server = _Server(

@@ -12,3 +12,6 @@ TOKEN_ENV = "CHAINRUN_SERVE_TOKEN"
 #: s the turns in flight get to finish after ``chainrun serve`` is told to stop (SIGINT,
 #: SIGTERM) before they are cancelled (each logged ``cancelled``; its stream then ends)
 SHUTDOWN_GRACE_S = 5
+#: s between keep-alive comment lines on ``/chat`` by default (``chainrun serve
+#: --chat-keepalive-s``); the OpenAI face sends none unless asked (``--v1-keepalive-s``)
+CHAT_KEEPALIVE_S = 15.0
