@@ -56,23 +56,136 @@ class ToolCallDelta:
     ``index`` tells the calls of one answer apart; ``id`` and ``name`` arrive with a
     call's first piece, ``arguments`` is a piece of the arguments' JSON text (the pieces
     of one index concatenate to the whole; OpenAI API reference, "Function calling").
+    Servers bend these rules (:class:`ToolCallAssembler` says how each is read): ``index``
+    is None when the server sent none, and ``notes`` names what the wire reader already
+    mended (``"arguments_object"``: arguments sent as a JSON object, serialised).
     """
 
-    index: int
+    index: int | None
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class StreamedToolCall:
     """One whole tool call of an answer: its pieces put together (``arguments``: JSON text
-    as the model wrote it, not yet validated)."""
+    as the model wrote it, not yet validated).
+
+    ``index`` is the call's position among the answer's calls (0, 1, ... in the order
+    their first pieces came: the server's ``index`` on a stream that follows the API);
+    ``wire_index`` is the index the server sent with its first piece (None: none);
+    ``notes`` lists every normalisation :class:`ToolCallAssembler` made, so none is silent.
+    """
 
     index: int
     id: str | None
     name: str | None
     arguments: str
+    wire_index: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+class ToolCallAssembler:
+    """Streamed tool-call pieces put together into calls, as real servers send them.
+
+    The API's rule is simple (the pieces of one call share an ``index``; its first piece
+    has the ``id`` and ``name``), but OpenAI-compatible servers bend it, as publicly
+    reported in 2025-2026: parallel calls that all carry ``index`` 0 or no index
+    (Ollama behind proxies, Gemini's compatible endpoint), a function name streamed in
+    fragments (Gemini), argument fragments on a shifted index with no id or name,
+    arguments as a JSON object (llama.cpp). The rules, in order, for each piece:
+
+    - on an index with an open call, a piece that brings a **different id**, or a
+      **name after the call's arguments began** (a call's name comes before its
+      arguments), starts a new call (note ``new_call_on_same_index``);
+    - a piece **without an index** continues the last call unless it starts a new one
+      by the first rule (``index_inferred``);
+    - a piece on a **new index with neither id nor name** while a call is open is an
+      argument fragment of that call (``fragment_reattached``);
+    - otherwise a new index starts a new call;
+    - a name on a call that has a name and no arguments yet is a **fragment** joined to
+      it (``name_fragments_joined``), unless it restates the name or extends it (the
+      name so far is its prefix), which is kept once.
+
+    Pure: no I/O, no clock. :meth:`feed` takes a :class:`ToolCallDelta`; :attr:`calls`
+    gives :class:`StreamedToolCall` s in the order of their first pieces.
+    """
+
+    __slots__ = ("_by_index", "_last", "_parts")
+
+    def __init__(self) -> None:
+        #: each call: [id, name, argument pieces, wire index, notes]
+        self._parts: list[list[Any]] = []
+        #: wire index -> position of the latest call opened on it
+        self._by_index: dict[int, int] = {}
+        #: position of the call the last piece went to
+        self._last: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    @staticmethod
+    def _starts_new(part: list[Any], d: ToolCallDelta) -> bool:
+        if d.id and part[0] and d.id != part[0]:
+            return True
+        return bool(d.name and part[2])  # a name after arguments: the next call's
+
+    def _open(self, d: ToolCallDelta, notes: tuple[str, ...]) -> list[Any]:
+        part: list[Any] = [d.id, None, [], d.index, list(notes)]
+        self._parts.append(part)
+        self._last = len(self._parts) - 1
+        if d.index is not None:
+            self._by_index[d.index] = self._last
+        return part
+
+    def _locate(self, d: ToolCallDelta) -> list[Any]:
+        """The call piece ``d`` belongs to (opened here when it starts one)."""
+        if d.index is not None and d.index in self._by_index:
+            here = self._parts[self._by_index[d.index]]
+            if self._starts_new(here, d):
+                return self._open(d, ("new_call_on_same_index",))
+            self._last = self._by_index[d.index]
+            return here
+        last = None if self._last is None else self._parts[self._last]
+        if d.index is None:
+            if last is None or self._starts_new(last, d):
+                return self._open(d, ("index_inferred",))
+            _note(last, "index_inferred")
+            return last
+        if last is not None and d.id is None and d.name is None and d.arguments:
+            _note(last, "fragment_reattached")
+            return last
+        return self._open(d, ())
+
+    def feed(self, d: ToolCallDelta) -> None:
+        """Add one piece (see the class text for which call it joins)."""
+        part = self._locate(d)
+        for note in d.notes:
+            _note(part, note)
+        if d.id and not part[0]:
+            part[0] = d.id
+        if d.name:
+            name = part[1]
+            if not name or d.name.startswith(name):
+                part[1] = d.name
+            elif not name.endswith(d.name):
+                part[1] = name + d.name
+                _note(part, "name_fragments_joined")
+        if d.arguments:
+            part[2].append(d.arguments)
+
+    @property
+    def calls(self) -> list[StreamedToolCall]:
+        """The calls so far, in order of their first pieces (whole once the stream ended)."""
+        return [StreamedToolCall(i, p[0], p[1], "".join(p[2]), p[3], tuple(p[4]))
+                for i, p in enumerate(self._parts)]  # fmt: skip
+
+
+def _note(part: list[Any], note: str) -> None:
+    if note not in part[4]:
+        part[4].append(note)
 
 
 @dataclass(frozen=True)
@@ -159,8 +272,8 @@ class StreamTimer:
     first_tool_call_ms: float | None = None
     _t_last: float | None = None
     _t_last_token: float | None = None
-    #: tool calls being put together: index -> [id, name, argument pieces]
-    _tool_parts: dict[int, list[Any]] = field(default_factory=dict)
+    #: the answer's tool calls being put together
+    _tool_parts: ToolCallAssembler = field(default_factory=ToolCallAssembler)
 
     def on_chunk(self, t: float, chunk: Chunk) -> None:
         """Record a streamed event that arrived at time ``t`` (s): a chunk when it
@@ -211,20 +324,13 @@ class StreamTimer:
         if self.first_tool_call_ms is None:
             self.first_tool_call_ms = (t - self.t_start) * 1000.0
         for d in deltas:
-            part = self._tool_parts.get(d.index)
-            if part is None:
-                part = self._tool_parts[d.index] = [d.id, d.name, []]
-            else:
-                part[0] = part[0] or d.id
-                part[1] = part[1] or d.name
-            if d.arguments:
-                part[2].append(d.arguments)
+            self._tool_parts.feed(d)
 
     @property
     def tool_calls(self) -> list[StreamedToolCall]:
-        """The tool calls the answer holds so far, by index (whole once the stream ended)."""
-        return [StreamedToolCall(i, p[0], p[1], "".join(p[2]))
-                for i, p in sorted(self._tool_parts.items())]  # fmt: skip
+        """The tool calls the answer holds so far, in order (whole once the stream ended;
+        :class:`ToolCallAssembler` says how servers' pieces are read)."""
+        return self._tool_parts.calls
 
     def on_end(self, t: float) -> None:
         """Record the end of the stream (normal end, error or cancel) at time ``t`` (s)."""

@@ -76,22 +76,41 @@ def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...] | None:
     {"name", "arguments"}}``, only ``index`` and an ``arguments`` piece after a call's
     first fragment) as :class:`~chainrun.timing.ToolCallDelta` s; None when empty.
 
+    As servers send them: a missing ``index`` stays None (the
+    :class:`~chainrun.timing.ToolCallAssembler` infers the call), and ``arguments`` sent as
+    a JSON object rather than text (llama.cpp, ggml-org/llama.cpp#20198) is serialised,
+    noted ``arguments_object``.
+
     Raises:
-        MalformedStream: an entry that is not an object with an integer ``index``.
+        MalformedStream: an entry that is not an object, or an ``index`` that is not an
+            integer.
     """
     if not isinstance(raw, list):
         raise MalformedStream(f"delta.tool_calls: expected a list, got {type(raw).__name__}")
     out = []
     for i, c in enumerate(raw):
-        index = c.get("index", i) if isinstance(c, dict) else None
-        if not isinstance(index, int) or isinstance(index, bool):
+        index = c.get("index") if isinstance(c, dict) else False
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
             raise MalformedStream(f"delta.tool_calls[{i}]: expected an object with an index")
         fn = c.get("function") if isinstance(c.get("function"), dict) else {}
-        args = fn.get("arguments")
-        out.append(ToolCallDelta(index=index, id=c.get("id") or None,
-                                 name=fn.get("name") or None,
-                                 arguments=args if isinstance(args, str) else ""))  # fmt: skip
+        out.append(tool_call_delta(index, c.get("id"), fn.get("name"), fn.get("arguments")))
     return tuple(out) or None
+
+
+def tool_call_delta(index: int | None, id_: Any, name: Any, arguments: Any) -> ToolCallDelta:
+    """One tool-call piece from its wire fields (both transports read them so): empty
+    strings are None; ``arguments`` that is a JSON object or array is serialised (note
+    ``arguments_object``), anything else not text is dropped."""
+    notes: tuple[str, ...] = ()
+    if isinstance(arguments, dict | list):
+        arguments, notes = json.dumps(arguments, ensure_ascii=False), ("arguments_object",)
+    return ToolCallDelta(
+        index=index,
+        id=id_ if isinstance(id_, str) and id_ else None,
+        name=name if isinstance(name, str) and name else None,
+        arguments=arguments if isinstance(arguments, str) else "",
+        notes=notes,
+    )
 
 
 def chunk_from_dict(d: dict[str, Any], nbytes: int = 0) -> Chunk:

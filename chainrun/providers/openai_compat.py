@@ -25,9 +25,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
-from chainrun.providers.chat_sse import DONE, ChatSSEParser, usage_from_dict
+from chainrun.providers.chat_sse import DONE, ChatSSEParser, tool_call_delta, usage_from_dict
 from chainrun.providers.openai_client import OpenAIClientProvider
-from chainrun.timing import Chunk, ToolCallDelta, Usage, make_chunk
+from chainrun.timing import Chunk, Usage, make_chunk
 
 
 def _usage(u: Any) -> Usage | None:
@@ -57,10 +57,10 @@ def normalise_chunk(raw: Any, nbytes: int = 0) -> Chunk:
         role = delta.role
         if delta.tool_calls:
             tool_calls = tuple(
-                ToolCallDelta(
-                    index=c.index, id=c.id or None,
-                    name=(c.function.name or None) if c.function else None,
-                    arguments=(c.function.arguments or "") if c.function else "",
+                tool_call_delta(
+                    getattr(c, "index", None), c.id,
+                    c.function.name if c.function else None,
+                    c.function.arguments if c.function else None,
                 )
                 for c in delta.tool_calls
             )  # fmt: skip
