@@ -17,6 +17,10 @@ from typing import Any, Protocol
 DEFAULT_LABELS = ("sizing", "product_search", "order_status", "returns", "styling", "other")
 #: the label a classifier gives when nothing points to another one
 FALLBACK_LABEL = "other"
+#: an unsure turn's route takes a runner-up label whose confidence is at least this
+RUNNER_UP_MIN = 0.1
+#: an unsure turn's route takes at most this many labels (the label and two runners-up)
+MAX_ROUTE_LABELS = 3
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,45 @@ class Classification:
         score: the method's confidence on its own scale (keywords: rules matched;
             examples: cosine similarity of the nearest example, -1..1); None: none.
         detail: what the method saw (rule hits per label, nearest examples).
+        confidences: label → the method's confidence in it, 0..1, summing to 1 over the
+            labels given (highest first; labels left out: 0); empty: the method gives
+            none. :attr:`confidence` is the label's.
     """
 
     label: str
     method: str
     score: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    confidences: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def confidence(self) -> float | None:
+        """The confidence in :attr:`label`, 0..1 (None: the method gives none)."""
+        if not self.confidences:
+            return None
+        return self.confidences.get(self.label, 0.0)
+
+    def route_labels(self, threshold: float) -> tuple[str, ...]:
+        """The labels whose material a turn gets: ``(label,)`` when the confidence is at
+        least ``threshold`` (or unknown); else the label and the runners-up with a
+        confidence of at least :data:`RUNNER_UP_MIN`, highest first, at most
+        :data:`MAX_ROUTE_LABELS` in all."""
+        conf = self.confidence
+        if conf is None or conf >= threshold:
+            return (self.label,)
+        others = [lab for lab, v in self.confidences.items()
+                  if v >= RUNNER_UP_MIN and lab != self.label]  # fmt: skip
+        return (self.label, *others[: MAX_ROUTE_LABELS - 1])
+
+
+def shares(weights: dict[str, float]) -> dict[str, float]:
+    """``weights`` (label → a non-negative weight) as shares summing to 1, highest first
+    (rounded to 4 places; all-zero or empty: ``{}``)."""
+    total = sum(w for w in weights.values() if w > 0)
+    if total <= 0:
+        return {}
+    ordered = sorted(((lab, w) for lab, w in weights.items() if w > 0), key=lambda x: -x[1])
+    return {lab: round(w / total, 4) for lab, w in ordered}
 
 
 class Classifier(Protocol):

@@ -93,5 +93,6 @@ class FollowUps:
                         self.method,
                         found.score,
                         {"decided_by": "follow_up", "follows": previous},
+                        found.confidences,
                     )
         return await self.alone(message)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chainrun.classify.base import Classification
+from chainrun.classify.base import Classification, shares
 from chainrun.errors import InputFileError
 from chainrun.retrieval.embeddings import Embedder, HashEmbedder, MiniLMEmbedder
 from chainrun.retrieval.vector import text_hash
@@ -113,6 +113,12 @@ class NearestExamples:
         examples: (label, message) pairs.
         embedder: turns texts into L2-normalised vectors (MiniLM by default in the step).
         k: neighbours that vote (:data:`DEFAULT_K`).
+        vectors: the examples' embeddings by the same embedder, one row per example
+            (None: embedded on :meth:`warm`); a cross-validation embeds once and
+            passes each fold's rows.
+
+    Raises:
+        ValueError: ``k`` < 1, or ``vectors`` has not one row per example.
     """
 
     method = "examples"
@@ -124,14 +130,19 @@ class NearestExamples:
         embedder: Embedder,
         *,
         k: int = DEFAULT_K,
+        vectors: np.ndarray | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if vectors is not None and len(vectors) != len(examples):
+            raise ValueError(f"{len(vectors)} vectors for {len(examples)} examples")
         self._labels = list(labels)
         self.examples = list(examples)
         self.embedder = embedder
         self.k = k
-        self._matrix: np.ndarray | None = None
+        self._matrix: np.ndarray | None = (
+            None if vectors is None else np.asarray(vectors, dtype=np.float32)
+        )
         self._lock = asyncio.Lock()
 
     @property
@@ -173,7 +184,8 @@ class NearestExamples:
         return np.stack([rows[i] for i in range(len(messages))]).astype(np.float32)
 
     def vote(self, vector: np.ndarray) -> Classification:
-        """The label for one message's embedding (after :meth:`warm`)."""
+        """The label for one message's embedding (after :meth:`warm`); a label's
+        confidence is its share of the neighbours' similarity-weighted votes."""
         assert self._matrix is not None, "call warm() first"
         sims = self._matrix @ np.asarray(vector, dtype=np.float32)
         top = np.argsort(-sims)[: self.k]
@@ -187,7 +199,8 @@ class NearestExamples:
              "similarity": round(float(sims[i]), 4)}
             for i in top
         ]  # fmt: skip
-        return Classification(label, self.method, float(sims[top[0]]), {"nearest": nearest})
+        return Classification(label, self.method, float(sims[top[0]]), {"nearest": nearest},
+                              shares(votes))
 
     async def classify(self, message: str) -> Classification:
         await self.warm()

@@ -4,7 +4,8 @@ Each label has a few patterns (:data:`DEFAULT_RULES`, written for a fashion shop
 messages in English); a message gets the label whose patterns match most often, ties
 broken by the order of :data:`DEFAULT_RULES` (returns and orders before sizing, sizing
 before styling and product search: "can I exchange it for a smaller size" is a return).
-No match gives :data:`~chainrun.classify.base.FALLBACK_LABEL`. A shop adds or replaces
+No match gives :data:`~chainrun.classify.base.FALLBACK_LABEL` with confidence 0; a
+label's confidence is its share of the rules that matched. A shop adds or replaces
 rules by label (``rules`` of the ``classify`` step).
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from chainrun.classify.base import FALLBACK_LABEL, Classification
+from chainrun.classify.base import FALLBACK_LABEL, Classification, shares
 
 #: label → patterns (case-insensitive), in tie-break order. "care" questions (washing,
-#: stains) are matched to ``other`` before sizing, so "shrink in the wash" is not sizing.
+#: stains) are matched to ``other`` before sizing, so "shrink in the wash" is not sizing;
+#: so are small talk, payment, discount codes and contact questions (the policy's
+#: general section answers them). Returns take "send it back", "swap ... for a size up".
 DEFAULT_RULES: dict[str, list[str]] = {
     "returns": [
         r"\breturn(s|ed|ing)?\b",
@@ -27,6 +30,10 @@ DEFAULT_RULES: dict[str, list[str]] = {
         r"\b(broken|broke|damaged|faulty|ripped|torn)\b",
         r"\bhole\b",
         r"\breplacement\b",
+        r"\b(send|sending|sent|post|posting|give|bring|take)( \w+){0,3} back\b",
+        r"\b(change|trade|trade in) (it|them|this|these|the \w+)( \w+)? for\b",
+        r"\bfor (a|one) size (up|down|bigger|smaller)\b",
+        r"\bchanged my mind\b",
     ],
     "order_status": [
         r"\b(my|the|an?) (order|parcel|package)\b",
@@ -56,6 +63,13 @@ DEFAULT_RULES: dict[str, list[str]] = {
         r"\bweather\b",
         r"\brecipe\b",
         r"\bvote\b",
+        r"^\W*(hi|hello|hey|good (morning|afternoon|evening))\b",
+        r"\b(thanks|thank you|cheers|that's all|that is all|bye)\b",
+        r"\b(paypal|apple pay|google pay|klarna|instal?ments?|payment methods?)\b",
+        r"\bpay (by|with|in)\b",
+        r"\b(promo|discount|voucher|coupon)( codes?)?\b",
+        r"\bgift cards?\b",
+        r"\b(contact|customer service|phone number|opening hours|e-?mail address)\b",
     ],
     "sizing": [
         r"\bsize (up|down)\b",
@@ -153,10 +167,11 @@ class KeywordRules:
         hits = self.hits(message)
         if not hits:
             fallback = FALLBACK_LABEL if FALLBACK_LABEL in self._labels else self._labels[-1]
-            return Classification(fallback, self.method, 0.0, {"hits": {}})
+            return Classification(fallback, self.method, 0.0, {"hits": {}}, {fallback: 0.0})
         best = max(hits.values())
         label = next(lab for lab, n in hits.items() if n == best)  # first in tie-break order
-        return Classification(label, self.method, float(best), {"hits": hits})
+        conf = shares({lab: float(n) for lab, n in hits.items()})
+        return Classification(label, self.method, float(best), {"hits": hits}, conf)
 
     async def classify(self, message: str) -> Classification:
         return self.classify_now(message)

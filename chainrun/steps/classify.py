@@ -23,6 +23,19 @@ Settings, in ``[steps.NAME]``::
                                        # the examples shipped with chainrun
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
     follow_ups = true        # a follow-up keeps the label of the turn it follows
+    unsure_below = 0.65      # a label whose confidence is below this is unsure
+
+Besides ``label`` the step writes ``labels``: the labels whose material the turn gets.
+A sure label (confidence at least ``unsure_below``) is alone there; an unsure one comes
+with its runners-up (:meth:`chainrun.classify.Classification.route_labels`), and a step
+routed with ``when = { label = [...] }`` runs when any of them matches (a ``not`` list
+skips it only when all do: :func:`chainrun.steps.config.route_problem`). In the default
+chain an unsure turn whose runners-up span both routes so gets the policy text and the
+search: a wrong label costs a few milliseconds, not the answer's material. The default
+threshold is chosen from the cross-validated accuracy-coverage curve of the default
+classifier (``python benchmarks/classify_accuracy.py --cv``: the lowest threshold whose
+sure labels were right at least 95% of the time; benchmarks/README.md). ``unsure_below
+= 0`` makes every label sure (one route, as before).
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ from chainrun.retrieval.embeddings import build_embedder
 from chainrun.retrieval.settings import EmbeddingSettings
 from chainrun.steps.base import (
     BuildContext,
+    StateField,
     Step,
     StepContext,
     StepItem,
@@ -60,6 +74,12 @@ from chainrun.steps.base import (
 from chainrun.steps.config import StepConfig
 
 ClassifyMethod = Literal["examples", "keywords", "combined"]
+
+#: the default ``unsure_below``: the lowest threshold at which the default classifier's
+#: sure labels were right at least 95% of the time in 5-fold cross-validation (3
+#: repeats) over the shipped examples and the regression cases (benchmarks/README.md,
+#: "Cross-validated label accuracy")
+UNSURE_BELOW = 0.65
 
 
 class ClassifyConfig(StepConfig):
@@ -85,6 +105,9 @@ class ClassifyConfig(StepConfig):
     follow_ups: bool = True
     #: deadline for one classification, in s
     deadline_s: float = Field(default=5.0, gt=0)
+    #: a label whose confidence (0..1) is below this is unsure: the turn's ``labels``
+    #: then hold its runners-up too, and it is routed to their steps as well
+    unsure_below: float = Field(default=UNSURE_BELOW, ge=0, le=1)
 
 
 def build_classifier(
@@ -132,6 +155,14 @@ class ClassifyStep(Step):
     kind = "classify"
     config_model = ClassifyConfig
     config: ClassifyConfig
+    state_fields = (
+        StateField(
+            "labels",
+            "the labels whose material the turn gets: the label, and its runners-up when "
+            "the classifier is unsure",
+            render=lambda v: ", ".join(v),
+        ),
+    )
 
     def __init__(self, name: str, config: ClassifyConfig) -> None:
         super().__init__(name, config)
@@ -144,7 +175,7 @@ class ClassifyStep(Step):
 
     @property
     def writes(self) -> frozenset[str]:
-        return frozenset({"label"})
+        return frozenset({"label", "labels"})
 
     async def open(self, ctx: BuildContext) -> None:
         path: str | None = getattr(ctx.config, "path", None)  # ChainConfig's source file
@@ -177,9 +208,15 @@ class ClassifyStep(Step):
                     [t.message for t in state.history.turns] if self.config.follow_ups else []
                 )
                 found = await self.classifier.classify(state.message, earlier)
+            route = found.route_labels(self.config.unsure_below)
+            conf = found.confidence
             result.updates["label"] = found.label
+            result.updates["labels"] = route
             row.output = found.label
-            row.detail = {"method": found.method, "score": found.score, **found.detail}
+            row.detail = {"method": found.method, "score": found.score,
+                          "confidence": found.confidence, "confidences": found.confidences,
+                          "unsure": conf is not None and conf < self.config.unsure_below,
+                          "labels": list(route), **found.detail}  # fmt: skip
         except (ChainrunError, TimeoutError) as e:
             result.error = e
             row.error_type = error_type(e)

@@ -19,6 +19,12 @@ the turn-state field ``label`` is one of those values; ``when = { label = { not 
 nothing has set (the step that writes it failed open, or was itself skipped) matches no
 list, so a ``not`` list lets the step run. A step that does not run is logged
 ``skipped`` with the reason (:func:`route_problem`).
+
+A turn may carry more than one label: a classifier that is not sure writes ``labels``
+beside ``label`` (the label and its runners-up: :mod:`chainrun.steps.classify`). Then
+``when = { label = [...] }`` runs the step when any of them is in the list, and ``{ not
+= [...] }`` skips it only when every one is, so an unsure turn gets the material of
+each route its labels point to.
 """
 
 from __future__ import annotations
@@ -103,10 +109,16 @@ def route_problem(when: Mapping[str, Any] | None, values: Mapping[str, Any]) -> 
     for name, match in (when or {}).items():
         value = values.get(name)
         shown = "unset" if value is None else f"{value!r}"
+        several = values.get("labels") if name == "label" else None
+        candidates = (
+            list(several) if isinstance(several, (list, tuple)) and several else [value]
+        )
+        if len(candidates) > 1:
+            shown = f"{value!r} (unsure: {', '.join(map(str, candidates))})"
         if isinstance(match, dict):
-            if value in match["not"]:
+            if all(v in match["not"] for v in candidates):
                 return f"when: {name} is {shown}, one of {', '.join(match['not'])}"
-        elif value not in match:
+        elif not any(v in match for v in candidates):
             return f"when: {name} is {shown}, not one of {', '.join(match)}"
     return None
 

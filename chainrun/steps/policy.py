@@ -1,7 +1,8 @@
 """The policy step (``kind = "policy"``): the shop's policy text for the turn's label.
 
 It reads the classify ``label`` and writes ``policy``: the section of the shop's policy
-file (:mod:`chainrun.shop_policy`) for that label, as the answer's prompt shows it
+file (:mod:`chainrun.shop_policy`) for that label (for an unsure turn, the sections of
+each of its ``labels`` that has one, the label's first), as the answer's prompt shows it
 (``{policy}``; ``""`` for a label with no section). No model call and no search: a
 lookup of microseconds. In the default chain it is the route of order-status, returns
 and sizing questions (``when = { label = [...] }``), which the answer step then answers
@@ -25,7 +26,7 @@ from chainrun.steps.base import (
     TurnState,
     register_step_kind,
 )
-from chainrun.steps.config import StepConfig
+from chainrun.steps.config import StepConfig, route_problem
 
 __all__ = ["PolicyConfig", "PolicyStep"]
 
@@ -65,9 +66,26 @@ class PolicyStep(Step):
 
     async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
         label = state.label
-        text = policy_text(self.sections, label)
-        ctx.row.output = label if text else None
+        several = state.get("labels")
+        labels: list[str] = (
+            [str(v) for v in several]
+            if isinstance(several, (list, tuple)) and several
+            else ([label] if label else [])
+        )
+        # an unsure turn: the sections of each of its labels that has one and that this
+        # step's route takes, the label's first
+        found = [
+            lab
+            for lab in dict.fromkeys(labels)
+            if lab in self.sections
+            and (lab == label or route_problem(self.config.when, {"label": lab}) is None)
+        ]
+        text = "".join(policy_text(self.sections, lab) for lab in found)
+        ctx.row.output = (found[0] if len(found) == 1 else ",".join(found)) if found else None
         section = self.sections.get(label or "")
         ctx.row.detail = {"label": label, "section": section.title if section else None}
+        if len(labels) > 1:
+            ctx.row.detail["labels"] = labels
+            ctx.row.detail["sections"] = [self.sections[lab].title for lab in found]
         ctx.row.duration_ms = ctx.elapsed_ms()
         yield StepResult(updates={"policy": text})
