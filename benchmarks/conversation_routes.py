@@ -67,7 +67,7 @@ from chainrun.analysis import stats
 from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
-from chainrun.replay import ReplayRequest, load_requests, run_requests
+from chainrun.replay.run import ReplayRequest, load_requests, run_requests
 from chainrun.retrieval.embeddings import MiniLMEmbedder, forget_recent
 
 ROOT = Path(__file__).resolve().parents[1]

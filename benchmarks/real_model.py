@@ -40,7 +40,7 @@ import _common as c
 from chainrun.analysis import stats
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.runtime.local_model import (
     CHAT_TEMPLATE,
     free_port,

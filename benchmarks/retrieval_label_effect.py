@@ -17,7 +17,7 @@ from typing import Any
 import sqlite_utils
 
 from chainrun.config import CLASSIFY_LABELS
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.retrieval import RetrievalSettings, build_retriever
 from chainrun.retrieval.catalog import ensure_sample_catalog
 

@@ -80,7 +80,7 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.providers.openai_compat import OpenAICompatProvider
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.runtime import event_loop
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 

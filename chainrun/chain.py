@@ -40,11 +40,12 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.capabilities import check_model_step
 from chainrun.config import ChainConfig, load_config
+from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import ConversationSource, log_loader, shown_products
 from chainrun.conversations.tokens import counter_for
+from chainrun.conversations.turn_input import check_history, check_turn_input
 from chainrun.errors import (
     ChainClosed,
     ConfigError,
@@ -75,7 +76,6 @@ from chainrun.steps import (
 from chainrun.steps.base import breaker_key
 from chainrun.timing import Chunk
 from chainrun.tools import TurnTools, build_tools
-from chainrun.turn_input import check_history, check_turn_input
 
 logger = logging.getLogger(__name__)
 
@@ -519,8 +519,8 @@ class Chain:
         """Run one turn, yielding typed events as they happen.
 
         ``message``: the shopper's text (a non-empty string of at most
-        :data:`chainrun.turn_input.MAX_MESSAGE_CHARS` characters, valid Unicode: the rule
-        ``chainrun serve`` applies too). ``request_id``: stored with the turn.
+        :data:`~chainrun.conversations.turn_input.MAX_MESSAGE_CHARS` characters, valid Unicode:
+        the rule ``chainrun serve`` applies too). ``request_id``: stored with the turn.
         ``conversation_id``: the conversation the turn belongs to (None: a new one, its
         id in :class:`TurnFinished`). ``history``: the conversation's earlier turns,
         oldest first, as the shopper saw them (None: the chain's own record of the

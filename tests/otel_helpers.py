@@ -1,4 +1,4 @@
-"""The OpenTelemetry SDK's in-memory exporters behind a :class:`chainrun.telemetry.Telemetry`,
+"""The OpenTelemetry SDK's in-memory exporters behind a :class:`chainrun.telemetry.otel.Telemetry`,
 for the telemetry tests."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from chainrun.telemetry import Telemetry
+from chainrun.telemetry.otel import Telemetry
 
 
 class Otel:

@@ -19,7 +19,7 @@ from chainrun.cli import app
 from chainrun.config import load_config
 from chainrun.errors import UserInputError
 from chainrun.evals.cases import load_cases
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.retrieval.catalog import read_catalog
 
 SETTINGS = settings(

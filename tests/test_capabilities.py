@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from chainrun.capabilities import BUILTIN, LLAMA_SERVER, check_chain, lookup
 from chainrun.chain import Chain
 from chainrun.config import ProviderConfig, config_from_dict
+from chainrun.config.capabilities import BUILTIN, LLAMA_SERVER, check_chain, lookup
 from chainrun.errors import ConfigError
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider

@@ -19,7 +19,7 @@ from chainrun.lab.scenarios import BUILTIN_SCENARIOS
 HEAVY = ("numpy", "pandas", "chainrun.chain", "chainrun.steps", "chainrun.providers",
          "chainrun.analysis", "chainrun.audit", "chainrun.serve.app", "chainrun.lab.server",
          "chainrun.retrieval",
-         "chainrun.config", "chainrun.capabilities", "chainrun.hedging.engine",
+         "chainrun.config", "chainrun.config.capabilities", "chainrun.hedging.engine",
          "chainrun.hedging.advisor", "chainrun.hedging.window", "openai", "httpx", "scipy",
          "matplotlib", "starlette", "uvicorn")  # fmt: skip
 
@@ -66,7 +66,7 @@ def test_scenario_names_for_help_are_the_built_in_scenarios() -> None:
 #: what ``chainrun run`` and ``chainrun replay`` import before their first turn
 _BEFORE_FIRST_TURN = ("chainrun.cli.commands_core", "chainrun.chain", "chainrun.cli.tables",
                       "chainrun.config", "chainrun.log.store", "chainrun.analysis.summary",
-                      "chainrun.replay", "chainrun.analysis.simulate")  # fmt: skip
+                      "chainrun.replay.run", "chainrun.analysis.simulate")  # fmt: skip
 
 
 def test_run_and_replay_import_no_scipy_before_a_percentile_interval() -> None:

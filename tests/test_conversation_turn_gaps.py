@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_runner import chainrun
 
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 
 
 def _write(path: Path, lines: list[dict]) -> Path:

@@ -15,7 +15,7 @@ from chainrun.evals.cases import load_cases
 from chainrun.evals.runner import run_eval
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider
-from chainrun.replay import load_requests, run_requests
+from chainrun.replay.run import load_requests, run_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "replays" / "conversations.jsonl"

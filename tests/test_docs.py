@@ -20,7 +20,7 @@ import pytest
 import yaml
 from static_files import serve_directory
 
-from chainrun.reference import config_keys, log_tables
+from chainrun.reference.pages import config_keys, log_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

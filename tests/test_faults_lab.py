@@ -32,7 +32,7 @@ from chainrun.lab.scenarios import Faults
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.openai_compat import OpenAICompatProvider
-from chainrun.replay import ReplayRequest, run_requests
+from chainrun.replay.run import ReplayRequest, run_requests
 
 MESSAGES = [{"role": "user", "content": "Does the linen shirt run small?"}]
 

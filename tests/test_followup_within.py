@@ -16,7 +16,7 @@ from chainrun.config import config_from_dict
 from chainrun.conversations.history import HistoryTurn
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider
-from chainrun.replay import load_requests, run_requests
+from chainrun.replay.run import load_requests, run_requests
 from chainrun.retrieval.followup import colours_named, points_back, standalone_query
 
 ROOT = Path(__file__).resolve().parents[1]

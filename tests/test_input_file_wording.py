@@ -20,7 +20,7 @@ from cli_runner import chainrun
 
 from chainrun.errors import InputFileError
 from chainrun.evals.cases import load_cases
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.retrieval.catalog import read_catalog
 
 HEADER = "id,title,category,price\n"

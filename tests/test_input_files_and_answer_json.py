@@ -20,7 +20,7 @@ from chainrun.errors import ConfigError, InputFileError
 from chainrun.evals.cases import load_cases
 from chainrun.input_files import MAX_LINE_BYTES, read_jsonl
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.replay import load_requests
+from chainrun.replay.run import load_requests
 from chainrun.retrieval.catalog import read_catalog
 from chainrun.retrieval.evaluate import load_queries
 

@@ -27,7 +27,7 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Lognormal, PromptCache
 from chainrun.log.store import Store
-from chainrun.replay import ReplayRequest, run_requests
+from chainrun.replay.run import ReplayRequest, run_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUESTS = [ReplayRequest(f"r{i}", f"is the shirt {i} small?") for i in range(5)]

@@ -23,7 +23,7 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Lognormal
 from chainrun.log.store import Store
-from chainrun.replay import ReplayRequest, run_requests
+from chainrun.replay.run import ReplayRequest, run_requests
 
 N = 45  # enough for a bounded p90 difference (the conservative interval needs n >= 42)
 

@@ -16,7 +16,7 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults, Lognormal
 from chainrun.log.store import Store
-from chainrun.replay import ReplayRequest, run_requests
+from chainrun.replay.run import ReplayRequest, run_requests
 
 MESSAGES = ["a linen shirt for summer?", "does the wool coat run small?", "denim jacket washes"]
 

@@ -1,4 +1,4 @@
-"""The configuration keys and log columns as documented data (chainrun.reference): every
+"""The configuration keys and log columns as documented data (chainrun.reference.pages): every
 key and every column has an entry, and the walk finds what a new model adds by itself."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from chainrun import reference
-from chainrun.reference import (
+from chainrun.reference import pages as reference
+from chainrun.reference.pages import (
     config_keys,
     config_markdown,
     field_doc,

@@ -177,8 +177,8 @@ def test_null_and_real_booleans_are_taken() -> None:
 
 
 def test_the_serve_faces_take_the_library_message_limit() -> None:
+    from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS
     from chainrun.serve import chat as chat_face
-    from chainrun.turn_input import MAX_MESSAGE_CHARS
 
     assert chat_face.MAX_MESSAGE_CHARS is MAX_MESSAGE_CHARS
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * (MAX_MESSAGE_CHARS + 1)}]}

@@ -32,7 +32,7 @@ from chainrun.config import LLM_CLASSIFY_STEP, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.telemetry import otel_requested
+from chainrun.telemetry.otel import otel_requested
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from chainrun.chain import Chain
 from chainrun.cli import app
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.telemetry import Telemetry
+from chainrun.telemetry.otel import Telemetry
 
 
 def shop_fake() -> FakeProvider:

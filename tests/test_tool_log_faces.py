@@ -18,7 +18,7 @@ from chainrun.log.redaction import Redactor, redact_turn
 from chainrun.log.rows import CallRow, StepRow, ToolCallRow, TurnLog, TurnRow
 from chainrun.log.store import Store
 from chainrun.serve.turns import turn_summary
-from chainrun.telemetry import Telemetry
+from chainrun.telemetry.otel import Telemetry
 
 
 def tool_rows(turn_id: int) -> list[ToolCallRow]:

@@ -13,10 +13,10 @@ from conftest import reply_by_step
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
+from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS
 from chainrun.errors import ChainClosed, UserInputError
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.turn_input import MAX_MESSAGE_CHARS
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_a_replay_file_breaking_the_message_rule_names_its_line(tmp_path: Path) 
     """The replay loader applies the turn's rule up front (file and line named), rather
     than stopping the replay half way at that turn."""
     from chainrun.errors import InputFileError
-    from chainrun.replay import load_requests
+    from chainrun.replay.run import load_requests
 
     p = tmp_path / "r.jsonl"
     p.write_text('{"id": "a", "message": "fine"}\n'

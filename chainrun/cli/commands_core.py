@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from chainrun.config import ChainConfig
     from chainrun.events import TurnFinished
     from chainrun.log.rows import TurnRow
-    from chainrun.replay import ReplayRequest
+    from chainrun.replay.run import ReplayRequest
 
 # The library is imported inside each command, when it runs: ``--help`` and ``runs``
 # do not pay for the chain, the providers' HTTP stack or the statistics.
@@ -187,7 +187,7 @@ def replay(
     from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
     from chainrun.log.store import Store
     from chainrun.log.writer import LogWriteLost
-    from chainrun.replay import answered_history, load_requests, missing_requests, run_requests
+    from chainrun.replay.run import answered_history, load_requests, missing_requests, run_requests
 
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")

@@ -79,7 +79,7 @@ def serve_command(
     from chainrun.config import load_config
     from chainrun.log.store import SeedWindows
     from chainrun.serve.server import WorkersFailed, serve
-    from chainrun.telemetry import otel_requested, telemetry_from_env
+    from chainrun.telemetry.otel import otel_requested, telemetry_from_env
 
     cfg = load_config(config)
     observers: list[TurnObserver] = []

@@ -16,12 +16,12 @@ extends, :mod:`chainrun.steps.config`), :class:`ModelStepConfig` and
 :class:`HedgeConfig` (:mod:`chainrun.steps.model_config`), each kind's model next to its
 step (``LLMConfig`` in :mod:`chainrun.steps.llm`, ``RetrieveConfig``, ``GuardConfig``),
 the checks' (:mod:`chainrun.checks.config`) and :class:`ModelCapabilities`
-(:mod:`chainrun.capabilities`). Every mistake is one
+(:mod:`chainrun.config.capabilities`). Every mistake is one
 :class:`~chainrun.errors.ConfigError` naming the field path and the bad value.
 """
 
-from chainrun.capabilities import CapabilityParam, ModelCapabilities
 from chainrun.checks.config import CheckAction, ChecksConfig, OutputCheckConfig, PatternConfig
+from chainrun.config.capabilities import CapabilityParam, ModelCapabilities
 from chainrun.config.chain import (
     ChainConfig,
     GraderConfig,

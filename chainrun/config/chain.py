@@ -29,8 +29,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from chainrun.capabilities import ModelCapabilities
 from chainrun.checks.config import ChecksConfig
+from chainrun.config.capabilities import ModelCapabilities
 from chainrun.config.defaults import STEP_NAMES_DEFAULT
 from chainrun.conversations.history import HistorySettings
 from chainrun.providers.config import ProviderConfig
@@ -177,7 +177,7 @@ class ChainConfig(Strict):
     steps: dict[str, SerializeAsAny[StepConfig]]
     #: deterministic checks on the user's message, before any model call
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
-    #: what models accept, by model name (on top of the built-ins of chainrun.capabilities)
+    #: what models accept, by model name (on top of the built-ins of chainrun.config.capabilities)
     capabilities: dict[str, ModelCapabilities] = Field(default_factory=dict)
     #: the ``llm-rubric`` grader of ``chainrun eval``
     grader: GraderConfig = Field(default_factory=lambda: GraderConfig())

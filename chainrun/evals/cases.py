@@ -15,7 +15,7 @@ too. Unknown keys are errors, so a typo never silently drops an assertion.
 A case may be a turn of a conversation: ``conversation_id`` and ``turn`` (its 1-based
 position there), optionally a fixed ``history`` (``[{"message", "answer"}]``, oldest
 first); a conversation's cases run in turn order, each seeing the chain's own earlier
-answers (see :mod:`chainrun.replay`), and each case's assertions apply to its own turn::
+answers (see :mod:`chainrun.replay.run`), and each case's assertions apply to its own turn::
 
     {"id": "rain-2", "conversation_id": "rain", "turn": 2,
      "message": "Which of those is cheapest?",

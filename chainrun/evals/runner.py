@@ -22,7 +22,7 @@ from chainrun.evals.scoring import eval_request_id, match_run, score_run
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.providers.factory import open_provider
-from chainrun.replay import ReplayRequest, run_requests
+from chainrun.replay.run import ReplayRequest, run_requests
 from chainrun.steps import Retriever
 
 

@@ -7,7 +7,7 @@ as ``reasoning={"effort": ...}`` (with ``"summary"`` when the step asks for a re
 summary), the token cap as ``max_output_tokens`` (visible plus reasoning tokens), a JSON Schema as
 ``text={"format": {"type": "json_schema", ...}}``. The Responses API has no ``stop``
 and no ``seed``, so they are not sent: a chain step that sets them is refused before
-any call (:mod:`chainrun.capabilities`); the eval grader's pinned seed goes unsent there.
+any call (:mod:`chainrun.config.capabilities`); the eval grader's pinned seed goes unsent there.
 
 The stream is typed SSE events (``openai.types.responses``), turned into the same
 normalised :class:`~chainrun.timing.Chunk` objects as Chat Completions so that the

@@ -8,7 +8,7 @@ Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
 body is answered 400 naming the field, a server not yet ready 503, both in the one
 error shape of :mod:`chainrun.serve.errors` (``{"error": {"message", "type", "param",
-"code"}}``). The message follows the library's rule (:mod:`chainrun.turn_input`). A
+"code"}}``). The message follows the library's rule (:mod:`chainrun.conversations.turn_input`). A
 client that disconnects cancels the turn (sse-starlette cancels the generator on the
 ASGI ``http.disconnect``), which closes the in-flight model calls. A turn the server
 cancels as it stops (its stop's deadline, a second Ctrl-C) still ends its stream with
@@ -25,10 +25,10 @@ from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.errors import error_response, not_ready
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
-from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 __all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat",
            "parse_chat_body"]  # fmt: skip
@@ -55,8 +55,8 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
     Raises:
         BadRequest: not a JSON object; ``message`` missing, blank, not a string, over
             :data:`MAX_MESSAGE_CHARS` or holding a lone surrogate (the library's rule,
-            :func:`chainrun.turn_input.check_turn_input`); ``conversation_id`` not such a
-            string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters; a key not in
+            :func:`chainrun.conversations.turn_input.check_turn_input`); ``conversation_id`` not
+            such a string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters; a key not in
             :data:`CHAT_KEYS` (a typo such as ``conversationId`` would otherwise start a
             new conversation without a word).
     """

@@ -78,12 +78,12 @@ from starlette.responses import Response
 
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import read_thread
+from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
-from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,9 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     Raises:
         InvalidRequest: not an object; ``model`` missing (400) or not ``model_id`` (404
             ``model_not_found``); ``messages`` holds no user message with text; the text
-            breaks the library's rule (:func:`chainrun.turn_input.check_turn_input`: over
-            :data:`~chainrun.turn_input.MAX_MESSAGE_CHARS` characters, a lone
+            breaks the library's rule
+            (:func:`chainrun.conversations.turn_input.check_turn_input`: over
+            :data:`~chainrun.conversations.turn_input.MAX_MESSAGE_CHARS` characters, a lone
             surrogate); a parameter of :data:`REFUSED_PARAMETERS` set to a value it does
             not accept (``n`` other than 1, ``tools``, ``response_format`` other than
             text, ...: 400 ``unsupported_parameter``); ``stream`` or

@@ -69,7 +69,7 @@ class TurnObserver(Protocol):
     """Told about every turn once it is in the log (finished or cancelled).
 
     Called on the event loop right after the turn was logged: keep it quick
-    (:class:`chainrun.telemetry.Telemetry` only hands spans to a batch exporter).
+    (:class:`chainrun.telemetry.otel.Telemetry` only hands spans to a batch exporter).
     """
 
     def turn_logged(self, turn: LoggedTurn) -> None: ...

@@ -1,7 +1,7 @@
 """MkDocs hooks: the pages made at build time.
 
 - ``<!-- generated: configuration -->`` in a page becomes the configuration reference
-  (every key of every table, from the pydantic config models: ``chainrun.reference``).
+  (every key of every table, from the pydantic config models: ``chainrun.reference.pages``).
 - ``<!-- generated: log -->`` becomes the log's tables, column by column, from the row
   models and the schema after every migration.
 - ``<!-- generated: cli -->`` becomes every command of ``chainrun`` with its help, its
@@ -22,7 +22,7 @@ import typer.main
 from mkdocs.structure.files import File, Files
 
 from chainrun.cli import app as cli_app
-from chainrun.reference import config_markdown, log_markdown
+from chainrun.reference.pages import config_markdown, log_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASUREMENTS = "measurements.md"

@@ -37,6 +37,7 @@ from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import shown_products
+from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
 from chainrun.events import TurnFinished
@@ -45,7 +46,6 @@ from chainrun.log.rows import RunKind, StepRow, TurnRow
 from chainrun.log.store import Store
 from chainrun.providers.base import Provider
 from chainrun.steps import Retriever
-from chainrun.turn_input import MAX_MESSAGE_CHARS, text_problem
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ def _text_field(
 ) -> str | None:
     """A line's text field ``name``: a non-empty string (the one rule for ``id``,
     ``message`` and ``conversation_id``), within the turn's own limits
-    (:func:`~chainrun.turn_input.text_problem`); None when absent and not ``required``.
+    (:func:`~chainrun.conversations.turn_input.text_problem`); None when absent and not
+    ``required``.
 
     Raises:
         InputFileError: missing when required, or not such a string (saying what it got).
