@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import AsyncGeneratorType
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from chainrun.errors import (
     ProviderError,
     StreamTruncated,
 )
+from chainrun.providers.think import ReasoningInContent, ThinkSplitter
 from chainrun.timing import Chunk, StreamTimer
 
 Clock = Callable[[], float]
@@ -77,10 +78,12 @@ class ChatRequest:
 class Provider(Protocol):
     """What a model provider must offer: a stream of chunks for a request.
 
-    Optional: a provider with one-off client set-up (the Responses adapter's SDK tables)
-    has ``prepared = False`` until its ``async prepare()`` has run; :class:`ChatStream`
-    awaits ``prepare()`` before it starts a call's clock, so that no call's TTFT carries
-    that set-up.
+    Optional: ``reasoning_in_content`` (``"auto"``, ``"think_tags"`` or ``"off"``, the
+    default when absent) says whether the server may put a thought inside ``content``
+    (:mod:`chainrun.providers.think`). A provider with one-off client set-up (the
+    Responses adapter's SDK tables) has ``prepared = False`` until its ``async
+    prepare()`` has run; :class:`ChatStream` awaits ``prepare()`` before it starts a
+    call's clock, so that no call's TTFT carries that set-up.
     """
 
     name: str
@@ -129,6 +132,15 @@ class ChatStream:
     ):
         self.provider = provider
         self.request = request
+        #: the thought taken out of content (a server that thinks in ``content``:
+        #: :mod:`chainrun.providers.think`); None: content is the answer as sent
+        mode: ReasoningInContent = getattr(provider, "reasoning_in_content", "off")
+        self.think = None if mode == "off" else ThinkSplitter(mode, request.stop or ())
+        #: what goes on the wire: with ``think_tags`` the stops are applied here, to the
+        #: answer only, not sent (the server would apply them to the thought too)
+        self._wire_request = (
+            replace(request, stop=None) if mode == "think_tags" and request.stop else request
+        )
         self._clock = clock
         self.first_token_timeout_s = first_token_timeout_s
         self.idle_timeout_s = idle_timeout_s
@@ -175,7 +187,8 @@ class ChatStream:
             await self.provider.prepare()  # type: ignore[attr-defined]
             self.timer.t_start = self._clock()
             self._started_loop = asyncio.get_running_loop().time()
-        it = aiter(self.provider.chunks(self.request))
+        it = aiter(self.provider.chunks(self._wire_request))
+        think = self.think
         got_token = ended = False
         timed = self.first_token_timeout_s is not None or self.idle_timeout_s is not None
         timer, clock = self.timer, self._clock
@@ -194,12 +207,16 @@ class ChatStream:
                 except TimeoutError:
                     self.error = self._timer_fired(got_token)
                     return
+                if think is not None:
+                    chunk = think.apply(chunk)
                 timer.on_chunk(clock(), chunk)
                 if chunk.content:
                     self._wake_reader()
                 if not got_token and (chunk.content or chunk.reasoning or chunk.tool_calls):
                     got_token = True  # a tool call's first piece is the model answering
                     self._first.set()
+                if think is not None and think.stopped:
+                    break  # a stop in the answer: the response is closed below
             if timer.finish_reason is None:
                 self.error = StreamTruncated(
                     f"stream from {self.provider.name} ended without a finish_reason "

@@ -64,6 +64,12 @@ class ProviderConfig(BaseModel):
     deployment: str | None = None
     #: azure: environment variable holding an Entra ID (Azure AD) bearer token
     entra_token_env: str | None = None
+    #: where the server puts a reasoning model's thought: ``auto`` splits an answer that
+    #: begins with ``<think>`` (MiniMax, llama-server's ``reasoning_format: none``);
+    #: ``think_tags``: everything before the first ``</think>`` is the thought, opener or
+    #: not, and the step's stops apply to the answer only; ``off``: content is the answer
+    #: (:mod:`chainrun.providers.think`)
+    reasoning_in_content: Literal["auto", "think_tags", "off"] = "auto"
     #: connect timeout in s (the step deadline bounds the rest)
     connect_timeout_s: float = Field(default=5.0, gt=0)
     #: HTTP connections of this provider's client at most (all its pools together)

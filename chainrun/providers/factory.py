@@ -60,6 +60,7 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         azure=azure,
         pool_connections=cfg.pool_connections,
     )
+    provider.reasoning_in_content = cfg.reasoning_in_content
     if isinstance(provider, OpenAICompatProvider) and cfg.cache_prompt is not None:
         provider.cache_prompt = cfg.cache_prompt
     try:

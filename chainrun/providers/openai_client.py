@@ -52,6 +52,7 @@ from chainrun.errors import (
     StreamError,
 )
 from chainrun.providers.pool import POOL_CONNECTIONS, ShardedTransport
+from chainrun.providers.think import ReasoningInContent
 
 #: s an idle pooled connection is kept (less than servers' common 5 s)
 KEEPALIVE_EXPIRY_S = 2.0
@@ -453,6 +454,9 @@ class OpenAIClientProvider:
         pool_connections: int = POOL_CONNECTIONS,
     ) -> None:
         self.name = name
+        #: where the server may put a thought (:mod:`chainrun.providers.think`); the
+        #: config's ``reasoning_in_content`` (``auto`` unless set)
+        self.reasoning_in_content: ReasoningInContent = "auto"
         key = read_api_key(api_key_env, field=f"providers.{name}.api_key_env")
         if azure is not None and key is None and azure.entra_token is None:
             raise ConfigError(
