@@ -250,3 +250,12 @@ def test_own_cost(tmp_path: Path) -> None:
     # and the race's wake-up; a hedge that never fires adds no loop iteration
     assert res["bare"]["loop_iterations"] == 1
     assert res["unhedged"]["loop_iterations"] == res["hedged"]["loop_iterations"] == 3
+
+
+def test_sequential_aa(tmp_path: Path) -> None:
+    res = run_benchmark("sequential_aa", tmp_path, "--sequences", "60", "--turns", "80")
+    for metric in ("pass_rate", "faster_share", "ungrounded_rate"):
+        for kind in ("sequence", "fixed_n_peeking"):
+            got = res["aa"][metric][kind]
+            assert got["sequences"] == 60 and 0 <= got["rate"] <= 1
+    assert set(res["ab"]) == {"pass_rate", "faster_share"}
