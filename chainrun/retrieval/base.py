@@ -55,10 +55,15 @@ class SearchLog:
     answered_by: str | None = None
     #: hit ids in rank order
     ids: list[str] = field(default_factory=list)
+    #: hits dropped as not fitting the query, id → why ("negates waterproof", "lacks
+    #: linen": :func:`chainrun.retrieval.attributes.why_excluded`); in ``ids``, not in ``n``
+    excluded: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["ms"] = round(self.ms, 3)
+        if not self.excluded:
+            del d["excluded"]
         return d
 
 

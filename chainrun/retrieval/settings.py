@@ -108,6 +108,10 @@ class RetrievalSettings(_Strict):
     vector_oversample: int = Field(default=4, ge=1, le=512)
     #: recommend sold-out products too
     include_out_of_stock: bool = False
+    #: keep no product that says a query word only negated ("Not waterproof" for
+    #: "waterproof boots") or lacks an attribute the shopper named ("linen", "non-iron"),
+    #: whichever search found it, padding included (chainrun.retrieval.attributes)
+    attribute_rules: bool = True
     #: the shop's own words for its categories: category → words or phrases, e.g.
     #: ``{ outerwear = ["rain jacket", "anorak"] }``. The category filter's vocabulary is
     #: the catalogue's categories, these synonyms and the built-in garment words that

@@ -25,6 +25,7 @@ import sqlite_utils
 
 from chainrun.errors import ConfigError
 from chainrun.hedging import ErrorInfo, HedgePolicy, Hedger
+from chainrun.retrieval.attributes import query_attributes, why_excluded
 from chainrun.retrieval.base import RetrievalResult, Search, SearchLog
 from chainrun.retrieval.catalog import catalog_version, ensure_catalog_tables, get_products
 from chainrun.retrieval.categories import CategoryVocabulary
@@ -248,6 +249,10 @@ class RetrievalStage:
         log.ids = [h.id for h in hits]
         return hits, log
 
+    async def _products(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The catalogue rows of ``ids`` (off the event loop)."""
+        return await self.reader.run(lambda db: get_products(db, ids))
+
     async def vocabulary(self) -> CategoryVocabulary:
         """The category vocabulary of the catalogue searched (its categories, the
         settings' ``category_synonyms``, the built-in words that point to them), built
@@ -285,12 +290,23 @@ class RetrievalStage:
         )
         order, text = price_order(parsed.text)
         text = text.strip(" ,.?!;:")  # "rain jackets? cheapest" searches "rain jackets"
+        # what a product must be (and not say it is not): "waterproof boots" keeps no
+        # "Not waterproof" suede, a padding search no boots that are not waterproof
+        asked = query_attributes(text) if s.attribute_rules else None
+        text = asked.search_text if asked is not None else text
         k = s.k if order is None else max(s.k, PRICE_ORDER_CANDIDATES)
         found: dict[str, str] = {}  # id → the search that found it first (insertion order)
         logs: list[SearchLog] = []
         stopped_after: str | None = None
         for i, name in enumerate(s.searches):
             hits, log = await self._run_one(name, text, parsed.filters, k)
+            if asked is not None and (fresh := [h.id for h in hits if h.id not in found]):
+                rows = await self._products(fresh)
+                log.excluded = {p["id"]: why for p in rows
+                                if (why := why_excluded(p, asked)) is not None}  # fmt: skip
+            if log.excluded:
+                hits = [h for h in hits if h.id not in log.excluded]
+                log.n = len(hits)
             for hit in hits:
                 if hit.id not in found:
                     found[hit.id] = log.answered_by or name
