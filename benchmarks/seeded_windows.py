@@ -37,7 +37,8 @@ from chainrun.analysis.summary import hedge_stats
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
-from chainrun.log.store import SeedWindows, Store
+from chainrun.log.reads import SeedWindows
+from chainrun.log.store import Store
 
 SCENARIO = """name = "bimodal-seed"
 seed = 11

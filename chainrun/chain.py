@@ -56,9 +56,11 @@ from chainrun.errors import (
 from chainrun.events import AnswerDone, Event, TokenDelta, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
+from chainrun.log.migrations import utc_now
+from chainrun.log.reads import SeedWindows
 from chainrun.log.redaction import Redactor
 from chainrun.log.rows import RunKind, TurnLog, TurnRow
-from chainrun.log.store import DEFAULT_DB, SeedWindows, Store, utc_now
+from chainrun.log.store import DEFAULT_DB, Store
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.catalog import ensure_sample_catalog

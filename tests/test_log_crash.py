@@ -19,8 +19,8 @@ import pytest
 
 from chainrun.analysis.summary import latency_summary, run_detail
 from chainrun.lab import LabServer
-from chainrun.log.migrations import MIGRATIONS
-from chainrun.log.store import Store, migrate
+from chainrun.log.migrations import MIGRATIONS, migrate
+from chainrun.log.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "log-schema-002.db"

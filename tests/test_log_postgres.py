@@ -34,9 +34,12 @@ from chainrun.analysis.summary import hedge_stats, latency_summary
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
-from chainrun.log.migrations import MIGRATIONS, migrate
+from chainrun.log.migrations import MIGRATIONS, migrate, utc_now
+from chainrun.log.reads import SeedWindows
 from chainrun.log.rows import CallRow, RunRow, StepRow, TurnLog, TurnRow
-from chainrun.log.store import SeedWindows, Store, log_time, utc_now
+from chainrun.log.store import Store
+from chainrun.log.time_window import log_time
+from chainrun.log.turn_writes import prepare_turn
 from chainrun.log.writer import LogWriteLost
 from chainrun.serve import DEFAULT_MODEL_ID
 
@@ -243,9 +246,8 @@ def test_a_retried_batch_logs_each_turn_once() -> None:
     with pg_schema(need_pg()) as url, Store.open(url) as s:
         run = s.create_run("live", "{}")
         tid = s._ids.take_sync()
-        from chainrun.log.store import _prepare_turn
 
-        write = _prepare_turn(run, a_turn(1), tid, "postgresql")
+        write = prepare_turn(run, a_turn(1), tid, "postgresql")
         for _ in range(2):  # the first try committed; the retry must add nothing
             with s.log.transaction():
                 assert write(s.log) == tid

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from chainrun.errors import UserInputError
-from chainrun.log.migrations import MIGRATIONS
+from chainrun.log.migrations import MIGRATIONS, migrate
 from chainrun.log.rows import CallRow, RunRow, StepRow, ToolCallRow, TurnLog, TurnRow
-from chainrun.log.store import Store, migrate
+from chainrun.log.store import Store
 
 
 def test_migrations_apply_once(tmp_path: Path) -> None:

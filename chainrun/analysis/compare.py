@@ -68,7 +68,8 @@ from chainrun.evals.scoring import (
     winning_calls,
 )
 from chainrun.log.rows import CallRow, StepRow, TurnRow
-from chainrun.log.store import Store, log_time
+from chainrun.log.store import Store
+from chainrun.log.time_window import log_time
 
 LIVE = "live"
 #: ``metric`` value selecting the turn and every step

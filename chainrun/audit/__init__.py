@@ -21,7 +21,8 @@ from chainrun.audit.items import CHECKS
 from chainrun.audit.report import AuditReport, Item, Table, Verdict, fails_on
 from chainrun.audit.scope import Scope, select_scope
 from chainrun.errors import UserInputError
-from chainrun.log.store import Store, utc_now
+from chainrun.log.migrations import utc_now
+from chainrun.log.store import Store
 
 Format = Literal["html", "md", "json"]
 FORMATS: tuple[Format, ...] = ("html", "md", "json")

@@ -307,7 +307,7 @@ def handle_errors(fn: F) -> F:
                 return fn(*args, **kwargs)
             except BaseException:
                 if new_log is not None:
-                    from chainrun.log.store import remove_unused_log  # only on failure
+                    from chainrun.log.opening import remove_unused_log  # only on failure
 
                     remove_unused_log(new_log)
                 raise

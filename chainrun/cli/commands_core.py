@@ -347,7 +347,8 @@ def runs(
     from rich.table import Table
 
     from chainrun.log.several_logs import process_name, process_names
-    from chainrun.log.store import Store, log_window
+    from chainrun.log.store import Store
+    from chainrun.log.time_window import log_window
 
     dbs = db or [DEFAULT_DB_PATH]
     if len(dbs) > 1:

@@ -77,7 +77,7 @@ def serve_command(
     kind live; the bearer token, if any, comes from the environment (CHAINRUN_SERVE_TOKEN).
     """
     from chainrun.config import load_config
-    from chainrun.log.store import SeedWindows
+    from chainrun.log.reads import SeedWindows
     from chainrun.serve.server import WorkersFailed, serve
     from chainrun.telemetry.otel import otel_requested, telemetry_from_env
 

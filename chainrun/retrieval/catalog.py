@@ -1,6 +1,6 @@
 """The product catalogue: products in SQLite, in the same file as the run log, with FTS5.
 
-Tables (created by the ``010_catalog`` migration, see :func:`chainrun.log.store.migrate`):
+Tables (created by the ``010_catalog`` migration, see :func:`chainrun.log.migrations.migrate`):
 
 * ``products``: one row per product; ``colours``, ``sizes`` and ``tags`` hold JSON;
   ``price`` is in EUR; ``stock`` is the total over sizes. ``products_fts`` is its FTS5

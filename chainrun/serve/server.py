@@ -20,7 +20,8 @@ from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import ChainrunError, UserInputError
 from chainrun.log.backend import shown_url
-from chainrun.log.store import SeedWindows, Store
+from chainrun.log.reads import SeedWindows
+from chainrun.log.store import Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app

@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     import sqlite_utils
 
     from chainrun.hedging import BreakerRegistry, HedgePolicy, LoopLagMonitor
-    from chainrun.log.store import SeedWindows, Store
+    from chainrun.log.reads import SeedWindows
+    from chainrun.log.store import Store
     from chainrun.providers.base import Provider
     from chainrun.steps.model_config import ModelStepConfig
     from chainrun.tools import Tool, TurnTools

@@ -1,0 +1,135 @@
+"""A run's lifecycle in the log: created ``running`` with the identity of the process that
+writes it, ended with a status, resumed; and the check, through ``/proc``, that a run
+still ``running`` has a live writer (else it is marked ``interrupted`` when the log is
+next opened)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+import sqlite_utils
+
+from chainrun.log.backend import LogDb, SqliteLogDb
+from chainrun.log.migrations import utc_now
+from chainrun.log.rows import RunKind, RunRow, RunStatus
+from chainrun.runtime.processes import pid_exists
+
+__all__ = [
+    "end_run",
+    "end_running_run",
+    "insert_run",
+    "mark_interrupted_runs",
+    "mark_resumed",
+    "new_run",
+    "writer_alive",
+    "writer_identity",
+]
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: count fields after its closing ")"
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def writer_identity() -> dict[str, Any]:
+    """Who writes a run: host, pid and the process's start time (so that a reused pid is
+    not mistaken for the writer). Stored in ``runs.meta["writer"]``."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _process_start(pid)}
+
+
+def writer_alive(writer: dict[str, Any] | None) -> bool:
+    """Whether the process that wrote a run may still be writing it. A writer on another
+    host (a log on a shared disk) counts as alive: it cannot be checked from here."""
+    if not writer or writer.get("host") != socket.gethostname():
+        return True
+    pid = writer.get("pid")
+    if not isinstance(pid, int):
+        return True
+    start = _process_start(pid)
+    if start is None:
+        return pid_exists(pid) and writer.get("start") is None
+    return writer.get("start") in (None, start)
+
+
+def mark_interrupted_runs(db: LogDb | sqlite_utils.Database) -> list[int]:
+    """Mark ``interrupted`` every run still ``running`` whose writing process is gone
+    (killed with SIGKILL, the machine lost power): the next open of the log tells the
+    truth instead of leaving it ``running``. Its committed turns are kept as they are.
+    A writer on another host counts as alive (see :func:`writer_alive`). Returns the ids
+    marked."""
+    log = db if isinstance(db, LogDb) else SqliteLogDb(db)
+    marked: list[int] = []
+    for run_id, raw in log.execute("select id, meta from runs where status = 'running'"):
+        try:
+            meta = json.loads(raw) if raw else {}
+        except ValueError:
+            meta = {}
+        if writer_alive(meta.get("writer") if isinstance(meta, dict) else None):
+            continue
+        with log.transaction():
+            n = log.scalar("select count(*) from turns where run_id = ?", [run_id])
+            log.execute(
+                "update runs set status = 'interrupted', ended_at = ?, n_turns = ? "
+                "where id = ? and status = 'running'",
+                [utc_now(), n, run_id],
+            )
+        marked.append(run_id)
+    return marked
+
+
+def new_run(
+    kind: RunKind, config_snapshot: str, label: str | None, source: str | None,
+    meta: dict[str, Any] | None,
+) -> RunRow:  # fmt: skip
+    """A run row about to be inserted: started now, written by this process."""
+    return RunRow(kind=kind, label=label, config=config_snapshot, source=source,
+                  started_at=utc_now(),
+                  meta={**(meta or {}), "writer": writer_identity()})  # fmt: skip
+
+
+def insert_run(db: LogDb, run: RunRow) -> int:
+    """Insert ``run`` (inside the caller's transaction); its id."""
+    return db.insert_returning_id("runs", run.to_db())
+
+
+def end_running_run(db: LogDb, run_id: int, status: str, ended_at: str) -> bool:
+    """End a ``running`` run with ``status`` and its turn count (inside the caller's
+    transaction); whether it was running."""
+    n = db.scalar("select count(*) from turns where run_id = ?", [run_id])
+    cur = db.execute(
+        "update runs set status = ?, ended_at = ?, n_turns = ? where id = ? and status = 'running'",
+        [status, ended_at, n, run_id],
+    )
+    return cur.rowcount > 0
+
+
+def end_run(db: LogDb, run_id: int, status: RunStatus) -> None:
+    """End run ``run_id`` with ``status`` and its turn count, whatever its status was
+    (inside the caller's transaction)."""
+    n = db.scalar("select count(*) from turns where run_id = ?", [run_id])
+    db.execute(
+        "update runs set status = ?, ended_at = ?, n_turns = ? where id = ?",
+        [status, utc_now(), n, run_id],
+    )
+
+
+def mark_resumed(db: LogDb, run: RunRow) -> None:
+    """Mark the ended ``run`` ``running`` again, written by this process (inside the
+    caller's transaction): ``--resume``."""
+    meta = dict(run.meta or {})
+    meta["writer"] = writer_identity()
+    meta["resumed"] = [*meta.get("resumed", []), utc_now()]
+    db.execute(
+        "update runs set status = 'running', ended_at = null, meta = ? where id = ?",
+        [json.dumps(meta), run.id],
+    )
