@@ -67,7 +67,8 @@ from chainrun.classify import (
     label_schema,
     read_examples,
 )
-from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, ProviderConfig
+from chainrun.classify.base import DEFAULT_LABELS
+from chainrun.config import LLM_CLASSIFY_STEP, ProviderConfig
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.embeddings import MiniLMEmbedder
@@ -97,7 +98,7 @@ async def model_method(
     first turn: ``{history}`` empty)."""
     step = LLM_CLASSIFY_STEP
     provider = await open_provider("local", ProviderConfig(base_url=base_url), quiet=True)
-    labels = list(CLASSIFY_LABELS)
+    labels = list(DEFAULT_LABELS)
 
     async def classify(message: str) -> str:
         request = ChatRequest(
@@ -172,7 +173,7 @@ async def measure(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     cases = load_cases(Path(args.cases))
-    labels = list(CLASSIFY_LABELS)
+    labels = list(DEFAULT_LABELS)
     embedder = MiniLMEmbedder()
     examples = NearestExamples(labels, read_examples(DEFAULT_EXAMPLES, labels), embedder, k=args.k)
     await examples.warm()
@@ -210,7 +211,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def pooled_set(cases_path: Path, examples_path: Path = DEFAULT_EXAMPLES) -> list[tuple[str, str]]:
     """(label, message) of the examples and the labelled cases, each message once."""
-    labels = list(CLASSIFY_LABELS)
+    labels = list(DEFAULT_LABELS)
     seen: set[str] = set()
     out: list[tuple[str, str]] = []
     for label, message in [*read_examples(examples_path, labels),
@@ -271,7 +272,7 @@ async def cross_validate(args: argparse.Namespace) -> dict[str, Any]:
     from chainrun.classify import DEFAULT_RULES
 
     pool = pooled_set(Path(args.cases), Path(args.examples))
-    labels = list(CLASSIFY_LABELS)
+    labels = list(DEFAULT_LABELS)
     candidates = DEFAULT_RULES
     if args.rules:
         with open(args.rules, encoding="utf-8") as f:  # noqa: ASYNC230 (a benchmark's input, once)

@@ -64,7 +64,8 @@ from typing import Any
 import _common as c
 
 from chainrun.analysis import stats
-from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
+from chainrun.classify.base import DEFAULT_LABELS
+from chainrun.config import LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.replay.run import ReplayRequest, load_requests, run_requests
@@ -88,7 +89,7 @@ _SHARED_PROMPT = (
 )
 _SHARED_SCHEMA = {
     "type": "object",
-    "properties": {"label": {"enum": list(CLASSIFY_LABELS)},
+    "properties": {"label": {"enum": list(DEFAULT_LABELS)},
                    "query": {"type": "string", "maxLength": 60}},
     "required": ["label", "query"],
 }  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.config import CLASSIFY_LABELS
+from chainrun.classify.base import DEFAULT_LABELS
 from chainrun.replay.run import load_requests
 from chainrun.retrieval import RetrievalSettings, build_retriever
 from chainrun.retrieval.catalog import ensure_sample_catalog
@@ -32,7 +32,7 @@ async def run(replay: str) -> dict[str, Any]:
     try:
         for req in load_requests(replay):
             base = [r["id"] for r in (await retriever.retrieve(req.message)).as_json()["results"]]
-            for label in CLASSIFY_LABELS:
+            for label in DEFAULT_LABELS:
                 found = await retriever.retrieve(req.message, label=label)
                 ids = [r["id"] for r in found.as_json()["results"]]
                 n += 1
@@ -40,7 +40,7 @@ async def run(replay: str) -> dict[str, Any]:
                     changed.append({"id": req.id, "label": label, "without": base, "with": ids})
     finally:
         await retriever.aclose()
-    return {"replay": replay, "labels": list(CLASSIFY_LABELS), "pairs": n,
+    return {"replay": replay, "labels": list(DEFAULT_LABELS), "pairs": n,
             "changed": len(changed), "examples": changed[:5]}  # fmt: skip
 
 

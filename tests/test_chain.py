@@ -13,7 +13,8 @@ from conftest import model_classify_config, reply_by_step
 from chainrun.analysis.summary import latency_summary
 from chainrun.answer_json import parse_json_object
 from chainrun.chain import REFUSAL, Chain
-from chainrun.config import CLASSIFY_LABELS, LLM_CLASSIFY_STEP, ChainConfig, config_from_dict
+from chainrun.classify.base import DEFAULT_LABELS
+from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, config_from_dict
 from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import AnswerDone, StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import BreakerRegistry
@@ -242,8 +243,8 @@ async def test_hedged_step_copy_wins_and_loser_is_closed(store) -> None:
 
 
 def test_parsers() -> None:
-    assert parse_label("Label: Order_Status.", CLASSIFY_LABELS) == "order_status"
-    assert parse_label("no idea", CLASSIFY_LABELS) == "other"
+    assert parse_label("Label: Order_Status.", DEFAULT_LABELS) == "order_status"
+    assert parse_label("no idea", DEFAULT_LABELS) == "other"
     assert parse_json_object('```json\n{"ok": false, "reason": "x"}\n```') == {
         "ok": False,
         "reason": "x",

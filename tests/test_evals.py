@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from chainrun.config import CLASSIFY_LABELS, STEP_NAMES_DEFAULT
+from chainrun.classify.base import DEFAULT_LABELS
+from chainrun.config import STEP_NAMES_DEFAULT
 from chainrun.errors import InputFileError, UserInputError
 from chainrun.evals import (
     ASSERTION_TYPES,
@@ -233,7 +234,7 @@ def test_regression_file_loads_and_fits_the_default_chain() -> None:
             types.add(a.type)
             assert a.step in targets, (case.id, a.step)
             if a.type == "equals" and a.step == LABEL:
-                assert a.value in CLASSIFY_LABELS, case.id  # type: ignore[union-attr]
+                assert a.value in DEFAULT_LABELS, case.id  # type: ignore[union-attr]
     assert {"equals", "regex", "catalog-ids", "json-schema", "latency", "max-tokens"} <= types
     assert any("injection" in c.tags for c in cases)
 

@@ -28,14 +28,6 @@ def _json(raw: Any, default: Any) -> Any:
         return default
 
 
-def _float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
 @dataclass(frozen=True)
 class Run:
     """A ``runs`` row; ``config`` is the parsed config snapshot (None when absent)."""
@@ -49,10 +41,6 @@ class Run:
     config: dict[str, Any] | None
 
 
-#: the log's own typed rows (chainrun.log.rows): the audit reads them by attribute
-Turn = TurnRow
-Step = StepRow
-Call = CallRow
 
 
 def settle_ms(call: CallRow) -> float | None:
@@ -83,9 +71,9 @@ class RunRows:
     """One run's rows."""
 
     run: Run
-    turns: list[Turn] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
+    turns: list[TurnRow] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)
 
 
 def _run(r: RunRow) -> Run:

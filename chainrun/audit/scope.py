@@ -10,19 +10,9 @@ from typing import Any
 
 from chainrun.analysis.compare import parse_live_window
 from chainrun.analysis.summary import CompletedTurns, completed_turns
-from chainrun.audit.rows import (
-    Call,
-    EvalResult,
-    Run,
-    RunRows,
-    Step,
-    Turn,
-    all_runs,
-    eval_results,
-    get_run,
-    run_rows,
-)
+from chainrun.audit.rows import EvalResult, Run, RunRows, all_runs, eval_results, get_run, run_rows
 from chainrun.errors import UserInputError
+from chainrun.log.rows import CallRow, StepRow, TurnRow
 from chainrun.log.store import Store
 
 
@@ -38,9 +28,9 @@ class Sample:
     name: str
     kind: str
     runs: list[Run]
-    turns: list[Turn] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
+    turns: list[TurnRow] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)
 
     @property
     def is_live(self) -> bool:
@@ -52,15 +42,15 @@ class Sample:
         return completed_turns(self.turns)
 
     @property
-    def done_turns(self) -> list[Turn]:
+    def done_turns(self) -> list[TurnRow]:
         return self.completed.of(self.turns)
 
     @property
-    def done_steps(self) -> list[Step]:
+    def done_steps(self) -> list[StepRow]:
         return self.completed.of(self.steps)
 
     @property
-    def done_calls(self) -> list[Call]:
+    def done_calls(self) -> list[CallRow]:
         return self.completed.of(self.calls)
 
     def describe(self) -> dict[str, Any]:
@@ -90,15 +80,15 @@ class Scope:
     live_window: tuple[str | None, str | None] = (None, None)
 
     @property
-    def calls(self) -> list[Call]:
+    def calls(self) -> list[CallRow]:
         return [c for s in self.samples for c in s.calls]
 
     @property
-    def steps(self) -> list[Step]:
+    def steps(self) -> list[StepRow]:
         return [st for s in self.samples for st in s.steps]
 
     @property
-    def turns(self) -> list[Turn]:
+    def turns(self) -> list[TurnRow]:
         return [t for s in self.samples for t in s.turns]
 
     @property
@@ -106,12 +96,12 @@ class Scope:
         return [r for s in self.samples for r in s.runs]
 
     @property
-    def done_calls(self) -> list[Call]:
+    def done_calls(self) -> list[CallRow]:
         """Calls of completed turns (:attr:`Sample.done_calls`): what latency uses."""
         return [c for s in self.samples for c in s.done_calls]
 
     @property
-    def done_steps(self) -> list[Step]:
+    def done_steps(self) -> list[StepRow]:
         """Steps of completed turns (:attr:`Sample.done_steps`): what latency uses."""
         return [st for s in self.samples for st in s.done_steps]
 

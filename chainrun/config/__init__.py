@@ -31,7 +31,6 @@ from chainrun.config.chain import (
     steps_calling_models,
 )
 from chainrun.config.defaults import (
-    CLASSIFY_LABELS,
     DEFAULT_CHAIN,
     LLM_CLASSIFY_STEP,
     POLICY_LABELS,
@@ -53,7 +52,6 @@ from chainrun.steps.model_config import HedgeConfig, ModelStepConfig, policy_fro
 from chainrun.steps.retrieve import RetrieveConfig
 
 __all__ = [
-    "CLASSIFY_LABELS",
     "DEFAULT_CHAIN",
     "LLM_CLASSIFY_STEP",
     "POLICY_LABELS",

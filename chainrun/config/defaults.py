@@ -4,8 +4,8 @@ Six steps, routed on the classify label:
 
 - classify (``kind = "classify"``, method ``combined``: keyword rules, else the nearest
   labelled examples; no model call) writes the message's category, a
-  :data:`CLASSIFY_LABELS` label; a follow-up that names no subject of its own keeps the
-  label of the turn it follows;
+  :data:`~chainrun.classify.base.DEFAULT_LABELS` label; a follow-up that names no subject
+  of its own keeps the label of the turn it follows;
 - retrieve (catalogue search; a follow-up searches the subject of the turn it follows)
   runs unless the label is one of :data:`POLICY_LABELS`;
 - policy (the shop's policy text for the label) runs only for those labels;
@@ -27,7 +27,6 @@ from chainrun.classify.base import DEFAULT_LABELS
 
 STEP_NAMES_DEFAULT = ("classify", "retrieve", "policy", "compose", "validate", "critique")
 #: the default classify step's labels (a shop's message categories)
-CLASSIFY_LABELS = DEFAULT_LABELS
 #: the labels the default chain answers from the shop's policy text without a product
 #: search (every other label, and a turn whose classify failed, searches the catalogue):
 #: the labels of the replay and eval sets' order, delivery, return and fit questions
@@ -95,7 +94,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
         "classify": {
             "kind": "classify",
             "method": "combined",
-            "labels": list(CLASSIFY_LABELS),
+            "labels": list(DEFAULT_LABELS),
             "follow_ups": True,
             "deadline_s": 5.0,
             "on_failure": "open",
@@ -145,7 +144,7 @@ DEFAULT_CHAIN: dict[str, Any] = {
 LLM_CLASSIFY_STEP: dict[str, Any] = {
     "kind": "llm",
     "prompt": _CLASSIFY_PROMPT,
-    "labels": list(CLASSIFY_LABELS),
+    "labels": list(DEFAULT_LABELS),
     "stop": ["\n"],
     "max_output_tokens": 8,
     "temperature": 0.0,
@@ -154,7 +153,6 @@ LLM_CLASSIFY_STEP: dict[str, Any] = {
 }
 
 __all__ = [
-    "CLASSIFY_LABELS",
     "COMPOSE_STOP",
     "DEFAULT_CHAIN",
     "LLM_CLASSIFY_STEP",

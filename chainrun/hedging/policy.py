@@ -14,10 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chainrun.hedging.breaker import BREAKER_COOLDOWN_S, BREAKER_FAILURES, BREAKER_WINDOW_S
 
-#: gRFC A6 caps hedged attempts at 5; that stays the recommended cap. The engine allows up
-#: to 10 for classifiers whose fast path is much shorter than the deadline (copies every
-#: 0.4 s fit seven attempts into 3 s), always inside the deadline and the load budget.
-MAX_ATTEMPTS_RECOMMENDED = 5
+#: gRFC A6 caps hedged attempts at 5, and 5 stays the recommended cap. The engine allows
+#: up to 10 for classifiers whose fast path is much shorter than the deadline (copies
+#: every 0.4 s fit seven attempts into 3 s), always inside the deadline and the load budget.
 MAX_ATTEMPTS_LIMIT = 10
 
 #: Back-off defaults: a hedge whose copies won under 5% of its last 30 fires does not pay

@@ -19,12 +19,9 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.retrieval.categories import BUILTIN_VOCABULARY, GARMENT_WORDS, CategoryVocabulary
+from chainrun.retrieval.categories import BUILTIN_VOCABULARY, CategoryVocabulary
 from chainrun.retrieval.hits import Hit
 from chainrun.retrieval.reader import CatalogReader, reader_for
-
-#: the built-in garment words (see :mod:`chainrun.retrieval.categories`)
-CATEGORY_WORDS = GARMENT_WORDS
 
 _SIZE_WORDS = {
     "extra small": "XS",

@@ -56,7 +56,7 @@ from chainrun.events import (
     ToolCallEvent,
     TurnFinished,
 )
-from chainrun.log.logged_turn import LoggedTurn, TurnUsage
+from chainrun.log.rows import TurnLog, TurnUsage
 from chainrun.serve.disconnect import detached
 
 log = logging.getLogger("chainrun.serve")
@@ -72,7 +72,7 @@ class TurnObserver(Protocol):
     (:class:`chainrun.telemetry.otel.Telemetry` only hands spans to a batch exporter).
     """
 
-    def turn_logged(self, turn: LoggedTurn) -> None: ...
+    def turn_logged(self, turn: TurnLog) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class WireEvent:
 
 
 def turn_summary(
-    logged: LoggedTurn | None,
+    logged: TurnLog | None,
     done: TurnFinished,
     conversation_id: str,
     live_steps: dict[str, dict[str, Any]],
@@ -185,7 +185,7 @@ def turn_summary(
 
 
 def _cancelled_summary(
-    logged: LoggedTurn | None,
+    logged: TurnLog | None,
     request_id: str,
     conversation_id: str,
     run_id: int | None,
@@ -303,7 +303,7 @@ class TurnRunner:
         events = self.chain.stream_turn(
             message, request_id=request_id, conversation_id=conversation_id, history=history
         )
-        cut: LoggedTurn | None = None  # the turn as logged, when the server cancelled it
+        cut: TurnLog | None = None  # the turn as logged, when the server cancelled it
         try:
             async with contextlib.aclosing(events):
                 async for ev in events:
@@ -385,7 +385,7 @@ class TurnRunner:
         finished[ev.step] = data
         return WireEvent("step", data)
 
-    async def _read(self, turn_id: int | None) -> LoggedTurn | None:
+    async def _read(self, turn_id: int | None) -> TurnLog | None:
         """The turn as logged, once committed; None without a log, or when the log's
         database could not be reached within :data:`READ_TIMEOUT_S` (the answer is
         never held back by the log: the summary then comes from the events)."""
@@ -394,7 +394,7 @@ class TurnRunner:
             return None
         return await store.aread_turn(turn_id, flush_timeout_s=READ_TIMEOUT_S)
 
-    async def _observe_by_request_id(self, request_id: str) -> LoggedTurn | None:
+    async def _observe_by_request_id(self, request_id: str) -> TurnLog | None:
         """Find a turn that ended without ``TurnFinished`` (cancelled) in the log by its
         request id, tell the observers, and return it (None: no log, or its database did
         not answer within :data:`READ_TIMEOUT_S`)."""
@@ -411,7 +411,7 @@ class TurnRunner:
             self._notify(logged)
         return logged
 
-    def _notify(self, logged: LoggedTurn) -> None:
+    def _notify(self, logged: TurnLog) -> None:
         for obs in self.observers:
             try:
                 obs.turn_logged(logged)

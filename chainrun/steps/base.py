@@ -114,8 +114,6 @@ BUILTIN_FIELDS: dict[str, StateField] = {
 #: the message, and the conversation's earlier turns (a
 #: :class:`~chainrun.conversations.history.History`, "" on a first turn)
 INITIAL_FIELDS = frozenset({"message", "history"})
-#: The built-in fields' names.
-STATE_FIELDS = frozenset(BUILTIN_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """OpenTelemetry export of logged turns: spans and GenAI client metrics (extra ``chainrun[otel]``).
 
 Built from what the run log holds once a turn is logged
-(:class:`~chainrun.log.logged_turn.LoggedTurn`), so spans carry exactly the log's facts,
+(:class:`~chainrun.log.rows.TurnLog`), so spans carry exactly the log's facts,
 with the log's times:
 
 * one span per turn: ``invoke_workflow {workflow}`` (``gen_ai.operation.name =
@@ -44,8 +44,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ConfigError
-from chainrun.log.logged_turn import UNSENT_OUTCOMES, LoggedTurn
-from chainrun.log.rows import CallRow, StepRow, ToolCallRow
+from chainrun.log.rows import UNSENT_OUTCOMES, CallRow, StepRow, ToolCallRow, TurnLog
 
 if TYPE_CHECKING:  # the otel extra is optional: imported lazily below
     from opentelemetry.metrics import MeterProvider
@@ -138,7 +137,7 @@ class Telemetry:
         )  # fmt: skip
 
     # -- the observer hook -------------------------------------------------------------
-    def turn_logged(self, turn: LoggedTurn) -> None:
+    def turn_logged(self, turn: TurnLog) -> None:
         """Emit the spans and metrics of one logged turn (quick: spans go to a batch
         processor, which exports them from its own thread)."""
         start = turn.started_at
@@ -173,7 +172,7 @@ class Telemetry:
             self._step(turn, step, start, ctx)
         span.end(end_time=_ns(start, row.duration_ms or 0.0))
 
-    def _step(self, turn: LoggedTurn, step: StepRow, start: datetime, ctx: Any) -> None:
+    def _step(self, turn: TurnLog, step: StepRow, start: datetime, ctx: Any) -> None:
         if step.status == "skipped":
             return
         offset = step.started_offset_ms or 0.0

@@ -11,7 +11,7 @@ from chainrun.analysis.stats import (
     order_stat_indices,
 )
 from chainrun.analysis.summary import WINNER_OUTCOMES
-from chainrun.audit.rows import Call
+from chainrun.log.rows import CallRow
 
 #: attempts that ran to their end (their timings and tokens should all be known)
 COMPLETED_OUTCOMES = ("not_fired", "primary", "duplicate", "shadow_finished", "rejected")
@@ -75,10 +75,10 @@ def needed_n(p: float, confidence: float = 0.95) -> int | None:
     return None
 
 
-def winning_calls(calls: Iterable[Call]) -> dict[tuple[int | None, str], Call]:
+def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int | None, str], CallRow]:
     """The attempt each step used, by (turn id, step): a winning outcome, the last
     without an error (as chainrun.evals.scoring.winning_calls)."""
-    best: dict[tuple[int | None, str], Call] = {}
+    best: dict[tuple[int | None, str], CallRow] = {}
     for c in calls:
         if c.outcome not in WINNER_OUTCOMES:
             continue

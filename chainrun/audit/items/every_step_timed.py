@@ -21,8 +21,8 @@ from chainrun.audit.plots import (
     WaterfallPlot,
 )
 from chainrun.audit.report import Item, Table, Verdict
-from chainrun.audit.rows import Call
 from chainrun.audit.scope import Sample, Scope
+from chainrun.log.rows import CallRow
 
 TITLE_1 = "Every step timed and its generated tokens logged before anything was changed"
 
@@ -93,7 +93,7 @@ def check_timed(scope: Scope) -> Item:
             figures={"n_calls": 0},
             missing=[f"LLM calls: run `{REPLAY_CMD}` (or pass --run RUN of an existing run)"],
         )
-    groups: dict[tuple[str, str], list[Call]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[CallRow]] = defaultdict(list)
     for c in done:
         groups[(c.step, c.provider or c.target or "?")].append(c)
     rows, per_group = [], []

@@ -28,8 +28,8 @@ from chainrun.audit.plots import (
     HistPlot,
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
-from chainrun.audit.rows import Call
 from chainrun.audit.scope import Scope
+from chainrun.log.rows import CallRow
 
 TITLE_5 = "Before moving providers, pair latency with token counts"
 
@@ -144,7 +144,7 @@ def check_latency_tokens(scope: Scope) -> Item:
         for c in winning_calls(scope.done_calls).values()
         if c.error_type is None and not c.truncated
     ]
-    groups: dict[str, dict[str, list[Call]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[str, dict[str, list[CallRow]]] = defaultdict(lambda: defaultdict(list))
     for c in winners:
         groups[c.step][c.provider or c.target or "?"].append(c)
     if not groups:

@@ -22,10 +22,11 @@ from chainrun.audit.items.common import (
     winning_calls,
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
-from chainrun.audit.rows import Call, EvalResult, Step, results_as_rows
+from chainrun.audit.rows import EvalResult, results_as_rows
 from chainrun.audit.scope import Scope
 from chainrun.config import steps_calling_models
 from chainrun.evals.scoring import case_outcomes, skipped_summary
+from chainrun.log.rows import CallRow, StepRow
 
 TITLE_2 = (
     "Reasoning effort is a per-step setting, turned down where the eval set says "
@@ -69,7 +70,9 @@ def effort_pairs(scope: Scope) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def _eval_sample(scope: Scope, run_id: int) -> tuple[list[Step], list[Call], list[EvalResult]]:
+def _eval_sample(
+    scope: Scope, run_id: int
+) -> tuple[list[StepRow], list[CallRow], list[EvalResult]]:
     for e in scope.evals:
         if e.run.id == run_id:
             done = completed_turns(e.turns)  # latency of completed turns only

@@ -30,12 +30,12 @@ from chainrun.audit.plots import (
     RatePoint,
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
-from chainrun.audit.rows import Step, Turn
 from chainrun.audit.scope import Sample, Scope
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_reason
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
+from chainrun.log.rows import StepRow, TurnRow
 
 TITLE_4 = "Win rate rechecked after every serving-path change"
 
@@ -47,7 +47,7 @@ WN_EXPLANATION = (
 )
 
 
-def _period(sample: Sample, step: Step, turns: Mapping[int | None, Turn]) -> str:
+def _period(sample: Sample, step: StepRow, turns: Mapping[int | None, TurnRow]) -> str:
     if not sample.is_live:
         return f"run {step.run_id}"
     t = turns.get(step.turn_id)
@@ -109,7 +109,7 @@ def check_win_rate(scope: Scope) -> Item:
     missing: list[str] = []
     series: dict[str, list[RatePoint]] = {}
     for name in names:
-        armed: list[tuple[Sample, Step]] = [
+        armed: list[tuple[Sample, StepRow]] = [
             (sm, s)
             for sm in scope.samples
             for s in sm.done_steps
@@ -156,7 +156,7 @@ def check_win_rate(scope: Scope) -> Item:
             diagnosis = "work" if share_long >= 0.75 else "noise" if share_long <= 0.6 else "mixed"
         # over time: per run (replays) or per day (live)
         turns_by_id = {t.id: t for sm in scope.samples for t in sm.turns}
-        periods: dict[str, list[Step]] = defaultdict(list)
+        periods: dict[str, list[StepRow]] = defaultdict(list)
         for sm, s in armed:
             periods[_period(sm, s, turns_by_id)].append(s)
         points = []
