@@ -57,7 +57,6 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis import stats
 from chainrun.classify import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
@@ -72,6 +71,7 @@ from chainrun.config import LLM_CLASSIFY_STEP, ProviderConfig
 from chainrun.providers.base import ChatRequest, ChatStream
 from chainrun.providers.factory import open_provider
 from chainrun.retrieval.embeddings import MiniLMEmbedder
+from chainrun.statistics import intervals as stats
 from chainrun.steps.llm import parse_label
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis import stats
+from chainrun.statistics import intervals as stats
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -63,13 +63,13 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis import stats
 from chainrun.classify.base import DEFAULT_LABELS
 from chainrun.config import LLM_CLASSIFY_STEP, STEP_NAMES_DEFAULT, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.replay.run import ReplayRequest, load_requests, run_requests
 from chainrun.retrieval.embeddings import MiniLMEmbedder, forget_recent
+from chainrun.statistics import intervals as stats
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ORDER = list(STEP_NAMES_DEFAULT)
@@ -251,7 +251,7 @@ def paired(store: Store, rids: list[int], default_rids: list[int]) -> dict[str, 
     ``ok``; with ``--rounds`` above 1, a request's turns pair round by round): n, the
     median difference (ms) and its 95% order-statistic interval, the median ratio, and
     how many turns the variant answered sooner, with the exact two-sided sign test's p
-    (:func:`chainrun.analysis.stats.sign_test_p`). Pairing takes out what the turns
+    (:func:`chainrun.statistics.intervals.sign_test_p`). Pairing takes out what the turns
     share (the message, its history, the load at that moment, interleaved): the figure
     to read when the per-variant intervals overlap."""
     def ttfts(run_ids: list[int]) -> dict[tuple[int, str], float]:

@@ -61,11 +61,11 @@ from typing import Any
 import _common as c
 import openai
 
-from chainrun.analysis import stats
 from chainrun.chain import Chain
 from chainrun.hedging import AttemptInfo, HedgePolicy, Hedger
 from chainrun.lab import LabServer
 from chainrun.providers import ChatRequest, ChatStream, OpenAICompatProvider
+from chainrun.statistics import intervals as stats
 
 ARMS = ("bare", "hedger", "chain_nolog", "chain_inline", "chain")
 MESSAGE = "Does the linen shirt run small?"

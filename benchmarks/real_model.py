@@ -37,7 +37,6 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis import stats
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.replay.run import load_requests
@@ -48,6 +47,7 @@ from chainrun.runtime.local_model import (
     model_path,
     server_binary,
 )
+from chainrun.statistics import intervals as stats
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "replays" / "commerce-12.jsonl"

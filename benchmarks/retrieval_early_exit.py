@@ -12,7 +12,7 @@ query of ``evals/retrieval_queries.jsonl``, in two arms:
 The arms alternate query by query (which goes first flips every round) so that drift of
 a shared machine falls on both alike. Reported per arm: n, median and p90 of the stage's
 wall time in ms (with distribution-free 95% intervals where n allows, see
-``chainrun.analysis.stats.summarize``), mean searches run, the share of queries that stopped
+``chainrun.statistics.intervals.summarize``), mean searches run, the share of queries that stopped
 early, and recall@k; the medians split by where the early-exit arm stopped (the saving
 sits in the queries the keyword search answers); then the speed-up and the recall cost
 of exiting early (paired, on the same queries). The embedder is all-MiniLM-L6-v2
@@ -34,11 +34,11 @@ from typing import Any
 import _common as c
 import sqlite_utils
 
-from chainrun.analysis.stats import summarize
 from chainrun.retrieval import HashEmbedder, MiniLMEmbedder, RetrievalSettings, build_retriever
 from chainrun.retrieval.catalog import ensure_sample_catalog
 from chainrun.retrieval.embeddings import Embedder
 from chainrun.retrieval.evaluate import load_queries, recall_at_k
+from chainrun.statistics.intervals import summarize
 
 NAME = "retrieval_early_exit"
 QUERIES = Path(__file__).resolve().parent.parent / "evals" / "retrieval_queries.jsonl"

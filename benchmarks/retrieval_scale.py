@@ -56,7 +56,6 @@ import _common as c
 import numpy as np
 import sqlite_utils
 
-from chainrun.analysis import stats
 from chainrun.retrieval import (
     Filters,
     HashEmbedder,
@@ -76,6 +75,7 @@ from chainrun.retrieval.catalog import (
 )
 from chainrun.retrieval.reader import load_sqlite_vec, reader_for
 from chainrun.retrieval.vector import _row, text_hash
+from chainrun.statistics import intervals as stats
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ROOT / "evals" / "retrieval_queries.jsonl"

@@ -75,7 +75,6 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis import stats
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
@@ -83,6 +82,7 @@ from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.replay.run import load_requests
 from chainrun.runtime import event_loop
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
+from chainrun.statistics import intervals as stats
 
 REPLAY = "replays/commerce-12.jsonl"
 

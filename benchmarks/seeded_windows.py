@@ -32,13 +32,13 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis.stats import pass_rate, summarize
 from chainrun.analysis.summary import hedge_stats
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.reads import SeedWindows
 from chainrun.log.store import Store
+from chainrun.statistics.intervals import pass_rate, summarize
 
 SCENARIO = """name = "bimodal-seed"
 seed = 11

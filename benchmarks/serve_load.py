@@ -42,8 +42,8 @@ from typing import Any
 import httpx
 from _common import add_common_options, finish, new_document, r
 
-from chainrun.analysis.stats import summarize
 from chainrun.lab import LabServer
+from chainrun.statistics.intervals import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 

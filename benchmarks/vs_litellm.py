@@ -24,7 +24,7 @@ number in flight, after both labs are reset to their seeds:
   ``--hedge-delay p95`` runs the percentile delay instead.
 
 Per arm: ``p50_ms``, ``p99_ms``, ``p999_ms`` with 95% order-statistic intervals
-(``chainrun.analysis.stats``; a bound is null where n cannot give it: the p99.9's upper bound
+(``chainrun.statistics.intervals``; a bound is null where n cannot give it: the p99.9's upper bound
 needs n >= 3,688), ``success_rate`` (answered within the 3 s deadline, Wilson interval),
 ``upstream_calls_per_request`` from the labs' own request logs, and ``n``. The time of a
 request is the caller's wall time from the call to its answer (or its error).
@@ -59,10 +59,10 @@ from typing import Any
 import _common as c
 from openai import AsyncOpenAI
 
-from chainrun.analysis.stats import order_stat_indices, percentile
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
+from chainrun.statistics.intervals import order_stat_indices, percentile
 
 ARMS = ("single", "litellm_router", "litellm_fastest", "chainrun")
 DEADLINE_S = 3.0

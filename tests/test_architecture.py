@@ -37,6 +37,8 @@ RULES = [
     ("chainrun.lab", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
                       "chainrun.log", "chainrun.providers")),
     ("chainrun.timing", ("chainrun.providers", "chainrun.hedging", "chainrun.log")),
+    # evals score runs; the analyses read eval results, never the other way round
+    ("chainrun.evals", ("chainrun.analysis", "chainrun.audit", "chainrun.serve")),
     ("chainrun", ("chainrun.cli",)),  # nothing outside the CLI imports the CLI
 ]  # fmt: skip
 
@@ -139,6 +141,15 @@ def test_import_rules(scope: str, forbidden: tuple[str, ...]) -> None:
         for imp in imports:
             if any(imp == f or imp.startswith(f + ".") for f in forbidden):
                 bad.append(f"{mod} imports {imp}")
+    assert not bad, bad
+
+
+def test_the_statistics_import_nothing_else_of_chainrun() -> None:
+    """chainrun.statistics sits below every package that reports a number (the hedge
+    window, the analyses, the evals, the audit): it imports no other part of chainrun."""
+    bad = [f"{mod} imports {imp}" for mod, imports in MODULES.items()
+           if mod.startswith("chainrun.statistics") for imp in imports
+           if imp.startswith("chainrun") and not imp.startswith("chainrun.statistics")]  # fmt: skip
     assert not bad, bad
 
 

@@ -75,7 +75,7 @@ def test_run_and_replay_import_no_scipy_before_a_percentile_interval() -> None:
         f"import {', '.join(_BEFORE_FIRST_TURN)}, sys\n"
         "assert not [m for m in sys.modules if m.startswith('scipy')], "
         "sorted(m for m in sys.modules if m.startswith('scipy'))[:5]\n"
-        "from chainrun.analysis.stats import quantile_ci\n"
+        "from chainrun.statistics.intervals import quantile_ci\n"
         "assert quantile_ci(list(range(40)), 50) == (13.0, 26.0)\n"
         "assert 'scipy.stats' in sys.modules\n"
     )

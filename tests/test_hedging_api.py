@@ -55,7 +55,7 @@ def imported_modules(path: Path) -> list[str]:
     return modules
 
 
-STDLIB_LEAVES = ("chainrun.hedging.ranks", "chainrun.lazy_exports")
+STDLIB_LEAVES = ("chainrun.statistics.ranks", "chainrun.lazy_exports")
 
 
 def test_the_leaves_the_engine_may_import_import_only_the_standard_library() -> None:
@@ -73,7 +73,7 @@ def test_the_engine_imports_nothing_of_the_rest_of_chainrun() -> None:
         for module in imported_modules(path):
             assert not module.startswith("openai"), path
             if module.startswith("chainrun"):
-                # chainrun.hedging.ranks (the one nearest-rank rule) and chainrun.lazy_exports
+                # chainrun.statistics.ranks (the one nearest-rank rule) and chainrun.lazy_exports
                 # (the package's lazy front door): stdlib-only leaves, pinned below
                 assert module.startswith("chainrun.hedging") or module in STDLIB_LEAVES, (
                     path,

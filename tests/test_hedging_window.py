@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chainrun.hedging import LatencyWindow
-from chainrun.hedging.ranks import nearest_rank
 from chainrun.hedging.window import km_quantile
+from chainrun.statistics.ranks import nearest_rank
 
 
 class FakeClock:

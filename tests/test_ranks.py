@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import chainrun.hedging.ranks
-from chainrun.analysis.stats import percentile, summarize
-from chainrun.hedging.ranks import nearest_rank, percent_fraction
+import chainrun.statistics.ranks
 from chainrun.hedging.window import LatencyWindow
+from chainrun.statistics.intervals import percentile, summarize
+from chainrun.statistics.ranks import nearest_rank, percent_fraction
 
 
 def _reference_rank(n: int, units: int, decimals: int) -> int:
@@ -111,7 +111,7 @@ def test_hedge_window_percentile_uses_the_exact_rank(n: int, pd: tuple[int, int]
 
 def test_the_rank_module_imports_only_the_stdlib() -> None:
     """The hedging engine imports it, and may import nothing of chainrun's LLM side."""
-    tree = ast.parse(Path(chainrun.hedging.ranks.__file__).read_text())
+    tree = ast.parse(Path(chainrun.statistics.ranks.__file__).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from chainrun.analysis.stats import (
+from chainrun.statistics.intervals import (
     QuantileDiff,
     order_stat_indices,
     paired_compare,

@@ -43,13 +43,13 @@ from typing import Any
 import numpy as np
 
 from chainrun.analysis.simulate import hedged_race
-from chainrun.analysis.stats import wilson_interval
 from chainrun.analysis.summary import hedge_stats
 from chainrun.errors import UserInputError
 from chainrun.hedging.policy import MAX_ATTEMPTS_LIMIT
-from chainrun.hedging.ranks import nearest_rank
 from chainrun.hedging.stats import fire_rate, win_rate
 from chainrun.log.store import Store
+from chainrun.statistics.intervals import wilson_interval
+from chainrun.statistics.ranks import nearest_rank
 
 #: outcomes of calls that answered (their latency is known)
 _ANSWERED = ("not_fired", "primary", "duplicate", "shadow_finished")
@@ -312,7 +312,7 @@ def prediction_intervals(
 
 def _q(values: np.ndarray, p: int) -> float | None:
     """The ``p``-th percentile (``p`` in percent), nearest rank in exact arithmetic
-    (:func:`chainrun.hedging.ranks.nearest_rank`), in ms; None when it lies beyond the deadline
+    (:func:`chainrun.statistics.ranks.nearest_rank`), in ms; None when it lies beyond the deadline
     (inf)."""
     v = float(np.sort(values)[nearest_rank(len(values), p) - 1])
     return None if not math.isfinite(v) else round(v, 1)

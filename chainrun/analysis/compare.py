@@ -3,7 +3,7 @@
 A and B are run ids (``"12"``) or ``live`` / ``live:FROM..TO``: the turns of runs of kind
 ``live`` that started in ``[FROM, TO)`` (ISO-8601 timestamps, either side optional, UTC
 when no offset is given). For the turn and every step the result gives each side's
-p50/p90/p99 with n and distribution-free intervals (:mod:`chainrun.analysis.stats`), the
+p50/p90/p99 with n and distribution-free intervals (:mod:`chainrun.statistics.intervals`), the
 difference B − A per percentile with an interval, and a verdict that says ``worse`` only
 when B is slower beyond that interval. LLM steps also get their latency split into TTFT,
 time between tokens and completion tokens, so that a step that got slower because it
@@ -14,7 +14,7 @@ the reason (``evals.skipped``).
 
 A practical tolerance (``min_effect``, :class:`MinEffect`: ``5%`` of A's percentile or
 ``20ms``; default :data:`DEFAULT_MIN_EFFECT`) turns a real but tiny latency difference
-into ``same`` (:func:`chainrun.analysis.stats.practical_verdict`): the intervals cover the
+into ``same`` (:func:`chainrun.statistics.intervals.practical_verdict`): the intervals cover the
 sampling noise within a run, not the drift between two runs of one machine.
 
 Latency follows the one rule of every summary (:func:`chainrun.analysis.summary.completed_turns`):
@@ -42,7 +42,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from chainrun.analysis.stats import (
+from chainrun.analysis.summary import (
+    CACHE_SHARE_DIFFERS,
+    CompletedTurns,
+    cache_state,
+    completed_turns,
+    warm_call,
+)
+from chainrun.errors import UserInputError
+from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, skipped_summary
+from chainrun.log.rows import CallRow, StepRow, TurnRow, winning_calls
+from chainrun.log.store import Store
+from chainrun.log.time_window import log_time
+from chainrun.statistics.intervals import (
     SUMMARY_PERCENTILES,
     LatencyVerdict,
     QuantileDiff,
@@ -52,24 +64,6 @@ from chainrun.analysis.stats import (
     quantile_diff,
     summarize,
 )
-from chainrun.analysis.summary import (
-    CACHE_SHARE_DIFFERS,
-    CompletedTurns,
-    cache_state,
-    completed_turns,
-    warm_call,
-)
-from chainrun.errors import UserInputError
-from chainrun.evals.scoring import (
-    case_outcomes,
-    flip_rate,
-    load_results,
-    skipped_summary,
-    winning_calls,
-)
-from chainrun.log.rows import CallRow, StepRow, TurnRow
-from chainrun.log.store import Store
-from chainrun.log.time_window import log_time
 
 LIVE = "live"
 #: ``metric`` value selecting the turn and every step
@@ -652,12 +646,12 @@ def compare(
                     "tolerance_ms": {"p50", "p90", "p99"}}
         V        = "better" | "worse" | "same" | "inconclusive"
 
-    The diff interval is :func:`chainrun.analysis.stats.quantile_diff`'s (conservative, from the
-    two order-statistic intervals); ``worse`` needs some percentile's difference to be
-    above 0 across its whole interval with its estimate beyond the tolerance; ``same``
-    needs every bounded percentile's interval within ±its tolerance
-    (:func:`chainrun.analysis.stats.practical_latency_verdict`). Each latency block also has
-    ``decided_by``. See the module docstring for the rest.
+    The diff interval is :func:`chainrun.statistics.intervals.quantile_diff`'s
+    (conservative, from the two order-statistic intervals); ``worse`` needs some
+    percentile's difference to be above 0 across its whole interval with its estimate beyond
+    the tolerance; ``same`` needs every bounded percentile's interval within ±its tolerance
+    (:func:`chainrun.statistics.intervals.practical_latency_verdict`). Each latency block
+    also has ``decided_by``. See the module docstring for the rest.
 
     Raises:
         UserInputError: unknown run id, malformed selector, empty live window, unknown metric.

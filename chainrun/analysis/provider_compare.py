@@ -9,7 +9,7 @@ queueing, load and the hardware behind the endpoint, which another route can fix
 
 For every LLM step, on the call whose answer the step used (hedging losers excluded),
 each side gets, with n and distribution-free 95% intervals
-(:func:`chainrun.analysis.stats.summarize`):
+(:func:`chainrun.statistics.intervals.summarize`):
 
 - ``ttft_ms``: time to the first content or reasoning token;
 - ``tpot_ms`` (time per output token): ``(duration − TTFT) / (output_tokens − 1)``, the
@@ -17,7 +17,8 @@ each side gets, with n and distribution-free 95% intervals
   or unknown tokens has none (counted as unknown, never 0);
 - ``output_tokens``: generated tokens, reasoning included, as the provider reported them;
 
-and B − A of each one's p50 and p90 with intervals (:func:`chainrun.analysis.stats.quantile_diff`).
+and B − A of each one's p50 and p90 with intervals
+(:func:`chainrun.statistics.intervals.quantile_diff`).
 A component **rose** when the p50's or the p90's interval lies entirely above 0 (more
 TTFT noise shows in the p90 first), **fell** when one lies entirely below 0 and none
 above, and is **similar** otherwise (``too_few`` when n bounds neither).
@@ -43,10 +44,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from chainrun.analysis.compare import Side, select
-from chainrun.analysis.stats import latency_verdict, quantile_diff, summarize
 from chainrun.errors import ChainrunError
-from chainrun.evals.scoring import winning_calls
+from chainrun.log.rows import winning_calls
 from chainrun.log.store import Store
+from chainrun.statistics.intervals import latency_verdict, quantile_diff, summarize
 
 Cause = Literal["work", "serving", "both", "unexplained"]
 

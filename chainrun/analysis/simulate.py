@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from chainrun.errors import UserInputError
-from chainrun.hedging.ranks import nearest_rank
+from chainrun.statistics.ranks import nearest_rank
 
 PERCENTILES = (50, 90, 99)
 MODES = ("sequential", "parallel", "hedged")

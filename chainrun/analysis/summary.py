@@ -20,13 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chainrun.analysis.stats import percentile, quantile_ci, wilson_interval
 from chainrun.config import steps_calling_models
 from chainrun.events import TurnFinished
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, TurnRow
 from chainrun.log.store import Store
+from chainrun.statistics.intervals import percentile, quantile_ci, wilson_interval
 
 _R = TypeVar("_R")
 
@@ -231,7 +231,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     call of the completed turns; None when unknown) and the run's ``prompt_cache``
     (:func:`prompt_cache_mode`): the server's prompt cache can change TTFT twentyfold;
     every ``*_ci`` is the distribution-free 95% order-statistic interval
-    (:func:`chainrun.analysis.stats.quantile_ci`), ``[lo, hi]`` in ms, or None when n cannot
+    (:func:`chainrun.statistics.intervals.quantile_ci`), ``[lo, hi]`` in ms, or None when n cannot
     bound it (fewer than 36 values for a p90).
 
     Raises:

@@ -27,7 +27,6 @@ from chainrun.evals.scoring import (
     score_turn,
     summarize_results,
     turn_view,
-    winning_calls,
 )
 
 __all__ = [
@@ -52,5 +51,4 @@ __all__ = [
     "score_turn",
     "summarize_results",
     "turn_view",
-    "winning_calls",
 ]

@@ -24,16 +24,13 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from chainrun.analysis.stats import pass_rate
 from chainrun.errors import UserInputError
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
 from chainrun.log.migrations import utc_now
-from chainrun.log.rows import WINNER_OUTCOMES, CallRow, StepRow, TurnRow
+from chainrun.log.rows import CallRow, StepRow, TurnRow, winning_calls
 from chainrun.log.store import Store
-
-#: calls.outcome values of the attempt whose answer a step used
-WINNING_OUTCOMES = WINNER_OUTCOMES
+from chainrun.statistics.intervals import pass_rate
 
 #: by_step key for assertions without a step (the final answer / the whole turn).
 TURN_KEY = "turn"
@@ -50,25 +47,6 @@ def parse_request_id(request_id: str) -> tuple[str, int]:
     if sep and rep.isdigit():
         return case_id, int(rep)
     return request_id, 0
-
-
-def winning_calls(call_rows: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
-    """The attempt whose answer each step used, by ``(turn_id, step)`` (turn id 0 for
-    rows not logged yet).
-
-    That is the call with ``outcome`` in :data:`WINNING_OUTCOMES`; if a step has several
-    (retries), the last one without an error.
-    """
-    best: dict[tuple[int, str], CallRow] = {}
-    for c in call_rows:
-        if c.outcome not in WINNING_OUTCOMES:
-            continue
-        key = (c.turn_id or 0, c.step)
-        prev = best.get(key)
-        if prev is None or (c.error_type is None, c.attempt) >= (prev.error_type is None,
-                                                                  prev.attempt):  # fmt: skip
-            best[key] = c
-    return best
 
 
 def turn_view(

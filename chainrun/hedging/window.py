@@ -18,7 +18,8 @@ Kaplan and P. Meier, "Nonparametric estimation from incomplete observations", JA
 attempts still running just before t_i (censored ones count while they ran). The p-th
 percentile is the first answer time at which 1 - S(t) >= p / 100, decided in exact
 arithmetic; with no censored observation that is exactly the nearest rank
-``ceil(n * p / 100)`` (:func:`chainrun.hedging.ranks.nearest_rank`, the one rank rule of chainrun).
+``ceil(n * p / 100)`` (:func:`chainrun.statistics.ranks.nearest_rank`, the one rank rule
+of chainrun).
 
 Mass past the longest observation: when the slowest attempts in the window were all cut
 short, S(t) stays above 0 after the last answer, and a high enough percentile is
@@ -48,7 +49,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from chainrun.hedging.ranks import nearest_rank, percent_fraction
+from chainrun.statistics.ranks import nearest_rank, percent_fraction
 
 #: a float survival within this relative distance of the target is checked exactly
 _EXACT_BAND = 1e-9
@@ -157,7 +158,7 @@ def km_quantile(
     a product of ratios of integers: consecutive answers telescope, so it is kept as one
     ratio per run of answers; floats only locate the candidate); past the last answer,
     Efron's convention (module text). Without censored samples this is the nearest rank
-    (:func:`chainrun.hedging.ranks.nearest_rank`). Interval (``interval``; else ``(None,
+    (:func:`chainrun.statistics.ranks.nearest_rank`). Interval (``interval``; else ``(None,
     None)``): Brookmeyer-Crowley with Greenwood's variance (module text); floor not
     applied (see :meth:`LatencyWindow.estimate`).
     """

@@ -38,6 +38,7 @@ __all__ = [
     "TurnRow",
     "TurnStatus",
     "TurnUsage",
+    "winning_calls",
 ]
 
 RunKind = Literal["replay", "live", "eval"]
@@ -486,3 +487,19 @@ def calls_usage(calls: Iterable[CallRow]) -> TurnUsage:
             if value is not None:
                 sums[key] = (sums[key] or 0) + int(value)
     return TurnUsage(**sums, calls=n, unknown_calls=unknown)
+
+
+def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
+    """The attempt whose answer each step used, by ``(turn_id, step)`` (turn id 0 for rows
+    not logged yet): the call with ``outcome`` in :data:`WINNER_OUTCOMES`; if a step has
+    several (retries), the last one without an error."""
+    best: dict[tuple[int, str], CallRow] = {}
+    for c in calls:
+        if c.outcome not in WINNER_OUTCOMES:
+            continue
+        key = (c.turn_id or 0, c.step)
+        prev = best.get(key)
+        if prev is None or (c.error_type is None, c.attempt) >= (prev.error_type is None,
+                                                                  prev.attempt):  # fmt: skip
+            best[key] = c
+    return best

@@ -5,7 +5,7 @@ Each ``check_*`` takes a :class:`~chainrun.audit.scope.Scope` and returns an
 not_enough_data``), evidence in plain words, the figures behind it (every statistic
 with its n) and, where data is missing, what is missing and the command that would
 produce it. Nothing passes by default. Percentiles and their intervals are the
-order-statistic ones of :mod:`chainrun.analysis.stats`; times are in ms. Every latency figure
+order-statistic ones of :mod:`chainrun.statistics.intervals`; times are in ms. Every latency figure
 follows the one rule of every summary (:func:`chainrun.analysis.summary.completed_turns`): it is
 over the steps and calls of completed turns only (``Sample.done_*``), with the
 cancelled, refused and errored turns counted beside it; the logging checks (item 1)

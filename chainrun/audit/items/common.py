@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from chainrun.analysis.stats import (
+from chainrun.statistics.intervals import (
     order_stat_indices,
 )
-from chainrun.analysis.summary import WINNER_OUTCOMES
-from chainrun.log.rows import CallRow
 
 #: attempts that ran to their end (their timings and tokens should all be known)
 COMPLETED_OUTCOMES = ("not_fired", "primary", "duplicate", "shadow_finished", "rejected")
@@ -64,8 +62,8 @@ def ms_text(x: float | None) -> str:
 @cache
 def needed_n(p: float, confidence: float = 0.95) -> int | None:
     """Fewest values whose order statistics bound the ``p``-th percentile on both sides
-    (:func:`chainrun.analysis.stats.order_stat_indices`): 36 for the p90, 72 for the p95, 368 for
-    the p99 at 95%. None beyond 100,000."""
+    (:func:`chainrun.statistics.intervals.order_stat_indices`): 36 for the p90, 72 for the
+    p95, 368 for the p99 at 95%. None beyond 100,000."""
     n = 1
     while n <= 100_000:
         lo, hi = order_stat_indices(n, p, confidence)
@@ -73,23 +71,6 @@ def needed_n(p: float, confidence: float = 0.95) -> int | None:
             return n
         n += 1 if n < 1000 else 100
     return None
-
-
-def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int | None, str], CallRow]:
-    """The attempt each step used, by (turn id, step): a winning outcome, the last
-    without an error (as chainrun.evals.scoring.winning_calls)."""
-    best: dict[tuple[int | None, str], CallRow] = {}
-    for c in calls:
-        if c.outcome not in WINNER_OUTCOMES:
-            continue
-        key = (c.turn_id, c.step)
-        prev = best.get(key)
-        if prev is None or (c.error_type is None, c.attempt) >= (
-            prev.error_type is None,
-            prev.attempt,
-        ):
-            best[key] = c
-    return best
 
 
 def step_config(config: Mapping[str, Any] | None, step: str) -> dict[str, Any]:

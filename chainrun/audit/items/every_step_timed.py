@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from chainrun.analysis.summary import SENT_OUTCOMES, WINNER_OUTCOMES, cache_state, cached_text
+from chainrun.analysis.summary import cache_state, cached_text
 from chainrun.audit.items.common import (
     COMPLETED_OUTCOMES,
     MIN_TIMED_SHARE,
@@ -22,7 +22,7 @@ from chainrun.audit.plots import (
 )
 from chainrun.audit.report import Item, Table, Verdict
 from chainrun.audit.scope import Sample, Scope
-from chainrun.log.rows import CallRow
+from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow
 
 TITLE_1 = "Every step timed and its generated tokens logged before anything was changed"
 

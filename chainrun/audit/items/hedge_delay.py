@@ -6,10 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from chainrun.analysis.stats import (
-    percentile,
-    quantile_ci,
-)
 from chainrun.audit.items.common import (
     REPLAY_CMD,
     SETTLED_OUTCOMES,
@@ -26,6 +22,10 @@ from chainrun.audit.plots import (
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import settle_ms
 from chainrun.audit.scope import Scope
+from chainrun.statistics.intervals import (
+    percentile,
+    quantile_ci,
+)
 
 TITLE_3 = "Hedging logged from day one, delay near the call's own p95"
 

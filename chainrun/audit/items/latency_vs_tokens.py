@@ -11,17 +11,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chainrun.analysis.stats import (
-    summarize,
-)
 from chainrun.analysis.summary import cache_state, cached_text
-from chainrun.audit.items.common import (
-    MIN_FIT,
-    REPLAY_CMD,
-    median_or_none,
-    round_or_none,
-    winning_calls,
-)
+from chainrun.audit.items.common import MIN_FIT, REPLAY_CMD, median_or_none, round_or_none
 from chainrun.audit.plots import (
     FitPlot,
     FitSeries,
@@ -29,7 +20,10 @@ from chainrun.audit.plots import (
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.scope import Scope
-from chainrun.log.rows import CallRow
+from chainrun.log.rows import CallRow, winning_calls
+from chainrun.statistics.intervals import (
+    summarize,
+)
 
 TITLE_5 = "Before moving providers, pair latency with token counts"
 

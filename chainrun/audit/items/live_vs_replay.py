@@ -6,10 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from chainrun.analysis.stats import (
-    quantile_diff,
-    summarize,
-)
 from chainrun.analysis.summary import left_out
 from chainrun.audit.items.common import (
     REPLAY_CMD,
@@ -20,6 +16,10 @@ from chainrun.audit.plots import (
 )
 from chainrun.audit.report import Item, Table, Verdict
 from chainrun.audit.scope import Sample, Scope
+from chainrun.statistics.intervals import (
+    quantile_diff,
+    summarize,
+)
 
 TITLE_7 = "Live percentiles next to replay numbers, with the size of each sample"
 

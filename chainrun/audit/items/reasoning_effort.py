@@ -8,25 +8,20 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from chainrun.analysis.stats import (
-    paired_compare,
-    quantile_diff,
-    summarize,
-    wilson_interval,
-)
 from chainrun.analysis.summary import completed_turns
-from chainrun.audit.items.common import (
-    EFFORT_ORDER,
-    round_or_none,
-    step_config,
-    winning_calls,
-)
+from chainrun.audit.items.common import EFFORT_ORDER, round_or_none, step_config
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.rows import EvalResult, results_as_rows
 from chainrun.audit.scope import Scope
 from chainrun.config import steps_calling_models
 from chainrun.evals.scoring import case_outcomes, skipped_summary
-from chainrun.log.rows import CallRow, StepRow
+from chainrun.log.rows import CallRow, StepRow, winning_calls
+from chainrun.statistics.intervals import (
+    paired_compare,
+    quantile_diff,
+    summarize,
+    wilson_interval,
+)
 
 TITLE_2 = (
     "Reasoning effort is a per-step setting, turned down where the eval set says "
@@ -143,7 +138,7 @@ def _effort_in_use(scope: Scope, step: str) -> str | None:
 def label_accuracy(results: list[EvalResult]) -> dict[int, dict[str, Any]]:
     """Per eval run, the share of its turns whose classify label was the expected one:
     its ``equals`` assertions on ``label`` (skipped verdicts left out), with n and a 95%
-    Wilson interval (:func:`chainrun.analysis.stats.wilson_interval`)."""
+    Wilson interval (:func:`chainrun.statistics.intervals.wilson_interval`)."""
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for r in results:
         if r.type == "equals" and r.step == "label" and r.passed is not None:

@@ -9,9 +9,6 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chainrun.analysis.stats import (
-    summarize,
-)
 from chainrun.audit.items.common import (
     MAX_RECALL_COST,
     REPLAY_CMD,
@@ -22,6 +19,9 @@ from chainrun.audit.items.common import (
 )
 from chainrun.audit.report import Item, Table, Verdict, worst
 from chainrun.audit.scope import Scope
+from chainrun.statistics.intervals import (
+    summarize,
+)
 
 TITLE_6 = (
     "Retrieval stops when it has enough, with the search order and the threshold covered by tests"

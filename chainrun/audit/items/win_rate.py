@@ -22,7 +22,6 @@ from chainrun.audit.items.common import (
     rounded,
     share_of,
     step_config,
-    winning_calls,
 )
 from chainrun.audit.items.hedge_delay import hedged_steps
 from chainrun.audit.plots import (
@@ -35,7 +34,7 @@ from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_reason
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
-from chainrun.log.rows import StepRow, TurnRow
+from chainrun.log.rows import StepRow, TurnRow, winning_calls
 
 TITLE_4 = "Win rate rechecked after every serving-path change"
 
@@ -134,17 +133,17 @@ def check_win_rate(scope: Scope) -> Item:
         # W + N: do fires land on long answers (work) or on slow servers (noise)?
         winners = winning_calls(scope.done_calls)
         tokens_all = [
-            winners[(s.turn_id, name)].output_tokens
+            winners[(s.turn_id or 0, name)].output_tokens
             for _, s in armed
-            if (s.turn_id, name) in winners
+            if (s.turn_id or 0, name) in winners
         ]
         tok_all = [float(t) for t in tokens_all if t is not None]
         tok_fired = [
             float(t)
             for t in (
-                winners[(s.turn_id, name)].output_tokens
+                winners[(s.turn_id or 0, name)].output_tokens
                 for _, s in fired
-                if (s.turn_id, name) in winners
+                if (s.turn_id or 0, name) in winners
             )
             if t is not None
         ]

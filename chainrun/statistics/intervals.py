@@ -5,7 +5,7 @@ Conventions used throughout:
 - ``p`` is a percentile in **percent** (``95`` for the p95), as in ``HedgeConfig.delay``.
 - A percentile is the **order statistic** ``x_(k)`` with ``k = ceil(n * p / 100)``
   (Hyndman & Fan definition 1, numpy's ``method="inverted_cdf"``), the rank computed in
-  exact arithmetic (:func:`chainrun.hedging.ranks.nearest_rank`: on floats ``0.07 * 100`` is
+  exact arithmetic (:func:`chainrun.statistics.ranks.nearest_rank`: on floats ``0.07 * 100`` is
   ``7.000000000000001``, and numpy's ``inverted_cdf`` too gives rank 8 for the p7 of 100
   values): always an observed value, so with 12 values the p90 is the 11th smallest,
   i.e. the second slowest.
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from chainrun.hedging.ranks import nearest_rank
+from chainrun.statistics.ranks import nearest_rank
 
 #: The percentiles reported by :func:`summarize` and ``chainrun compare``.
 SUMMARY_PERCENTILES: tuple[int, ...] = (50, 90, 99)
@@ -48,7 +48,7 @@ def percentile(values: Sequence[float], p: float) -> float:
     """The ``p``-th percentile of ``values`` (``p`` in percent, 0 < p < 100).
 
     Definition: the order statistic ``x_(ceil(n*p/100))``, the rank in exact arithmetic
-    (:func:`chainrun.hedging.ranks.nearest_rank`), the one consistent with :func:`quantile_ci`.
+    (:func:`chainrun.statistics.ranks.nearest_rank`), the one consistent with :func:`quantile_ci`.
     With 12 values the p90 is the second slowest; the p7 of 100 values is the 7th.
 
     Raises:

@@ -1,0 +1,4 @@
+"""Statistics with their intervals, pure functions below every package that reports a
+number: nearest-rank percentile indices in exact arithmetic (:mod:`.ranks`, stdlib only,
+the hedge window's too) and percentiles, quantile intervals, pass rates and paired
+comparisons (:mod:`.intervals`)."""
