@@ -356,6 +356,14 @@ class StreamTruncated(ProviderError):
     error_type = "truncated"
 
 
+class UndeclaredUpdate(ChainrunError):
+    """A step handed back a turn-state field it does not declare in its ``writes`` (a
+    bug of the step's kind): the step fails under its ``on_failure``, logged as
+    ``internal_error`` with the message in its row's ``detail``."""
+
+    error_type = "internal_error"
+
+
 class ToolRoundsExceeded(ProviderError):
     """A step's model still asked for tools after its ``max_tool_rounds`` rounds (its
     answer never came); the step's ``on_failure`` decides what the turn does."""

@@ -36,7 +36,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from chainrun.errors import ProviderUnavailable, RequestRejected, StepConfigError, error_type
+from chainrun.errors import (
+    ProviderUnavailable,
+    RequestRejected,
+    StepConfigError,
+    UndeclaredUpdate,
+    error_type,
+)
 from chainrun.events import (
     AnswerDone,
     Event,
@@ -290,6 +296,13 @@ class TurnRun:
 
     def _apply(self, name: str, result: StepResult, row: StepRow) -> None:
         step = self.steps[name]
+        extra = set(result.updates) - step.writes
+        if extra and result.error is None:
+            # the step's kind broke its own declaration: the step fails, the turn goes on
+            # under its on_failure (its other updates are not applied either)
+            result = dataclasses.replace(result, updates={}, error=UndeclaredUpdate(
+                f"step {name} set {sorted(extra)} but declares writes {sorted(step.writes)}"
+            ))  # fmt: skip
         if result.error is not None:
             if result.verdict is not None:  # a missing verdict, with its reason
                 self.verdicts[name] = result.verdict
@@ -315,10 +328,10 @@ class TurnRun:
                 row.status = "failed_open"
             return
         self.answered.add(name)
-        extra = set(result.updates) - step.writes
-        if extra:
-            raise RuntimeError(f"step {name} set {sorted(extra)} but declares writes {step.writes}")
         self.state = self.state.updated(result.updates)
+        if result.updates:  # what the step handed on, as data, in its row (every kind)
+            fields = self.state.fields
+            row.updates = {f: fields[f].logged(v) for f, v in result.updates.items()}
         if result.verdict is not None:
             self.verdicts[name] = result.verdict
             self.state = dataclasses.replace(self.state, verdicts=dict(self.verdicts))

@@ -36,19 +36,20 @@ if TYPE_CHECKING:
 
 
 def retrieval_settings(config_path: str | None) -> RetrievalSettings:
-    """The retrieve step's ``retrieval`` settings of the config (defaults if it has none).
+    """The ``retrieval`` settings of the config's first step that searches (whose table
+    has ``retrieval`` settings, whatever its kind); defaults if none has.
 
     Raises:
         ConfigError: the config file is invalid.
     """
-    from chainrun.config import RetrieveConfig, load_config
+    from chainrun.config import load_config
     from chainrun.retrieval import RetrievalSettings
 
     cfg = load_config(config_path)
     for name in cfg.order:
-        step = cfg.steps[name]
-        if isinstance(step, RetrieveConfig):
-            return step.retrieval
+        settings = getattr(cfg.steps[name], "retrieval", None)
+        if isinstance(settings, RetrievalSettings):
+            return settings
     return RetrievalSettings()
 
 

@@ -20,7 +20,6 @@ Either way the history is cut to the ``[history]`` budget
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -38,6 +37,7 @@ from chainrun.conversations.memory import ConversationMemory, LoadConversation, 
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
 from chainrun.log.rows import StepRow
 from chainrun.log.store import Store
+from chainrun.retrieval.products import logged_products
 
 __all__ = [
     "LOAD_TIMEOUT_S",
@@ -57,16 +57,13 @@ WARN_EVERY_S = 5.0
 
 
 def shown_products(steps: Iterable[StepRow]) -> tuple[str, ...] | None:
-    """The ids of the products a turn showed: the output (a JSON list of ids) of its
-    first ``retrieve`` step that ended ok; None when none did (skipped, failed, or a
-    chain without one)."""
+    """The ids of the products a turn showed: the ``products`` the first of its steps
+    that handed them on logged (:func:`~chainrun.retrieval.products.logged_products`,
+    whatever its kind); None when none did (skipped, failed, or a chain without a search)."""
     for s in steps:
-        if s.kind == "retrieve" and s.status == "ok" and s.output:
-            try:
-                ids = json.loads(s.output)
-            except ValueError:
-                return None
-            return tuple(str(i) for i in ids) if isinstance(ids, list) else None
+        shown = logged_products(s.updates) if s.status == "ok" else None
+        if shown is not None:
+            return tuple(p.id for p in shown)
     return None
 
 
@@ -98,7 +95,7 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
     def read(conversation_id: str, keep: int) -> Loaded:
         rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
         ids = [r.id for r in rows if r.id is not None]
-        steps = store.steps_of_turns(ids, kind="retrieve") if ids else []
+        steps = store.steps_of_turns(ids) if ids else []
         by_turn: dict[int | None, list[StepRow]] = {}
         for s in steps:
             by_turn.setdefault(s.turn_id, []).append(s)

@@ -327,6 +327,12 @@ def _m080_turns_started_index(db: LogDb) -> None:
     db.table("turns").create_index(["started_at"], if_not_exists=True)
 
 
+def _m090_step_updates(db: LogDb) -> None:
+    # the turn-state fields each step handed on, as JSON (StepRow.updates): what a turn
+    # was shown (its products) is read from the log as data, whichever step wrote it
+    db.table("steps").add_column("updates", str)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -340,6 +346,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("060_truncated_answers", _m060_truncated_answers),
     ("070_conversations", _m070_conversations),
     ("080_turns_started_index", _m080_turns_started_index),
+    ("090_step_updates", _m090_step_updates),
 )
 
 

@@ -199,7 +199,7 @@ class StepRow(_Row):
 
     table: ClassVar[str] = "steps"
 
-    json_fields = frozenset({"detail"})
+    json_fields = frozenset({"detail", "updates"})
     #: row id
     id: int | None = None
     #: the run (runs.id)
@@ -233,6 +233,10 @@ class StepRow(_Row):
     time_saved_ms: float | None = None  # measured from a shadow loser, else unknown
     #: step-specific facts as JSON (e.g. retrieval searches, output check figures)
     detail: dict[str, Any] | None = None  # step-specific (e.g. retrieval searches)
+    #: the turn-state fields the step handed on, as JSON by field name (each field's
+    #: logged form, e.g. ``products``: a list of product objects); NULL: it set none
+    #: (failed, skipped, a check), or it was logged before migration 090
+    updates: dict[str, Any] | None = None
     #: the step only reads the answer and does not hold it back: its time is not part
     #: of the shopper's wait (validate, critique)
     post_answer: bool = False

@@ -10,8 +10,10 @@ that calls a model). Register your own kind with :func:`register_step_kind`.
 """
 
 from chainrun.steps.base import (
+    ANSWER,
     BUILTIN_FIELDS,
     INITIAL_FIELDS,
+    LABEL,
     BuildContext,
     StateField,
     Step,
@@ -29,11 +31,14 @@ from chainrun.steps.guard import GuardConfig, GuardStep
 from chainrun.steps.llm import LLMConfig, LLMStep
 from chainrun.steps.model_config import HedgeConfig, ModelStepConfig, policy_from_config
 from chainrun.steps.policy import PolicyConfig, PolicyStep
-from chainrun.steps.retrieve import RetrieveConfig, Retriever, RetrieveStep
+from chainrun.steps.retrieve import PRODUCTS, RetrieveConfig, Retriever, RetrieveStep
 
 __all__ = [
+    "ANSWER",
     "BUILTIN_FIELDS",
     "INITIAL_FIELDS",
+    "LABEL",
+    "PRODUCTS",
     "BuildContext",
     "ClassifyStep",
     "GuardConfig",

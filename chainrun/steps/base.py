@@ -47,11 +47,12 @@ and ``kind = "order_lookup"`` in ``[steps.NAME]`` of chainrun.toml (with ``plugi
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args, get_origin
 
 from chainrun.conversations.history import History
 from chainrun.events import TokenDelta, ToolCallEvent
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from chainrun.log.reads import SeedWindows
     from chainrun.log.store import Store
     from chainrun.providers.base import Provider
+    from chainrun.retrieval.products import ShownProduct
     from chainrun.steps.model_config import ModelStepConfig
     from chainrun.tools import Tool, TurnTools
 
@@ -79,12 +81,16 @@ class StateField:
         empty: what a prompt shows while no step has set it (a step that failed open, or
             was skipped by its ``when``, leaves it unset).
         render: turns a set value into prompt text (None: ``str``).
+        dump: turns a set value into JSON data for the writing step's row in the log
+            (``steps.updates``; None: the value itself when it is JSON data, else its
+            prompt text).
     """
 
     name: str
     doc: str
     empty: str = ""
     render: Callable[[Any], str] | None = None
+    dump: Callable[[Any], Any] | None = None
 
     def text(self, value: Any) -> str:
         """The prompt text for ``value`` (None: the field's ``empty`` text)."""
@@ -92,8 +98,20 @@ class StateField:
             return self.empty
         return self.render(value) if self.render is not None else str(value)
 
+    def logged(self, value: Any) -> Any:
+        """``value`` as JSON data for the log (see ``dump``)."""
+        if self.dump is not None:
+            return self.dump(value)
+        if value is None or isinstance(value, str | int | float | bool):
+            return value
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return self.text(value)
+        return value
 
-#: The turn-state fields of every chain.
+
+#: The turn-state fields of every chain (filled by the chain, written by no step).
 BUILTIN_FIELDS: dict[str, StateField] = {
     f.name: f
     for f in (
@@ -103,17 +121,18 @@ BUILTIN_FIELDS: dict[str, StateField] = {
             "the conversation's earlier turns, cut to the [history] budget (a transcript)",
             render=lambda h: h.text,
         ),
-        StateField("label", "the message's category, written by a step with labels"),
-        StateField(
-            "products", "the retrieved products as the prompt shows them", empty="(none)"
-        ),
-        StateField("answer", "the answer step's text"),
     )
 }
 #: Turn-state fields every turn starts with (filled by the chain, written by no step):
 #: the message, and the conversation's earlier turns (a
 #: :class:`~chainrun.conversations.history.History`, "" on a first turn)
-INITIAL_FIELDS = frozenset({"message", "history"})
+INITIAL_FIELDS = frozenset(BUILTIN_FIELDS)
+
+#: The message's category: declared by the kinds that write it (``classify``, an ``llm``
+#: step with ``labels``)
+LABEL = StateField("label", "the message's category, written by a step with labels")
+#: The answer's text: declared by the kinds that can be the answer step (``llm``)
+ANSWER = StateField("answer", "the answer step's text")
 
 
 @dataclass(frozen=True)
@@ -125,13 +144,14 @@ class TurnState:
         values: the other fields set so far, by name (a field no step has set is absent).
         verdicts: per step name, the parsed verdict of checking steps (validate, guards).
         fields: the fields this chain knows (built-ins plus those its steps' kinds
-            declare), with what a prompt shows while one is unset.
+            declare), with what a prompt shows while one is unset (default: every
+            field of every registered kind, :func:`known_fields`).
     """
 
     message: str
     values: Mapping[str, Any] = field(default_factory=dict)
     verdicts: Mapping[str, Any] = field(default_factory=dict)
-    fields: Mapping[str, StateField] = field(default_factory=lambda: BUILTIN_FIELDS)
+    fields: Mapping[str, StateField] = field(default_factory=lambda: known_fields())
 
     def get(self, name: str) -> Any:
         """The value of field ``name`` (None while unset)."""
@@ -149,8 +169,10 @@ class TurnState:
         return self.values.get("label")
 
     @property
-    def products(self) -> str | None:
-        """The retrieved products as the prompt shows them (None until retrieved)."""
+    def products(self) -> tuple[ShownProduct, ...] | None:
+        """The products the turn was shown, as data (a tuple of
+        :class:`~chainrun.retrieval.products.ShownProduct`, in the order found), whichever
+        step wrote the ``products`` field; None until one did (or it failed)."""
         return self.values.get("products")
 
     @property
@@ -350,9 +372,11 @@ class Step(ABC):
         """Turn-state fields the step needs before it can start."""
 
     @property
-    @abstractmethod
     def writes(self) -> frozenset[str]:
-        """Turn-state fields the step sets."""
+        """Turn-state fields the step sets: by default every field it declares
+        (:attr:`fields`). An update of a field not in it is the step's failure (under
+        its ``on_failure``), not the turn's."""
+        return frozenset(f.name for f in self.fields)
 
     @property
     def fields(self) -> tuple[StateField, ...]:
@@ -410,19 +434,39 @@ def register_step_kind(cls: StepFactory) -> StepFactory:
     """Make ``cls`` the step class for ``kind = cls.kind`` (usable as a decorator); its
     ``config_model`` validates the kind's tables from then on.
 
+    The kind's name may be given once, on the config model (``kind:
+    Literal["order_lookup"] = "order_lookup"``): a class without ``kind`` takes it from
+    there; a class that sets both must agree with its model.
+
     Raises:
         ValueError: another class already has that kind; ``config_model`` is not a
-            :class:`StepConfig`; a declared state field is a built-in one, or another
-            kind declares a field of that name differently.
+            :class:`StepConfig`; the class's ``kind`` and its config model's differ (or
+            neither names one); a declared state field is a built-in one, or another kind
+            declares a field of that name differently.
     """
+    if not (isinstance(cls.config_model, type) and issubclass(cls.config_model, StepConfig)):
+        raise ValueError(
+            f"step kind {getattr(cls, 'kind', cls.__name__)!r}: config_model must be a "
+            "subclass of chainrun.steps.StepConfig"
+        )
+    model_kind = _model_kind(cls.config_model)
+    own = cls.__dict__.get("kind")
+    if own is None:
+        inherited = model_kind or getattr(cls, "kind", None)
+        if inherited is None:
+            raise ValueError(
+                f"step class {cls.__name__}: no kind (set kind = '...' on the class, or "
+                "kind: Literal['...'] on its config_model)"
+            )
+        cls.kind = inherited
+    elif model_kind is not None and model_kind != own:
+        raise ValueError(
+            f"step kind {own!r}: its config_model {cls.config_model.__name__} says kind "
+            f"{model_kind!r}"
+        )
     existing = _KINDS.get(cls.kind)
     if existing is not None and existing is not cls:
         raise ValueError(f"step kind {cls.kind!r} is already registered by {existing.__name__}")
-    if not (isinstance(cls.config_model, type) and issubclass(cls.config_model, StepConfig)):
-        raise ValueError(
-            f"step kind {cls.kind!r}: config_model must be a subclass of "
-            "chainrun.steps.StepConfig"
-        )
     others = _declared_fields(k for k in _KINDS.values() if k is not cls)
     for f in cls.state_fields:
         if f.name in BUILTIN_FIELDS:
@@ -434,6 +478,16 @@ def register_step_kind(cls: StepFactory) -> StepFactory:
             )
     _KINDS[cls.kind] = cls
     return cls
+
+
+def _model_kind(model: type[StepConfig]) -> str | None:
+    """The kind a config model narrows ``kind`` to (``Literal["retrieve"]``), or None
+    when it does not narrow it (:class:`StepConfig` itself)."""
+    info = model.model_fields.get("kind")
+    if info is None or get_origin(info.annotation) is not Literal:
+        return None
+    args = get_args(info.annotation)
+    return str(args[0]) if len(args) == 1 else None
 
 
 def step_kinds() -> Mapping[str, StepFactory]:

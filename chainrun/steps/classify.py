@@ -62,6 +62,7 @@ from chainrun.errors import ChainrunError, ConfigError, error_type
 from chainrun.retrieval.embeddings import build_embedder
 from chainrun.retrieval.settings import EmbeddingSettings
 from chainrun.steps.base import (
+    LABEL,
     BuildContext,
     StateField,
     Step,
@@ -156,6 +157,7 @@ class ClassifyStep(Step):
     config_model = ClassifyConfig
     config: ClassifyConfig
     state_fields = (
+        LABEL,
         StateField(
             "labels",
             "the labels whose material the turn gets: the label, and its runners-up when "
@@ -173,9 +175,6 @@ class ClassifyStep(Step):
     def reads(self) -> frozenset[str]:
         return frozenset({"message", "history"} if self.config.follow_ups else {"message"})
 
-    @property
-    def writes(self) -> frozenset[str]:
-        return frozenset({"label", "labels"})
 
     async def open(self, ctx: BuildContext) -> None:
         path: str | None = getattr(ctx.config, "path", None)  # ChainConfig's source file

@@ -48,6 +48,8 @@ from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
 from chainrun.steps.answer_stream import settle_attempt, stream_answer
 from chainrun.steps.base import (
+    ANSWER,
+    LABEL,
     BuildContext,
     Step,
     StepContext,
@@ -266,6 +268,7 @@ class LLMStep(Step):
     kind = "llm"
     config_model: ClassVar[type[StepConfig]] = LLMConfig
     config: ModelStepConfig
+    state_fields = (ANSWER, LABEL)
 
     def __init__(self, name: str, config: ModelStepConfig) -> None:
         super().__init__(name, config)

@@ -1,8 +1,10 @@
 """The retrieve step: early-exit search over the shop's catalogue (``kind = "retrieve"``).
 
 It reads the message and the conversation's history (and the classify label when
-``retrieval.use_label = true``) and writes ``products``: the found products as the
-compose prompt shows them, and ``query``: what it searched for. With ``follow_ups``
+``retrieval.use_label = true``) and writes ``products``: the found products as data
+(:class:`~chainrun.retrieval.products.ShownProduct`: id, title, price, currency,
+colours, sizes with stock; the compose prompt shows them as lines of text), and
+``query``: what it searched for. With ``follow_ups``
 (the default) a follow-up that names no subject of its own ("Which of those is
 cheapest?") searches the subject of the earlier turn it follows too, by rules and
 without a model call (:func:`chainrun.retrieval.followup.standalone_query`); price and
@@ -30,6 +32,12 @@ from chainrun.errors import ChainrunError, ProviderError, error_type
 from chainrun.retrieval import build_retriever
 from chainrun.retrieval.base import Retriever
 from chainrun.retrieval.followup import points_back, standalone_query
+from chainrun.retrieval.products import (
+    PRODUCTS_FIELD,
+    products_json,
+    render_products,
+    shown_products,
+)
 from chainrun.retrieval.settings import RetrievalSettings
 from chainrun.steps.base import (
     BuildContext,
@@ -45,6 +53,16 @@ from chainrun.steps.base import (
 from chainrun.steps.config import StepConfig
 
 logger = logging.getLogger(__name__)
+
+#: The products a turn was shown: a tuple of ShownProduct, in the order found; a prompt's
+#: ``{products}`` shows them one a line (``(none)`` when nothing was found or the search
+#: failed), the writing step's row logs them as a list of JSON objects. A kind of its own
+#: that searches declares this same field to hand its products on.
+PRODUCTS = StateField(
+    PRODUCTS_FIELD,
+    "the products the turn was shown, as data (the prompt shows them one a line)",
+    empty="(none)", render=render_products, dump=products_json,
+)  # fmt: skip
 
 
 class RetrieveConfig(StepConfig):
@@ -78,6 +96,7 @@ class RetrieveStep(Step):
     config_model = RetrieveConfig
     config: RetrieveConfig
     state_fields = (
+        PRODUCTS,
         StateField(
             "query",
             "what the catalogue was searched for: the message, or a follow-up with the "
@@ -94,10 +113,6 @@ class RetrieveStep(Step):
     def reads(self) -> frozenset[str]:
         fields = {"message", "history"} if self.config.follow_ups else {"message"}
         return frozenset(fields | {"label"} if self.config.retrieval.use_label else fields)
-
-    @property
-    def writes(self) -> frozenset[str]:
-        return frozenset({"products", "query"})
 
     def query(self, state: TurnState) -> str:
         """What the turn searches for (see the module text)."""
@@ -157,7 +172,7 @@ class RetrieveStep(Step):
                     else:
                         found = await self.retriever.retrieve(query, label=label)
                 row.detail = {"standalone_query": query, **found.as_json()}
-                result.updates["products"] = found.prompt_text() or "(none)"
+                result.updates["products"] = shown_products(found.items)
                 row.output = json.dumps([item["id"] for item in row.detail.get("results", [])])
             except (ChainrunError, TimeoutError) as e:
                 result.error = e

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from chainrun.errors import ConfigError
 from chainrun.log.rows import UNSENT_OUTCOMES, CallRow, StepRow, ToolCallRow, TurnLog
+from chainrun.retrieval.products import PRODUCTS_FIELD
 
 if TYPE_CHECKING:  # the otel extra is optional: imported lazily below
     from opentelemetry.metrics import MeterProvider
@@ -176,7 +177,8 @@ class Telemetry:
         if step.status == "skipped":
             return
         offset = step.started_offset_ms or 0.0
-        retrieve = step.kind == "retrieve"
+        # a search step, whatever its kind: it logged searches or handed on products
+        retrieve = "searches" in (step.detail or {}) or PRODUCTS_FIELD in (step.updates or {})
         name = f"retrieval {step.step}" if retrieve else f"step {step.step}"
         span = self.tracer.start_span(name, context=ctx, start_time=_ns(start, offset))
         attrs: dict[str, Any] = {

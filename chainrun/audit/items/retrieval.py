@@ -65,7 +65,7 @@ def check_retrieval(scope: Scope) -> Item:
     retr = [
         s
         for s in scope.done_steps
-        if s.kind == "retrieve" and s.status != "skipped" and s.detail is not None
+        if s.status != "skipped" and "searches" in (s.detail or {})
     ]
     if not retr:
         return Item(
@@ -94,7 +94,7 @@ def check_retrieval(scope: Scope) -> Item:
         (s.turn_id): s
         for e in scope.evals
         for s in e.steps
-        if s.kind == "retrieve" and s.detail is not None
+        if "searches" in (s.detail or {})
     }
     covered: dict[str, str] = {}
     for r in scope.results:
