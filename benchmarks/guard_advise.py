@@ -31,7 +31,7 @@ from typing import Any
 
 import _common as c
 
-from chainrun.analysis.advise import advise
+from chainrun.analysis.advise import advise_from_log
 from chainrun.analysis.summary import hedge_stats
 from chainrun.lab import LabServer
 
@@ -130,7 +130,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                          args.concurrency)  # fmt: skip
         res["learn"] = await run_mode(lab, store, "learn", None, args.learn_turns,
                                       args.concurrency)  # fmt: skip
-        advice = advise(
+        advice = advise_from_log(
             store, res["learn"]["run_id"], c.STEP, max_extra_calls=args.max_extra_calls,
             simulations=args.simulations, seed=args.seed,
         )  # fmt: skip
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             res["advised"] = await run_mode(lab, store, "advised", picked, args.turns,
                                             args.concurrency)  # fmt: skip
             res["advised"]["predicted"] = rec["predicted"]
-        check = advise(store, res["every_1s"]["run_id"], c.STEP, max_extra_calls=2.0,
+        check = advise_from_log(store, res["every_1s"]["run_id"], c.STEP, max_extra_calls=2.0,
                        simulations=args.simulations, seed=args.seed)  # fmt: skip
         res["validation"] = check["validation"]
     doc["results"] = res

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from chainrun.analysis.advise import advise, candidate_delays
+from chainrun.analysis.advise import advise_from_log, logged_candidate_delays
 from chainrun.cli import app
 from chainrun.errors import UserInputError
 from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
@@ -58,7 +58,7 @@ def log_work_noise(store: Store, n: int = 400, seed: int = 6) -> int:
 
 def test_bimodal_guard_gets_copies_just_after_the_fast_path(store: Store) -> None:
     run = log_bimodal_guard(store)
-    res = advise(store, run, "guard", max_extra_calls=1.05, simulations=5000)
+    res = advise_from_log(store, run, "guard", max_extra_calls=1.05, simulations=5000)
     assert res["n_censored"] > 150 and res["baseline"]["in_time"] == pytest.approx(0.5, abs=0.06)
     rec = res["recommendation"]
     assert rec["hedge"]
@@ -69,14 +69,15 @@ def test_bimodal_guard_gets_copies_just_after_the_fast_path(store: Store) -> Non
     assert f"delay_ms = {rec['delay_ms']:g}" in res["toml"]
     assert f"max_attempts = {rec['attempts']}" in res["toml"]
     # a tight load budget buys fewer copies
-    tight = advise(store, run, "guard", max_extra_calls=0.6, simulations=5000)["recommendation"]
+    tight = advise_from_log(store, run, "guard", max_extra_calls=0.6,
+                            simulations=5000)["recommendation"]  # fmt: skip
     assert tight["hedge"] and tight["predicted"]["extra_calls_per_turn"] <= 0.6
     assert tight["predicted"]["in_time"] < rec["predicted"]["in_time"]
 
 
 def test_long_answers_do_not_look_hedgeable(store: Store) -> None:
     run = log_work_noise(store)
-    res = advise(store, run, "guard", max_extra_calls=0.5, simulations=5000)
+    res = advise_from_log(store, run, "guard", max_extra_calls=0.5, simulations=5000)
     assert res["per_token_fit_ms"] == pytest.approx(15.0, rel=0.05)
     assert res["recommendation"]["hedge"] is False
     assert "do not hedge" in res["toml"]
@@ -87,16 +88,16 @@ def test_long_answers_do_not_look_hedgeable(store: Store) -> None:
 
 def test_candidates_include_the_gap_of_a_bimodal_distribution() -> None:
     lat = np.array([100.0, 200, 280, 300] * 10 + [np.inf] * 40)
-    ds = candidate_delays(lat, 3000)
+    ds = logged_candidate_delays(lat, 3000)
     assert any(300 < d <= 350 for d in ds) and all(d < 3000 for d in ds)
 
 
 def test_errors(store: Store) -> None:
     run = log_bimodal_guard(store, n=20)
     with pytest.raises(UserInputError, match="no logged calls for step 'nope'"):
-        advise(store, run, "nope")
+        advise_from_log(store, run, "nope")
     with pytest.raises(UserInputError, match="no such run"):
-        advise(store, 99, "guard")
+        advise_from_log(store, 99, "guard")
 
 
 def test_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -159,7 +160,8 @@ def test_cancelled_slow_primaries_are_imputed_as_slow(store: Store) -> None:
             step = StepRow(step="guard", status="failed_closed", duration_ms=3000.0,
                               n_attempts=2, hedge_delay_ms=1000.0, hedge_fired=True)  # fmt: skip
         store.log_turn(run, TurnLog(TurnRow(input="m"), steps=[step], calls=calls))
-    res = advise(store, run, "guard", deadline_s=3.0, max_extra_calls=1.0, simulations=4000)
+    res = advise_from_log(store, run, "guard", deadline_s=3.0, max_extra_calls=1.0,
+                          simulations=4000)  # fmt: skip
     # one attempt: only the fast half is in time (imputing the cancelled slow primaries
     # from the answered calls above their cut, 1.2-1.4 s, would give about 1.0)
     assert res["baseline"]["in_time"] == pytest.approx(0.5, abs=0.06)
@@ -205,14 +207,15 @@ def test_validation_counts_the_turns_a_fail_closed_guard_refused(store: Store) -
     every = hedge_stats(store, run, include_failed=True)["steps"]["guard"]
     assert completed["win_rate"] == 1.0  # the lost races are all in refused turns
     assert every["n"] == 300 and every["win_rate"] == pytest.approx(0.5, abs=0.1)
-    v = advise(store, run, "guard", max_extra_calls=1.0, simulations=4000)["validation"]
+    v = advise_from_log(store, run, "guard", max_extra_calls=1.0, simulations=4000)["validation"]
     assert v is not None and v["observed"]["n_armed"] == 300
     assert v["inside"] == {"fire_rate": True, "win_rate": True, "extra_calls_per_turn": True}
 
 
 def test_the_pick_comes_with_bootstrap_intervals(store: Store) -> None:
     run = log_bimodal_guard(store)
-    rec = advise(store, run, "guard", max_extra_calls=1.05, simulations=5000)["recommendation"]
+    rec = advise_from_log(store, run, "guard", max_extra_calls=1.05,
+                          simulations=5000)["recommendation"]  # fmt: skip
     iv = rec["predicted"]["intervals"]
     lo, hi = iv["extra_calls_per_turn_ci95"]
     assert iv["n_resamples"] == 200 and lo < rec["predicted"]["extra_calls_per_turn"] < hi

@@ -52,12 +52,12 @@ def log_fast_hedged_classify(store: Store, n: int = 300, seed: int = 11) -> int:
 def test_advise_puts_the_censored_tail_at_the_longest_time_not_never(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from chainrun.analysis.advise import advise
+    from chainrun.analysis.advise import advise_from_log
     from chainrun.cli import app
 
     with Store.open(":memory:") as store:
         run = log_fast_hedged_classify(store)
-        res = advise(store, run, "classify", deadline_s=3.0, max_extra_calls=1.05,
+        res = advise_from_log(store, run, "classify", deadline_s=3.0, max_extra_calls=1.05,
                      simulations=4000)  # fmt: skip
     # before: the cancelled primaries' leftover Kaplan-Meier mass was drawn as "never",
     # so one attempt missed a 3 s deadline in ~3% of turns although nothing took 24 ms

@@ -322,11 +322,13 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def candidate_delays(latencies_ms: np.ndarray, deadline_ms: float) -> list[float]:
-    """Delays to try, in ms: the p50..p99 of the logged latencies (finite ones), and just
-    above the end of each cluster of a multi-modal distribution (a gap where the next
-    logged latency is at least twice the previous, or the last answer when some calls
-    never answered), all below the deadline."""
+def logged_candidate_delays(latencies_ms: np.ndarray, deadline_ms: float) -> list[float]:
+    """Delays :func:`advise_from_log` tries, in ms (the live advisor has its own,
+    :func:`chainrun.hedging.advisor.candidate_delays`, from the window's survival curve):
+    the p50..p99 of the logged latencies (finite ones), and just above the end of each
+    cluster of a multi-modal distribution (a gap where the next logged latency is at least
+    twice the previous, or the last answer when some calls never answered), all below the
+    deadline."""
     finite = np.sort(latencies_ms[np.isfinite(latencies_ms)])
     if not len(finite):
         return []
@@ -340,7 +342,7 @@ def candidate_delays(latencies_ms: np.ndarray, deadline_ms: float) -> list[float
     return sorted(round(d, 1) for d in out if 0 < d < deadline_ms)
 
 
-def advise(
+def advise_from_log(
     store: Store,
     run_id: int,
     step: str,
@@ -350,7 +352,10 @@ def advise(
     simulations: int = 20_000,
     seed: int | None = 0,
 ) -> dict[str, Any]:
-    """Recommend a hedge delay and number of attempts for ``step`` from run ``run_id``.
+    """Recommend a hedge delay and number of attempts for ``step`` from run ``run_id``
+    (``chainrun advise``): offline, by resampling the run's logged turns. Not the live
+    engine's advisor (:func:`chainrun.hedging.advisor.advise`, behind ``delay = "auto"``),
+    which predicts from the hedge window's survival curve as the process runs.
 
     Args:
         deadline_s: the step's deadline (default: the run's configured ``deadline_s``).
@@ -399,7 +404,7 @@ def advise(
     baseline = _simulate(calls, deadline_ms, 1, deadline_ms, simulations, seed)
     imputed = _impute(calls, np.random.default_rng(seed))
     candidates = []
-    for d in candidate_delays(imputed, deadline_ms):
+    for d in logged_candidate_delays(imputed, deadline_ms):
         for k in range(2, MAX_ATTEMPTS_LIMIT + 1):
             if (k - 1) * d >= deadline_ms:
                 break

@@ -130,12 +130,12 @@ def advise_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Pick a hedge delay and attempts for a step from its logged calls (or: do not hedge)."""
-    from chainrun.analysis.advise import advise
+    from chainrun.analysis.advise import advise_from_log
     from chainrun.cli.tables import advise_table
     from chainrun.log.store import Store
 
     with Store.open(db, create=False) as store:
-        result = advise(
+        result = advise_from_log(
             store, run, step, deadline_s=deadline_s, max_extra_calls=max_extra_calls,
             simulations=simulations, seed=seed,
         )  # fmt: skip
