@@ -65,8 +65,8 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
     # the log: one row per call, arguments as the model sent them
     with Store.open(db, create=False) as log:
         rows = log.tool_calls(turn["run_id"])
-    assert [r.idempotency_key for r in rows] == [f"{turn['turn_id']}:call_1",
-                                                 f"{turn['turn_id']}:call_2"]  # fmt: skip
+    assert [r.idempotency_key for r in rows] == [f"{turn['turn_id']}:answer:1:0",
+                                                 f"{turn['turn_id']}:answer:2:0"]  # fmt: skip
     assert json.loads(rows[1].arguments or "") == {"sku": "JKT-12", "qty": 2}
     assert rows[1].step == "answer" and rows[1].attempt == 2 and rows[1].duration_ms is not None
     assert json.loads(rows[1].result or "")["added"] == "JKT-12"
@@ -83,7 +83,7 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
     assert ok.attributes["gen_ai.operation.name"] == "execute_tool"
     assert ok.attributes["gen_ai.tool.name"] == "add_to_cart"
     assert ok.attributes["gen_ai.tool.call.id"] == "call_2"
-    assert ok.attributes["chainrun.tool.idempotency_key"] == f"{turn['turn_id']}:call_2"
+    assert ok.attributes["chainrun.tool.idempotency_key"] == f"{turn['turn_id']}:answer:2:0"
     assert json.loads(ok.attributes["gen_ai.tool.call.arguments"]) == {"sku": "JKT-12", "qty": 2}
     assert bad.attributes["error.type"] == "invalid_arguments"
     assert (ok.end_time - ok.start_time) / 1e6 >= 0
@@ -92,7 +92,7 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
                                 env={"COLUMNS": "200"})  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "add_to_cart" in result.output and "invalid_arguments" in result.output
-    assert f"{turn['turn_id']}:call_2" in result.output
+    assert f"{turn['turn_id']}:answer:2:0" in result.output
     shown = CliRunner().invoke(app, ["show", str(turn["run_id"]), "--db", str(db), "--json"])
     doc = json.loads(shown.output)
     assert [t["status"] for t in doc["turns"][0]["tool_calls"]] == ["invalid_arguments", "ok"]

@@ -59,9 +59,14 @@ def turn_tools(fn: Any, *, clear: Any = None, side_effects: bool = True) -> Turn
                      turn_id=42, clear_to_act=clear)  # fmt: skip
 
 
-def call(args: Any, call_id: str = "call_1", name: str = "add_to_cart") -> ToolCall:
+def call(args: Any, call_id: str = "call_1", name: str = "add_to_cart",
+         position: int | None = None) -> ToolCall:  # fmt: skip
+    """A call; its position in its answer defaults to the number in a ``call_N`` id."""
     text = args if isinstance(args, str) else json.dumps(args)
-    return ToolCall(call_id=call_id, name=name, arguments=text)
+    if position is None:
+        digits = call_id.rpartition("_")[2]
+        position = int(digits) - 1 if digits.isdigit() and int(digits) > 0 else 0
+    return ToolCall(call_id=call_id, name=name, arguments=text, position=position)
 
 
 # -- config -------------------------------------------------------------------------------
@@ -125,13 +130,27 @@ async def test_a_call_runs_once_with_its_idempotency_key() -> None:
     tt = turn_tools(tool)
     rec = await tt.run(call({"sku": "JKT-1", "qty": 2}), step="compose", attempt=2, round=1,
                        t0=tt.clock())  # fmt: skip
-    again = await tt.run(call({"sku": "JKT-1", "qty": 2}), step="compose", attempt=1, round=2,
+    # the same step, round and position asked again (a step run again): not run again
+    again = await tt.run(call({"sku": "JKT-1", "qty": 2}), step="compose", attempt=1, round=1,
                          t0=tt.clock())  # fmt: skip
     assert rec.status == "ok" and again is rec
-    assert len(tool.runs) == 1 and tool.runs[0]["key"] == "42:call_1"
+    assert len(tool.runs) == 1 and tool.runs[0]["key"] == "42:compose:1:0"
     assert json.loads(rec.content) == {"added": "JKT-1", "qty": 2, "cart_size": 1}
     assert rec.attempt == 2 and rec.duration_ms is not None and rec.started_offset_ms is not None
     assert len(tt.records) == 1
+
+
+async def test_a_reused_call_id_in_a_new_round_is_a_new_call() -> None:
+    """llama.cpp has sent one constant id; kimi restarts ``name:0`` each round: the id is
+    not the call's identity, what the turn asked (round and position) is."""
+    tool = Counter()
+    tt = turn_tools(tool)
+    first = await tt.run(call({"sku": "JKT-1", "qty": 1}, call_id="call_0"), step="compose",
+                         attempt=1, round=1, t0=tt.clock())  # fmt: skip
+    second = await tt.run(call({"sku": "JKT-2", "qty": 1}, call_id="call_0"), step="compose",
+                          attempt=1, round=2, t0=tt.clock())  # fmt: skip
+    assert second is not first and [r["sku"] for r in tool.runs] == ["JKT-1", "JKT-2"]
+    assert [r["key"] for r in tool.runs] == ["42:compose:1:0", "42:compose:2:0"]
 
 
 async def test_invalid_arguments_are_told_to_the_model_and_nothing_runs() -> None:

@@ -29,7 +29,7 @@ from chainrun.lab.state import (
     usage_body,
     wire_response,
 )
-from chainrun.lab.tool_calls import LabToolCall
+from chainrun.lab.tool_calls import LabToolCall, conversation_round
 
 
 async def chat_completions(request: Request, *, deployment: str | None = None) -> Response:
@@ -49,6 +49,16 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
     model = deployment or str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, record_id=lab.next_id(), model=model,
                          stream=stream, messages=messages)  # fmt: skip
+    strict = lab.scenario.strict_history
+    refused = strict.refusal(messages) if strict is not None else None
+    if refused is not None:  # a strict server's answer to what the earlier turns hold
+        rec.status_code, rec.finished_at = refused[0], lab.now()
+        kind = "invalid_request_error" if refused[0] < 500 else "server_error"
+        return error_response(refused[0], refused[1], kind)
+    if stream and lab.scenario.wire_rounds:
+        by_round = lab.scenario.wire_rounds
+        round_ = conversation_round(messages)[0]
+        return wire_response(lab, rec, arrived, by_round[min(round_, len(by_round)) - 1])
     if stream and lab.scenario.wire is not None:
         return wire_response(lab, rec, arrived)
     cache_prompt = body.get("cache_prompt")

@@ -270,6 +270,10 @@ class Faults(_Strict):
     usage_on_finish: bool = False
     #: send ``Retry-After`` (and ``retry-after-ms``) with a 429
     retry_after: bool = True
+    #: the form of ``Retry-After`` (RFC 9110 §10.2.3): ``seconds`` (with OpenAI's
+    #: ``retry-after-ms`` beside it) or ``http_date`` alone (an IMF-fixdate, as some
+    #: gateways send it)
+    retry_after_form: Literal["seconds", "http_date"] = "seconds"
     #: only these attempt numbers (``x-chainrun-attempt``) get faults; None = every request
     attempts: list[int] | None = None
 
@@ -316,12 +320,50 @@ class WireFrame(_Strict):
     data: str
 
 
+class StrictHistory(_Strict):
+    """Requests a strict server refuses for what their earlier turns hold, as real
+    OpenAI-compatible servers do (each publicly reported, 2025-2026). Checked on every
+    assistant message with ``tool_calls`` in ``messages``:
+
+    - ``content_null``: ``"content": null`` on it is a 400 (Ollama, LM Studio);
+    - ``arguments_must_parse``: a call whose ``arguments`` is not valid JSON is a 500
+      (llama-server, ggml-org/llama.cpp#25510);
+    - ``reasoning_content``: one without ``reasoning_content`` is a 400 (DeepSeek's
+      thinking mode, api-docs.deepseek.com "Thinking Mode", tool calls).
+    """
+
+    content_null: bool = False
+    arguments_must_parse: bool = False
+    reasoning_content: bool = False
+
+    def refusal(self, messages: list[Any]) -> tuple[int, str] | None:
+        """``(status, message)`` for a request these rules refuse, else None."""
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") != "assistant" or not m.get("tool_calls"):
+                continue
+            if self.content_null and m.get("content", None) is None:
+                return 400, f"messages[{i}].content: null is not a string"
+            if self.reasoning_content and not m.get("reasoning_content"):
+                return 400, (f"messages[{i}]: the reasoning_content of an assistant message "
+                             "with tool_calls must be passed back")  # fmt: skip
+            if self.arguments_must_parse:
+                for call in m["tool_calls"]:
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    args = fn.get("arguments") if isinstance(fn, dict) else None
+                    try:
+                        json.loads(args if isinstance(args, str) else "")
+                    except ValueError:
+                        return 500, "Failed to parse tool call arguments as JSON"
+        return None
+
+
 class Scenario(_Strict):
     """How the lab serves: TTFT distribution, token count and pace, faults, RNG seed.
 
     With ``wire`` set, every streamed request (Chat Completions, Responses, both Azure
     routes) gets exactly those frames as a 200 ``text/event-stream`` body instead of the
-    planned stream: an emulated server sending the bytes a bug report describes.
+    planned stream: an emulated server sending the bytes a bug report describes;
+    ``wire_rounds`` does the same per tool round (Chat Completions).
     """
 
     name: str = "custom"
@@ -342,6 +384,12 @@ class Scenario(_Strict):
     tool_calls: ToolCallsConfig | None = None
     #: exact frames for every streamed request instead of the planned stream (None: plan)
     wire: list[WireFrame] | None = None
+    #: exact frames by tool round (``[[wire_rounds]]``: round 1's frames, round 2's, ...;
+    #: a later round gets the last list): a server's bytes for a tool-call turn and for
+    #: the answer after the tool results (None: ``wire`` or the plan)
+    wire_rounds: list[list[WireFrame]] | None = None
+    #: refuse requests whose earlier tool-call turns a strict server refuses (None: none)
+    strict_history: StrictHistory | None = None
     #: emulate llama-server's prompt cache (None: no cache, every prompt token computed)
     prompt_cache: PromptCache | None = None
     #: answer a request that asks for a JSON Schema (``response_format`` json_schema,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import email.utils
 import math
 import random
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
-from chainrun.lab.scenarios import Plan, Planner, Scenario, content_key
+from chainrun.lab.scenarios import Plan, Planner, Scenario, WireFrame, content_key
 from chainrun.lab.sse import SSEBytesResponse
 from chainrun.lab.tool_calls import (
     LabToolCall,
@@ -254,12 +255,15 @@ def record_request(
     return rec
 
 
-def wire_response(lab: LabState, rec: RequestRecord, start: float) -> Response:
-    """The scenario's ``wire`` frames, each sent as written at its time (loop seconds from
-    ``start``, when the request was in); the record's ``finished_at`` is set after the
-    last frame, ``disconnected`` when the client left before it."""
-    assert lab.scenario.wire is not None
-    frames = [(f.after_ms / 1000.0, f.data.encode()) for f in lab.scenario.wire]
+def wire_response(
+    lab: LabState, rec: RequestRecord, start: float, wire: Sequence[WireFrame] | None = None
+) -> Response:
+    """``wire`` (default the scenario's ``wire`` frames), each sent as written at its time
+    (loop seconds from ``start``, when the request was in); the record's ``finished_at``
+    is set after the last frame, ``disconnected`` when the client left before it."""
+    wire = lab.scenario.wire if wire is None else wire
+    assert wire is not None
+    frames = [(f.after_ms / 1000.0, f.data.encode()) for f in wire]
     rec.status_code = 200
 
     async def send() -> AsyncGenerator[bytes, None]:
@@ -286,12 +290,17 @@ def wire_response(lab: LabState, rec: RequestRecord, start: float) -> Response:
 
 def rate_limited(lab: LabState, rec: RequestRecord) -> Response:
     """The 429 of the ``rate_limit`` fault, with ``Retry-After`` (whole seconds, RFC 9110)
-    and ``retry-after-ms`` (the exact value) unless the scenario leaves them out."""
-    retry = lab.scenario.faults.retry_after_s
+    and ``retry-after-ms`` (the exact value), or ``Retry-After`` as an HTTP-date alone
+    (``retry_after_form``), unless the scenario leaves them out."""
+    faults = lab.scenario.faults
+    retry = faults.retry_after_s
     rec.status_code = 429
     rec.finished_at = lab.now()
     headers = {"Retry-After": str(math.ceil(retry)), "retry-after-ms": f"{retry * 1000:g}"}
-    if not lab.scenario.faults.retry_after:
+    if faults.retry_after_form == "http_date":
+        when = time.time() + math.ceil(retry) + 1  # whole seconds, rounded up
+        headers = {"Retry-After": email.utils.formatdate(when, usegmt=True)}
+    if not faults.retry_after:
         headers = {}
     return error_response(429, "lab: rate limited", "rate_limit_exceeded", headers)
 

@@ -413,7 +413,7 @@ class ToolCallRow(_Row):
     tool: str  # gen_ai.tool.name
     #: the arguments as the model sent them (JSON text; ``[log] redact`` applied)
     arguments: str | None = None
-    #: ``"{turn id}:{call id}"``, handed to the tool
+    #: ``"{turn id}:{step}:{round}:{position}"``, handed to the tool
     idempotency_key: str | None = None
     #: the tool's ``side_effects`` (False for a name that is no tool)
     side_effects: bool = False

@@ -5,7 +5,8 @@ Round r sends the step's messages so far with the tools' definitions through the
 hedger, as any model call of the step goes (the attempts race; copies go to the hedge
 targets). **Each attempt only asks**: only the attempt that won has its tool calls
 carried out, through the turn's :class:`~chainrun.tools.TurnTools` (each call at most
-once per turn, with the idempotency key ``"{turn id}:{call id}"``; a side-effecting
+once per turn: per step, round and position, with the idempotency key
+``"{turn id}:{step}:{round}:{position}"``; a side-effecting
 tool waits until the turn is clear to act). A loser that asked for the same tool is
 closed like any loser (a shadow loser is read to its end) and its calls are never run.
 The results go back to the model as tool messages (an invalid call's error too, so the
@@ -82,18 +83,44 @@ class ToolStep(Protocol):
 __all__ = ["ToolStep", "assistant_message", "run_tool_rounds", "tool_call_row"]
 
 
-def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+def assistant_message(
+    text: str, calls: Sequence[ToolCall], reasoning: str | None = None
+) -> dict[str, Any]:
     """The assistant message that asked for ``calls`` (Chat Completions shape; the
-    Responses adapter turns it into ``function_call`` items)."""
-    return {
+    Responses adapter turns it into ``function_call`` items), written so that strict
+    servers take it back in the next round's history:
+
+    - ``content`` is the round's text or ``""``, never null (Ollama and LM Studio answer
+      400 to ``"content": null`` on an assistant tool-call message; the OpenAI API takes
+      either);
+    - ``arguments`` that are not valid JSON are sent as ``"{}"`` (llama-server answers
+      500 to a history whose tool call does not parse, ggml-org/llama.cpp#25510; the
+      tool message after it tells the model what was wrong, so it can correct itself);
+    - ``reasoning`` (the round's reasoning text, when the server streamed one) is echoed
+      as ``reasoning_content``: DeepSeek's thinking mode refuses a tool-call turn without
+      it (api-docs.deepseek.com, "Thinking Mode"); servers that stream no reasoning get
+      no such field.
+    """
+    message: dict[str, Any] = {
         "role": "assistant",
-        "content": text or None,
+        "content": text or "",
         "tool_calls": [
             {"id": c.call_id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}}
+             "function": {"name": c.name, "arguments": _valid_json(c.arguments)}}
             for c in calls
         ],
     }  # fmt: skip
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def _valid_json(arguments: str) -> str:
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return "{}"
+    return arguments
 
 
 def tool_call_row(record: ToolCallRecord) -> ToolCallRow:
@@ -109,10 +136,18 @@ def tool_call_row(record: ToolCallRecord) -> ToolCallRow:
     )  # fmt: skip
 
 
-def _as_call(c: StreamedToolCall, round_: int) -> ToolCall:
-    # a server that sends no id (some local ones): a stable one of our own
-    return ToolCall(call_id=c.id or f"call_r{round_}_{c.index}", name=c.name or "",
-                    arguments=c.arguments)  # fmt: skip
+def _as_calls(streamed: Sequence[StreamedToolCall], round_: int,
+              used_ids: set[str]) -> list[ToolCall]:  # fmt: skip
+    """The round's calls, each with an id unique in the step's messages: the server's
+    own, or ``call_r{round}_{position}`` where it sent none or one already used (a
+    constant id, ids restarted each round); ``used_ids`` is updated."""
+    calls = []
+    for c in streamed:
+        call_id = c.id if c.id and c.id not in used_ids else f"call_r{round_}_{c.index}"
+        used_ids.add(call_id)
+        calls.append(ToolCall(call_id=call_id, name=c.name or "", arguments=c.arguments,
+                              position=c.index))  # fmt: skip
+    return calls
 
 
 def _event(record: ToolCallRecord, phase: str, step_offset_ms: float) -> ToolCallEvent:
@@ -198,6 +233,7 @@ async def run_tool_rounds(
     holdback = None
     results: dict[str, Any] = {}
     tool_state = state.prompt_vars()
+    used_ids: set[str] = set()  # call ids in the messages so far (unique per step)
     offset = 0
     try:
         for round_ in itertools.count(1):
@@ -221,7 +257,7 @@ async def run_tool_rounds(
             else:
                 async with asyncio.timeout_at(deadline):
                     await winner.collect()
-            calls = [_as_call(c, round_) for c in winner.timer.tool_calls]
+            calls = _as_calls(winner.timer.tool_calls, round_, used_ids)
             if not calls:
                 final = rnd
                 break
@@ -232,7 +268,8 @@ async def run_tool_rounds(
                     f"max_tool_rounds = {step.llm.max_tool_rounds} rounds"
                 )
                 break
-            messages.append(assistant_message(winner.timer.text, calls))
+            reasoning = "".join(winner.timer.reasoning) or None
+            messages.append(assistant_message(winner.timer.text, calls, reasoning))
             for call in calls:
                 record: ToolCallRecord | None = None
                 phases = turn_tools.phases(

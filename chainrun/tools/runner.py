@@ -3,10 +3,14 @@
 Knows nothing of models or providers: a :class:`ToolCall` is a name, an id and the
 arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's calls:
 
-- **At most once per (turn, call id).** The first :meth:`TurnTools.run` of a call id
-  runs it; a later one with the same id (a model repeating a call, a step run again)
-  gets the first one's result without running anything. The tool is handed the
-  idempotency key ``"{turn key}:{call id}"``.
+- **At most once per (turn, step, round, position).** A call is what the turn really
+  asked: the step, its tool round and the call's position in that round's answer. The
+  first :meth:`TurnTools.run` of it runs it; a later one (a step run again) gets the
+  first one's result without running anything. The model's call id is not the identity:
+  servers reuse ids across rounds (llama.cpp has sent one constant id; others restart
+  ``name:0`` each round), so keyed by id a second round's new call would be answered
+  with the first round's result. The tool is handed the idempotency key
+  ``"{turn key}:{step}:{round}:{position}"``.
 - **Arguments first.** The arguments must be a JSON object that follows the tool's
   ``parameters`` schema (jsonschema, Draft 2020-12); otherwise nothing runs and the
   model is told what is wrong (status ``invalid_arguments``), so it can correct itself.
@@ -54,15 +58,18 @@ class ToolCall:
     """One tool call a model asked for.
 
     Attributes:
-        call_id: the model's id for the call (Chat Completions ``tool_calls[].id``,
-            Responses ``call_id``).
+        call_id: the call's id in the messages (Chat Completions ``tool_calls[].id``,
+            Responses ``call_id``): the model's, or chainrun's own where the server sent
+            none or one already used in the step (see :mod:`chainrun.steps.tool_use`).
         name: the tool's name.
         arguments: the arguments as the model sent them: JSON text.
+        position: the call's position among its answer's calls (0, 1, ...).
     """
 
     call_id: str
     name: str
     arguments: str
+    position: int = 0
 
 
 @dataclass
@@ -74,7 +81,7 @@ class ToolCallRecord:
         attempt: the model call attempt that asked (the race's winner).
         round: the step's tool round (1 for the model's first answer).
         call: the call as asked.
-        idempotency_key: ``"{turn key}:{call id}"``.
+        idempotency_key: ``"{turn key}:{step}:{round}:{position}"``.
         side_effects: the tool's ``side_effects`` (False for an unknown tool).
         status: see :data:`ToolStatus`.
         started_offset_ms: when the tool started, ms from ``t0`` (None: never started).
@@ -160,11 +167,11 @@ class TurnTools:
     clock: Callable[[], float] = time.perf_counter
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
-    _by_id: dict[str, ToolCallRecord] = field(default_factory=dict)
+    _asked: dict[tuple[str, int, int], ToolCallRecord] = field(default_factory=dict)
 
-    def key(self, call_id: str) -> str:
-        """The idempotency key of ``call_id`` in this turn."""
-        return f"{self.turn_key}:{call_id}"
+    def key(self, step: str, round: int, position: int) -> str:
+        """The idempotency key of the call at ``position`` of ``step``'s ``round``."""
+        return f"{self.turn_key}:{step}:{round}:{position}"
 
     def records_of(self, step: str) -> list[ToolCallRecord]:
         """The records of ``step``'s calls, in the order asked."""
@@ -174,7 +181,8 @@ class TurnTools:
         self, call: ToolCall, *, step: str, attempt: int, round: int, t0: float,
         state: Mapping[str, Any] | None = None, only: Collection[str] | None = None,
     ) -> ToolCallRecord:  # fmt: skip
-        """Carry out ``call`` (at most once per call id in this turn) and return its record;
+        """Carry out ``call`` (at most once per step, round and position in this turn) and
+        return its record;
         the model is told ``record.content``. Arguments and errors as :meth:`phases`."""
         record: ToolCallRecord | None = None
         async with contextlib.aclosing(
@@ -191,8 +199,9 @@ class TurnTools:
         state: Mapping[str, Any] | None = None, only: Collection[str] | None = None,
     ) -> AsyncGenerator[tuple[ToolPhase, ToolCallRecord], None]:  # fmt: skip
         """Carry out ``call``, yielding ``("started", record)`` when the tool really starts
-        (never for a call that is not run) and ``("finished", record)`` last. A call id
-        already seen in this turn yields only its first record, ``finished``.
+        (never for a call that is not run) and ``("finished", record)`` last. A call
+        already asked in this turn (the same step, round and position) yields only its
+        first record, ``finished``.
 
         Args:
             step, attempt, round: recorded with the call.
@@ -206,7 +215,8 @@ class TurnTools:
                 :attr:`records` first (``not_started``, or the finished run with
                 ``turn_cancelled``).
         """
-        seen = self._by_id.get(call.call_id)
+        asked = (step, round, call.position)
+        seen = self._asked.get(asked)
         if seen is not None:
             yield "finished", seen
             return
@@ -215,11 +225,11 @@ class TurnTools:
         tool = allowed.get(call.name)
         record = ToolCallRecord(
             step=step, attempt=attempt, round=round, call=call,
-            idempotency_key=self.key(call.call_id),
+            idempotency_key=self.key(step, round, call.position),
             side_effects=tool.side_effects if tool is not None else False,
             status="ok",
         )  # fmt: skip
-        self._by_id[call.call_id] = record
+        self._asked[asked] = record
         self.records.append(record)
         if tool is None:
             names = ", ".join(sorted(allowed)) or "none"

@@ -4,10 +4,10 @@ What a callable receives: the model's arguments, validated against the tool's
 ``parameters`` schema, as keyword arguments; plus, when its signature names them (or
 takes ``**kwargs``):
 
-- ``idempotency_key`` (str): ``"{turn id}:{call id}"``, the same for every attempt to
-  carry out one tool call of one turn. chainrun runs a call at most once, but a tool
-  that reaches a system of its own (a shop's cart service) should pass the key on, so
-  that a process restarted mid-call cannot act twice either.
+- ``idempotency_key`` (str): ``"{turn id}:{step}:{round}:{position}"``, the same for
+  every attempt to carry out one tool call of one turn. chainrun runs a call at most
+  once, but a tool that reaches a system of its own (a shop's cart service) should pass
+  the key on, so that a process restarted mid-call cannot act twice either.
 - ``context`` (:class:`ToolContext`): the turn id, the call id, the step, the
   conversation id and the turn-state fields known when the model asked.
 
@@ -56,8 +56,8 @@ class ToolContext:
     Attributes:
         turn_id: the turn's id in the run log (None: the chain keeps no log).
         call_id: the model's id for this tool call.
-        idempotency_key: ``"{turn key}:{call id}"`` (the turn key is the turn id, or a
-            random hex id for a chain without a log).
+        idempotency_key: ``"{turn key}:{step}:{round}:{position}"`` (the turn key is the
+            turn id, or a random hex id for a chain without a log).
         step: the step whose model asked.
         conversation_id: the turn's conversation, when it has one.
         state: the turn-state fields known when the model asked (read-only).
