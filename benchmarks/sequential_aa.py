@@ -10,7 +10,7 @@ at after every turn, for three metrics compare watches:
 - ``ungrounded_rate``: two unpaired sides, ungrounded with probability ``--ungrounded-p``.
 
 For each, the share of sequences in which the confidence sequence
-(:mod:`chainrun.analysis.sequential`, alpha 0.05) ever excludes "no difference" (at most
+(:mod:`chainrun.statistics.sequential`, alpha 0.05) ever excludes "no difference" (at most
 5% by its theory), with its 95% Wilson interval; and the same share for the fixed-n
 interval (a normal 95% interval of the mean difference, or Wilson per side, checked at
 every turn from the 10th). Then A/B sequences with a true difference (``--pass-p`` against
@@ -29,7 +29,7 @@ from typing import Any
 import _common as c
 import numpy as np
 
-from chainrun.analysis.sequential import eb_bounds
+from chainrun.statistics.sequential import eb_bounds
 
 Z95 = 1.959964
 

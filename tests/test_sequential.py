@@ -1,4 +1,4 @@
-"""Confidence sequences (chainrun.analysis.sequential): the formula by hand on a small
+"""Confidence sequences (chainrun.statistics.sequential): the formula by hand on a small
 case, the running intersection, and the A/A guarantee on simulated sequences."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from chainrun.analysis.sequential import (
+from chainrun.statistics.sequential import (
     eb_bounds,
     faster_share_cs,
     mean_cs,
