@@ -153,6 +153,15 @@ def test_the_statistics_import_nothing_else_of_chainrun() -> None:
     assert not bad, bad
 
 
+def test_one_http_client_library() -> None:
+    """chainrun speaks HTTP through httpx2 alone (the client under openai that the
+    provider's pools hold), never httpx beside it."""
+    others = {"httpx", "httpcore", "requests", "aiohttp", "urllib3"}
+    bad = [f"{mod} imports {imp}" for mod, imports in MODULES.items() for imp in imports
+           if imp.split(".")[0] in others]  # fmt: skip
+    assert not bad, bad
+
+
 def test_no_import_circles_anywhere() -> None:
     """No circle among chainrun's modules, counting imports inside functions and under
     ``TYPE_CHECKING`` too: an import moved into a function to dodge a circle still

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
+import httpx2
 import pytest
 
 from chainrun.conversations import (
@@ -78,13 +78,13 @@ def test_estimate_is_four_characters_a_token_rounded_up() -> None:
 async def test_server_tokenizer_counts_with_the_server_and_caches() -> None:
     seen: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         assert request.url.path == "/tokenize"
         content = json.loads(request.content)["content"]
         seen.append(content)
-        return httpx.Response(200, json={"tokens": list(range(len(content.split())))})
+        return httpx2.Response(200, json={"tokens": list(range(len(content.split())))})
 
-    tok = ServerTokenizer("http://srv:8080", transport=httpx.MockTransport(handler))
+    tok = ServerTokenizer("http://srv:8080", transport=httpx2.MockTransport(handler))
     try:
         assert await tok.probe()
         assert await tok.count("one two three four five") == 5
@@ -95,10 +95,10 @@ async def test_server_tokenizer_counts_with_the_server_and_caches() -> None:
 
 
 async def test_server_without_tokenize_falls_back_to_the_estimate() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(404, json={"error": "not found"})
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(404, json={"error": "not found"})
 
-    tok = ServerTokenizer("http://srv", transport=httpx.MockTransport(handler))
+    tok = ServerTokenizer("http://srv", transport=httpx2.MockTransport(handler))
     try:
         assert not await tok.probe()
         assert await tok.count("abcdefgh") == 2 and tok.failures == 1

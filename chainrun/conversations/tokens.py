@@ -18,7 +18,7 @@ import math
 from collections import OrderedDict
 from typing import Protocol
 
-import httpx
+import httpx2
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -79,7 +79,7 @@ class ServerTokenizer:
         timeout_s: per request, in s (a count sits on the turn's critical path).
         cache_size: texts whose count is kept (least recently used dropped first).
         transport: the HTTP transport (None: the network; a test passes
-            ``httpx.MockTransport``).
+            ``httpx2.MockTransport``).
     """
 
     method = "tokenizer"
@@ -90,10 +90,10 @@ class ServerTokenizer:
         *,
         timeout_s: float = 2.0,
         cache_size: int = 4096,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = root.rstrip("/") + "/tokenize"
-        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        self._client = httpx2.AsyncClient(timeout=timeout_s, transport=transport)
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._cache_size = cache_size
         self.failures = 0
@@ -102,7 +102,7 @@ class ServerTokenizer:
         try:
             r = await self._client.post(self.url, json={"content": text})
             tokens = r.json().get("tokens") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (httpx2.HTTPError, ValueError, AttributeError):
             return None
         return len(tokens) if isinstance(tokens, list) else None
 
