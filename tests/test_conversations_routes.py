@@ -89,14 +89,14 @@ async def test_other_questions_search_the_catalogue(store, message, label) -> No
 async def test_an_ambiguous_message_gets_the_policy_text_and_the_products(store) -> None:
     """A message the classifier is not sure of (confidence below ``unsure_below``) is
     routed to each of its labels' steps: compose sees the policy text and the products."""
-    message = "I like the grey boots but what if they don't fit?"
+    message = "The ankle boots I got pinch, what now?"
     chain, fake = _chain(store)
     async with chain:
         done = await chain.run_turn(message)
     steps = await _steps(store, done.turn_id)
     detail = steps["classify"].detail
     assert done.status == "ok" and done.label == "sizing"
-    assert detail["unsure"] and detail["confidence"] < 0.65
+    assert detail["unsure"] and detail["confidence"] < 0.8
     assert detail["labels"][0] == "sizing" and "product_search" in detail["labels"]
     assert steps["retrieve"].status == "ok" and steps["policy"].status == "ok"
     prompt = _compose_prompt(fake)
@@ -139,7 +139,8 @@ async def test_the_route_waits_only_for_a_classification_of_milliseconds(store) 
     classify, retrieve = steps["classify"], steps["retrieve"]
     assert classify.kind == "classify" and classify.n_attempts == 0
     assert classify.detail is not None and classify.detail["decided_by"] == "keywords"
-    # the rules and one embedding of the message by the nearest examples (its confidence)
+    # 50 ms: generous for a loaded machine; keyword rules take tens of microseconds
+    assert classify.duration_ms < 50.0
     assert classify.detail["labels"] == ["product_search"] and not classify.detail["unsure"]
     assert classify.started_offset_ms + classify.duration_ms <= retrieve.started_offset_ms + 1.0
     prompts = [r.messages[-1]["content"] for r in fake.requests]

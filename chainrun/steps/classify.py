@@ -23,7 +23,7 @@ Settings, in ``[steps.NAME]``::
                                        # the examples shipped with chainrun
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
     follow_ups = true        # a follow-up keeps the label of the turn it follows
-    unsure_below = 0.65      # a label whose confidence is below this is unsure
+    unsure_below = 0.8       # a label whose confidence is below this is unsure
 
 Besides ``label`` the step writes ``labels``: the labels whose material the turn gets.
 A sure label (confidence at least ``unsure_below``) is alone there; an unsure one comes
@@ -80,7 +80,7 @@ ClassifyMethod = Literal["examples", "keywords", "combined"]
 #: sure labels were right at least 95% of the time in 5-fold cross-validation (3
 #: repeats) over the shipped examples and the regression cases (benchmarks/README.md,
 #: "Cross-validated label accuracy")
-UNSURE_BELOW = 0.65
+UNSURE_BELOW = 0.8
 
 
 class ClassifyConfig(StepConfig):
