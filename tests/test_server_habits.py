@@ -140,6 +140,7 @@ def test_an_id_reused_in_the_next_round_is_a_new_call(lab: LabServer, tmp_path: 
         tool_round(call(1042)), tool_round(call(2077)), text_round()]))  # fmt: skip
     assert turn["status"] == "ok" and turn["output"] == SHIPPED
     assert RUNS == [1042, 2077]  # the second round's call ran, with its own argument
+    assert [t["wire_notes"] for t in turn["tool_calls"]] == [None, "id_reused"]
 
 
 async def test_parallel_calls_that_all_say_index_0_each_run(lab: LabServer, tmp_path: Path) -> None:
@@ -175,6 +176,7 @@ def test_arguments_sent_as_an_object_are_read(lab: LabServer, tmp_path: Path) ->
     turn = _replay(lab, tmp_path, Scenario(name="args-object", wire_rounds=[
         tool_round(piece), text_round()]))  # fmt: skip
     assert turn["status"] == "ok" and turn["output"] == SHIPPED and RUNS == [1042]
+    assert turn["tool_calls"][0]["wire_notes"] == "arguments_object"
 
 
 def test_fragments_on_a_shifted_index_join_the_open_call(lab: LabServer, tmp_path: Path) -> None:

@@ -333,6 +333,12 @@ def _m090_step_updates(db: LogDb) -> None:
     db.table("steps").add_column("updates", str)
 
 
+def _m100_tool_call_notes(db: LogDb) -> None:
+    # how chainrun read a tool call a server sent out of the API's shape (index inferred,
+    # name fragments joined, arguments object serialised, id reused...): nothing silent
+    db.table("tool_calls").add_column("wire_notes", str)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -347,6 +353,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("070_conversations", _m070_conversations),
     ("080_turns_started_index", _m080_turns_started_index),
     ("090_step_updates", _m090_step_updates),
+    ("100_tool_call_notes", _m100_tool_call_notes),
 )
 
 

@@ -432,6 +432,11 @@ class ToolCallRow(_Row):
     error_message: str | None = None
     #: the turn was cancelled while the tool ran; it was awaited to its end
     turn_cancelled: bool = False
+    #: how the call was read where the server strayed from the API's shape, comma-separated
+    #: (``index_inferred``, ``new_call_on_same_index``, ``name_fragments_joined``,
+    #: ``arguments_object``, ``fragment_reattached``, ``id_missing``, ``id_reused``:
+    #: :class:`chainrun.timing.ToolCallAssembler`); NULL: as the API documents it
+    wire_notes: str | None = None
 
 
 @dataclass

@@ -133,6 +133,7 @@ def tool_call_row(record: ToolCallRecord) -> ToolCallRow:
         duration_ms=record.duration_ms, result=record.content or None,
         error_type=record.error_type, error_message=record.error_message,
         turn_cancelled=record.turn_cancelled,
+        wire_notes=",".join(record.call.notes) or None,
     )  # fmt: skip
 
 
@@ -143,10 +144,13 @@ def _as_calls(streamed: Sequence[StreamedToolCall], round_: int,
     constant id, ids restarted each round); ``used_ids`` is updated."""
     calls = []
     for c in streamed:
+        notes = c.notes
         call_id = c.id if c.id and c.id not in used_ids else f"call_r{round_}_{c.index}"
+        if call_id != c.id:
+            notes = (*notes, "id_reused" if c.id else "id_missing")
         used_ids.add(call_id)
         calls.append(ToolCall(call_id=call_id, name=c.name or "", arguments=c.arguments,
-                              position=c.index))  # fmt: skip
+                              position=c.index, notes=notes))  # fmt: skip
     return calls
 
 

@@ -64,12 +64,15 @@ class ToolCall:
         name: the tool's name.
         arguments: the arguments as the model sent them: JSON text.
         position: the call's position among its answer's calls (0, 1, ...).
+        notes: how the call was read where the server strayed from the API's shape
+            (:class:`chainrun.timing.ToolCallAssembler`; ``id_missing``, ``id_reused``).
     """
 
     call_id: str
     name: str
     arguments: str
     position: int = 0
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
