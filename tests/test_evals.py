@@ -28,7 +28,7 @@ from chainrun.evals import (
     turn_view,
 )
 from chainrun.evals.assertions import LABEL, evaluate, schema_errors
-from chainrun.log.rows import CallRow, StepRow, TurnLog, TurnRow
+from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnLog, TurnRow
 from chainrun.log.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -376,9 +376,9 @@ async def test_score_run_stores_verdicts_and_summarises() -> None:
                            "flipped_assertions": ["c2: icontains on turn"]},
         }  # fmt: skip
         rows = load_results(s, [run])  # skipped verdicts are stored, passed NULL
-        assert len(rows) == 12 and {r["repeat"] for r in rows} == {0, 1, 2}
-        assert all(r["grader"] is None for r in rows)
-        assert [r["passed"] for r in rows if r["type"] == "llm-rubric"] == [None] * 3
+        assert len(rows) == 12 and {r.repeat for r in rows} == {0, 1, 2}
+        assert all(r.grader is None for r in rows)
+        assert [r.passed for r in rows if r.type == "llm-rubric"] == [None] * 3
 
         async def grade(prompt: str) -> str:
             return '{"pass": false, "reason": "meh"}'
@@ -387,8 +387,8 @@ async def test_score_run_stores_verdicts_and_summarises() -> None:
         assert again["n_verdicts"] == 12 and again["skipped"] == {}
         rows = load_results(s, [run])
         assert len(rows) == 12
-        rubric = [r for r in rows if r["type"] == "llm-rubric"]
-        assert rubric and json.loads(rubric[0]["grader"])["temperature"] == 0.0
+        rubric = [r for r in rows if r.type == "llm-rubric"]
+        assert rubric and json.loads(rubric[0].grader or "{}")["temperature"] == 0.0
         assert again["cases"]["passed"] == 1
 
 
@@ -409,11 +409,11 @@ async def test_turns_without_request_id_match_by_message() -> None:
         s.log_turn(run, TurnLog(TurnRow(input="hello there", output="bye")))
         result = await score_run(s, run, cases)
         assert result["flip"]["flipped"] == 1
-        assert {r["repeat"] for r in load_results(s, [run])} == {0, 1}
+        assert {r.repeat for r in load_results(s, [run])} == {0, 1}
 
 
 def test_flip_rate_needs_repeats() -> None:
-    rows = [{"case_id": "a", "repeat": 0, "passed": 1}]
+    rows = [EvalResultRow(case_id="a", repeat=0, type="equals", passed=True)]
     assert flip_rate(rows) == {
         "n_cases": 0, "flipped": 0, "flip_rate": None, "cases": [],
         "assertions": {"n": 0, "flipped": 0, "flip_rate": None, "flipped_assertions": []},
@@ -421,9 +421,9 @@ def test_flip_rate_needs_repeats() -> None:
 
 
 def test_flips_per_assertion() -> None:
-    def row(turn: int, rep: int, type_: str, passed: int | None) -> dict[str, Any]:
-        return {"turn_id": turn, "case_id": "a", "repeat": rep, "type": type_, "step": None,
-                "passed": passed}  # fmt: skip
+    def row(turn: int, rep: int, type_: str, passed: int | None) -> EvalResultRow:
+        return EvalResultRow(turn_id=turn, case_id="a", repeat=rep, type=type_, step=None,
+                             passed=None if passed is None else bool(passed))  # fmt: skip
 
     # case a, 3 repeats, 3 assertions (two regexes on the answer): the case fails in each
     # repeat (no case flip) but the 2nd regex flips; a skipped verdict flips nothing

@@ -51,7 +51,7 @@ from chainrun.analysis.summary import (
 )
 from chainrun.errors import UserInputError
 from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, skipped_summary
-from chainrun.log.rows import CallRow, StepRow, TurnRow, winning_calls
+from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnRow, winning_calls
 from chainrun.log.store import Store
 from chainrun.log.time_window import log_time
 from chainrun.statistics.intervals import (
@@ -550,31 +550,31 @@ def _by_turn_index(
 # -- evals --------------------------------------------------------------------------------
 
 
-def _skipped(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _skipped(rows: Sequence[EvalResultRow]) -> dict[str, Any]:
     """One side's skipped verdicts (``passed`` NULL: e.g. ``llm-rubric`` without a
     grader): ``{"n", "cases": cases with at least one, "by_type": {type: {"n",
     "reason"}}}``."""
-    skipped = [r for r in rows if r["passed"] is None]
+    skipped = [r for r in rows if r.passed is None]
     return {
         "n": len(skipped),
-        "cases": len({r["case_id"] for r in skipped}),
+        "cases": len({r.case_id for r in skipped}),
         "by_type": skipped_summary(skipped),
     }
 
 
 def _evals(store: Store, a: Side, b: Side) -> dict[str, Any] | None:
     ids_a, ids_b = a.turn_ids, b.turn_ids
-    ra = [r for r in load_results(store, a.run_ids) if r["turn_id"] in ids_a]
-    rb = [r for r in load_results(store, b.run_ids) if r["turn_id"] in ids_b]
+    ra = [r for r in load_results(store, a.run_ids) if r.turn_id in ids_a]
+    rb = [r for r in load_results(store, b.run_ids) if r.turn_id in ids_b]
     if not ra and not rb:
         return None
     cases = paired_compare(case_outcomes(ra), case_outcomes(rb))
     by_type = {}
-    graded = {r["type"] for r in [*ra, *rb] if r["passed"] is not None}
+    graded = {r.type for r in [*ra, *rb] if r.passed is not None}
     for t in sorted(graded):  # a type with no verdict on either side is only in "skipped"
         by_type[t] = paired_compare(
-            case_outcomes(r for r in ra if r["type"] == t),
-            case_outcomes(r for r in rb if r["type"] == t),
+            case_outcomes(r for r in ra if r.type == t),
+            case_outcomes(r for r in rb if r.type == t),
         ).as_dict()
     return {
         "scored": {"a": bool(ra), "b": bool(rb)},

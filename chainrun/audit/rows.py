@@ -8,12 +8,12 @@ attribute and never touches the :class:`~chainrun.log.store.Store`. Times are in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from chainrun.evals.scoring import load_results
-from chainrun.log.rows import CallRow, RunRow, StepRow, TurnRow
+from chainrun.log.rows import CallRow, EvalResultRow, RunRow, StepRow, TurnRow
 from chainrun.log.store import Store
 
 
@@ -48,22 +48,6 @@ def settle_ms(call: CallRow) -> float | None:
     (it settles on the first token), the whole duration otherwise (what the hedging
     engine's latency window records)."""
     return call.ttft_ms if call.stream else call.duration_ms
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """An ``eval_results`` row: one assertion's verdict on one turn. ``passed`` is None
-    for a skipped verdict (``llm-rubric`` without a usable grader; the reason in
-    ``detail``): it counts in no pass rate."""
-
-    run_id: int
-    turn_id: int
-    case_id: str
-    repeat: int
-    type: str
-    step: str | None
-    passed: bool | None
-    detail: str | None = None
 
 
 @dataclass
@@ -106,33 +90,6 @@ def run_rows(store: Store, run: Run) -> RunRows:
     )
 
 
-def eval_results(store: Store, run_ids: Iterable[int]) -> list[EvalResult]:
+def eval_results(store: Store, run_ids: Iterable[int]) -> list[EvalResultRow]:
     """The stored eval verdicts of some runs (empty when none were scored)."""
-    return [
-        EvalResult(
-            run_id=int(r["run_id"]),
-            turn_id=int(r["turn_id"]),
-            case_id=str(r["case_id"]),
-            repeat=int(r.get("repeat") or 0),
-            type=str(r["type"]),
-            step=r.get("step"),
-            passed=None if r["passed"] is None else bool(r["passed"]),
-            detail=r.get("detail"),
-        )
-        for r in load_results(store, list(run_ids))
-    ]
-
-
-def results_as_rows(results: Sequence[EvalResult]) -> list[dict[str, Any]]:
-    """Verdicts in the row shape :mod:`chainrun.evals.scoring` aggregates."""
-    return [
-        {
-            "case_id": r.case_id,
-            "repeat": r.repeat,
-            "type": r.type,
-            "step": r.step,
-            "passed": r.passed,
-            "detail": r.detail,
-        }
-        for r in results
-    ]
+    return load_results(store, list(run_ids))

@@ -10,9 +10,9 @@ from typing import Any
 
 from chainrun.analysis.compare import parse_live_window
 from chainrun.analysis.summary import CompletedTurns, completed_turns
-from chainrun.audit.rows import EvalResult, Run, RunRows, all_runs, eval_results, get_run, run_rows
+from chainrun.audit.rows import Run, RunRows, all_runs, eval_results, get_run, run_rows
 from chainrun.errors import UserInputError
-from chainrun.log.rows import CallRow, StepRow, TurnRow
+from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnRow
 from chainrun.log.store import Store
 
 
@@ -75,7 +75,7 @@ class Scope:
 
     samples: list[Sample]
     evals: list[RunRows]
-    results: list[EvalResult]
+    results: list[EvalResultRow]
     queries: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     live_window: tuple[str | None, str | None] = (None, None)
 

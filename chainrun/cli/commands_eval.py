@@ -43,6 +43,10 @@ def _fmt_rate(r: dict[str, Any]) -> str:
     return f"{r['passed']}/{r['n']} = {r['pass_rate']:.2f}{ci_s}"
 
 
+#: what ``chainrun eval --json`` shows of each stored verdict
+VERDICT_FIELDS = {"case_id", "repeat", "type", "step", "passed", "detail", "grader"}
+
+
 @app.command("eval")
 @handle_errors
 def eval_command(
@@ -126,7 +130,7 @@ def eval_command(
                                as_json, db, e)  # fmt: skip
             exit_stopped(e)
         verdicts = [
-            {k: r[k] for k in ("case_id", "repeat", "type", "step", "passed", "detail", "grader")}
+            r.model_dump(include=VERDICT_FIELDS)
             for r in load_results(store, [result["run_id"]])
         ]
     finally:

@@ -28,7 +28,7 @@ from chainrun.errors import UserInputError
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
 from chainrun.log.migrations import utc_now
-from chainrun.log.rows import CallRow, StepRow, TurnRow, winning_calls
+from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnRow, winning_calls
 from chainrun.log.store import Store
 from chainrun.statistics.intervals import pass_rate
 
@@ -178,7 +178,7 @@ async def score_run(
     for c in store.calls(run_id):
         calls_by_turn[c.turn_id].append(c)
     config = grader or GraderConfig()
-    rows: list[dict[str, Any]] = []
+    rows: list[EvalResultRow] = []
     now = utc_now()
     for turn, case, repeat in matched:
         verdicts = await score_turn(
@@ -187,18 +187,12 @@ async def score_run(
         )  # fmt: skip
         for v in verdicts:
             rows.append(
-                {
-                    "run_id": run_id,
-                    "turn_id": turn.id,
-                    "case_id": case.id,
-                    "repeat": repeat,
-                    "type": v.type,
-                    "step": v.step,
-                    "passed": None if v.passed is None else int(v.passed),
-                    "detail": v.detail,
-                    "grader": json.dumps(v.grader, sort_keys=True) if v.grader else None,
-                    "scored_at": now,
-                }
+                EvalResultRow(
+                    run_id=run_id, turn_id=turn.id, case_id=case.id, repeat=repeat,
+                    type=v.type, step=v.step, passed=v.passed, detail=v.detail,
+                    grader=json.dumps(v.grader, sort_keys=True) if v.grader else None,
+                    scored_at=now,
+                )
             )
     store.replace_eval_results(run_id, rows)
     summary = summarize_results(rows)
@@ -210,55 +204,54 @@ async def score_run(
     }
 
 
-def load_results(store: Store, run_ids: Iterable[int]) -> list[dict[str, Any]]:
-    """The ``eval_results`` rows of some runs (empty when the table does not exist yet)."""
+def load_results(store: Store, run_ids: Iterable[int]) -> list[EvalResultRow]:
+    """The ``eval_results`` rows of some runs, in log order (empty when none were scored)."""
     return store.eval_results(list(run_ids))
 
 
-def _graded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _graded(rows: Iterable[EvalResultRow]) -> list[EvalResultRow]:
     """Rows with a verdict (skipped rows, ``passed`` NULL, left out)."""
-    return [r for r in rows if r["passed"] is not None]
+    return [r for r in rows if r.passed is not None]
 
 
-def _repeat_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, bool]]:
+def _repeat_outcomes(rows: Iterable[EvalResultRow]) -> dict[str, dict[int, bool]]:
     out: dict[str, dict[int, bool]] = defaultdict(dict)
     for r in _graded(rows):
-        case, rep = str(r["case_id"]), int(r["repeat"] or 0)
-        out[case][rep] = out[case].get(rep, True) and bool(r["passed"])
+        out[r.case_id][r.repeat] = out[r.case_id].get(r.repeat, True) and bool(r.passed)
     return out
 
 
-def assertion_key(row: Mapping[str, Any], ordinal: int = 0) -> str:
+def assertion_key(row: EvalResultRow, ordinal: int = 0) -> str:
     """A readable name of one assertion of a case, the same in every repeat:
     ``"<case id>: <type> on <step or answer>"`` (``#2``... for the 2nd of that kind)."""
-    where = row.get("step") or TURN_KEY
+    where = row.step or TURN_KEY
     nth = f" #{ordinal + 1}" if ordinal else ""
-    return f"{row['case_id']}: {row.get('type')} on {where}{nth}"
+    return f"{row.case_id}: {row.type} on {where}{nth}"
 
 
-def _assertion_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, bool]]:
+def _assertion_outcomes(rows: Iterable[EvalResultRow]) -> dict[str, dict[int, bool]]:
     """assertion key → repeat → passed. Rows of one turn are in the case's assertion
     order, so the k-th row of a kind (type, step) in a turn is the same assertion in
     every repeat."""
     seen: Counter[tuple[Any, ...]] = Counter()
     out: dict[str, dict[int, bool]] = defaultdict(dict)
     for r in rows:
-        kind = (r.get("turn_id"), r["case_id"], r["repeat"], r.get("type"), r.get("step"))
+        kind = (r.turn_id, r.case_id, r.repeat, r.type, r.step)
         ordinal = seen[kind]
         seen[kind] += 1
-        if r["passed"] is not None:
-            out[assertion_key(r, ordinal)][int(r["repeat"] or 0)] = bool(r["passed"])
+        if r.passed is not None:
+            out[assertion_key(r, ordinal)][r.repeat] = r.passed
     return out
 
 
-def case_outcomes(rows: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
+def case_outcomes(rows: Iterable[EvalResultRow]) -> dict[str, bool]:
     """case id → passed: all assertions passed in a strict majority of the case's repeats."""
     return {
         case: sum(reps.values()) * 2 > len(reps) for case, reps in _repeat_outcomes(rows).items()
     }
 
 
-def flip_rate(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def flip_rate(rows: Iterable[EvalResultRow]) -> dict[str, Any]:
     """How often a repeated case's verdict (and each repeated assertion's) differs across
     its repeats. Skipped verdicts are left out.
 
@@ -290,20 +283,20 @@ def flip_rate(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def skipped_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def skipped_summary(rows: Iterable[EvalResultRow]) -> dict[str, dict[str, Any]]:
     """Skipped verdicts by assertion type: ``{type: {"n": how many, "reason": the most
     common reason (the row's detail)}}``; empty when every assertion got a verdict."""
     reasons: dict[str, Counter[str]] = defaultdict(Counter)
     for r in rows:
-        if r["passed"] is None:
-            reasons[str(r["type"])][str(r["detail"])] += 1
+        if r.passed is None:
+            reasons[r.type][str(r.detail)] += 1
     return {
         t: {"n": sum(c.values()), "reason": c.most_common(1)[0][0]}
         for t, c in sorted(reasons.items())
     }
 
 
-def summarize_results(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_results(rows: Sequence[EvalResultRow]) -> dict[str, Any]:
     """Pass rates from ``eval_results`` rows, each ``{n, passed, pass_rate, pass_rate_ci}``.
 
     Returns ``{"n_verdicts", "cases": per case (majority over repeats), "by_type": {type:
@@ -316,8 +309,8 @@ def summarize_results(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     by_step: dict[str, list[bool]] = defaultdict(list)
     graded = _graded(rows)
     for r in graded:
-        by_type[str(r["type"])].append(bool(r["passed"]))
-        by_step[str(r["step"]) if r["step"] is not None else TURN_KEY].append(bool(r["passed"]))
+        by_type[r.type].append(bool(r.passed))
+        by_step[r.step if r.step is not None else TURN_KEY].append(bool(r.passed))
     cases = case_outcomes(rows)
     return {
         "n_verdicts": len(graded),

@@ -27,6 +27,7 @@ from chainrun.hedging.outcome import AttemptOutcome
 __all__ = [
     "AttemptOutcome",
     "CallRow",
+    "EvalResultRow",
     "RunKind",
     "RunRow",
     "RunStatus",
@@ -389,6 +390,36 @@ UNSENT_OUTCOMES = frozenset({"budget_exhausted", "suppressed"})
 ToolCallStatus = Literal[
     "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started"
 ]
+
+
+class EvalResultRow(_Row):
+    """One assertion's verdict on one turn of an eval run: a row of ``eval_results``,
+    written by ``chainrun eval`` (:func:`chainrun.evals.scoring.score_run`)."""
+
+    table: ClassVar[str] = "eval_results"
+    #: row id
+    id: int | None = None
+    #: the eval run (runs.id)
+    run_id: int | None = None
+    #: the turn judged (turns.id)
+    turn_id: int | None = None
+    #: the eval case's id
+    case_id: str
+    #: which repeat of the case (0: the first)
+    repeat: int = 0
+    #: the assertion type (equals, regex, llm-rubric, ...)
+    type: str
+    #: the step judged (NULL: the final answer, or the whole turn)
+    step: str | None = None
+    #: the verdict (NULL: skipped, no verdict given; ``detail`` says why)
+    passed: bool | None = None
+    #: what the assertion saw, or why it was skipped
+    detail: str | None = None
+    #: the grader configuration an llm-rubric verdict was given under (JSON text; NULL
+    #: for other types)
+    grader: str | None = None
+    #: when the verdict was given (ISO-8601 UTC)
+    scored_at: str | None = None
 
 
 class ToolCallRow(_Row):

@@ -11,11 +11,10 @@ from typing import Any
 from chainrun.analysis.summary import completed_turns
 from chainrun.audit.items.common import EFFORT_ORDER, round_or_none, step_config
 from chainrun.audit.report import Item, Table, Verdict, worst
-from chainrun.audit.rows import EvalResult, results_as_rows
 from chainrun.audit.scope import Scope
 from chainrun.config import steps_calling_models
 from chainrun.evals.scoring import case_outcomes, skipped_summary
-from chainrun.log.rows import CallRow, StepRow, winning_calls
+from chainrun.log.rows import CallRow, EvalResultRow, StepRow, winning_calls
 from chainrun.statistics.intervals import (
     paired_compare,
     quantile_diff,
@@ -67,7 +66,7 @@ def effort_pairs(scope: Scope) -> dict[str, list[tuple[int, int]]]:
 
 def _eval_sample(
     scope: Scope, run_id: int
-) -> tuple[list[StepRow], list[CallRow], list[EvalResult]]:
+) -> tuple[list[StepRow], list[CallRow], list[EvalResultRow]]:
     for e in scope.evals:
         if e.run.id == run_id:
             done = completed_turns(e.turns)  # latency of completed turns only
@@ -79,8 +78,7 @@ def _eval_sample(
 def _effort_comparison(scope: Scope, step: str, a_id: int, b_id: int) -> dict[str, Any]:
     sa, ca, ra = _eval_sample(scope, a_id)
     sb, cb, rb = _eval_sample(scope, b_id)
-    rows_a, rows_b = results_as_rows(ra), results_as_rows(rb)
-    paired = paired_compare(case_outcomes(rows_a), case_outcomes(rows_b))
+    paired = paired_compare(case_outcomes(ra), case_outcomes(rb))
     ms_a = [s.duration_ms for s in sa if s.step == step and s.duration_ms is not None]
     ms_b = [s.duration_ms for s in sb if s.step == step and s.duration_ms is not None]
     d = quantile_diff(ms_a, ms_b, 50)
@@ -105,7 +103,7 @@ def _effort_comparison(scope: Scope, step: str, a_id: int, b_id: int) -> dict[st
             **paired.as_dict(),
             "test": "exact McNemar (two-sided binomial on discordant cases)",
             # verdicts without a pass/fail (llm-rubric, no grader): in no pass rate
-            "skipped": {"a": skipped_summary(rows_a), "b": skipped_summary(rows_b)},
+            "skipped": {"a": skipped_summary(ra), "b": skipped_summary(rb)},
         },
         "step_p50_ms": {
             "a": summarize(ms_a)["p50_ms"],
@@ -135,15 +133,15 @@ def _effort_in_use(scope: Scope, step: str) -> str | None:
     return next((c.reasoning_effort for c in reversed(scope.calls) if c.step == step), None)
 
 
-def label_accuracy(results: list[EvalResult]) -> dict[int, dict[str, Any]]:
+def label_accuracy(results: list[EvalResultRow]) -> dict[int, dict[str, Any]]:
     """Per eval run, the share of its turns whose classify label was the expected one:
     its ``equals`` assertions on ``label`` (skipped verdicts left out), with n and a 95%
     Wilson interval (:func:`chainrun.statistics.intervals.wilson_interval`)."""
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for r in results:
         if r.type == "equals" and r.step == "label" and r.passed is not None:
-            counts[r.run_id][0] += int(r.passed)
-            counts[r.run_id][1] += 1
+            counts[r.run_id or 0][0] += int(r.passed)
+            counts[r.run_id or 0][1] += 1
     out = {}
     for run_id, (k, n) in sorted(counts.items()):
         ci = wilson_interval(k, n)
