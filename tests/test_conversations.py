@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import httpx2
 import pytest
@@ -73,6 +74,20 @@ def test_history_settings_refuse_unknown_keys() -> None:
 def test_estimate_is_four_characters_a_token_rounded_up() -> None:
     assert [estimate_tokens(t) for t in ("", "a", "abcd", "abcde")] == [0, 1, 1, 2]
     assert server_root("http://127.0.0.1:8080/v1/") == "http://127.0.0.1:8080"
+
+
+def test_the_estimate_counts_scripts_that_are_not_english() -> None:
+    """Four characters a token kept 2.6 times a Japanese budget's tokens; the estimate
+    counts an ideograph, a hangul syllable or an emoji one token, a kana half a token,
+    a letter of another alphabet 0.45 (weights from benchmarks/token_estimate.py)."""
+    assert estimate_tokens("注文番号") == 4
+    assert estimate_tokens("ありがとう") == 3  # 5 kana
+    assert estimate_tokens("주문") == 2
+    assert estimate_tokens("👍👍") == 2 and estimate_tokens("☔️") == 1  # VS16 adds nothing
+    assert estimate_tokens("заказ") == 3  # 5 x 0.45, rounded up
+    assert estimate_tokens("Größe M") == math.ceil(5 / 4 + 2)
+    japanese = "注文番号1042がまだ届いていません。" * 40
+    assert estimate_tokens(japanese) >= 0.6 * len(japanese)
 
 
 async def test_server_tokenizer_counts_with_the_server_and_caches() -> None:

@@ -3,10 +3,17 @@
 llama.cpp's ``llama-server`` tokenizes with the served model's own vocabulary at
 ``POST /tokenize`` (body ``{"content": TEXT}``, answer ``{"tokens": [ids...]}``; the
 server README, "POST /tokenize"). A provider whose server answers there (the embedded
-local model, a llama-server you run) is counted exactly; any other is estimated at
-:data:`CHARS_PER_TOKEN` characters a token ("one token generally corresponds to ~4
-characters of text for common English text": OpenAI Help Center, "What are tokens and
-how to count them?"), rounded up.
+local model, a llama-server you run) is counted exactly; any other is estimated by
+script (:func:`estimate_tokens`): ASCII at :data:`CHARS_PER_TOKEN` characters a token
+("one token generally corresponds to ~4 characters of text for common English text":
+OpenAI Help Center, "What are tokens and how to count them?"), a CJK ideograph, hangul
+syllable or emoji one token each, a kana half a token, a letter of another alphabet
+(Cyrillic, Greek, Arabic, Hebrew, Devanagari, Thai, ...) 0.45 of a token, an accented
+Latin letter one token.
+Four characters a token undercounts text that is not English by half or more; the
+weights above were set from Gemma 3's tokenizer (``benchmarks/token_estimate.py``:
+measured per script, the estimate's error is in ``benchmarks/README.md``) and round up
+where it tokenizes finer, since the estimate guards a budget.
 
 Counts are cached by text (a conversation's earlier turns are counted again on every
 later turn), so each turn is sent to the tokenizer once.
@@ -29,13 +36,42 @@ __all__ = [
     "server_root",
 ]
 
-#: characters per token of the estimate (OpenAI Help Center, see the module text)
+#: characters per token of ASCII text in the estimate (OpenAI Help Center, see the module text)
 CHARS_PER_TOKEN = 4
 
 
+def _char_tokens(o: int) -> float:
+    """The estimate's tokens for one non-ASCII code point ``o`` (see the module text)."""
+    if 0x3040 <= o <= 0x30FF:
+        return 0.5  # kana: tokenizers join them (Gemma 3: 0.5 a kana or fewer)
+    if (0x3400 <= o <= 0x9FFF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF
+            or 0x1100 <= o <= 0x11FF or 0x3000 <= o <= 0x303F or 0xFF00 <= o <= 0xFFEF
+            or 0x20000 <= o <= 0x2FFFF):  # fmt: skip
+        return 1.0  # CJK ideographs, hangul, CJK punctuation, full-width forms
+    if o >= 0x1F000 or 0x2600 <= o <= 0x27BF:
+        return 1.0  # emoji and symbols
+    if 0xFE00 <= o <= 0xFE0F or 0x200B <= o <= 0x200D:
+        return 0.0  # variation selectors, zero-width joiners: part of the emoji before
+    if o < 0x250:
+        return 1.0  # accented Latin letters (Latin-1 and Latin Extended)
+    return 0.45  # letters of other alphabets
+
+
 def estimate_tokens(text: str) -> int:
-    """``ceil(len(text) / CHARS_PER_TOKEN)`` (0 for "")."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+    """The script-aware estimate of ``text``'s tokens, rounded up (0 for ""): ASCII at
+    :data:`CHARS_PER_TOKEN` characters a token, other characters as the module text
+    says (a CJK character or an emoji one token)."""
+    if text.isascii():
+        return math.ceil(len(text) / CHARS_PER_TOKEN)
+    ascii_chars = 0
+    other = 0.0
+    for ch in text:
+        o = ord(ch)
+        if o < 128:
+            ascii_chars += 1
+        else:
+            other += _char_tokens(o)
+    return math.ceil(ascii_chars / CHARS_PER_TOKEN + other)
 
 
 class TokenCounter(Protocol):
