@@ -96,7 +96,8 @@ class HistorySettings(BaseModel):
     #: first); counted with the answer step's provider's tokenizer where it has one
     max_tokens: int = Field(default=400, ge=0, le=1_000_000)
     #: "auto": llama-server's POST /tokenize when the answer step's server answers it,
-    #: else 4 characters a token; "estimate": always the 4-characters estimate
+    #: else the script-aware estimate; "estimate": always the estimate
+    #: (chainrun.conversations.tokens.estimate_tokens)
     tokenizer: Literal["auto", "estimate"] = "auto"
     #: the shopper's name in the {history} transcript (the default prompts' own)
     shopper: str = Field(default="Shopper", min_length=1, max_length=40)
