@@ -160,3 +160,29 @@ def test_compare_shows_a_dash_and_one_footnote(tmp_path: Path) -> None:
     rows = [ln for ln in result.output.splitlines()
             if ln.lstrip("│ ").startswith(("turn", "compose"))]  # fmt: skip
     assert len(rows) == 2 and all("-*" in r for r in rows)  # one line per step
+
+
+@pytest.mark.parametrize("redact", [[], ["email"]])
+async def test_the_prompt_has_one_encoding_whatever_redact_says(
+    store: Store, redact: list[str]
+) -> None:
+    """The step hands its messages as data; they are masked (when asked) before their one
+    JSON encoding, so a non-ASCII prompt is stored the same way with ``[log] redact`` on
+    and off: UTF-8 text, never ``\\u`` escapes."""
+    cfg = config_from_dict({"log": {"redact": redact}})
+    fake = FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("Ja, in Größe 38.", ttft_s=0.001),
+    }))  # fmt: skip
+    message = "Gibt es die Jacke in Größe 38 für 89,50 €? (ann@example.com)"
+    async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+        await chain.run_turn(message)
+        run_id = chain.run_id
+    (compose,) = [c for c in store.calls(run_id or 0) if c.step == "compose"]
+    raw = store.log.scalar("select prompt from calls where id = ?", [compose.id])
+    assert isinstance(raw, str) and raw == compose.prompt
+    assert "Größe 38 für 89,50 €" in raw and "\\u00" not in raw
+    messages = json.loads(raw)
+    assert isinstance(messages, list) and messages[-1]["role"] == "user"
+    shown = "[email]" if redact else "ann@example.com"
+    assert shown in messages[-1]["content"]
+    assert ("ann@example.com" in raw) is not bool(redact)

@@ -1,11 +1,10 @@
 """Optional redaction of personal data in the stored prompts and outputs.
 
 ``[log] redact = ["email", "phone", "card"]`` in ``chainrun.toml`` masks those kinds in
-every text chainrun writes to the log (turn input and output, step outputs and details,
-call prompts, outputs, reasoning and error messages, verdicts, tool calls' arguments,
-results and errors), as ``[email]``,
-``[phone]``, ``[card]``. What the model receives and what the caller streams are not
-changed: only the record is.
+every text chainrun writes to the log (turn input and output, step outputs, details and
+state updates, call prompts, outputs, reasoning and error messages, verdicts, tool calls'
+arguments, results and errors), as ``[email]``, ``[phone]``, ``[card]``. What the model
+receives and what the caller streams are not changed: only the record is.
 
 The patterns are the deterministic checks' (:mod:`chainrun.checks.patterns`: cards by
 the Luhn checksum, IBANs by mod-97, API-key prefixes, e-mail, phone numbers of 7-15
@@ -55,14 +54,15 @@ class Redactor:
         return self._checker.check(value).text
 
     def json_text(self, value: str | None) -> str | None:
-        """A JSON document with every string inside it masked (non-JSON: as text)."""
+        """A JSON document with every string inside it masked (non-JSON: as text),
+        encoded again as it came (non-ASCII text as UTF-8, not ``\\u`` escapes)."""
         if not value or not self.kinds:
             return value
         try:
             doc = json.loads(value)
         except ValueError:
             return self.text(value)
-        return json.dumps(self.value(doc))
+        return json.dumps(self.value(doc), ensure_ascii=False)
 
     def value(self, doc: Any) -> Any:
         """Any JSON-like value with every string in it masked."""
@@ -76,9 +76,11 @@ class Redactor:
 
 
 def redact_calls(calls: Iterable[CallRow], r: Redactor) -> None:
-    """Mask the texts of call rows in place (prompt JSON, output, reasoning, error)."""
+    """Mask the texts of call rows in place (the prompt's messages, output, reasoning,
+    error). A prompt still held as its message list is masked as data, before its one
+    encoding (:func:`chainrun.log.rows.prompt_text`)."""
     for c in calls:
-        c.prompt = r.json_text(c.prompt)
+        c.prompt = r.value(c.prompt) if isinstance(c.prompt, list) else r.json_text(c.prompt)
         c.output = r.text(c.output)
         c.reasoning = r.text(c.reasoning)
         c.error_message = r.text(c.error_message)
@@ -95,6 +97,7 @@ def redact_turn(log: TurnLog, r: Redactor) -> None:
     for s in log.steps:
         s.output = r.text(s.output)
         s.detail = r.value(s.detail)
+        s.updates = r.value(s.updates)
     redact_calls(log.calls, r)
     for t in log.tool_calls:
         t.arguments = r.json_text(t.arguments)

@@ -39,6 +39,7 @@ __all__ = [
     "TurnRow",
     "TurnStatus",
     "TurnUsage",
+    "prompt_text",
     "winning_calls",
 ]
 
@@ -294,8 +295,10 @@ class CallRow(_Row):
     max_tokens: int | None = None  # gen_ai.request.max_tokens
     #: the stop sequences sent, JSON list (OpenTelemetry: gen_ai.request.stop_sequences)
     stop: list[str] | None = None  # gen_ai.request.stop_sequences
-    #: the messages sent, as JSON
-    prompt: str | None = None  # the messages sent, as JSON
+    #: the messages sent, as JSON text (UTF-8, not ASCII-escaped). While the turn runs
+    #: the step hands the message list itself: it is masked (``[log] redact``) as data and
+    #: encoded once, when the row is written (:func:`prompt_text`)
+    prompt: str | list[dict[str, Any]] | None = None
     #: the text the call returned (what arrived, for a cut or cancelled call)
     output: str | None = None
     #: reasoning text the server streamed, if any
@@ -351,6 +354,14 @@ class CallRow(_Row):
             # the exact binary value correctly) at a third of json.dumps's cost per gap
             return "[" + ",".join([f"{g:.3f}" for g in value]) + "]"
         return super()._json_text(name, value)
+
+    def to_db(self) -> dict[str, Any]:
+        """The row as the table's columns, the prompt encoded as JSON text if it is still
+        the message list (:func:`prompt_text`)."""
+        row = super().to_db()
+        if isinstance(row["prompt"], list):
+            row["prompt"] = prompt_text(row["prompt"])
+        return row
 
 
 @dataclass(frozen=True)
@@ -543,3 +554,9 @@ def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
                                                                   prev.attempt):  # fmt: skip
             best[key] = c
     return best
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The one encoding of ``calls.prompt``: the messages as JSON, non-ASCII text kept as
+    UTF-8 (``ensure_ascii=False``), whether or not ``[log] redact`` masked them first."""
+    return json.dumps(messages, ensure_ascii=False)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from datetime import UTC, datetime
@@ -132,7 +131,7 @@ def call_row(
             # the format of every *_at column (chainrun.log.migrations.utc_now)
             started_at=datetime.fromtimestamp(stream.sent_at, UTC).isoformat(
                 timespec="milliseconds"),
-            prompt=json.dumps(request.messages, ensure_ascii=False),
+            prompt=list(request.messages),  # encoded once, when the row is written
             output=t.text,
             reasoning="".join(t.reasoning) or None,
             ttft_ms=t.ttft_ms,
