@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from chainrun.checks.grounding import DEFAULT_ID_PATTERN, DEFAULT_SAFE_TEXT
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
 
 
@@ -116,4 +117,45 @@ class OutputCheckConfig(_CheckRules):
     reject_text: str | None = None
 
 
-__all__ = ["CheckAction", "ChecksConfig", "OutputCheckConfig", "PatternConfig"]
+class GroundingConfig(_Strict):
+    """The grounding check of the answer step's stream (``[steps.ANSWER.grounding]``):
+    the answer's product ids, titles, prices, size and stock claims and policy figures
+    against the turn's own sources (the products the step was handed, the turn's tool
+    results, the shop's policy text), on the stream in the hold-back engine
+    (:mod:`chainrun.checks.grounding`). Client-sent assistant turns are never a source.
+    """
+
+    #: run the check (the default chain's answer step has it on)
+    enabled: bool = True
+    #: what an ungrounded claim does: ``correct`` (a wrong price, title or currency of a
+    #: product the turn has is replaced by the row's; any other ungrounded claim drops its
+    #: sentence or line), ``drop`` (drop the claim's sentence or line), ``replace`` (the
+    #: whole answer becomes ``safe_text``), ``refuse`` (the turn is refused), ``flag``
+    #: (only logged)
+    action: Literal["correct", "drop", "replace", "refuse", "flag"] = "correct"
+    #: what the shopper is told when nothing of the answer is left, or with ``replace``
+    safe_text: str = Field(default=DEFAULT_SAFE_TEXT, min_length=1)
+    #: the shape of a product id (a regular expression)
+    id_pattern: str = DEFAULT_ID_PATTERN
+    #: the shop's currency (ISO 4217): a price in another is a claim that is not so
+    currency: str = Field(default="EUR", pattern=r"^[A-Z]{3}$")
+    #: the shop's policy file whose figures (days, hours, fees) the answer may state
+    #: (None: the sample shop's, as the policy step's default)
+    policy_file: str | None = None
+    #: recognise the titles of every catalogue product (so a product the turn was not
+    #: handed is caught by its title too); catalogues larger than this many products only
+    #: the turn's titles are matched
+    catalogue_titles_max: int = Field(default=20_000, ge=0)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> GroundingConfig:
+        import re
+
+        try:
+            re.compile(self.id_pattern)
+        except re.error as e:
+            raise ValueError(f"id_pattern: not a regular expression ({e})") from None
+        return self
+
+
+__all__ = ["CheckAction", "ChecksConfig", "GroundingConfig", "OutputCheckConfig", "PatternConfig"]

@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from chainrun.checks.patterns import PatternChecker
 
@@ -46,11 +47,15 @@ class Redaction:
 @dataclass(frozen=True)
 class WindowVerdict:
     """A check's verdict on one checked text: pass (``ok``), block (``ok = False``, with a
-    ``reason``), or pass with ``redactions`` to apply before release."""
+    ``reason``), or pass with ``redactions`` to apply before release. ``hold_from``: an
+    offset of the checked text (after the redactions) from which nothing is released
+    yet, whatever the window allows (a claim still being written: the grounding check);
+    None: the window's rule alone decides."""
 
     ok: bool
     reason: str | None = None
     redactions: tuple[Redaction, ...] = ()
+    hold_from: int | None = None
 
 
 WindowCheck = Callable[[str], Awaitable[WindowVerdict]]
@@ -91,16 +96,25 @@ class HoldBackStats:
 class HoldBack:
     """Runs a check over a token stream in windows of ``window_tokens``; see the module text.
 
+    A check with a true ``streaming`` attribute (the grounding check:
+    :class:`chainrun.checks.grounding.StreamGrounding`) is awaited as ``check(text,
+    final=...)`` (``final``: the stream has ended and this is all that is held) and told
+    each released piece (``check.released(piece)``), so that it can judge text that
+    began before what it holds; with ``window_tokens = 0`` such a check runs on every
+    token and only its ``hold_from`` holds anything back.
+
     Args:
         check: awaited with the held text; its verdict releases, redacts or blocks.
-        window_tokens: c, the number of tokens held back (>= 1).
+        window_tokens: c, the number of tokens held back (>= 1; 0: only with a
+            ``streaming`` check).
 
     Raises:
-        ValueError: ``window_tokens`` < 1.
+        ValueError: ``window_tokens`` < 1 (< 0 for a ``streaming`` check).
     """
 
     def __init__(self, check: WindowCheck, window_tokens: int) -> None:
-        if window_tokens < 1:
+        self.streaming = bool(getattr(check, "streaming", False))
+        if window_tokens < (0 if self.streaming else 1):
             raise ValueError(f"window_tokens must be >= 1, got {window_tokens}")
         self.check = check
         self.window_tokens = window_tokens
@@ -117,6 +131,9 @@ class HoldBack:
             Exception: whatever ``source`` or ``check`` raised (the source closed first).
         """
         c = self.window_tokens
+        streaming = self.streaming
+        check_fn: Any = self.check
+        on_release = getattr(self.check, "released", None) if streaming else None
         held: list[str] = []  # tokens read and not yet released
         new = 0  # tokens read since the last check started
         ended = False
@@ -124,13 +141,18 @@ class HoldBack:
         reader: asyncio.Task[str] | None = None
         checker: asyncio.Task[WindowVerdict] | None = None
         checked_n = 0  # tokens covered by the check in flight
+        checked_final = False  # the check in flight was told the stream had ended
         check_started = 0.0
         try:
             while True:
-                if checker is None and (new >= c or (ended and held)):
+                if checker is None and ((new >= max(c, 1)) or (ended and held)):
                     checked_n, new = len(held), 0
                     check_started = time.perf_counter()
-                    checker = asyncio.ensure_future(self.check("".join(held[:checked_n])))
+                    text = "".join(held[:checked_n])
+                    checked_final = ended
+                    checker = asyncio.ensure_future(
+                        check_fn(text, final=ended) if streaming else self.check(text)
+                    )
                 if reader is None and not ended:
                     reader = asyncio.ensure_future(anext(source))
                 waiting = [t for t in (reader, checker) if t is not None]
@@ -146,6 +168,29 @@ class HoldBack:
                         self.stats.max_held_tokens = max(self.stats.max_held_tokens, len(held))
                     except StopAsyncIteration:
                         ended = True
+                    except Exception:
+                        if not streaming or not held:
+                            raise
+                        # the source broke off: a streaming check judges what is held as
+                        # the end (a cut answer keeps the words that pass), then it raises
+                        if checker is not None:
+                            await asyncio.wait([checker])
+                            checker = None
+                        verdict = await check_fn("".join(held), final=True)
+                        self.stats.checks += 1
+                        if verdict.ok:
+                            if verdict.redactions:
+                                held[:] = _redact(held, verdict.redactions)
+                                self.stats.redactions += len(verdict.redactions)
+                            piece = "".join(held)
+                            self.stats.tokens_released += len(held)
+                            held.clear()
+                            released.append(piece)
+                            if on_release is not None:
+                                on_release(piece)
+                            if piece:
+                                yield piece
+                        raise
                 if checker is not None and checker in done:
                     task2, checker = checker, None
                     verdict = task2.result()
@@ -161,13 +206,18 @@ class HoldBack:
                     if verdict.redactions:
                         held[:checked_n] = _redact(held[:checked_n], verdict.redactions)
                         self.stats.redactions += len(verdict.redactions)
-                    final = ended and checked_n == len(held)
+                    # a streaming check judges an open claim only when told the stream ended
+                    final = ended and checked_n == len(held) and (checked_final or not streaming)
                     upto = checked_n if final else max(0, checked_n - c)
+                    if verdict.hold_from is not None and not final:
+                        upto = min(upto, _tokens_before(held[:checked_n], verdict.hold_from))
                     if upto:
                         piece = "".join(held[:upto])
                         del held[:upto]
                         self.stats.tokens_released += upto
                         released.append(piece)
+                        if on_release is not None:
+                            on_release(piece)
                         if piece:
                             yield piece
                     if final:
@@ -181,6 +231,16 @@ class HoldBack:
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def _tokens_before(tokens: Sequence[str], offset: int) -> int:
+    """How many of ``tokens`` lie wholly before character ``offset`` of their join."""
+    total = 0
+    for i, tok in enumerate(tokens):
+        total += len(tok)
+        if total > offset:
+            return i
+    return len(tokens)
 
 
 def _redact(tokens: list[str], redactions: Sequence[Redaction]) -> list[str]:

@@ -51,12 +51,32 @@ def steps_table(steps: list[StepFinished], turn: TurnFinished) -> Table:
     return t
 
 
+def grounding_text(g: dict[str, Any]) -> str:
+    """The answer's grounding record in one line: claims checked, each ungrounded claim
+    with why, and what was done (:meth:`chainrun.checks.grounding.StreamGrounding.report`)."""
+    head = f"grounding: {g.get('claims', 0)} claims checked, {g.get('n_ungrounded', 0)} ungrounded"
+    parts = []
+    done = list(g.get("done") or [])
+    for i, u in enumerate(g.get("ungrounded") or []):
+        action = done[i]["action"] if i < len(done) else g.get("action")
+        to = f" to {done[i]['to']!r}" if i < len(done) and done[i].get("to") else ""
+        parts.append(f"{u.get('kind')} {u.get('text')!r}: {u.get('why')} ({action}{to})")
+    return head + ("; " + "; ".join(parts) if parts else "")
+
+
 def verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
     """One line per step verdict of a turn, made printable: a text verdict (a critique's
-    advice) as its text, another as ``key=value`` pairs (values as compact JSON)."""
+    advice) as its text, a grounding record as :func:`grounding_text`, another as
+    ``key=value`` pairs (values as compact JSON)."""
     lines = []
     for name, v in (verdicts or {}).items():
-        if isinstance(v, dict) and set(v) == {"text"}:
+        if isinstance(v, dict) and isinstance(v.get("grounding"), dict):
+            rest = {k: x for k, x in v.items() if k != "grounding"}
+            shown = grounding_text(v["grounding"])
+            if rest:
+                shown += "; " + ", ".join(f"{k}={json.dumps(x, ensure_ascii=False)}"
+                                          for k, x in rest.items())  # fmt: skip
+        elif isinstance(v, dict) and set(v) == {"text"}:
             shown = str(v["text"]).strip()
         elif isinstance(v, dict):
             shown = ", ".join(f"{k}={json.dumps(x, ensure_ascii=False)}" for k, x in v.items())
@@ -74,6 +94,8 @@ def verdict_mark(verdict: Any) -> str:
     if isinstance(verdict, dict) and "ok" in verdict:
         ok = verdict["ok"]
         return "✓" if ok is True else "✗" if ok is False else "?"
+    if isinstance(verdict, dict) and isinstance(verdict.get("grounding"), dict):
+        return "✓" if verdict["grounding"].get("grounded") else "✗"
     if isinstance(verdict, dict) and verdict.get("missing"):
         return "?"
     return "·"

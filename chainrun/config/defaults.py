@@ -114,6 +114,9 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "stream": True,
             "deadline_s": 60.0,
             "on_failure": "closed",
+            # the answer's product ids, titles, prices, stock and policy figures against
+            # the turn's products, tool results and policy (chainrun.checks.grounding)
+            "grounding": {"action": "correct"},
         },
         "validate": {
             "prompt": _VALIDATE_PROMPT,

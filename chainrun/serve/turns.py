@@ -12,6 +12,9 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     step          {phase: "finished", step, kind, status, started_ms, duration_ms,
                    ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
                    error_type, model, reasoning_effort, output}
+    grounding     {step, action, claims, n_ungrounded, ungrounded: [{kind, text, product,
+                   why, correction}], done: [{claim, action}], grounded, ...}  (after the
+                   answer step's ``step`` event, when its grounding check ran)
     answer_done   {step, output, answer_ttft_ms, answer_done_ms, turn_index, pending: [step names],
                    usage: {input_tokens, ..., unknown_calls} of the calls so far}
     turn          the summary of :func:`turn_summary`, read back from the log
@@ -313,6 +316,13 @@ class TurnRunner:
                             hook(ev)
                         break
                     yield self._wire(ev, finished)
+                    grounding = (
+                        (ev.detail or {}).get("grounding")
+                        if isinstance(ev, StepFinished) and ev.step == self.answer_step
+                        else None
+                    )
+                    if grounding is not None:
+                        yield WireEvent("grounding", {"step": ev.step, **grounding})
         except asyncio.CancelledError:
             if not self.stopping:
                 raise  # the client went away: nobody reads a closing event

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chainrun.answer_json import answer_problem, parse_json_object
-from chainrun.checks.config import OutputCheckConfig
+from chainrun.checks.config import GroundingConfig, OutputCheckConfig
 from chainrun.checks.holdback import (
     HoldBack,
     OutputBlocked,
@@ -59,6 +59,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.steps.config import StepConfig
+from chainrun.steps.grounding import AnswerGrounding, open_grounding
 from chainrun.steps.model_config import ModelStepConfig, policy_from_config, template_fields
 from chainrun.steps.tool_use import run_tool_rounds
 from chainrun.tools import Tool
@@ -203,6 +204,9 @@ class LLMConfig(ModelStepConfig):
     reject_text: str | None = None
     #: the answer step only: checks on its stream, in held-back windows
     output_check: OutputCheckConfig | None = None
+    #: the answer step's stream only: its product, price, stock and policy claims
+    #: against the turn's own sources (chainrun.checks.grounding); None: off
+    grounding: GroundingConfig | None = None
     #: the tools (names of ``[tools.NAME]`` tables) the step's model may call; the step
     #: runs rounds of model call, tool calls and results until the model answers in text
     tools: list[str] = Field(default_factory=list)
@@ -292,6 +296,8 @@ class LLMStep(Step):
             if self.llm.output_check is not None
             else None
         )
+        #: the answer's grounding check (built by open() for a streamed answer step)
+        self.grounding: AnswerGrounding | None = None
 
     @property
     def reads(self) -> frozenset[str]:
@@ -345,6 +351,9 @@ class LLMStep(Step):
             policy, targets, breakers=ctx.breakers_for(policy), loop_lag=ctx.loop_lag
         )
         self.tools = {name: ctx.tools[name] for name in self.llm.tools}
+        g = self.llm.grounding
+        if g is not None and g.enabled and self.is_answer and cfg.stream:
+            self.grounding = await open_grounding(g, ctx)
         seed, store = ctx.seed_windows, ctx.store
         if (seed is not None and store is not None and policy is not None and policy.hedges
                 and policy.delay_ms is None):
@@ -407,8 +416,8 @@ class LLMStep(Step):
             return list(by_label[state.label])
         return list(self.llm.tools)
 
-    def holdback(self) -> HoldBack | None:
-        return self._holdback()
+    def holdback(self, state: TurnState | None = None) -> HoldBack | None:
+        return self._holdback(state)
 
     def record_holdback(self, ctx: StepContext, holdback: HoldBack, winner: ChatStream | None,
                         blocked: OutputBlocked | None) -> None:  # fmt: skip
@@ -457,7 +466,7 @@ class LLMStep(Step):
         winner: ChatStream | None = None
         outcome: HedgeOutcome[ChatStream] | None = None
         error: BaseException | None = None
-        holdback = self._holdback()
+        holdback = self._holdback(state)
         shown: list[str] = []  # what reached the user (redacted by the output check)
         blocked: OutputBlocked | None = None
         cancelled = False
@@ -499,23 +508,44 @@ class LLMStep(Step):
                     self._record_holdback(ctx, holdback, winner, blocked)
                 if outcome is not None and outcome.shadows_pending:
                     ctx.after_log.append(self._shadow_settler(request, outcome, streams, deadline))
-        checked = (ctx.row.detail or {}).get("output_check")
+        yield self.checked_result(ctx, holdback, winner, error, blocked, shown)
+
+    def checked_result(
+        self, ctx: StepContext, holdback: HoldBack | None, winner: ChatStream | None,
+        error: BaseException | None, blocked: OutputBlocked | None, shown: list[str],
+    ) -> StepResult:  # fmt: skip
+        """The step's result after its stream went through the hold-back engine: the
+        output check's and the grounding check's verdicts, a block as a refusal (or, by
+        the grounding's ``replace``, as its safe text), the answer as it was shown."""
+        detail = ctx.row.detail or {}
+        verdict = {k: detail[k] for k in ("output_check", "grounding") if k in detail}
         if blocked is not None:
-            assert self.llm.output_check is not None
-            yield StepResult(verdict={"output_check": checked}, refuse=True,
-                             refusal_text=self.llm.output_check.reject_text)  # fmt: skip
-            return
+            g = self.llm.grounding
+            by_grounding = blocked.reason.startswith("ungrounded") and g is not None
+            if by_grounding and g is not None and g.action == "replace":
+                return StepResult(verdict=verdict, refuse=True, refusal_text=g.safe_text,
+                                  replaced=True)  # fmt: skip
+            oc = self.llm.output_check
+            return StepResult(verdict=verdict, refuse=True,
+                              refusal_text=oc.reject_text if oc and not by_grounding
+                              else None)  # fmt: skip
         result = self._result(winner, error)
         if holdback is not None and result.error is None:
-            result.updates["answer"] = "".join(shown)  # with the output check's redactions
-            if holdback.stats.redactions:
-                result.verdict = {"output_check": checked}
-        yield result
+            result.updates["answer"] = "".join(shown)  # with the checks' redactions
+            if holdback.stats.redactions or "grounding" in verdict:
+                result.verdict = verdict
+        return result
 
-    def _holdback(self) -> HoldBack | None:
-        """A hold-back engine for this turn's answer stream (None: no output check)."""
+    def _holdback(self, state: TurnState | None = None) -> HoldBack | None:
+        """A hold-back engine for this turn's answer stream (None: no output check and
+        no grounding check); the grounding check reads the turn's sources in ``state``."""
         oc = self.llm.output_check
-        if self._window_check is None or oc is None or not self.config.stream:
+        if not self.config.stream:
+            return None
+        if self.grounding is not None and state is not None:
+            check = self.grounding.stream_check(state.values, self._window_check)
+            return HoldBack(check, oc.window_tokens if oc is not None else 0)
+        if self._window_check is None or oc is None:
             return None
         return HoldBack(self._window_check, oc.window_tokens)
 
@@ -527,6 +557,11 @@ class LLMStep(Step):
         checked, check latency, tokens held and released, the block (reason and tokens
         shown before it), and the exposure bound for this stream's measured generation
         speed and slowest check (:func:`~chainrun.checks.holdback.exposure_bound`)."""
+        grounding = getattr(holdback.check, "grounding", None)
+        if grounding is not None:
+            ctx.row.detail = {**(ctx.row.detail or {}), "grounding": grounding.report()}
+            if self.llm.output_check is None:
+                return  # the engine ran for the grounding check alone
         st, c = holdback.stats, holdback.window_tokens
         doc: dict[str, Any] = {
             "window_tokens": c, "checks": st.checks,

@@ -71,7 +71,10 @@ class ToolStep(Protocol):
     def store(self) -> Store | None: ...
     def request(self, state: TurnState) -> ChatRequest: ...
     def offered_tools(self, state: TurnState) -> list[str]: ...
-    def holdback(self) -> HoldBack | None: ...
+    def holdback(self, state: TurnState | None = None) -> HoldBack | None: ...
+    def checked_result(self, ctx: StepContext, holdback: HoldBack | None,
+                       winner: ChatStream | None, error: BaseException | None,
+                       blocked: OutputBlocked | None, shown: list[str]) -> StepResult: ...
     def record_holdback(self, ctx: StepContext, holdback: HoldBack,
                         winner: ChatStream | None, blocked: OutputBlocked | None) -> None: ...
     def result_of(self, winner: ChatStream | None,
@@ -252,7 +255,10 @@ async def run_tool_rounds(
                 break
             winner = rnd.winner
             assert winner is not None
-            holdback = step.holdback()
+            # the grounding check's sources: the turn's, and this step's tool results so far
+            seen = dataclasses.replace(state, values={**state.values,
+                                                      "tool_results": json.dumps(results)})
+            holdback = step.holdback(seen)
             if cfg.stream:
                 deltas = stream_answer(step.name, winner, holdback, deadline, shown)
                 async with contextlib.aclosing(deltas):
@@ -309,14 +315,14 @@ async def run_tool_rounds(
                 if r.outcome is not None and r.outcome.shadows_pending:
                     ctx.after_log.append(_shadow_settler(step, r, deadline))
     if blocked is not None:
-        assert step.llm.output_check is not None
-        checked = (ctx.row.detail or {}).get("output_check")
-        yield StepResult(verdict={"output_check": checked}, refuse=True,
-                         refusal_text=step.llm.output_check.reject_text)  # fmt: skip
+        yield step.checked_result(ctx, holdback, None, None, blocked, shown)
         return
     result = step.result_of(final.winner if final is not None else None, error)
     if result.error is None and step.is_answer and cfg.stream:
         result.updates["answer"] = "".join(shown)  # what reached the user
+        if "grounding" in (ctx.row.detail or {}):
+            result.verdict = {k: v for k, v in (ctx.row.detail or {}).items()
+                              if k in ("output_check", "grounding")}  # fmt: skip
     if result.error is None and step.llm.tool_results_field:
         result.updates[step.llm.tool_results_field] = json.dumps(results, ensure_ascii=False)
     yield result

@@ -1,0 +1,658 @@
+"""The grounding check: the facts an answer states, against the rows the turn has.
+
+A model can write "[JKT-013] Women's City Drizzle Packable Rain Jacket | €49.95" when
+JKT-013 is the 229 EUR Summit hardshell and was never shown to it. A model-based review
+(the default ``validate`` step) can be talked round; this check cannot: it reads the
+answer's **claims** and compares each with chainrun's own sources for the turn, by
+rules, in microseconds.
+
+Claims (found per segment of the answer: a line, or a sentence ending in ``.``, ``!``
+or ``?`` before white space):
+
+- ``product_id``: a catalogue id (``id_pattern``, default ``[A-Z]{2,5}-\\d{2,6}``);
+  grounded when it is one of the turn's products (or named by one of its tool results).
+- ``title``: a product title (the catalogue's, with or without its trailing colour in
+  brackets); grounded when a product of that title is among the turn's; after an id in
+  the same segment, it must be that id's title ("JKT-013 given the title of JKT-005").
+- ``price``: an amount with a currency in the shop's formats (``€49.95``, ``49.95 EUR``,
+  ``49,95 €``, ``EUR 49.95``, ``49.95 euros``; another currency's sign or code is a claim
+  too, and not grounded); about the product named before it in the segment (or after
+  it), it must be that product's price; about none, the price of some product of the
+  turn, a figure of a tool result or a fee of the policy. "under 100 EUR", "from 60 EUR"
+  are bounds, not prices, and are not claims.
+- ``stock``: "in stock in M", "available in S and M", "M is in stock", "sold out in L":
+  about the product named in the segment (or the turn's only product), each size must
+  exist and have stock (or none, for "sold out").
+- ``policy``: figures of the shop's policy: days ("within 30 days", "2-4 working days"),
+  hours and fees: in a segment about returns, refunds, exchanges or delivery, the figure
+  must be one the policy text gives on that subject.
+
+Sources are chainrun's own: the products the turn's search handed to the answer step,
+the turn's tool results, the shop's policy text. What a client sends as earlier
+assistant turns (the OpenAI face's ``messages``) is what the client says the assistant
+said, never a source.
+
+What happens to an ungrounded claim is the ``action``:
+
+- ``correct`` (the default): a wrong price, title or currency of a product the turn has
+  is replaced by the row's; anything else ungrounded (a product the turn does not have,
+  a price of nothing, a stock or policy figure that differs) drops its segment; an
+  answer left empty is replaced by ``safe_text``.
+- ``drop``: every segment with an ungrounded claim is dropped.
+- ``replace``: the whole answer is replaced by ``safe_text``; ``refuse``: the turn is
+  refused; ``flag``: the answer is left as it is; each is logged.
+
+:class:`StreamGrounding` is the check on a stream: called by the hold-back engine
+(:class:`chainrun.checks.holdback.HoldBack`) on what it holds, it judges each segment
+once it is complete and asks the engine to hold back an open segment from the first
+place a claim could start (an id, a digit, a currency, a title's first word), so text
+before any claim reaches the shopper at once.
+
+Limits (also in docs/guides/checks-and-guards.md): paraphrased prices ("under a hundred",
+"about fifty euros") and paraphrased titles ("the yellow one") are not claims; a product
+outside the catalogue is only caught by its id or its price; English phrasings.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from chainrun.checks.holdback import Redaction, WindowVerdict
+
+__all__ = [
+    "DEFAULT_ID_PATTERN",
+    "DEFAULT_SAFE_TEXT",
+    "Claim",
+    "GroundingAction",
+    "GroundingSources",
+    "ProductRow",
+    "StreamGrounding",
+    "check_text",
+]
+
+GroundingAction = Literal["correct", "drop", "replace", "refuse", "flag"]
+
+#: the catalogue's id shape: two to five capitals, a dash, two to six digits (JKT-013)
+DEFAULT_ID_PATTERN = r"[A-Z]{2,5}-\d{2,6}"
+#: what the shopper is told when nothing of the answer is left (or ``replace``)
+DEFAULT_SAFE_TEXT = (
+    "I could not confirm the details of that answer against our catalogue. "
+    "Please see the product pages for current prices and sizes."
+)
+
+_CURRENCY_SIGNS = {"€": "EUR", "$": "USD", "£": "GBP"}
+_CURRENCY_WORDS = {"eur": "EUR", "euro": "EUR", "euros": "EUR", "usd": "USD",
+                   "dollar": "USD", "dollars": "USD", "gbp": "GBP", "pound": "GBP",
+                   "pounds": "GBP", "chf": "CHF"}  # fmt: skip
+_AMOUNT = r"\d{1,6}(?:[.,]\d{1,2})?"
+_WORD_CUR = r"(?:EUR|USD|GBP|CHF|euros?|dollars?|pounds?)"
+_PRICE = re.compile(
+    rf"(?P<sign>[€$£])\s?(?P<a1>{_AMOUNT})"
+    rf"|(?P<code>\b(?:EUR|USD|GBP|CHF))\s?(?P<a2>{_AMOUNT})"
+    rf"|(?P<a3>{_AMOUNT})\s?(?:(?P<sign2>[€$£])|(?P<word>{_WORD_CUR})\b)",
+    re.I,
+)
+#: words before an amount that make it a bound, not a price ("under 100 EUR")
+_BOUND = re.compile(
+    r"(?:under|below|less than|up to|from|over|above|around|about|budget of|within|"
+    r"more than|at least|at most|max(?:imum)?|min(?:imum)?|spend|orders? over)\s*$",
+    re.I,
+)
+_SIZE = r"(?:XXXL|XXL|XL|XXS|XS|S|M|L|W\d{2}(?:/L\d{2})?|\d{2}(?:\.5)?|one size)"
+_SIZES = rf"{_SIZE}(?:\s*(?:,|/|and|or|&)\s*{_SIZE})*"
+_STOCK = [
+    (re.compile(rf"\b(?:in stock|available)\s+in\s+(?:sizes?\s+)?(?P<sizes>{_SIZES})\b"), True),
+    (re.compile(rf"\b(?:sizes?\s+)?(?P<sizes>{_SIZES})\s+(?:is|are)\s+(?:still\s+)?"
+                r"(?:in stock|available)\b"), True),
+    (re.compile(rf"\b(?:sold out|out of stock)\s+in\s+(?:sizes?\s+)?(?P<sizes>{_SIZES})\b",
+                re.I), False),
+]
+_SIZE_TOKEN = re.compile(_SIZE)
+_FIGURE = re.compile(
+    r"(?<![\d.,])(?P<n>\d{1,3})(?:\s?(?:-|–|to)\s?(?P<m>\d{1,3}))?\s+"
+    r"(?P<unit>(?:working\s+|business\s+)?days?|hours?)\b",
+    re.I,
+)
+_TOPICS = {
+    "returns": re.compile(
+        r"\b(return|refund|exchange|send (?:it |them )?back|faulty|damaged)", re.I
+    ),
+    "delivery": re.compile(
+        r"\b(deliver|shipping|ship|dispatch|arriv|express|courier|postage)", re.I
+    ),
+}
+_SEGMENT_END = re.compile(r"\n|(?<=[.!?])(?=\s)")
+_TRAILING_BRACKET = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+@dataclass(frozen=True)
+class ProductRow:
+    """A product as the check knows it: id, title, price (in ``currency``), sizes (units
+    in stock by size label)."""
+
+    id: str
+    title: str
+    price: float
+    currency: str = "EUR"
+    sizes: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, p: Any) -> ProductRow:
+        """From a product object (attributes ``id``, ``title``, ``price``, ``currency``,
+        ``sizes``, as the retrieve step hands on) or a dict with those keys.
+
+        Raises:
+            KeyError, AttributeError: ``id``, ``title`` or ``price`` is missing.
+        """
+
+        def get(name: str, default: Any = None) -> Any:
+            if isinstance(p, Mapping):
+                return p.get(name, default) if default is not None else p[name]
+            return getattr(p, name, default) if default is not None else getattr(p, name)
+
+        sizes = get("sizes", {}) or {}
+        return cls(str(get("id")), str(get("title")), float(get("price")),
+                   str(get("currency", "EUR") or "EUR"),
+                   {str(s): int(n) for s, n in dict(sizes).items()})  # fmt: skip
+
+    @property
+    def sizes_in_stock(self) -> list[str]:
+        return [s for s, n in self.sizes.items() if n > 0]
+
+
+def core_title(title: str) -> str:
+    """A title without its trailing bracket ("... Rain Jacket (yellow)" → "... Rain Jacket")."""
+    return _TRAILING_BRACKET.sub("", title).strip()
+
+
+def format_price(amount: float, like: str) -> str:
+    """``amount`` written in the format of the price text ``like`` (sign before or code
+    after, decimal comma or point)."""
+    comma = bool(re.search(r"\d,\d{1,2}\b", like))
+    body = f"{amount:.2f}"
+    if comma:
+        body = body.replace(".", ",")
+    stripped = like.strip()
+    if stripped.startswith("€"):
+        return f"€{' ' if stripped[1:2] == ' ' else ''}{body}"
+    if re.match(r"(?i)EUR", stripped):
+        return f"EUR {body}"
+    if re.search(r"(?i)euros?\s*$", stripped):
+        return f"{body} euros"
+    if stripped.endswith("€"):
+        return f"{body} €"
+    if re.search(r"[$£]|USD|GBP|CHF|dollar|pound", stripped, re.I):
+        return f"€{body}"  # another currency: the shop's own
+    return f"{body} EUR"
+
+
+def _amount(text: str) -> float:
+    return float(text.replace(",", "."))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One fact the answer states, and what the check made of it.
+
+    Attributes:
+        kind: ``product_id``, ``title``, ``price``, ``stock`` or ``policy``.
+        text: the claim as written.
+        start, end: its offsets in the checked text.
+        product: the id the claim is about (None: none).
+        grounded: whether the turn's sources say so.
+        why: why not (None when grounded).
+        correction: the text that would make it true (None: none known).
+    """
+
+    kind: str
+    text: str
+    start: int
+    end: int
+    product: str | None = None
+    grounded: bool = True
+    why: str | None = None
+    correction: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "text": self.text, "product": self.product,
+                               "grounded": self.grounded}  # fmt: skip
+        if not self.grounded:
+            out["why"] = self.why
+            if self.correction is not None:
+                out["correction"] = self.correction
+        return out
+
+
+class GroundingSources:
+    """What a turn's answer may state: the turn's products, its tool results, the policy.
+
+    Args:
+        products: the products the answer step was handed (objects or dicts with ``id``,
+            ``title``, ``price``, ``currency``, ``sizes``; :meth:`ProductRow.of`).
+        policy: the shop's policy text (its figures: days, hours, fees).
+        tool_results: the turn's tool results as text (their ids and figures count).
+        catalogue: every product of the shop (id → row), to name the product a wrong id
+            or title belongs to and to recognise titles of products the turn lacks
+            (None: only the turn's products' titles are recognised).
+        currency: the shop's currency (ISO 4217).
+        id_pattern: the shape of a product id (a regular expression).
+    """
+
+    def __init__(
+        self,
+        products: Iterable[Any] = (),
+        *,
+        policy: str = "",
+        tool_results: Sequence[str] = (),
+        catalogue: Mapping[str, ProductRow] | None = None,
+        currency: str = "EUR",
+        id_pattern: str = DEFAULT_ID_PATTERN,
+    ) -> None:
+        self.products = {r.id: r for r in (ProductRow.of(p) for p in products)}
+        self.catalogue = dict(catalogue or {})
+        self.currency = currency
+        self.tool_text = "\n".join(tool_results)
+        self.id_re = re.compile(rf"\b{id_pattern}\b")
+        self.tool_ids = set(self.id_re.findall(self.tool_text))
+        self.tool_amounts = {round(_amount(a), 2) for a in re.findall(_AMOUNT, self.tool_text)}
+        by_title: dict[str, set[str]] = {}
+        for row in [*self.catalogue.values(), *self.products.values()]:
+            for t in {row.title, core_title(row.title)}:
+                if len(t) >= 8:
+                    by_title.setdefault(t.lower(), set()).add(row.id)
+        self.title_ids = by_title
+        titles = sorted(by_title, key=len, reverse=True)
+        self.title_re = (
+            re.compile(r"(?<!\w)(?:" + "|".join(re.escape(t) for t in titles) + r")(?!\w)", re.I)
+            if titles else None
+        )  # fmt: skip
+        #: the first word of every title (a claim may start there: the engine holds it)
+        self.title_starts = {t.split()[0] for t in titles if t.split()}
+        self.policy = policy
+        self.policy_sentences = [s for s in re.split(r"(?<=[.!?])\s+|\n", policy) if s.strip()]
+        self.fees = {round(_amount(m.group("a1") or m.group("a2") or m.group("a3")), 2)
+                     for m in _PRICE.finditer(policy)}  # fmt: skip
+        self.prices = {round(r.price, 2) for r in self.products.values()}
+
+    def known(self, pid: str) -> ProductRow | None:
+        return self.products.get(pid) or self.catalogue.get(pid)
+
+    def describe(self, pid: str) -> str:
+        row = self.known(pid)
+        return f"{pid} ({row.title}, €{row.price:.2f})" if row else pid
+
+
+def _segments(text: str) -> list[tuple[int, int, bool]]:
+    """(start, end, complete) of each segment of ``text``: a complete one ends at a line
+    break or a sentence end; the last may be open."""
+    out = []
+    start = 0
+    for m in _SEGMENT_END.finditer(text):
+        end = m.end() if m.group(0) == "\n" else m.start()
+        if end > start:
+            out.append((start, end, True))
+        start = end
+    if start < len(text):
+        out.append((start, len(text), False))
+    return out
+
+
+@dataclass
+class _Mention:
+    start: int
+    end: int
+    ids: frozenset[str]
+    by: str  # "id" or "title"
+
+
+def _mentions(src: GroundingSources, seg: str) -> list[_Mention]:
+    found = [_Mention(m.start(), m.end(), frozenset({m.group(0)}), "id")
+             for m in src.id_re.finditer(seg)]  # fmt: skip
+    if src.title_re is not None:
+        for m in src.title_re.finditer(seg):
+            ids = src.title_ids.get(m.group(0).lower(), set())
+            found.append(_Mention(m.start(), m.end(), frozenset(ids), "title"))
+    return sorted(found, key=lambda x: x.start)
+
+
+def _subject(mentions: list[_Mention], pos: int, src: GroundingSources) -> frozenset[str]:
+    """The product(s) a claim at ``pos`` is about: the nearest mention before it (an
+    id wins over the title after it), else the first after it; none: the turn's only
+    product, if it has one."""
+    before = [m for m in mentions if m.end <= pos]
+    if before:
+        ids_before = [m for m in before if m.by == "id"]
+        return (ids_before[-1] if ids_before else before[-1]).ids
+    after = [m for m in mentions if m.start >= pos]
+    if after:
+        return after[0].ids
+    if len(src.products) == 1:
+        return frozenset(src.products)
+    return frozenset()
+
+
+def check_segment(src: GroundingSources, seg: str, offset: int = 0) -> list[Claim]:
+    """The claims of one segment ``seg`` (offsets shifted by ``offset``)."""
+    claims: list[Claim] = []
+    mentions = _mentions(src, seg)
+    ids_in_seg = [m for m in mentions if m.by == "id"]
+    for m in mentions:
+        text = seg[m.start : m.end]
+        at = (m.start + offset, m.end + offset)
+        if m.by == "id":
+            (pid,) = m.ids
+            if pid in src.products or pid in src.tool_ids:
+                claims.append(Claim("product_id", text, *at, pid))
+            else:
+                where = ("is in the catalogue but not among the products the turn was handed"
+                         if pid in src.catalogue else "is no product the turn knows")  # fmt: skip
+                claims.append(Claim("product_id", text, *at, pid, False,
+                                    f"{src.describe(pid)} {where}"))  # fmt: skip
+            continue
+        # a title: of the id before it in the segment, or of a product the turn has
+        prior = [i for i in ids_in_seg if i.end <= m.start]
+        if prior:
+            (pid,) = prior[-1].ids
+            if pid in m.ids:
+                claims.append(Claim("title", text, *at, pid))
+            else:
+                other = sorted(m.ids)[0] if m.ids else "?"
+                row = src.products.get(pid)
+                claims.append(Claim("title", text, *at, pid, False,
+                                    f"{pid} given the title of {src.describe(other)}",
+                                    row.title if row else None))  # fmt: skip
+            continue
+        mine = sorted(m.ids & set(src.products))
+        if mine:
+            claims.append(Claim("title", text, *at, mine[0]))
+        else:
+            owner = sorted(m.ids)[0] if m.ids else None
+            named = src.describe(owner) if owner else text
+            claims.append(Claim("title", text, *at, owner, False,
+                                f"{named} is not among the products the turn was handed"))
+    for pm in _PRICE.finditer(seg):
+        if _BOUND.search(seg[: pm.start()]):
+            continue
+        amount_text = pm.group("a1") or pm.group("a2") or pm.group("a3")
+        cur_text = (pm.group("sign") or pm.group("code") or pm.group("sign2")
+                    or pm.group("word") or "")  # fmt: skip
+        currency = _CURRENCY_SIGNS.get(cur_text) or _CURRENCY_WORDS.get(cur_text.lower(), "EUR")
+        amount = round(_amount(amount_text), 2)
+        text = pm.group(0)
+        at = (pm.start() + offset, pm.end() + offset)
+        subject = _subject(mentions, pm.start(), src)
+        rows = [src.products[i] for i in sorted(subject) if i in src.products]
+        if subject and not rows:
+            claims.append(Claim("price", text, *at, sorted(subject)[0], False,
+                                f"a price of {sorted(subject)[0]}, which the turn was not "
+                                "handed"))  # fmt: skip
+            continue
+        if rows:
+            ok = [r for r in rows if abs(r.price - amount) < 0.005]
+            row = ok[0] if ok else rows[0]
+            if currency != src.currency:
+                why = f"{text} is in {currency}; {row.id} costs €{row.price:.2f}"
+                claims.append(Claim("price", text, *at, row.id, False, why,
+                                    format_price(row.price, text)))  # fmt: skip
+            elif ok:
+                claims.append(Claim("price", text, *at, row.id))
+            else:
+                claims.append(Claim("price", text, *at, row.id, False,
+                                    f"{text} differs from {row.id}'s price €{row.price:.2f}",
+                                    format_price(row.price, text)))  # fmt: skip
+            continue
+        if currency == src.currency and (amount in src.prices or amount in src.fees
+                                         or amount in src.tool_amounts):  # fmt: skip
+            claims.append(Claim("price", text, *at))
+        else:
+            why = f"no product, fee or tool result of the turn costs {text}"
+            claims.append(Claim("price", text, *at, None, False, why))
+    for pattern, in_stock in _STOCK:
+        for sm in pattern.finditer(seg):
+            subject = _subject(mentions, sm.start(), src)
+            rows = [src.products[i] for i in sorted(subject) if i in src.products]
+            if not rows:
+                continue  # about no product the turn has: the id or title claim says so
+            row = rows[0]
+            sizes = [s for s in _SIZE_TOKEN.findall(sm.group("sizes"))]
+            at = (sm.start() + offset, sm.end() + offset)
+            bad = []
+            for size in sizes:
+                n = row.sizes.get(size)
+                if n is None:
+                    bad.append(f"{row.id} has no size {size}")
+                elif in_stock and n <= 0:
+                    bad.append(f"{row.id} is sold out in {size}")
+                elif not in_stock and n > 0:
+                    bad.append(f"{row.id} has {n} in stock in {size}")
+            if bad:
+                claims.append(Claim("stock", sm.group(0), *at, row.id, False, "; ".join(bad)))
+            else:
+                claims.append(Claim("stock", sm.group(0), *at, row.id))
+    topic = next((name for name, rx in _TOPICS.items() if rx.search(seg)), None)
+    if topic is not None and src.policy:
+        for fm in _FIGURE.finditer(seg):
+            figure = fm.group("n") + (f"-{fm.group('m')}" if fm.group("m") else "")
+            unit = "hour" if fm.group("unit").lower().startswith("hour") else "day"
+            at = (fm.start() + offset, fm.end() + offset)
+            on_topic = [s for s in src.policy_sentences if _TOPICS[topic].search(s)]
+            given = _policy_figures(on_topic or src.policy_sentences, unit)
+            if figure in given:
+                claims.append(Claim("policy", fm.group(0), *at))
+            else:
+                said = ", ".join(sorted(given)) or "none"
+                claims.append(Claim("policy", fm.group(0), *at, None, False,
+                                    f"the policy on {topic} gives {unit}s {said}, not "
+                                    f"{figure}"))  # fmt: skip
+    return sorted(claims, key=lambda c: c.start)
+
+
+def _policy_figures(sentences: Sequence[str], unit: str) -> set[str]:
+    out = set()
+    for s in sentences:
+        for fm in _FIGURE.finditer(s):
+            u = "hour" if fm.group("unit").lower().startswith("hour") else "day"
+            if u == unit:
+                out.add(fm.group("n") + (f"-{fm.group('m')}" if fm.group("m") else ""))
+    return out
+
+
+def check_text(src: GroundingSources, text: str) -> list[Claim]:
+    """Every claim of a whole answer ``text`` (all its segments complete)."""
+    return [c for s, e, _ in _segments(text) for c in check_segment(src, text[s:e], s)]
+
+
+class StreamGrounding:
+    """The grounding check of one answer stream, for the hold-back engine.
+
+    Called with the text the engine holds (``await check(held, final=...)``); told what
+    it released (:meth:`released`). It judges each segment once it is complete (or at
+    the end), and returns the :class:`~chainrun.checks.holdback.WindowVerdict`: pass,
+    redactions (a correction or a dropped segment, by ``action``), a block (``replace``
+    or ``refuse``), and ``hold_from``: the offset of the held text from which nothing
+    may be released yet (an open segment from its first possible claim).
+
+    Attributes:
+        claims: every claim judged, in order.
+        actions: what was done, one entry per ungrounded claim (``corrected``,
+            ``dropped``, ``replaced``, ``refused``, ``flagged``).
+        check_us: CPU time of each call, in µs (``time.process_time_ns``).
+    """
+
+    streaming = True
+
+    def __init__(
+        self,
+        sources: GroundingSources,
+        action: GroundingAction = "correct",
+        *,
+        safe_text: str = DEFAULT_SAFE_TEXT,
+    ) -> None:
+        self.sources = sources
+        self.action = action
+        self.safe_text = safe_text
+        self.claims: list[Claim] = []
+        self.actions: list[dict[str, Any]] = []
+        self.check_us: list[float] = []
+        self._context = ""  # released text of the segment still open
+        self._judged = 0  # chars of the held text already judged (complete segments)
+        self._kept_any = False  # a segment with content reached (or will reach) the shopper
+        # what makes an open segment a claim to judge whole: an id, a title's first word,
+        # a stock phrase, a policy subject (a price alone is held only while written)
+        self._triggers = re.compile(
+            sources.id_re.pattern
+            + ("|" + "|".join(rf"(?<!\w){re.escape(w)}(?!\w)" for w in
+                              sorted(sources.title_starts, key=len, reverse=True))
+               if sources.title_starts else "")
+            + r"|\b(?:in stock|available|sold out|out of stock)\b"
+            + r"|\b(?:returns?|refunds?|exchanges?|deliver\w*|shipping|dispatch\w*|express)\b",
+            re.I,
+        )  # fmt: skip
+
+    def released(self, piece: str) -> None:
+        """The engine released ``piece``: it is context for the segment still open."""
+        self._context += piece
+        self._judged = max(0, self._judged - len(piece))
+        cut = max(self._context.rfind("\n"), -1)
+        for m in _SEGMENT_END.finditer(self._context):
+            cut = max(cut, m.end() if m.group(0) == "\n" else m.start())
+        if cut > 0:
+            self._context = self._context[cut:]
+
+    def _held_tail(self, tail: str) -> int | None:
+        """Where in ``tail`` (the open, unreleased part of a segment) a claim may be being
+        written, so that nothing from there is released yet: its last word if it may
+        still become an id, a title's first word, a currency or a stock phrase, or a
+        number (or currency sign) that a currency or unit may follow; None: nothing."""
+        if not tail:
+            return None
+        words = list(re.finditer(r"\S+", tail))
+        if not words:
+            return None
+        last = words[-1]
+        complete = last.end() < len(tail)  # white space after it
+        word = last.group(0)
+        if re.match(r"^[(\[]?[€$£]|^[(\[]?\d", word) or re.search(r"[€$£]", word):
+            return last.start()  # a number or a currency: what follows may make it a price
+        if complete:
+            return None
+        if word.startswith("[") or re.fullmatch(r"[A-Z]{1,5}-?\d*", word):
+            return last.start()  # an id being written
+        low = word.lower()
+        if any(w.lower().startswith(low) for w in self.sources.title_starts) or any(
+            p.startswith(low) for p in ("eur", "usd", "gbp", "euro", "in", "available", "sold")
+        ):
+            return last.start()
+        return None
+
+    async def __call__(self, held: str, final: bool = False) -> WindowVerdict:
+        t0 = time.process_time_ns()
+        try:
+            return self._check(held, final)
+        finally:
+            self.check_us.append((time.process_time_ns() - t0) / 1000.0)
+
+    def _check(self, held: str, final: bool) -> WindowVerdict:
+        ctx = self._context
+        full = ctx + held
+        base = len(ctx)
+        redactions: list[Redaction] = []
+        hold_from: int | None = None
+        for start, end, complete in _segments(full):
+            if end <= base + self._judged and complete:
+                continue  # judged by an earlier call
+            if not complete and not final:
+                open_at = max(start, base)  # where the unreleased part of the segment starts
+                trig = self._triggers.search(full, start)
+                tail_at = self._held_tail(full[open_at:end])
+                if trig is not None and trig.start() < end:
+                    hold_from = open_at - base  # the segment holds a claim: judge it whole
+                elif tail_at is not None:
+                    hold_from = open_at + tail_at - base
+                break
+            seg = full[start:end]
+            claims = check_segment(self.sources, seg, start)
+            self.claims.extend(claims)
+            bad = [c for c in claims if not c.grounded]
+            if seg.strip():
+                dropped = False
+                if bad:
+                    verdict = self._act(bad, start, end, base, redactions)
+                    if verdict is not None:
+                        return verdict
+                    dropped = any(a.get("segment_dropped") for a in self.actions[-len(bad):])
+                if not dropped:
+                    self._kept_any = True
+            if complete:
+                judged = end - base
+                # in the held text as the engine keeps it: after this call's redactions
+                judged += sum(len(r.replacement) - (r.end - r.start) for r in redactions
+                              if r.end <= judged)  # fmt: skip
+                self._judged = max(self._judged, judged)
+        if final and not self._kept_any and self.action in ("correct", "drop") and self.actions:
+            redactions = [Redaction(0, len(held), self.safe_text)]
+            self.actions.append({"action": "replaced", "why": "nothing of the answer was left"})
+        merged = _merge(redactions)
+        if hold_from is not None:  # in the held text as redacted
+            hold_from += sum(len(r.replacement) - (r.end - r.start) for r in merged
+                             if r.end <= hold_from)  # fmt: skip
+        return WindowVerdict(True, redactions=tuple(merged), hold_from=hold_from)
+
+    def _act(
+        self, bad: list[Claim], start: int, end: int, base: int, redactions: list[Redaction]
+    ) -> WindowVerdict | None:
+        """Apply the action to a segment's ungrounded claims (offsets of ``full``)."""
+        why = "; ".join(f"{c.kind} {c.text!r}: {c.why}" for c in bad)
+        if self.action == "flag":
+            self.actions.extend({"claim": c.text, "action": "flagged"} for c in bad)
+            return None
+        if self.action in ("replace", "refuse"):
+            self.actions.extend({"claim": c.text, "action": self.action + "d"} for c in bad)
+            return WindowVerdict(False, f"ungrounded: {why}")
+        correctable = self.action == "correct" and all(
+            c.correction is not None and c.start >= base for c in bad
+        )
+        if correctable:
+            for c in bad:
+                assert c.correction is not None
+                redactions.append(Redaction(c.start - base, c.end - base, c.correction))
+                self.actions.append({"claim": c.text, "action": "corrected",
+                                     "to": c.correction})  # fmt: skip
+            return None
+        lo = max(start, base) - base
+        redactions.append(Redaction(lo, end - base, ""))
+        self.actions.extend({"claim": c.text, "action": "dropped", "segment_dropped": True}
+                            for c in bad)  # fmt: skip
+        return None
+
+    def report(self) -> dict[str, Any]:
+        """The turn's grounding record: claims checked, the ungrounded ones and why, what
+        was done, and the CPU per call (µs)."""
+        bad = [c for c in self.claims if not c.grounded]
+        cpu = sorted(self.check_us)
+        return {
+            "action": self.action,
+            "claims": len(self.claims),
+            "ungrounded": [c.as_json() for c in bad],
+            "n_ungrounded": len(bad),
+            "done": [{k: v for k, v in a.items() if k != "segment_dropped"}
+                     for a in self.actions],
+            "grounded": not bad,
+            "checks": len(cpu),
+            "cpu_us_p50": round(cpu[len(cpu) // 2], 1) if cpu else None,
+            "cpu_us_max": round(cpu[-1], 1) if cpu else None,
+        }  # fmt: skip
+
+
+def _merge(redactions: list[Redaction]) -> list[Redaction]:
+    """Redactions without overlaps (a dropped segment swallows corrections inside it)."""
+    out: list[Redaction] = []
+    for r in sorted(redactions, key=lambda r: (r.start, -(r.end - r.start))):
+        if out and r.start < out[-1].end:
+            continue
+        out.append(r)
+    return out

@@ -1,0 +1,164 @@
+"""The grounding check of an answer step, per turn: its sources read from the turn state.
+
+The check itself is :mod:`chainrun.checks.grounding` (text and rows in, claims and a
+verdict out); this module gives it a turn's sources, all chainrun's own:
+
+- the products the answer step was handed: the turn-state field ``products`` (rows with
+  id, title, price, currency, sizes with stock, as the retrieve step hands them on; a
+  field that holds the prompt's product lines, ``- [ID] Title | category | €49.95 | ...
+  | in stock: S, M``, is read from those lines);
+- the turn's tool results: every turn-state field named ``tool_results`` or ending in
+  ``_results`` (what a tool step hands on);
+- the shop's policy: the policy file's text (``policy_file``, default the sample shop's)
+  and the turn's ``policy`` field.
+
+Never the conversation's history: on the OpenAI-compatible face earlier assistant turns
+come from the client, and a price they state is what the client says the assistant said.
+
+:class:`AnswerGrounding` is built when the chain opens (it reads the catalogue's titles
+once, so a product the turn was not handed is also caught by its title) and gives each
+turn's stream a :class:`~chainrun.checks.grounding.StreamGrounding`, combined with the
+output check's patterns when the step has both (:class:`CombinedCheck`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from chainrun.checks.config import GroundingConfig
+from chainrun.checks.grounding import GroundingSources, ProductRow, StreamGrounding, _merge
+from chainrun.checks.holdback import Redaction, WindowCheck, WindowVerdict
+
+__all__ = ["AnswerGrounding", "CombinedCheck", "open_grounding", "product_rows", "tool_results"]
+
+_LINE = re.compile(r"^- \[(?P<id>[^\]]+)\] (?P<title>.+)$")
+
+
+def product_rows(value: Any) -> list[ProductRow]:
+    """The product rows of a turn-state ``products`` value: rows (objects or dicts) as
+    they are, or the prompt's product lines parsed (sizes listed ``in stock`` get a stock
+    of 1, as the lines give no counts). None or ``(none)``: no row."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        rows = []
+        for line in value.splitlines():
+            parts = line.strip().split(" | ")
+            m = _LINE.match(parts[0]) if parts else None
+            if m is None or len(parts) < 3 or not parts[2].startswith("€"):
+                continue
+            try:
+                price = float(parts[2][1:])
+            except ValueError:
+                continue
+            sizes: dict[str, int] = {}
+            for part in parts[3:]:
+                if part.startswith("in stock: "):
+                    sizes = {s.strip(): 1 for s in part[len("in stock: "):].split(",")}
+            rows.append(ProductRow(m["id"], m["title"], price, "EUR", sizes))
+        return rows
+    if isinstance(value, Mapping):
+        value = [value]
+    return [ProductRow.of(p) for p in value]
+
+
+def tool_results(values: Mapping[str, Any]) -> list[str]:
+    """The turn's tool results as text: the turn-state fields named ``tool_results`` or
+    ending in ``_results``."""
+    return [str(v) for k, v in values.items()
+            if v is not None and (k == "tool_results" or k.endswith("_results"))]  # fmt: skip
+
+
+class CombinedCheck:
+    """The output check's patterns and the grounding check as one streaming window
+    check: a pattern block blocks; the patterns' and the grounding's redactions are
+    merged (where they overlap, the earlier wins); ``hold_from`` is the grounding's."""
+
+    streaming = True
+
+    def __init__(self, patterns: WindowCheck | None, grounding: StreamGrounding) -> None:
+        self.patterns = patterns
+        self.grounding = grounding
+
+    def released(self, piece: str) -> None:
+        self.grounding.released(piece)
+
+    async def __call__(self, text: str, final: bool = False) -> WindowVerdict:
+        redactions: tuple[Redaction, ...] = ()
+        if self.patterns is not None:
+            first = await self.patterns(text)
+            if not first.ok:
+                return first
+            redactions = first.redactions
+        verdict = await self.grounding(text, final)
+        if not verdict.ok or not redactions:
+            return verdict
+        merged = _merge([*redactions, *verdict.redactions])
+        return WindowVerdict(True, verdict.reason, tuple(merged), verdict.hold_from)
+
+
+class AnswerGrounding:
+    """An answer step's grounding check (see the module text).
+
+    Args:
+        config: the step's ``grounding`` settings.
+        catalogue: the shop's products (dicts or rows), for their titles and for naming
+            the product a wrong id belongs to; more than ``catalogue_titles_max``: none.
+        policy: the shop's policy text.
+    """
+
+    def __init__(
+        self, config: GroundingConfig, catalogue: list[Any], policy: str
+    ) -> None:
+        self.config = config
+        rows = [ProductRow.of(p) for p in catalogue]
+        self.catalogue = (
+            {r.id: r for r in rows} if len(rows) <= config.catalogue_titles_max else {}
+        )
+        self.policy = policy
+
+    def sources(self, values: Mapping[str, Any]) -> GroundingSources:
+        """The sources of a turn whose state holds ``values`` (see the module text)."""
+        policy = self.policy
+        turn_policy = values.get("policy")
+        if isinstance(turn_policy, str) and turn_policy and turn_policy not in policy:
+            policy = f"{policy}\n{turn_policy}"
+        return GroundingSources(
+            product_rows(values.get("products")),
+            policy=policy,
+            tool_results=tool_results(values),
+            catalogue=self.catalogue,
+            currency=self.config.currency,
+            id_pattern=self.config.id_pattern,
+        )
+
+    def stream_check(
+        self, values: Mapping[str, Any], patterns: WindowCheck | None = None
+    ) -> CombinedCheck:
+        """A fresh check for one turn's answer stream."""
+        grounding = StreamGrounding(
+            self.sources(values), self.config.action, safe_text=self.config.safe_text
+        )
+        return CombinedCheck(patterns, grounding)
+
+
+async def open_grounding(config: GroundingConfig, ctx: Any) -> AnswerGrounding:
+    """The grounding check of an answer step, built when its chain opens: the catalogue
+    of ``ctx.db`` (read off the event loop) and the policy file's text.
+
+    Raises:
+        ConfigError: the policy file cannot be read.
+    """
+    from chainrun.retrieval.catalog import all_products
+    from chainrun.retrieval.reader import reader_for
+    from chainrun.shop_policy import load_policy
+
+    sections = load_policy(config.policy_file)
+    policy = "\n".join(s.text for s in sections.values())
+    try:
+        catalogue = await reader_for(ctx.db).run(all_products)
+    except Exception:  # no catalogue tables: only the turn's products are known
+        catalogue = []
+    return AnswerGrounding(config, catalogue, policy)

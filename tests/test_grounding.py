@@ -1,0 +1,234 @@
+"""The grounding check: the answer's product ids, titles, prices, stock and policy figures
+against the turn's own rows, on the stream (chainrun.checks.grounding).
+
+The lab answers a catalogue line with a real id (JKT-003, the 124 EUR Storm Shell),
+another product's title (JKT-005's) and that other product's price (€49.95): through
+the library's stream, ``/chat``, the OpenAI-compatible face and a replay, the shopper's
+stream never holds the wrong price or title, and the log says which claim and why."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import sqlite_utils
+from cli_runner import chainrun
+from serve_helpers import serving, sse
+
+from chainrun.chain import Chain
+from chainrun.checks.grounding import (
+    GroundingSources,
+    ProductRow,
+    StreamGrounding,
+    check_text,
+)
+from chainrun.checks.holdback import HoldBack
+from chainrun.config import config_from_dict
+from chainrun.events import TokenDelta
+from chainrun.lab import LabServer, Scenario
+from chainrun.lab.scenarios import WireFrame
+from chainrun.log.store import Store
+from chainrun.retrieval.catalog import all_products, ensure_sample_catalog
+from chainrun.shop_policy import load_policy
+from chainrun.steps.grounding import product_rows
+
+WRONG = ("We have this one: [JKT-003] Women's City Drizzle Packable Rain Jacket (yellow) | "
+         "jackets | €49.95 | in stock: M")  # fmt: skip
+RIGHT = ("We have this one: [JKT-003] Men's Storm Shell Waterproof Rain Jacket (navy) | "
+         "jackets | €124.00 | in stock: M")  # fmt: skip
+MESSAGE = "Do you have rain jackets?"
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> dict[str, ProductRow]:
+    db = sqlite_utils.Database(memory=True)
+    ensure_sample_catalog(db)
+    return {p["id"]: ProductRow.of(p) for p in all_products(db)}
+
+
+@pytest.fixture(scope="module")
+def policy() -> str:
+    return "\n".join(s.text for s in load_policy().values())
+
+
+def _sources(catalogue: dict[str, ProductRow], policy: str, *ids: str) -> GroundingSources:
+    return GroundingSources([catalogue[i] for i in ids], policy=policy, catalogue=catalogue)
+
+
+async def _tokens(text: str) -> AsyncIterator[str]:
+    for tok in re.findall(r"\S+\s*|\s+", text):
+        yield tok
+
+
+async def _stream(src: GroundingSources, text: str, action: str = "correct") -> tuple[str, Any]:
+    check = StreamGrounding(src, action)  # type: ignore[arg-type]
+    out = [piece async for piece in HoldBack(check, 0).stream(_tokens(text))]
+    return "".join(out), check
+
+
+def test_each_kind_of_claim_against_the_rows(catalogue, policy) -> None:
+    src = _sources(catalogue, policy, "JKT-003", "JKT-005", "SPT-016")
+    by_text = {c.text: c for c in check_text(src, (
+        "[JKT-003] Women's City Drizzle Packable Rain Jacket (yellow) costs €49.95. "
+        "[JKT-013] is great. The Women's Waterproof Running Jacket is 89,00 €. "
+        "JKT-005 is in stock in M. It costs $49.95. Returns are free within 60 days. "
+        "Standard delivery takes 2-4 working days. A present for under 100 EUR."))}  # fmt: skip
+    assert by_text["JKT-003"].grounded is not False  # a real id the turn has
+    title = by_text["Women's City Drizzle Packable Rain Jacket (yellow)"]
+    assert not title.grounded and "JKT-003 given the title of JKT-005" in (title.why or "")
+    assert title.correction == "Men's Storm Shell Waterproof Rain Jacket (navy)"
+    price = by_text["€49.95"]
+    assert not price.grounded and price.correction == "€124.00" and price.product == "JKT-003"
+    assert not by_text["JKT-013"].grounded and "not among the products" in (
+        by_text["JKT-013"].why or "")
+    assert by_text["89,00 €"].grounded  # the running jacket's price, with a decimal comma
+    stock = by_text["in stock in M"]
+    assert not stock.grounded and stock.why == "JKT-005 is sold out in M"
+    assert not by_text["$49.95"].grounded  # another currency
+    assert not by_text["60 days"].grounded and "30" in (by_text["60 days"].why or "")
+    assert by_text["2-4 working days"].grounded
+    assert "100 EUR" not in by_text  # a bound, not a price
+
+
+async def test_the_stream_is_corrected_before_the_shopper_sees_it(catalogue, policy) -> None:
+    src = _sources(catalogue, policy, "JKT-003", "JKT-005", "JKT-009")
+    shown, check = await _stream(src, WRONG)
+    assert shown == RIGHT
+    report = check.report()
+    assert report["claims"] >= 3 and not report["grounded"]
+    whys = [u["why"] for u in report["ungrounded"]]
+    assert any("given the title of JKT-005" in w for w in whys)
+    assert any("differs from JKT-003's price €124.00" in w for w in whys)
+    assert [d["action"] for d in report["done"]] == ["corrected", "corrected"]
+    # text before any claim is released at once: the first token is not held
+    first = StreamGrounding(src)
+    verdict = await first("We ", final=False)
+    assert verdict.hold_from is None
+
+
+async def test_a_product_the_turn_lacks_is_dropped_and_an_empty_answer_replaced(
+    catalogue, policy
+) -> None:
+    src = _sources(catalogue, policy, "JKT-005")
+    shown, check = await _stream(src, "Try this.\n[JKT-013] Summit hardshell | €229.00\n")
+    assert "JKT-013" not in shown and "229" not in shown and shown.startswith("Try this.")
+    assert check.report()["done"][0]["action"] == "dropped"
+    shown, check = await _stream(src, "[ZZZ-999] The diamond jacket, €1.")
+    assert shown == check.safe_text
+    for action in ("flag",):
+        shown, check = await _stream(src, "[ZZZ-999] The diamond jacket, €1.", action)
+        assert shown == "[ZZZ-999] The diamond jacket, €1."
+        assert check.report()["n_ungrounded"] == 2
+
+
+def test_the_prompt_lines_read_as_rows() -> None:
+    rows = product_rows("- [JKT-005] Women's Rain Jacket (yellow) | jackets | €49.95 | yellow"
+                        " | in stock: XS, S\n- [X-1] bad line")  # fmt: skip
+    assert rows == [ProductRow("JKT-005", "Women's Rain Jacket (yellow)", 49.95, "EUR",
+                               {"XS": 1, "S": 1})]  # fmt: skip
+    assert product_rows("(none)") == [] and product_rows(None) == []
+
+
+# ------------------------------------------------------------------ the lab, every face
+
+
+def _chunk(content: str) -> str:
+    body = {"id": "chatcmpl-g1", "object": "chat.completion.chunk", "created": 1733040000,
+            "model": "m", "choices": [{"index": 0, "delta": {"content": content},
+                                       "finish_reason": None}]}  # fmt: skip
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _frames(text: str) -> list[WireFrame]:
+    end = {"id": "chatcmpl-g1", "object": "chat.completion.chunk", "created": 1733040000,
+           "model": "m",
+           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}  # fmt: skip
+    return [
+        *(WireFrame(data=_chunk(tok)) for tok in re.findall(r"\S+\s*|\s+", text)),
+        WireFrame(data=f"data: {json.dumps(end)}\n\n"),
+        WireFrame(data="data: [DONE]\n\n"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LabServer]:
+    with LabServer(Scenario(name="wrong-line", wire=_frames(WRONG))) as lab:
+        yield lab
+
+
+def _config(lab: LabServer) -> dict[str, Any]:
+    return {"order": ["classify", "retrieve", "policy", "compose"],
+            "providers": {"local": {"base_url": lab.base_url}}}  # fmt: skip
+
+
+def _assert_logged(store: Store, turn_id: int | None = None) -> None:
+    run_id = store.latest_run_id()
+    assert run_id is not None
+    steps = [s for s in store.steps(run_id) if s.step == "compose"]
+    assert steps
+    for step in steps:
+        g = (step.detail or {})["grounding"]
+        assert not g["grounded"] and g["n_ungrounded"] >= 2
+        whys = " ".join(u["why"] for u in g["ungrounded"])
+        assert "JKT-003 given the title of JKT-005" in whys
+        assert "€49.95 differs from JKT-003's price €124.00" in whys
+    for turn in store.turns(run_id):
+        assert "€49.95" not in (turn.output or "") and "€124.00" in (turn.output or "")
+
+
+async def test_the_librarys_stream_never_shows_the_wrong_price(lab: LabServer) -> None:
+    with Store.open(":memory:") as store:
+        async with Chain(config_from_dict(_config(lab)), store=store, quiet=True) as chain:
+            tokens = [e.text async for e in chain.stream_turn(MESSAGE)
+                      if isinstance(e, TokenDelta) and e.step == "compose"]  # fmt: skip
+        await store.flush()
+        assert "".join(tokens) == RIGHT
+        _assert_logged(store)
+
+
+async def test_chat_and_the_openai_face_never_show_the_wrong_price(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    store = Store.open(tmp_path / "log.db")
+    cfg = config_from_dict(_config(lab))
+    async with serving(lambda: Chain(cfg, store=store, quiet=True)) as (url, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("POST", f"{url}/chat", json={"message": MESSAGE}) as r:
+                events = [ev async for ev in sse(r)]
+            oai = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", http_client=client)
+            whole = await oai.chat.completions.create(
+                model="chainrun-shop", messages=[{"role": "user", "content": MESSAGE}])
+            chunks = [c async for c in await oai.chat.completions.create(
+                model="chainrun-shop", messages=[{"role": "user", "content": MESSAGE}],
+                stream=True)]  # fmt: skip
+    tokens = "".join(d["text"] for e, d in events if e == "token" and d["step"] == "compose")
+    assert tokens == RIGHT
+    grounding = [d for e, d in events if e == "grounding"]
+    assert grounding and not grounding[0]["grounded"] and grounding[0]["n_ungrounded"] >= 2
+    assert whole.choices[0].message.content == RIGHT
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == RIGHT
+    await store.flush()
+    _assert_logged(store)
+    store.close()
+
+
+def test_a_replay_never_shows_the_wrong_price(lab: LabServer, tmp_path: Path) -> None:
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text(f'order = ["classify", "retrieve", "policy", "compose"]\n\n'
+                   f'[providers.local]\nbase_url = "{lab.base_url}"\n')  # fmt: skip
+    replay = tmp_path / "one.jsonl"
+    replay.write_text(json.dumps({"id": "r1", "message": MESSAGE}) + "\n")
+    db = tmp_path / "log.db"
+    res = chainrun("replay", str(replay), "--config", str(cfg), "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    assert "€49.95" not in res.stdout
+    with Store.open(db) as store:
+        _assert_logged(store)
+    shown = chainrun("show", "1", "--db", str(db))
+    assert "grounding" in shown.stdout and "JKT-003 given the title of JKT-005" in shown.stdout
