@@ -15,6 +15,7 @@ import httpx
 import pytest
 import tomli_w
 from cli_runner import chainrun
+from counted_tools import ORDER, RUNS
 from serve_helpers import chat, serving
 
 from chainrun.chain import Chain
@@ -22,20 +23,6 @@ from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Scenario, StrictHistory, WireFrame
 from chainrun.log.store import Store
-
-#: what the test tool did (imported by name from this module)
-RUNS: list[int] = []
-
-
-def order_status(order_id: int) -> dict[str, Any]:
-    """The test's tool: counts its runs (the count the tests check)."""
-    RUNS.append(order_id)
-    return {"order_id": order_id, "status": "shipped"}
-
-
-ORDER = {"description": "Look an order up", "function": f"{__name__}:order_status",
-         "parameters": {"type": "object", "required": ["order_id"],
-                        "properties": {"order_id": {"type": "integer"}}}}  # fmt: skip
 
 HEAD = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1733040000,
         "model": "served"}  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from chainrun.cli import JsonOpt, handle_errors, lab_app, print_json
-from chainrun.lab.names import BUILTIN_SCENARIO_NAMES
+from chainrun.lab.names import BUILTIN_SCENARIO_NAMES, SERVER_FAMILY_NAMES
 
 
 @lab_app.command("serve")
@@ -24,6 +24,12 @@ def lab_serve(
     median_ms: Annotated[float | None, typer.Option(help="lognormal: median TTFT, ms.")] = None,
     sigma: Annotated[float | None, typer.Option(help="lognormal: sigma of log TTFT.")] = None,
     seed: Annotated[int | None, typer.Option(help="RNG seed.")] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(help="Send streams as this server family does: "
+                     f"{', '.join(SERVER_FAMILY_NAMES)} (tool-call ids and indexes, "
+                     "reasoning, usage fields, what its history refuses)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Serve /v1/chat/completions with the scenario's latencies and faults until Ctrl-C.
@@ -33,7 +39,7 @@ def lab_serve(
     from chainrun.lab.scenarios import load_scenario
     from chainrun.lab.server import serve
 
-    sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed)
+    sc = load_scenario(scenario, median_ms=median_ms, sigma=sigma, seed=seed, server=server)
 
     def announce(bound: int) -> None:  # the port bound, not the 0 asked for
         shown = f"[{host}]" if ":" in host else host

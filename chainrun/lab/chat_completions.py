@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chainrun.lab.scenarios import Plan, content_key
+from chainrun.lab.servers import SERVER_PROFILES, reshape_stream
 from chainrun.lab.sse import SSEBytesResponse
 from chainrun.lab.state import (
     MODEL_ID,
@@ -49,7 +50,8 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
     model = deployment or str(body.get("model") or MODEL_ID)
     rec = record_request(lab, request, body, plan, record_id=lab.next_id(), model=model,
                          stream=stream, messages=messages)  # fmt: skip
-    strict = lab.scenario.strict_history
+    profile = SERVER_PROFILES[lab.scenario.server] if lab.scenario.server else None
+    strict = lab.scenario.strict_history or (profile.strict_history if profile else None)
     refused = strict.refusal(messages) if strict is not None else None
     if refused is not None:  # a strict server's answer to what the earlier turns hold
         rec.status_code, rec.finished_at = refused[0], lab.now()
@@ -103,6 +105,8 @@ async def chat_completions(request: Request, *, deployment: str | None = None) -
         arrived,
         call,
     )
+    if profile is not None:  # as that server family sends it (chainrun.lab.servers)
+        events = reshape_stream(events, profile, conversation_round(messages)[0])
     return SSEBytesResponse(events, headers={"x-lab-request-id": rec.id})
 
 

@@ -37,6 +37,7 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     attempts = [1]            # faults only on these attempts (x-chainrun-attempt); all if unset
 
     schema_answers = false    # JSON-Schema requests get an object following the schema
+    server = "ollama"         # streams as that family sends them (lab/servers.py), or unset
 
     [tool_calls]              # requests offering tools get tool calls (lab/tool_calls.py)
     rounds = 1                # rounds answered with a tool call before the text answer
@@ -44,6 +45,11 @@ A scenario file is TOML (all times in ms unless the name ends in ``_s``)::
     fragments = 3             # the arguments' JSON text in this many streamed pieces
     [prompt_cache]            # llama-server's prompt cache: a prompt seen before is cached
     warm_ttft_factor = 0.05   #   and its TTFT is this share of the planned one
+
+    [strict_history]          # refuse requests for what earlier tool-call turns hold
+    content_null = true       #   400 on "content": null (Ollama, LM Studio)
+    arguments_must_parse = true   # 500 on unparsable arguments (llama-server)
+    reasoning_content = true  #   400 without reasoning_content (DeepSeek thinking mode)
 
     [[wire]]                  # exact bytes instead of the planned stream (a bug report's)
     after_ms = 0              # wait this long after the previous frame (the first: after
@@ -71,6 +77,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from chainrun.errors import InputFileError, UserInputError
+from chainrun.lab.names import SERVER_FAMILY_NAMES
 from chainrun.lab.tool_calls import ToolCallsConfig
 
 Fault = Literal[
@@ -388,8 +395,13 @@ class Scenario(_Strict):
     #: a later round gets the last list): a server's bytes for a tool-call turn and for
     #: the answer after the tool results (None: ``wire`` or the plan)
     wire_rounds: list[list[WireFrame]] | None = None
-    #: refuse requests whose earlier tool-call turns a strict server refuses (None: none)
+    #: refuse requests whose earlier tool-call turns a strict server refuses (None: none,
+    #: or the ``server`` family's)
     strict_history: StrictHistory | None = None
+    #: send streams as this server family does (chainrun.lab.servers.SERVER_PROFILES:
+    #: tool-call ids and indexes, reasoning, usage fields, what its history refuses);
+    #: None: as the OpenAI API documents
+    server: Literal[SERVER_FAMILY_NAMES] | None = None  # type: ignore[valid-type]
     #: emulate llama-server's prompt cache (None: no cache, every prompt token computed)
     prompt_cache: PromptCache | None = None
     #: answer a request that asks for a JSON Schema (``response_format`` json_schema,
