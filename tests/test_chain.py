@@ -53,6 +53,8 @@ async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> 
     for c in calls:
         assert c.ttft_ms > 0 and c.duration_ms >= c.ttft_ms
         assert len(c.chunk_gaps_ms) == c.n_chunks - 1
+        # the timer's time between tokens (text chunks only) is logged with the call
+        assert c.time_between_tokens_ms is not None and c.time_between_tokens_ms >= 0
         assert c.output_tokens > 0 and c.outcome == "not_fired" and c.attempt == 1
         assert c.finish_reason == "stop" and c.truncated == 0
     assert store.get_run(done.run_id).status == "complete"

@@ -98,7 +98,10 @@ def make_run(
                 stream=True,
                 ttft_ms=ttft,
                 output_tokens=tokens,
-                chunk_gaps_ms=[gap] * (tokens or 50),
+                # the text chunks' gaps, then the usage chunk's: only the first are time
+                # between tokens, as the timer logs it
+                chunk_gaps_ms=[gap] * (tokens or 50) + [500.0],
+                time_between_tokens_ms=gap,
             ),
         ]
         store.log_turn(run, turn)
@@ -321,3 +324,29 @@ def test_min_effect_parses_shares_and_times() -> None:
     for bad in ("5", "", "5s", "x%", "-1%"):
         with pytest.raises(UserInputError, match="--min-effect"):
             parse_min_effect(bad)
+
+
+def test_time_between_tokens_is_the_logged_gap_between_text_chunks(store: Store) -> None:
+    """compare's time between tokens is calls.time_between_tokens_ms (the gaps between
+    the chunks that carried text), not the mean of every chunk gap: each call here ends
+    with a 500 ms gap to its usage chunk, which would lift a mean of all gaps by ~10 ms."""
+    a = make_run(store, 40, lambda i: (100.0 + i, 50, 20.0))
+    split = compare(store, str(a), str(a), metric="compose")["metrics"]["compose"]["llm"]["a"]
+    tbt = split["time_between_tokens"]
+    assert tbt["n"] == 40 and tbt["p50_ms"] == 20.0
+
+
+def test_calls_logged_without_a_time_between_tokens_count_as_unknown(store: Store) -> None:
+    """A call logged before the column existed (NULL) is unknown, never a mean of its
+    chunk gaps under another definition."""
+    run = store.create_run("eval", "{}")
+    for i in range(5):
+        store.log_turn(run, TurnLog(TurnRow(input=f"m{i}", output="ok"),
+                                    steps=[StepRow(step="compose", duration_ms=100.0)],
+                                    calls=[CallRow(step="compose", stream=True, ttft_ms=50.0,
+                                                   output_tokens=4,
+                                                   chunk_gaps_ms=[10.0, 10.0, 10.0])]))  # fmt: skip
+    store.finish_run(run, "complete")
+    split = compare(store, str(run), str(run), metric="compose")["metrics"]["compose"]["llm"]["a"]
+    assert split["unknown"]["time_between_tokens"] == 5
+    assert split["time_between_tokens"]["n"] == 0

@@ -6,7 +6,8 @@ when no offset is given). For the turn and every step the result gives each side
 p50/p90/p99 with n and distribution-free intervals (:mod:`chainrun.statistics.intervals`), the
 difference B − A per percentile with an interval, and a verdict that says ``worse`` only
 when B is slower beyond that interval. LLM steps also get their latency split into TTFT,
-time between tokens and completion tokens, so that a step that got slower because it
+time between tokens (``calls.time_between_tokens_ms``: the mean gap between the chunks
+that carried text) and completion tokens, so that a step that got slower because it
 generated more tokens is told apart from one that was served slower. Eval pass rates are
 compared *paired*, on the same case ids (exact McNemar test); skipped verdicts (no
 grader for ``llm-rubric``) are in no pass rate and are counted per side and type, with
@@ -350,10 +351,6 @@ _COMPONENTS = (
 )
 
 
-def _mean_gap(gaps: Sequence[float]) -> float | None:
-    return statistics.fmean(gaps) if gaps else None
-
-
 def _split_values(side: Side, step: str) -> tuple[dict[str, list[float]], dict[str, int], int]:
     values: dict[str, list[float]] = {k: [] for k, _ in _COMPONENTS}
     unknown = {k: 0 for k, _ in _COMPONENTS}
@@ -362,7 +359,8 @@ def _split_values(side: Side, step: str) -> tuple[dict[str, list[float]], dict[s
     for c in winners:
         raw = {
             "ttft": c.ttft_ms,
-            "time_between_tokens": _mean_gap(c.chunk_gaps_ms),
+            # the logged mean gap between the chunks that carried text (NULL: unknown)
+            "time_between_tokens": c.time_between_tokens_ms,
             "completion_tokens": c.output_tokens,
         }
         for k, v in raw.items():

@@ -339,6 +339,13 @@ def _m100_tool_call_notes(db: LogDb) -> None:
     db.table("tool_calls").add_column("wire_notes", str)
 
 
+def _m110_time_between_tokens(db: LogDb) -> None:
+    # the mean gap between the chunks that carried text (CallRow.time_between_tokens_ms):
+    # chunk_gaps_ms holds every chunk's gap, usage and finish chunks too, so the time
+    # between tokens cannot be computed from it afterwards; rows logged before stay NULL
+    db.table("calls").add_column("time_between_tokens_ms", float)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -354,6 +361,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("080_turns_started_index", _m080_turns_started_index),
     ("090_step_updates", _m090_step_updates),
     ("100_tool_call_notes", _m100_tool_call_notes),
+    ("110_time_between_tokens", _m110_time_between_tokens),
 )
 
 

@@ -315,6 +315,10 @@ class CallRow(_Row):
     duration_ms: float | None = None  # gen_ai.client.operation.duration (as ms)
     #: time between consecutive chunks, JSON list (one fewer than n_chunks)
     chunk_gaps_ms: list[float] = Field(default_factory=list)  # time between chunks
+    #: the time between tokens: the mean gap between the chunks that carried text
+    #: (content or reasoning), in ms (:attr:`chainrun.timing.StreamTimer.time_between_tokens_ms`);
+    #: NULL with fewer than two such chunks, and in rows logged before it was recorded
+    time_between_tokens_ms: float | None = None
     #: chunks received (see what is measured: chunks)
     n_chunks: int = 0
     #: bytes of the response received (what a cancelled loser cost on the wire)

@@ -138,6 +138,7 @@ def call_row(
             ttft_ms=t.ttft_ms,
             duration_ms=t.duration_ms,
             chunk_gaps_ms=list(t.chunk_gaps_ms),
+            time_between_tokens_ms=t.time_between_tokens_ms,
             n_chunks=t.n_chunks,
             bytes_received=t.nbytes,
             response_model=t.model,

@@ -168,7 +168,7 @@ def check_latency_tokens(scope: Scope) -> Item:
             unknown = sum(c.output_tokens is None for c in cs)
             fit = _theil_sen(xs, ys) if len(pairs) >= MIN_FIT else None
             ttft = [c.ttft_ms for c in cs if c.ttft_ms is not None]
-            tbt = [statistics.fmean(c.chunk_gaps_ms) for c in cs if c.chunk_gaps_ms]
+            tbt = [c.time_between_tokens_ms for c in cs if c.time_between_tokens_ms is not None]
             g: dict[str, Any] = {
                 "n": len(cs),
                 "n_paired": len(pairs),
