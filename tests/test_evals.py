@@ -48,6 +48,7 @@ VIEW = TurnView(
     turn_ms=3100.0,
     output_tokens={"classify": 2, "compose": 40, "validate": 12},
     catalog_ids=frozenset({"JKT-0142", "JKT-0077", "DRS-0001"}),
+    grounding={"claims": 2, "ungrounded": []},
 )
 
 OK_SCHEMA = {
@@ -96,6 +97,7 @@ CASES: list[tuple[dict[str, Any], bool]] = [
     ({"type": "catalog-ids", "ids": ["DRS-0001"]}, False),
     ({"type": "catalog-ids", "within": "retrieved", "min_ids": 1}, True),
     ({"type": "catalog-ids", "min_ids": 2}, False),
+    ({"type": "grounded"}, True),  # its failing case: tests/test_grounding.py
     ({"type": "latency", "threshold": 5000}, True),
     ({"type": "latency", "threshold": 3000}, False),
     ({"type": "latency", "step": "classify", "threshold": 200}, True),
@@ -118,6 +120,7 @@ def test_assertion_pass_and_fail(data: dict[str, Any], passes: bool) -> None:
 
 def test_every_type_is_covered_pass_and_fail() -> None:
     seen = {(c["type"], p) for c, p in CASES} | {("llm-rubric", True), ("llm-rubric", False)}
+    seen |= {("grounded", False)}  # tests/test_grounding.py: an ungrounded price fails it
     assert seen == {(t, p) for t in ASSERTION_TYPES for p in (True, False)}
 
 

@@ -190,6 +190,13 @@ async def test_the_librarys_stream_never_shows_the_wrong_price(lab: LabServer) -
         await store.flush()
         assert "".join(tokens) == RIGHT
         _assert_logged(store)
+        # compare's rate of answers with an ungrounded product fact, n and an interval
+        from chainrun.analysis.compare import compare
+
+        rid = str(store.latest_run_id())
+        g = compare(store, rid, rid)["grounding"]["b"]
+        assert g["shown"]["ungrounded"] == 0 and g["shown"]["n"] == 1
+        assert g["model"]["ungrounded"] == 1 and g["model"]["ci95"] is not None
 
 
 async def test_chat_and_the_openai_face_never_show_the_wrong_price(
@@ -232,3 +239,15 @@ def test_a_replay_never_shows_the_wrong_price(lab: LabServer, tmp_path: Path) ->
         _assert_logged(store)
     shown = chainrun("show", "1", "--db", str(db))
     assert "grounding" in shown.stdout and "JKT-003 given the title of JKT-005" in shown.stdout
+
+
+def test_the_grounded_eval_assertion() -> None:
+    from chainrun.evals.assertions import TurnView, parse_assertion
+
+    grounded = parse_assertion({"type": "grounded"})
+    bad = {"claims": 3, "ungrounded": [{"kind": "price", "text": "€49.95",
+                                        "why": "€49.95 differs from JKT-003's price €124.00"}]}
+    assert grounded.check(TurnView("m", "a", grounding={"claims": 2, "ungrounded": []})).passed
+    verdict = grounded.check(TurnView("m", "a", grounding=bad))
+    assert verdict.passed is False and "differs from JKT-003's price" in verdict.detail
+    assert grounded.check(TurnView("m", "a")).passed is False  # no record: not a pass

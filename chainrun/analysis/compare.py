@@ -625,6 +625,9 @@ def compare(
          "answer_ttft": {like "turn": the shopper's wait for the first answer token},
          "answer_done": {like "turn": until the answer was complete},
          "cache": {"a": CACHE, "b": CACHE, "differs": bool, "warning": str | None},
+         "grounding": {"a": GROUNDING, "b": GROUNDING},  # answers with an ungrounded
+                     # product fact: {"shown": RATE, "model": RATE}, RATE = {"ungrounded",
+                     # "n", "rate", "ci95"} (chainrun.analysis.grounding)
          "by_turn_index": BY_TURN | None,  # conversations: figures per turn index
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
 
@@ -685,6 +688,7 @@ def compare(
     cache: dict[str, Any] = {"a": ca, "b": cb, "differs": warning is not None,
                              "warning": warning}  # fmt: skip
     by_turn = _by_turn_index(store, sa, sb, confidence)
+    grounding = {side: _grounding(x) for side, x in (("a", sa), ("b", sb))}
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
     regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
     if evals is not None and evals["verdict"] == "worse":
@@ -698,9 +702,21 @@ def compare(
         **answer,
         "evals": evals,
         "cache": cache,
+        "grounding": grounding,
         "by_turn_index": by_turn,
         "regressions": regressions,
     }
+
+
+def _grounding(side: Side) -> dict[str, Any]:
+    """A side's answers with an ungrounded product fact: as the shopper received them
+    (``shown``, checked again against each turn's logged products) and as the model wrote
+    them (``model``, the answer step's grounding records), each ``{ungrounded, n, rate,
+    ci95}`` (95% Wilson; :mod:`chainrun.analysis.grounding`)."""
+    from chainrun.analysis.grounding import grounding_rate, groundings_of
+
+    turns = groundings_of(side.turns, side.steps)
+    return {"shown": grounding_rate(turns), "model": grounding_rate(turns, shown=False)}
 
 
 def regression(result: Mapping[str, Any], metric: str = ANY) -> bool:

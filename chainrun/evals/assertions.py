@@ -78,6 +78,9 @@ class TurnView:
     turn_ms: float | None = None
     output_tokens: Mapping[str, int | None] = field(default_factory=dict)
     catalog_ids: frozenset[str] | None = None
+    #: the answer step's grounding record (its row's ``detail["grounding"]``: claims
+    #: checked, the ungrounded ones and why); None: the check did not run
+    grounding: Mapping[str, Any] | None = None
 
 
 def _where(step: str | None) -> str:
@@ -369,6 +372,28 @@ class CatalogIds(_Assertion):
         return self.verdict(True, f"{len(mentioned)} product id(s), all known")
 
 
+class Grounded(_Assertion):
+    """The answer the model wrote stated no ungrounded claim: the answer step's
+    grounding check (:mod:`chainrun.checks.grounding`) found every product id, title,
+    price, stock claim and policy figure in the turn's own sources. It fails on a turn
+    whose check corrected or dropped a claim too (the shopper was kept from it, the
+    model still said it), and when the check did not run (no record to judge by)."""
+
+    type: Literal["grounded"] = "grounded"
+
+    def check(self, view: TurnView) -> Verdict:
+        g = view.grounding
+        if g is None:
+            return self.verdict(False, "no grounding record: the answer step's grounding "
+                                "check did not run (steps.ANSWER.grounding)")  # fmt: skip
+        bad = list(g.get("ungrounded") or [])
+        if not bad:
+            return self.verdict(True, f"{g.get('claims', 0)} claim(s), all grounded")
+        first = "; ".join(f"{b.get('kind')} {_short(str(b.get('text')), 40)!r}: {b.get('why')}"
+                          for b in bad[:3])  # fmt: skip
+        return self.verdict(False, f"{len(bad)} ungrounded claim(s): {first}")
+
+
 class Latency(_Assertion):
     """The step's duration (or the turn's, without ``step``) is at most ``threshold`` ms."""
 
@@ -491,6 +516,7 @@ Assertion = Annotated[
     | ContainsJson
     | JsonSchema
     | CatalogIds
+    | Grounded
     | Latency
     | MaxTokens
     | LlmRubric,
@@ -502,7 +528,8 @@ _ADAPTER: TypeAdapter[Assertion] = TypeAdapter(Assertion)
 #: Every assertion type name, as written in eval files.
 ASSERTION_TYPES: tuple[str, ...] = (
     "equals", "contains", "icontains", "not-contains", "not-icontains", "regex", "is-json",
-    "contains-json", "json-schema", "catalog-ids", "latency", "max-tokens", "llm-rubric",
+    "contains-json", "json-schema", "catalog-ids", "grounded", "latency", "max-tokens",
+    "llm-rubric",
 )  # fmt: skip
 
 

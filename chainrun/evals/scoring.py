@@ -62,8 +62,11 @@ def turn_view(
     calls = [c for c in call_rows if turn_id is None or c.turn_id in (None, turn_id)]
     outputs: dict[str, str | None] = {}
     step_ms: dict[str, float | None] = {}
+    grounding = None
     for s in steps:
         outputs[s.step] = s.output
+        if isinstance((s.detail or {}).get("grounding"), dict):
+            grounding = (s.detail or {})["grounding"]
         skipped = s.status in ("skipped", "cancelled")
         step_ms[s.step] = None if skipped else s.duration_ms
     tokens = {step: c.output_tokens for (_, step), c in winning_calls(calls).items()}
@@ -76,6 +79,7 @@ def turn_view(
         turn_ms=turn_row.duration_ms,
         output_tokens=tokens,
         catalog_ids=frozenset(catalog_ids) if catalog_ids is not None else None,
+        grounding=grounding,
     )
 
 
