@@ -162,6 +162,87 @@ def test_one_http_client_library() -> None:
     assert not bad, bad
 
 
+#: the package root holds at most this many modules besides __init__ and __main__: the
+#: ones a newcomer needs there (the chain, its graph and scheduler, errors, events,
+#: timing, ...); every other concept is a package of its own
+MAX_ROOT_MODULES = 12
+#: the log store is the face over modules by concept (opening, lifecycle, writes,
+#: reads, eval results): it stays a face
+MAX_STORE_LINES = 600
+
+
+def test_the_package_root_holds_at_most_twelve_modules() -> None:
+    root = sorted(p.name for p in PKG.glob("*.py") if p.name not in {"__init__.py",
+                                                                   "__main__.py"})  # fmt: skip
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_the_log_store_stays_a_face() -> None:
+    lines = len((PKG / "log" / "store.py").read_text().splitlines())
+    assert lines <= MAX_STORE_LINES, f"chainrun/log/store.py has {lines} lines"
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """The ``_private`` attribute names a module gives its own objects: assigned on
+    ``self``/``cls`` or declared in a class body (``_x: int = ...``, ``def _x``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}:
+                names.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                target = item.target if isinstance(item, ast.AnnAssign) else None
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.Assign):
+                    names.update(n.id for n in item.targets if isinstance(n, ast.Name))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _foreign_private_reads(trees: dict[str, ast.AST]) -> list[str]:
+    """``module:line reads obj._x`` for each read of a private attribute that only other
+    modules give their objects (``self``/``cls`` and ``super()`` left out)."""
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for attr in _private_names_defined(tree):
+            owners.setdefault(attr, set()).add(name)
+    bad = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr in owners):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}:
+                continue
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "super":
+                continue
+            if name not in owners[node.attr]:
+                bad.append(f"{name}:{node.lineno} reads {ast.unparse(node)}")
+    return bad
+
+
+def test_no_module_reads_the_private_attributes_of_another() -> None:
+    """``obj._x`` is read only in the module whose objects have ``_x`` (a class's own
+    private state, reached through ``self`` or another instance of it there): another
+    module asks through a public name. Checked by name, statically: an ``_x`` that two
+    modules define is taken as each one's own."""
+    trees = {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in PKG.rglob("*.py")}
+    bad = _foreign_private_reads(trees)
+    assert not bad, bad
+
+
+def test_the_private_attribute_check_finds_a_reader() -> None:
+    owner = ast.parse("class A:\n    _cache: dict = {}\n    def __init__(self):\n"
+                      "        self._secret = 1\n    def peek(self, other):\n"
+                      "        return other._secret\n")  # fmt: skip
+    reader = ast.parse("def f(a):\n    return a._secret + len(a._cache) + a._unknown\n")
+    assert _private_names_defined(owner) == {"_cache", "_secret"}
+    assert _foreign_private_reads({"owner.py": owner, "reader.py": reader}) == [
+        "reader.py:2 reads a._secret", "reader.py:2 reads a._cache"]
+
+
 def test_no_import_circles_anywhere() -> None:
     """No circle among chainrun's modules, counting imports inside functions and under
     ``TYPE_CHECKING`` too: an import moved into a function to dodge a circle still

@@ -196,6 +196,11 @@ class ChainConfig(Strict):
         """The config file this config was loaded from, if any."""
         return self._path
 
+    def loaded_from(self, path: str | None) -> None:
+        """Record the config file this config was read from (:attr:`path`; the model is
+        frozen, its fields unchanged)."""
+        self._path = path
+
     @field_validator("steps", mode="wrap")
     @classmethod
     def _by_kind(

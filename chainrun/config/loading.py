@@ -191,7 +191,7 @@ def config_from_dict(
     problem = route_without_step(data, config)
     if problem is not None:
         raise ConfigError(f"{source}: {problem}", path=path)
-    config._path = path
+    config.loaded_from(path)
     return config
 
 
