@@ -19,7 +19,8 @@ from chainrun.errors import InputFileError
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.replay.run import answered_history, conversations_of, load_requests, run_requests
+from chainrun.replay.resume import answered_history
+from chainrun.replay.run import conversations_of, load_requests, run_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "replays" / "conversations.jsonl"

@@ -18,7 +18,8 @@ from chainrun.config import config_from_dict
 from chainrun.errors import ProviderUnavailable
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider
-from chainrun.replay.run import answered_history, load_requests, missing_requests, run_requests
+from chainrun.replay.resume import answered_history, missing_requests
+from chainrun.replay.run import load_requests, run_requests
 
 LINES = [
     {"id": "a1", "message": "Do you have rain jackets?"},

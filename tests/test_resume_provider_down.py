@@ -22,7 +22,8 @@ from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.providers.openai_compat import OpenAICompatProvider
-from chainrun.replay.run import load_requests, missing_requests, run_requests
+from chainrun.replay.resume import missing_requests
+from chainrun.replay.run import load_requests, run_requests
 
 LINES = [
     {"id": "a1", "message": "Do you have rain jackets?"},

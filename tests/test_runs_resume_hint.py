@@ -28,3 +28,17 @@ def test_runs_names_the_resume_command_of_an_unfinished_replay(tmp_path: Path) -
     hints = [line for line in out.stdout.splitlines() if "runs the rest" in line]
     expected = f"run {killed} is interrupted after 0 turns: {again} runs the rest"
     assert hints == [expected], out.stdout
+
+
+def test_every_resume_hint_is_one_command_that_keeps_the_log_and_its_quoting() -> None:
+    """One function builds the command every unfinished replay's message names (Ctrl-C,
+    a provider gone, the log unreachable, lost turns, ``chainrun runs``): ``--db`` always
+    (the log may not be the default one), each word quoted for a POSIX shell."""
+    from chainrun.replay.hints import resume_command
+
+    line = resume_command("my replays/set 1.jsonl", Path("logs/shop log.db"), 7)
+    assert line == "chainrun replay 'my replays/set 1.jsonl' --db 'logs/shop log.db' --resume 7"
+    assert shlex.split(line) == ["chainrun", "replay", "my replays/set 1.jsonl", "--db",
+                                 "logs/shop log.db", "--resume", "7"]  # fmt: skip
+    core = (Path(__file__).parents[1] / "chainrun" / "cli" / "commands_core.py").read_text()
+    assert '"--resume"' not in core  # the CLI builds no resume command of its own

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import shlex
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -183,11 +182,13 @@ def replay(
 
     from chainrun.analysis.summary import answered_summary, hedge_stats, latency_summary
     from chainrun.cli.tables import hedge_table, latency_table, run_headline
-    from chainrun.config import config_from_snapshot, load_config
+    from chainrun.config import load_config
     from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
     from chainrun.log.store import Store
     from chainrun.log.writer import LogWriteLost
-    from chainrun.replay.run import answered_history, load_requests, missing_requests, run_requests
+    from chainrun.replay.hints import resume_command
+    from chainrun.replay.resume import resume as resumed_replay
+    from chainrun.replay.run import load_requests, run_requests
 
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")
@@ -201,9 +202,8 @@ def replay(
     earlier = None
     if resume is not None:
         try:
-            requests = missing_requests(store, resume, requests, str(file))
-            earlier = answered_history(store, resume)
-            cfg = config_from_snapshot(store.get_run(resume).config or "", f"run {resume}")
+            resumed = resumed_replay(store, resume, requests, str(file))
+            requests, earlier, cfg = resumed.requests, resumed.earlier, resumed.config
         except BaseException:
             store.close()
             raise
@@ -239,8 +239,7 @@ def replay(
                 how = "terminated" if isinstance(e, Terminated) else "interrupted"
                 what = "no run was made and nothing was logged"
                 if resume is not None:
-                    again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
-                                        "--resume", str(resume)])  # fmt: skip
+                    again = resume_command(file, db, resume)
                     what = f"run {resume} got no new turn; {again} runs the rest"
                 err.print(f"chainrun: replay {how} before its first turn (while the chain "
                           f"was starting: its providers' startup checks, the models it "
@@ -262,9 +261,8 @@ def replay(
             # the provider went away mid-run: the run ended failed; say which, and how to
             # run the rest once the provider answers (as the Ctrl-C line does)
             run_id = started[0]
-            logged = store.log.scalar("select count(*) from turns where run_id = ?", [run_id])
-            again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
-                                "--resume", str(run_id)])  # fmt: skip
+            logged = store.count_turns(run_id)
+            again = resume_command(file, db, run_id)
             raise ProviderUnavailable(
                 f"{e}; run {run_id} ended failed with {logged} turns logged; once it "
                 f"answers, {again} runs the rest"
@@ -297,8 +295,7 @@ def replay(
     if stopped is None and lost is None:
         _warn_failed_turns(store_path=db, run_id=run_id)
     if lost is not None and not lost.lost:  # the database away: one line, what was lost and how
-        again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
-                            "--resume", str(run_id)])  # fmt: skip
+        again = resume_command(file, db, run_id)
         dropped = store.writer.dropped if store.writer is not None else 0
         what = f"{dropped} log writes" if dropped else "its pending log writes"
         err.print(f"chainrun: error: run log {db} could not be reached: {what}"
@@ -309,12 +306,11 @@ def replay(
     if lost is not None:
         for line in lost.lines():
             err.print(f"chainrun: error: {line}", markup=False, highlight=False)
-        err.print(f"chainrun: run {run_id} ended lost_turns; chainrun replay {file} --resume "
-                  f"{run_id} runs them again", markup=False, highlight=False)  # fmt: skip
+        err.print(f"chainrun: run {run_id} ended lost_turns; {resume_command(file, db, run_id)} "
+                  "runs them again", markup=False, highlight=False)  # fmt: skip
         raise typer.Exit(2)
     if stopped is not None:
-        again = shlex.join(["chainrun", "replay", str(file), "--db", str(db),
-                            "--resume", str(run_id)])  # fmt: skip
+        again = resume_command(file, db, run_id)
         err.print(interrupted_line("replay", summary, stopped) + f"; {again} runs the rest",
                   markup=False)  # fmt: skip
         exit_stopped(stopped)
@@ -349,6 +345,7 @@ def runs(
     from chainrun.log.several_logs import process_name, process_names
     from chainrun.log.store import Store
     from chainrun.log.time_window import log_window
+    from chainrun.replay.hints import resume_command
 
     dbs = db or [DEFAULT_DB_PATH]
     if len(dbs) > 1:
@@ -384,8 +381,7 @@ def runs(
     for path, rows in listed:  # how to go on with a replay that did not finish
         for r in rows:
             if r["kind"] == "replay" and r["status"] in ("interrupted", "failed") and r["source"]:
-                again = shlex.join(["chainrun", "replay", r["source"], "--db", str(path),
-                                    "--resume", str(r["id"])])  # fmt: skip
+                again = resume_command(r["source"], path, r["id"])
                 out.print(f"run {r['id']} is {r['status']} after {r['n_turns']} turns: "
                           f"{again} runs the rest", markup=False, highlight=False)  # fmt: skip
 

@@ -60,6 +60,10 @@ class LogReads:
         where = "where kind = ?" if kind else ""
         return self.log.scalar(f"select max(id) from runs {where}", [kind] if kind else [])
 
+    def count_turns(self, run_id: int) -> int:
+        """How many turns run ``run_id`` has logged so far (every status)."""
+        return int(self.log.scalar("select count(*) from turns where run_id = ?", [run_id]) or 0)
+
     def count_runs(self) -> int:
         """How many runs the log holds."""
         return int(self.log.scalar("select count(*) from runs") or 0)

@@ -36,13 +36,12 @@ from typing import Any
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.source import shown_products
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.conversations.turn_order import missing_earlier_turn
-from chainrun.errors import InputFileError, LogFileGone, LostTurn, UserInputError
+from chainrun.errors import InputFileError, LogFileGone, LostTurn
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl, unknown_field
-from chainrun.log.rows import RunKind, StepRow, TurnRow
+from chainrun.log.rows import RunKind
 from chainrun.log.store import Store
 from chainrun.providers.base import Provider
 from chainrun.steps import Retriever
@@ -204,82 +203,6 @@ def conversations_of(requests: Sequence[ReplayRequest]) -> list[list[ReplayReque
     for group in groups.values():
         group.sort(key=lambda r: r.turn or 0)
     return out
-
-
-#: the turn statuses a resume runs again: the chain gave no answer of its own (Ctrl-C or
-#: SIGTERM cancelled the turn; a provider could not be reached or failed it, e.g. during
-#: an outage); ``ok``, ``refused`` and ``replaced`` are answers and stay
-RERUN_STATUSES = frozenset({"cancelled", "error"})
-#: the error types of a ``refused`` turn that a resume runs again too: the step failed
-#: closed because its provider went away (could not be reached, or its connection broke
-#: mid-answer: docs/reference/error-types.md), not by the chain's own rules
-SERVER_DOWN_ERRORS = frozenset({"unavailable", "connection_lost"})
-
-
-def to_rerun(turn: TurnRow) -> bool:
-    """True when a resume runs ``turn``'s request again: :data:`RERUN_STATUSES`, or
-    refused for a provider that was down (:data:`SERVER_DOWN_ERRORS`)."""
-    return turn.status in RERUN_STATUSES or (
-        turn.status == "refused" and turn.error_type in SERVER_DOWN_ERRORS
-    )
-
-
-def answered_history(store: Store, run_id: int) -> dict[str, list[HistoryTurn]]:
-    """The turns run ``run_id`` has answered, as history by conversation id (by turn
-    index), with the products each showed: what a resumed replay's later turns continue
-    from. A conversation's history stops before its first turn a resume runs again
-    (:data:`RERUN_STATUSES`, or a turn not logged), so that turn sees only the turns
-    before it."""
-    answered: dict[str, dict[int, HistoryTurn]] = {}
-    steps_of: dict[int | None, list[StepRow]] = {}
-    for s in store.steps(run_id):
-        steps_of.setdefault(s.turn_id, []).append(s)
-    for t in store.turns(run_id):
-        if to_rerun(t) or t.conversation_id is None or t.turn_index is None:
-            continue
-        answered.setdefault(t.conversation_id, {})[t.turn_index] = HistoryTurn(
-            t.input, t.output or "", shown_products(steps_of.get(t.id, []))
-        )
-    out: dict[str, list[HistoryTurn]] = {}
-    for cid, turns in answered.items():
-        index = min(turns)
-        out[cid] = []
-        while index in turns:  # up to the first gap: a turn to run again, or not yet run
-            out[cid].append(turns[index])
-            index += 1
-    return out
-
-
-def missing_requests(
-    store: Store, run_id: int, requests: list[ReplayRequest], source: str | None = None
-) -> list[ReplayRequest]:
-    """The requests of a replay set that run ``run_id`` has not yet answered: those with
-    no logged turn, or only turns that ended ``cancelled`` or ``error``, or ``refused``
-    because the provider was down (:func:`to_rerun`; ``chainrun replay FILE --resume
-    RUN``). The turns they had
-    stay in the log, counted by their status.
-
-    Raises:
-        UserInputError: no such run, not a replay run, still being written, or made
-            from another file than ``source``.
-    """
-    run = store.get_run(run_id)
-    if run.kind != "replay":
-        raise UserInputError(f"run {run_id}: a {run.kind} run, not a replay; cannot resume")
-    if run.status == "running":
-        raise UserInputError(
-            f"run {run_id}: still running (another process is writing it); cannot resume"
-        )
-    if source is not None and run.source and Path(run.source).name != Path(source).name:
-        raise UserInputError(
-            f"run {run_id}: was made from {run.source}, not {source}; cannot resume"
-        )
-    done = {
-        t.request_id
-        for t in store.turns(run_id)
-        if not to_rerun(t) and t.request_id is not None
-    }
-    return [r for r in requests if r.id not in done]
 
 
 async def run_requests(
