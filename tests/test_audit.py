@@ -36,7 +36,7 @@ def item(store: Store, n: int, **kw):  # type: ignore[no-untyped-def]
 
 def test_empty_log_gives_not_enough_data_everywhere_with_what_is_missing(store) -> None:
     report = audit(store)
-    assert [i.verdict for i in report.items] == ["not_enough_data"] * 7
+    assert [i.verdict for i in report.items] == ["not_enough_data"] * 8
     assert all(i.missing for i in report.items)
 
 
@@ -47,7 +47,7 @@ def test_cli_empty_log_exit_0_and_unknown_run_exit_2(tmp_path: Path) -> None:
     res = runner.invoke(app, ["audit", "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert [i["id"] for i in doc["items"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert [i["id"] for i in doc["items"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert {i["verdict"] for i in doc["items"]} == {"not_enough_data"}
     assert set(doc["items"][0]) >= {"id", "title", "verdict", "evidence", "figures"}
     assert "scope" in doc

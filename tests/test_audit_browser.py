@@ -92,7 +92,7 @@ def test_report_renders_in_headless_chromium_without_script_errors(tmp_path: Pat
             browser.close()
     assert errors == []
     assert requests == [page_path.resolve().as_uri()]  # nothing fetched beyond the file
-    assert rows == 7 and len(verdicts) == 7
+    assert rows == 8 and len(verdicts) == 8
     assert "fail" in verdicts  # item 4: 0 wins in 35 fires
     assert pwned is None and scripts == 0
     assert EVIL in shown  # the answer is shown as text

@@ -197,6 +197,14 @@ async def test_the_librarys_stream_never_shows_the_wrong_price(lab: LabServer) -
         g = compare(store, rid, rid)["grounding"]["b"]
         assert g["shown"]["ungrounded"] == 0 and g["shown"]["n"] == 1
         assert g["model"]["ungrounded"] == 1 and g["model"]["ci95"] is not None
+        # the audit's item 8: the grounded share with its interval (one answer: too few)
+        from chainrun.audit import audit
+
+        item = audit(store, runs=[int(rid)]).items[7]
+        assert item.id == 8 and item.verdict == "not_enough_data"
+        (fig,) = item.figures.values()
+        assert fig["grounded_shown"]["grounded"] == 1 and fig["grounded_shown"]["n"] == 1
+        assert fig["grounded_shown"]["ci95"] is not None
 
 
 async def test_chat_and_the_openai_face_never_show_the_wrong_price(

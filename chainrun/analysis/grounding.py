@@ -59,15 +59,26 @@ class TurnGrounding:
         return [u for u in self.model.get("ungrounded") or [] if u.get("kind") in PRODUCT_KINDS]
 
 
+def _rows(items: list[Any]) -> list[ProductRow]:
+    out = []
+    for p in items:
+        if isinstance(p, dict):
+            try:
+                out.append(ProductRow.of(p))
+            except (KeyError, AttributeError, TypeError, ValueError):
+                continue  # a logged row without id, title or price: not a source
+    return out
+
+
 def _products(steps: Sequence[Any]) -> list[ProductRow]:
     for s in steps:
         shown = (getattr(s, "updates", None) or {}).get("products")
         if isinstance(shown, list):
-            return [ProductRow.of(p) for p in shown if isinstance(p, dict)]
+            return _rows(shown)
     for s in steps:
         results = (s.detail or {}).get("results") if s.kind == "retrieve" else None
         if isinstance(results, list):
-            return [ProductRow.of(p) for p in results if isinstance(p, dict)]
+            return _rows(results)
     return []
 
 

@@ -47,7 +47,7 @@ __all__ = [
 
 
 def audit_scope(scope: Scope) -> AuditReport:
-    """Run the seven checks over ``scope``."""
+    """Run the eight checks over ``scope``."""
     return AuditReport([check(scope) for check in CHECKS], scope.describe(), utc_now())
 
 

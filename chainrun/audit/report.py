@@ -1,4 +1,4 @@
-"""The audit's result types: seven items, each with a verdict, evidence, figures, tables
+"""The audit's result types: eight items, each with a verdict, evidence, figures, tables
 and plots, and the JSON document they make (``chainrun audit --format json``)."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Item:
 
 @dataclass
 class AuditReport:
-    """The whole audit: the seven items and what the log held (``scope``)."""
+    """The whole audit: the eight items and what the log held (``scope``)."""
 
     items: list[Item]
     scope: dict[str, Any]

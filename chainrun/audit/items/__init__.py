@@ -1,4 +1,4 @@
-"""The seven checks of the slow-chain checklist, each judged from the run log.
+"""The eight checks of the slow-chain checklist, each judged from the run log.
 
 Each ``check_*`` takes a :class:`~chainrun.audit.scope.Scope` and returns an
 :class:`~chainrun.audit.report.Item` with a verdict (``pass | warn | fail |
@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from chainrun.audit.items.common import needed_n
 from chainrun.audit.items.every_step_timed import check_timed
+from chainrun.audit.items.grounding import check_grounding
 from chainrun.audit.items.hedge_delay import check_hedge_delay
 from chainrun.audit.items.latency_vs_tokens import check_latency_tokens
 from chainrun.audit.items.live_vs_replay import check_live_vs_replay
@@ -35,6 +36,7 @@ CHECKS: tuple[Callable[[Scope], Item], ...] = (
     check_latency_tokens,
     check_retrieval,
     check_live_vs_replay,
+    check_grounding,
 )
 
 __all__ = ["CHECKS", "needed_n"]
