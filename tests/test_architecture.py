@@ -37,6 +37,9 @@ RULES = [
     ("chainrun.lab", ("chainrun.chain", "chainrun.steps", "chainrun.scheduler",
                       "chainrun.log", "chainrun.providers")),
     ("chainrun.timing", ("chainrun.providers", "chainrun.hedging", "chainrun.log")),
+    # a replay runs the chain and logs it; the analyses read the log afterwards (the
+    # evals run replays, so a replay importing analysis would run back up)
+    ("chainrun.replay", ("chainrun.analysis", "chainrun.audit", "chainrun.serve")),
     # evals score runs; the analyses read eval results, never the other way round
     ("chainrun.evals", ("chainrun.analysis", "chainrun.audit", "chainrun.serve")),
     ("chainrun", ("chainrun.cli",)),  # nothing outside the CLI imports the CLI

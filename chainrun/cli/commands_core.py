@@ -35,7 +35,6 @@ from chainrun.cli import (
 from chainrun.runtime import local_model
 
 if TYPE_CHECKING:
-    from chainrun.config import ChainConfig
     from chainrun.events import TurnFinished
     from chainrun.log.rows import TurnRow
     from chainrun.replay.run import ReplayRequest
@@ -57,23 +56,6 @@ class PromptCacheMode(enum.StrEnum):
     server = "server"
     off = "off"
 
-
-def without_prompt_cache(cfg: ChainConfig) -> ChainConfig:
-    """``cfg`` with ``cache_prompt = false`` on its Chat Completions providers (llama-server
-    then reuses no cached prompt prefix); one warning line per provider where no request
-    can turn the cache off (Azure, the Responses API: the service caches prefixes of
-    1,024+ tokens on its own, and the cached share says how much it helped)."""
-    providers = {}
-    for name, p in cfg.providers.items():
-        if p.kind == "openai" and p.api == "chat_completions":
-            providers[name] = p.model_copy(update={"cache_prompt": False})
-        else:
-            providers[name] = p
-            err.print(f"chainrun: warning: providers.{name} ({p.kind}, {p.api}): its prompt "
-                      "cache cannot be turned off per request; its TTFT is measured in "
-                      "whatever state that cache is (see the cached share)",
-                      markup=False, highlight=False)  # fmt: skip
-    return cfg.model_copy(update={"providers": providers})
 
 @app.command()
 @handle_errors
@@ -184,11 +166,10 @@ def replay(
     from chainrun.cli.tables import hedge_table, latency_table, run_headline
     from chainrun.config import load_config
     from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
-    from chainrun.log.store import Store
     from chainrun.log.writer import LogWriteLost
     from chainrun.replay.hints import resume_command
-    from chainrun.replay.resume import resume as resumed_replay
-    from chainrun.replay.run import load_requests, run_requests
+    from chainrun.replay.run import run_requests
+    from chainrun.replay.session import open_replay, provider_gone, without_prompt_cache
 
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")
@@ -196,18 +177,10 @@ def replay(
         raise UserInputError("--resume uses the run's own config; leave out --prompt-cache")
     cfg = load_config(config) if resume is None else None
     if cfg is not None and prompt_cache is PromptCacheMode.off:
-        cfg = without_prompt_cache(cfg)
-    requests = load_requests(file)  # validated before any run exists
-    store = Store.open(db, create=resume is None)
-    earlier = None
-    if resume is not None:
-        try:
-            resumed = resumed_replay(store, resume, requests, str(file))
-            requests, earlier, cfg = resumed.requests, resumed.earlier, resumed.config
-        except BaseException:
-            store.close()
-            raise
-    assert cfg is not None
+        cfg = without_prompt_cache(cfg, lambda line: err.print(
+            f"chainrun: warning: {line}", markup=False, highlight=False))  # fmt: skip
+    opened = open_replay(file, db, cfg, resume)  # the file checked before any run exists
+    cfg, requests, store, earlier = opened.config, opened.requests, opened.store, opened.earlier
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=err, transient=True,
@@ -260,20 +233,12 @@ def replay(
                 raise
             # the provider went away mid-run: the run ended failed; say which, and how to
             # run the rest once the provider answers (as the Ctrl-C line does)
-            run_id = started[0]
-            logged = store.count_turns(run_id)
-            again = resume_command(file, db, run_id)
-            raise ProviderUnavailable(
-                f"{e}; run {run_id} ended failed with {logged} turns logged; once it "
-                f"answers, {again} runs the rest"
-            ) from None
-        unreadable = lost is not None and not lost.lost  # the database away: summary from memory
-        if unreadable:
+            raise provider_gone(e, store, file, db, started[0]) from None
+        if lost is not None and not lost.lost:  # the database away: what was answered
             summary = answered_summary(run_id, "replay", "log unreachable", finished)
             hedging: dict[str, Any] = {"steps": {}}
         else:
-            summary = latency_summary(store, run_id)
-            hedging = hedge_stats(store, run_id)
+            summary, hedging = latency_summary(store, run_id), hedge_stats(store, run_id)
     finally:
         store.close()
     none_ok = stopped is None and lost is None and not summary["turns"]["n_completed"]
