@@ -427,6 +427,7 @@ from chainrun.cli import (  # noqa: E402,F401
     commands_lab,
     commands_log,
     commands_retrieve,
+    commands_review,
     commands_serve,
 )
 

@@ -346,6 +346,27 @@ def _m110_time_between_tokens(db: LogDb) -> None:
     db.table("calls").add_column("time_between_tokens_ms", float)
 
 
+def _m120_review_judgements(db: LogDb) -> None:
+    # a person's side-by-side judgements of two runs' answers (chainrun review)
+    db.table("review_judgements").create(
+        {
+            "id": int,
+            "run_a": int,
+            "run_b": int,
+            "request_id": str,
+            "reviewer": str,
+            "judged_at": str,
+            "left_run": int,  # the run shown on the left: the order the reviewer saw
+            "choice": str,  # left | same | right
+            "preferred_run": int,  # NULL: the same
+            "tags": str,  # JSON: {"a": [...], "b": [...]}
+            "note": str,
+        },
+        pk="id",
+    )
+    db.table("review_judgements").create_index(["run_a", "run_b", "reviewer"])
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -362,6 +383,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("090_step_updates", _m090_step_updates),
     ("100_tool_call_notes", _m100_tool_call_notes),
     ("110_time_between_tokens", _m110_time_between_tokens),
+    ("120_review_judgements", _m120_review_judgements),
 )
 
 

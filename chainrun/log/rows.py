@@ -437,6 +437,37 @@ class EvalResultRow(_Row):
     scored_at: str | None = None
 
 
+class ReviewJudgementRow(_Row):
+    """One reviewer's judgement of one request's two answers, shown side by side in a
+    blind, random order (``chainrun review A B``): a row of ``review_judgements``."""
+
+    table: ClassVar[str] = "review_judgements"
+    json_fields: ClassVar[frozenset[str]] = frozenset({"tags"})
+    #: row id
+    id: int | None = None
+    #: the baseline run (runs.id)
+    run_a: int
+    #: the candidate run (runs.id), answering the same requests
+    run_b: int
+    #: the request both runs answered (turns.request_id)
+    request_id: str
+    #: who judged (``--reviewer``)
+    reviewer: str
+    #: when (ISO-8601 UTC)
+    judged_at: str
+    #: the run shown on the left (run_a or run_b): the order the reviewer saw
+    left_run: int
+    #: what the reviewer picked: ``left``, ``same`` or ``right``
+    choice: Literal["left", "same", "right"]
+    #: the run whose answer was judged better (NULL: the same)
+    preferred_run: int | None = None
+    #: tags per run: ``{"a": [...], "b": [...]}`` (invented fact, wrong route, rude,
+    #: unhelpful, too long)
+    tags: dict[str, list[str]] = Field(default_factory=dict)
+    #: the reviewer's note
+    note: str | None = None
+
+
 class ToolCallRow(_Row):
     """One tool call a model asked for: a row of ``tool_calls`` (see
     :mod:`chainrun.tools.runner` for what each status means). Times in ms; offsets from

@@ -49,6 +49,7 @@ from chainrun.log.opening import (
 )
 from chainrun.log.reads import LogReads
 from chainrun.log.redaction import Redactor, redact_calls, redact_turn
+from chainrun.log.review_judgements import ReviewJudgements
 from chainrun.log.rows import CallRow, RunKind, RunStatus, TurnLog
 from chainrun.log.turn_ids import BLOCK, TurnIds, release
 from chainrun.log.turn_writes import lost_turn, prepare_turn, write_step_calls
@@ -60,7 +61,7 @@ T = TypeVar("T")
 DEFAULT_DB = "chainrun.db"
 
 
-class Store(LogReads, EvalResults):
+class Store(LogReads, EvalResults, ReviewJudgements):
     """The run log. Open with :meth:`open`; use as a context manager to close it.
 
     A file or PostgreSQL log writes turns from the event loop through :meth:`alog_turn`
