@@ -350,3 +350,41 @@ def test_calls_logged_without_a_time_between_tokens_count_as_unknown(store: Stor
     split = compare(store, str(run), str(run), metric="compose")["metrics"]["compose"]["llm"]["a"]
     assert split["unknown"]["time_between_tokens"] == 5
     assert split["time_between_tokens"]["n"] == 0
+
+
+def _ttft_run(store: Store, n: int, ttft: Callable[[int], float],
+              answers: Callable[[int], str]) -> int:  # fmt: skip
+    run = store.create_run("eval", "{}", label=f"{n} turns")
+    for i in range(n):
+        turn = TurnLog(TurnRow(input=f"message {i}", output=answers(i), duration_ms=900.0,
+                               request_id=eval_request_id(f"c{i}", 0),
+                               answer_ttft_ms=ttft(i)))  # fmt: skip
+        turn.steps = [StepRow(step="compose", duration_ms=900.0, output=answers(i))]
+        store.log_turn(run, turn)
+    store.finish_run(run, "complete")
+    return run
+
+
+async def test_compare_gives_confidence_sequences_valid_at_every_look(store: Store) -> None:
+    """B answers every shared request first and fails every other eval case: both
+    decided, each with its method named; B against itself decides nothing."""
+    n = 60
+    cases = [parse_case({"id": f"c{i}", "message": f"message {i}",
+                         "assert": [{"type": "icontains", "value": "storm"}]})
+             for i in range(n)]  # fmt: skip
+    a = _ttft_run(store, n, lambda i: 800.0 + i, lambda i: "Storm Shell")
+    b = _ttft_run(store, n, lambda i: 400.0 + i,
+                  lambda i: "No idea." if i % 2 else "Storm Shell")  # fmt: skip
+    await score_run(store, a, cases)
+    await score_run(store, b, cases)
+    seq = compare(store, str(a), str(b))["sequences"]
+    assert seq["alpha"] == 0.05
+    ttft = seq["answer_ttft"]
+    assert ttft["method"] == "betting-eb" and ttft["null"] == 0.5 and ttft["n"] == n
+    assert ttft["verdict"] == "decided_higher" and ttft["lower"] > 0.5
+    assert ttft["decided_at"] is not None and ttft["decided_at"] <= n
+    passes = seq["pass_rate"]
+    assert passes["n"] == n and passes["verdict"] == "decided_lower" and passes["upper"] < 0
+    assert passes["estimate"] == pytest.approx(-0.5, abs=0.1)
+    same = compare(store, str(b), str(b))["sequences"]
+    assert same["answer_ttft"]["verdict"] == "not_yet" and same["pass_rate"]["verdict"] == "not_yet"

@@ -689,6 +689,7 @@ def compare(
                              "warning": warning}  # fmt: skip
     by_turn = _by_turn_index(store, sa, sb, confidence)
     grounding = {side: _grounding(x) for side, x in (("a", sa), ("b", sb))}
+    sequences = _sequences(store, sa, sb)
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
     regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
     if evals is not None and evals["verdict"] == "worse":
@@ -703,9 +704,56 @@ def compare(
         "evals": evals,
         "cache": cache,
         "grounding": grounding,
+        "sequences": sequences,
         "by_turn_index": by_turn,
         "regressions": regressions,
     }
+
+
+def _sequences(store: Store, a: Side, b: Side) -> dict[str, Any]:
+    """Confidence sequences of B against A, valid at every look (compare run again and
+    again as traffic arrives): each ``{n, estimate, lower, upper, alpha, method, null,
+    decided_at, verdict, drifted}`` (:mod:`chainrun.statistics.sequential`), or None
+    where the sides give no data for it.
+
+    - ``pass_rate``: the paired difference of the eval pass rate (B − A, in [−1, 1]), on
+      the cases both sides scored, in A's case order;
+    - ``ungrounded_rate``: B's share of answers with an ungrounded product fact as the
+      shopper received them minus A's (unpaired: a CS per side at alpha / 2);
+    - ``answer_ttft``: the share of the requests both sides answered (same request id)
+      that B answered first, null 1/2 (the sign of the paired difference: decided above
+      1/2 when B is faster at the median); None on sides without shared requests (live
+      traffic against a replay), whose turns cannot be paired.
+
+    A verdict is taken when the interval excludes the null at the look it is read; with
+    a sequence that is valid whenever the look happens (the fixed-n intervals beside it
+    are valid at one planned look only).
+    """
+    from chainrun.analysis.grounding import groundings_of
+    from chainrun.statistics.sequential import (
+        faster_share_cs,
+        paired_difference_cs,
+        two_sample_difference_cs,
+    )
+
+    out: dict[str, Any] = {"alpha": 0.05}
+    oa = case_outcomes(r for r in load_results(store, a.run_ids) if r.turn_id in a.turn_ids)
+    ob = case_outcomes(r for r in load_results(store, b.run_ids) if r.turn_id in b.turn_ids)
+    shared = [c for c in oa if c in ob]
+    out["pass_rate"] = (paired_difference_cs([oa[c] for c in shared], [ob[c] for c in shared])
+                        .as_dict() if shared else None)  # fmt: skip
+    ga = [t.shown_ungrounded_product for t in groundings_of(a.turns, a.steps)]
+    gb = [t.shown_ungrounded_product for t in groundings_of(b.turns, b.steps)]
+    out["ungrounded_rate"] = (two_sample_difference_cs([bool(x) for x in ga],
+                                                       [bool(x) for x in gb]).as_dict()
+                              if ga and gb else None)  # fmt: skip
+    ttft_b = {t.request_id: t.answer_ttft_ms for t in b.turns
+              if t.request_id is not None and t.answer_ttft_ms is not None}  # fmt: skip
+    pairs = [(t.answer_ttft_ms, ttft_b[t.request_id]) for t in a.turns
+             if t.request_id in ttft_b and t.answer_ttft_ms is not None]  # fmt: skip
+    out["answer_ttft"] = (faster_share_cs([x for x, _ in pairs], [y for _, y in pairs])
+                          .as_dict() if pairs else None)  # fmt: skip
+    return out
 
 
 def _grounding(side: Side) -> dict[str, Any]:

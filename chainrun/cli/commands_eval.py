@@ -420,6 +420,12 @@ def _print_compare(doc: dict[str, Any]) -> None:
         if model_a["n"] or model_b["n"]:
             out.print(f"... as the model wrote them (the grounding check's records): "
                       f"A {rate(model_a)}, B {rate(model_b)}", markup=False)  # fmt: skip
+    sequences = doc.get("sequences")
+    if sequences:
+        said = _sequence_lines(sequences)
+        if said:
+            out.print("confidence sequences (valid at every look, alpha "
+                      f"{sequences['alpha']}): " + "; ".join(said), markup=False)  # fmt: skip
     by_turn = doc.get("by_turn_index")
     if by_turn:
         out.print(_turn_index_table(by_turn))
@@ -433,6 +439,27 @@ def _print_compare(doc: dict[str, Any]) -> None:
                           "rate): " + sk["reason"].replace("[", r"\["))  # fmt: skip
     if doc.get("regressions"):
         out.print(f"[red]regressions:[/] {', '.join(doc['regressions'])}")
+
+
+def _sequence_lines(sequences: dict[str, Any]) -> list[str]:
+    """compare's confidence sequences, one phrase each: estimate, interval, verdict."""
+    words = {"answer_ttft": ("answer TTFT, share of requests B answered first", "B faster",
+                             "B slower"),
+             "pass_rate": ("eval pass rate B - A", "B passes more", "B passes fewer"),
+             "ungrounded_rate": ("ungrounded answers B - A", "B more ungrounded",
+                                 "B less ungrounded")}  # fmt: skip
+    said = []
+    for key, (name, higher, lower) in words.items():
+        cs = sequences.get(key)
+        if not cs or cs["estimate"] is None:
+            continue
+        at = f" (at n = {cs['decided_at']})" if cs["decided_at"] else ""
+        verdict = {"decided_higher": f"decided: {higher}{at}",
+                   "decided_lower": f"decided: {lower}{at}"}.get(
+            cs["verdict"], "no difference yet" + (" (the data drifted)" if cs["drifted"] else ""))
+        said.append(f"{name} {cs['estimate']:.2f} [{cs['lower']:.2f}, {cs['upper']:.2f}], "
+                    f"n = {cs['n']}: {verdict}")  # fmt: skip
+    return said
 
 
 def _turn_index_table(by_turn: dict[str, Any]) -> Table:
