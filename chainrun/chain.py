@@ -75,7 +75,6 @@ from chainrun.steps import (
     TurnState,
     step_kinds,
 )
-from chainrun.steps.base import breaker_key
 from chainrun.timing import Chunk
 from chainrun.tools import TurnTools, build_tools
 
@@ -227,11 +226,15 @@ class Chain:
         #: circuit breakers shared by the steps, one registry per distinct breaker setting
         #: (a target found down at open starts open in every one)
         self._breakers: dict[tuple[int, float, float], BreakerRegistry] = {}
-        for needs in self.needs.values():
+        #: each step's registry, by step name (what BuildContext.breakers_for hands it)
+        self._step_breakers: dict[str, BreakerRegistry] = {}
+        for name, needs in self.needs.items():
             if needs.policy is not None:
-                key = breaker_key(needs.policy)
+                p = needs.policy
+                key = (p.breaker_failures, p.breaker_window_s, p.breaker_cooldown_s)
                 if key not in self._breakers:
                     self._breakers[key] = BreakerRegistry(*key)
+                self._step_breakers[name] = self._breakers[key]
         self._owned: list[Provider] = []
         self._opened: list[Step] = []
         self._loop_lag: LoopLagMonitor | None = None
@@ -319,7 +322,7 @@ class Chain:
             if wants_catalog:
                 ensure_sample_catalog(db)  # a log without a catalogue gets the sample one
             ctx = BuildContext(
-                config=self.config, providers=self._providers, breakers=self._breakers,
+                config=self.config, providers=self._providers, breakers=self._step_breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
                 retriever=self._retriever, tools=self.tools, seed_windows=self.seed_windows,
             )  # fmt: skip

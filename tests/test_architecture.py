@@ -331,3 +331,61 @@ def test_code_and_docs_name_no_issue_numbers() -> None:
             continue
         bad += [f"{rel}: {m.group(0)}" for m in pattern.finditer(p.read_text(errors="replace"))]
     assert not bad, bad
+
+
+def _definitions(name: str) -> list[str]:
+    """The modules of chainrun that define a function or method called ``name``."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+               for n in ast.walk(tree)):  # fmt: skip
+            found.append(_module(path))
+    return found
+
+
+@pytest.mark.parametrize("name", ["_shadow_settler", "_record", "_call_rows", "call_row",
+                                  "race", "step_items"])  # fmt: skip
+def test_the_hedged_model_call_is_written_once(name: str) -> None:
+    """The shadow settler, the call-row recording and the race of a step's model call live
+    in one piece (chainrun.steps.model_call), used by the model step and the tool loop."""
+    assert _definitions(name) == ["chainrun.steps.model_call"]
+
+
+#: the Hedger's private state; the race reads it through its public RaceSite
+_HEDGER_PRIVATE = ("_policy", "_call_order", "_running", "_shadows", "_calls",
+                   "_seeded_until")  # fmt: skip
+
+
+def test_no_module_reads_the_hedgers_private_attributes() -> None:
+    """``x._policy`` and the like only on ``self`` inside the Hedger's own module, and
+    there only inside the Hedger class (its race gets a RaceSite)."""
+    offenders = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        hedger_nodes: set[int] = set()
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name in ("Hedger", "HedgeOutcome"):
+                hedger_nodes |= {id(n) for n in ast.walk(cls)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in _HEDGER_PRIVATE
+                    and id(node) not in hedger_nodes):  # fmt: skip
+                owner = node.value
+                # a class's own private state (the advisor's _running, say) is its own
+                if isinstance(owner, ast.Name) and owner.id == "self":
+                    if path.name != "engine.py":
+                        continue
+                offenders.append(f"{_module(path)}:{node.lineno}: .{node.attr}")
+    assert offenders == []
+
+
+def test_the_model_step_has_no_pass_through_members() -> None:
+    """The tool loop gets what it needs as arguments, not through members of the model
+    step that only hand its insides on (and no protocol mirrors them)."""
+    from chainrun.steps import tool_use
+    from chainrun.steps.llm import LLMStep
+
+    for name in ("hedger", "providers", "store", "holdback", "record_holdback",
+                 "result_of", "call_rows", "request"):  # fmt: skip
+        assert not hasattr(LLMStep, name), name
+    assert not hasattr(tool_use, "ToolStep")

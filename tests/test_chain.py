@@ -281,9 +281,9 @@ async def test_a_steps_breaker_settings_are_its_own(store) -> None:
         "validate": FakeReply('{"ok": true, "reason": "x"}', ttft_s=0.2),
     }))  # fmt: skip
     async with Chain(cfg, store=store, providers={"local": slow, "backup": down}) as chain:
-        classify = chain.steps["classify"]._hedger.breakers  # type: ignore[attr-defined]
-        validate = chain.steps["validate"]._hedger.breakers  # type: ignore[attr-defined]
-        critique = chain.steps["critique"]._hedger.breakers  # type: ignore[attr-defined]
+        classify = chain.steps["classify"].call.hedger.breakers  # type: ignore[attr-defined]
+        validate = chain.steps["validate"].call.hedger.breakers  # type: ignore[attr-defined]
+        critique = chain.steps["critique"].call.hedger.breakers  # type: ignore[attr-defined]
         assert (classify.failures, classify.cooldown_s) == (1, 600.0)
         assert validate is critique and validate is not classify
         assert validate.failures == BreakerRegistry().failures

@@ -147,7 +147,9 @@ async def test_invalid_arguments_go_back_to_the_model_and_are_corrected() -> Non
     second = fake.requests[1].messages
     assert second[-1]["role"] == "tool" and "$.qty" in second[-1]["content"]
     assert json.loads(fake.requests[2].messages[-1]["content"])["added"] == "JKT-12"
-    assert [c.attempt for c in calls] == [1, 2, 3]  # numbered on across rounds
+    # each round's primary is attempt 1 of its round: a round is no hedge copy
+    assert [(c.round, c.attempt) for c in calls] == [(1, 1), (2, 1), (3, 1)]
+    assert [c.first_tool_call_ms is not None for c in calls] == [True, True, False]
     tool_events = [(e.phase, e.status) for e in events if isinstance(e, ToolCallEvent)]
     assert tool_events == [("finished", "invalid_arguments"), ("started", None),
                            ("finished", "ok")]  # fmt: skip

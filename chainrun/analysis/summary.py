@@ -315,9 +315,10 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
 def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> dict[str, Any]:
     """Whether hedging pays, per step of a run.
 
-    Per step: ``n`` (step executions), ``n_armed`` (executions with a hedge delay in
-    force), ``n_fired``, ``n_won``, ``fire_rate``, ``copies_sent`` and
-    ``copies_sent_per_call`` (attempts beyond the first actually sent, per execution),
+    Per step: ``n`` (model calls: step executions, each round of a call with tools
+    counted as one, since each round is its own race), ``n_armed`` (calls with a hedge
+    delay in force), ``n_fired``, ``n_won``, ``fire_rate``, ``copies_sent`` and
+    ``copies_sent_per_call`` (attempts beyond a round's first actually sent, per call),
     ``n_fired_no_copy_sent`` (fires after which no copy went out), ``unsent`` (due copies
     not sent: ``{budget_exhausted, circuit_open, loop_lag}``), ``win_rate``,
     ``time_saved_per_win_ms`` (``n_saved_measured`` says over how many wins),
@@ -372,30 +373,32 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             continue
         st = agg[s.step]
         probes[s.step] += bool((s.detail or {}).get("hedge_probe"))
-        fired = bool(s.hedge_fired)
-        st.add_call(armed=s.hedge_delay_ms is not None, fired=fired, won_by_copy=bool(s.hedge_won))
-        if fired:
-            fired_steps.append(s)
-        if s.hedge_delay_ms is not None:
+        armed = s.hedge_delay_ms is not None
+        for r in s.hedge_rounds():  # each round of a call with tools is a call of its own
+            st.add_call(armed=armed, fired=r.fired, won_by_copy=r.won)
+            if r.fired:
+                fired_steps.append((s.step, s.turn_id, r.round))
+            if r.fired and r.won and r.time_saved_ms is not None:
+                st.record_time_saved(r.time_saved_ms)
+        if armed:
+            assert s.hedge_delay_ms is not None
             delays[s.step].append(s.hedge_delay_ms)
             if (s.detail or {}).get("hedge_delay_seeded") and s.turn_id is not None:
                 seeded[s.step].append(s.turn_id)
-        if fired and s.hedge_won and s.time_saved_ms is not None:
-            st.record_time_saved(s.time_saved_ms)
-    sent_in: dict[tuple[str, int | None], int] = defaultdict(int)
+    sent_in: dict[tuple[str, int | None, int], int] = defaultdict(int)
     for c in counted.of(calls):
         if c.step not in agg:
             continue
         st = agg[c.step]
         if c.attempt == 1:
-            continue  # the primary is no copy (sent or not)
+            continue  # a round's primary is no copy (sent or not)
         if c.outcome in SENT_OUTCOMES:
             st.copies_sent += 1
-            sent_in[(c.step, c.turn_id)] += 1
+            sent_in[(c.step, c.turn_id, c.round)] += 1
         else:
             st.add_unsent(unsent_reason(c.outcome, c.error_type))
-    for s in fired_steps:
-        agg[s.step].fires_unsent += sent_in[(s.step, s.turn_id)] == 0
+    for step, turn_id, round_ in fired_steps:
+        agg[step].fires_unsent += sent_in[(step, turn_id, round_)] == 0
     steps = {}
     for name, st in agg.items():
         steps[name] = {

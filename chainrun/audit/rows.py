@@ -44,10 +44,11 @@ class Run:
 
 
 def settle_ms(call: CallRow) -> float | None:
-    """Time to settle a race, from the attempt's own start: TTFT for a streamed step
-    (it settles on the first token), the whole duration otherwise (what the hedging
-    engine's latency window records)."""
-    return call.ttft_ms if call.stream else call.duration_ms
+    """Time to settle a race, from the attempt's own start: the first event for a
+    streamed step (it settles on the first token, or a round asking for tools on its
+    first tool-call piece), the whole duration otherwise (what the hedging engine's
+    latency window records)."""
+    return call.first_event_ms if call.stream else call.duration_ms
 
 
 @dataclass

@@ -39,6 +39,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from chainrun.hedging.advisor import HedgeController
@@ -96,6 +97,39 @@ async def _cancel_and_wait(tasks: Iterable[asyncio.Task[T]]) -> None:
         pending = {task for task in pending if not task.done()}
     if interrupted is not None:
         raise interrupted
+
+
+@dataclass(frozen=True)
+class RaceSite(Generic[T]):
+    """What one race (one :meth:`Hedger.run`) uses of its call site: the state shared
+    between the site's calls, and the targets of this call in preference order.
+
+    Attributes:
+        policy: how to hedge (one attempt per call when the site has none).
+        order: this call's targets, its primary first.
+        breakers: the targets' circuit breakers.
+        window: the site's latency window (answers and censored cut-offs, in ms).
+        budget: the load budget copies draw on.
+        controller: the delay and attempts per call, and the back-off.
+        stats: the site's hedge statistics.
+        loop_lag: the event-loop lag monitor (None: none).
+        rng: the source of the shadow draws.
+        running: attempts in flight (of every call of the site) -> when they started,
+            in loop seconds.
+        shadows: shadow watcher task -> the losing attempt's task it watches.
+    """
+
+    policy: HedgePolicy
+    order: tuple[str, ...]
+    breakers: BreakerRegistry
+    window: LatencyWindow
+    budget: HedgeBudget
+    controller: HedgeController
+    stats: HedgeStats
+    loop_lag: LoopLagMonitor | None
+    rng: random.Random
+    running: dict[object, float]
+    shadows: dict[asyncio.Task[None], asyncio.Task[T]]
 
 
 class Hedger(Generic[T]):
@@ -229,14 +263,18 @@ class Hedger(Generic[T]):
             asyncio.CancelledError: the caller cancelled; every attempt has been cancelled
                 and awaited first.
         """
-        race = _Race(self, attempt, release, accept, classify_error or default_classify_error)
+        site = RaceSite(
+            self._policy, self._call_order(), self.breakers, self.window, self.budget,
+            self.controller, self.stats, self.loop_lag, self.rng, self._running, self._shadows,
+        )  # fmt: skip
+        race = _Race(site, attempt, release, accept, classify_error or default_classify_error)
         try:
             outcome = await race.run()
         except BaseException as e:
             await race.settle_in_flight(None, "error")
             if isinstance(e, asyncio.CancelledError):
                 # the call's hedging happened (a copy fired and was paid for): count it
-                self.stats.record(race._outcome(None, e))
+                self.stats.record(race.outcome(None, e))
             raise
         self.stats.record(outcome)
         self.controller.observe(outcome, probe=outcome.probe)
@@ -283,14 +321,14 @@ class _Race(Generic[T]):
 
     def __init__(
         self,
-        hedger: Hedger[T],
+        site: RaceSite[T],
         factory: Callable[[AttemptInfo], Awaitable[T]],
         release: Callable[[T], Awaitable[None]] | None,
         accept: Callable[[T], bool] | None,
         classify: Callable[[BaseException], ErrorInfo],
     ) -> None:
-        self.hedger = hedger
-        self.policy = hedger._policy
+        self.site = site
+        self.policy = site.policy
         self.factory = factory
         self.release = release
         self.accept = accept
@@ -299,7 +337,7 @@ class _Race(Generic[T]):
         self.t0 = self.loop.time()
         deadline_s = self.policy.deadline_s
         self.deadline_at = math.inf if deadline_s is None else self.t0 + deadline_s
-        self.order = hedger._call_order()
+        self.order = site.order
         self.copy_targets: tuple[str, ...] = ()
         self.records: list[AttemptRecord] = []
         self.in_flight: list[_Attempt[T]] = []
@@ -326,7 +364,7 @@ class _Race(Generic[T]):
     # ----------------------------------------------------------------- the race
 
     async def run(self) -> HedgeOutcome[T]:
-        breakers = self.hedger.breakers
+        breakers = self.site.breakers
         primary = next((t for t in self.order if breakers.get(t).available), None)
         if primary is None:
             error = CircuitOpen(self.order)
@@ -340,10 +378,10 @@ class _Race(Generic[T]):
                     loop_lag_ms=self._monitor_lag(),
                 )
             )
-            return self._outcome(None, error)
+            return self.outcome(None, error)
         if self.policy.hedges:
-            self.hedger.budget.deposit()
-        plan = self.hedger.controller.plan()
+            self.site.budget.deposit()
+        plan = self.site.controller.plan()
         self.max_attempts, self.changes = plan.max_attempts, plan.changes
         # an open primary sends the call elsewhere, unhedged: copies would pile onto the
         # remaining targets just when capacity is short
@@ -360,12 +398,12 @@ class _Race(Generic[T]):
             now = self.loop.time()
             if now >= self.deadline_at:
                 await self.settle_in_flight(None, "deadline")
-                return self._outcome(None, DeadlineExceeded(self.policy.deadline_s or 0.0))
+                return self.outcome(None, DeadlineExceeded(self.policy.deadline_s or 0.0))
             if self.next_due <= now + _DUE_SLACK_S and self._pending():
                 self._fire_due(now)
             if not self.in_flight and not self._pending():
                 error = self.last_error or NoAcceptableAnswer(self.rejected)
-                return self._outcome(None, error)
+                return self.outcome(None, error)
             wake = min(self.next_due if self._pending() else math.inf, self.deadline_at)
             if self.in_flight:
                 await self._wait_settled(wake)
@@ -442,7 +480,7 @@ class _Race(Generic[T]):
                     a.record.target != rec.target and not a.task.done() for a in self.in_flight
                 ):
                     await self.settle_in_flight(None, "error")
-                    return self._outcome(None, exc)
+                    return self.outcome(None, exc)
                 # another target may still answer: start nothing more, let the attempts
                 # in flight run (the module text); the race ends on their outcome
                 self.stopped = True
@@ -460,8 +498,8 @@ class _Race(Generic[T]):
         self.winner = rec
         att.breaker.record_success()
         if rec.latency_ms is not None:
-            self.hedger.window.record(rec.latency_ms)
-        outcome = self._outcome(value, None)
+            self.site.window.record(rec.latency_ms)
+        outcome = self.outcome(value, None)
         await self.settle_in_flight(outcome, "win")
         return outcome
 
@@ -501,7 +539,7 @@ class _Race(Generic[T]):
             target = self._copy_target(number)
             if target is None:
                 self._refuse(number, intended, "suppressed", lag_ms, CircuitOpen(self.copy_targets))
-            elif not self.hedger.budget.try_withdraw():
+            elif not self.site.budget.try_withdraw():
                 # the copy waits: it is due again at the next tick (recorded once)
                 if not self.waiting_for_budget:
                     self._refuse(number, target, "budget_exhausted", lag_ms)
@@ -520,12 +558,12 @@ class _Race(Generic[T]):
         n = len(self.copy_targets)
         for i in range(n):
             target = self.copy_targets[(number - 2 + i) % n]
-            if self.hedger.breakers.get(target).available:
+            if self.site.breakers.get(target).available:
                 return target
         return None
 
     def _start(self, number: int, target: str, lag_ms: float | None) -> None:
-        breaker = self.hedger.breakers.get(target)
+        breaker = self.site.breakers.get(target)
         breaker.allow()  # the caller checked `available`; this takes a half-open probe slot
         now = self.loop.time()
         offset = self._offset_ms(now)
@@ -538,7 +576,7 @@ class _Race(Generic[T]):
             fired_during_loop_lag=self._lagging(lag_ms),
         )
         att: _Attempt[T] = _Attempt(rec, breaker)
-        self.hedger._running[att] = now
+        self.site.running[att] = now
         info = AttemptInfo(number, target, offset, lag_ms)
         att.task = self.loop.create_task(self._call(att, info), name=f"hedge-{number}-{target}")
         self.records.append(rec)
@@ -580,7 +618,7 @@ class _Race(Generic[T]):
             att.settled_at = self.loop.time()
             raise
         finally:
-            self.hedger._running.pop(att, None)
+            self.site.running.pop(att, None)
             waiter = self._waiter
             if waiter is not None:
                 _wake(waiter)
@@ -621,7 +659,7 @@ class _Race(Generic[T]):
         """Put an attempt cut short into the window: its latency is longer than it ran
         (the window's Kaplan-Meier estimate counts it; see :mod:`chainrun.hedging.window`)."""
         if rec.started_offset_ms is not None:
-            self.hedger.window.record_censored(cut_at_ms - rec.started_offset_ms)
+            self.site.window.record_censored(cut_at_ms - rec.started_offset_ms)
 
     async def _close_settled_loser(self, att: _Attempt[T]) -> None:
         """A loser that settled before it could be cancelled: release or record it."""
@@ -637,7 +675,7 @@ class _Race(Generic[T]):
             rec.outcome = "cancelled"
             att.breaker.record_success()
             if rec.latency_ms is not None:
-                self.hedger.window.record(rec.latency_ms)  # it answered, a hair too late
+                self.site.window.record(rec.latency_ms)  # it answered, a hair too late
             await self._release(att.task.result())
         else:
             rec.outcome, rec.error = "error", exc
@@ -659,14 +697,14 @@ class _Race(Generic[T]):
     def _draw_shadow(self) -> bool:
         """Whether a loser is left running as a shadow (probability ``shadow_fraction``)."""
         fraction = self.policy.shadow_fraction
-        return fraction > 0 and self.hedger.rng.random() < fraction
+        return fraction > 0 and self.site.rng.random() < fraction
 
     def _shadow(self, att: _Attempt[T], outcome: HedgeOutcome[T]) -> None:
         task = self.loop.create_task(
             self._watch_shadow(att, outcome), name=f"hedge-shadow-{att.record.number}"
         )
-        outcome._shadows.append(task)
-        shadows = self.hedger._shadows
+        outcome.watch_shadow(task)
+        shadows = self.site.shadows
         shadows[task] = att.task
         task.add_done_callback(lambda done: shadows.pop(done, None))
 
@@ -703,7 +741,7 @@ class _Race(Generic[T]):
         if accepted:
             rec.outcome = "shadow_finished"
             if rec.latency_ms is not None:
-                self.hedger.window.record(rec.latency_ms)
+                self.site.window.record(rec.latency_ms)
             self._note_time_saved(rec, outcome)
         else:
             rec.outcome = "rejected"
@@ -718,7 +756,7 @@ class _Race(Generic[T]):
             return
         saved = loser.answered_offset_ms - winner.answered_offset_ms
         outcome.time_saved_ms = saved
-        self.hedger.stats.record_time_saved(saved)
+        self.site.stats.record_time_saved(saved)
 
     async def _release(self, value: T) -> None:
         if self.release is None:
@@ -731,7 +769,7 @@ class _Race(Generic[T]):
 
     # ------------------------------------------------------------------- helpers
 
-    def _outcome(self, value: T | None, error: BaseException | None) -> HedgeOutcome[T]:
+    def outcome(self, value: T | None, error: BaseException | None) -> HedgeOutcome[T]:
         winner = self.winner
         return HedgeOutcome(
             value=value,
@@ -750,7 +788,7 @@ class _Race(Generic[T]):
         return (at - self.t0) * 1000
 
     def _monitor_lag(self) -> float | None:
-        monitor = self.hedger.loop_lag
+        monitor = self.site.loop_lag
         return None if monitor is None else monitor.lag_ms
 
     def _lagging(self, lag_ms: float | None) -> bool:

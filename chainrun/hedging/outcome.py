@@ -149,6 +149,11 @@ class HedgeOutcome(Generic[T]):
     changes: tuple[HedgeChange, ...] = ()
     _shadows: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
+    def watch_shadow(self, task: asyncio.Task[None]) -> None:
+        """Count ``task`` (the engine's watcher of a loser left running as a shadow) among
+        this call's shadows (:attr:`shadows_pending`, :meth:`shadows_done`)."""
+        self._shadows.append(task)
+
     @property
     def shadows_pending(self) -> bool:
         """Whether a shadow loser of this call is still running."""

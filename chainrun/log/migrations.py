@@ -367,6 +367,14 @@ def _m120_review_judgements(db: LogDb) -> None:
     db.table("review_judgements").create_index(["run_a", "run_b", "reviewer"])
 
 
+def _m130_call_rounds(db: LogDb) -> None:
+    # a call with tools runs rounds: each call row says its round (attempts are numbered
+    # within it, so copies are counted per round) and, for a round that asked for tools,
+    # when the first piece of a tool call came (its first event, there being no TTFT)
+    db.table("calls").add_column("round", int)
+    db.table("calls").add_column("first_tool_call_ms", float)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -384,6 +392,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("100_tool_call_notes", _m100_tool_call_notes),
     ("110_time_between_tokens", _m110_time_between_tokens),
     ("120_review_judgements", _m120_review_judgements),
+    ("130_call_rounds", _m130_call_rounds),
 )
 
 

@@ -252,6 +252,33 @@ class StepRow(_Row):
     def _null_is_not_truncated(cls, v: Any) -> Any:
         return False if v is None else v
 
+    def hedge_rounds(self) -> list[HedgeRound]:
+        """The step's model call, round by round: a call with tools logs each round's
+        hedge in ``detail["hedge_rounds"]``; any other step has one round, this row's."""
+        logged = (self.detail or {}).get("hedge_rounds")
+        if isinstance(logged, list) and logged:
+            return [HedgeRound(int(r.get("round", i + 1)), bool(r.get("fired")),
+                               bool(r.get("won")), r.get("time_saved_ms"))
+                    for i, r in enumerate(logged) if isinstance(r, dict)]  # fmt: skip
+        return [HedgeRound(1, bool(self.hedge_fired), bool(self.hedge_won), self.time_saved_ms)]
+
+
+@dataclass(frozen=True)
+class HedgeRound:
+    """One round of a step's model call as hedged (:meth:`StepRow.hedge_rounds`).
+
+    Attributes:
+        round: the round, from 1.
+        fired: a copy became due (the primary was still running at the delay d).
+        won: a copy (or retry) answered first.
+        time_saved_ms: the primary's answer minus the winning copy's, when measured.
+    """
+
+    round: int
+    fired: bool
+    won: bool
+    time_saved_ms: float | None = None
+
 
 class CallRow(_Row):
     """One model call attempt: a row of ``calls``.
@@ -271,8 +298,11 @@ class CallRow(_Row):
     turn_id: int | None = None
     #: the step's name
     step: str
-    #: 1 for the original, 2, 3, ... for hedge copies
+    #: 1 for the original, 2, 3, ... for hedge copies (numbered within its round)
     attempt: int = 1
+    #: the round of the step's model call: 1, then one more for each time the model
+    #: asked for tools and got their results (NULL, read as 1, before migration 130)
+    round: int = 1
     #: provider name from the config (the hedge target this attempt used)
     target: str | None = None
     #: the provider's kind (OpenTelemetry: gen_ai.provider.name)
@@ -310,6 +340,9 @@ class CallRow(_Row):
     #: time to first token: from sending to the first content or reasoning chunk
     #: (OpenTelemetry: gen_ai.client.operation.time_to_first_chunk, in s there)
     ttft_ms: float | None = None  # gen_ai.client.operation.time_to_first_chunk (as ms)
+    #: from sending to the first piece of a tool call (a round that asks for tools has
+    #: no TTFT when it streams no text: this is its first event); NULL: none came
+    first_tool_call_ms: float | None = None
     #: from sending to the end of the stream (OpenTelemetry:
     #: gen_ai.client.operation.duration, in s there)
     duration_ms: float | None = None  # gen_ai.client.operation.duration (as ms)
@@ -351,6 +384,17 @@ class CallRow(_Row):
     fired_late: bool = False  # a copy fired while the client's event loop was late
     #: llama.cpp's own timings block (prompt_ms, predicted_ms, ...), if the server sent one
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
+
+    @field_validator("round", mode="before")
+    @classmethod
+    def _null_is_round_one(cls, v: Any) -> Any:
+        return 1 if v is None else v
+
+    @property
+    def first_event_ms(self) -> float | None:
+        """From sending to the call's first event, in ms: its TTFT, or, for a round that
+        asked for tools and streamed no text, its first tool-call piece (None: neither)."""
+        return self.ttft_ms if self.ttft_ms is not None else self.first_tool_call_ms
 
     def _json_text(self, name: str, value: Any) -> str:
         if name == "chunk_gaps_ms":
@@ -547,8 +591,9 @@ class TurnLog:
         return [t for t in self.tool_calls if t.step == step]
 
     def calls_of(self, step: str) -> list[CallRow]:
-        """The calls rows of ``step``, by attempt number."""
-        return sorted((c for c in self.calls if c.step == step), key=lambda c: c.attempt)
+        """The calls rows of ``step``, by round, then attempt number."""
+        return sorted((c for c in self.calls if c.step == step),
+                      key=lambda c: (c.round, c.attempt))  # fmt: skip
 
     def usage(self) -> TurnUsage:
         """The turn's tokens summed over its sent calls (see :class:`TurnUsage`)."""
@@ -575,19 +620,32 @@ def calls_usage(calls: Iterable[CallRow]) -> TurnUsage:
     return TurnUsage(**sums, calls=n, unknown_calls=unknown)
 
 
-def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
-    """The attempt whose answer each step used, by ``(turn_id, step)`` (turn id 0 for rows
-    not logged yet): the call with ``outcome`` in :data:`WINNER_OUTCOMES`; if a step has
-    several (retries), the last one without an error."""
-    best: dict[tuple[int, str], CallRow] = {}
+def round_winners(calls: Iterable[CallRow]) -> dict[tuple[int, str, int], CallRow]:
+    """The attempt that won each round of each step's call, by ``(turn_id, step, round)``
+    (turn id 0 for rows not logged yet): the call with ``outcome`` in
+    :data:`WINNER_OUTCOMES` (the last without an error if a round has several)."""
+    best: dict[tuple[int, str, int], CallRow] = {}
     for c in calls:
         if c.outcome not in WINNER_OUTCOMES:
             continue
-        key = (c.turn_id or 0, c.step)
+        key = (c.turn_id or 0, c.step, c.round)
         prev = best.get(key)
         if prev is None or (c.error_type is None, c.attempt) >= (prev.error_type is None,
                                                                   prev.attempt):  # fmt: skip
             best[key] = c
+    return best
+
+
+def winning_calls(calls: Iterable[CallRow]) -> dict[tuple[int, str], CallRow]:
+    """The attempt whose answer each step used, by ``(turn_id, step)`` (turn id 0 for rows
+    not logged yet): the call with ``outcome`` in :data:`WINNER_OUTCOMES`; if a step has
+    several (retries, or rounds of a call with tools), the last one without an error (the
+    last round's: the answer)."""
+    best: dict[tuple[int, str], CallRow] = {}
+    for (turn, step, _), c in sorted(round_winners(calls).items(), key=lambda kv: kv[0][2]):
+        prev = best.get((turn, step))
+        if prev is None or (c.error_type is None) >= (prev.error_type is None):
+            best[(turn, step)] = c
     return best
 
 

@@ -128,15 +128,15 @@ def scrub_surrogates(params: tuple[Any, ...]) -> tuple[Any, ...]:
 def write_step_calls(
     db: LogDb, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None,
 ) -> None:  # fmt: skip
-    """Rewrite a logged step's calls (by attempt) and time saved (inside the caller's
-    transaction)."""
+    """Rewrite a logged step's calls (by round and attempt) and time saved (inside the
+    caller's transaction)."""
     for c in calls:
         row = c.to_db()
         for key in ("id", "run_id", "turn_id"):
             row.pop(key, None)
         sql = ("update calls set " + ", ".join(f"{k} = ?" for k in row)
-               + " where turn_id = ? and step = ? and attempt = ?")  # fmt: skip
-        params = (*row.values(), turn_id, step, c.attempt)
+               + " where turn_id = ? and step = ? and round = ? and attempt = ?")  # fmt: skip
+        params = (*row.values(), turn_id, step, c.round, c.attempt)
         try:
             db.execute(sql, params)
         except db.text_errors:  # a lone surrogate in a loser's text (see _write_scrubbed)

@@ -6,7 +6,8 @@ examples, keyword rules or both); ``guard`` (:mod:`.guard`): a moderation model'
 verdict; ``policy`` (:mod:`.policy`): the shop's policy text for the turn's label. Each
 kind owns its config model next to its step (``LLMConfig``, ``RetrieveConfig``,
 ``GuardConfig``), extending :class:`StepConfig` (or :class:`ModelStepConfig` for a kind
-that calls a model). Register your own kind with :func:`register_step_kind`.
+that calls a model, composing :class:`HedgedCall`, the step's hedged model call, from
+:mod:`.model_call`). Register your own kind with :func:`register_step_kind`.
 """
 
 from chainrun.steps.base import (
@@ -29,6 +30,7 @@ from chainrun.steps.classify import ClassifyStep
 from chainrun.steps.config import StepConfig, route_problem
 from chainrun.steps.guard import GuardConfig, GuardStep
 from chainrun.steps.llm import LLMConfig, LLMStep
+from chainrun.steps.model_call import CallResult, HedgedCall
 from chainrun.steps.model_config import HedgeConfig, ModelStepConfig, policy_from_config
 from chainrun.steps.policy import PolicyConfig, PolicyStep
 from chainrun.steps.retrieve import PRODUCTS, RetrieveConfig, Retriever, RetrieveStep
@@ -40,10 +42,12 @@ __all__ = [
     "LABEL",
     "PRODUCTS",
     "BuildContext",
+    "CallResult",
     "ClassifyStep",
     "GuardConfig",
     "GuardStep",
     "HedgeConfig",
+    "HedgedCall",
     "LLMConfig",
     "LLMStep",
     "ModelStepConfig",

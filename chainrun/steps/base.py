@@ -244,10 +244,9 @@ class BuildContext:
     #: the chain's config
     config: ChainSettings
     providers: Mapping[str, Provider]
-    #: the chain's circuit breakers, one registry per distinct breaker setting
-    #: ``(breaker_failures, breaker_window_s, breaker_cooldown_s)``: steps with the same
-    #: settings share their targets' breakers (a failing target is kept away from all)
-    breakers: Mapping[tuple[int, float, float], BreakerRegistry]
+    #: each step's circuit breakers, by step name (steps with the same breaker settings
+    #: share one registry: a failing target is kept away from all of them)
+    breakers: Mapping[str, BreakerRegistry]
     loop_lag: LoopLagMonitor | None
     #: the catalogue's database: the log's (the sample catalogue loaded when a step
     #: needs the catalogue and it has none), or an in-memory one without a log
@@ -262,13 +261,14 @@ class BuildContext:
     #: seed each hedged step's latency window from the log's recent calls (None: do not)
     seed_windows: SeedWindows | None = None
 
-    def breakers_for(self, policy: HedgePolicy) -> BreakerRegistry:
-        """The breaker registry with ``policy``'s breaker settings.
+    def breakers_for(self, step: str) -> BreakerRegistry:
+        """Step ``step``'s breaker registry (built by the chain for the policy its
+        :meth:`Step.needs` named).
 
         Raises:
-            KeyError: the chain built no registry with those settings (a bug).
+            KeyError: the step's needs named no policy (a bug of its kind).
         """
-        return self.breakers[breaker_key(policy)]
+        return self.breakers[step]
 
 
 @dataclass(frozen=True)
@@ -295,11 +295,6 @@ class StepNeeds:
     model: ModelStepConfig | None = None
     catalogue: bool = False
     log: bool = False
-
-
-def breaker_key(policy: HedgePolicy) -> tuple[int, float, float]:
-    """A policy's circuit-breaker settings: failures, window (s), cooldown (s)."""
-    return (policy.breaker_failures, policy.breaker_window_s, policy.breaker_cooldown_s)
 
 
 @dataclass
@@ -396,13 +391,13 @@ class Step(ABC):
 
     @property
     def model(self) -> str | None:
-        """The model the step calls (None: it calls none)."""
-        return None
+        """The model the step calls: its config's ``model`` (None: it calls none)."""
+        return getattr(self.config, "model", None)
 
     @property
     def reasoning_effort(self) -> str | None:
-        """The reasoning effort it asks for (None: none asked)."""
-        return None
+        """The reasoning effort it asks for: its config's (None: none asked)."""
+        return getattr(self.config, "reasoning_effort", None)
 
     def needs(self) -> StepNeeds:
         """What the chain must build before :meth:`open` (nothing by default)."""

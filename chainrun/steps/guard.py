@@ -1,6 +1,6 @@
 """The guard step (``kind = "guard"``): a moderation or classifier model's verdict.
 
-A guard is an LLM step (hedged like any step, by its ``[hedge]`` table) whose answer is
+A guard is a hedged model call (like any model step, by its ``[hedge]`` table) whose answer is
 read in Llama Guard's reply format (:func:`chainrun.checks.verdict.parse_llama_guard`):
 ``safe``, or ``unsafe`` with category codes. Only an explicit ``unsafe`` refuses the turn;
 its categories go into the turn's verdicts. A missing verdict (``timeout``, ``error``,
@@ -19,11 +19,22 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Literal
 
+from chainrun.answer_json import answer_problem
 from chainrun.checks.verdict import GuardVerdict, missing_verdict, parse_llama_guard
 from chainrun.errors import ConfigError
-from chainrun.steps.base import StepContext, StepItem, StepResult, TurnState, register_step_kind
-from chainrun.steps.llm import LLMStep, missing_reason
-from chainrun.steps.model_config import ModelStepConfig
+from chainrun.steps.base import (
+    BuildContext,
+    Step,
+    StepContext,
+    StepItem,
+    StepNeeds,
+    StepResult,
+    TurnState,
+    register_step_kind,
+)
+from chainrun.steps.llm import missing_reason
+from chainrun.steps.model_call import CallResult, HedgedCall
+from chainrun.steps.model_config import ModelStepConfig, template_fields
 
 
 class GuardConfig(ModelStepConfig):
@@ -37,44 +48,62 @@ class GuardConfig(ModelStepConfig):
 
 
 @register_step_kind
-class GuardStep(LLMStep):
-    """A guard (``kind = "guard"``); see the module text.
+class GuardStep(Step):
+    """A guard (``kind = "guard"``): the step's hedged model call
+    (:class:`~chainrun.steps.model_call.HedgedCall`) read as a verdict; see the module
+    text. It writes no field.
 
     Raises:
         ConfigError: the guard is the answer step.
     """
 
-    kind = "guard"
     config_model = GuardConfig
+    config: GuardConfig
 
     def __init__(self, name: str, config: GuardConfig) -> None:
         super().__init__(name, config)
         self.on_missing = config.on_missing_verdict
+        schema = config.json_schema
+        wants_json = config.expect_json or schema is not None
+        #: the guard's hedged model call
+        self.call = HedgedCall(
+            name, config,
+            answer_problem=(lambda text: answer_problem(text, schema)) if wants_json else None,
+        )  # fmt: skip
         # an input guard races the answer step: hold the answer back until it has passed
         self.holds_answer = "answer" not in self.reads
 
     @property
-    def writes(self) -> frozenset[str]:
-        return frozenset()
+    def reads(self) -> frozenset[str]:
+        return template_fields(*self.config.templates().values())
 
     @property
     def may_end_turn(self) -> bool:
         return True  # an ``unsafe`` verdict refuses the turn
 
+    def needs(self) -> StepNeeds:
+        """What its model call needs (:meth:`HedgedCall.needs`)."""
+        return self.call.needs()
+
     def bind(self, answer_step: str) -> None:
         if self.name == answer_step:
             raise ConfigError(f"answer_step: {self.name!r} is a guard, not an answer")
 
-    async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
-        result: StepResult | None = None
-        async for item in super().run(state, ctx):
-            if isinstance(item, StepResult):
-                result = item
-            else:
-                yield item
-        assert result is not None
-        if result.error is not None:
-            verdict: GuardVerdict = missing_verdict(missing_reason(result.error))
+    async def open(self, ctx: BuildContext) -> None:
+        await self.call.open(ctx)
+
+    async def aclose(self) -> None:
+        await self.call.aclose()
+
+    def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
+        return self.call.step_items(ctx, self.call.request(state),
+                                    lambda call: self._verdict(ctx, call))  # fmt: skip
+
+    def _verdict(self, ctx: StepContext, call: CallResult) -> StepResult:
+        """The guard's verdict of its call: Llama Guard's reply read, or a missing verdict
+        with its reason, decided by ``on_missing_verdict``."""
+        if call.error is not None:
+            verdict: GuardVerdict = missing_verdict(missing_reason(call.error))
         else:
             verdict = parse_llama_guard(ctx.row.output)
         refuse = verdict.refuses(self.on_missing)
@@ -84,7 +113,7 @@ class GuardStep(LLMStep):
             ctx.row.error_type = ctx.row.error_type or "invalid_answer"
             ctx.row.status = "failed_closed" if refuse else "failed_open"
         ctx.row.detail = {**(ctx.row.detail or {}), "verdict": verdict.as_json()}
-        yield StepResult(verdict=verdict.as_json(), refuse=refuse)
+        return StepResult(verdict=verdict.as_json(), refuse=refuse)
 
 
 __all__ = ["GuardConfig", "GuardStep"]

@@ -43,9 +43,10 @@ def _waterfall(samples: Sequence[Sample]) -> WaterfallPlot | None:
             bars.append(Bar(s.step, start, start + (s.duration_ms or 0.0)))
             attempts = [c for c in calls if c.step == s.step]
             hedged = len(attempts) > 1
-            for c in sorted(attempts, key=lambda c: c.attempt):
+            for c in sorted(attempts, key=lambda c: (c.round, c.attempt)):
                 c_start = start + (c.started_offset_ms or 0.0)
-                ttft = c_start + c.ttft_ms if c.ttft_ms is not None else None
+                first = c.first_event_ms
+                ttft = c_start + first if first is not None else None
                 if not hedged:
                     bars[-1].ttft = ttft
                     continue
@@ -57,14 +58,18 @@ def _waterfall(samples: Sequence[Sample]) -> WaterfallPlot | None:
                     else "loser"
                 )
                 end = c_start + (c.duration_ms or 0.0)
-                bars.append(Bar(f"  attempt {c.attempt} ({c.outcome})", c_start, end, ttft, role))
+                name = f"attempt {c.attempt}"
+                if c.round > 1:
+                    name = f"round {c.round} {name}"
+                bars.append(Bar(f"  {name} ({c.outcome})", c_start, end, ttft, role))
         out[f"turn {turn.id} ({turn.duration_ms:.0f} ms)"] = bars
     return WaterfallPlot(f"The {len(out)} slowest turns, step by step", out)
 
 
 def check_timed(scope: Scope) -> Item:
-    """Item 1: share of LLM calls with TTFT, duration and output tokens; steps and
-    providers with missing or unknown counts; calls whose tokens came back without usage."""
+    """Item 1: share of LLM calls with their first event (TTFT; for a round that asked for
+    tools, its first tool-call piece), duration and output tokens; steps and providers
+    with missing or unknown counts; calls whose tokens came back without usage."""
     calls = [
         c
         for c in scope.calls + [c for e in scope.evals for c in e.calls]
@@ -102,7 +107,7 @@ def check_timed(scope: Scope) -> Item:
             "step": step,
             "provider": provider,
             "n": len(cs),
-            "missing_ttft": sum(c.ttft_ms is None for c in cs),
+            "missing_ttft": sum(c.first_event_ms is None for c in cs),
             "missing_duration": sum(c.duration_ms is None for c in cs),
             "unknown_output_tokens": sum(c.output_tokens is None for c in cs),
             "text_without_usage": sum(
@@ -127,7 +132,7 @@ def check_timed(scope: Scope) -> Item:
             ]
         )
     full = sum(
-        c.ttft_ms is not None and c.duration_ms is not None and c.output_tokens is not None
+        c.first_event_ms is not None and c.duration_ms is not None and c.output_tokens is not None
         for c in done
     )
     share = full / len(done)
@@ -166,7 +171,8 @@ def check_timed(scope: Scope) -> Item:
     else:
         verdict = "pass"
     evidence = (
-        f"{full} of {len(done)} completed LLM calls ({pct_text(share)}) have TTFT, duration and "
+        f"{full} of {len(done)} completed LLM calls ({pct_text(share)}) have TTFT (or, asking "
+        f"for tools, their first tool-call time), duration and "
         f"output tokens; {len(calls) - len(done)} attempts that were cancelled, failed or "
         f"cut short ({len(cut)} streams ended without a finish reason) are not counted."
     )

@@ -34,7 +34,7 @@ from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_reason
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
-from chainrun.log.rows import StepRow, TurnRow, winning_calls
+from chainrun.log.rows import HedgeRound, StepRow, TurnRow, round_winners
 
 TITLE_4 = "Win rate rechecked after every serving-path change"
 
@@ -108,42 +108,46 @@ def check_win_rate(scope: Scope) -> Item:
     missing: list[str] = []
     series: dict[str, list[RatePoint]] = {}
     for name in names:
-        armed: list[tuple[Sample, StepRow]] = [
-            (sm, s)
+        # each round of a call with tools is a race of its own: counted as a call
+        armed: list[tuple[Sample, StepRow, HedgeRound]] = [
+            (sm, s, r)
             for sm in scope.samples
             for s in sm.done_steps
             if s.step == name and s.hedge_delay_ms is not None and s.status != "skipped"
+            for r in s.hedge_rounds()
         ]
-        fired = [(sm, s) for sm, s in armed if s.hedge_fired]
-        won = [(sm, s) for sm, s in fired if s.hedge_won]
-        saved = [s.time_saved_ms for _, s in won if s.time_saved_ms is not None]
+        fired = [(sm, s, r) for sm, s, r in armed if r.fired]
+        won = [(sm, s, r) for sm, s, r in fired if r.won]
+        saved = [r.time_saved_ms for _, _, r in won if r.time_saved_ms is not None]
         copy_rows = [c for c in scope.done_calls if c.step == name and c.attempt > 1]
-        sent_turns = Counter(c.turn_id for c in copy_rows if c.outcome in SENT_OUTCOMES)
+        sent_turns = Counter(
+            (c.turn_id, c.round) for c in copy_rows if c.outcome in SENT_OUTCOMES
+        )
         copies = sum(sent_turns.values())
         # a due copy refused or held back never ran: its fire cannot win (not a W + N loss)
         unsent = dict.fromkeys(UNSENT_REASONS, 0)
         for c in copy_rows:
             if (reason := unsent_reason(c.outcome, c.error_type)) is not None:
                 unsent[reason] += 1
-        fired_unsent = sum(1 for _, s in fired if not sent_turns[s.turn_id])
+        fired_unsent = sum(1 for _, s, r in fired if not sent_turns[(s.turn_id, r.round)])
         n_turns = len({s.turn_id for s in scope.done_steps if s.step == name})
         # the definitions of chainrun.hedging.stats (fires per armed call, wins per fire)
         fire_rate = rounded(hedge_fire_rate(len(fired), len(armed)))
         win_rate = rounded(hedge_win_rate(len(won), len(fired)))
         # W + N: do fires land on long answers (work) or on slow servers (noise)?
-        winners = winning_calls(scope.done_calls)
+        winners = round_winners(scope.done_calls)
         tokens_all = [
-            winners[(s.turn_id or 0, name)].output_tokens
-            for _, s in armed
-            if (s.turn_id or 0, name) in winners
+            winners[(s.turn_id or 0, name, r.round)].output_tokens
+            for _, s, r in armed
+            if (s.turn_id or 0, name, r.round) in winners
         ]
         tok_all = [float(t) for t in tokens_all if t is not None]
         tok_fired = [
             float(t)
             for t in (
-                winners[(s.turn_id or 0, name)].output_tokens
-                for _, s in fired
-                if (s.turn_id or 0, name) in winners
+                winners[(s.turn_id or 0, name, r.round)].output_tokens
+                for _, s, r in fired
+                if (s.turn_id or 0, name, r.round) in winners
             )
             if t is not None
         ]
@@ -155,13 +159,13 @@ def check_win_rate(scope: Scope) -> Item:
             diagnosis = "work" if share_long >= 0.75 else "noise" if share_long <= 0.6 else "mixed"
         # over time: per run (replays) or per day (live)
         turns_by_id = {t.id: t for sm in scope.samples for t in sm.turns}
-        periods: dict[str, list[StepRow]] = defaultdict(list)
-        for sm, s in armed:
-            periods[_period(sm, s, turns_by_id)].append(s)
+        periods: dict[str, list[HedgeRound]] = defaultdict(list)
+        for sm, s, r in armed:
+            periods[_period(sm, s, turns_by_id)].append(r)
         points = []
         for label, ss in periods.items():
-            f = [s for s in ss if s.hedge_fired]
-            w = [s for s in f if s.hedge_won]
+            f = [r for r in ss if r.fired]
+            w = [r for r in f if r.won]
             points.append(
                 RatePoint(
                     label,
@@ -178,7 +182,7 @@ def check_win_rate(scope: Scope) -> Item:
             if step_config(run.config, name):
                 paths[_serving_path(run.config, name)].append(run.id)
         latest_path_runs = set(list(paths.values())[-1]) if paths else set()
-        fires_since = sum(1 for _, s in fired if s.run_id in latest_path_runs)
+        fires_since = sum(1 for _, s, _ in fired if s.run_id in latest_path_runs)
         extra_per_1000 = round_or_none(copies / n_turns * 1000, 0) if n_turns else None
         v: Verdict
         unsent_text = ", ".join(f"{REASON_WORDS[k]} {n}" for k, n in unsent.items() if n)
