@@ -82,3 +82,16 @@ def test_run_and_replay_import_no_scipy_before_a_percentile_interval() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_sqlite_utils_still_imports_numpy_by_itself() -> None:
+    """The upstream behaviour the console script's import finder
+    (``chainrun.cli._NoNumpyForSqliteUtils``) works around: sqlite-utils imports NumPy at
+    the top of ``sqlite_utils/db.py`` whenever NumPy is installed, whatever is imported
+    from it (measured: ``chainrun runs`` 990 ms with it, 741 ms without,
+    ``benchmarks/README.md``, "CLI start-up"). When this fails, sqlite-utils stopped
+    doing so: remove the finder."""
+    code = "import sys, sqlite_utils; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    assert out.stdout.strip() == "True", out.stderr

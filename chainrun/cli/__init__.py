@@ -29,7 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from typer._click import exceptions as _cx  # typer carries its own click
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from chainrun.cli.fit import fit_table
@@ -98,31 +98,10 @@ def log_to_stderr() -> None:
     logging.getLogger("chainrun.progress").setLevel(logging.INFO)
 
 
-def _wrapping_help() -> None:
-    """Let help text wrap instead of being cut with "…" (:mod:`chainrun.cli.help_layout`,
-    imported only when help is printed)."""
-    from chainrun.cli import help_layout
-
-    help_layout.install()
-
-
-class _Command(TyperCommand):
-    """A command whose help wraps at any width (:func:`_wrapping_help`)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        _wrapping_help()
-        super().format_help(ctx, formatter)
-
-
 class _OneLineErrors(TyperGroup):
     """A group of commands: a usage error (a missing argument, an unknown option, a bad
     value, an option that takes one value given twice) prints one line and exits 2,
-    instead of click's usage block or typer's box. Its help, and its commands', wraps
-    (:func:`_wrapping_help`)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        _wrapping_help()
-        super().format_help(ctx, formatter)
+    instead of click's usage block or typer's box."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -157,11 +136,14 @@ class _OneLineErrors(TyperGroup):
 
 
 class _App(typer.Typer):
-    """``typer.Typer`` whose commands are :class:`_Command` (help that wraps) unless a
-    command names its own class."""
+    """``typer.Typer`` whose help is click's plain text (``rich_markup_mode=None``, typer's
+    documented switch): it wraps every line at the terminal's width and never cuts a word
+    with "…", as rich's help panels did to an option's help column at 80 columns (an
+    environment variable or a URL lost its end); and ``--help`` loads no rich layout."""
 
-    def command(self, name: str | None = None, *, cls: Any = None, **kwargs: Any) -> Any:
-        return super().command(name, cls=cls or _Command, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("rich_markup_mode", None)
+        super().__init__(**kwargs)
 
 
 app = _App(
@@ -442,7 +424,9 @@ class _NoNumpyForSqliteUtils(importlib.abc.MetaPathFinder):
     log (``chainrun runs``: ~230 ms of ~1,050 ms, ``benchmarks/README.md``, "CLI
     start-up"). Installed by the console script only (:func:`main`), so that a program
     embedding chainrun keeps sqlite-utils as it is; a command that needs NumPy itself
-    (statistics) imports it as usual.
+    (statistics) imports it as usual. ``tests/test_cli_startup.py`` pins the upstream
+    behaviour this relies on (a fresh ``import sqlite_utils`` loads NumPy): when
+    sqlite-utils stops doing so, that test fails and this finder goes.
     """
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:

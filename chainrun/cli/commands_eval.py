@@ -55,10 +55,10 @@ def eval_command(
         int | None, typer.Option("--run", help="Score this existing run instead of running.")
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option(min=1, help="Run each case K times (flip rate). \\[default: 1]")
+        int | None, typer.Option(min=1, help="Run each case K times (flip rate). [default: 1]")
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Turns in flight at once. \\[default: 1]")
+        int | None, typer.Option(min=1, help="Turns in flight at once. [default: 1]")
     ] = None,
     label: LabelOpt = None,
     fail_on_skipped: Annotated[
