@@ -119,17 +119,18 @@ def test_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 def test_kaplan_meier_matches_the_textbook_example() -> None:
     """Kaplan and Meier's product-limit estimate on a small censored sample."""
-    from chainrun.analysis.advise import kaplan_meier
+    from chainrun.statistics.survival import kaplan_meier  # the hedge window's too
 
-    times = np.array([3.0, 4.0, 5.0, 5.0, 8.0, 10.0])
-    observed = np.array([True, False, True, True, False, True])
-    t, s = kaplan_meier(times, observed)
+    times = [3.0, 4.0, 5.0, 5.0, 8.0, 10.0]
+    observed = [True, False, True, True, False, True]
+    km = kaplan_meier(list(zip(times, observed, strict=True)))
     # 6 at risk at 3 -> 5/6; 4 censored; 4 at risk at 5 (two events) -> 5/6 * 2/4;
     # 8 censored; 1 at risk at 10 -> 0
-    assert list(t) == [3.0, 5.0, 5.0, 10.0]
-    assert s[0] == pytest.approx(5 / 6)
-    assert s[2] == pytest.approx(5 / 6 * 2 / 4)
-    assert s[3] == pytest.approx(0.0)
+    assert list(km.times) == [3.0, 5.0, 10.0]
+    assert km.surv[0] == pytest.approx(5 / 6)
+    assert km.surv[1] == pytest.approx(5 / 6 * 2 / 4)
+    assert km.surv[2] == pytest.approx(0.0)
+    assert (km.n, km.n_censored, km.tail_ms) == (6, 2, 10.0)
 
 
 def test_cancelled_slow_primaries_are_imputed_as_slow(store: Store) -> None:

@@ -389,3 +389,10 @@ def test_the_model_step_has_no_pass_through_members() -> None:
                  "result_of", "call_rows", "request"):  # fmt: skip
         assert not hasattr(LLMStep, name), name
     assert not hasattr(tool_use, "ToolStep")
+
+
+def test_one_survival_estimator() -> None:
+    """The Kaplan-Meier estimate is written once, below the hedge window and the offline
+    advisor that both use it."""
+    assert _definitions("kaplan_meier") == ["chainrun.statistics.survival"]
+    assert _definitions("product_limit") == ["chainrun.statistics.survival"]

@@ -50,6 +50,7 @@ from chainrun.hedging.stats import fire_rate, win_rate
 from chainrun.log.store import Store
 from chainrun.statistics.intervals import wilson_interval
 from chainrun.statistics.ranks import nearest_rank
+from chainrun.statistics.survival import kaplan_meier
 
 #: outcomes of calls that answered (their latency is known)
 _ANSWERED = ("not_fired", "primary", "duplicate", "shadow_finished")
@@ -145,28 +146,6 @@ def _load_calls(store: Store, run_id: int, step: str) -> _Calls:
     return out
 
 
-def kaplan_meier(times: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The Kaplan-Meier product-limit estimate of a survival function with censoring
-    (Kaplan and Meier, JASA 53(282), 1958).
-
-    Args:
-        times: each call's latency (observed) or the time it ran before it was cut
-            (censored), in ms.
-        observed: True where the latency was observed.
-
-    Returns:
-        (event times in ascending order, S(t) just after each): the estimated share of
-        calls slower than t. S stays above 0 after the last event when the slowest calls
-        were all censored (they never answered in sight).
-    """
-    order = np.argsort(times, kind="stable")
-    t, obs = times[order], observed[order]
-    at_risk = len(t) - np.arange(len(t))
-    factors = np.where(obs, 1.0 - 1.0 / at_risk, 1.0)
-    surv = np.cumprod(factors)
-    return t[obs], surv[obs]
-
-
 def censored_tail(calls: _Calls) -> dict[str, Any] | None:
     """The Kaplan-Meier mass beyond the last observed latency, and where it is put.
 
@@ -178,8 +157,7 @@ def censored_tail(calls: _Calls) -> dict[str, Any] | None:
     if not cut.any():
         return None
     times = np.where(cut, calls.censored_at, calls.settle)
-    _, surv = kaplan_meier(times, ~cut)
-    share = float(surv[-1]) if len(surv) else 1.0
+    share = kaplan_meier(list(zip(times.tolist(), (~cut).tolist(), strict=True))).tail_share
     if share <= 0:
         return None
     return {"share": round(share, 4), "at_ms": round(float(np.max(times)), 1)}
@@ -199,7 +177,8 @@ def _impute(calls: _Calls, rng: np.random.Generator) -> np.ndarray:
     # "just above": a censored call took longer than it ran, so one cut at the deadline
     # still misses it
     tail_ms = float(np.nextafter(np.max(times), np.inf))
-    event_t, surv = kaplan_meier(times, ~cut)
+    km = kaplan_meier(list(zip(times.tolist(), (~cut).tolist(), strict=True)))
+    event_t, surv = np.asarray(km.times, float), np.asarray(km.surv, float)
     for i in np.flatnonzero(cut):
         c = calls.censored_at[i]
         k = int(np.searchsorted(event_t, c, side="right"))

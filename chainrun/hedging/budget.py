@@ -9,23 +9,23 @@ which is the same ratio: over many calls at most ``max_extra_load`` copies per c
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
-
-from asyncio_throttle import Throttler
 
 # tokens are sums of floats such as 0.1: ten deposits of 0.1 must make a whole token
 _EPS = 1e-9
 
 
-class CopyThrottler(Throttler):
-    """A non-blocking :class:`asyncio_throttle.Throttler`: at most ``rate_limit`` per ``period`` s.
+class CopyThrottler:
+    """At most ``rate_limit`` copies per ``period`` s, asked without waiting: a sliding
+    log of the times copies were allowed (the scheme of asyncio-throttle's ``Throttler``,
+    whose ``acquire`` waits for a free slot; a hedge copy that would have to wait is
+    pointless, so :meth:`try_acquire` answers at once instead). Monotonic seconds from an
+    injectable clock.
 
-    ``Throttler.acquire()`` waits until a slot frees; a hedge copy that would have to wait
-    is pointless, so :meth:`try_acquire` answers at once instead. Uses the same sliding
-    log of acquisition times (``_task_logs``) and ``flush()`` as asyncio_throttle 1.0.2,
-    with an injectable clock (monotonic seconds).
+    Raises:
+        ValueError: ``rate_limit`` below 1 or a non-positive ``period``.
     """
 
     def __init__(
@@ -37,42 +37,46 @@ class CopyThrottler(Throttler):
     ) -> None:
         if rate_limit < 1 or period <= 0:
             raise ValueError(f"need rate_limit >= 1 and period > 0, got {rate_limit=}, {period=}")
-        super().__init__(rate_limit=rate_limit, period=period)
+        self.rate_limit = rate_limit
+        self.period = period
         self._clock = clock
+        self._allowed: deque[float] = deque()
 
     @classmethod
     def per_second(
         cls, rate: float, *, clock: Callable[[], float] = time.monotonic
     ) -> CopyThrottler:
-        """A throttler allowing ``rate`` acquisitions per second on average (rate > 0).
+        """A throttler allowing ``rate`` copies per second on average (rate > 0).
 
         A fractional rate becomes a whole number per longer period: 2.5/s is 2 per 0.8 s,
         0.5/s is 1 per 2 s.
+
+        Raises:
+            ValueError: ``rate`` is not positive.
         """
         if rate <= 0:
             raise ValueError(f"copies per second must be > 0, got {rate}")
         limit = max(1, round(rate))
         return cls(limit, limit / rate, clock=clock)
 
-    def flush(self) -> None:
-        """Forget acquisitions older than ``period`` seconds (as Throttler.flush, own clock)."""
+    @property
+    def in_period(self) -> int:
+        """Copies allowed within the last ``period`` s."""
+        self._forget()
+        return len(self._allowed)
+
+    def _forget(self) -> None:
         now = self._clock()
-        while self._task_logs and now - self._task_logs[0] > self.period:
-            self._task_logs.popleft()
+        while self._allowed and now - self._allowed[0] > self.period:
+            self._allowed.popleft()
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free now and return True; else return False without waiting."""
-        self.flush()
-        if len(self._task_logs) >= self.rate_limit:
+        self._forget()
+        if len(self._allowed) >= self.rate_limit:
             return False
-        self._task_logs.append(self._clock())
+        self._allowed.append(self._clock())
         return True
-
-    async def acquire(self) -> None:
-        """Wait for a slot (Throttler's blocking behaviour, kept on the injected clock)."""
-        # polls like Throttler.acquire: a slot frees with time, there is no event to wait on
-        while not self.try_acquire():  # noqa: ASYNC110
-            await asyncio.sleep(self.retry_interval)
 
 
 #: how many calls' deposits the budget's bucket holds by default

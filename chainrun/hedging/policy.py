@@ -123,7 +123,7 @@ class HedgePolicy(BaseModel):
     #: cap on copies as a fraction of calls, token-bucket style (Finagle BackupRequestFilter);
     #: fewer than MAX_ATTEMPTS_LIMIT copies per call can ever be sent
     max_extra_load: float = Field(default=0.1, gt=0, le=MAX_ATTEMPTS_LIMIT)
-    #: cap on copies per second (asyncio-throttle); None = no cap
+    #: cap on copies per second (a sliding window); None = no cap
     max_copies_per_s: float | None = Field(default=None, gt=0)
     #: fraction of losers left to finish unseen so that time saved per win is measured
     shadow_fraction: float = Field(default=0.0, ge=0, le=1)
