@@ -121,6 +121,8 @@ def test_assertion_pass_and_fail(data: dict[str, Any], passes: bool) -> None:
 def test_every_type_is_covered_pass_and_fail() -> None:
     seen = {(c["type"], p) for c, p in CASES} | {("llm-rubric", True), ("llm-rubric", False)}
     seen |= {("grounded", False)}  # tests/test_grounding.py: an ungrounded price fails it
+    # tests/test_eval_gate.py: tool-called on a turn's tool calls, passing and failing
+    seen |= {("tool-called", True), ("tool-called", False)}
     assert seen == {(t, p) for t in ASSERTION_TYPES for p in (True, False)}
 
 

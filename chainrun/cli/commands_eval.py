@@ -68,11 +68,18 @@ def eval_command(
             help="Exit 1 when an assertion got no verdict (e.g. llm-rubric, no grader).",
         ),
     ] = False,
+    fail_under: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="Exit 1 when the case pass rate is under this "
+                     "(0..1). A case marked must_pass that fails exits 1 whatever the rate."),
+    ] = None,
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run an eval set through the chain (kind eval) and print pass rates with n."""
+    """Run an eval set through the chain (kind eval) and print pass rates with n and the
+    failed cases. Exit 1 when a must_pass case fails, the pass rate is under
+    --fail-under, or (--fail-on-skipped) an assertion got no verdict."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -87,6 +94,7 @@ def eval_command(
     from chainrun.errors import UserInputError
     from chainrun.evals import load_cases, load_results
     from chainrun.evals.runner import check_grader, run_eval, score_existing
+    from chainrun.evals.scoring import failed_cases, gate
     from chainrun.log.store import Store
 
     if run is not None:
@@ -129,12 +137,12 @@ def eval_command(
             _print_interrupted(latency_summary(store, started[0]), file, repeat, len(cases),
                                as_json, db, e)  # fmt: skip
             exit_stopped(e)
-        verdicts = [
-            r.model_dump(include=VERDICT_FIELDS)
-            for r in load_results(store, [result["run_id"]])
-        ]
+        results = load_results(store, [result["run_id"]])
+        verdicts = [r.model_dump(include=VERDICT_FIELDS) for r in results]
     finally:
         store.close()
+    failed = failed_cases(results, {c.id for c in cases if c.must_pass})
+    gate_failures = gate(result["cases"]["pass_rate"], failed, fail_under)
     keys = ("n", "passed", "pass_rate", "pass_rate_ci")
     by_type = {k: {key: v[key] for key in keys} for k, v in result["by_type"].items()}
     doc = {
@@ -150,10 +158,12 @@ def eval_command(
         "skipped": result["skipped"],
         "unmatched_turns": result["unmatched_turns"],
         "verdicts": verdicts,  # one per assertion and repeat, with the grader config
+        "failed_cases": failed,
+        "gate": {"fail_under": fail_under, "failed": gate_failures},
     }
     if as_json:
         print_json(doc)
-        if fail_on_skipped and result["skipped"]:
+        if gate_failures or (fail_on_skipped and result["skipped"]):
             raise typer.Exit(1)
         return
     table = Table(title=f"eval run {doc['run_id']}: {doc['n_cases']} cases, {doc['n_turns']} turns")
@@ -176,7 +186,18 @@ def eval_command(
         out.print(f"[yellow]skipped {sk['n']} {kind}[/]: " + sk["reason"].replace("[", r"\["))
     if result["unmatched_turns"]:
         out.print(f"[yellow]{result['unmatched_turns']} turns of the run matched no case[/]")
-    if fail_on_skipped and result["skipped"]:
+    if failed:
+        out.print(f"failed cases ({len(failed)} of {doc['n_cases']}):", markup=False)
+        for case in failed:
+            mark = " (must pass)" if case["must_pass"] else ""
+            out.print(f"  {case['case_id']}{mark}", markup=False)
+            for f in case["failed"][:5]:
+                where = f" step {f['step']}" if f["step"] else ""
+                rep = f" repeat {f['repeat']}" if doc["repeat"] and doc["repeat"] > 1 else ""
+                out.print(f"    {f['type']}{where}{rep}: {f['detail']}", markup=False)
+    for why in gate_failures:
+        out.print(f"[red]gate failed:[/] {escape(why)}")
+    if gate_failures or (fail_on_skipped and result["skipped"]):
         raise typer.Exit(1)
 
 

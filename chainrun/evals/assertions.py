@@ -3,7 +3,9 @@
 Types are named like promptfoo's where the meaning is the same (``equals``,
 ``contains``, ``icontains``, ``not-contains``, ``not-icontains``, ``regex``,
 ``is-json``, ``contains-json``, ``latency``, ``llm-rubric``); chainrun adds
-``json-schema``, ``catalog-ids`` and ``max-tokens``.
+``json-schema``, ``catalog-ids``, ``grounded``, ``tool-called`` (the turn's tool calls
+and their arguments) and ``max-tokens``. An assertion that would pass saying nothing
+fails instead: ``catalog-ids`` within what was retrieved, when nothing was.
 
 Every assertion has ``type`` and an optional ``step`` saying what it looks at:
 
@@ -22,6 +24,7 @@ pinned grader configuration with its verdict.
 from __future__ import annotations
 
 import abc
+import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -81,6 +84,8 @@ class TurnView:
     #: the answer step's grounding record (its row's ``detail["grounding"]``: claims
     #: checked, the ungrounded ones and why); None: the check did not run
     grounding: Mapping[str, Any] | None = None
+    #: the turn's tool calls (``tool_calls`` rows: tool, arguments, status), in order
+    tool_calls: tuple[Any, ...] = ()
 
 
 def _where(step: str | None) -> str:
@@ -354,6 +359,13 @@ class CatalogIds(_Assertion):
             return frozenset()
         return view.catalog_ids
 
+    def vacuous(self, view: TurnView, allowed: frozenset[str]) -> str | None:
+        """Why a pass would say nothing (None: it would not): ``within = "retrieved"``
+        and nothing was retrieved, so no mention could be checked against anything."""
+        if self.within == "retrieved" and self.ids is None and not allowed:
+            return "nothing was retrieved: there is nothing to check the answer's ids against"
+        return None
+
     def check(self, view: TurnView) -> Verdict:
         text = self.text_of(view)
         if text is None:
@@ -361,6 +373,9 @@ class CatalogIds(_Assertion):
         allowed = self._allowed(view)
         if allowed is None:
             return self.verdict(False, "no catalogue ids given to the scorer (and no ids)")
+        empty = self.vacuous(view, allowed)
+        if empty is not None:
+            return self.verdict(False, empty)
         mentioned = list(dict.fromkeys(re.findall(self.pattern, text)))
         unknown = [m for m in mentioned if m not in allowed]
         if unknown:
@@ -392,6 +407,43 @@ class Grounded(_Assertion):
         first = "; ".join(f"{b.get('kind')} {_short(str(b.get('text')), 40)!r}: {b.get('why')}"
                           for b in bad[:3])  # fmt: skip
         return self.verdict(False, f"{len(bad)} ungrounded claim(s): {first}")
+
+
+class ToolCalled(_Assertion):
+    """The turn's model called ``tool`` (with ``arguments`` among its arguments, when
+    given: each key with that value) at least ``min_times`` and at most ``max_times``
+    times, each such call with ``status`` (default ``ok``: it ran and returned). With
+    ``max_times = 0`` it asserts the tool was not called (e.g. no action in a replay)."""
+
+    type: Literal["tool-called"] = "tool-called"
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] | None = None
+    status: str | None = "ok"
+    min_times: int = Field(default=1, ge=0)
+    max_times: int | None = Field(default=None, ge=0)
+
+    def _matches(self, call: Any) -> bool:
+        if call.tool != self.tool or (self.status is not None and call.status != self.status):
+            return False
+        if self.arguments is None:
+            return True
+        try:
+            given = json.loads(call.arguments or "{}")
+        except ValueError:
+            return False
+        return isinstance(given, dict) and all(given.get(k) == v
+                                               for k, v in self.arguments.items())
+
+    def check(self, view: TurnView) -> Verdict:
+        n = sum(1 for c in view.tool_calls if self._matches(c))
+        what = self.tool + (f" with {json.dumps(self.arguments)}" if self.arguments else "")
+        called = ", ".join(f"{c.tool}({c.status})" for c in view.tool_calls) or "no tool"
+        if n < self.min_times:
+            return self.verdict(False, f"{what} called {n} time(s), expected ≥ {self.min_times}"
+                                f" (the turn called: {called})")  # fmt: skip
+        if self.max_times is not None and n > self.max_times:
+            return self.verdict(False, f"{what} called {n} time(s), expected ≤ {self.max_times}")
+        return self.verdict(True, f"{what} called {n} time(s)")
 
 
 class Latency(_Assertion):
@@ -517,6 +569,7 @@ Assertion = Annotated[
     | JsonSchema
     | CatalogIds
     | Grounded
+    | ToolCalled
     | Latency
     | MaxTokens
     | LlmRubric,
@@ -528,8 +581,8 @@ _ADAPTER: TypeAdapter[Assertion] = TypeAdapter(Assertion)
 #: Every assertion type name, as written in eval files.
 ASSERTION_TYPES: tuple[str, ...] = (
     "equals", "contains", "icontains", "not-contains", "not-icontains", "regex", "is-json",
-    "contains-json", "json-schema", "catalog-ids", "grounded", "latency", "max-tokens",
-    "llm-rubric",
+    "contains-json", "json-schema", "catalog-ids", "grounded", "tool-called", "latency",
+    "max-tokens", "llm-rubric",
 )  # fmt: skip
 
 

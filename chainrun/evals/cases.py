@@ -7,9 +7,10 @@ Each line::
      "assert": [{"type": "equals", "step": "label", "value": "sizing"}, ...]}
 
 ``context`` is optional (``filters``: retrieval filters; ``order_state``: the order
-facts the shop would have for this shopper). ``label`` is the classify label the case
-expects (what label accuracy is measured against: ``chainrun eval``'s label accuracy and
-``benchmarks/classify_accuracy.py``). ``tags`` and ``description`` are optional
+facts the shop would have for this shopper). ``must_pass: true`` marks a case
+``chainrun eval`` must not fail (it exits 1 when one does). ``label`` is the classify
+label the case expects (what label accuracy is measured against: ``chainrun eval``'s
+label accuracy and ``benchmarks/classify_accuracy.py``). ``tags`` and ``description`` are optional
 too. Unknown keys are errors, so a typo never silently drops an assertion.
 
 A case may be a turn of a conversation: ``conversation_id`` and ``turn`` (its 1-based
@@ -77,6 +78,9 @@ class EvalCase(BaseModel):
     asserts: list[Assertion] = Field(alias="assert", min_length=1)
     tags: list[str] = Field(default_factory=list)
     description: str | None = None
+    #: a case that must pass: ``chainrun eval`` exits 1 when it fails, whatever the
+    #: pass rate (the cases a change must never break)
+    must_pass: bool = False
     #: the conversation this case is a turn of (with ``turn``)
     conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
     #: the case's 1-based position in its conversation

@@ -28,7 +28,14 @@ from chainrun.errors import UserInputError
 from chainrun.evals.assertions import Grade, GraderConfig, TurnView, Verdict, evaluate
 from chainrun.evals.cases import EvalCase
 from chainrun.log.migrations import utc_now
-from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnRow, winning_calls
+from chainrun.log.rows import (
+    CallRow,
+    EvalResultRow,
+    StepRow,
+    ToolCallRow,
+    TurnRow,
+    winning_calls,
+)
 from chainrun.log.store import Store
 from chainrun.statistics.intervals import pass_rate
 
@@ -54,9 +61,10 @@ def turn_view(
     step_rows: Iterable[StepRow],
     call_rows: Iterable[CallRow],
     catalog_ids: Collection[str] | None = None,
+    tool_rows: Iterable[ToolCallRow] = (),
 ) -> TurnView:
-    """What assertions see of one logged turn (rows of ``turns``, ``steps``, ``calls``;
-    rows with no turn id yet count as this turn's)."""
+    """What assertions see of one logged turn (rows of ``turns``, ``steps``, ``calls``
+    and ``tool_calls``; rows with no turn id yet count as this turn's)."""
     turn_id = turn_row.id
     steps = [s for s in step_rows if turn_id is None or s.turn_id in (None, turn_id)]
     calls = [c for c in call_rows if turn_id is None or c.turn_id in (None, turn_id)]
@@ -80,6 +88,7 @@ def turn_view(
         output_tokens=tokens,
         catalog_ids=frozenset(catalog_ids) if catalog_ids is not None else None,
         grounding=grounding,
+        tool_calls=tuple(t for t in tool_rows if turn_id is None or t.turn_id in (None, turn_id)),
     )
 
 
@@ -92,6 +101,7 @@ async def score_turn(
     *,
     grader: GraderConfig | None = None,
     catalog_ids: Collection[str] | None = None,
+    tool_rows: Iterable[ToolCallRow] = (),
 ) -> list[Verdict]:
     """Check one logged turn against ``case``'s assertions, in the case's order.
 
@@ -100,7 +110,7 @@ async def score_turn(
     verdicts they give carry ``grader`` (default :class:`GraderConfig`), which must be
     the configuration ``grade`` was built from. Raises whatever ``grade`` raises.
     """
-    view = turn_view(turn_row, step_rows, call_rows, catalog_ids)
+    view = turn_view(turn_row, step_rows, call_rows, catalog_ids, tool_rows)
     return [
         await evaluate(assertion, view, grade, grader or GraderConfig())
         for assertion in case.asserts
@@ -181,13 +191,16 @@ async def score_run(
     calls_by_turn: dict[int | None, list[CallRow]] = defaultdict(list)
     for c in store.calls(run_id):
         calls_by_turn[c.turn_id].append(c)
+    tools_by_turn: dict[int | None, list[ToolCallRow]] = defaultdict(list)
+    for t in store.tool_calls(run_id):
+        tools_by_turn[t.turn_id].append(t)
     config = grader or GraderConfig()
     rows: list[EvalResultRow] = []
     now = utc_now()
     for turn, case, repeat in matched:
         verdicts = await score_turn(
             turn, steps_by_turn[turn.id], calls_by_turn[turn.id], case, grade,
-            grader=config, catalog_ids=catalog_ids,
+            grader=config, catalog_ids=catalog_ids, tool_rows=tools_by_turn[turn.id],
         )  # fmt: skip
         for v in verdicts:
             rows.append(
@@ -253,6 +266,36 @@ def case_outcomes(rows: Iterable[EvalResultRow]) -> dict[str, bool]:
     return {
         case: sum(reps.values()) * 2 > len(reps) for case, reps in _repeat_outcomes(rows).items()
     }
+
+
+def failed_cases(rows: Iterable[EvalResultRow],
+                 must_pass: Collection[str] = ()) -> list[dict[str, Any]]:  # fmt: skip
+    """The cases that failed (:func:`case_outcomes`), in the order first scored, each
+    ``{"case_id", "must_pass", "failed": [{"repeat", "type", "step", "detail"}]}``
+    (its failing assertions; ``must_pass``: the case is in ``must_pass``)."""
+    rows = list(rows)
+    outcome = case_outcomes(rows)
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if outcome.get(r.case_id, True):
+            continue
+        case = out.setdefault(r.case_id, {"case_id": r.case_id,
+                                          "must_pass": r.case_id in must_pass, "failed": []})
+        if r.passed is False:
+            case["failed"].append({"repeat": r.repeat, "type": r.type, "step": r.step,
+                                   "detail": r.detail})  # fmt: skip
+    return list(out.values())
+
+
+def gate(pass_rate: float | None, failed: Sequence[dict[str, Any]],
+         fail_under: float | None) -> list[str]:  # fmt: skip
+    """Why an eval run fails the gate (empty: it passes): a must-pass case failed, or
+    the case pass rate is under ``fail_under`` (None: no floor)."""
+    why = [f"must-pass case {c['case_id']} failed" for c in failed if c["must_pass"]]
+    if fail_under is not None and (pass_rate is None or pass_rate < fail_under):
+        shown = "none" if pass_rate is None else f"{pass_rate:.3f}"
+        why.append(f"case pass rate {shown} is under --fail-under {fail_under:g}")
+    return why
 
 
 def flip_rate(rows: Iterable[EvalResultRow]) -> dict[str, Any]:
