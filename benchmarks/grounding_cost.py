@@ -13,9 +13,9 @@ Per request and arm, measured in the client at the library's stream
 compose, ms from the turn's start) and its last token; then the paired differences
 (on − off) with their median and a distribution-free 95% interval
 (:func:`chainrun.statistics.intervals.quantile_ci`, n = pairs). Per-window CPU: the
-grounding check's ``time.process_time_ns`` per call (one call a token), µs, p50, p99 and
-max with n. The log's ``answer_ttft_ms`` (first token at arrival from the provider) is
-reported too: the check does not touch it.
+grounding check's ``time.thread_time_ns`` per call (the event loop thread's CPU; one
+call a token), µs, p50, p99 and max with n. The log's ``answer_ttft_ms`` (first token
+at arrival from the provider) is reported too.
 
 Run (a timing: under the heavy lock)::
 

@@ -64,7 +64,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_the_page_streams_the_answer_and_fills_the_waterfall(served: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    question = 'a linen shirt? <img src=x onerror="window.pwned=1"><b>bold</b>'
+    question = 'do you have a linen shirt? <img src=x onerror="window.pwned=1"><b>bold</b>'
     shot = tmp_path / "serve.png"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -91,8 +91,12 @@ def test_the_page_streams_the_answer_and_fills_the_waterfall(served: str, tmp_pa
             injected = page.evaluate("() => [document.querySelectorAll('#messages img, "
                                      "#messages b').length, window.pwned === 1]")  # fmt: skip
             status = page.text_content("#turn-status") or ""
+            # the answer's grounding check, as the page shows it
+            page.wait_for_selector("#grounding:not([hidden])", timeout=10_000)
+            grounding = page.text_content("#grounding") or ""
         finally:
             browser.close()
+    assert grounding.startswith("Grounding: ") and "claims checked" in grounding
     assert answer.strip() and "<" not in answer
     assert [r[0] for r in rows] == ["classify", "retrieve", "policy", "compose", "validate",
                                     "critique"]  # fmt: skip

@@ -28,7 +28,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from chainrun.checks.config import GroundingConfig
-from chainrun.checks.grounding import GroundingSources, ProductRow, StreamGrounding, _merge
+from chainrun.checks.grounding import (
+    GroundingSources,
+    ProductRow,
+    StreamGrounding,
+    TitleIndex,
+    _merge,
+)
 from chainrun.checks.holdback import Redaction, WindowCheck, WindowVerdict
 
 __all__ = ["AnswerGrounding", "CombinedCheck", "open_grounding", "product_rows", "tool_results"]
@@ -118,6 +124,8 @@ class AnswerGrounding:
             {r.id: r for r in rows} if len(rows) <= config.catalogue_titles_max else {}
         )
         self.policy = policy
+        #: the catalogue's titles, indexed once
+        self.titles = TitleIndex(self.catalogue.values())
 
     def sources(self, values: Mapping[str, Any]) -> GroundingSources:
         """The sources of a turn whose state holds ``values`` (see the module text)."""
@@ -132,6 +140,7 @@ class AnswerGrounding:
             catalogue=self.catalogue,
             currency=self.config.currency,
             id_pattern=self.config.id_pattern,
+            titles=self.titles,
         )
 
     def stream_check(

@@ -338,6 +338,7 @@ async function ask(message) {
     if (old !== answer) old.removeAttribute("id");
   }
   answer.dataset.status = "running";
+  $("grounding").hidden = true;
   const controller = new AbortController();
   state.controller = controller;
   $("send").disabled = true;
@@ -374,6 +375,17 @@ async function ask(message) {
       } else if (event === "token" && wf && data.step === wf.answerStep) {
         answer.textContent += data.text;
         answer.scrollIntoView({ block: "end" });
+      } else if (event === "grounding") {
+        // the grounding check of the answer: claims checked, the ungrounded ones and why
+        answer.dataset.grounded = data.grounded ? "yes" : "no";
+        const note = $("grounding");
+        const done = (data.done || []).map((d) => d.action);
+        note.textContent = "Grounding: " + data.claims + " claims checked" +
+          (data.n_ungrounded ? ", " + data.n_ungrounded + " ungrounded (" +
+           [...new Set(done)].join(", ") + "): " +
+           data.ungrounded.map((u) => u.kind + " " + JSON.stringify(u.text) + ": " + u.why)
+             .join("; ") : ", all grounded");
+        note.hidden = false;
       } else if (event === "answer_done") {
         answered = true;
         state.finishing = controller;
