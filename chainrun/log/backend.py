@@ -26,6 +26,7 @@ both (:mod:`chainrun.log.migrations`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -256,6 +257,27 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 PG_RECONNECT_TIMEOUT_S = 1.0
 
 
+#: the environment variable that turns psycopg's server-side prepared statements on
+PREPARE_ENV = "CHAINRUN_PG_PREPARE_THRESHOLD"
+
+
+def prepare_threshold() -> int | None:
+    """psycopg 3's ``prepare_threshold`` for the log's connections: None (never prepare)
+    unless :data:`PREPARE_ENV` names a number of executions.
+
+    psycopg prepares a statement on the server after 5 executions by default; behind a
+    pooler in transaction mode (PgBouncer before 1.21, or without
+    ``max_prepared_statements``) the prepared statement lives on a server connection the
+    next transaction may not get ("prepared statement does not exist", or another
+    client's statement run with these parameters). psycopg's docs ("Server-side prepared
+    statements", PgBouncer) say to set ``prepare_threshold=None`` there; chainrun's
+    statements are short, so it costs little to never prepare them. Set the variable (to
+    5, psycopg's default) on a direct connection or a pooler that tracks them.
+    """
+    raw = os.environ.get(PREPARE_ENV, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
 def open_pg_pool(
     url: str, *, min_size: int = 1, max_size: int = 4, timeout_s: float = 10.0
 ) -> ConnectionPool:
@@ -292,7 +314,8 @@ def open_pg_pool(
         url,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, "connect_timeout": 3, "application_name": "chainrun"},
+        kwargs={"autocommit": True, "connect_timeout": 3, "application_name": "chainrun",
+                "prepare_threshold": prepare_threshold()},
         configure=_configure,
         check=ConnectionPool.check_connection,
         timeout=timeout_s,
@@ -366,7 +389,8 @@ class PgLogDb(LogDb):
                 own.close()
             self._own = None
             conn = psycopg.connect(self.url, autocommit=True, application_name="chainrun",
-                                   connect_timeout=max(2, round(self.wait_s)))  # fmt: skip
+                                   connect_timeout=max(2, round(self.wait_s)),
+                                   prepare_threshold=prepare_threshold())  # fmt: skip
             _configure(conn)
             self._own = conn
         try:

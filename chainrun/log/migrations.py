@@ -17,8 +17,7 @@ catalogue in a SQLite file, see :mod:`chainrun.log.store`) and a column type.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import sqlite_utils
@@ -396,21 +395,32 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
 )
 
 
-@contextmanager
-def _one_migrator(db: LogDb) -> Iterator[None]:
-    """On PostgreSQL, one process migrates at a time: a session advisory lock keyed by
-    the schema (two processes racing to ``create table if not exists`` can otherwise
-    both fail on the catalogue's unique index). SQLite's write lock does this per
-    migration (``BEGIN IMMEDIATE``)."""
-    if not isinstance(db, PgLogDb):
-        yield
-        return
-    with db.session():
-        db.execute("select pg_advisory_lock(7262, hashtext(current_schema()))")
-        try:
-            yield
-        finally:
-            db.execute("select pg_advisory_unlock(7262, hashtext(current_schema()))")
+#: the advisory lock key of migrations (with the schema's hash as the second key)
+MIGRATION_LOCK_KEY = 7262
+
+
+def _lock_migrations(log: LogDb) -> None:
+    """Inside a transaction: on PostgreSQL, wait for the migration lock, a
+    transaction-level advisory lock keyed by the schema (released at commit or rollback,
+    so it cannot outlive its transaction on a server connection that a transaction
+    pooler such as PgBouncer hands to another client; a session lock can: PostgreSQL
+    docs, "Advisory Locks"). Two processes racing to ``create table if not exists``
+    could otherwise both fail on the catalogue's unique index. SQLite's write lock
+    (``BEGIN IMMEDIATE``) does the same there."""
+    if isinstance(log, PgLogDb):
+        log.execute("select pg_advisory_xact_lock(?, hashtext(current_schema()))",
+                    [MIGRATION_LOCK_KEY])  # fmt: skip
+
+
+def _applied(log: LogDb) -> set[str] | None:
+    """The migrations recorded in ``_migrations`` (None: no such table yet)."""
+    if isinstance(log, PgLogDb):
+        exists = log.execute("select to_regclass('_migrations') is not null").fetchone()
+        if not exists or not exists[0]:
+            return None
+    elif "_migrations" not in log.table_names():
+        return None
+    return {r[0] for r in log.execute("select name from _migrations").fetchall()}
 
 
 def migrate(db: LogDb | sqlite_utils.Database) -> list[str]:
@@ -419,27 +429,31 @@ def migrate(db: LogDb | sqlite_utils.Database) -> list[str]:
     Each migration is one write transaction (on SQLite ``BEGIN IMMEDIATE``,
     :mod:`chainrun.log.transactions`) with its ``_migrations`` row: a process killed
     mid-migration leaves none of it, and of two processes opening a new log at once,
-    the second waits for the write lock (on PostgreSQL an advisory lock), then finds
-    the migration recorded and skips it. Idempotent: a second call applies nothing. A
+    the second waits for the write lock (on PostgreSQL a transaction-level advisory
+    lock, taken only when a migration is pending), then finds the migration recorded and
+    skips it. Idempotent: a second call applies nothing. A
     migration must not use ``executescript`` (it commits first).
     """
     log = db if isinstance(db, LogDb) else SqliteLogDb(db)
+    done = _applied(log)
+    if done is not None and all(name in done for name, _ in MIGRATIONS):
+        return []  # nothing pending: no lock taken (the common open)
     applied = []
-    with _one_migrator(log):
+    with log.transaction():
+        _lock_migrations(log)
+        log.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
+                    '"applied_at" TEXT)')  # fmt: skip
+    for name, fn in MIGRATIONS:
+        if done is not None and name in done:
+            continue
         with log.transaction():
-            log.execute('CREATE TABLE IF NOT EXISTS "_migrations" ("name" TEXT PRIMARY KEY, '
-                        '"applied_at" TEXT)')  # fmt: skip
-        done = {r[0] for r in log.execute("select name from _migrations").fetchall()}
-        for name, fn in MIGRATIONS:
-            if name in done:
+            _lock_migrations(log)
+            # re-read under the lock: another process may have applied it meanwhile
+            if log.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
                 continue
-            with log.transaction():
-                # re-read under the write lock: another process may have applied it meanwhile
-                if log.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
-                    continue
-                fn(log)
-                log.execute(
-                    "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
-                )
-            applied.append(name)
+            fn(log)
+            log.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, utc_now()]
+            )
+        applied.append(name)
     return applied
