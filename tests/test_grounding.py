@@ -278,3 +278,14 @@ def test_the_grounded_eval_assertion() -> None:
     verdict = grounded.check(TurnView("m", "a", grounding=bad))
     assert verdict.passed is False and "differs from JKT-003's price" in verdict.detail
     assert grounded.check(TurnView("m", "a")).passed is False  # no record: not a pass
+
+
+async def test_an_answer_that_is_not_streamed_is_grounded_whole(lab: LabServer) -> None:
+    data = _config(lab)
+    data["steps"] = {"compose": {"stream": False}}
+    with Store.open(":memory:") as store:
+        async with Chain(config_from_dict(data), store=store, quiet=True) as chain:
+            done = await chain.run_turn(MESSAGE)
+        await store.flush()
+        assert done.output == RIGHT
+        _assert_logged(store)

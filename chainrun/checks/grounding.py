@@ -585,6 +585,14 @@ class StreamGrounding:
             return last.start()
         return None
 
+    def judge(self, text: str) -> WindowVerdict:
+        """The verdict on a whole answer ``text`` (not streamed: every segment complete)."""
+        t0 = time.thread_time_ns()
+        try:
+            return self._check(text, True)
+        finally:
+            self.check_us.append((time.thread_time_ns() - t0) / 1000.0)
+
     async def __call__(self, held: str, final: bool = False) -> WindowVerdict:
         t0 = time.thread_time_ns()
         try:

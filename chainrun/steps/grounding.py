@@ -37,7 +37,10 @@ from chainrun.checks.grounding import (
 )
 from chainrun.checks.holdback import Redaction, WindowCheck, WindowVerdict
 
-__all__ = ["AnswerGrounding", "CombinedCheck", "open_grounding", "product_rows", "tool_results"]
+__all__ = [
+    "AnswerGrounding", "CombinedCheck", "apply_redactions", "open_grounding", "product_rows",
+    "tool_results",
+]
 
 _LINE = re.compile(r"^- \[(?P<id>[^\]]+)\] (?P<title>.+)$")
 
@@ -171,3 +174,10 @@ async def open_grounding(config: GroundingConfig, ctx: Any) -> AnswerGrounding:
     except Exception:  # no catalogue tables: only the turn's products are known
         catalogue = []
     return AnswerGrounding(config, catalogue, policy)
+
+
+def apply_redactions(text: str, redactions: tuple[Redaction, ...]) -> str:
+    """``text`` with non-overlapping ``redactions`` (offsets into it) applied."""
+    for r in sorted(redactions, key=lambda r: r.start, reverse=True):
+        text = text[: r.start] + r.replacement + text[r.end :]
+    return text

@@ -44,7 +44,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.steps.config import StepConfig
-from chainrun.steps.grounding import AnswerGrounding, open_grounding
+from chainrun.steps.grounding import AnswerGrounding, apply_redactions, open_grounding
 from chainrun.steps.model_call import AnswerCheck, CallResult, HedgedCall
 from chainrun.steps.model_config import ModelStepConfig, template_fields
 from chainrun.steps.tool_use import ToolRounds
@@ -182,7 +182,7 @@ class LLMStep(Step):
             if config.output_check is not None
             else None
         )
-        #: the answer's grounding check (built by open() for a streamed answer step)
+        #: the answer's grounding check (built by open() for the answer step)
         self.grounding: AnswerGrounding | None = None
         #: the step's hedged model call
         self.call = HedgedCall(
@@ -222,7 +222,7 @@ class LLMStep(Step):
         await self.call.open(ctx)
         self.tools = {name: ctx.tools[name] for name in self.config.tools}
         g = self.config.grounding
-        if g is not None and g.enabled and self.is_answer and self.config.stream:
+        if g is not None and g.enabled and self.is_answer:
             self.grounding = await open_grounding(g, ctx)
 
     async def aclose(self) -> None:
@@ -254,7 +254,8 @@ class LLMStep(Step):
             )
         shown = checks is not None or tools is not None
         items = self.call.step_items(
-            ctx, self.call.request(state), lambda call: self._result(ctx, call, shown=shown),
+            ctx, self.call.request(state),
+            lambda call: self._result(ctx, call, shown=shown, state=state),
             checks=checks, tools=tools,
         )  # fmt: skip
         async with contextlib.aclosing(items):
@@ -278,6 +279,25 @@ class LLMStep(Step):
         if self._window_check is None or oc is None:
             return None
         return HoldBack(self._window_check, oc.window_tokens)
+
+    def _ground_whole(
+        self, ctx: StepContext, state: TurnState, text: str
+    ) -> tuple[StepResult | None, str]:
+        """The grounding check on a whole (unstreamed) answer ``text``: its report in the
+        row's ``detail["grounding"]``; (a refusal or the safe text when the action says
+        so, else None; the answer as corrected)."""
+        assert self.grounding is not None
+        check = self.grounding.stream_check(state.values).grounding
+        verdict = check.judge(text)
+        report = check.report()
+        ctx.row.detail = {**(ctx.row.detail or {}), "grounding": report}
+        g = self.config.grounding
+        if not verdict.ok:
+            replace = g is not None and g.action == "replace"
+            return StepResult(verdict={"grounding": report}, refuse=True,
+                              refusal_text=g.safe_text if replace and g else None,
+                              replaced=replace), text  # fmt: skip
+        return None, apply_redactions(text, verdict.redactions)
 
     def _record_holdback(
         self, ctx: StepContext, holdback: HoldBack, winner: ChatStream | None,
@@ -322,10 +342,20 @@ class LLMStep(Step):
                 problem = "the verdict has no boolean 'ok' to act on"
         return problem
 
-    def _result(self, ctx: StepContext, call: CallResult, *, shown: bool) -> StepResult:
+    def _result(
+        self, ctx: StepContext, call: CallResult, *, shown: bool, state: TurnState | None = None
+    ) -> StepResult:
         """The step's result from its call's; ``shown``: the answer is the text that
-        reached the shopper (through the output check, or over rounds of tools)."""
+        reached the shopper (through the output check, or over rounds of tools). An
+        answer that was not streamed is grounded here, whole (``state``: the turn's
+        sources)."""
         cfg = self.config
+        grounded: str | None = None  # an unstreamed answer, corrected by the grounding check
+        if (self.is_answer and not cfg.stream and self.grounding is not None
+                and state is not None and call.text is not None and call.error is None):
+            refusal, grounded = self._ground_whole(ctx, state, call.text)
+            if refusal is not None:
+                return refusal
         detail = ctx.row.detail or {}
         checked = {k: detail[k] for k in ("output_check", "grounding") if k in detail}
         blocked = call.blocked
@@ -348,7 +378,7 @@ class LLMStep(Step):
                 return StepResult(error=error, verdict=missing)
             return StepResult(error=error)
         if self.is_answer:
-            answer = "".join(call.shown) if shown and cfg.stream else text
+            answer = "".join(call.shown) if shown and cfg.stream else (grounded or text)
             result = StepResult(updates={"answer": answer})
             redacted = (checked.get("output_check") or {}).get("redactions")
             if redacted or "grounding" in checked:
