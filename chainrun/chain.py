@@ -43,7 +43,12 @@ import sqlite_utils
 from chainrun.config import ChainConfig, load_config
 from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.source import ConversationSource, log_loader, shown_products
+from chainrun.conversations.source import (
+    ConversationSource,
+    log_claim,
+    log_loader,
+    shown_products,
+)
 from chainrun.conversations.tokens import counter_for
 from chainrun.conversations.turn_input import check_history, check_turn_input
 from chainrun.errors import (
@@ -339,7 +344,7 @@ class Chain:
         """Read unknown conversations from the log; count history tokens with the answer
         step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
         if self.store is not None:
-            self.conversations.use_log(log_loader(self.store))
+            self.conversations.use_log(log_loader(self.store), log_claim(self.store))
         names = self.config.steps[self.config.answer_step].provider_names()
         answer = self._providers.get(names[0]) if names else None
         base_url = getattr(answer, "base_url", None)

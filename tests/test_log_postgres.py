@@ -633,3 +633,49 @@ def test_serve_seeds_its_windows_by_default(monkeypatch: pytest.MonkeyPatch,
     assert chainrun("serve", "--db", db).returncode == 0
     assert chainrun("serve", "--db", db, "--no-seed-windows").returncode == 0
     assert isinstance(got[0], SeedWindows) and got[1] is None
+
+
+def test_a_conversation_holds_whichever_worker_takes_its_turn(tmp_path: Path) -> None:
+    """``serve --workers 2`` on one PostgreSQL log, one conversation of five ``/chat``
+    turns, each on a new connection (the kernel hands each to either worker): every
+    answer request holds all the earlier turns, and the turn indexes are 1 to 5; then
+    six turns of another conversation at once get six different indexes."""
+    with pg_schema(need_pg()) as url, LabServer("fast", n_tokens=4,
+                                                record_bodies=True) as lab:  # fmt: skip
+        proc, base = start_serve(url, lab, tmp_path)
+        messages = [f"turn {k}: a jacket in colour {k} please" for k in range(1, 6)]
+        try:
+            async def chat(message: str, conversation: str) -> dict[str, Any]:
+                async with httpx.AsyncClient(base_url=base, timeout=30) as client:  # new TCP
+                    async with client.stream("POST", "/chat", json={
+                            "message": message, "conversation_id": conversation}) as r:
+                        assert r.status_code == 200
+                        body = (await r.aread()).decode()
+                last = [line for line in body.splitlines() if line.startswith("data: ")][-1]
+                return json.loads(last[len("data: "):])
+
+            async def talk() -> list[dict[str, Any]]:
+                return [await chat(m, "fleet-conv") for m in messages]
+
+            turns = asyncio.run(talk())
+
+            async def at_once() -> list[dict[str, Any]]:
+                return list(await asyncio.gather(*(chat(f"burst {i}", "burst-conv")
+                                                   for i in range(6))))  # fmt: skip
+
+            burst = asyncio.run(at_once())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert [t["turn_index"] for t in turns] == [1, 2, 3, 4, 5]
+        assert sorted(t["turn_index"] for t in burst) == [1, 2, 3, 4, 5, 6]
+        sent = [json.dumps(r.get("messages")) for r in lab.requests()]
+        for k, message in enumerate(messages):
+            asked = [s for s in sent if message in s]
+            assert any(all(m in s for m in messages[:k]) for s in asked), (k, asked[:1])
+        with Store.open(url, create=False) as s:
+            runs = s.runs_of_kind("live")
+            logged = s.turns([r.id for r in runs if r.id is not None])
+        mine = sorted(t.turn_index or 0 for t in logged if t.conversation_id == "fleet-conv")
+        assert mine == [1, 2, 3, 4, 5]

@@ -13,6 +13,15 @@ Turn indexes are handed out here, 1-based and in start order: a turn that starts
 while an earlier turn of its conversation is still running gets the next index, and
 does not see that turn in its history (it has not ended).
 
+**On a log shared by several processes** (``serve --workers N`` on PostgreSQL, where
+each message of a conversation may reach another worker), memory alone would answer
+from a stale thread: the memory is given a ``claim`` (the log's atomic per-conversation
+counter, :meth:`chainrun.log.store.Store.claim_turn_index`) and then every turn takes
+its index from the log, reads the conversation's earlier turns from the log (waiting
+up to :data:`WAIT_FOR_EARLIER_S` for the turn just before it, which another process may
+still be committing), and adds the turns this process ended that the log does not hold
+yet.
+
 A chain reads the log without the event loop waiting on it (:meth:`ConversationMemory.abegin`
 with a loader that returns an awaitable: a PostgreSQL read runs in a worker thread);
 turns of one conversation that start while its read is in flight share that read.
@@ -29,7 +38,17 @@ from dataclasses import dataclass, field
 
 from chainrun.conversations.history import HistoryTurn
 
-__all__ = ["ConversationMemory", "LoadConversation"]
+__all__ = ["WAIT_FOR_EARLIER_S", "ClaimIndex", "ConversationMemory", "LoadConversation"]
+
+#: s a turn on a shared log waits for its conversation's previous turn to be in the log
+#: (another process answered it and may still be committing it; a writer commits within
+#: milliseconds) before it goes on without it
+WAIT_FOR_EARLIER_S = 2.0
+#: s between two reads of the log while waiting for the previous turn
+POLL_S = 0.025
+#: ``claim(conversation_id) -> the next turn index``, handed out once across processes
+#: (None: the log could not say; this process's memory hands it out)
+ClaimIndex = Callable[[str], Awaitable[int | None]]
 
 #: what a conversation's read from the log gives: (the latest `keep` turns as (turn
 #: index, turn), oldest first; the highest turn index logged, 0 for none)
@@ -54,6 +73,8 @@ class ConversationMemory:
             conversation starts empty).
         keep_turns: turns kept per conversation (the history budget's ``max_turns``).
         max_conversations: conversations kept in memory at most.
+        claim: a log shared by several processes: the log's turn-index counter (see the
+            module text; None: this process hands out the indexes).
     """
 
     def __init__(
@@ -62,8 +83,10 @@ class ConversationMemory:
         *,
         keep_turns: int,
         max_conversations: int = 4096,
+        claim: ClaimIndex | None = None,
     ) -> None:
         self.load = load
+        self.claim = claim
         self.keep_turns = keep_turns
         self.max_conversations = max_conversations
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
@@ -118,6 +141,11 @@ class ConversationMemory:
             Whatever ``load`` raised (the conversation stays unknown: read again by the
             next turn).
         """
+        if self.claim is not None:
+            claimed = await self.claim(conversation_id)
+            if claimed is not None:
+                return await self._shared_begin(conversation_id, claimed, new=new)
+            # the log could not say: this process's memory (and the log, if it answers)
         conv = self._conversations.get(conversation_id)
         if conv is None and self.load is not None and not new:
             pending = self._loading.get(conversation_id)
@@ -133,6 +161,32 @@ class ConversationMemory:
             self._conversations.move_to_end(conversation_id)
         conv.last_index += 1
         return tuple(t for _, t in conv.turns), conv.last_index
+
+    async def _shared_begin(
+        self, conversation_id: str, index: int, *, new: bool
+    ) -> tuple[tuple[HistoryTurn, ...], int]:
+        """A turn on a shared log whose index the log's counter gave: its history the
+        log's turns before it (waited for) with this process's own ended turns added."""
+        turns: dict[int, HistoryTurn] = {}
+        if index > 1 and not new and self.load is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT_FOR_EARLIER_S
+            while True:
+                self.loads += 1
+                loaded = self.load(conversation_id, self.keep_turns)
+                rows, top = await loaded if inspect.isawaitable(loaded) else loaded
+                if top >= index - 1 or loop.time() >= deadline:
+                    break
+                await asyncio.sleep(POLL_S)
+            turns = {i: t for i, t in rows if i < index}
+        own = self._conversations.get(conversation_id)
+        if own is not None:
+            turns.update({i: t for i, t in own.turns if i < index})
+        conv = own or _Conversation()
+        conv.last_index = max(conv.last_index, index)
+        self._keep(conversation_id, conv)
+        kept = [turns[i] for i in sorted(turns)][-self.keep_turns:] if self.keep_turns else []
+        return tuple(kept), index
 
     def begin(
         self, conversation_id: str, *, new: bool = False

@@ -33,7 +33,12 @@ from chainrun.conversations.history import (
     cut_to_budget,
     render_history,
 )
-from chainrun.conversations.memory import ConversationMemory, LoadConversation, Loaded
+from chainrun.conversations.memory import (
+    ClaimIndex,
+    ConversationMemory,
+    LoadConversation,
+    Loaded,
+)
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
 from chainrun.log.rows import StepRow
 from chainrun.log.store import Store
@@ -44,6 +49,7 @@ __all__ = [
     "WARN_EVERY_S",
     "ConversationSource",
     "TurnPlace",
+    "log_claim",
     "log_loader",
     "new_conversation_id",
     "shown_products",
@@ -124,6 +130,35 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
     return load
 
 
+def log_claim(store: Store) -> ClaimIndex | None:
+    """The turn-index counter of a log several processes share (a PostgreSQL log:
+    :meth:`chainrun.log.store.Store.claim_turn_index`, run off the event loop); None for
+    a SQLite log, whose conversations one process serves (its memory hands out the
+    indexes, read from the log for a conversation it has not seen). The claim gives None
+    (the turn goes on from this process's memory, and a warning says so) when the
+    database is down or does not answer within :data:`LOAD_TIMEOUT_S`."""
+    if store.dialect != "postgresql":
+        return None
+    unreachable: tuple[type[BaseException], ...] = (
+        TimeoutError, ConnectionError, *store.log.network_errors
+    )
+
+    async def claim(conversation_id: str) -> int | None:
+        if store.writer is not None and store.writer.outage_since is not None:
+            return None  # the database is down: this process's memory serves meanwhile
+        try:
+            return await asyncio.wait_for(
+                store.off_loop(store.claim_turn_index, conversation_id), LOAD_TIMEOUT_S
+            )
+        except unreachable as e:
+            log.warning("run log %s could not be read (%s): conversation %s took its turn "
+                        "index from this process's memory", store.name,
+                        str(e) or type(e).__name__, conversation_id)  # fmt: skip
+            return None
+
+    return claim
+
+
 @dataclass(frozen=True)
 class TurnPlace:
     """Where a starting turn stands in its conversation.
@@ -161,9 +196,12 @@ class ConversationSource:
         self.memory = ConversationMemory(load, keep_turns=settings.max_turns)
         self.counter: TokenCounter = counter or EstimateCounter()
 
-    def use_log(self, load: LoadConversation) -> None:
-        """Read conversations this chain does not know from the run log with ``load``."""
+    def use_log(self, load: LoadConversation, claim: ClaimIndex | None = None) -> None:
+        """Read conversations this chain does not know from the run log with ``load``;
+        with ``claim`` (a log shared by several processes: :func:`log_claim`), take every
+        turn's index and earlier turns from the log (:mod:`chainrun.conversations.memory`)."""
         self.memory.load = load
+        self.memory.claim = claim
 
     def use_counter(self, counter: TokenCounter) -> None:
         """Count history tokens with ``counter`` from now on."""

@@ -374,6 +374,15 @@ def _m130_call_rounds(db: LogDb) -> None:
     db.table("calls").add_column("first_tool_call_ms", float)
 
 
+def _m140_conversation_index(db: LogDb) -> None:
+    # each live conversation's last turn index handed out, one row per conversation: the
+    # atomic counter that keeps the turn indexes of a conversation served by several
+    # processes unique (chainrun.log.store.Store.claim_turn_index)
+    db.table("conversation_index").create(
+        {"conversation_id": str, "last_index": int}, pk="conversation_id"
+    )
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -392,6 +401,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("110_time_between_tokens", _m110_time_between_tokens),
     ("120_review_judgements", _m120_review_judgements),
     ("130_call_rounds", _m130_call_rounds),
+    ("140_conversation_index", _m140_conversation_index),
 )
 
 

@@ -434,6 +434,26 @@ class Store(LogReads, EvalResults, ReviewJudgements):
                 return None
             raise
 
+    def claim_turn_index(self, conversation_id: str) -> int:
+        """The next turn index of live conversation ``conversation_id``, handed out once
+        (an atomic upsert on ``conversation_index``: two processes serving turns of one
+        conversation at once never get the same index). A conversation new to the
+        counter starts after the highest turn index its live turns logged.
+
+        Runs on the calling thread against the database (not through the writer): call
+        it through :meth:`off_loop`.
+        """
+        row = self.log.execute(
+            "insert into conversation_index (conversation_id, last_index) values (?, "
+            "1 + (select coalesce(max(turn_index), 0) from turns where conversation_id = ? "
+            "and run_id in (select id from runs where kind = 'live'))) "
+            "on conflict (conversation_id) do update set "
+            "last_index = conversation_index.last_index + 1 returning last_index",
+            [conversation_id, conversation_id],
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` (a read of this store) without the event loop waiting on
         the network: in a worker thread for a PostgreSQL log; inline for SQLite, whose
