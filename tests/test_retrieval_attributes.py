@@ -86,3 +86,12 @@ async def test_non_iron_is_the_compound_the_catalogue_means() -> None:
     finally:
         await stage.aclose()
     assert found.ids == ["S1"]
+
+
+def test_an_attribute_used_as_a_noun_names_a_product_not_a_requirement() -> None:
+    """"a fleece or a beanie": a fleece is a kind of product; as an attribute every
+    result had to be fleece, and the beanies the shopper asked for were all dropped."""
+    assert query_attributes("Maybe something warm, like a fleece or a beanie?").wanted == set()
+    assert query_attributes("Do you have a waterproof?").wanted == set()
+    assert query_attributes("a fleece jacket for hiking").wanted == {"fleece"}
+    assert query_attributes("a linen shirt").wanted == {"linen"}

@@ -16,6 +16,9 @@ applied by the retrieve stage to every search's hits (:mod:`chainrun.retrieval.s
   jumper that is not wool") must not be. Occasions, styles and product types are not
   attributes (they rank, they do not exclude): the category the shopper names is
   already a filter of every search (:func:`chainrun.retrieval.filters.parse_query`).
+  An attribute word used as a noun, after an article and before the end of a phrase
+  ("a fleece or a beanie", "do you have a waterproof?"), names a kind of product, not
+  an attribute every product must have: it ranks, it does not exclude.
 
 Plain word rules (no model, microseconds a product), English only.
 """
@@ -100,10 +103,15 @@ class QueryAttributes:
     search_text: str
 
 
+#: an attribute word used as a noun: after an article, before the end of the phrase
+_NOUN_USE = re.compile(r"\b(?:a|an|the|some|any)\s+([a-z-]+)(?=\s*(?:$|[,.;:?!)]|or\b|and\b))")
+
+
 def query_attributes(query: str) -> QueryAttributes:
     """The :class:`QueryAttributes` of ``query`` (see the module text)."""
     affirmed, negated = negations(query)
-    attrs = {_norm(a) for a in ATTRIBUTES}
+    nouns = {_norm(m.group(1)) for m in _NOUN_USE.finditer(query.lower())}
+    attrs = {_norm(a) for a in ATTRIBUTES} - nouns
     # "not wool": the searches should not look for wool
     search_text = query
     for word in negated:
