@@ -174,6 +174,8 @@ class Chain:
             (the test fake, a custom adapter).
         retriever: fills the retrieve step (None: searches over the log's catalogue).
         kind: the run kind for the log (``live`` | ``replay`` | ``eval``).
+        act: carry out tools with side effects (default: in a ``live`` run only; a
+            replay or an eval stubs them unless their ``replay = "run"``).
 
     Raises:
         ConfigError: a step kind is unknown, a step reads a field no step writes, or
@@ -194,8 +196,12 @@ class Chain:
         run_id: int | None = None,
         quiet: bool = False,
         seed_windows: SeedWindows | None = None,
+        act: bool | None = None,
     ) -> None:
         self.config = config
+        #: carry out side-effecting tools (None: in live runs only; a replay and an eval
+        #: stub them, ``[tools.NAME] replay``)
+        self.act = (kind == "live") if act is None else act
         self.store = store
         #: seed each hedged step's latency window from the log's recent calls at open
         #: (a new process hedges at the fleet's percentile from its first call)
@@ -627,7 +633,7 @@ class Chain:
         key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
         return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
                          conversation_id=conversation_id,
-                         clear_to_act=run.clear_to_act)  # fmt: skip
+                         clear_to_act=run.clear_to_act, act=self.act)  # fmt: skip
 
     async def _log_turn(
         self, run_id: int | None, run: TurnRun, turn: TurnRow, shown: str = ""

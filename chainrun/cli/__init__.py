@@ -247,6 +247,12 @@ ConfigOpt = Annotated[
     typer.Option("--config", "-c", help="chainrun.toml (default: ./chainrun.toml or built-in)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+#: ``--act``: a replay or an eval carries out tools with side effects (default: stubbed)
+ActOpt = Annotated[
+    bool,
+    typer.Option("--act", help="Carry out tools with side effects (place orders, fill carts) "
+                 "as live traffic does. Default: they are stubbed ([tools.NAME] replay)."),
+]
 ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Turns in flight at once.")]
 LabelOpt = Annotated[str | None, typer.Option(help="A label for the run.")]
 DEFAULT_DB_PATH = "chainrun.db"

@@ -14,6 +14,7 @@ from rich.markup import escape
 from chainrun.cli import (
     DB_ENV,
     DEFAULT_DB_PATH,
+    ActOpt,
     ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
@@ -151,6 +152,7 @@ def replay(
             "prompt. OpenAI and Azure cache on their own: no request can turn it off.",
         ),
     ] = PromptCacheMode.server,
+    act: ActOpt = False,
 ) -> None:
     """Run a fixed request set as one run; print a headline (turns ok, the answer's TTFT),
     p50/p90 per turn and per step with n, then warnings. Exits 1 when no turn ended ok."""
@@ -205,6 +207,7 @@ def replay(
                         cfg, requests, store, concurrency=concurrency, label=label,
                         source=str(file), on_turn=on_turn,
                         quiet=as_json, run_id=resume, on_run=started.append, earlier=earlier,
+                        act=act,
                     )
                 )  # fmt: skip
         except (KeyboardInterrupt, Terminated) as e:

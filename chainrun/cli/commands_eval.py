@@ -12,6 +12,7 @@ from rich.markup import escape
 from chainrun.cli import (
     DB_ENV,
     DEFAULT_DB_PATH,
+    ActOpt,
     ConfigOpt,
     DbOpt,
     JsonOpt,
@@ -76,6 +77,7 @@ def eval_command(
     config: ConfigOpt = None,
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
+    act: ActOpt = False,
 ) -> None:
     """Run an eval set through the chain (kind eval) and print pass rates with n and the
     failed cases. Exit 1 when a must_pass case fails, the pass rate is under
@@ -128,7 +130,7 @@ def eval_command(
                         run_eval(cfg, cases, store, repeat=repeat,
                                  concurrency=concurrency or 1, label=label, source=str(file),
                                  quiet=as_json, on_turn=lambda *_: progress.advance(task),
-                                 on_run=started.append)
+                                 on_run=started.append, act=act)
                     )  # fmt: skip
         except (KeyboardInterrupt, Terminated) as e:
             if not started:

@@ -150,8 +150,10 @@ async def run_eval(
     on_turn: Callable[..., Any] | None = None,
     quiet: bool = False,
     on_run: Callable[[int], Any] | None = None,
+    act: bool = False,
 ) -> dict[str, Any]:
-    """Run every case ``repeat`` times as one eval run, score it, return the summary.
+    """Run every case ``repeat`` times as one eval run, score it, return the summary
+    (``act``: carry out tools with side effects; default: stub them).
 
     Returns :func:`~chainrun.evals.score_run`'s summary plus ``n_cases`` and ``repeat``.
     ``grader`` defaults to ``config.grader``; ``grade`` replaces the grading call built
@@ -179,7 +181,7 @@ async def run_eval(
         run_id = await run_requests(
             config, eval_requests(cases, repeat), store, kind="eval", concurrency=concurrency,
             label=label, source=source, providers=providers, retriever=retriever,
-            on_turn=on_turn, quiet=quiet, on_run=on_run,
+            on_turn=on_turn, quiet=quiet, on_run=on_run, act=act,
         )  # fmt: skip
         summary = await score_existing(store, run_id, cases, config, grader=grader,
                                        grade=grade, catalog_ids=catalog_ids,

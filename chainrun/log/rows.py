@@ -447,7 +447,7 @@ UNSENT_OUTCOMES = frozenset({"budget_exhausted", "suppressed"})
 
 
 ToolCallStatus = Literal[
-    "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started"
+    "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started", "stubbed"
 ]
 
 
@@ -538,7 +538,8 @@ class ToolCallRow(_Row):
     idempotency_key: str | None = None
     #: the tool's ``side_effects`` (False for a name that is no tool)
     side_effects: bool = False
-    #: ok | error | timeout | invalid_arguments | unknown_tool | not_started
+    #: ok | error | timeout | invalid_arguments | unknown_tool | not_started | stubbed
+    #: (a replay or an eval did not carry out a side-effecting tool: ``[tools.NAME] replay``)
     status: ToolCallStatus = "ok"
     #: when the tool started, from the step's start (NULL: it never started)
     started_offset_ms: float | None = None

@@ -221,6 +221,7 @@ async def run_requests(
     run_id: int | None = None,
     on_run: Callable[[int], Any] | None = None,
     earlier: Mapping[str, Sequence[HistoryTurn]] | None = None,
+    act: bool = False,
 ) -> int:
     """Run ``requests`` through the chain as one run, ``concurrency`` turns at a time:
     each conversation's turns in order, conversations side by side (see the module
@@ -233,6 +234,8 @@ async def run_requests(
     (marked ``running`` again: see :func:`missing_requests` for a resume). ``on_run`` is
     called with the run id once the run exists, before any turn: a caller stopped by
     Ctrl-C (which never sees the return value) can still report the run's partial summary.
+    ``act``: carry out tools with side effects (default: stub them, ``[tools.NAME]
+    replay``: a replay of last week's traffic must not fill carts again).
 
     Raises:
         ProviderUnavailable: a provider could not be reached (the run is marked failed).
@@ -245,7 +248,8 @@ async def run_requests(
     if run_id is not None:
         store.resume_run(run_id)
     chain = Chain(config, store=store, providers=providers, retriever=retriever, kind=kind,
-                  label=label, source=source, quiet=quiet, run_id=run_id)  # fmt: skip
+                  label=label, source=source, quiet=quiet, run_id=run_id,
+                  act=act)  # fmt: skip
     sem = asyncio.Semaphore(concurrency)
 
     stopped = False  # set inside the semaphore, so no queued turn starts after a stop

@@ -48,7 +48,8 @@ __all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",
 #: ok: ran and returned; error: ran and raised (or its result was not JSON); timeout:
 #: ran past ``timeout_s``; invalid_arguments / unknown_tool: not run, the model was told
 #: why; not_started: the turn was cancelled before a side-effecting tool could start
-ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started"]
+ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started",
+                     "stubbed"]
 #: a tool call's moments as :meth:`TurnTools.phases` yields them
 ToolPhase = Literal["started", "finished"]
 
@@ -160,6 +161,10 @@ class TurnTools:
         clear_to_act: awaited with the step's name before a side-effecting tool of that
             step starts (None: at once).
         clock: s, monotonic (``time.perf_counter``).
+        act: carry out side-effecting tools (True: live traffic); False (a replay, an
+            eval): a side-effecting tool whose ``replay`` is ``"stub"`` is not carried
+            out: its arguments are checked, the model is told its ``replay_result``, and
+            its record says ``stubbed``.
     """
 
     tools: Mapping[str, Tool]
@@ -168,6 +173,7 @@ class TurnTools:
     conversation_id: str | None = None
     clear_to_act: Callable[[str], Awaitable[None]] | None = None
     clock: Callable[[], float] = time.perf_counter
+    act: bool = True
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
     _asked: dict[tuple[str, int, int], ToolCallRecord] = field(default_factory=dict)
@@ -244,6 +250,11 @@ class TurnTools:
         if arguments is None:
             assert problem is not None
             self._refused(record, "invalid_arguments", problem)
+            yield "finished", record
+            return
+        if tool.side_effects and not self.act and tool.config.replay == "stub":
+            record.status = "stubbed"
+            record.content = json.dumps(tool.config.replay_result, ensure_ascii=False)
             yield "finished", record
             return
         context = ToolContext(

@@ -28,7 +28,7 @@ the chain is built (:func:`chainrun.tools.build_tools`), before any call.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -74,6 +74,13 @@ class ToolConfig(BaseModel):
             A read-only tool (false) is safe to run again.
         timeout_s: how long one run may take, in s; past it the model is told it timed
             out (a sync callable's thread cannot be stopped and finishes unseen).
+        replay: what a replay or an eval does when the model asks for a tool with side
+            effects: ``"stub"`` (the default: the tool is not carried out; the model is
+            told ``replay_result``, the call row says ``stubbed``) or ``"run"`` (carried
+            out as in live traffic). ``chainrun replay --act`` / ``eval --act`` run every
+            tool. A read-only tool runs in replays as live.
+        replay_result: what a stubbed call tells the model (JSON; default
+            ``{"stubbed": true}``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -94,6 +101,10 @@ class ToolConfig(BaseModel):
     side_effects: bool = False
     #: how long one run may take, in s
     timeout_s: float = Field(default=10.0, gt=0)
+    #: a replay or an eval: "stub" a side-effecting tool (not carried out) or "run" it
+    replay: Literal["stub", "run"] = "stub"
+    #: what a stubbed call tells the model (JSON)
+    replay_result: Any = Field(default_factory=lambda: {"stubbed": True})
 
     @field_validator("parameters")
     @classmethod
