@@ -110,7 +110,7 @@ class MinEffect:
 #: the default tolerance: 5% of A's percentile. Two runs of one chain on one machine
 #: drift by a few percent (load, warm caches) beyond what the within-run intervals
 #: cover; 5% keeps that drift from reading as a regression while a 10% change still
-#: shows (see the README, "Evals and comparisons").
+#: shows (docs/guides/compare-and-audit.md).
 DEFAULT_MIN_EFFECT = MinEffect(5.0, "%")
 
 _MIN_EFFECT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|ms)?\s*$")

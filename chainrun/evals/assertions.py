@@ -509,7 +509,7 @@ def parse_grade(reply: str) -> tuple[bool, str] | None:
 #: Why an ``llm-rubric`` is skipped, and how to give it a grader (shown by ``chainrun eval``).
 GRADER_HOWTO = (
     'set a chat model as grader in chainrun.toml: [grader] provider = "NAME" '
-    'model = "MODEL" (README: Evals and comparisons)'
+    'model = "MODEL" (docs/guides/evals.md: the grader)'
 )
 
 
