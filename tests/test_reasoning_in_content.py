@@ -4,11 +4,17 @@ the shopper's stream, the answer and the next turn's history; stops apply to the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import tomli_w
+from cli_runner import chainrun
+from serve_helpers import chat, serving
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
@@ -117,3 +123,38 @@ async def test_off_keeps_content_as_the_server_sent_it(thinking_lab: LabServer) 
         async with Chain(cfg, store=store) as chain:
             done = await chain.run_turn("a rain jacket?")
     assert done.output is not None and done.output.startswith("<think>")
+
+
+def test_through_replay_and_serve_the_shopper_never_sees_the_thought(
+    thinking_lab: LabServer, tmp_path: Path
+) -> None:
+    """The same server through ``chainrun replay`` (the logged answer) and ``chainrun
+    serve``'s ``/chat`` (the token events the shopper's client receives)."""
+    cfg = {"order": ["compose"], "answer_step": "compose",
+           "providers": {"local": {"base_url": thinking_lab.base_url}},
+           "steps": {"compose": {"prompt": "{message}", "stream": True}}}  # fmt: skip
+    path = tmp_path / "chainrun.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    requests = tmp_path / "r.jsonl"
+    requests.write_text(json.dumps({"id": "r1", "message": "a rain jacket?"}) + "\n")
+    db = tmp_path / "log.db"
+    assert chainrun("replay", str(requests), "--config", str(path), "--db", str(db)).returncode == 0
+    with Store.open(db, create=False) as store:
+        (turn,) = store.turns(1)
+    assert turn.output == "The Storm Shell jacket."
+
+    async def served() -> list[tuple[str, Any]]:
+        store = Store.open(tmp_path / "serve.db")
+        try:
+            chain_cfg = config_from_dict(cfg)
+            async with (
+                serving(lambda: Chain(chain_cfg, store=store, kind="live", quiet=True)) as (url, _),
+                httpx.AsyncClient(base_url=url, timeout=30) as client,
+            ):
+                return await chat(client, "a rain jacket?")
+        finally:
+            store.close()
+
+    events = asyncio.run(served())
+    shown = "".join(d["text"] for e, d in events if e == "token")
+    assert shown == "The Storm Shell jacket." and "think" not in shown
