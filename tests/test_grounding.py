@@ -289,3 +289,37 @@ async def test_an_answer_that_is_not_streamed_is_grounded_whole(lab: LabServer) 
         await store.flush()
         assert done.output == RIGHT
         _assert_logged(store)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # a price before the product it is about, streamed word by word: held, then
+        # corrected (it was released before the id came, and the log said "dropped")
+        ("Our cheapest: €5.00 for JKT-008, the red one.",
+         "Our cheapest: €44.95 for JKT-008, the red one."),
+        # a currency code written before its amount
+        ("Also EUR 5.00 for the JKT-008.", "Also EUR 44.95 for the JKT-008."),
+        # another currency, before the product
+        ("Or pay $19.95 for JKT-009", "Or pay €49.95 for JKT-009"),
+        # a sentence that names no product is about the one named before it
+        ("JKT-008 is our cheapest rain jacket. It costs €5.00.",
+         "JKT-008 is our cheapest rain jacket. It costs €44.95."),
+    ],
+)
+async def test_a_price_before_its_product_never_reaches_the_shopper(
+    catalogue, policy, text: str, shown: str
+) -> None:
+    src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
+    got, check = await _stream(src, text)
+    assert got == shown
+    assert {d["action"] for d in check.report()["done"]} == {"corrected"}
+
+
+async def test_the_safe_text_follows_what_was_released_on_a_line_of_its_own(
+    catalogue, policy
+) -> None:
+    src = _sources(catalogue, policy, "JKT-005")
+    got, check = await _stream(src, "Sure, here it is: [ZZZ-999] The diamond jacket.")
+    assert got.endswith("\n\n" + check.safe_text) and "ZZZ-999" not in got
+    assert check.report()["done"][-1]["why"].endswith("after what had been released")

@@ -75,7 +75,9 @@ async def test_a_flagged_phrase_split_across_chunks_never_reaches_the_consumer(
 
 
 async def test_a_passing_answer_is_shown_whole_with_the_exposure_bound() -> None:
-    text = "Try the Storm Shell jacket at 89 euros, it packs small and keeps rain out"
+    # no price: this test is of the pattern check (an ungrounded price is the grounding
+    # check's, tests/test_grounding.py)
+    text = "Try the Storm Shell jacket today, it packs small and keeps the rain out well"
     done, shown, finished, _, store = await run(text, {"window_tokens": 4, "patterns": PROMO})
     assert done.status == "ok" and "".join(shown) == text == done.output
     doc = finished["compose"].detail["output_check"]  # type: ignore[index]

@@ -364,10 +364,12 @@ def _mentions(src: GroundingSources, seg: str) -> list[_Mention]:
     return sorted(found, key=lambda x: x.start)
 
 
-def _subject(mentions: list[_Mention], pos: int, src: GroundingSources) -> frozenset[str]:
+def _subject(mentions: list[_Mention], pos: int, src: GroundingSources,
+             earlier: frozenset[str] = frozenset()) -> frozenset[str]:  # fmt: skip
     """The product(s) a claim at ``pos`` is about: the nearest mention before it (an
-    id wins over the title after it), else the first after it; none: the turn's only
-    product, if it has one."""
+    id wins over the title after it), else the first after it; none in its segment: the
+    product an earlier segment of the answer named last (``earlier``: "JKT-008 is our
+    cheapest. It costs €44.95."), else the turn's only product, if it has one."""
     before = [m for m in mentions if m.end <= pos]
     if before:
         ids_before = [m for m in before if m.by == "id"]
@@ -375,13 +377,17 @@ def _subject(mentions: list[_Mention], pos: int, src: GroundingSources) -> froze
     after = [m for m in mentions if m.start >= pos]
     if after:
         return after[0].ids
+    if earlier:
+        return earlier
     if len(src.products) == 1:
         return frozenset(src.products)
     return frozenset()
 
 
-def check_segment(src: GroundingSources, seg: str, offset: int = 0) -> list[Claim]:
-    """The claims of one segment ``seg`` (offsets shifted by ``offset``)."""
+def check_segment(src: GroundingSources, seg: str, offset: int = 0,
+                  earlier: frozenset[str] = frozenset()) -> list[Claim]:  # fmt: skip
+    """The claims of one segment ``seg`` (offsets shifted by ``offset``); ``earlier``:
+    the product the answer named last before this segment (see :func:`_subject`)."""
     claims: list[Claim] = []
     mentions = _mentions(src, seg)
     ids_in_seg = [m for m in mentions if m.by == "id"]
@@ -429,7 +435,7 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0) -> list[Clai
         amount = round(_amount(amount_text), 2)
         text = pm.group(0)
         at = (pm.start() + offset, pm.end() + offset)
-        subject = _subject(mentions, pm.start(), src)
+        subject = _subject(mentions, pm.start(), src, earlier)
         rows = [src.products[i] for i in sorted(subject) if i in src.products]
         if subject and not rows:
             claims.append(Claim("price", text, *at, sorted(subject)[0], False,
@@ -458,7 +464,7 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0) -> list[Clai
             claims.append(Claim("price", text, *at, None, False, why))
     for pattern, in_stock in _STOCK:
         for sm in pattern.finditer(seg):
-            subject = _subject(mentions, sm.start(), src)
+            subject = _subject(mentions, sm.start(), src, earlier)
             rows = [src.products[i] for i in sorted(subject) if i in src.products]
             if not rows:
                 continue  # about no product the turn has: the id or title claim says so
@@ -506,9 +512,21 @@ def _policy_figures(sentences: Sequence[str], unit: str) -> set[str]:
     return out
 
 
+def last_named(src: GroundingSources, seg: str) -> frozenset[str]:
+    """The product ``seg`` names last (an id, else a title), or none."""
+    mentions = _mentions(src, seg)
+    ids = [m for m in mentions if m.by == "id"]
+    return (ids or mentions)[-1].ids if mentions else frozenset()
+
+
 def check_text(src: GroundingSources, text: str) -> list[Claim]:
     """Every claim of a whole answer ``text`` (all its segments complete)."""
-    return [c for s, e, _ in _segments(text) for c in check_segment(src, text[s:e], s)]
+    out: list[Claim] = []
+    earlier: frozenset[str] = frozenset()
+    for s, e, _ in _segments(text):
+        out += check_segment(src, text[s:e], s, earlier)
+        earlier = last_named(src, text[s:e]) or earlier
+    return out
 
 
 class StreamGrounding:
@@ -547,11 +565,15 @@ class StreamGrounding:
         self._context = ""  # released text of the segment still open
         self._judged = 0  # chars of the held text already judged (complete segments)
         self._kept_any = False  # a segment with content reached (or will reach) the shopper
+        self._released_any = False  # some of the answer has reached the shopper
+        #: the product the answer named last, for a claim whose segment names none
+        self._last_named: frozenset[str] = frozenset()
         self._triggers = sources.titles.triggers(sources.id_pattern)
 
     def released(self, piece: str) -> None:
         """The engine released ``piece``: it is context for the segment still open."""
         self._context += piece
+        self._released_any = self._released_any or bool(piece.strip())
         self._judged = max(0, self._judged - len(piece))
         cut = max(self._context.rfind("\n"), -1)
         for m in _SEGMENT_END.finditer(self._context):
@@ -575,6 +597,9 @@ class StreamGrounding:
         if re.match(r"^[(\[]?[€$£]|^[(\[]?\d", word) or re.search(r"[€$£]", word):
             return last.start()  # a number or a currency: what follows may make it a price
         if complete:
+            # a currency written before its amount ("EUR 5.00"): the amount may follow
+            if word.lower().strip("(:") in _CURRENCY_BEFORE:
+                return last.start()
             return None
         if word.startswith("[") or re.fullmatch(r"[A-Z]{1,5}-?\d*", word):
             return last.start()  # an id being written
@@ -613,13 +638,20 @@ class StreamGrounding:
                 open_at = max(start, base)  # where the unreleased part of the segment starts
                 trig = self._triggers.search(full, start)
                 tail_at = self._held_tail(full[open_at:end])
+                claim_at = _first_claim(full[open_at:end])
                 if trig is not None and trig.start() < end:
                     hold_from = open_at - base  # the segment holds a claim: judge it whole
+                elif claim_at is not None:
+                    # a price or a stock claim whose product may come after it ("€5.00
+                    # for JKT-008"): nothing from it on is released before the segment
+                    # is complete and judged
+                    hold_from = open_at + claim_at - base
                 elif tail_at is not None:
                     hold_from = open_at + tail_at - base
                 break
             seg = full[start:end]
-            claims = check_segment(self.sources, seg, start)
+            claims = check_segment(self.sources, seg, start, self._last_named)
+            self._last_named = last_named(self.sources, seg) or self._last_named
             self.claims.extend(claims)
             bad = [c for c in claims if not c.grounded]
             if seg.strip():
@@ -638,8 +670,14 @@ class StreamGrounding:
                               if r.end <= judged)  # fmt: skip
                 self._judged = max(self._judged, judged)
         if final and not self._kept_any and self.action in ("correct", "drop") and self.actions:
-            redactions = [Redaction(0, len(held), self.safe_text)]
-            self.actions.append({"action": "replaced", "why": "nothing of the answer was left"})
+            if self._released_any:  # the shopper saw the start: the safe text after it
+                redactions = [Redaction(0, len(held), "\n\n" + self.safe_text)]
+                self.actions.append({"action": "replaced", "why": "nothing of the answer was "
+                                     "left after what had been released"})  # fmt: skip
+            else:
+                redactions = [Redaction(0, len(held), self.safe_text)]
+                self.actions.append({"action": "replaced",
+                                     "why": "nothing of the answer was left"})
         merged = _merge(redactions)
         if hold_from is not None:  # in the held text as redacted
             hold_from += sum(len(r.replacement) - (r.end - r.start) for r in merged
@@ -690,6 +728,18 @@ class StreamGrounding:
             "cpu_us_p50": round(cpu[len(cpu) // 2], 1) if cpu else None,
             "cpu_us_max": round(cpu[-1], 1) if cpu else None,
         }  # fmt: skip
+
+
+#: currency words and codes a shop writes before an amount ("EUR 5.00", "USD 19")
+_CURRENCY_BEFORE = frozenset({"eur", "usd", "gbp", "chf", "€", "$", "£"})
+
+
+def _first_claim(text: str) -> int | None:
+    """Where in ``text`` (an open segment's unreleased part) the first price or stock
+    claim starts (None: none)."""
+    starts = [m.start() for m in _PRICE.finditer(text)]
+    starts += [m.start() for pattern, _ in _STOCK for m in pattern.finditer(text)]
+    return min(starts) if starts else None
 
 
 def _merge(redactions: list[Redaction]) -> list[Redaction]:
