@@ -18,7 +18,10 @@ def _section(text: str, heading: str) -> str:
 
 def test_the_concepts_page_names_every_step_kind() -> None:
     step = _section(CONCEPTS.read_text(encoding="utf-8"), "Step")
-    missing = [k for k in step_kinds() if f"`{k}`" not in step]
+    # chainrun's own kinds (tests register kinds of their own in the same process)
+    builtin = [k for k, cls in step_kinds().items() if cls.__module__.startswith("chainrun.")]
+    assert {"llm", "retrieve"} <= set(builtin)
+    missing = [k for k in builtin if f"`{k}`" not in step]
     assert not missing, f"docs/concepts/index.md, Step: kinds not named: {missing}"
 
 
