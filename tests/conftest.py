@@ -83,7 +83,7 @@ def reply_by_step(
             return overrides.get("critique", FakeReply("Mention the price.", ttft_s=0.002))
         return overrides.get(
             "compose",
-            FakeReply("Try the Storm Shell jacket at 89 euros.", ttft_s=0.005, gap_s=0.001),
+            FakeReply("Try the Storm Shell, light and dry.", ttft_s=0.005, gap_s=0.001),
         )
 
     return script

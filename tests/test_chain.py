@@ -44,7 +44,7 @@ async def test_turn_runs_every_step_and_logs_every_call(config, store, fake) -> 
     deltas = "".join(e.text for e in events if isinstance(e, TokenDelta))
     done = events[-1]
     assert (
-        done.status == "ok" and done.output == deltas == "Try the Storm Shell jacket at 89 euros."
+        done.status == "ok" and done.output == deltas == "Try the Storm Shell, light and dry."
     )
     assert done.label == "product_search"
     assert done.verdicts["validate"] == {"ok": True, "reason": "fine"}

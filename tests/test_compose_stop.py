@@ -14,7 +14,7 @@ from chainrun.config.defaults import COMPOSE_STOP
 from chainrun.conversations.history import HistorySettings, HistoryTurn, render_history
 from chainrun.providers.fake import FakeProvider, FakeReply
 
-INVENTED = "Yes: the Storm Shell jacket at 89 euros.\nCustomer: Where is my order?\nStylist: I"
+INVENTED = "Yes: the Storm Shell, light and dry.\nCustomer: Where is my order?\nStylist: I"
 
 
 def test_the_stop_list_names_every_speaker_of_the_default_prompts() -> None:
@@ -39,7 +39,7 @@ async def test_an_answer_that_goes_on_as_another_speaker_is_cut_there(config, st
     compose = next(r for r in fake.requests if "Catalogue matches" in r.messages[-1]["content"])
     assert compose.stop == list(COMPOSE_STOP)
     assert done.status == "ok"
-    assert done.output == "Yes: the Storm Shell jacket at 89 euros."
+    assert done.output == "Yes: the Storm Shell, light and dry."
     call = next(c for c in store.calls(done.run_id) if c.step == "compose")
     assert call.output == done.output and call.finish_reason == "stop"
     assert call.stop == list(COMPOSE_STOP)

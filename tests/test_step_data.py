@@ -148,7 +148,7 @@ async def test_an_undeclared_update_fails_the_step_under_its_on_failure(
     assert sneaky.updates is None  # none of its updates was applied
     if on_failure == "open":
         assert done.status == "ok"
-        assert done.output == "Try the Storm Shell jacket at 89 euros."
+        assert done.output == "Try the Storm Shell, light and dry."
     else:
         assert done.status == "refused"
 
