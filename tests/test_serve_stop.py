@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from serve_helpers import workers_ready
-from test_local_model_one_server import stand_in
+from test_local_model_server import stand_in
 
 from chainrun.lab import LabServer
 
