@@ -23,20 +23,36 @@ if TYPE_CHECKING:
         StepConfig,
         load_config,
     )
+    from chainrun.conversations.history import HistoryTurn
     from chainrun.errors import (
         ChainClosed,
         ChainrunError,
         ConfigError,
         InputFileError,
+        LogFileGone,
+        LogWriteError,
         ProviderError,
         ProviderStatusError,
         ProviderTimeout,
         ProviderUnavailable,
+        StepConfigError,
         StreamTruncated,
         UserInputError,
     )
-    from chainrun.events import Event, StepFinished, StepStarted, TokenDelta, TurnFinished
+    from chainrun.events import (
+        AnswerDone,
+        Event,
+        StepFinished,
+        StepStarted,
+        TokenDelta,
+        ToolCallEvent,
+        TurnFinished,
+    )
+    from chainrun.log.rows import TurnUsage
     from chainrun.log.store import Store
+    from chainrun.log.writer import LogWriteLost, LogWriterStopped
+    from chainrun.retrieval.products import ShownProduct
+    from chainrun.tools.tool import ToolContext
 
 #: public name -> the module defining it. Imported on first use (PEP 562 ``__getattr__``),
 #: so that ``import chainrun.errors`` or the CLI's ``--help`` does not load the chain, the
@@ -49,16 +65,25 @@ _EXPORTS = {
     ),
     **dict.fromkeys(
         (
-            "ChainClosed", "ChainrunError", "ConfigError", "InputFileError", "ProviderError",
-            "ProviderStatusError", "ProviderTimeout", "ProviderUnavailable", "StreamTruncated",
-            "UserInputError",
+            "ChainClosed", "ChainrunError", "ConfigError", "InputFileError", "LogFileGone",
+            "LogWriteError", "ProviderError", "ProviderStatusError", "ProviderTimeout",
+            "ProviderUnavailable", "StepConfigError", "StreamTruncated", "UserInputError",
         ),
         "chainrun.errors",
     ),
     **dict.fromkeys(
-        ("Event", "StepFinished", "StepStarted", "TokenDelta", "TurnFinished"), "chainrun.events"
+        (
+            "AnswerDone", "Event", "StepFinished", "StepStarted", "TokenDelta", "ToolCallEvent",
+            "TurnFinished",
+        ),
+        "chainrun.events",
     ),
+    "HistoryTurn": "chainrun.conversations.history",
+    "TurnUsage": "chainrun.log.rows",
     "Store": "chainrun.log.store",
+    **dict.fromkeys(("LogWriteLost", "LogWriterStopped"), "chainrun.log.writer"),
+    "ShownProduct": "chainrun.retrieval.products",
+    "ToolContext": "chainrun.tools.tool",
 }
 
 
@@ -68,6 +93,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerDone",
     "Chain",
     "ChainClosed",
     "ChainConfig",
@@ -75,19 +101,29 @@ __all__ = [
     "ConfigError",
     "Event",
     "HedgeConfig",
+    "HistoryTurn",
     "InputFileError",
+    "LogFileGone",
+    "LogWriteError",
+    "LogWriteLost",
+    "LogWriterStopped",
     "ProviderConfig",
     "ProviderError",
     "ProviderStatusError",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "ShownProduct",
     "StepConfig",
+    "StepConfigError",
     "StepFinished",
     "StepStarted",
     "Store",
     "StreamTruncated",
     "TokenDelta",
+    "ToolCallEvent",
+    "ToolContext",
     "TurnFinished",
+    "TurnUsage",
     "UserInputError",
     "load_config",
 ]

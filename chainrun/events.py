@@ -5,18 +5,44 @@ with tools, ``ToolCallEvent`` …) → ``StepFinished``; steps that run concurre
 interleave; at most one ``AnswerDone`` once the shopper has the whole answer (checks of
 the answer may still be running); then one ``TurnFinished``.
 All durations and offsets are in ms.
+
+Every event is plain JSON through ``event.as_json()``: its fields by name (``type`` first),
+tuples as lists, the usage as the log stores it (:meth:`TurnUsage.as_json`: a count no call
+reported is ``null``, never 0), e.g. ``json.dumps(event.as_json())``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from chainrun.log.rows import TurnUsage
 
 
+def _json_value(value: Any) -> Any:
+    if isinstance(value, TurnUsage):
+        return value.as_json()
+    if isinstance(value, tuple | list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return value
+
+
+class _AsJson:
+    """``as_json()`` for the event dataclasses (see the module text)."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The event as a JSON-ready dict: ``{"type": ..., field: value, ...}``."""
+        out: dict[str, Any] = {"type": self.type}
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name != "type":
+                out[f.name] = _json_value(getattr(self, f.name))
+        return out
+
+
 @dataclass(frozen=True)
-class StepStarted:
+class StepStarted(_AsJson):
     """A step started; ``started_offset_ms`` from the turn's start (concurrent steps
     start at about the same offset)."""
 
@@ -27,7 +53,7 @@ class StepStarted:
 
 
 @dataclass(frozen=True)
-class TokenDelta:
+class TokenDelta(_AsJson):
     """A piece of a streamed step's answer, as it arrived from the winning attempt."""
 
     step: str
@@ -36,7 +62,7 @@ class TokenDelta:
 
 
 @dataclass(frozen=True)
-class ToolCallEvent:
+class ToolCallEvent(_AsJson):
     """A tool call of a step started (``phase = "started"``: the tool really began) or
     finished (``"finished"``: with its ``status``, see :mod:`chainrun.tools.runner`; a
     call that never ran, e.g. with invalid arguments, has only this event).
@@ -60,7 +86,7 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True)
-class StepFinished:
+class StepFinished(_AsJson):
     """A step ended; ``status`` is ok | failed_open | failed_closed | skipped | cancelled."""
 
     step: str
@@ -84,7 +110,7 @@ class StepFinished:
 
 
 @dataclass(frozen=True)
-class AnswerDone:
+class AnswerDone(_AsJson):
     """The shopper has the whole answer and nothing can take it back: the answer step
     ended, every check that holds the answer passed, and no step that may still end the
     turn (refuse it, or fail closed) is pending. Steps after the answer (validate,
@@ -116,7 +142,7 @@ class AnswerDone:
 
 
 @dataclass(frozen=True)
-class TurnFinished:
+class TurnFinished(_AsJson):
     """The turn ended; ``status`` is ok | cut | refused | replaced | error | cancelled
     (``replaced``: a validating step's ``on_reject = "replace"`` answered its safe text;
     ``cut``: the answer step failed, e.g. at its deadline, after part of its answer had

@@ -207,3 +207,23 @@ def test_the_log_page_has_a_section_per_row_model() -> None:
     for table in ("runs", "turns", "steps", "calls"):
         assert f"### `{table}`" in text
     assert "| `ttft_ms` | REAL | float \\| NULL | ms |" in text
+
+
+def test_the_committed_reference_pages_are_current() -> None:
+    """docs/reference/{configuration,log,cli}.md hold their generated parts as committed
+    Markdown; a config key, log column or command changed without regenerating them fails
+    here (regenerate: ``python -m chainrun.cli.reference_pages``)."""
+    from chainrun.cli.reference_pages import stale_pages
+
+    assert stale_pages() == [], "run: python -m chainrun.cli.reference_pages"
+
+
+def test_the_page_writer_replaces_only_its_part(tmp_path) -> None:
+    from chainrun.cli.reference_pages import fill
+
+    end = "<!-- end generated: cli -->"
+    page = f"# T\n\nintro\n\n<!-- generated: cli -->\n\nold\n\n{end}\n\nafter\n"
+    new = f"# T\n\nintro\n\n<!-- generated: cli -->\n\nnew\n\n{end}\n\nafter\n"
+    assert fill(page, "cli", "new") == new
+    with pytest.raises(ValueError, match="expected one line"):
+        fill("# no marker\n", "cli", "x", page="p.md")
