@@ -383,6 +383,39 @@ def _m140_conversation_index(db: LogDb) -> None:
     )
 
 
+def _m150_pending_actions(db: LogDb) -> None:
+    # a confirm tool's call waits for the shopper's yes (chainrun.tools.confirm): its row
+    # holds the question and expiry, then who decided and when; a confirmed action's run
+    # (in the deciding turn) names the action it carried out
+    for name, kind in (("question", str), ("expires_at", str), ("expires_after_turn", int),
+                       ("decided_by", str), ("decided_at", str), ("decided_turn_id", int),
+                       ("action_id", str)):  # fmt: skip
+        db.table("tool_calls").add_column(name, kind)
+    db.table("tool_calls").create_index(["status"], if_not_exists=True)
+
+
+def _m151_turn_identity(db: LogDb) -> None:
+    # the shopper a turn was for, and the client's Idempotency-Key it was started with
+    db.table("turns").add_column("user_id", str)
+    db.table("turns").add_column("idempotency_key", str)
+    # each conversation's owner: the identity that started it (one row, taken atomically)
+    db.table("conversation_owners").create(
+        {"conversation_id": str, "user_id": str, "bound_at": str}, pk="conversation_id"
+    )
+
+
+def _m152_request_keys(db: LogDb) -> None:
+    # a client's Idempotency-Key, per conversation ("" without one): the first request's
+    # turn, found again by a retry in any process sharing the log
+    db.table("request_keys").create(
+        {"scope": str, "key": str, "body_sha256": str, "request_id": str,
+         "turn_id": int, "created_at": str},
+        pk=("scope", "key"),
+    )  # fmt: skip
+    # a retry finds the first request's turn by its request id, in any run
+    db.table("turns").create_index(["request_id"], if_not_exists=True)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -402,6 +435,9 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("120_review_judgements", _m120_review_judgements),
     ("130_call_rounds", _m130_call_rounds),
     ("140_conversation_index", _m140_conversation_index),
+    ("150_pending_actions", _m150_pending_actions),
+    ("151_turn_identity", _m151_turn_identity),
+    ("152_request_keys", _m152_request_keys),
 )
 
 

@@ -195,6 +195,11 @@ class TurnRow(_Row):
     def _null_is_not_truncated(cls, v: Any) -> Any:
         return False if v is None else v
 
+    #: the shopper the turn was for, as the shop vouched for them (NULL: no identity)
+    user_id: str | None = None
+    #: the client's ``Idempotency-Key`` the turn was started with (NULL: none)
+    idempotency_key: str | None = None
+
 
 class StepRow(_Row):
     """One step of one turn: a row of ``steps`` (a summary over its attempts)."""
@@ -447,7 +452,8 @@ UNSENT_OUTCOMES = frozenset({"budget_exhausted", "suppressed"})
 
 
 ToolCallStatus = Literal[
-    "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started", "stubbed"
+    "ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started", "stubbed",
+    "recorded", "awaiting_confirmation", "confirmed", "denied", "expired",
 ]
 
 
@@ -559,6 +565,22 @@ class ToolCallRow(_Row):
     #: ``arguments_object``, ``fragment_reattached``, ``id_missing``, ``id_reused``:
     #: :class:`chainrun.timing.ToolCallAssembler`); NULL: as the API documents it
     wire_notes: str | None = None
+    #: a ``confirm`` tool's call (status ``awaiting_confirmation``, then ``confirmed``,
+    #: ``denied`` or ``expired``): the question chainrun asked, from the arguments
+    question: str | None = None
+    #: when the pending action expires (ISO-8601 UTC)
+    expires_at: str | None = None
+    #: the last turn index of the conversation that may decide it
+    expires_after_turn: int | None = None
+    #: who decided: the shopper's user id, ``shopper`` (no identity), ``new_request``
+    #: (the shopper asked for something else) or ``expiry``
+    decided_by: str | None = None
+    #: when it was decided (ISO-8601 UTC)
+    decided_at: str | None = None
+    #: the turn that decided it
+    decided_turn_id: int | None = None
+    #: a run of a confirmed action: the action's id (the asking call's idempotency key)
+    action_id: str | None = None
 
 
 @dataclass

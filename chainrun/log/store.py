@@ -34,6 +34,7 @@ import sqlite_utils
 from sqlite_utils.utils import sqlite3  # pysqlite3 when installed (sqlite-vec)
 
 from chainrun.errors import LogWriteError, LostTurn, UserInputError
+from chainrun.log.actions import LoggedActions
 from chainrun.log.backend import LogDb, SqliteLogDb, is_postgres_url, shown_url
 from chainrun.log.eval_results import EvalResults
 from chainrun.log.lifecycle import end_run, end_running_run, insert_run, mark_resumed, new_run
@@ -61,7 +62,7 @@ T = TypeVar("T")
 DEFAULT_DB = "chainrun.db"
 
 
-class Store(LogReads, EvalResults, ReviewJudgements):
+class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
     """The run log. Open with :meth:`open`; use as a context manager to close it.
 
     A file or PostgreSQL log writes turns from the event loop through :meth:`alog_turn`

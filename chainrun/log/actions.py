@@ -1,0 +1,123 @@
+"""What the log holds for actions and requests beyond a turn's own rows: pending actions
+(``tool_calls`` rows of ``confirm`` tools, decided by a later turn), clients'
+``Idempotency-Key`` s (``request_keys``) and conversations' owners
+(``conversation_owners``).
+
+Every decision is one conditional statement, so processes sharing a PostgreSQL log
+agree on it without a lock held across a turn: an action is decided by the first
+``update ... where status = 'awaiting_confirmation'`` (its row count says who won), a
+key and an owner are taken by the first ``insert ... on conflict do nothing``.
+
+These run on the calling thread against the database (not through the writer): call
+them through :meth:`chainrun.log.store.Store.off_loop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from chainrun.log.backend import LogDb
+from chainrun.log.rows import RunKind, ToolCallRow
+
+__all__ = ["LoggedActions"]
+
+
+class LoggedActions:
+    """Pending actions, request keys and conversation owners (a base of
+    :class:`chainrun.log.store.Store`)."""
+
+    log: LogDb
+
+    # -- pending actions ---------------------------------------------------------------
+    def pending_actions(
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",)
+    ) -> list[ToolCallRow]:
+        """The ``awaiting_confirmation`` rows of a conversation's turns in runs of
+        ``kinds``, oldest first."""
+        marks = ",".join("?" for _ in kinds)
+        rows = self.log.query(
+            "select t.* from tool_calls t join turns u on u.id = t.turn_id "
+            "where u.conversation_id = ? and t.status = 'awaiting_confirmation' and "
+            f"u.run_id in (select id from runs where kind in ({marks})) order by t.id",
+            [conversation_id, *kinds],
+        )
+        return [ToolCallRow.from_db(r) for r in rows]
+
+    def action_row(self, action_id: str) -> ToolCallRow | None:
+        """The row of the call that became pending action ``action_id`` (its idempotency
+        key), or None."""
+        rows = self.log.query(
+            "select * from tool_calls where idempotency_key = ? and question is not null "
+            "order by id limit 1", [action_id]
+        )  # fmt: skip
+        return ToolCallRow.from_db(rows[0]) if rows else None
+
+    def decide_action(
+        self, row_id: int, status: str, *, decided_by: str, decided_at: str,
+        decided_turn_id: int | None,
+    ) -> bool:  # fmt: skip
+        """Decide the pending action in ``tool_calls`` row ``row_id`` (``confirmed``,
+        ``denied`` or ``expired``) unless it was decided already; True: this call decided
+        it (of two processes deciding one action at once, exactly one gets True)."""
+        with self.log.transaction():
+            cur = self.log.execute(
+                "update tool_calls set status = ?, decided_by = ?, decided_at = ?, "
+                "decided_turn_id = ? where id = ? and status = 'awaiting_confirmation'",
+                [status, decided_by, decided_at, decided_turn_id, row_id],
+            )
+            return bool(cur.rowcount == 1)
+
+    # -- request keys -------------------------------------------------------------------
+    def claim_request_key(
+        self, scope: str, key: str, body_sha256: str, request_id: str, now: str
+    ) -> tuple[bool, dict[str, Any]]:
+        """Take ``key`` in ``scope`` (a conversation id, "" without one) for the request
+        ``request_id`` unless it is taken; ``(taken by this call, the key's row)``."""
+        with self.log.transaction():
+            cur = self.log.execute(
+                "insert into request_keys (scope, key, body_sha256, request_id, created_at) "
+                "values (?, ?, ?, ?, ?) on conflict (scope, key) do nothing",
+                [scope, key, body_sha256, request_id, now],
+            )
+            mine = cur.rowcount == 1
+        rows = self.log.query("select * from request_keys where scope = ? and key = ?",
+                              [scope, key])  # fmt: skip
+        return mine, rows[0]
+
+    def release_request_key(self, scope: str, key: str, request_id: str) -> None:
+        """Give ``key`` up (its request never started a turn: refused before it ran)."""
+        with self.log.transaction():
+            self.log.execute(
+                "delete from request_keys where scope = ? and key = ? and request_id = ?",
+                [scope, key, request_id],
+            )
+
+    def turn_of_request(self, request_id: str) -> int | None:
+        """The turn logged with ``request_id`` (any run), or None (not logged yet)."""
+        got = self.log.scalar("select max(id) from turns where request_id = ?", [request_id])
+        return None if got is None else int(got)
+
+    # -- conversation owners ------------------------------------------------------------
+    def bind_conversation(self, conversation_id: str, user_id: str, now: str) -> str:
+        """Bind ``conversation_id`` to ``user_id`` unless it is bound; its owner's id.
+
+        A conversation that already has turns and no owner (started without an identity)
+        is bound to the first identity that continues it."""
+        with self.log.transaction():
+            self.log.execute(
+                "insert into conversation_owners (conversation_id, user_id, bound_at) "
+                "values (?, ?, ?) on conflict (conversation_id) do nothing",
+                [conversation_id, user_id, now],
+            )
+        owner = self.log.scalar(
+            "select user_id from conversation_owners where conversation_id = ?", [conversation_id]
+        )
+        return str(owner)
+
+    def conversation_owner(self, conversation_id: str) -> str | None:
+        """The user id a conversation is bound to (None: none)."""
+        got = self.log.scalar(
+            "select user_id from conversation_owners where conversation_id = ?", [conversation_id]
+        )
+        return None if got is None else str(got)
