@@ -40,6 +40,9 @@ from typing import Any
 
 import sqlite_utils
 
+from chainrun.actions.confirmations import Confirmations, Decided
+from chainrun.actions.identity import Identity
+from chainrun.actions.request_keys import RequestKeys, tool_key_prefix
 from chainrun.config import ChainConfig, load_config
 from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
@@ -54,6 +57,7 @@ from chainrun.conversations.turn_input import check_history, check_turn_input
 from chainrun.errors import (
     ChainClosed,
     ConfigError,
+    ConversationForbidden,
     LogWriteError,
     ProviderUnavailable,
     error_type,
@@ -255,6 +259,11 @@ class Chain:
         #: steps that have had an answer: a 401/403/404 after that is not a config error
         self._answered: set[str] = set()
         self._closed = False
+        #: the log's pending actions of this chain's conversations (None: no tool has
+        #: ``confirm``, or no log)
+        self.confirmations: Confirmations | None = None
+        #: clients' Idempotency-Keys in the log (None: no log)
+        self.request_keys: RequestKeys | None = None
 
     @classmethod
     def from_config(
@@ -351,6 +360,9 @@ class Chain:
         step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
         if self.store is not None:
             self.conversations.use_log(log_loader(self.store), log_claim(self.store))
+            self.request_keys = RequestKeys(self.store)
+            if any(t.config.confirm for t in self.tools.values()):
+                self.confirmations = Confirmations(self.store, self.tools, (self.kind,))
         names = self.config.steps[self.config.answer_step].provider_names()
         answer = self._providers.get(names[0]) if names else None
         base_url = getattr(answer, "base_url", None)
@@ -531,6 +543,10 @@ class Chain:
         history: Sequence[HistoryTurn] | None = None,
         turn_index: int | None = None,
         original_ms: float | None = None,
+        user: Identity | None = None,
+        idempotency_key: str | None = None,
+        confirm: str | None = None,
+        deny: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Run one turn, yielding typed events as they happen.
 
@@ -545,6 +561,17 @@ class Chain:
         way. ``turn_index``: the turn's 1-based position in its conversation (None: the
         next one). ``original_ms``: the turn's duration in the traffic a replay came from.
 
+        ``user``: the shopper the turn is for, as the shop vouched for them
+        (:class:`~chainrun.actions.identity.Identity`): handed to every tool (``context.user``),
+        logged (``turns.user_id``), and the conversation is bound to the identity that
+        started it (None: no identity, no binding checked). ``idempotency_key``: the
+        client's key: a second turn with the same key (in the same conversation, or
+        without one) runs nothing and yields the first one's ``TurnFinished``
+        (``repeated`` true) once it is logged (:mod:`chainrun.actions.request_keys`); the tools'
+        idempotency keys derive from it. ``confirm`` / ``deny``: the id of a pending
+        action of the conversation (:attr:`TurnFinished.pending_actions`) the turn
+        decides; otherwise the message is read as the reply (:mod:`chainrun.actions.confirmations`).
+
         Raises:
             UserInputError: a bad argument (``message: expected a string, got NoneType``),
                 at the first iteration, before anything runs or is logged.
@@ -554,6 +581,11 @@ class Chain:
             StepConfigError: a provider refused a step's request as misconfigured (HTTP
                 400 naming a parameter; 401/403/404 on the step's first call), after
                 logging the turn with status ``error``; the remaining steps are skipped.
+            ConversationForbidden: the conversation is bound to another identity
+                (before anything is read or logged).
+            IdempotencyKeyReused: the key was used for a different request.
+            RequestInProgress: the key's first request is still running elsewhere past
+                the wait.
         """
         check_turn_input(message, request_id, conversation_id)
         check_history(history, turn_index)
@@ -563,13 +595,29 @@ class Chain:
         # the wall-clock start, taken with the monotonic one: started_at + duration_ms is
         # the turn's end (reading the history from the log may take a while)
         started_at = utc_now()
+        if user is not None and conversation_id is not None:
+            await self._check_owner(conversation_id, user)
+        if idempotency_key is not None and self.request_keys is not None:
+            request_id = request_id or uuid.uuid4().hex
+            first = await self.request_keys.claim(
+                idempotency_key, conversation_id, request_id,
+                (message, conversation_id, confirm, deny, user.user_id if user else None),
+            )
+            if first is not None:  # the key's first request: its turn, nothing run
+                async for event in self.request_keys.repeat(first, self.config.answer_step):
+                    yield event
+                return
         if history is not None:  # the caller's thread: what the checks mask stays masked
             history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer,
                                    h.products) for h in history]  # fmt: skip
         place = await self.conversations.begin(conversation_id, history, turn_index)
+        if user is not None and conversation_id is None:
+            await self._check_owner(place.conversation_id, user)
         turn = TurnRow(input=message, request_id=request_id,
                        conversation_id=place.conversation_id, turn_index=place.turn_index,
-                       started_at=started_at, original_ms=original_ms)  # fmt: skip
+                       started_at=started_at, original_ms=original_ms,
+                       user_id=user.user_id if user else None,
+                       idempotency_key=idempotency_key)  # fmt: skip
         # deterministic checks first: microseconds, before any model call
         checked = self._input_checks.check(message)
         if checked.findings:
@@ -577,8 +625,21 @@ class Chain:
         state = TurnState(message=message, values={"history": place.history}, fields=self.fields)
         run = TurnRun(self.steps, self.graph, state, self._answered)
         run.t0 = started
+        decided = Decided()
         if self.tools:
-            run.tools = await self._turn_tools(turn, run, place.conversation_id)
+            run.tools = await self._turn_tools(turn, run, place.conversation_id, user,
+                                               idempotency_key)  # fmt: skip
+            if self.confirmations is not None and not checked.blocked:
+                decided = await self.confirmations.decide(
+                    place.conversation_id, place.turn_index, message, turn_id=turn.id,
+                    user=user, confirm=confirm, deny=deny,
+                )  # fmt: skip
+                run.tools.confirmed = decided.run
+                run.tools.claim = self.confirmations.claimer(turn.id, user)
+                if decided.decisions:
+                    run.verdicts["confirmation"] = {"decisions": decided.decisions}
+                if decided.answer is not None:
+                    run.answer_before_start(decided.answer, decided.why)
         if checked.findings:
             run.verdicts["checks"] = checked.as_json()
         if checked.blocked:  # the shopper is told what to do, never what was blocked
@@ -612,28 +673,52 @@ class Chain:
                 turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
                 products = shown_products(run.rows())
                 self.conversations.end(place, turn.input, turn.output, products)
+        pending = tuple(run.tools.pending) if run.tools is not None else ()
+        if pending and self.confirmations is not None:
+            self.confirmations.asked_in.add(place.conversation_id)
         yield TurnFinished(
             turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
             error_type=turn.error_type, answer_ttft_ms=turn.answer_ttft_ms,
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
             conversation_id=place.conversation_id, turn_index=place.turn_index,
-            products=products,
+            products=products, pending_actions=(*pending, *decided.asked),
+            decisions=tuple(decided.decisions),
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable
 
+    async def _check_owner(self, conversation_id: str, user: Identity) -> None:
+        """Bind the conversation to ``user`` unless it is bound (in the log, so every
+        process sharing it agrees); another identity's conversation is refused.
+
+        Raises:
+            ConversationForbidden: it is bound to another identity (nothing said of it).
+        """
+        if self.store is None:
+            return
+        owner = await self.store.off_loop(self.store.bind_conversation, conversation_id,
+                                          user.user_id, utc_now())  # fmt: skip
+        if owner != user.user_id:
+            raise ConversationForbidden("this conversation belongs to another user")
+
     async def _turn_tools(
-        self, turn: TurnRow, run: TurnRun, conversation_id: str | None
-    ) -> TurnTools:
+        self, turn: TurnRow, run: TurnRun, conversation_id: str | None,
+        user: Identity | None = None, client_key: str | None = None,
+    ) -> TurnTools:  # fmt: skip
         """The turn's tool calls: the turn's id is taken now (it is the first half of every
-        idempotency key), or a random key without a log."""
+        idempotency key, unless the client sent a key of its own: then that key, see
+        :func:`chainrun.actions.request_keys.tool_key_prefix`), or a random key without a log."""
         turn_id = await self.store.areserve_turn_id() if self.store is not None else None
         turn.id = turn_id
-        key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
+        if client_key is not None:
+            key = tool_key_prefix(client_key, conversation_id)
+        else:
+            key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
         return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
                          conversation_id=conversation_id,
-                         clear_to_act=run.clear_to_act, act=self.act)  # fmt: skip
+                         clear_to_act=run.clear_to_act, act=self.act,
+                         turn_index=turn.turn_index, user=user)  # fmt: skip
 
     async def _log_turn(
         self, run_id: int | None, run: TurnRun, turn: TurnRow, shown: str = ""

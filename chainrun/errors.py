@@ -69,6 +69,26 @@ class UserInputError(ChainrunError):
     """Something the user wrote (a file, an option) is wrong."""
 
 
+class ConversationForbidden(UserInputError):
+    """A conversation is bound to another identity than the caller's (``chainrun serve``
+    answers 403, naming nothing of the conversation)."""
+
+
+class IdempotencyKeyReused(UserInputError):
+    """An ``Idempotency-Key`` sent again with a different request (serve answers 422
+    naming the key)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"Idempotency-Key {key!r} was used for a different request; "
+                         "send a new key for a new request")  # fmt: skip
+        self.key = key
+
+
+class RequestInProgress(ChainrunError):
+    """The first request with this ``Idempotency-Key`` is still running (in another
+    process) past the wait; nothing was run for this one (serve answers 409)."""
+
+
 class ConfigError(UserInputError):
     """The chain configuration is invalid; the message names the field path and the bad value.
 

@@ -82,6 +82,10 @@ class ToolCallEvent(_AsJson):
     duration_ms: float | None = None
     error_type: str | None = None
     idempotency_key: str | None = None
+    #: the pending action a ``confirm`` tool's call became (status
+    #: ``awaiting_confirmation``): ``{id, tool, arguments, question, step,
+    #: conversation_id, expires_at, expires_after_turn}``
+    action: dict[str, Any] | None = None
     type: Literal["tool"] = "tool"
 
 
@@ -176,6 +180,16 @@ class TurnFinished(_AsJson):
     conversation_id: str | None = None
     turn_index: int | None = None
     products: tuple[str, ...] | None = None
+    #: the actions waiting for the shopper's yes that this turn asked
+    #: (:class:`chainrun.tools.confirm.PendingAction`); confirm or deny one with the
+    #: next turn (``Chain.stream_turn(..., confirm=ID)`` / ``deny=ID``, or a message)
+    pending_actions: tuple[Any, ...] = ()
+    #: what this turn decided about earlier pending actions: ``[{id, tool, decision,
+    #: reply}]`` (decision ``confirmed``, ``denied``, ``expired`` or ``asked_again``)
+    decisions: tuple[dict[str, Any], ...] = ()
+    #: the turn of an earlier request with the same Idempotency-Key, read from the log:
+    #: nothing ran for this request (:mod:`chainrun.actions.request_keys`)
+    repeated: bool = False
     type: Literal["turn_finished"] = "turn_finished"
 
 

@@ -132,14 +132,43 @@ class TurnRun:
         #: steps waiting in :meth:`clear_to_act`
         self._clear_waiters: list[asyncio.Future[None]] = []
         self._announced = False  # AnswerDone was yielded
+        #: chainrun's own answer and why, given before the turn starts (no step runs)
+        self._direct: tuple[str, str] | None = None
 
     def now_ms(self) -> float:
         """ms since the turn started."""
         return (time.perf_counter() - self.t0) * 1000.0
 
     # -- running ---------------------------------------------------------------------
+    def answer_before_start(self, text: str, why: str) -> None:
+        """Answer the turn with chainrun's own ``text`` and run no step (every step is
+        logged skipped, ``detail.skipped`` = ``why``): a reply to a pending action that
+        needs no model (a no, an unclear reply, a yes to an expired action). The turn is
+        answered (status ``ok``), not refused."""
+        self._direct = (text, why)
+
+    async def _direct_answer(self, text: str, why: str) -> AsyncIterator[Event]:
+        for name in self.graph.order:
+            step = self.steps[name]
+            row = StepRow(step=name, kind=step.kind, status="skipped",
+                          started_offset_ms=self.now_ms(), detail={"skipped": why},
+                          post_answer=name in self.graph.post_answer)  # fmt: skip
+            self._ctx[name] = StepContext(row=row)
+            self._ended.add(name)
+        self.state = self.state.updated({"answer": text})
+        self.answer_ttft_ms = self.answer_done_ms = self.now_ms()
+        yield TokenDelta(step=self.graph.answer_step, text=text)
+        self._announced = True
+        yield AnswerDone(step=self.graph.answer_step, text=text,
+                         answer_ttft_ms=self.answer_ttft_ms,
+                         answer_done_ms=self.answer_done_ms)  # fmt: skip
+
     async def events(self) -> AsyncIterator[Event]:
         """Run the turn, yielding StepStarted, TokenDelta and StepFinished as they happen."""
+        if self._direct is not None:
+            async for ev in self._direct_answer(*self._direct):
+                yield ev
+            return
         while True:
             if not self.ended_early:
                 for ev in self._start_ready():

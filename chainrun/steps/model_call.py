@@ -248,11 +248,15 @@ class CallResult:
     shown: list[str] = field(default_factory=list)
     rounds: list[CallRound] = field(default_factory=list)
     tool_results: dict[str, Any] = field(default_factory=dict)
+    #: chainrun's own words after the winner's text: the question of the actions the
+    #: round asked for that wait for the shopper's yes ("": none)
+    appended: str = ""
 
     @property
     def text(self) -> str | None:
-        """The answer's text (None: no answer)."""
-        return self.winner.timer.text if self.winner is not None else None
+        """The answer's text (None: no answer), chainrun's question after it when the
+        model asked for a tool that waits for the shopper's yes."""
+        return self.winner.timer.text + self.appended if self.winner is not None else None
 
 
 class HedgedCall:
@@ -416,6 +420,12 @@ class HedgedCall:
         cancelled = False
         seeded = hedger.delay_seeded()  # as the race reads its delay, just below
         try:
+            if tools is not None:  # actions the shopper confirmed: carried out first
+                confirmed = tools.confirmed_round(request,
+                                                  step_offset_ms=ctx.row.started_offset_ms)
+                async with contextlib.aclosing(confirmed):
+                    async for event in confirmed:
+                        yield event
             for number in itertools.count(1):
                 rnd = CallRound(number, request if tools is None else tools.request(request))
                 rounds.append(rnd)
@@ -451,6 +461,12 @@ class HedgedCall:
                 async with contextlib.aclosing(events):
                     async for event in events:
                         yield event
+                if tools.awaiting:  # the shopper is asked (chainrun's words); the step ends
+                    result.appended = tools.question(winner.timer.text)
+                    if cfg.stream:
+                        result.shown.append(result.appended)
+                        yield TokenDelta(step=self.step, text=result.appended)
+                    break
         except OutputBlocked as e:
             result.blocked = e  # the stream is closed below, like a loser's
         except (ProviderError, TimeoutError) as e:

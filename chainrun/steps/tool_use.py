@@ -41,6 +41,7 @@ from chainrun.tools import ToolCall, ToolCallRecord
 if TYPE_CHECKING:
     from chainrun.providers.base import ChatRequest, ChatStream
     from chainrun.tools import Tool, TurnTools
+    from chainrun.tools.confirm import PendingAction
 
 __all__ = ["ToolRounds", "assistant_message", "tool_call_row"]
 
@@ -86,8 +87,13 @@ def _valid_json(arguments: str) -> str:
 
 
 def tool_call_row(record: ToolCallRecord) -> ToolCallRow:
-    """The ``tool_calls`` row of a record."""
+    """The ``tool_calls`` row of a record (a pending action's question and expiry with it)."""
+    action = record.action
     return ToolCallRow(
+        question=action.question if action else None,
+        expires_at=action.expires_at if action else None,
+        expires_after_turn=action.expires_after_turn if action else None,
+        action_id=record.action_id,
         step=record.step, attempt=record.attempt, round=record.round,
         call_id=record.call.call_id, tool=record.call.name, arguments=record.call.arguments,
         idempotency_key=record.idempotency_key, side_effects=record.side_effects,
@@ -126,6 +132,7 @@ def _event(record: ToolCallRecord, phase: str, step_offset_ms: float) -> ToolCal
         duration_ms=record.duration_ms if phase == "finished" else None,
         error_type=record.error_type if phase == "finished" else None,
         idempotency_key=record.idempotency_key,
+        action=record.action.as_json() if record.action is not None else None,
     )  # fmt: skip
 
 
@@ -164,6 +171,46 @@ class ToolRounds:
         self.used_ids: set[str] = set()
         #: the last result of each tool called, by tool name (JSON decoded)
         self.results: dict[str, Any] = {}
+        #: the pending actions the last round's calls became (``confirm`` tools): the
+        #: step ends with chainrun's question as the rest of its answer
+        self.awaiting: list[PendingAction] = []
+
+    def question(self, text_before: str) -> str:
+        """What the step adds to its answer when the round asked for ``confirm`` tools:
+        chainrun's question (one per action), after the round's text when it had any."""
+        questions = " ".join(a.question for a in self.awaiting)
+        return f"\n\n{questions}" if text_before.strip() else questions
+
+    async def confirmed_round(
+        self, base: ChatRequest, *, step_offset_ms: float
+    ) -> AsyncGenerator[ToolCallEvent, None]:
+        """Round 0: carry out the actions the shopper confirmed for this step (their
+        recorded arguments, the model not asked to restate them), before the model's first
+        round; the calls and their results join the messages, so the model answers from
+        them. Nothing when there are none."""
+        actions = self.turn_tools.confirmed_for(self.step)
+        if not actions:
+            return
+        if self.messages is None:
+            self.messages = list(base.messages)
+        calls, records = [], []
+        for position, action in enumerate(actions):
+            record: ToolCallRecord | None = None
+            phases = self.turn_tools.run_confirmed(action, step=self.step, position=position,
+                                                   t0=self.t0, state=self.state)  # fmt: skip
+            async with contextlib.aclosing(phases):
+                async for phase, record in phases:
+                    yield _event(record, phase, step_offset_ms)
+            assert record is not None
+            calls.append(record.call)
+            records.append(record)
+            self.used_ids.add(record.call.call_id)
+        self.messages.append(assistant_message("", calls))
+        for record in records:
+            self.messages.append({"role": "tool", "tool_call_id": record.call.call_id,
+                                  "content": record.content})  # fmt: skip
+            if record.ok:
+                self.results[record.call.name] = json.loads(record.content)
 
     def request(self, base: ChatRequest) -> ChatRequest:
         """The next round's request: ``base`` with the messages so far and the tools."""
@@ -212,6 +259,8 @@ class ToolRounds:
                                   "content": record.content})  # fmt: skip
             if record.ok:
                 self.results[call.name] = json.loads(record.content)
+            if record.action is not None:
+                self.awaiting.append(record.action)
 
     def rows(self) -> list[ToolCallRow]:
         """The step's ``tool_calls`` rows so far."""

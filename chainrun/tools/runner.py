@@ -23,6 +23,12 @@ arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's c
   a turn cancelled while it runs waits for it to finish, records its result (with
   ``turn_cancelled``), then lets the cancellation go on. Nothing is retried: a
   side-effecting tool may have acted even when it failed.
+- **Confirmation first** (``confirm = true``, :mod:`chainrun.tools.confirm`): the call
+  is not run; its validated arguments become a :class:`~chainrun.tools.confirm.PendingAction`
+  (status ``awaiting_confirmation``) and the model is told the shopper is being asked.
+  A turn that carries out a confirmed action (:meth:`TurnTools.run_confirmed`) claims
+  it first (``claim``: the log's conditional update; one winner across processes), once
+  the turn is clear to act, and runs exactly its recorded arguments with its key.
 - **Bounded.** ``timeout_s`` per run (status ``timeout``; the model is told that the
   effect is unknown).
 
@@ -39,7 +45,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Map
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chainrun.actions.identity import Identity
 from chainrun.answer_json import schema_errors
+from chainrun.tools.confirm import PendingAction, expires_at, question_text, utc_iso
 from chainrun.tools.tool import Tool, ToolContext
 
 __all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",
@@ -48,8 +56,11 @@ __all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",
 #: ok: ran and returned; error: ran and raised (or its result was not JSON); timeout:
 #: ran past ``timeout_s``; invalid_arguments / unknown_tool: not run, the model was told
 #: why; not_started: the turn was cancelled before a side-effecting tool could start
+#: stubbed: a replay or an eval did not carry it out; awaiting_confirmation: a ``confirm``
+#: tool asked for, waiting for the shopper (confirmed / denied / expired once decided)
 ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool", "not_started",
-                     "stubbed"]
+                     "stubbed", "recorded", "awaiting_confirmation", "confirmed", "denied",
+                     "expired"]
 #: a tool call's moments as :meth:`TurnTools.phases` yields them
 ToolPhase = Literal["started", "finished"]
 
@@ -95,6 +106,10 @@ class ToolCallRecord:
             or the exception's class name (None: ok).
         error_message: the error as the model was told it.
         turn_cancelled: the turn was cancelled while the tool ran (it was awaited).
+        action: the pending action a ``confirm`` tool's call became (status
+            ``awaiting_confirmation``).
+        action_id: the confirmed action this run carried out (None: a call the model
+            asked for in this turn).
     """
 
     step: str
@@ -110,6 +125,8 @@ class ToolCallRecord:
     error_type: str | None = None
     error_message: str | None = None
     turn_cancelled: bool = False
+    action: PendingAction | None = None
+    action_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -165,6 +182,15 @@ class TurnTools:
             eval): a side-effecting tool whose ``replay`` is ``"stub"`` is not carried
             out: its arguments are checked, the model is told its ``replay_result``, and
             its record says ``stubbed``.
+        turn_index: the turn's index in its conversation (a pending action's expiry
+            counts turns from it).
+        user: the shopper the turn is for, handed to every tool.
+        now: the wall-clock time, ISO-8601 UTC (a pending action's ``asked_at``).
+        confirmed: confirmed actions this turn carries out (:meth:`run_confirmed`).
+        claim: awaited with a confirmed action right before it starts; False: another
+            turn decided it first (nothing runs). None: no claim (a chain without a log).
+        recorded: what ``replay = "record"`` tools are told, by idempotency key's
+            ``{step}:{round}:{position}`` (the live turn's results).
     """
 
     tools: Mapping[str, Tool]
@@ -174,9 +200,24 @@ class TurnTools:
     clear_to_act: Callable[[str], Awaitable[None]] | None = None
     clock: Callable[[], float] = time.perf_counter
     act: bool = True
+    turn_index: int | None = None
+    user: Identity | None = None
+    now: Callable[[], str] | None = None
+    confirmed: list[PendingAction] = field(default_factory=list)
+    claim: Callable[[PendingAction], Awaitable[bool]] | None = None
+    recorded: Mapping[str, str] = field(default_factory=dict)
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
     _asked: dict[tuple[str, int, int], ToolCallRecord] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> list[PendingAction]:
+        """The pending actions this turn's calls became, in the order asked."""
+        return [r.action for r in self.records if r.action is not None]
+
+    def confirmed_for(self, step: str) -> list[PendingAction]:
+        """The confirmed actions ``step`` carries out in this turn."""
+        return [a for a in self.confirmed if a.step == step]
 
     def key(self, step: str, round: int, position: int) -> str:
         """The idempotency key of the call at ``position`` of ``step``'s ``round``."""
@@ -252,21 +293,108 @@ class TurnTools:
             self._refused(record, "invalid_arguments", problem)
             yield "finished", record
             return
-        if tool.side_effects and not self.act and tool.config.replay == "stub":
-            record.status = "stubbed"
-            record.content = json.dumps(tool.config.replay_result, ensure_ascii=False)
+        if (tool.side_effects or tool.config.confirm) and not self.act:
+            if tool.config.replay == "stub":
+                record.status = "stubbed"
+                record.content = json.dumps(tool.config.replay_result, ensure_ascii=False)
+                yield "finished", record
+                return
+            if tool.config.replay == "record":
+                self._from_record(record, step, round, call.position)
+                yield "finished", record
+                return
+        if tool.config.confirm:
+            self._await_confirmation(record, tool, arguments, step)
             yield "finished", record
             return
+        async with contextlib.aclosing(
+            self._carry_out(record, tool, arguments, step, state, t0)
+        ) as run:
+            async for item in run:
+                yield item
+
+    async def run_confirmed(
+        self, action: PendingAction, *, step: str, position: int, t0: float,
+        state: Mapping[str, Any] | None = None,
+    ) -> AsyncGenerator[tuple[ToolPhase, ToolCallRecord], None]:  # fmt: skip
+        """Carry out a confirmed ``action`` in this turn (round 0 of ``step``, before the
+        model's first round), its recorded arguments as they are, with the action's id as
+        the idempotency key; phases as :meth:`phases`. It is claimed (``claim``) once the
+        turn is clear to act; a claim lost to another turn runs nothing (``not_started``)."""
+        call = ToolCall(call_id=f"call_confirmed_{position}", name=action.tool,
+                        arguments=json.dumps(action.arguments, ensure_ascii=False),
+                        position=position)  # fmt: skip
+        tool = self.tools.get(action.tool)
+        record = ToolCallRecord(
+            step=step, attempt=0, round=0, call=call, idempotency_key=action.id,
+            side_effects=tool.side_effects if tool is not None else False, status="ok",
+            action_id=action.id,
+        )  # fmt: skip
+        self._asked[(step, 0, position)] = record
+        self.records.append(record)
+        if tool is None:
+            self._refused(record, "unknown_tool", f"no tool named {action.tool!r} any more")
+            yield "finished", record
+            return
+        async with contextlib.aclosing(
+            self._carry_out(record, tool, dict(action.arguments), step, state, t0,
+                            action=action)
+        ) as run:
+            async for item in run:
+                yield item
+
+    def _await_confirmation(self, record: ToolCallRecord, tool: Tool,
+                            arguments: dict[str, Any], step: str) -> None:  # fmt: skip
+        """Record a ``confirm`` tool's call as a pending action (nothing runs)."""
+        asked = self.now() if self.now is not None else utc_iso()
+        question = question_text(tool.name, tool.config, arguments)
+        record.status = "awaiting_confirmation"
+        record.action = PendingAction(
+            id=record.idempotency_key, tool=tool.name, arguments=arguments, question=question,
+            step=step, conversation_id=self.conversation_id, turn_id=self.turn_id,
+            turn_index=self.turn_index, asked_at=asked, expires_at=expires_at(asked, tool.config),
+            expires_after_turn=(None if self.turn_index is None
+                                else self.turn_index + tool.config.confirm_turns),
+        )  # fmt: skip
+        record.content = json.dumps({"awaiting_confirmation": True, "question": question,
+                                     "note": "chainrun asks the shopper; do not call it again"},
+                                    ensure_ascii=False)  # fmt: skip
+
+    def _from_record(self, record: ToolCallRecord, step: str, round: int, position: int) -> None:
+        """``replay = "record"``: the result the live turn logged for this call."""
+        got = self.recorded.get(f"{step}:{round}:{position}")
+        record.status = "recorded"
+        if got is None:
+            record.error_type = "not_recorded"
+            record.error_message = ("replay = \"record\": the live turn logged no result for "
+                                    "this call; nothing was carried out")  # fmt: skip
+            record.content = _error_content(record.error_message)
+            return
+        record.content = got
+
+    async def _carry_out(
+        self, record: ToolCallRecord, tool: Tool, arguments: dict[str, Any], step: str,
+        state: Mapping[str, Any] | None, t0: float, *, action: PendingAction | None = None,
+    ) -> AsyncGenerator[tuple[ToolPhase, ToolCallRecord], None]:  # fmt: skip
+        """Start the tool once the turn is clear to act (a confirmed ``action`` claimed
+        first) and see it to its end (see :meth:`phases`)."""
+        call = record.call
         context = ToolContext(
             turn_id=self.turn_id, call_id=call.call_id, idempotency_key=record.idempotency_key,
             step=step, conversation_id=self.conversation_id, state=dict(state or {}),
+            user=self.user,
         )  # fmt: skip
         try:
-            await self._wait_until_clear(tool, step)
+            await self._wait_until_clear(tool, step, force=action is not None)
         except asyncio.CancelledError:
             self._refused(record, "not_started",
                           "the turn was cancelled before the tool started")  # fmt: skip
             raise
+        if action is not None and self.claim is not None and not await self.claim(action):
+            self._refused(record, "not_started",
+                          "the action was decided by another turn first; nothing was done")
+            yield "finished", record
+            return
         started = self.clock()
         record.started_offset_ms = (started - t0) * 1000.0
         task = asyncio.create_task(self._once(tool, arguments, context),
@@ -290,13 +418,14 @@ class TurnTools:
                 raise cancelled
         yield "finished", record
 
-    async def _wait_until_clear(self, tool: Tool, step: str) -> None:
-        """Return when ``tool`` may start; raise CancelledError when the turn is being
-        cancelled (also one asked for before this call, not yet delivered)."""
+    async def _wait_until_clear(self, tool: Tool, step: str, *, force: bool = False) -> None:
+        """Return when ``tool`` may start (``force``: wait for the turn to be clear to act
+        whatever its ``side_effects``: a confirmed action); raise CancelledError when the
+        turn is being cancelled (also one asked for before this call, not yet delivered)."""
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
-        if tool.side_effects and self.clear_to_act is not None:
+        if (tool.side_effects or force) and self.clear_to_act is not None:
             await self.clear_to_act(step)
         else:
             await asyncio.sleep(0)  # a cancellation already asked for arrives here

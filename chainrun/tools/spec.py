@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chainrun.answer_json import check_schema
 from chainrun.providers.config import http_url
 
-__all__ = ["RESERVED_ARGUMENTS", "TOOL_NAME_RE", "ToolConfig", "check_tool_name"]
+__all__ = ["RESERVED_ARGUMENTS", "TOOL_NAME_RE", "ToolConfig", "check_tool_name", "question_fields"]
 
 #: a tool's name as the OpenAI API accepts a function name
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -81,6 +81,18 @@ class ToolConfig(BaseModel):
             tool. A read-only tool runs in replays as live.
         replay_result: what a stubbed call tells the model (JSON; default
             ``{"stubbed": true}``).
+        confirm: the shopper must say yes first: when the model asks for the tool, its
+            arguments are checked and recorded as a pending action, and the turn's
+            answer is :attr:`confirm_question` (see :mod:`chainrun.tools.confirm`); the
+            conversation's next turn decides. Implies nothing about ``side_effects``.
+        confirm_question: the question, a Python format string over the validated
+            arguments (``"Add {qty} x {sku} to your cart?"``); a field may only name a
+            parameter. Default: the description and every argument, ``"Add a product to
+            the cart: sku = JKT-12, qty = 2?"``.
+        confirm_turns: how many later turns of the conversation may decide (default 3:
+            an unclear reply is asked again, and that counts); past them it expires.
+        confirm_minutes: how long the action may wait for the shopper, in minutes
+            (default 15); past it it expires.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -105,6 +117,14 @@ class ToolConfig(BaseModel):
     replay: Literal["stub", "run"] = "stub"
     #: what a stubbed call tells the model (JSON)
     replay_result: Any = Field(default_factory=lambda: {"stubbed": True})
+    #: the shopper must say yes before the tool runs (a pending action)
+    confirm: bool = False
+    #: the question asked, a format string over the arguments (None: the default wording)
+    confirm_question: str | None = None
+    #: later turns of the conversation that may decide, at most
+    confirm_turns: int = Field(default=3, ge=1, le=100)
+    #: minutes the action may wait for the shopper
+    confirm_minutes: float = Field(default=15.0, gt=0, le=60 * 24 * 30)
 
     @field_validator("parameters")
     @classmethod
@@ -142,4 +162,36 @@ class ToolConfig(BaseModel):
     def _one_target(self) -> ToolConfig:
         if (self.function is None) == (self.url is None):
             raise ValueError("set exactly one of function (\"module:callable\") or url")
+        if self.confirm_question is not None:
+            names = set(self.parameters.get("properties") or {})
+            for field in question_fields(self.confirm_question):
+                if field not in names:
+                    known = ", ".join(sorted(names)) or "none"
+                    raise ValueError(
+                        f"confirm_question: {{{field}}} is no parameter of the tool "
+                        f"(parameters: {known})"
+                    )
         return self
+
+
+def question_fields(template: str) -> list[str]:
+    """The field names a ``confirm_question`` format string uses.
+
+    Raises:
+        ValueError: not a format string (an unmatched brace), or a field that is not a
+            plain name (``{0}``, ``{sku.upper}``, ``{}``).
+    """
+    import string
+
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"confirm_question: {e} (write {{{{ and }}}} for a brace)") from None
+    fields = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise ValueError(f"confirm_question: {{{name}}}: expected an argument's name")
+        fields.append(name)
+    return fields

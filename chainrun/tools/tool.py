@@ -9,7 +9,8 @@ takes ``**kwargs``):
   once, but a tool that reaches a system of its own (a shop's cart service) should pass
   the key on, so that a process restarted mid-call cannot act twice either.
 - ``context`` (:class:`ToolContext`): the turn id, the call id, the step, the
-  conversation id and the turn-state fields known when the model asked.
+  conversation id, the shopper (``context.user``, a :class:`chainrun.actions.identity.Identity`
+  or None) and the turn-state fields known when the model asked.
 
 It returns a JSON-serialisable result (sent back to the model as the tool message's
 content), or raises: the exception's type and message go back to the model as the
@@ -17,7 +18,8 @@ tool's error. A sync callable runs in a worker thread, so the event loop (other 
 streams) goes on meanwhile.
 
 A URL tool receives ``POST url`` with the JSON body ``{"tool", "arguments",
-"idempotency_key", "context": {"turn_id", "call_id", "step", "conversation_id"}}`` and an
+"idempotency_key", "context": {"turn_id", "call_id", "step", "conversation_id",
+"user": {"user_id", "claims"} or null}}`` and an
 ``Idempotency-Key`` header (the IETF HTTPAPI draft "The Idempotency-Key HTTP Header
 Field"); a 2xx answer's JSON body is the result, any other status is the tool's error.
 """
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chainrun.actions.identity import Identity
 from chainrun.errors import ConfigError
 from chainrun.tools.spec import ToolConfig, check_tool_name
 
@@ -61,6 +64,8 @@ class ToolContext:
         step: the step whose model asked.
         conversation_id: the turn's conversation, when it has one.
         state: the turn-state fields known when the model asked (read-only).
+        user: the shopper the turn is for, as the shop vouched for them (None: the
+            turn was given no identity).
     """
 
     turn_id: int | None
@@ -69,6 +74,7 @@ class ToolContext:
     step: str
     conversation_id: str | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+    user: Identity | None = None
 
 
 class ToolFailed(Exception):
@@ -172,7 +178,8 @@ class HttpTool(Tool):
             "arguments": arguments,
             "idempotency_key": context.idempotency_key,
             "context": {"turn_id": context.turn_id, "call_id": context.call_id,
-                        "step": context.step, "conversation_id": context.conversation_id},
+                        "step": context.step, "conversation_id": context.conversation_id,
+                        "user": context.user.as_json() if context.user else None},
         }  # fmt: skip
         try:
             response = await self._http().post(

@@ -1,0 +1,194 @@
+"""A turn that answers a pending action: what it decides before its steps start.
+
+:class:`Confirmations` reads the conversation's pending actions from the run log (so the
+turn that decides may be served by another process, or after a restart), expires those
+past their turns or minutes, reads the shopper's reply (:func:`chainrun.tools.confirm.read_reply`,
+or an explicit ``confirm=ID`` / ``deny=ID``) and says what the turn does
+(:class:`Decided`):
+
+- a **yes**: the actions are handed to the turn's tools (``TurnTools.confirmed``) and
+  claimed, each in one conditional update, right before they start (once the turn is
+  clear to act); the turn runs as any turn, the model answering from their results;
+- a **no**: each is ``denied`` now; chainrun answers that nothing was done (no step runs);
+- **unclear**: chainrun asks the question again (no step runs; the actions stay pending);
+- a **new request**: each is ``denied`` (by ``new_request``) and the turn runs as usual;
+- a yes to an **expired** action: chainrun says it expired; nothing runs.
+
+The rules and wording are in :mod:`chainrun.tools.confirm` and docs/guides/tools.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from chainrun.actions.identity import Identity
+from chainrun.errors import UserInputError
+from chainrun.log.rows import RunKind, ToolCallRow
+from chainrun.log.store import Store
+from chainrun.tools.confirm import PendingAction, read_reply, reply_texts, utc_iso
+from chainrun.tools.tool import Tool
+
+__all__ = ["Confirmations", "Decided", "action_from_row"]
+
+log = logging.getLogger("chainrun.tools")
+#: s a turn waits for this process's own queued log writes before it reads the
+#: conversation's pending actions
+FLUSH_TIMEOUT_S = 2.0
+
+
+def action_from_row(row: ToolCallRow, conversation_id: str | None) -> PendingAction:
+    """The pending action a logged ``awaiting_confirmation`` row holds."""
+    try:
+        arguments = json.loads(row.arguments or "{}")
+    except ValueError:
+        arguments = {}
+    return PendingAction(
+        id=row.idempotency_key or "", tool=row.tool, arguments=arguments,
+        question=row.question or "", step=row.step, conversation_id=conversation_id,
+        turn_id=row.turn_id, turn_index=None, asked_at="", expires_at=row.expires_at or "",
+        expires_after_turn=row.expires_after_turn, row_id=row.id,
+    )  # fmt: skip
+
+
+@dataclass
+class Decided:
+    """What a turn does about its conversation's pending actions.
+
+    Attributes:
+        run: actions the shopper said yes to: carried out by their step in this turn.
+        answer: chainrun's own answer (no step runs); None: the turn runs as usual.
+        why: the reason the steps are skipped (``detail.skipped``) with ``answer``.
+        decisions: ``[{id, tool, decision, reply}]`` for the turn's record.
+        asked: actions asked again (still pending), shown to the shopper again.
+    """
+
+    run: list[PendingAction] = field(default_factory=list)
+    answer: str | None = None
+    why: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    asked: list[PendingAction] = field(default_factory=list)
+
+
+class Confirmations:
+    """The pending actions of one chain's conversations, in its log.
+
+    Args:
+        store: the run log.
+        tools: the chain's tools (those with ``confirm`` make this needed).
+        kinds: the run kinds whose turns' actions count (a live chain: ``live``).
+    """
+
+    def __init__(self, store: Store, tools: Mapping[str, Tool],
+                 kinds: tuple[RunKind, ...] = ("live",)) -> None:  # fmt: skip
+        self.store = store
+        self.tools = tools
+        self.kinds = kinds
+        #: conversations in which this process asked (its own writes are flushed first)
+        self.asked_in: set[str] = set()
+
+    async def _pending(self, conversation_id: str) -> list[PendingAction]:
+        store = self.store
+        if conversation_id in self.asked_in:
+            try:
+                await asyncio.wait_for(store.flush(), FLUSH_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("conversation %s: the log's writes did not commit within %g s; "
+                            "its pending actions are read without them", conversation_id,
+                            FLUSH_TIMEOUT_S)  # fmt: skip
+        rows = await store.off_loop(store.pending_actions, conversation_id, self.kinds)
+        return [action_from_row(r, conversation_id) for r in rows]
+
+    async def decide(
+        self, conversation_id: str, turn_index: int, message: str, *,
+        turn_id: int | None, user: Identity | None,
+        confirm: str | None = None, deny: str | None = None,
+    ) -> Decided:  # fmt: skip
+        """What the turn with ``message`` does (see the module text).
+
+        Raises:
+            UserInputError: ``confirm`` / ``deny`` names no action of this conversation.
+        """
+        store = self.store
+        now = utc_iso()
+        by = user.user_id if user is not None else "shopper"
+        actions = await self._pending(conversation_id)
+        explicit = confirm or deny
+        if explicit is not None:
+            chosen = [a for a in actions if a.id == explicit]
+            if not chosen:
+                return await self._not_pending(explicit, conversation_id)
+            actions = chosen
+        decided = Decided()
+        if not actions:
+            return decided
+        live: list[PendingAction] = []
+        expired: list[PendingAction] = []
+        for a in actions:
+            (expired if a.expired(now, turn_index) else live).append(a)
+        for a in expired:
+            if a.row_id is not None:
+                await store.off_loop(store.decide_action, a.row_id, "expired",
+                                     decided_by="expiry", decided_at=now,
+                                     decided_turn_id=turn_id)  # fmt: skip
+            decided.decisions.append({"id": a.id, "tool": a.tool, "decision": "expired"})
+        reply = "yes" if confirm else "no" if deny else read_reply(message)
+        texts = reply_texts(live or expired)
+        for d in decided.decisions:
+            d["reply"] = reply
+        if reply == "yes":
+            if live:
+                decided.run = live
+                decided.decisions += [{"id": a.id, "tool": a.tool, "decision": "confirmed",
+                                       "reply": reply} for a in live]  # fmt: skip
+            else:
+                decided.answer, decided.why = texts["expired"], "pending action expired"
+        elif reply == "no" or reply == "new_request":
+            decider = by if reply == "no" else "new_request"
+            for a in live:
+                if a.row_id is not None:
+                    await store.off_loop(store.decide_action, a.row_id, "denied",
+                                         decided_by=decider, decided_at=now,
+                                         decided_turn_id=turn_id)  # fmt: skip
+                decided.decisions.append({"id": a.id, "tool": a.tool, "decision": "denied",
+                                          "reply": reply})  # fmt: skip
+            if reply == "no" and (live or expired):
+                decided.answer, decided.why = texts["denied"], "pending action denied"
+        elif live:  # unclear: asked again
+            decided.answer, decided.why = texts["again"], "pending action asked again"
+            decided.asked = live
+            decided.decisions += [{"id": a.id, "tool": a.tool, "decision": "asked_again",
+                                   "reply": reply} for a in live]  # fmt: skip
+        return decided
+
+    async def _not_pending(self, action_id: str, conversation_id: str) -> Decided:
+        row = await self.store.off_loop(self.store.action_row, action_id)
+        if row is None or row.question is None:
+            raise UserInputError(f"confirm: no action {action_id!r} waits in conversation "
+                                 f"{conversation_id!r}")  # fmt: skip
+        decided = Decided(decisions=[{"id": action_id, "tool": row.tool,
+                                      "decision": "already_" + row.status}])  # fmt: skip
+        decided.answer = (f"That was already decided ({row.status}), so nothing more was "
+                          f"done: {row.question}")
+        decided.why = f"pending action already {row.status}"
+        return decided
+
+    def claimer(self, turn_id: int | None, user: Identity | None) -> Any:
+        """The ``claim`` of the turn's tools: decide an action ``confirmed`` right before
+        it starts; False when another turn decided it first."""
+        by = user.user_id if user is not None else "shopper"
+
+        async def claim(action: PendingAction) -> bool:
+            if action.row_id is None:
+                return True
+            won = await self.store.off_loop(
+                self.store.decide_action, action.row_id, "confirmed", decided_by=by,
+                decided_at=utc_iso(), decided_turn_id=turn_id,
+            )  # fmt: skip
+            return bool(won)
+
+        return claim

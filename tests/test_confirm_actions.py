@@ -1,0 +1,177 @@
+"""Actions that wait for the shopper's yes (``[tools.NAME] confirm = true``) through the
+library: the ask runs nothing and the answer is chainrun's question; a yes runs exactly the
+pending arguments once; a no, a new request, an unclear reply and an expired action run
+nothing; the log holds every decision (who, when), read back by another chain."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_tool_steps import CART, RUNS, cart_call, rounds_script, tool_config
+
+from chainrun.actions.identity import Identity
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.errors import ConversationForbidden, UserInputError
+from chainrun.events import TokenDelta, ToolCallEvent, TurnFinished
+from chainrun.log.store import Store
+from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.tools.confirm import read_reply
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runs() -> Iterator[None]:
+    RUNS.clear()
+    yield
+    RUNS.clear()
+
+
+def confirm_config(**tool: Any) -> Any:
+    cfg = tool_config()
+    data = cfg.model_dump(mode="json", exclude={"path"})
+    data["tools"]["add_to_cart"] = {**CART, "confirm": True,
+                                    "confirm_question": "Add {qty} x {sku} to your cart?", **tool}
+    return config_from_dict(data)
+
+
+def cart_fake() -> FakeProvider:
+    return FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-12", "qty": 2}),
+        FakeReply("Done: two JKT-12 are in your cart.", gap_s=0.001)))  # fmt: skip
+
+
+async def turn(chain: Chain, message: str, **kw: Any) -> tuple[TurnFinished, list[Any]]:
+    events = [ev async for ev in chain.stream_turn(message, **kw)]
+    done = events[-1]
+    assert isinstance(done, TurnFinished)
+    return done, events
+
+
+async def test_the_ask_runs_nothing_and_a_yes_runs_the_pending_arguments_once(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "log.db")
+    fake = cart_fake()
+    async with Chain(confirm_config(), store=store, providers={"local": fake}, quiet=True) as chain:
+        asked, events = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c1")
+        assert RUNS == []
+        assert asked.output == "Add 2 x JKT-12 to your cart?"
+        (action,) = asked.pending_actions
+        assert action.arguments == {"sku": "JKT-12", "qty": 2} and action.tool == "add_to_cart"
+        assert action.id == f"{asked.turn_id}:answer:1:0"
+        tool_events = [e for e in events if isinstance(e, ToolCallEvent)]
+        assert [e.status for e in tool_events] == ["awaiting_confirmation"]
+        assert tool_events[0].action is not None
+        assert tool_events[0].action["question"] == "Add 2 x JKT-12 to your cart?"
+        assert "".join(e.text for e in events if isinstance(e, TokenDelta)) == asked.output
+        n_requests = len(fake.requests)
+        done, _ = await turn(chain, "yes please", conversation_id="c1")
+        assert done.output == "Done: two JKT-12 are in your cart."
+        assert [(r["sku"], r["qty"], r["key"]) for r in RUNS] == [("JKT-12", 2, action.id)]
+        # the model was handed the call and its result; it was not asked to restate it
+        first = fake.requests[n_requests]
+        assert [m["role"] for m in first.messages][-2:] == ["assistant", "tool"]
+        assert json.loads(first.messages[-1]["content"])["added"] == "JKT-12"
+        assert done.decisions == ({"id": action.id, "tool": "add_to_cart",
+                                   "decision": "confirmed", "reply": "yes"},)  # fmt: skip
+        again, _ = await turn(chain, "yes please", conversation_id="c1")  # nothing pending
+        assert len(RUNS) == 1 and again.decisions == ()
+    with Store.open(tmp_path / "log.db", create=False) as log:
+        rows = {r.turn_id: r for r in log.tool_calls(asked.run_id)}
+    asked_row, run_row = rows[asked.turn_id], rows[done.turn_id]
+    assert asked_row.status == "confirmed" and asked_row.decided_by == "shopper"
+    assert asked_row.decided_turn_id == done.turn_id and asked_row.decided_at
+    assert asked_row.question == "Add 2 x JKT-12 to your cart?" and asked_row.expires_at
+    assert run_row.status == "ok" and run_row.action_id == action.id and run_row.round == 0
+    assert run_row.idempotency_key == action.id
+
+
+@pytest.mark.parametrize(("reply", "decision", "answered_by_chainrun"), [
+    ("no", "denied", True),
+    ("no thanks, don't", "denied", True),
+    ("hmm", "asked_again", True),
+    ("show me a warm fleece for hiking in the mountains", "denied", False),
+])  # fmt: skip
+async def test_a_no_an_unclear_reply_or_a_new_request_runs_nothing(
+    tmp_path: Path, reply: str, decision: str, answered_by_chainrun: bool
+) -> None:
+    store = Store.open(tmp_path / "log.db")
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-12", "qty": 2}), FakeReply("Here is a fleece.", gap_s=0.001)))
+    async with Chain(confirm_config(), store=store, providers={"local": fake}, quiet=True) as chain:
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c2")
+        n = len(fake.requests)
+        done, _ = await turn(chain, reply, conversation_id="c2")
+        assert [d["decision"] for d in done.decisions] == [decision]
+        if answered_by_chainrun:
+            assert len(fake.requests) == n  # no model call: chainrun's own words
+            assert "Add 2 x JKT-12 to your cart?" in (done.output or "")
+        if decision == "asked_again":
+            assert done.output == "Please answer yes or no: Add 2 x JKT-12 to your cart?"
+            assert [a.id for a in done.pending_actions] == [asked.pending_actions[0].id]
+            yes, _ = await turn(chain, "ok", conversation_id="c2")  # still pending: runs now
+            assert len(RUNS) == 1 and yes.output == "Here is a fleece."
+        else:
+            assert RUNS == []
+    with Store.open(tmp_path / "log.db", create=False) as log:
+        row = next(r for r in log.tool_calls(asked.run_id) if r.turn_id == asked.turn_id)
+    want = {"denied": "denied", "asked_again": "confirmed"}[decision]
+    assert row.status == want
+    if decision == "denied":
+        assert row.decided_by == ("shopper" if answered_by_chainrun else "new_request")
+
+
+async def test_an_expired_action_runs_nothing_and_says_so(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "log.db")
+    async with Chain(confirm_config(confirm_turns=1), store=store,
+                     providers={"local": cart_fake()}, quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c3")
+        await turn(chain, "hm?", conversation_id="c3")  # unclear: asked again (turn 2 of 1+1)
+        late, _ = await turn(chain, "yes", conversation_id="c3")  # turn 3: past it
+    assert RUNS == []
+    assert late.output is not None and late.output.startswith("That request has expired")
+    assert [d["decision"] for d in late.decisions] == ["expired"]
+    with Store.open(tmp_path / "log.db", create=False) as log:
+        row = next(r for r in log.tool_calls(asked.run_id) if r.turn_id == asked.turn_id)
+    assert row.status == "expired" and row.decided_by == "expiry"
+
+
+async def test_an_explicit_confirmation_by_id_from_another_chain_on_the_same_log(
+    tmp_path: Path,
+) -> None:
+    """The pending action is read from the log: a second chain (another process, or a
+    restart) confirms it, and the first identity's user id is who decided."""
+    db = tmp_path / "log.db"
+    user = Identity("shopper-7", {"tier": "gold"})
+    async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as first:  # fmt: skip
+        asked, _ = await turn(first, "put 2 of JKT-12 in my cart", conversation_id="c4",
+                              user=user)  # fmt: skip
+    (action,) = asked.pending_actions
+    async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as second:  # fmt: skip
+        with pytest.raises(UserInputError, match="no action 'nope'"):
+            await turn(second, "yes", conversation_id="c4", user=user, confirm="nope")
+        with pytest.raises(ConversationForbidden):
+            await turn(second, "yes", conversation_id="c4", user=Identity("someone-else"),
+                       confirm=action.id)  # fmt: skip
+        done, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
+        twice, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
+    assert len(RUNS) == 1 and done.status == "ok"
+    assert twice.output is not None and "already decided (confirmed)" in twice.output
+    with Store.open(db, create=False) as log:
+        rows = [r for r in log.tool_calls([asked.run_id, done.run_id])]
+        turns = {t.id: t for t in log.turns(done.run_id)}
+    assert next(r for r in rows if r.turn_id == asked.turn_id).decided_by == "shopper-7"
+    assert turns[done.turn_id].user_id == "shopper-7"
+
+
+def test_replies_are_read_as_yes_no_unclear_or_a_new_request() -> None:
+    assert [read_reply(m) for m in ("Yes!", "ok, go ahead", "sure", "yes please")] == ["yes"] * 4
+    assert [read_reply(m) for m in ("no", "No thanks", "cancel it", "don't")] == ["no"] * 4
+    assert [read_reply(m) for m in ("hmm", "what?", "")] == ["unclear"] * 3
+    assert read_reply("actually show me the red jacket in size M") == "new_request"
