@@ -175,3 +175,23 @@ def test_replies_are_read_as_yes_no_unclear_or_a_new_request() -> None:
     assert [read_reply(m) for m in ("no", "No thanks", "cancel it", "don't")] == ["no"] * 4
     assert [read_reply(m) for m in ("hmm", "what?", "")] == ["unclear"] * 3
     assert read_reply("actually show me the red jacket in size M") == "new_request"
+
+
+async def test_a_turn_sent_again_with_its_idempotency_key_runs_nothing(tmp_path: Path) -> None:
+    """The library's key: the second turn is the first one's, from the log; the tool ran
+    once, with a key derived from the client's; another request with the key is refused."""
+    from chainrun.errors import IdempotencyKeyReused
+
+    store = Store.open(tmp_path / "log.db")
+    async with Chain(tool_config(), store=store, providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        first, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="k1",
+                              idempotency_key="retry-1")  # fmt: skip
+        again, events = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="k1",
+                                   idempotency_key="retry-1")  # fmt: skip
+        with pytest.raises(IdempotencyKeyReused, match="'retry-1'"):
+            await turn(chain, "something else", conversation_id="k1", idempotency_key="retry-1")
+    assert len(RUNS) == 1 and RUNS[0]["key"].endswith(":answer:1:0")
+    assert not RUNS[0]["key"].startswith(f"{first.turn_id}:")  # derived from the client's key
+    assert again.repeated and again.turn_id == first.turn_id and again.output == first.output
+    assert not any(isinstance(e, ToolCallEvent) for e in events)
