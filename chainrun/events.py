@@ -20,8 +20,8 @@ from chainrun.log.rows import TurnUsage
 
 
 def _json_value(value: Any) -> Any:
-    if isinstance(value, TurnUsage):
-        return value.as_json()
+    if isinstance(value, TurnUsage) or callable(getattr(value, "as_json", None)):
+        return value.as_json()  # the usage, a pending action
     if isinstance(value, tuple | list):
         return [_json_value(v) for v in value]
     if isinstance(value, dict):
