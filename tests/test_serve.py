@@ -154,10 +154,10 @@ async def test_bad_body_is_400_and_nothing_logged(config, store, fake) -> None:
     ("body", "said"),
     [
         ({"message": "hi", "extra": 1},
-         "extra: unknown field; expected message, conversation_id"),
+         "extra: unknown field; expected message, conversation_id, confirm, deny"),
         ({"message": "hi", "conversationId": "c1"},
          "conversationId: unknown field (did you mean 'conversation_id'?); expected message, "
-         "conversation_id"),
+         "conversation_id, confirm, deny"),
     ],
 )  # fmt: skip
 async def test_an_unknown_chat_key_is_400_naming_it_and_nothing_logged(

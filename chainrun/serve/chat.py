@@ -3,6 +3,13 @@
 Request body (JSON)::
 
     {"message": "a rain jacket under 100?", "conversation_id": "optional, <= 200 chars"}
+    {"conversation_id": "...", "confirm": "ACTION_ID"}    (or "deny"; the message optional)
+
+An ``Idempotency-Key`` header makes a request sent again return the first one's turn
+(:mod:`chainrun.actions.request_keys`); such a turn runs to its end when the client goes
+away. A request the chain refuses before its turn runs (a key reused with another body:
+422, another identity's conversation: 403) gets one ``error`` event ``{status, message,
+type}`` in place of the turn.
 
 Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
@@ -20,11 +27,13 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.errors import error_response, not_ready
 from chainrun.serve.sse import sse_event, sse_response
@@ -35,7 +44,7 @@ __all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat
 
 MAX_CONVERSATION_ID_CHARS = 200
 #: the keys a ``/chat`` body may have
-CHAT_KEYS = ("message", "conversation_id")
+CHAT_KEYS = ("message", "conversation_id", "confirm", "deny")
 
 
 class BadRequest(ValueError):
@@ -49,8 +58,30 @@ class BadRequest(ValueError):
         self.param = param
 
 
+def parse_decision(raw: bytes) -> dict[str, str]:
+    """``{"confirm": ID}`` or ``{"deny": ID}`` of a ``/chat`` body (``{}``: neither).
+
+    Raises:
+        BadRequest: not a non-empty string, or both given.
+    """
+    body = json.loads(raw)
+    out = {}
+    for key in ("confirm", "deny"):
+        value = body.get(key) if isinstance(body, dict) else None
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value or len(value) > 300:
+            raise BadRequest(f"{key}: expected an action id (a string from an action event)",
+                             key)  # fmt: skip
+        out[key] = value
+    if len(out) > 1:
+        raise BadRequest("confirm, deny: give one of them", "confirm")
+    return out
+
+
 def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
-    """``(message, conversation_id)`` from a ``/chat`` body.
+    """``(message, conversation_id)`` from a ``/chat`` body; a body with ``confirm`` or
+    ``deny`` (an action id) and no message has the message ``yes`` / ``no``.
 
     Raises:
         BadRequest: not a JSON object; ``message`` missing, blank, not a string, over
@@ -72,6 +103,10 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise BadRequest(f"{key}: unknown field{hint}; expected {', '.join(CHAT_KEYS)}", key)
     message = body.get("message")
+    if message is None and isinstance(body.get("confirm"), str):
+        message = "yes"
+    elif message is None and isinstance(body.get("deny"), str):
+        message = "no"
     problem = text_problem(message, required=True, max_chars=MAX_MESSAGE_CHARS)
     if problem is not None:
         raise BadRequest(f"message: {problem}", "message")
@@ -86,9 +121,9 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
 
 
 async def _events(
-    runner: TurnRunner, message: str, conversation_id: str | None
+    runner: TurnRunner, message: str, conversation_id: str | None, turn: dict[str, Any]
 ) -> AsyncIterator[ServerSentEvent]:
-    async for ev in runner.stream(message, conversation_id):
+    async for ev in runner.stream(message, conversation_id, **turn):
         yield sse_event(json.dumps(ev.data), ev.event)
 
 
@@ -97,12 +132,21 @@ async def chat(request: Request) -> Response:
     runner: TurnRunner | None = request.app.state.serve.runner
     if runner is None:
         return not_ready(request)
+    raw = await request.body()
     try:
-        message, conversation_id = parse_chat_body(await request.body())
+        message, conversation_id = parse_chat_body(raw)
+        turn: dict[str, Any] = dict(parse_decision(raw))
     except BadRequest as e:
         return error_response(400, str(e), param=e.param, code="invalid_value")
+    key = request.headers.get("idempotency-key")
+    if key is not None:
+        problem = key_problem(key)
+        if problem is not None:
+            return error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
+                                  code="invalid_value")  # fmt: skip
+        turn["idempotency_key"] = key
     return sse_response(
-        _events(runner, message, conversation_id),
+        _events(runner, message, conversation_id, turn),
         keepalive_s=request.app.state.serve.chat_keepalive_s,
     )
 

@@ -9,6 +9,9 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     token         {step, text}
     tool          {phase: "started" | "finished", step, tool, call_id, round, side_effects,
                    started_ms, duration_ms, status, error_type}   (a step with tools)
+    action        {id, tool, arguments, question, step, conversation_id, expires_at,
+                   expires_after_turn}   (a tool with confirm = true waits for the yes;
+                   confirm with the next message, or {"confirm": id} / {"deny": id})
     step          {phase: "finished", step, kind, status, started_ms, duration_ms,
                    ttft_ms, output_tokens, n_attempts, hedge_fired, hedge_won,
                    error_type, model, reasoning_effort, output}
@@ -51,6 +54,12 @@ from typing import Any, Protocol
 from chainrun.chain import Chain
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import new_conversation_id
+from chainrun.errors import (
+    ConversationForbidden,
+    IdempotencyKeyReused,
+    RequestInProgress,
+    UserInputError,
+)
 from chainrun.events import (
     AnswerDone,
     StepFinished,
@@ -59,7 +68,7 @@ from chainrun.events import (
     ToolCallEvent,
     TurnFinished,
 )
-from chainrun.log.rows import TurnLog, TurnUsage
+from chainrun.log.rows import TurnLog, TurnRow, TurnUsage
 from chainrun.serve.disconnect import detached
 
 log = logging.getLogger("chainrun.serve")
@@ -268,6 +277,7 @@ class TurnRunner:
         message: str,
         conversation_id: str | None = None,
         history: Sequence[HistoryTurn] | None = None,
+        **turn: Any,
     ) -> AsyncGenerator[WireEvent, None]:
         """Run one turn; yield its wire events (see the module docstring), ``turn`` last.
 
@@ -280,15 +290,23 @@ class TurnRunner:
         closed after, the turn finishes on the server. A provider that cannot be
         reached at all ends the turn with status ``error`` (its ``turn`` event is still
         sent; the error is not re-raised here).
+
+        ``turn``: more keyword arguments of :meth:`chainrun.Chain.stream_turn` (``user``,
+        ``idempotency_key``, ``confirm``, ``deny``). A turn with an ``idempotency_key``
+        is never cancelled by its client going away (a retry with the key gets it). A
+        refusal of the request itself (another identity's conversation, a key reused
+        with another request) is one ``error`` event ``{status, message, type}``.
         """
+        keyed = turn.get("idempotency_key") is not None
         return detached(
-            self._turn(message, conversation_id, history),
+            self._turn(message, conversation_id, history, turn),
             self.background,
-            finish_after=lambda ev: ev.event == "answer_done",
+            finish_after=(lambda ev: True) if keyed else (lambda ev: ev.event == "answer_done"),
         )
 
     async def _turn(
-        self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None
+        self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None,
+        turn: dict[str, Any] | None = None,
     ) -> AsyncGenerator[WireEvent, None]:
         conversation_id = conversation_id or new_conversation_id()
         request_id = uuid.uuid4().hex
@@ -304,8 +322,10 @@ class TurnRunner:
         )
         done: TurnFinished | None = None
         events = self.chain.stream_turn(
-            message, request_id=request_id, conversation_id=conversation_id, history=history
+            message, request_id=request_id, conversation_id=conversation_id, history=history,
+            **(turn or {}),
         )
+        sent_actions: set[str] = set()
         cut: TurnLog | None = None  # the turn as logged, when the server cancelled it
         try:
             async with contextlib.aclosing(events):
@@ -314,8 +334,14 @@ class TurnRunner:
                         done = ev
                         for hook in self.on_finished:
                             hook(ev)
+                        for action in ev.pending_actions:  # asked again: shown again
+                            if action.id not in sent_actions:
+                                yield WireEvent("action", action.as_json())
                         break
                     yield self._wire(ev, finished)
+                    if isinstance(ev, ToolCallEvent) and ev.action is not None:
+                        sent_actions.add(ev.action["id"])
+                        yield WireEvent("action", ev.action)
                     grounding = (
                         (ev.detail or {}).get("grounding")
                         if isinstance(ev, StepFinished) and ev.step == self.answer_step
@@ -331,6 +357,16 @@ class TurnRunner:
             cut = await self._observe_by_request_id(request_id)
             yield WireEvent("turn", _cancelled_summary(cut, request_id, conversation_id,
                                                        self.chain.run_id, finished))
+            return
+        except (UserInputError, RequestInProgress) as e:
+            if done is not None:
+                raise
+            status = (403 if isinstance(e, ConversationForbidden)
+                      else 422 if isinstance(e, IdempotencyKeyReused)
+                      else 409 if isinstance(e, RequestInProgress) else 400)  # fmt: skip
+            cut = TurnLog(turn=TurnRow(input=message))  # nothing ran: no turn to observe
+            yield WireEvent("error", {"status": status, "message": str(e),
+                                      "type": type(e).__name__})  # fmt: skip
             return
         except Exception as e:
             # the chain logged the turn (status error) and yielded TurnFinished before

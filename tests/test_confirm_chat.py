@@ -1,0 +1,61 @@
+"""Actions that wait for the shopper's yes through ``/chat``: the ``action`` event, a
+confirmation as ``{"confirm": ID}``, and an ``Idempotency-Key`` sent again running nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serve_helpers import serving, sse
+from test_confirm_actions import cart_fake, confirm_config
+from test_tool_steps import RUNS
+
+from chainrun.chain import Chain
+from chainrun.log.store import Store
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runs() -> Iterator[None]:
+    RUNS.clear()
+    yield
+    RUNS.clear()
+
+
+async def post(client: httpx.AsyncClient, body: dict[str, Any],
+               key: str | None = None) -> list[tuple[str, Any]]:  # fmt: skip
+    headers = {"Idempotency-Key": key} if key else {}
+    async with client.stream("POST", "/chat", json=body, headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        return [ev async for ev in sse(r)]
+
+
+async def test_chat_sends_the_action_and_takes_a_confirmation_once(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "log.db")
+    fake = cart_fake()
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": fake}, quiet=True)) as (url, _):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                asked = await post(client, {"message": "put 2 of JKT-12 in my cart",
+                                            "conversation_id": "w1"})  # fmt: skip
+                (action,) = [d for e, d in asked if e == "action"]
+                assert action["question"] == "Add 2 x JKT-12 to your cart?"
+                assert action["arguments"] == {"sku": "JKT-12", "qty": 2}
+                assert asked[-1][1]["output"] == "Add 2 x JKT-12 to your cart?"
+                assert RUNS == []
+                body = {"conversation_id": "w1", "confirm": action["id"]}
+                yes = await post(client, body, key="click-1")
+                again = await post(client, body, key="click-1")
+                reused = await post(client, {"conversation_id": "w1", "deny": action["id"]},
+                                    key="click-1")  # fmt: skip
+    finally:
+        store.close()
+    assert len(RUNS) == 1 and (RUNS[0]["sku"], RUNS[0]["qty"]) == ("JKT-12", 2)
+    assert yes[-1][1]["output"] == "Done: two JKT-12 are in your cart."
+    assert again[-1][0] == "turn" and again[-1][1]["turn_id"] == yes[-1][1]["turn_id"]
+    assert again[-1][1]["output"] == yes[-1][1]["output"]
+    (error,) = [d for e, d in reused if e == "error"]
+    assert error["status"] == 422 and "'click-1'" in error["message"]
