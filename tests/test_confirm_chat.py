@@ -59,3 +59,33 @@ async def test_chat_sends_the_action_and_takes_a_confirmation_once(tmp_path: Pat
     assert again[-1][1]["output"] == yes[-1][1]["output"]
     (error,) = [d for e, d in reused if e == "error"]
     assert error["status"] == 422 and "'click-1'" in error["message"]
+
+
+async def test_the_openai_client_retrying_a_timed_out_request_runs_the_tool_once(
+    tmp_path: Path,
+) -> None:
+    """The real ``openai`` client, its timeout shorter than the answer, ``max_retries=2``,
+    the key in ``extra_headers`` (kept across its retries): one tool run, one answer."""
+    import openai
+    from test_tool_steps import cart_call, rounds_script, tool_config
+
+    from chainrun.providers.fake import FakeProvider, FakeReply
+
+    store = Store.open(tmp_path / "log.db")
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-12", "qty": 2}),
+        FakeReply("Two JKT-12 are in your cart.", ttft_s=1.2, gap_s=0.001)))  # fmt: skip
+    try:
+        async with serving(lambda: Chain(tool_config(), store=store, providers={"local": fake},
+                                         quiet=True)) as (url, _):  # fmt: skip
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", timeout=0.5,
+                                        max_retries=2)  # fmt: skip
+            got = await client.chat.completions.create(
+                model="chainrun-shop", messages=[{"role": "user", "content": "2 of JKT-12"}],
+                user="retry-conv", extra_headers={"Idempotency-Key": "order-77"},
+            )  # fmt: skip
+            await client.close()
+    finally:
+        store.close()
+    assert len(RUNS) == 1
+    assert got.choices[0].message.content == "Two JKT-12 are in your cart."

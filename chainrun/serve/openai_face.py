@@ -55,6 +55,14 @@ What comes back besides the answer:
   chunks already streamed), never replaced by a refusal, and ``chainrun.status`` is
   ``cut`` with the step's ``error_type``.
 
+An ``Idempotency-Key`` header (the IETF HTTPAPI draft's field; pass it with the
+``openai`` SDK's ``extra_headers`` and its own retries carry it) makes a request sent
+again return the first one's completion, running nothing a second time; a keyed turn
+runs to its end when the client times out, so the retry gets it; the key reused with
+another request is a 422 naming it. A tool with ``confirm = true``: the answer is
+chainrun's question, and the next user message of the same conversation (``user`` or
+``metadata.conversation_id``) is read as the reply.
+
 A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
 stream has begun, an ``error`` object in the stream (the ``openai`` client raises
 ``APIError`` on it). Closing the stream early, or disconnecting while waiting for a
@@ -65,17 +73,19 @@ A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
@@ -96,6 +106,8 @@ class CompletionRequest:
     include_usage: bool
     #: the earlier turns the client sent, oldest first
     history: tuple[HistoryTurn, ...] = ()
+    #: more of the turn: ``idempotency_key`` from the header
+    turn: dict[str, Any] = field(default_factory=dict)
 
 
 class InvalidRequest(ValueError):
@@ -279,6 +291,13 @@ async def chat_completions(request: Request) -> Response:
     runner: TurnRunner | None = state.runner
     if runner is None:
         return not_ready(request)
+    key = request.headers.get("idempotency-key")
+    if key is not None:
+        problem = key_problem(key)
+        if problem is not None:
+            return error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
+                                  code="invalid_value")  # fmt: skip
+        req = dataclasses.replace(req, turn={"idempotency_key": key})
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
         return sse_response(
@@ -288,6 +307,9 @@ async def chat_completions(request: Request) -> Response:
     summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
+    if "error" in summary:  # refused before it ran (a key reused with another request)
+        refused = summary["error"]
+        return error_response(refused["status"], refused["message"], code=refused["type"])
     if summary["status"] in ("error", "cancelled"):
         message, code = _failure(summary)
         status = 503 if summary["status"] == "cancelled" else 502
@@ -319,9 +341,11 @@ async def chat_completions(request: Request) -> Response:
 
 async def _whole_turn(runner: TurnRunner, req: CompletionRequest) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    async for ev in runner.stream(req.message, req.conversation_id, req.history):
+    async for ev in runner.stream(req.message, req.conversation_id, req.history, **req.turn):
         if ev.event == "turn":
             summary = ev.data
+        elif ev.event == "error":
+            summary = {"error": ev.data}
     return summary
 
 
@@ -352,7 +376,11 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     sent_text = False
     started: dict[str, Any] = {}
-    async for ev in runner.stream(req.message, req.conversation_id, req.history):
+    async for ev in runner.stream(req.message, req.conversation_id, req.history, **req.turn):
+        if ev.event == "error":
+            body = error_body(ev.data["message"], "invalid_request_error", code=ev.data["type"])
+            yield sse_event(json.dumps(body))
+            break
         if ev.event == "turn_started":
             started = ev.data
         elif ev.event == "token" and ev.data["step"] == runner.answer_step:
