@@ -127,6 +127,17 @@ async def _events(
         yield sse_event(json.dumps(ev.data), ev.event)
 
 
+def idempotency_key(request: Request) -> tuple[str | None, Response | None]:
+    """The request's ``Idempotency-Key`` header (None: none), or the 400 answering a key
+    that cannot be one (:func:`chainrun.actions.request_keys.key_problem`)."""
+    key = request.headers.get("idempotency-key")
+    problem = key_problem(key) if key is not None else None
+    if problem is None:
+        return key, None
+    return None, error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
+                                code="invalid_value")  # fmt: skip
+
+
 async def chat(request: Request) -> Response:
     """The ``POST /chat`` endpoint (see the module docstring)."""
     runner: TurnRunner | None = request.app.state.serve.runner
@@ -138,12 +149,10 @@ async def chat(request: Request) -> Response:
         turn: dict[str, Any] = dict(parse_decision(raw))
     except BadRequest as e:
         return error_response(400, str(e), param=e.param, code="invalid_value")
-    key = request.headers.get("idempotency-key")
+    key, refused = idempotency_key(request)
+    if refused is not None:
+        return refused
     if key is not None:
-        problem = key_problem(key)
-        if problem is not None:
-            return error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
-                                  code="invalid_value")  # fmt: skip
         turn["idempotency_key"] = key
     return sse_response(
         _events(runner, message, conversation_id, turn),

@@ -85,11 +85,10 @@ from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
-from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
+from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, idempotency_key
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
 from chainrun.serve.sse import sse_event, sse_response
@@ -291,12 +290,10 @@ async def chat_completions(request: Request) -> Response:
     runner: TurnRunner | None = state.runner
     if runner is None:
         return not_ready(request)
-    key = request.headers.get("idempotency-key")
+    key, refused = idempotency_key(request)
+    if refused is not None:
+        return refused
     if key is not None:
-        problem = key_problem(key)
-        if problem is not None:
-            return error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
-                                  code="invalid_value")  # fmt: skip
         req = dataclasses.replace(req, turn={"idempotency_key": key})
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
