@@ -195,3 +195,28 @@ async def test_a_turn_sent_again_with_its_idempotency_key_runs_nothing(tmp_path:
     assert not RUNS[0]["key"].startswith(f"{first.turn_id}:")  # derived from the client's key
     assert again.repeated and again.turn_id == first.turn_id and again.output == first.output
     assert not any(isinstance(e, ToolCallEvent) for e in events)
+
+
+def test_show_lists_what_was_asked_and_who_decided(tmp_path: Path) -> None:
+    """``chainrun show`` prints a pending action's question, status and decision."""
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from chainrun.cli import app
+
+    async def two_turns() -> int | None:
+        store = Store.open(tmp_path / "log.db")
+        async with Chain(confirm_config(), store=store, providers={"local": cart_fake()},
+                         quiet=True) as chain:  # fmt: skip
+            asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="s1")
+            await turn(chain, "no", conversation_id="s1")
+        return asked.run_id
+
+    run_id = asyncio.run(two_turns())
+    shown = CliRunner().invoke(app, ["show", str(run_id), "--db", str(tmp_path / "log.db")],
+                               env={"COLUMNS": "250"})  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "asked='Add 2 x JKT-12 to your cart?'" in text
+    assert "status=denied" in text and "decided_by=shopper" in text

@@ -169,6 +169,12 @@ def tool_call_lines(rows: list[ToolCallRow]) -> list[str]:
         line = f"{r.tool} {r.call_id}: key={r.idempotency_key} args={r.arguments}"
         if r.error_message or r.error_type:
             line += f" error={r.error_message or r.error_type}"
+        if r.question is not None:  # a confirm tool: what the shopper was asked, and who decided
+            line += f" asked={r.question!r} status={r.status} expires={r.expires_at}"
+            if r.decided_by is not None:
+                line += f" decided_by={r.decided_by} at={r.decided_at}"
+        if r.action_id is not None:
+            line += f" confirmed_action={r.action_id}"
         lines.append(printable(line))
     return lines
 

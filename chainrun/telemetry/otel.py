@@ -237,10 +237,24 @@ class Telemetry:
             "chainrun.hedge.attempt": row.attempt,
             "chainrun.tool.duration_ms": row.duration_ms,
             "error.type": row.error_type,
+            # a confirm tool's pending action, or the run of one the shopper confirmed
+            "chainrun.action.id": row.action_id or (row.idempotency_key if row.question
+                                                    else None),
+            "chainrun.action.question": row.question,
+            "chainrun.action.expires_at": row.expires_at,
         })  # fmt: skip
-        if row.status != "ok":
+        if row.status not in ("ok", "awaiting_confirmation"):
             span.set_status(self._trace.StatusCode.ERROR, row.status)
-        span.end(end_time=_ns(start, begin + (row.duration_ms or 0.0) if ran else begin))
+        end = begin + (row.duration_ms or 0.0) if ran else begin
+        if row.action_id is not None:  # the confirmation: its own span beside the run
+            confirm = self.tracer.start_span(f"confirm_action {row.tool}", context=ctx,
+                                             kind=self._trace.SpanKind.INTERNAL,
+                                             start_time=_ns(start, begin))  # fmt: skip
+            _set(confirm, {"chainrun.action.id": row.action_id,
+                           "chainrun.action.decision": "confirmed",
+                           "chainrun.tool.status": row.status})  # fmt: skip
+            confirm.end(end_time=_ns(start, end))
+        span.end(end_time=_ns(start, end))
 
     def _attempt(self, call: CallRow, start: datetime, step_offset: float,
                  ctx: Any) -> None:  # fmt: skip
