@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from log_backends import log_target
 from test_tool_steps import CART, RUNS, cart_call, rounds_script, tool_config
 
 from chainrun.actions.identity import Identity
@@ -140,12 +141,17 @@ async def test_an_expired_action_runs_nothing_and_says_so(tmp_path: Path) -> Non
     assert row.status == "expired" and row.decided_by == "expiry"
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_an_explicit_confirmation_by_id_from_another_chain_on_the_same_log(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
     """The pending action is read from the log: a second chain (another process, or a
     restart) confirms it, and the first identity's user id is who decided."""
-    db = tmp_path / "log.db"
+    with log_target(backend, tmp_path) as db:
+        await _confirm_from_another_chain(db)
+
+
+async def _confirm_from_another_chain(db: str) -> None:
     user = Identity("shopper-7", {"tier": "gold"})
     async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
                      quiet=True) as first:  # fmt: skip
