@@ -48,6 +48,7 @@ from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import (
     ConversationSource,
+    answer_context,
     log_claim,
     log_loader,
     shown_products,
@@ -229,6 +230,11 @@ class Chain:
         except ConfigError as e:
             raise _naming_file(e, config) from None
         self.fields = state_fields(self.steps)
+        #: the answer step's prompt template (None: it has none): a turn's history keeps
+        #: what that prompt showed when it begins with {history}
+        self._answer_template: str | None = getattr(
+            config.steps.get(config.answer_step), "prompt", None
+        )
         #: what each step asked the chain for (providers, the catalogue, the log)
         self.needs: dict[str, StepNeeds] = {n: s.needs() for n, s in self.steps.items()}
         self._input_checks = config.checks.checker()
@@ -622,7 +628,8 @@ class Chain:
         checked = self._input_checks.check(message)
         if checked.findings:
             message = turn.input = checked.text  # neither model nor log sees a card number
-        state = TurnState(message=message, values={"history": place.history}, fields=self.fields)
+        state = TurnState(message=message, values={"history": place.history}, fields=self.fields,
+                          conversation_id=place.conversation_id)
         run = TurnRun(self.steps, self.graph, state, self._answered)
         run.t0 = started
         decided = Decided()
@@ -672,7 +679,9 @@ class Chain:
             finally:
                 turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
                 products = shown_products(run.rows())
-                self.conversations.end(place, turn.input, turn.output, products)
+                context = answer_context(run.calls(), answer_step,
+                                         self._answer_template, place.history.text)
+                self.conversations.end(place, turn.input, turn.output, products, context)
         pending = tuple(run.tools.pending) if run.tools is not None else ()
         if pending and self.confirmations is not None:
             self.confirmations.asked_in.add(place.conversation_id)
@@ -683,7 +692,7 @@ class Chain:
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
             conversation_id=place.conversation_id, turn_index=place.turn_index,
             products=products, pending_actions=(*pending, *decided.asked),
-            decisions=tuple(decided.decisions),
+            decisions=tuple(decided.decisions), context=context,
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable

@@ -190,6 +190,11 @@ class TurnFinished(_AsJson):
     #: the turn of an earlier request with the same Idempotency-Key, read from the log:
     #: nothing ran for this request (:mod:`chainrun.actions.request_keys`)
     repeated: bool = False
+    #: what the answer step's prompt showed after the turn's history (its sections and
+    #: the message; None: not known); a caller that keeps its own thread hands it back
+    #: as the next turn's ``HistoryTurn.context``, so the next prompt starts with this
+    #: one (the layout prompt caches reuse)
+    context: str | None = None
     type: Literal["turn_finished"] = "turn_finished"
 
 

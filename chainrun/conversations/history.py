@@ -12,6 +12,15 @@ first, rendered as a transcript in the default prompts' own speaker names::
 followed by one blank line, so a template places ``{history}`` just before its own
 sections; a conversation's first turn renders ``""``.
 
+A turn that knows what the answer step's prompt showed after its history (its
+``context``: the sections and the message, as the model read them) renders as that
+text, the answer and a blank line. A conversation's next prompt then begins with its
+previous prompt and answer, whole, which is the layout prompt caches reuse: what
+changes per turn comes last (llama-server reuses a slot's common prefix; OpenAI caches
+prompt prefixes). The chain records that context when the answer step's template
+begins with ``{history}`` (the default's does); a thread given by a client, or read
+back from the log, has none and renders as the two lines above.
+
 The budget (``[history]`` in chainrun.toml, :class:`HistorySettings`) keeps the newest
 turns: at most ``max_turns``, then the newest of those whose rendered lines together
 hold at most ``max_tokens`` tokens. Turns are kept or dropped whole (a turn cut half way
@@ -22,6 +31,7 @@ characters (:mod:`chainrun.conversations.tokens`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -35,6 +45,7 @@ __all__ = [
     "cut_to_budget",
     "render_history",
     "render_turn",
+    "turn_context",
 ]
 
 
@@ -50,11 +61,15 @@ class HistoryTurn:
             (None: not known, e.g. a client's own thread; ``()``: none were found).
             A follow-up that points back at them ("Which of those is cheapest?")
             searches among them (:mod:`chainrun.retrieval.followup`).
+        context: the answer step's prompt text after its history (None: not known).
     """
 
     message: str
     answer: str = ""
     products: tuple[str, ...] | None = None
+    #: the answer step's prompt text after its history: what the model read for this
+    #: turn (None: not known; the turn renders as two transcript lines)
+    context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +108,10 @@ class HistorySettings(BaseModel):
     #: earlier turns a prompt's {history} shows at most, newest kept (0: none)
     max_turns: int = Field(default=4, ge=0, le=1000)
     #: tokens the kept turns' transcript holds at most (whole turns are dropped, oldest
-    #: first); counted with the answer step's provider's tokenizer where it has one
-    max_tokens: int = Field(default=400, ge=0, le=1_000_000)
+    #: first); counted with the answer step's provider's tokenizer where it has one. A
+    #: turn rendered with its context (its products or policy text) takes about 400
+    #: tokens with the default chain: four of them fit
+    max_tokens: int = Field(default=1600, ge=0, le=1_000_000)
     #: "auto": llama-server's POST /tokenize when the answer step's server answers it,
     #: else the script-aware estimate; "estimate": always the estimate
     #: (chainrun.conversations.tokens.estimate_tokens)
@@ -111,18 +128,39 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _answer_text(text: str) -> str:
+    # the answer as generated (the next prompt repeats it token for token where it can),
+    # without the blank lines that would end a transcript
+    return re.sub(r"\n\s*\n", "\n", text.strip())
+
+
 def render_turn(turn: HistoryTurn, settings: HistorySettings) -> str:
-    """One turn's transcript lines (two lines, each ending in a newline)."""
+    """One turn's text: with a ``context``, that text, the answer and a blank line (the
+    turn's prompt continued by its answer); else two transcript lines, each ending in
+    a newline."""
+    if turn.context is not None:
+        return f"{turn.context} {_answer_text(turn.answer) or '(no answer)'}\n\n"
     answer = _one_line(turn.answer) or "(no answer)"
     return f"{settings.shopper}: {_one_line(turn.message)}\n{settings.assistant}: {answer}\n"
 
 
 def render_history(turns: Sequence[HistoryTurn], settings: HistorySettings) -> str:
-    """The ``{history}`` text of ``turns`` (oldest first): their lines, then one blank
-    line; ``""`` for no turns."""
+    """The ``{history}`` text of ``turns`` (oldest first): their text, ending in one
+    blank line; ``""`` for no turns."""
     if not turns:
         return ""
-    return "".join(render_turn(t, settings) for t in turns) + "\n"
+    text = "".join(render_turn(t, settings) for t in turns)
+    return text if text.endswith("\n\n") else text + "\n"
+
+
+def turn_context(prompt: str, template: str, history: str) -> str | None:
+    """What an answer prompt showed after its history: ``prompt`` (the user message the
+    answer step sent) without its leading ``history`` text, when its ``template`` begins
+    with ``{history}``; None otherwise (the history is elsewhere in the prompt, so the
+    turn cannot be repeated as the next prompt's start)."""
+    if not template.startswith("{history}") or not prompt.startswith(history):
+        return None
+    return prompt[len(history):]
 
 
 async def cut_to_budget(

@@ -32,6 +32,7 @@ from chainrun.conversations.history import (
     HistoryTurn,
     cut_to_budget,
     render_history,
+    turn_context,
 )
 from chainrun.conversations.memory import (
     ClaimIndex,
@@ -40,7 +41,7 @@ from chainrun.conversations.memory import (
     Loaded,
 )
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
-from chainrun.log.rows import StepRow
+from chainrun.log.rows import CallRow, StepRow
 from chainrun.log.store import Store
 from chainrun.retrieval.products import logged_products
 
@@ -70,6 +71,25 @@ def shown_products(steps: Iterable[StepRow]) -> tuple[str, ...] | None:
         shown = logged_products(s.updates) if s.status == "ok" else None
         if shown is not None:
             return tuple(p.id for p in shown)
+    return None
+
+
+def answer_context(
+    calls: Iterable[CallRow], answer_step: str, template: str | None, history: str
+) -> str | None:
+    """What the answer step's prompt showed after the turn's ``history`` text (its
+    first call's last user message; :func:`~chainrun.conversations.history.turn_context`),
+    None when the step sent no call or its ``template`` does not begin with
+    ``{history}``."""
+    if template is None:
+        return None
+    for c in calls:
+        if c.step != answer_step or not isinstance(c.prompt, list):
+            continue
+        users = [m.get("content") for m in c.prompt if m.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return turn_context(users[-1], template, history)
+        return None
     return None
 
 
@@ -233,9 +253,10 @@ class ConversationSource:
 
     def end(
         self, place: TurnPlace, message: str, shown: str | None,
-        products: tuple[str, ...] | None = None,
+        products: tuple[str, ...] | None = None, context: str | None = None,
     ) -> None:  # fmt: skip
-        """Record an ended turn: the message and what reached the shopper."""
+        """Record an ended turn: the message, what reached the shopper, the products it
+        showed and what its answer prompt showed after the history (``context``)."""
         if place.remember:
             self.memory.end(place.conversation_id, place.turn_index,
-                            HistoryTurn(message, shown or "", products))  # fmt: skip
+                            HistoryTurn(message, shown or "", products, context))  # fmt: skip

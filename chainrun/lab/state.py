@@ -85,6 +85,10 @@ class RequestRecord:
     #: the request's chat messages (Responses requests turned into messages), kept only
     #: when the scenario sets ``record_bodies``
     messages: Any = None
+    #: the request's ``prompt_cache_key`` (OpenAI's prompt-cache affinity; None: not sent)
+    prompt_cache_key: str | None = None
+    #: the request's ``id_slot`` (llama-server's slot; None: not sent)
+    id_slot: int | None = None
 
 
 class LabState:
@@ -251,6 +255,9 @@ def record_request(
         auth=request.scope.get("chainrun.auth"),
         messages=messages if lab.scenario.record_bodies else None,
     )
+    key, slot = body.get("prompt_cache_key"), body.get("id_slot")
+    rec.prompt_cache_key = key if isinstance(key, str) else None
+    rec.id_slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
     lab.records.append(rec)
     return rec
 

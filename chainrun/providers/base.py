@@ -73,6 +73,15 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     #: ``"auto"``, ``"none"`` or ``"required"`` (None: not sent, the server's default)
     tool_choice: str | None = None
+    #: prompt-cache affinity: what keeps this request's prompt on the cache that holds
+    #: its conversation's earlier prompts (the conversation id; None: no affinity). A
+    #: provider sends it as its server takes it (``prompt_cache_key`` on OpenAI and
+    #: Azure, a llama-server slot): :mod:`chainrun.providers.affinity`
+    cache_key: str | None = None
+    #: the request is its conversation's answer step, whose prompt the next turn
+    #: repeats: it keeps the conversation's cache (a llama-server slot); other steps'
+    #: requests are placed off it
+    cache_owner: bool = False
 
 
 class Provider(Protocol):

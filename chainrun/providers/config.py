@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chainrun.errors import ConfigError
+from chainrun.providers.affinity import PromptCacheMode
 
 #: Values the OpenAI API has accepted for ``reasoning_effort`` over time: low, medium,
 #: high; then minimal (gpt-5); then none (gpt-5.1); then xhigh (gpt-5.2) (OpenAI's
@@ -86,6 +87,18 @@ class ProviderConfig(BaseModel):
     #: unknown parameters: leave it None for them (``chainrun replay --prompt-cache off``
     #: sets it for the run's Chat Completions providers)
     cache_prompt: bool | None = None
+    #: prompt-cache affinity, how a conversation is kept on the cache holding its
+    #: earlier prompts (chainrun.providers.affinity): ``key`` sends ``prompt_cache_key``
+    #: (OpenAI, Azure); ``slot``: on a llama-server, the conversation's answer step keeps
+    #: one slot (``id_slot``) and the other steps go to other slots; ``off``: neither;
+    #: ``auto``: ``slot`` for the embedded local model, ``key`` for Azure and
+    #: api.openai.com, ``off`` for any other server
+    prompt_cache: PromptCacheMode = "auto"
+    #: the ``prompt_cache_key`` sent in mode ``key`` (None: the turn's conversation id)
+    prompt_cache_key: str | None = Field(default=None, min_length=1, max_length=1024)
+    #: the llama-server's slot count for mode ``slot`` (None: its ``GET /props``
+    #: ``total_slots``, read when the provider starts)
+    slots: int | None = Field(default=None, ge=1, le=1024)
 
     @field_validator("base_url", "endpoint")
     @classmethod

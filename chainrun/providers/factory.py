@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from chainrun.providers.affinity import SlotTable, resolve_mode
 from chainrun.providers.base import Provider
 from chainrun.providers.config import ProviderConfig
 from chainrun.providers.openai_client import AzureTarget, read_api_key
@@ -63,8 +64,16 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
     provider.reasoning_in_content = cfg.reasoning_in_content
     if isinstance(provider, OpenAICompatProvider) and cfg.cache_prompt is not None:
         provider.cache_prompt = cfg.cache_prompt
+    provider.affinity = resolve_mode(cfg.prompt_cache, kind=cfg.kind, base_url=cfg.base_url)
+    provider.affinity_key = cfg.prompt_cache_key
+    if provider.affinity == "slot" and not isinstance(provider, OpenAICompatProvider):
+        provider.affinity = "off"  # slots are llama-server's, a Chat Completions server
     try:
         await provider.check()  # an unreachable server fails here, before any run exists
+        if provider.affinity == "slot":
+            slots = cfg.slots or await provider.server_slots()
+            # a server that does not say its slots gets no id_slot (it places requests)
+            provider.slot_table = SlotTable(slots) if slots else None
     except BaseException:
         await provider.aclose()
         raise

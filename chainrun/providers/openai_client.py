@@ -51,6 +51,8 @@ from chainrun.errors import (
     RequestRejected,
     StreamError,
 )
+from chainrun.providers.affinity import AffinityMode, SlotTable
+from chainrun.providers.base import ChatRequest
 from chainrun.providers.pool import POOL_CONNECTIONS, ShardedTransport
 from chainrun.providers.think import ReasoningInContent
 
@@ -454,6 +456,13 @@ class OpenAIClientProvider:
         pool_connections: int = POOL_CONNECTIONS,
     ) -> None:
         self.name = name
+        #: prompt-cache affinity (:mod:`chainrun.providers.affinity`): ``key`` sends
+        #: ``prompt_cache_key``, ``slot`` names a llama-server slot, ``off`` neither
+        self.affinity: AffinityMode = "off"
+        #: the ``prompt_cache_key`` to send instead of the request's conversation id
+        self.affinity_key: str | None = None
+        #: mode ``slot``: the conversations' slots (None until the slot count is known)
+        self.slot_table: SlotTable | None = None
         #: where the server may put a thought (:mod:`chainrun.providers.think`); the
         #: config's ``reasoning_in_content`` (``auto`` unless set)
         self.reasoning_in_content: ReasoningInContent = "auto"
@@ -522,6 +531,26 @@ class OpenAIClientProvider:
                 return await create(**params)
         except openai.APIError as e:
             raise self._error(e, params=params) from e
+
+    def prompt_cache_key(self, request: ChatRequest) -> str | None:
+        """The ``prompt_cache_key`` to send with ``request`` (None: none): in mode
+        ``key``, the configured key, else the request's conversation."""
+        if self.affinity != "key":
+            return None
+        return self.affinity_key or request.cache_key
+
+    async def server_slots(self) -> int | None:
+        """A llama-server's slot count (``total_slots`` of ``GET /props`` at the server's
+        root, beside ``/v1``); None when the server does not say (not a llama-server,
+        an error, no answer within the connect timeout + 5 s)."""
+        root = (self.base_url or "").rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        try:
+            r = await self._http.get(root + "/props", timeout=self._connect_timeout_s + 5.0)
+            n = r.json().get("total_slots") if r.status_code == 200 else None
+        except (httpx2.HTTPError, ValueError, AttributeError):
+            return None
+        return n if isinstance(n, int) and n >= 1 else None
 
     async def check(self) -> None:
         """Fail fast when the server cannot be reached, or is not an OpenAI-compatible API

@@ -16,7 +16,8 @@ the same class with an :class:`~chainrun.providers.openai_client.AzureTarget`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx2
@@ -100,7 +101,9 @@ class OpenAICompatProvider(OpenAIClientProvider):
     #: it only for a llama-server.
     cache_prompt: bool | None = None
 
-    def _params(self, request: ChatRequest) -> dict[str, Any]:
+    def _params(self, request: ChatRequest, slot: int | None = None) -> dict[str, Any]:
+        """The request body for ``request``; ``slot``: the llama-server slot it names
+        (``id_slot``, with ``cache_prompt`` true unless the provider sets it)."""
         params: dict[str, Any] = {
             "model": request.model,
             "messages": request.messages,
@@ -130,6 +133,12 @@ class OpenAICompatProvider(OpenAIClientProvider):
             params["extra_headers"] = request.headers
         if self.cache_prompt is not None:
             params["cache_prompt"] = self.cache_prompt
+        key = self.prompt_cache_key(request)
+        if key is not None:
+            params["prompt_cache_key"] = key
+        if slot is not None:
+            params["id_slot"] = slot
+            params.setdefault("cache_prompt", True)
         return params
 
     #: parse the stream in the ``openai`` client (its SSE decoder and a
@@ -157,11 +166,21 @@ class OpenAICompatProvider(OpenAIClientProvider):
             MalformedStream: a stream event whose data is not a JSON object.
             ProviderError: the stream failed after it started.
         """
-        if self.sdk_sse:
-            async for chunk in self._sdk_chunks(request):
-                yield chunk
-            return
-        sdk_stream = await self._send(self._post_stream, self._params(request))
+        table = self.slot_table if self.affinity == "slot" else None
+        slot = table.acquire(request.cache_key, request.cache_owner) if table else None
+        try:
+            params = self._params(request, slot)
+            stream = self._sdk_chunks(params) if self.sdk_sse else self._stream(params)
+            async with contextlib.aclosing(stream):
+                async for chunk in stream:
+                    yield chunk
+        finally:
+            if table is not None and slot is not None:
+                table.release(slot)
+
+    async def _stream(self, params: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
+        """:meth:`chunks` of the request body ``params``, parsed by chainrun's parser."""
+        sdk_stream = await self._send(self._post_stream, params)
         response: httpx2.Response = sdk_stream.response  # its SSE iterator is never started
         parser = ChatSSEParser(self.name)
         body = response.aiter_bytes()
@@ -206,9 +225,13 @@ class OpenAICompatProvider(OpenAIClientProvider):
             stream_cls=openai.AsyncStream[ChatCompletionChunk],
         )
 
-    async def _sdk_chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
-        """:meth:`chunks` through the SDK's own stream parsing (see :attr:`sdk_sse`)."""
-        stream = await self._send(self.client.chat.completions.create, self._params(request))
+    async def _sdk_chunks(self, params: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
+        """:meth:`chunks` through the SDK's own stream parsing (see :attr:`sdk_sse`);
+        the body fields ``create`` has no parameter for go in its ``extra_body``."""
+        extra = {k: params.pop(k) for k in _NOT_SDK_PARAMS if k in params}
+        if extra:
+            params["extra_body"] = extra
+        stream = await self._send(self.client.chat.completions.create, params)
         try:
             seen = 0
             async for raw in stream:
@@ -222,6 +245,9 @@ class OpenAICompatProvider(OpenAIClientProvider):
         finally:
             await stream.close()
 
+
+#: body fields of llama-server's that ``chat.completions.create`` takes no parameter for
+_NOT_SDK_PARAMS = ("cache_prompt", "id_slot")
 
 #: s to wait for the rest of a body after ``[DONE]`` (the SDK's ``_DRAIN_TIMEOUT``)
 DRAIN_TIMEOUT_S = 0.1

@@ -378,7 +378,11 @@ class ResponsesProvider(OpenAIClientProvider):
             ResponseFailed: a ``response.failed`` or ``error`` event.
             ProviderError: the stream failed after it started.
         """
-        stream = await self._send(self.client.responses.create, response_params(request))
+        params = response_params(request)
+        key = self.prompt_cache_key(request)
+        if key is not None:  # the Responses API's own parameter, sent whatever the SDK's age
+            params["extra_body"] = {"prompt_cache_key": key}
+        stream = await self._send(self.client.responses.create, params)
         events = ResponseEvents(self.name)
         try:
             seen = 0

@@ -286,7 +286,8 @@ async def run_requests(
             done = await one(req, history)
             if done is None:
                 return
-            history.append(HistoryTurn(req.message, done.output or "", done.products))
+            history.append(HistoryTurn(req.message, done.output or "", done.products,
+                                       done.context))
 
     try:
         async with chain:

@@ -59,10 +59,21 @@ log = logging.getLogger(__name__)
 
 #: the model name chainrun's default chain asks for (llama-server serves whatever it loaded)
 LOCAL_MODEL = "gemma-3-270m"
-DEFAULT_SLOTS = 4
+#: parallel slots (``-np``): each keeps its last prompt for the next request that names
+#: it, so a conversation's answer step keeps one (chainrun.providers.affinity); a slot
+#: costs memory (its share of the context's KV cache), not CPU, while idle
+DEFAULT_SLOTS = 8
 #: the environment variable naming, in a started server, the checkout that started it
 CHECKOUT_ENV = "CHAINRUN_CHECKOUT"
-DEFAULT_CONTEXT = 8192  # tokens, shared by the slots: 2048 each with 4 slots
+#: tokens, shared by the slots: 4096 each with 8 slots, room for a conversation's four
+#: turns of history (the ``[history]`` budget) with the answer step's prompt and answer;
+#: Gemma 3 270M's KV cache takes about 18 KiB a token (18 layers, one KV head of 256)
+DEFAULT_CONTEXT = 32768
+#: MiB of host memory for llama-server's prompt cache (``--cache-ram``: prefixes a slot
+#: gave up kept for a later request that repeats them), at most (llama-server's own
+#: default); a quarter of the
+#: machine's memory when that is less
+CACHE_RAM_MIB = 8192
 STARTUP_TIMEOUT_S = 120.0
 #: the niceness llama-server is started at, whatever the niceness of the process that
 #: starts it: the server is shared by every later command of the install, so a starter
@@ -437,6 +448,38 @@ def up(
         return _start(slots, context, port, quiet, extra_args, timeout_s, cancel)
 
 
+@functools.cache
+def _server_help(binary: Path) -> str:
+    """``llama-server --help`` (its options differ between llama.cpp releases); "" when
+    it cannot be run."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
+    try:
+        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                              timeout=30, env=env)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr
+
+
+def cache_ram_mib() -> int:
+    """MiB for ``--cache-ram``: :data:`CACHE_RAM_MIB`, or a quarter of the machine's
+    physical memory when that is less."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    except (ValueError, OSError):
+        return CACHE_RAM_MIB
+    return max(64, min(CACHE_RAM_MIB, total // 4))
+
+
+def prompt_cache_args(binary: Path) -> list[str]:
+    """The server's prompt-cache options this binary takes: ``--cache-ram MiB`` (host
+    memory for prefixes that slots gave up, llama.cpp since late 2025) when its
+    ``--help`` lists it, else none (the slots' own caches only)."""
+    if "--cache-ram" not in _server_help(binary):
+        return []
+    return ["--cache-ram", str(cache_ram_mib())]
+
+
 def _start(
     slots: int,
     context: int,
@@ -454,6 +497,7 @@ def _start(
         str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         "--jinja", "--chat-template-file", str(CHAT_TEMPLATE),
         "-np", str(slots), "-c", str(context), "--no-webui",
+        *prompt_cache_args(binary),
         *(extra_args or []),
     ]  # fmt: skip
     if not quiet:

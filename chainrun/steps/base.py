@@ -146,12 +146,16 @@ class TurnState:
         fields: the fields this chain knows (built-ins plus those its steps' kinds
             declare), with what a prompt shows while one is unset (default: every
             field of every registered kind, :func:`known_fields`).
+        conversation_id: the turn's conversation (None: not known).
     """
 
     message: str
     values: Mapping[str, Any] = field(default_factory=dict)
     verdicts: Mapping[str, Any] = field(default_factory=dict)
     fields: Mapping[str, StateField] = field(default_factory=lambda: known_fields())
+    #: the conversation the turn belongs to (None: not known); model calls send it as
+    #: their prompt-cache affinity key (:attr:`chainrun.providers.base.ChatRequest.cache_key`)
+    conversation_id: str | None = None
 
     def get(self, name: str) -> Any:
         """The value of field ``name`` (None while unset)."""

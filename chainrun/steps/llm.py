@@ -254,7 +254,7 @@ class LLMStep(Step):
             )
         shown = checks is not None or tools is not None
         items = self.call.step_items(
-            ctx, self.call.request(state),
+            ctx, self.call.request(state, cache_owner=self.is_answer),
             lambda call: self._result(ctx, call, shown=shown, state=state),
             checks=checks, tools=tools,
         )  # fmt: skip

@@ -342,8 +342,10 @@ class HedgedCall:
         if self._hedger is not None:
             await self._hedger.aclose()
 
-    def request(self, state: TurnState) -> ChatRequest:
-        """The request the step sends for ``state`` (its templates filled)."""
+    def request(self, state: TurnState, *, cache_owner: bool = False) -> ChatRequest:
+        """The request the step sends for ``state`` (its templates filled), with the
+        turn's conversation as its prompt-cache key; ``cache_owner``: the step is the
+        chain's answer step (it keeps the conversation's cache)."""
         cfg, values = self.config, state.prompt_vars()
         messages = []
         if cfg.system:
@@ -354,6 +356,7 @@ class HedgedCall:
             temperature=cfg.temperature, reasoning_effort=cfg.reasoning_effort,
             reasoning_summary=cfg.reasoning_summary, seed=cfg.seed,
             stop=cfg.stop, json_schema=cfg.json_schema,
+            cache_key=state.conversation_id, cache_owner=cache_owner,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the call

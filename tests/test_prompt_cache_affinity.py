@@ -1,0 +1,159 @@
+"""Prompt-cache affinity: a conversation's requests carry what keeps them on one cache.
+
+Against the lab (a real HTTP server driven through the real ``openai`` client), which
+records each request's ``prompt_cache_key`` and ``id_slot``: in mode ``key`` every
+call of a conversation sends its conversation id (or the configured key); in mode
+``slot`` the answer step of a conversation names one llama-server slot turn after
+turn, and the checks after it name other slots. The history's layout makes a turn's
+prompt begin with the previous turn's prompt and answer (what a prefix cache reuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chainrun import Chain
+from chainrun.config import config_from_dict
+from chainrun.conversations.history import (
+    HistorySettings,
+    HistoryTurn,
+    render_history,
+    turn_context,
+)
+from chainrun.lab import LabServer
+from chainrun.providers.affinity import SlotTable, resolve_mode
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LabServer]:
+    with LabServer("fast", n_tokens=4, per_token_ms=1, record_bodies=True) as lab:
+        yield lab
+
+
+def _config(lab: LabServer, **provider: Any) -> Any:
+    return config_from_dict({
+        "order": ["compose", "validate"], "answer_step": "compose",
+        "providers": {"lab": {"base_url": lab.base_url, **provider}},
+        "steps": {
+            "compose": {"provider": "lab", "system": "You sell shoes.",
+                        "prompt": "{history}Shopper: {message}\nStylist:", "stream": True},
+            "validate": {"provider": "lab", "prompt": "Check: {message} {answer}",
+                         "on_failure": "open"},
+        },
+    })  # fmt: skip
+
+
+async def _conversations(cfg: Any, turns: list[tuple[str, str]]) -> None:
+    async with Chain(cfg, quiet=True) as chain:
+        for cid, message in turns:
+            done = await chain.run_turn(message, conversation_id=cid)
+            assert done.status == "ok", done
+
+
+def _by_prompt(lab: LabServer, text: str) -> list[dict[str, Any]]:
+    return [r for r in lab.requests() if text in str(r["messages"])]
+
+
+def test_key_mode_sends_the_conversation_as_prompt_cache_key(lab: LabServer) -> None:
+    lab.reset()
+    asyncio.run(_conversations(_config(lab, prompt_cache="key"),
+                               [("conv-a", "red shoes?"), ("conv-b", "blue boots?"),
+                                ("conv-a", "in size 40?")]))  # fmt: skip
+    keys = {r["prompt_cache_key"] for r in _by_prompt(lab, "red shoes?")}
+    # conv-a's two turns (compose and validate each) and nothing of conv-b's
+    assert keys == {"conv-a"}
+    assert len(_by_prompt(lab, "red shoes?")) >= 3
+    assert {r["prompt_cache_key"] for r in _by_prompt(lab, "blue boots?")} == {"conv-b"}
+    assert all(r["id_slot"] is None for r in lab.requests())
+
+
+def test_key_mode_sends_a_configured_key(lab: LabServer) -> None:
+    lab.reset()
+    asyncio.run(_conversations(_config(lab, prompt_cache="key", prompt_cache_key="shop-7"),
+                               [("conv-c", "green hats?")]))  # fmt: skip
+    assert {r["prompt_cache_key"] for r in lab.requests()} == {"shop-7"}
+
+
+def test_auto_on_an_unknown_server_sends_nothing(lab: LabServer) -> None:
+    lab.reset()
+    asyncio.run(_conversations(_config(lab), [("conv-d", "socks?")]))
+    assert lab.requests()
+    assert all(r["prompt_cache_key"] is None and r["id_slot"] is None
+               for r in lab.requests())  # fmt: skip
+
+
+def test_slot_mode_keeps_each_conversations_answer_on_one_slot(lab: LabServer) -> None:
+    lab.reset()
+    turns = [("c1", "boots one?"), ("c2", "coats one?"), ("c3", "hats one?"),
+             ("c1", "boots two?"), ("c2", "coats two?"), ("c3", "hats two?"),
+             ("c1", "boots three?"), ("c3", "hats three?")]  # fmt: skip
+    asyncio.run(_conversations(_config(lab, prompt_cache="slot", slots=4), turns))
+    answer_slots: dict[str, set[int]] = {}
+    check_slots: dict[str, set[int]] = {}
+    for r in lab.requests():
+        cid = next(c for c, m in turns if m in str(r["messages"]))  # the turn's own message
+        text = str(r["messages"])
+        assert r["id_slot"] is not None, r
+        if "Stylist:" in text and "Check:" not in text:
+            answer_slots.setdefault(cid, set()).add(r["id_slot"])
+        else:
+            check_slots.setdefault(cid, set()).add(r["id_slot"])
+    # one slot per conversation's answer step, a different one for each conversation
+    assert all(len(s) == 1 for s in answer_slots.values()), answer_slots
+    kept = [next(iter(s)) for s in answer_slots.values()]
+    assert len(set(kept)) == 3
+    # the checks after the answer never went to their conversation's answer slot
+    for cid, slots in check_slots.items():
+        assert not slots & answer_slots[cid], (cid, slots, answer_slots[cid])
+
+
+def test_slot_table_prefers_free_unkept_slots_and_gives_up_the_oldest() -> None:
+    t = SlotTable(3)
+    a = t.acquire("a", owner=True)
+    t.release(a)  # type: ignore[arg-type]
+    b = t.acquire("b", owner=True)
+    c = t.acquire("c", owner=True)
+    assert len({a, b, c}) == 3
+    # every slot is now busy but a's: a check of b's goes there (not b's own)
+    check = t.acquire("b", owner=False)
+    assert check == a
+    assert t.acquire("a", owner=True) is None  # all busy: the server places it
+    for s in (b, c, check):
+        t.release(s)  # type: ignore[arg-type]
+    # a comes back to its slot; a new conversation takes the one kept longest ago (a's
+    # was kept first, but a just took it again: b's is the oldest)
+    assert t.acquire("a", owner=True) == a
+    d = t.acquire("d", owner=True)
+    assert d == b and t.keeper(b) == "d"  # type: ignore[arg-type]
+
+
+def test_resolve_mode() -> None:
+    assert resolve_mode("auto", kind="openai", base_url=None) == "slot"
+    assert resolve_mode("auto", kind="azure", base_url=None) == "key"
+    assert resolve_mode("auto", kind="openai", base_url="https://api.openai.com/v1") == "key"
+    assert resolve_mode("auto", kind="openai", base_url="http://127.0.0.1:8080/v1") == "off"
+    assert resolve_mode("slot", kind="openai", base_url="http://127.0.0.1:8080/v1") == "slot"
+
+
+def test_a_turns_prompt_begins_with_the_previous_prompt_and_answer() -> None:
+    settings = HistorySettings()
+    template = "{history}Matches: {products}\nShopper: {message}\nStylist:"
+    first = template.format(history="", products="boots A", message="boots?")
+    t1 = HistoryTurn("boots?", "We have boots A.", context=turn_context(first, template, ""))
+    h2 = render_history([t1], settings)
+    second = template.format(history=h2, products="boots A", message="in 40?")
+    # the first prompt, then its answer, then this turn's sections: the first prompt is
+    # the second's prefix
+    assert second.startswith(first + " We have boots A.\n\n")
+    t2 = HistoryTurn("in 40?", "Yes.", context=turn_context(second, template, h2))
+    h3 = render_history([t1, t2], settings)
+    assert h3.startswith(h2) and h3.endswith("Stylist: Yes.\n\n")
+    # a template with the history elsewhere keeps the two-line transcript
+    assert turn_context(first, "Matches: {history}", "") is None
+    assert render_history([HistoryTurn("hi", "hello")], settings) == (
+        "Shopper: hi\nStylist: hello\n\n"
+    )
