@@ -34,11 +34,8 @@ class _AsJson:
 
     def as_json(self) -> dict[str, Any]:
         """The event as a JSON-ready dict: ``{"type": ..., field: value, ...}``."""
-        out: dict[str, Any] = {"type": self.type}
-        for f in fields(self):  # type: ignore[arg-type]
-            if f.name != "type":
-                out[f.name] = _json_value(getattr(self, f.name))
-        return out
+        values = {f.name: _json_value(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {"type": values.pop("type"), **values}
 
 
 @dataclass(frozen=True)

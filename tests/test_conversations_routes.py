@@ -129,9 +129,10 @@ async def test_a_model_label_outside_the_routes_or_none_searches_the_catalogue(
     assert "Rain Jacket" in _compose_prompt(fake)
 
 
-async def test_the_route_waits_only_for_a_classification_of_milliseconds(store) -> None:
-    """What the answer waits for before it starts: classify (no model call, a few ms),
-    then retrieve; no model call precedes the answer's."""
+async def test_the_route_makes_no_model_call_before_the_answer(store) -> None:
+    """What the answer waits for before it starts: classify (keyword rules, no model call),
+    then retrieve; no model call precedes the answer's. (How long classify takes is
+    measured by benchmarks/conversation_routes.py, not asserted here.)"""
     chain, fake = _chain(store)
     async with chain:
         done = await chain.run_turn("Do you have rain jackets?")
@@ -139,8 +140,6 @@ async def test_the_route_waits_only_for_a_classification_of_milliseconds(store) 
     classify, retrieve = steps["classify"], steps["retrieve"]
     assert classify.kind == "classify" and classify.n_attempts == 0
     assert classify.detail is not None and classify.detail["decided_by"] == "keywords"
-    # 50 ms: generous for a loaded machine; keyword rules take tens of microseconds
-    assert classify.duration_ms < 50.0
     assert classify.detail["labels"] == ["product_search"] and not classify.detail["unsure"]
     assert classify.started_offset_ms + classify.duration_ms <= retrieve.started_offset_ms + 1.0
     prompts = [r.messages[-1]["content"] for r in fake.requests]

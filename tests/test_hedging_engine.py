@@ -835,7 +835,8 @@ async def test_real_loop_copy_wins_and_loser_is_closed() -> None:
     assert outcome.value == "answer-2" and outcomes(outcome) == ["cancelled", "duplicate"]
     assert backend.events("cancelled") == [1] and 1 in backend.events("finally")
     copy = outcome.attempts[1]
-    assert copy.started_offset_ms is not None and 20 <= copy.started_offset_ms < 200
+    assert copy.started_offset_ms is not None
+    assert copy.started_offset_ms >= 20  # not before its delay
 
 
 async def test_real_loop_outside_cancellation_leaves_no_task() -> None:

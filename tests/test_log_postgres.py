@@ -268,26 +268,25 @@ async def test_the_database_away_for_seconds_loses_nothing_and_says_so(
     cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A real server stop (``pg_ctl stop -m fast``: every connection closed) for about 3 s
-    while turns keep coming: no turn waits for the log (each alog_turn returns at once),
-    /readyz's state says retrying, and after the restart every turn is in the log once."""
+    while turns keep coming: no turn waits for the log (each alog_turn returns its id with
+    the server down, the turn queued, not committed), /readyz's state says retrying, and
+    after the restart every turn is in the log once."""
     caplog.set_level(logging.WARNING, logger="chainrun.log.writer")
     with Store.open(cluster.url) as s:
         run = await s.acreate_run("live", "{}")
         ids: list[int] = []
-        slowest = 0.0
 
         async def turns(n: int) -> None:
-            nonlocal slowest
             for _ in range(n):
-                t0 = time.perf_counter()
                 ids.append(await s.alog_turn(run, a_turn(len(ids))))
-                slowest = max(slowest, time.perf_counter() - t0)
                 await asyncio.sleep(0.02)
 
         await turns(10)
         await asyncio.wait_for(s.flush(), 30)
         await asyncio.to_thread(cluster.stop, "fast")
         await turns(40)  # ~1 s of turns with the server down
+        # each returned its id without the server: the 40 turns wait in the writer's queue
+        queued_while_down = s.log_status()["queued"]
         states = {s.log_status()["state"]}
         await asyncio.sleep(2.0)
         states.add(s.log_status()["state"])
@@ -297,7 +296,9 @@ async def test_the_database_away_for_seconds_loses_nothing_and_says_so(
         await asyncio.wait_for(s.flush(), 30)
         status = s.log_status()
         logged = [t.id for t in s.turns(run)]
-    assert slowest < 0.05, f"a turn waited {slowest:.3f} s for the log"
+    # a turn waiting for its commit would leave nothing queued; here all of the outage's 40
+    # but those in the batch the writer is retrying wait in the queue
+    assert queued_while_down >= 30, queued_while_down
     assert sorted(logged) == sorted(ids) and len(logged) == 60
     assert status["state"] == "ok" and status["lost_writes"] == 0 and status["outages"] >= 1
     said = " ".join(r.getMessage() for r in caplog.records)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlite_utils
 from pydantic import ValidationError
+from virtual_time import run_virtual, vloop
 
 from chainrun.errors import ProviderUnavailable
 from chainrun.retrieval import (
@@ -26,6 +26,7 @@ from chainrun.retrieval import (
     rrf_fuse,
 )
 from chainrun.retrieval.catalog import ensure_sample_catalog
+from chainrun.retrieval.stage import HedgedAnswer
 
 #: ids of real sample products, so that the stage can look them up
 IDS = ["JKT-002", "JKT-003", "JKT-004", "JKT-005", "JKT-006", "JKT-007", "JKT-008", "JKT-009",
@@ -200,14 +201,18 @@ def test_rrf_small_k_and_ties() -> None:
         rrf_fuse([["a"]], k=0)
 
 
-async def test_hybrid_runs_components_in_parallel_and_fuses() -> None:
+def test_hybrid_runs_components_in_parallel_and_fuses() -> None:
     keyword = CountingSearch("keyword_any", ["a", "b", "c"], delay_s=0.1)
     vector = CountingSearch("vector", ["c", "a", "d"], delay_s=0.1)
     hybrid = HybridSearch([keyword, vector], rrf_k=60, candidates=20)
-    t0 = time.perf_counter()
-    hits = await hybrid.search("q", 3)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.18  # gathered: about 0.1 s, not 0.2 s
+
+    async def main() -> tuple[list[Hit], float]:
+        t0 = vloop().time()
+        hits = await hybrid.search("q", 3)
+        return hits, vloop().time() - t0
+
+    hits, elapsed = run_virtual(main)
+    assert elapsed == pytest.approx(0.1)  # gathered: 0.1 s of virtual time, not 0.2 s
     assert [h.id for h in hits] == ["a", "c", "b"] and all(h.source == "hybrid" for h in hits)
     assert keyword.seen[0][1] == 20  # each component contributes `candidates` hits
 
@@ -278,20 +283,25 @@ async def test_build_retriever_without_embedding_searches(db: sqlite_utils.Datab
 # -- hedged fallbacks (the seam to chainrun.hedging) ----------------------------------
 
 
-async def test_slow_primary_is_hedged_by_its_fallback() -> None:
+def test_slow_primary_is_hedged_by_its_fallback() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
     primary = CountingSearch("vector", ["slow"], delay_s=0.5)
     fallback = CountingSearch("keyword_any", ["fast"])
-    hedger = fallback_hedger("vector", "keyword_any", delay_ms=20)
-    t0 = time.perf_counter()
-    answer = await hedged_search(primary, fallback, "q", 5, filters=None, hedger=hedger)
-    elapsed = time.perf_counter() - t0
+
+    async def main() -> tuple[HedgedAnswer, float]:
+        hedger = fallback_hedger("vector", "keyword_any", delay_ms=20)
+        t0 = vloop().time()
+        answer = await hedged_search(primary, fallback, "q", 5, filters=None, hedger=hedger)
+        elapsed = vloop().time() - t0
+        await hedger.aclose()
+        return answer, elapsed
+
+    answer, elapsed = run_virtual(main)
     assert answer.answered_by == "keyword_any" and answer.hedged == "fallback_won"
     assert [h.id for h in answer.hits] == ["fast"]
-    assert 0.015 < elapsed < 0.3  # waited the head start, not the slow primary
+    assert elapsed == pytest.approx(0.020)  # waited the head start, not the slow primary
     assert primary.calls == 1 and primary.finished == 0  # the loser was cancelled
-    await hedger.aclose()
 
 
 async def test_slow_but_valid_primary_can_still_win() -> None:
@@ -316,20 +326,26 @@ async def test_fast_primary_never_enlists_the_fallback() -> None:
     await hedger.aclose()
 
 
-async def test_failing_primary_starts_the_fallback_at_once() -> None:
+def test_failing_primary_starts_the_fallback_at_once() -> None:
     from chainrun.retrieval import fallback_hedger, hedged_search
 
     primary = CountingSearch("vector", [], error=ProviderUnavailable("down"))
     fallback = CountingSearch("keyword_any", ["f"])
-    hedger = fallback_hedger("vector", "keyword_any", delay_ms=1000)
-    t0 = time.perf_counter()
-    answer = await hedged_search(primary, fallback, "q", 5, filters=None, hedger=hedger)
-    assert time.perf_counter() - t0 < 0.5  # did not wait for the 1 s head start
+
+    async def main() -> tuple[HedgedAnswer, float]:
+        hedger = fallback_hedger("vector", "keyword_any", delay_ms=1000)
+        t0 = vloop().time()
+        answer = await hedged_search(primary, fallback, "q", 5, filters=None, hedger=hedger)
+        elapsed = vloop().time() - t0
+        both = CountingSearch("keyword_any", [], error=ProviderUnavailable("also down"))
+        with pytest.raises(ProviderUnavailable, match="also down"):
+            await hedged_search(primary, both, "q", 5, filters=None, hedger=hedger)
+        await hedger.aclose()
+        return answer, elapsed
+
+    answer, elapsed = run_virtual(main)
+    assert elapsed == 0.0  # did not wait for the 1 s head start
     assert answer.hedged == "fallback_after_error" and answer.answered_by == "keyword_any"
-    both = CountingSearch("keyword_any", [], error=ProviderUnavailable("also down"))
-    with pytest.raises(ProviderUnavailable, match="also down"):
-        await hedged_search(primary, both, "q", 5, filters=None, hedger=hedger)
-    await hedger.aclose()
 
 
 async def test_stage_records_the_hedge(db: sqlite_utils.Database) -> None:

@@ -7,7 +7,8 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 from conftest import model_classify_config, reply_by_step
@@ -16,9 +17,11 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
+from chainrun.providers.base import ChatRequest
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.steps import Step, StepContext, StepResult, TurnState, register_step_kind
 from chainrun.steps.base import StepItem
+from chainrun.timing import Chunk
 
 
 class Shout(Step):
@@ -70,20 +73,56 @@ def _offsets(store, run_id: int) -> dict[str, tuple[float, float]]:
             for s in store.steps(run_id)}  # fmt: skip
 
 
-def _slow_classify_script():
-    return reply_by_step({
-        "classify": FakeReply("sizing", ttft_s=0.3),
-        "validate": FakeReply('{"ok": true, "reason": "x"}', ttft_s=0.2),
-        "critique": FakeReply("fine", ttft_s=0.2),
-        "compose": FakeReply("an answer", ttft_s=0.05),
-    })  # fmt: skip
+def _step_of(request: ChatRequest) -> str:
+    """Which default step sent ``request`` (told apart by its prompt, as reply_by_step)."""
+    prompt = request.messages[-1]["content"]
+    for marker, step in (("Category:", "classify"), ("Review as JSON", "validate"),
+                         ("more helpful", "critique")):  # fmt: skip
+        if marker in prompt:
+            return step
+    return "compose"
+
+
+@dataclass
+class HeldSteps(FakeProvider):
+    """The fake provider with some steps' replies held until another step's request came
+    (``"started"``) or its reply ended (``"finished"``): ``hold = {"classify": ("compose",
+    "finished")}`` makes "classify ended after the answer" an order, not a race of sleeps.
+    A hold never released fails the step after :data:`HOLD_S` (a wrong order is a failure,
+    never a hang)."""
+
+    hold: dict[str, tuple[str, str]] = field(default_factory=dict)
+    seen: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def _event(self, step: str, moment: str) -> asyncio.Event:
+        return self.seen.setdefault((step, moment), asyncio.Event())
+
+    async def chunks(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        step = _step_of(request)
+        self._event(step, "started").set()
+        if step in self.hold:
+            async with asyncio.timeout(HOLD_S):
+                await self._event(*self.hold[step]).wait()
+        async for chunk in super().chunks(request):
+            yield chunk
+        self._event(step, "finished").set()
+
+
+#: how long a held step waits for its release before it fails, in s
+HOLD_S = 20.0
+
+
+def _held(**hold: tuple[str, str]) -> HeldSteps:
+    return HeldSteps(name="local", script=reply_by_step({"classify": FakeReply("sizing")}),
+                     hold=hold)  # fmt: skip
 
 
 async def test_independent_steps_run_concurrently_when_ready(store) -> None:
     """off_path_steps = "when_ready": classify runs beside retrieve/compose (compose does
     not read the label); validate and critique both need only the answer and overlap."""
     cfg = model_classify_config({"off_path_steps": "when_ready"})
-    fake = FakeProvider(name="local", script=_slow_classify_script())
+    # classify answers only once the answer is complete; validate once critique has started
+    fake = _held(classify=("compose", "finished"), validate=("critique", "started"))
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         assert chain.graph.deferred == frozenset()
         done = await chain.run_turn("a jacket?")
@@ -103,7 +142,7 @@ async def test_off_path_steps_wait_for_the_answer_by_default(store) -> None:
     """Default: classify (nothing on the answer's path reads the label, it cannot end the
     turn) starts once the answer is complete, beside validate and critique, so it does not
     share a compute-bound model server with the answer's prefill; it is post-answer."""
-    fake = FakeProvider(name="local", script=_slow_classify_script())
+    fake = _held(validate=("classify", "started"))  # validate ends after classify started
     async with Chain(model_classify_config(), store=store, providers={"local": fake}) as chain:
         assert chain.graph.deferred == {"classify"}
         assert chain.graph.deps["classify"] == {"compose"}
@@ -118,11 +157,11 @@ async def test_off_path_steps_wait_for_the_answer_by_default(store) -> None:
     assert turn.label == "sizing"
 
 
-async def test_the_default_classify_step_is_on_the_path_and_takes_milliseconds(store) -> None:
+async def test_the_default_classify_step_is_on_the_path_and_calls_no_model(store) -> None:
     """The default chain routes on the label, so classify runs first, before retrieve or
-    policy, and the answer waits for it; it calls no model, so the wait is milliseconds
-    (keyword rules; a message they do not decide costs one MiniLM forward pass) and no
-    model call precedes the answer's."""
+    policy, and the answer waits for it; it calls no model (keyword rules; a message they
+    do not decide costs one MiniLM forward pass: benchmarks/conversation_routes.py measures
+    the wait) and no model call precedes the answer's."""
     fake = FakeProvider(name="local", script=reply_by_step())
     async with Chain(config_from_dict({}), store=store, providers={"local": fake}) as chain:
         assert chain.graph.deferred == frozenset()
@@ -131,7 +170,6 @@ async def test_the_default_classify_step_is_on_the_path_and_takes_milliseconds(s
         done = await chain.run_turn("Do you have a rain jacket?")
     spans = _offsets(store, done.run_id)
     assert spans["classify"][1] <= spans["retrieve"][0] + 1.0
-    assert spans["classify"][1] - spans["classify"][0] < 50.0  # ms, on a loaded machine
     steps = {s.step: s for s in store.steps(done.run_id)}
     assert not steps["classify"].post_answer and steps["classify"].n_attempts == 0
     assert next(c.step for c in store.calls(done.run_id)) == "compose"
@@ -241,10 +279,9 @@ async def test_a_closed_failure_cancels_running_siblings(store) -> None:
     }))  # fmt: skip
     cfg = model_classify_config({"off_path_steps": "when_ready"})  # classify beside compose
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
-        t0 = asyncio.get_running_loop().time()
         done = await chain.run_turn("hi")
-        took = asyncio.get_running_loop().time() - t0
-    assert done.status == "refused" and took < 3.0
+    # not waited for: classify's 5 s reply was closed unfinished
+    assert done.status == "refused" and fake.finished == 0
     status = {s.step: s.status for s in store.steps(done.run_id)}
     assert status == {"classify": "cancelled", "retrieve": "ok", "compose": "failed_closed",
                       "validate": "skipped", "critique": "skipped"}  # fmt: skip

@@ -421,9 +421,10 @@ async def test_a_check_of_the_answer_does_not_hold_the_answer_steps_own_tool() -
                   "check": {"prompt": "Review: {answer}", "on_reject": "refuse",
                             "deadline_s": 5.0}},
     })  # fmt: skip
-    t0 = time.monotonic()
     with Store.open(":memory:") as store:
         async with Chain(cfg, store=store, providers={"local": fake}) as chain:
             done, _ = await collect(chain, "put 1 of JKT-12 in my cart")
+            steps = {s.step: s.status for s in store.steps(chain.run_id or 0)}
     assert done.status == "ok" and done.output == "Added."
-    assert len(RUNS) == 1 and time.monotonic() - t0 < 4  # no wait for the deadline
+    # no wait for the deadline: a tool held for the check would time the answer step out
+    assert steps == {"answer": "ok", "check": "ok"} and len(RUNS) == 1

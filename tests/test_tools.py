@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from virtual_time import run_virtual, vloop
 
 from chainrun.errors import ConfigError
 from chainrun.tools import (
@@ -20,6 +21,7 @@ from chainrun.tools import (
     TurnTools,
     build_tools,
 )
+from chainrun.tools.runner import ToolCallRecord
 
 CART_SCHEMA = {
     "type": "object",
@@ -179,16 +181,21 @@ async def test_a_failing_tool_is_an_error_the_model_sees() -> None:
     assert json.loads(rec.content) == {"error": "LookupError: no such sku X"}
 
 
-async def test_a_slow_tool_times_out() -> None:
+def test_a_slow_tool_times_out() -> None:
     async def slow(sku: str, qty: int) -> str:
         await asyncio.sleep(5)
         return "late"
 
-    cfg = cart_config(timeout_s=0.05)
-    tt = TurnTools({"add_to_cart": FunctionTool("add_to_cart", cfg, slow)}, turn_key="t")
-    rec = await tt.run(call({"sku": "X", "qty": 1}), step="s", attempt=1, round=1, t0=tt.clock())
+    async def main() -> ToolCallRecord:
+        cfg = cart_config(timeout_s=0.05)
+        tools = {"add_to_cart": FunctionTool("add_to_cart", cfg, slow)}
+        tt = TurnTools(tools, turn_key="t", clock=vloop().time)
+        return await tt.run(call({"sku": "X", "qty": 1}), step="s", attempt=1, round=1,
+                            t0=tt.clock())  # fmt: skip
+
+    rec = run_virtual(main)  # virtual time: the tool's 5 s and its 50 ms timeout are exact
     assert rec.status == "timeout" and "do not call it again" in rec.content
-    assert rec.duration_ms is not None and rec.duration_ms < 1000
+    assert rec.duration_ms == pytest.approx(50.0)  # stopped at its timeout, not at 5 s
 
 
 async def test_a_result_that_is_not_json_is_an_error() -> None:

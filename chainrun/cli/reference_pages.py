@@ -1,9 +1,11 @@
 """The generated parts of the docs' reference pages, written into the committed Markdown.
 
-Three pages hold a part made from the code: ``docs/reference/configuration.md`` (every key
+Four pages hold a part made from the code: ``docs/reference/configuration.md`` (every key
 of every table, from the pydantic config models), ``docs/reference/log.md`` (the log's
-tables, column by column) and ``docs/reference/cli.md`` (every command with its help,
-arguments and options, from the typer app itself). Each part sits between two markers::
+tables, column by column), ``docs/reference/cli.md`` (every command with its help,
+arguments and options, from the typer app itself) and ``docs/reference/lab-scenarios.md``
+(every key of a latency-lab scenario file, from its pydantic model). Each part sits
+between two markers::
 
     <!-- generated: cli -->
     ...
@@ -27,7 +29,7 @@ from typing import Any
 
 import typer.main
 
-from chainrun.reference.pages import config_markdown, log_markdown
+from chainrun.reference.pages import config_markdown, lab_scenario_markdown, log_markdown
 
 #: the repository's docs/reference folder (this file is chainrun/cli/reference_pages.py)
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
@@ -80,6 +82,7 @@ GENERATED: Mapping[str, tuple[str, Callable[[], str]]] = {
     "configuration.md": ("configuration", config_markdown),
     "log.md": ("log", log_markdown),
     "cli.md": ("cli", cli_markdown),
+    "lab-scenarios.md": ("lab-scenarios", lab_scenario_markdown),
 }
 
 

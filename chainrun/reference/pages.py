@@ -501,6 +501,14 @@ def config_markdown(keys: list[ConfigKey] | None = None) -> str:
     return "\n".join(out)
 
 
+def lab_scenario_markdown() -> str:
+    """The latency lab's scenario file as Markdown, in the configuration page's form: one
+    section per TOML table of :class:`chainrun.lab.scenarios.Scenario`, one row per key."""
+    from chainrun.lab.scenarios import Scenario
+
+    return config_markdown(config_keys(Scenario, variants={}))
+
+
 def _table_title(table: str) -> str:
     if table.endswith("[]"):
         return f"`[[{table[:-2]}]]`"
