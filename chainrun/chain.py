@@ -614,8 +614,10 @@ class Chain:
                     yield event
                 return
         if history is not None:  # the caller's thread: what the checks mask stays masked
-            history = [HistoryTurn(self._input_checks.check(h.message).text, h.answer,
-                                   h.products) for h in history]  # fmt: skip
+            mask = self._input_checks.check
+            history = [dataclasses.replace(h, message=mask(h.message).text, context=None
+                                           if h.context is None else mask(h.context).text)
+                       for h in history]  # fmt: skip
         place = await self.conversations.begin(conversation_id, history, turn_index)
         if user is not None and conversation_id is None:
             await self._check_owner(place.conversation_id, user)

@@ -143,8 +143,8 @@ async def test_a_line_with_history_replaces_the_runs_own(tmp_path, fake) -> None
     assert second.startswith("Shopper: Do you sell scarves?\nStylist: Yes, silk ones.\n\n")
     assert "boots" not in second
     third = next(p for p in prompts if "In blue?\nStylist:" in p)
-    assert third.startswith("Shopper: Do you sell scarves?\nStylist: Yes, silk ones.\n"
-                            "Shopper: Which is cheapest?\nStylist: ")  # fmt: skip
+    # the fixed context, then the second turn as its prompt showed it and its answer
+    assert third.startswith(second + " ")
     store.close()
 
 

@@ -11,6 +11,7 @@ prompt begin with the previous turn's prompt and answer (what a prefix cache reu
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,9 @@ from chainrun.conversations.history import (
     turn_context,
 )
 from chainrun.lab import LabServer
+from chainrun.log.store import Store
 from chainrun.providers.affinity import SlotTable, resolve_mode
+from chainrun.replay.run import ReplayRequest, run_requests
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +160,19 @@ def test_a_turns_prompt_begins_with_the_previous_prompt_and_answer() -> None:
     assert render_history([HistoryTurn("hi", "hello")], settings) == (
         "Shopper: hi\nStylist: hello\n\n"
     )
+
+
+def test_a_replayed_conversations_prompts_each_begin_with_the_previous_one(
+    lab: LabServer, tmp_path: Any
+) -> None:
+    lab.reset()
+    cfg = _config(lab)
+    turns = [ReplayRequest(f"r{i}", m, conversation_id="cv", turn=i)
+             for i, m in enumerate(["red shoes?", "in size 40?", "and in blue?"], start=1)]
+    with Store.open(str(tmp_path / "log.db")) as store:
+        asyncio.run(run_requests(cfg, turns, store, quiet=True))
+    prompts = [r["messages"][-1]["content"] for r in lab.requests()
+               if "Check:" not in str(r["messages"])]  # fmt: skip
+    assert len(prompts) == 3
+    for earlier, later in itertools.pairwise(prompts):
+        assert later.startswith(earlier + " ")  # then its answer and this turn's text

@@ -147,10 +147,12 @@ def render_turn(turn: HistoryTurn, settings: HistorySettings) -> str:
 def render_history(turns: Sequence[HistoryTurn], settings: HistorySettings) -> str:
     """The ``{history}`` text of ``turns`` (oldest first): their text, ending in one
     blank line; ``""`` for no turns."""
-    if not turns:
-        return ""
-    text = "".join(render_turn(t, settings) for t in turns)
-    return text if text.endswith("\n\n") else text + "\n"
+    text = ""
+    for t in turns:
+        if t.context is not None and text and not text.endswith("\n\n"):
+            text += "\n"  # the blank line this turn's prompt had after the lines before it
+        text += render_turn(t, settings)
+    return text if not text or text.endswith("\n\n") else text + "\n"
 
 
 def turn_context(prompt: str, template: str, history: str) -> str | None:
