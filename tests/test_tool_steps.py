@@ -377,13 +377,17 @@ async def test_against_the_lab_a_client_gone_between_the_tool_call_and_the_tool(
     assert RUNS == [] and [r.status for r in rows] == ["not_started"]
 
 
-async def test_a_shadow_loser_that_asked_for_the_tool_to_the_end_never_runs_it() -> None:
-    """Both attempts ask for add_to_cart; the loser is left to finish (a shadow, for the
-    time-saved measurement) and its whole tool call arrives: only the winner's runs."""
+def shadowed_cart(
+    tool_ttft_s: float, text_ttft_s: float
+) -> tuple[Any, FakeProvider, FakeProvider]:
+    """A hedged answer step with add_to_cart: a slow primary (its tool call after
+    ``tool_ttft_s``, its text after ``text_ttft_s``) whose copy on a fast backup wins
+    both rounds at 50 ms, every loser left to finish (``shadow_fraction = 1``); returns
+    (config, slow, fast)."""
     slow = FakeProvider(name="local", script=rounds_script(
         FakeReply(tool_calls=[{"id": "call_slow", "name": "add_to_cart",
-                               "arguments": '{"sku": "JKT-12", "qty": 2}'}], ttft_s=0.4),
-        FakeReply("Added (slow).", ttft_s=0.4)))  # fmt: skip
+                               "arguments": '{"sku": "JKT-12", "qty": 2}'}], ttft_s=tool_ttft_s),
+        FakeReply("Added (slow).", ttft_s=text_ttft_s)))  # fmt: skip
     fast = FakeProvider(name="backup", script=rounds_script(
         cart_call({"sku": "JKT-12", "qty": 2}, call_id="call_fast"),
         FakeReply("Added.", gap_s=0.001)))  # fmt: skip
@@ -392,6 +396,13 @@ async def test_a_shadow_loser_that_asked_for_the_tool_to_the_end_never_runs_it()
                       tools=["add_to_cart"], hedge={
                           "delay_ms": 50, "max_attempts": 2, "max_extra_load": 1.0,
                           "shadow_fraction": 1.0, "targets": ["backup"]})  # fmt: skip
+    return cfg, slow, fast
+
+
+async def test_a_shadow_loser_that_asked_for_the_tool_to_the_end_never_runs_it() -> None:
+    """Both attempts ask for add_to_cart; the loser is left to finish (a shadow, for the
+    time-saved measurement) and its whole tool call arrives: only the winner's runs."""
+    cfg, slow, fast = shadowed_cart(0.4, 0.4)
     with Store.open(":memory:") as store:
         async with Chain(cfg, store=store, providers={"local": slow, "backup": fast}) as chain:
             done, _ = await collect(chain, "put 2 of JKT-12 in my cart")
@@ -400,6 +411,36 @@ async def test_a_shadow_loser_that_asked_for_the_tool_to_the_end_never_runs_it()
     assert done.status == "ok" and done.output == "Added."
     assert [r["key"] for r in RUNS] == [f"{done.turn_id}:answer:1:0"]
     assert [r.call_id for r in rows] == ["call_fast"]
+
+
+async def test_every_rounds_shadow_loser_settles_its_own_time_saved() -> None:
+    """Two rounds (the tool call, then the text), each won by the copy while the slow
+    primary is left to finish as a shadow: once both shadows end, each round has its own
+    time saved (its primary's first event minus its copy's: about 250 ms in round 1 and
+    450 ms in round 2), and the step's is their sum (not the round that settled last)."""
+    cfg, slow, fast = shadowed_cart(0.3, 0.5)
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store, providers={"local": slow, "backup": fast}) as chain:
+            done, _ = await collect(chain, "put 2 of JKT-12 in my cart")
+        # closing the chain waited for both shadows and rewrote their rows
+        (step,) = store.steps(chain.run_id or 0)
+        calls = store.calls(chain.run_id or 0)
+    assert done.status == "ok" and slow.finished == 2  # both shadows read to their end
+    by_round: dict[int, dict[str, Any]] = {}
+    for c in calls:
+        assert c.first_event_ms is not None and c.started_offset_ms is not None
+        by_round.setdefault(c.round, {})[c.target] = c.started_offset_ms + c.first_event_ms
+    rounds = step.hedge_rounds()
+    assert [r.round for r in rounds] == [1, 2] and all(r.won for r in rounds)
+    expected = {n: times["local"] - times["backup"] for n, times in by_round.items()}
+    for r, other in zip(rounds, reversed(rounds), strict=True):
+        # measured on the engine's clock, the rows on the stream's: each round's own value
+        # (nearer its own rows' difference than the other round's), never the other's
+        assert r.time_saved_ms is not None and r.time_saved_ms > 0, rounds
+        mine, theirs = abs(r.time_saved_ms - expected[r.round]), abs(
+            r.time_saved_ms - expected[other.round])
+        assert mine < theirs, (rounds, expected)
+    assert step.time_saved_ms == pytest.approx(sum(r.time_saved_ms or 0 for r in rounds))
 
 
 async def test_a_check_of_the_answer_does_not_hold_the_answer_steps_own_tool() -> None:

@@ -360,27 +360,29 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
         return turn_id
 
     def update_step_calls(
-        self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
-    ) -> None:
-        """Rewrite a logged step's ``calls`` rows (matched by attempt) and its
-        ``time_saved_ms``: how shadow losers that finished after the turn was logged
-        reach the log."""
+        self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None,
+        *, hedge_rounds: list[dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
+        """Rewrite a logged step's ``calls`` rows (matched by round and attempt), its
+        ``time_saved_ms`` and, given, its ``detail["hedge_rounds"]``: how shadow losers
+        that finished after the turn was logged reach the log."""
         if self.redactor:
             redact_calls(calls, self.redactor)
         with self.log.transaction():
-            write_step_calls(self.log, turn_id, step, calls, time_saved_ms)
+            write_step_calls(self.log, turn_id, step, calls, time_saved_ms, hedge_rounds)
 
     async def aupdate_step_calls(
-        self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None
-    ) -> None:
+        self, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None,
+        *, hedge_rounds: list[dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
         """:meth:`update_step_calls` off the event loop (see :meth:`alog_turn`)."""
         if self.writer is None:
-            self.update_step_calls(turn_id, step, calls, time_saved_ms)
+            self.update_step_calls(turn_id, step, calls, time_saved_ms, hedge_rounds=hedge_rounds)
             return
         if self.redactor:
             redact_calls(calls, self.redactor)
         await self.writer.submit(
-            lambda db: write_step_calls(db, turn_id, step, calls, time_saved_ms)
+            lambda db: write_step_calls(db, turn_id, step, calls, time_saved_ms, hedge_rounds)
         )
 
     async def flush(self) -> None:

@@ -5,6 +5,7 @@ its shadow losers finish after the turn was logged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -127,9 +128,11 @@ def scrub_surrogates(params: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def write_step_calls(
     db: LogDb, turn_id: int, step: str, calls: list[CallRow], time_saved_ms: float | None,
+    hedge_rounds: list[dict[str, Any]] | None = None,
 ) -> None:  # fmt: skip
-    """Rewrite a logged step's calls (by round and attempt) and time saved (inside the
-    caller's transaction)."""
+    """Rewrite a logged step's calls (by round and attempt), time saved (ms) and, given,
+    the per-round hedge in its ``detail["hedge_rounds"]`` (inside the caller's
+    transaction)."""
     for c in calls:
         row = c.to_db()
         for key in ("id", "run_id", "turn_id"):
@@ -145,3 +148,9 @@ def write_step_calls(
         "update steps set time_saved_ms = ? where turn_id = ? and step = ?",
         [time_saved_ms, turn_id, step],
     )
+    if hedge_rounds is not None:
+        logged = db.scalar("select detail from steps where turn_id = ? and step = ?",
+                           [turn_id, step])  # fmt: skip
+        detail = {**(json.loads(logged) if logged else {}), "hedge_rounds": hedge_rounds}
+        db.execute("update steps set detail = ? where turn_id = ? and step = ?",
+                   [json.dumps(detail), turn_id, step])  # fmt: skip

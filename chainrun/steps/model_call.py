@@ -212,6 +212,17 @@ class CallRound:
     winner: ChatStream | None = None
     error: BaseException | None = None
 
+    def hedge(self) -> dict[str, Any]:
+        """The round's hedge as ``steps.detail["hedge_rounds"]`` logs it: ``{"round",
+        "fired", "won", "time_saved_ms"}`` (ms; None until measured: a shadow loser that
+        has not finished). A race stopped before it settled fired when a copy was sent."""
+        if self.outcome is None:
+            fired, won, saved = len(self.streams) > 1, False, None
+        else:
+            fired, won = self.outcome.fired, self.outcome.won_by_copy
+            saved = self.outcome.time_saved_ms
+        return {"round": self.number, "fired": fired, "won": won, "time_saved_ms": saved}
+
     def winner_attempt(self) -> int:
         """The winning attempt's number within the round (1 when none won)."""
         return next((n for n, s in self.streams.items() if s is self.winner), 1)
@@ -494,9 +505,8 @@ class HedgedCall:
                     ctx.row.detail = {**(ctx.row.detail or {}), "hedge_delay_seeded": True}
                 if stream is not None and checks is not None:
                     checks.record(ctx, stream, result.winner, result.blocked)
-                for r in rounds:
-                    if r.outcome is not None and r.outcome.shadows_pending:
-                        ctx.after_log.append(self._shadow_settler(r, deadline))
+                if any(r.outcome is not None and r.outcome.shadows_pending for r in rounds):
+                    ctx.after_log.append(self._shadow_settler(rounds, deadline, tools is not None))
         if tools is not None:
             result.tool_results = dict(tools.results)
         yield result
@@ -533,7 +543,6 @@ class HedgedCall:
         row.duration_ms = ctx.elapsed_ms()
         rows_error = error if error is not None or not cancelled else asyncio.CancelledError()
         calls: list[CallRow] = []
-        saved: list[float] = []
         detail: dict[str, Any] = {}
         output_tokens: int | None = 0
         row.n_attempts = 0
@@ -543,18 +552,13 @@ class HedgedCall:
             outcome = rnd.outcome
             row.n_attempts += len(rnd.streams)
             if outcome is not None:
-                fired, won, round_saved = outcome.fired, outcome.won_by_copy, outcome.time_saved_ms
-                if round_saved is not None:
-                    saved.append(round_saved)
                 for key, value in hedge_detail(outcome).items():
                     detail[key] = (detail.get(key, []) + value if isinstance(value, list)
                                    else value)  # fmt: skip
-            else:  # stopped before the race settled: a copy was sent, the hedge fired
-                fired, won, round_saved = len(rnd.streams) > 1, False, None
-            row.hedge_fired = row.hedge_fired or fired
-            row.hedge_won = row.hedge_won or won
-            per_round.append({"round": rnd.number, "fired": fired, "won": won,
-                              "time_saved_ms": round_saved})  # fmt: skip
+            hedge = rnd.hedge()
+            row.hedge_fired = row.hedge_fired or hedge["fired"]
+            row.hedge_won = row.hedge_won or hedge["won"]
+            per_round.append(hedge)
             if i == 0:
                 row.hedge_delay_ms = (outcome.delay_ms if outcome is not None
                                       else self.hedger.current_delay_ms())  # fmt: skip
@@ -565,7 +569,7 @@ class HedgedCall:
                                  if usage is not None and usage.output_tokens is not None
                                  else None)  # fmt: skip
         ctx.calls[:] = calls
-        row.time_saved_ms = sum(saved) if saved else None
+        row.time_saved_ms = _time_saved(per_round)
         if tools is not None:
             ctx.tool_calls[:] = tools.rows()
             detail["tool_rounds"] = len(rounds)
@@ -620,21 +624,34 @@ class HedgedCall:
         return rows
 
     def _shadow_settler(
-        self, rnd: CallRound, deadline: float
+        self, rounds: list[CallRound], deadline: float, per_round: bool
     ) -> Callable[[int | None], Awaitable[None]]:
-        """A callback that waits (inside the step's deadline) for ``rnd``'s shadow losers,
-        then rewrites its ``calls`` rows and the measured ``time_saved_ms`` in the log."""
-        outcome = rnd.outcome
-        assert outcome is not None
+        """A callback that waits (inside the step's deadline) for the shadow losers of
+        every round that left some, then rewrites those rounds' ``calls`` rows and the
+        step's measured ``time_saved_ms`` (the sum over its rounds, as :meth:`_record`
+        writes it), with each round's in ``detail["hedge_rounds"]`` when ``per_round``
+        (a call with tools)."""
+        pending = [r for r in rounds if r.outcome is not None and r.outcome.shadows_pending]
 
         async def settle(turn_id: int | None) -> None:
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
-                    await outcome.shadows_done()
+                    for rnd in pending:
+                        assert rnd.outcome is not None
+                        await rnd.outcome.shadows_done()
             if self._store is None or turn_id is None:
                 return
-            rows = self._call_rows(rnd, 0.0, None)
-            await self._store.aupdate_step_calls(turn_id, self.step, rows, outcome.time_saved_ms)
+            rows = [row for rnd in pending for row in self._call_rows(rnd, 0.0, None)]
+            hedges = [rnd.hedge() for rnd in rounds]
+            await self._store.aupdate_step_calls(turn_id, self.step, rows, _time_saved(hedges),
+                                                 hedge_rounds=hedges if per_round else None)
 
         return settle
+
+
+def _time_saved(hedges: Sequence[dict[str, Any]]) -> float | None:
+    """A step's time saved: the sum of its rounds' measured ``time_saved_ms`` (ms; None
+    when no round measured one)."""
+    saved = [h["time_saved_ms"] for h in hedges if h["time_saved_ms"] is not None]
+    return sum(saved) if saved else None
