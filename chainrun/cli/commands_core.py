@@ -167,11 +167,8 @@ def replay(
     from chainrun.analysis.summary import answered_summary, hedge_stats, latency_summary
     from chainrun.cli.tables import hedge_table, latency_table, run_headline
     from chainrun.config import load_config
-    from chainrun.errors import LogFileGone, LogWriteError, ProviderUnavailable, UserInputError
-    from chainrun.log.writer import LogWriteLost
-    from chainrun.replay.hints import resume_command
-    from chainrun.replay.run import run_requests
-    from chainrun.replay.session import open_replay, provider_gone, without_prompt_cache
+    from chainrun.errors import UserInputError
+    from chainrun.replay.session import open_replay, run_replay, without_prompt_cache
 
     if resume is not None and config is not None:
         raise UserInputError("--resume uses the run's own config; leave out --config")
@@ -182,68 +179,42 @@ def replay(
         cfg = without_prompt_cache(cfg, lambda line: err.print(
             f"chainrun: warning: {line}", markup=False, highlight=False))  # fmt: skip
     opened = open_replay(file, db, cfg, resume)  # the file checked before any run exists
-    cfg, requests, store, earlier = opened.config, opened.requests, opened.store, opened.earlier
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=err, transient=True,
         disable=as_json or not err.is_terminal,  # a bar in a log file is noise
     )  # fmt: skip
-    task = progress.add_task("", total=len(requests))
-
-    finished: list[TurnFinished] = []  # what the run answered: its summary if the log is gone
+    task = progress.add_task("", total=len(opened.requests))
 
     def on_turn(req: ReplayRequest, done: TurnFinished) -> None:
-        finished.append(done)
         progress.update(task, advance=1, description=f"{escape(req.id)}: {done.status}")
 
-    started: list[int] = []
-    stopped: BaseException | None = None  # Ctrl-C or SIGTERM: the partial summary first
-    lost: LogWriteError | None = None  # turns the log refused: named after the summary
     try:
-        try:
-            with progress:
-                run_id = run_async(
-                    run_requests(
-                        cfg, requests, store, concurrency=concurrency, label=label,
-                        source=str(file), on_turn=on_turn,
-                        quiet=as_json, run_id=resume, on_run=started.append, earlier=earlier,
-                        act=act,
-                    )
-                )  # fmt: skip
-        except (KeyboardInterrupt, Terminated) as e:
-            if not started:  # stopped while the chain opened: say so, not a bare word
-                how = "terminated" if isinstance(e, Terminated) else "interrupted"
-                what = "no run was made and nothing was logged"
-                if resume is not None:
-                    again = resume_command(file, db, resume)
-                    what = f"run {resume} got no new turn; {again} runs the rest"
-                err.print(f"chainrun: replay {how} before its first turn (while the chain "
-                          f"was starting: its providers' startup checks, the models it "
-                          f"loads): {what}", markup=False, highlight=False)  # fmt: skip
-                exit_stopped(e)
-            run_id, stopped = started[0], e
-        except LogWriteError as e:
-            # no run, no log left to summarise (its file gone), or the writer stopped on
-            # an error with no turn to name: the error's one line (the database away is
-            # said below, with the summary from memory)
-            if not started or isinstance(e, LogFileGone) or (
-                not e.lost and not isinstance(e, LogWriteLost)
-            ):
-                raise
-            run_id, lost = started[0], e
-        except ProviderUnavailable as e:
-            if not started:  # no run yet: nothing to go on with
-                raise
-            # the provider went away mid-run: the run ended failed; say which, and how to
-            # run the rest once the provider answers (as the Ctrl-C line does)
-            raise provider_gone(e, store, file, db, started[0]) from None
-        if lost is not None and not lost.lost:  # the database away: what was answered
-            summary = answered_summary(run_id, "replay", "log unreachable", finished)
+        with progress:
+            end = run_replay(opened, file=file, db=db, resume_run=resume,
+                             concurrency=concurrency, label=label, act=act, quiet=as_json,
+                             on_turn=on_turn, runner=run_async,
+                             stop_errors=(KeyboardInterrupt, Terminated))  # fmt: skip
+        if end.run_id is None:  # stopped while the chain opened: say so, not a bare word
+            assert end.stopped is not None
+            how = "terminated" if isinstance(end.stopped, Terminated) else "interrupted"
+            what = "no run was made and nothing was logged"
+            if resume is not None:
+                what = f"run {resume} got no new turn; {end.again} runs the rest"
+            err.print(f"chainrun: replay {how} before its first turn (while the chain "
+                      f"was starting: its providers' startup checks, the models it "
+                      f"loads): {what}", markup=False, highlight=False)  # fmt: skip
+            exit_stopped(end.stopped)
+        run_id = end.run_id
+        if end.log_unreachable:  # the database away: what was answered, from memory
+            summary = answered_summary(run_id, "replay", "log unreachable", end.finished)
             hedging: dict[str, Any] = {"steps": {}}
         else:
-            summary, hedging = latency_summary(store, run_id), hedge_stats(store, run_id)
+            summary, hedging = latency_summary(opened.store, run_id), hedge_stats(
+                opened.store, run_id)
     finally:
-        store.close()
+        opened.store.close()
+    stopped, lost = end.stopped, end.lost
     none_ok = stopped is None and lost is None and not summary["turns"]["n_completed"]
     if as_json:
         doc = {**summary, "hedging": hedging["steps"]}
@@ -262,24 +233,22 @@ def replay(
             out.print(hedge_table(hedging))
     if stopped is None and lost is None:
         _warn_failed_turns(store_path=db, run_id=run_id)
-    if lost is not None and not lost.lost:  # the database away: one line, what was lost and how
-        again = resume_command(file, db, run_id)
-        dropped = store.writer.dropped if store.writer is not None else 0
-        what = f"{dropped} log writes" if dropped else "its pending log writes"
+    if end.log_unreachable:  # the database away: one line, what was lost and how
+        n = end.dropped_writes
+        what = f"{n} log writes" if n else "its pending log writes"
         err.print(f"chainrun: error: run log {db} could not be reached: {what}"
-                  f" of run {run_id} were lost (its {len(finished)} turns answered are summarised "
-                  f"above, from memory); once the database is back, {again} runs the "
-                  "rest", markup=False, highlight=False)  # fmt: skip
+                  f" of run {run_id} were lost (its {len(end.finished)} turns answered are "
+                  f"summarised above, from memory); once the database is back, {end.again} "
+                  "runs the rest", markup=False, highlight=False)  # fmt: skip
         raise typer.Exit(2)
     if lost is not None:
         for line in lost.lines():
             err.print(f"chainrun: error: {line}", markup=False, highlight=False)
-        err.print(f"chainrun: run {run_id} ended lost_turns; {resume_command(file, db, run_id)} "
-                  "runs them again", markup=False, highlight=False)  # fmt: skip
+        err.print(f"chainrun: run {run_id} ended lost_turns; {end.again} runs them again",
+                  markup=False, highlight=False)  # fmt: skip
         raise typer.Exit(2)
     if stopped is not None:
-        again = resume_command(file, db, run_id)
-        err.print(interrupted_line("replay", summary, stopped) + f"; {again} runs the rest",
+        err.print(interrupted_line("replay", summary, stopped) + f"; {end.again} runs the rest",
                   markup=False)  # fmt: skip
         exit_stopped(stopped)
     if none_ok:

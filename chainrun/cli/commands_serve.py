@@ -35,7 +35,6 @@ def serve_command(
         bool | None,
         typer.Option(
             "--otel/--no-otel",
-            # help text is rich markup: "[otel]" must be escaped or it is taken as a tag
             help="Export spans and metrics by OTLP/HTTP (default: when "
             "OTEL_EXPORTER_OTLP_ENDPOINT is set; needs the otel extra, chainrun[otel]).",
         ),
