@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from chainrun.log.rows import TurnUsage
     from chainrun.log.store import Store
     from chainrun.log.writer import LogWriteLost, LogWriterStopped
+    from chainrun.pricing import Cost, Price, PriceBook
     from chainrun.retrieval.products import ShownProduct
     from chainrun.tools.tool import ToolContext
 
@@ -79,6 +80,7 @@ _EXPORTS = {
         "chainrun.events",
     ),
     "HistoryTurn": "chainrun.conversations.history",
+    **dict.fromkeys(("Cost", "Price", "PriceBook"), "chainrun.pricing"),
     "TurnUsage": "chainrun.log.rows",
     "Store": "chainrun.log.store",
     **dict.fromkeys(("LogWriteLost", "LogWriterStopped"), "chainrun.log.writer"),
@@ -99,6 +101,7 @@ __all__ = [
     "ChainConfig",
     "ChainrunError",
     "ConfigError",
+    "Cost",
     "Event",
     "HedgeConfig",
     "HistoryTurn",
@@ -107,6 +110,8 @@ __all__ = [
     "LogWriteError",
     "LogWriteLost",
     "LogWriterStopped",
+    "Price",
+    "PriceBook",
     "ProviderConfig",
     "ProviderError",
     "ProviderStatusError",

@@ -55,6 +55,7 @@ from chainrun.evals.scoring import case_outcomes, flip_rate, load_results, skipp
 from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnRow, winning_calls
 from chainrun.log.store import Store
 from chainrun.log.time_window import log_time
+from chainrun.pricing import Cost, PriceBook, cost_summary, price_book, turn_costs
 from chainrun.statistics.intervals import (
     SUMMARY_PERCENTILES,
     LatencyVerdict,
@@ -494,12 +495,39 @@ def _answer_steps(store: Store, side: Side) -> set[str]:
     return names
 
 
-def _turn_figures(side: Side, answer_steps: set[str]) -> dict[tuple[str, int], dict[str, float]]:
+def _turn_costs(store: Store, side: Side) -> dict[int, Cost]:
+    """Each completed turn's cost (by turn id) over all its calls, copies included, at
+    the prices of its run's config (:func:`chainrun.pricing.price_book`)."""
+    books = {rid: price_book(store.get_run(rid).config) for rid in side.run_ids}
+    default = PriceBook()
+    return turn_costs(side.completed.of(side.calls), lambda rid: books.get(rid, default))
+
+
+def _cost(store: Store, a: Side, b: Side, confidence: float) -> dict[str, Any]:
+    """Cost per completed turn on each side (``{n, mean_usd, p50_usd, p50_ci,
+    n_unknown}``: turns with a call of unknown cost left out and counted) and B's mean
+    minus A's."""
+    out: dict[str, Any] = {}
+    for name, side in (("a", a), ("b", b)):
+        costs = _turn_costs(store, side)
+        known = [c.usd for c in costs.values() if c.known]
+        out[name] = {**cost_summary(known, confidence),
+                     "n_unknown": sum(not c.known for c in costs.values())}  # fmt: skip
+    ma, mb = out["a"]["mean_usd"], out["b"]["mean_usd"]
+    out["diff_mean_usd"] = None if ma is None or mb is None else round(mb - ma, 9)
+    return out
+
+
+def _turn_figures(
+    side: Side, answer_steps: set[str], costs: Mapping[int, Cost] | None = None
+) -> dict[tuple[str, int], dict[str, float]]:
     """Per completed turn with a turn index, keyed by (conversation id, turn index): its
-    answer TTFT (ms) and the answer call's prompt tokens, where known."""
+    answer TTFT (ms), the answer call's prompt tokens and the turn's cost (USD, from
+    ``costs`` by turn id), where known."""
     done = side.completed
     winners = winning_calls(done.of(side.calls))
-    prompt = {tid: c.input_tokens for (tid, step), c in winners.items() if step in answer_steps}
+    answers = {tid: c for (tid, step), c in winners.items() if step in answer_steps}
+    prompt = {tid: c.input_tokens for tid, c in answers.items()}
     out: dict[tuple[str, int], dict[str, float]] = {}
     for t in done.of(side.turns):
         if t.turn_index is None or t.conversation_id is None or t.id is None:
@@ -510,8 +538,22 @@ def _turn_figures(side: Side, answer_steps: set[str]) -> dict[tuple[str, int], d
         tokens = prompt.get(t.id)
         if tokens is not None:
             figures["prompt_tokens"] = float(tokens)
+            cached = answers[t.id].cached_input_tokens
+            if cached is not None:
+                figures["cached_tokens"] = float(cached)
+        cost = (costs or {}).get(t.id)
+        if cost is not None and cost.known:
+            figures["cost"] = cost.usd
         out[(t.conversation_id, t.turn_index)] = figures
     return out
+
+
+def _cached_share(figures: Sequence[Mapping[str, float]]) -> float | None:
+    """The answer calls' cached prompt tokens over their prompt tokens (the calls that
+    reported both); None when none did."""
+    both = [f for f in figures if "cached_tokens" in f and f.get("prompt_tokens")]
+    total = sum(f["prompt_tokens"] for f in both)
+    return round(sum(f["cached_tokens"] for f in both) / total, 4) if total else None
 
 
 def _by_turn_index(
@@ -521,7 +563,8 @@ def _by_turn_index(
     paired over the turns both sides have (same conversation id and turn index: a
     conversation replay set run twice); None when neither side has a conversation of
     more than one turn."""
-    fa, fb = _turn_figures(a, _answer_steps(store, a)), _turn_figures(b, _answer_steps(store, b))
+    fa = _turn_figures(a, _answer_steps(store, a), _turn_costs(store, a))
+    fb = _turn_figures(b, _answer_steps(store, b), _turn_costs(store, b))
     indexes = sorted({i for _, i in [*fa, *fb]})
     if not indexes or max(indexes) < 2:
         return None
@@ -534,13 +577,15 @@ def _by_turn_index(
             row[name] = {"n_turns": len(at), **{
                 k: summarize([f[k] for f in at if k in f], confidence, unit)
                 for k, unit in units.items()
-            }}  # fmt: skip
+            }, "cost": cost_summary([f["cost"] for f in at if "cost" in f], confidence),
+                "cached_share": _cached_share(at)}  # fmt: skip
         both = [(fa[k], fb[k]) for k in fa if k[1] == i and k in fb]
         row["paired"] = {"n_pairs": len(both), **{
             f"{k}_diff": summarize([y[k] - x[k] for x, y in both if k in x and k in y],
                                    confidence, unit)
             for k, unit in units.items()
-        }}  # fmt: skip
+        }, "cost_diff": cost_summary([y["cost"] - x["cost"] for x, y in both
+                                      if "cost" in x and "cost" in y], confidence)}  # fmt: skip
         rows.append(row)
     return {"pairing": ["conversation_id", "turn_index"], "turns": rows}
 
@@ -629,6 +674,7 @@ def compare(
                      # product fact: {"shown": RATE, "model": RATE}, RATE = {"ungrounded",
                      # "n", "rate", "ci95"} (chainrun.analysis.grounding)
          "by_turn_index": BY_TURN | None,  # conversations: figures per turn index
+         "cost": {"a": COST, "b": COST, "diff_mean_usd"},  # per completed turn (USD)
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
 
         CACHE    = {"share", "n_calls", "n_unknown", "cached_tokens", "input_tokens"}
@@ -640,7 +686,14 @@ def compare(
                                      "prompt_tokens": SUMMARY (p50_tokens, ...)},
                                "b": {...},
                                "paired": {"n_pairs", "answer_ttft_diff": SUMMARY,
-                                          "prompt_tokens_diff": SUMMARY}}, ...]}
+                                          "prompt_tokens_diff": SUMMARY,
+                                          "cost_diff": COST}}, ...]}
+                   (each side's row also has "cost": COST, its turns' cost, and
+                   "cached_share": the answer calls' cached prompt tokens over their
+                   prompt tokens, None when unknown)
+
+        COST     = {"n", "mean_usd", "p50_usd", "p50_ci"} (:func:`chainrun.pricing.
+                   cost_summary`; the sides' also "n_unknown": turns of unknown cost)
 
         SUMMARY  = {"n", "p50_ms", "p90_ms", "p99_ms", "p50_ci", "p90_ci", "p99_ci"}
         DIFF     = {"n_a", "n_b", "confidence", "p50_ms", "p50_ci", ...,   (B − A)
@@ -688,6 +741,7 @@ def compare(
     cache: dict[str, Any] = {"a": ca, "b": cb, "differs": warning is not None,
                              "warning": warning}  # fmt: skip
     by_turn = _by_turn_index(store, sa, sb, confidence)
+    cost = _cost(store, sa, sb, confidence)
     grounding = {side: _grounding(x) for side, x in (("a", sa), ("b", sb))}
     sequences = _sequences(store, sa, sb)
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
@@ -706,6 +760,7 @@ def compare(
         "grounding": grounding,
         "sequences": sequences,
         "by_turn_index": by_turn,
+        "cost": cost,
         "regressions": regressions,
     }
 

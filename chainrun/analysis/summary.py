@@ -26,6 +26,14 @@ from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
 from chainrun.log.rows import SENT_OUTCOMES, WINNER_OUTCOMES, CallRow, TurnRow
 from chainrun.log.store import Store
+from chainrun.pricing import (
+    PriceBook,
+    cost_summary,
+    price_book,
+    shipped_prices,
+    sum_costs,
+    turn_costs,
+)
 from chainrun.statistics.intervals import percentile, quantile_ci, wilson_interval
 
 _R = TypeVar("_R")
@@ -219,7 +227,8 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     p90_ci}, answer_ttft: {...},
     answer_done: {...}, steps: {NAME: {n, p50_ms, p90_ms, p50_ci, p90_ci, model,
     reasoning_effort, ttft_n, ttft_p50_ms, ttft_p50_ci, ttft_cached_share,
-    output_tokens_mean, n_ran, n_failed, failures}}, prompt_cache}``;
+    output_tokens_mean, n_ran, n_failed, failures, cost}}, prompt_cache, cost}``
+    (``cost``: :func:`run_cost`; a step's: its calls' cost in completed turns);
     A request a resumed replay ran again counts once, by its latest turn
     (:func:`latest_per_request`): ``n_turns`` counts requests, not log rows.
     ``n_ran`` is the turns the step ran in (every turn but cancelled ones and the turns
@@ -270,8 +279,12 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
     winners: dict[str, list[CallRow]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str | None, str | None]] = {}
-    for c in done.of(store.calls(run_id)):
+    book = price_book(run.config)
+    run_calls = store.calls(run_id)
+    step_costs: dict[str, list[float | None]] = defaultdict(list)
+    for c in done.of(run_calls):
         meta.setdefault(c.step, (c.model, c.reasoning_effort))
+        step_costs[c.step].append(book.cost(c))  # every attempt: copies cost tokens too
         if c.outcome not in WINNER_OUTCOMES:
             continue
         winners[c.step].append(c)
@@ -296,6 +309,7 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
             "n_ran": ran[name],
             "n_failed": sum(failures[name].values()),
             "failures": dict(failures[name].most_common()),
+            "cost": sum_costs(step_costs[name]).as_json(),
         }
     return {
         "run_id": run_id,
@@ -309,6 +323,23 @@ def latency_summary(store: Store, run_id: int) -> dict[str, Any]:
         "prompt_cache": prompt_cache_mode(run.config),
         "answer_done": _p50_p90(answer_done),
         "steps": steps,
+        "cost": run_cost(book, run_calls, done.of(run_calls)),
+    }
+
+
+def run_cost(book: PriceBook, calls: Sequence[CallRow], completed: Iterable[CallRow]
+             ) -> dict[str, Any]:  # fmt: skip
+    """A run's cost in money (:mod:`chainrun.pricing`): ``{"run": COST over every call,
+    "per_turn": {n, mean_usd, p50_usd, p50_ci, n_unknown} over the completed turns whose
+    every call's cost is known (``n_unknown`` the others), "prices": the shipped table's
+    source}``, COST = :meth:`chainrun.pricing.Cost.as_json`."""
+    per_turn = turn_costs(completed, lambda _run: book)
+    known = [c.usd for c in per_turn.values() if c.known]
+    return {
+        "run": book.total(calls).as_json(),
+        "per_turn": {**cost_summary(known),
+                     "n_unknown": sum(not c.known for c in per_turn.values())},
+        "prices": shipped_prices()[1],
     }
 
 
@@ -386,6 +417,8 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             if (s.detail or {}).get("hedge_delay_seeded") and s.turn_id is not None:
                 seeded[s.step].append(s.turn_id)
     sent_in: dict[tuple[str, int | None, int], int] = defaultdict(int)
+    book = price_book(store.get_run(run_id).config)
+    copy_costs: dict[str, list[float | None]] = defaultdict(list)
     for c in counted.of(calls):
         if c.step not in agg:
             continue
@@ -395,6 +428,7 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
         if c.outcome in SENT_OUTCOMES:
             st.copies_sent += 1
             sent_in[(c.step, c.turn_id, c.round)] += 1
+            copy_costs[c.step].append(book.cost(c))  # a cancelled stream's: unknown
         else:
             st.add_unsent(unsent_reason(c.outcome, c.error_type))
     for step, turn_id, round_ in fired_steps:
@@ -423,8 +457,22 @@ def hedge_stats(store: Store, run_id: int, *, include_failed: bool = False) -> d
             "changes": logged_changes(details[name]),
             "n_seeded_delay": len(seeded[name]),
             "seeded_delay_turns": seeded[name],
+            **hedge_cost(copy_costs[name], st.time_saved_ms),
         }
     return {"run_id": run_id, "n_turns": n_turns, "turns": done.counts(), "steps": steps}
+
+
+def hedge_cost(copy_costs: Sequence[float | None], saved_ms: Sequence[float]) -> dict[str, Any]:
+    """What a step's hedging cost against the time it saved: ``copies_cost`` (the
+    :class:`~chainrun.pricing.Cost` of the copies sent, as JSON: a copy cancelled before
+    its usage arrived is unknown, never 0), ``saved_s`` (the measured wins' time saved,
+    s) and ``usd_per_s_saved`` (the copies' known cost over it; None when nothing was
+    measured saved or no copy's cost is known)."""
+    cost = sum_costs(copy_costs)
+    saved_s = sum(saved_ms) / 1000.0
+    per_s = cost.usd / saved_s if saved_s > 0 and cost.unknown < cost.calls else None
+    return {"copies_cost": cost.as_json(), "saved_s": round(saved_s, 3),
+            "usd_per_s_saved": None if per_s is None else round(per_s, 9)}  # fmt: skip
 
 
 def _model_steps(snapshot: str | None) -> frozenset[str]:

@@ -165,7 +165,7 @@ def replay(
     )
 
     from chainrun.analysis.summary import answered_summary, hedge_stats, latency_summary
-    from chainrun.cli.tables import hedge_table, latency_table, run_headline
+    from chainrun.cli.tables import cost_line, hedge_table, latency_table, run_headline
     from chainrun.config import load_config
     from chainrun.errors import UserInputError
     from chainrun.replay.session import open_replay, run_replay, without_prompt_cache
@@ -228,6 +228,9 @@ def replay(
         if none_ok:
             headline += f"; exit {EXIT_NO_TURN_OK}: no turn ok"
         out.print(headline, markup=False)
+        costs = cost_line(summary)
+        if costs is not None:
+            out.print(costs, markup=False)
         out.print(latency_table(summary))
         if any(s["n_armed"] for s in hedging["steps"].values()):
             out.print(hedge_table(hedging))
@@ -337,6 +340,8 @@ def show(
     from chainrun.cli.fit import drop_first
     from chainrun.cli.tables import (
         cancelled_check_lines,
+        cost_line,
+        cost_text,
         latency_table,
         marked_verdict_lines,
         printable,
@@ -345,14 +350,17 @@ def show(
         step_waterfall,
         tool_call_lines,
         tool_calls_table,
+        usd,
     )
     from chainrun.log.store import Store
+    from chainrun.pricing import price_book
 
     with Store.open(db, create=False) as store:
         detail = run_detail(store, run_id)
         summary = latency_summary(store, run_id)
         turns, steps, calls = store.turns(run_id), store.steps(run_id), store.calls(run_id)
         tool_calls = store.tool_calls(run_id)
+        book = price_book(store.get_run(run_id).config)
     if as_json:
         print_json({**detail, "summary": summary})
         return
@@ -374,9 +382,11 @@ def show(
                       f"({len(group['turn_ids'])} turns)")  # fmt: skip
         place = f" #{t.turn_index}" if grouped and t.turn_index is not None else ""
         cut = " [yellow](answer cut at the token cap)[/]" if t.truncated else ""
+        turn_calls = [c for c in calls if c.turn_id == t.id]
         out.print(f"\n[bold]turn {t.id}{place}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
+                  f"cost {escape(cost_text(book.total(turn_calls).as_json()))}, "
                   f"label={escape(t.label or '-')}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
         out.print(f"  < {printable(t.output)}", markup=False)
@@ -390,17 +400,18 @@ def show(
             out.print(f"  {line}", markup=False)
         table = Table(show_edge=False)
         for col in ("step", "attempt", "outcome", "target", "ttft_ms", "duration_ms",
-                    "chunks", "in", "cached", "out", "reasoning", "finish", "error"):  # fmt: skip
+                    "chunks", "in", "cached", "out", "reasoning", "cost", "finish",
+                    "error"):  # fmt: skip
             table.add_column(col)
-        for c in (c for c in calls if c.turn_id == t.id):
+        for c in turn_calls:
             table.add_row(
                 escape(c.step), str(c.attempt), c.outcome, escape(c.target or '-'),
                 _ms(c.ttft_ms), _ms(c.duration_ms), str(c.n_chunks),
                 _n(c.input_tokens), _n(c.cached_input_tokens), _n(c.output_tokens),
-                _n(c.reasoning_tokens),
+                _n(c.reasoning_tokens), usd(book.cost(c)),
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
-        drop_first(table, "reasoning", "finish", "chunks", "target", "in", "error")
+        drop_first(table, "reasoning", "finish", "chunks", "target", "in", "cost", "error")
         out.print(table)
         turn_tools = [tc for tc in tool_calls if tc.turn_id == t.id]
         if turn_tools:
@@ -409,6 +420,9 @@ def show(
                 out.print(f"  tool {line}", markup=False, soft_wrap=True)
     out.print()
     out.print(run_headline(summary), markup=False)
+    costs = cost_line(summary)
+    if costs is not None:
+        out.print(costs, markup=False)
     out.print(latency_table(summary))
 
 

@@ -452,6 +452,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
     by_turn = doc.get("by_turn_index")
     if by_turn:
         out.print(_turn_index_table(by_turn))
+    cost = doc.get("cost")
+    if cost:
+        out.print(_cost_line(cost), markup=False)
     ev = doc.get("evals")
     if ev:
         out.print(f"evals (paired on {ev['n_pairs']} cases): A {_fmt_rate(ev['a'])}, "
@@ -490,10 +493,23 @@ def _turn_index_table(by_turn: dict[str, Any]) -> Table:
     from rich.table import Table
 
     table = Table(title="by turn index (paired on conversation id and turn index)")
+    from chainrun.cli.fit import drop_first
+    from chainrun.cli.tables import usd
+
     for col in ("turn", "n A", "n B", "answer TTFT p50 A [95% CI]", "B [95% CI]",
-                "prompt tokens p50 A", "B", "pairs", "B−A TTFT p50 [CI]",
-                "B−A tokens p50"):  # fmt: skip
+                "prompt tokens p50 A", "B", "cached A / B", "pairs", "B−A TTFT p50 [CI]",
+                "B−A tokens p50", "cost/turn p50 A", "cost B", "B−A cost p50 [CI]"):  # fmt: skip
         table.add_column(col, justify="right")
+
+    def share(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    def cost(c: dict[str, Any] | None) -> str:
+        if not c or not c.get("n"):
+            return "-"
+        ci = c.get("p50_ci")
+        return usd(c["p50_usd"]) + (f" [{usd(ci[0])}, {usd(ci[1])}]" if ci else "")
+
     for row in by_turn["turns"]:
         a, b, d = row["a"], row["b"], row["paired"]
         table.add_row(
@@ -501,12 +517,36 @@ def _turn_index_table(by_turn: dict[str, Any]) -> Table:
             f"{_ms(a['answer_ttft']['p50_ms'])} {_ci(a['answer_ttft']['p50_ci'])}",
             f"{_ms(b['answer_ttft']['p50_ms'])} {_ci(b['answer_ttft']['p50_ci'])}",
             _n(a["prompt_tokens"]["p50_tokens"]), _n(b["prompt_tokens"]["p50_tokens"]),
+            f"{share(a.get('cached_share'))} / {share(b.get('cached_share'))}",
             str(d["n_pairs"]),
             f"{_ms(d['answer_ttft_diff']['p50_ms'])} {_ci(d['answer_ttft_diff']['p50_ci'])}",
             _n(d["prompt_tokens_diff"]["p50_tokens"]),
+            cost(a.get("cost")), cost(b.get("cost")), cost(d.get("cost_diff")),
         )  # fmt: skip
-    return table
+    return drop_first(table, "B−A cost p50 [CI]", "cost B", "cost/turn p50 A",
+                      "B−A tokens p50")
 
 
 def _n(v: Any) -> str:
     return "-" if v is None else f"{v:g}"
+
+
+def _cost_line(cost: dict[str, Any]) -> str:
+    """compare's cost per completed turn: each side's p50 with its interval and mean,
+    the turns of unknown cost, and B's mean minus A's."""
+    from chainrun.cli.tables import usd
+
+    parts = []
+    for side in ("a", "b"):
+        c = cost[side]
+        if not c["n"]:
+            parts.append(f"{side.upper()} unknown ({c['n_unknown']} turns)")
+            continue
+        ci = c.get("p50_ci")
+        interval = f" [{usd(ci[0])}, {usd(ci[1])}]" if ci else " -*"
+        unknown = f", {c['n_unknown']} turns unknown" if c["n_unknown"] else ""
+        parts.append(f"{side.upper()} p50 {usd(c['p50_usd'])}{interval}, mean "
+                     f"{usd(c['mean_usd'])}, n = {c['n']}{unknown}")  # fmt: skip
+    diff = cost.get("diff_mean_usd")
+    tail = "" if diff is None else f"; B − A mean {'+' if diff >= 0 else '-'}{usd(abs(diff))}"
+    return "cost per turn: " + "; ".join(parts) + tail

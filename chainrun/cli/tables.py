@@ -13,6 +13,7 @@ from chainrun.analysis.summary import left_out
 from chainrun.cli.fit import drop_first
 from chainrun.events import StepFinished, TurnFinished
 from chainrun.log.rows import StepRow, ToolCallRow
+from chainrun.pricing import cost_text, hedge_cost_text, usd
 
 #: width of the waterfall bars, in characters
 _BAR = 40
@@ -262,6 +263,36 @@ def run_headline(summary: dict[str, Any]) -> str:
             f"p90 {_ms_with_ci(a['p90_ms'], a.get('p90_ci'))}, n = {a['n']}")  # fmt: skip
 
 
+def cost_line(summary: dict[str, Any]) -> str | None:
+    """The run's cost in money after its headline: ``cost: $0.001234 for the run;
+    per turn p50 $0.000044 [lo, hi], mean $0.000046, n = 28 (prices: ... as of DATE)``
+    (``summary`` is :func:`~chainrun.analysis.summary.latency_summary`'s); None when the
+    summary has no cost (an answered summary from memory)."""
+    cost = summary.get("cost")
+    if not cost:
+        return None
+    per = cost["per_turn"]
+    line = f"cost: {cost_text(cost['run'])} for the run"
+    if per["n"]:
+        ci = per.get("p50_ci")
+        interval = f" [{usd(ci[0])}, {usd(ci[1])}]" if ci else " -*"
+        line += (f"; per ok turn p50 {usd(per['p50_usd'])}{interval}, mean "
+                 f"{usd(per['mean_usd'])}, n = {per['n']}")  # fmt: skip
+    if per.get("n_unknown"):
+        line += f" ({per['n_unknown']} turns of unknown cost left out)"
+    src = cost.get("prices") or {}
+    if src:
+        line += f" (prices: config, else {src.get('url', '?')} as of {src.get('date', '?')})"
+    return line
+
+
+def hedge_cost_lines(stats: dict[str, Any]) -> list[str]:
+    """What each hedged step's copies cost against the time they saved, one line a step
+    that sent copies (``stats`` is :func:`~chainrun.analysis.summary.hedge_stats`'s)."""
+    return [line for name, s in stats["steps"].items()
+            if (line := hedge_cost_text(name, s, s["n_saved_measured"])) is not None]  # fmt: skip
+
+
 #: the table's legend of its two counts (its caption)
 _COUNTS_NOTE = ("n: the completed turns a row is over (a step's: those it ran in); "
                 "failed: the turns a step failed in, refused and errored ones included")
@@ -279,7 +310,7 @@ def latency_table(summary: dict[str, Any]) -> Table:
     # a column of "-" only says nothing: effort shows where a step sent one
     efforts = any(s["reasoning_effort"] for s in summary["steps"].values())
     cols = ("", "n", "p50 ms [95% CI]", "p90 ms [95% CI]", "TTFT p50 ms [95% CI]",
-            "out tokens (mean)", "failed", "model", *(("effort",) if efforts else ()))
+            "out tokens (mean)", "cost", "failed", "model", *(("effort",) if efforts else ()))
     for col in cols:
         t.add_column(col, justify="left" if col in ("", "model", "effort") else "right")
     blank = [""] * (len(cols) - 4)
@@ -307,6 +338,7 @@ def latency_table(summary: dict[str, Any]) -> Table:
             ttft = f"{ttft} · {_share(s.get('ttft_cached_share'))} cached"
         effort = (s["reasoning_effort"] or "-",) if efforts else ()
         t.add_row(name, str(s["n"]), *pcts(s), ttft, _f(s["output_tokens_mean"], 1),
+                  cost_text(s.get("cost")) if s.get("cost", {}).get("calls") else "",
                   _failed_cell(s), s["model"] or "-", *effort)  # fmt: skip
     n = turn["n"]
     if summary.get("prompt_cache") == "off":
@@ -318,7 +350,7 @@ def latency_table(summary: dict[str, Any]) -> Table:
         t.caption += f"\nn = {n}: a p90 of {n} values is in effect the {ordinal}slowest value"
     t.caption = _note_no_ci(t, t.caption)
     # too narrow: model and effort go first, then token means, failures, TTFT
-    return drop_first(t, "effort", "model", "out tokens (mean)", "failed",
+    return drop_first(t, "effort", "model", "out tokens (mean)", "cost", "failed",
                       "TTFT p50 ms [95% CI]")  # fmt: skip
 
 
@@ -354,6 +386,7 @@ def hedge_table(stats: dict[str, Any]) -> Table:
             shown = ", ".join(str(t) for t in turns[:8]) + (", ..." if len(turns) > 8 else "")
             notes.append(f"{name}: {len(turns)} calls hedged at a delay seeded from the log's "
                          f"recent calls (turns {shown})")  # fmt: skip
+    notes += hedge_cost_lines(stats)
     if notes:
         t.caption = "\n".join(notes)
     # too narrow: the detail columns go first; fire rate, win rate and savings stay

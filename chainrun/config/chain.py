@@ -33,6 +33,7 @@ from chainrun.checks.config import ChecksConfig
 from chainrun.config.capabilities import ModelCapabilities
 from chainrun.config.defaults import STEP_NAMES_DEFAULT
 from chainrun.conversations.history import HistorySettings
+from chainrun.pricing import Price
 from chainrun.providers.config import ProviderConfig
 from chainrun.steps import StateField, known_fields, step_kinds
 from chainrun.steps.config import StepConfig, Strict
@@ -187,6 +188,9 @@ class ChainConfig(Strict):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
     #: the earlier turns prompts see as ``{history}``: how many, and how many tokens
     history: HistorySettings = Field(default_factory=HistorySettings)
+    #: prices by model name, USD per million tokens (input, cached_input, output), over
+    #: the shipped table (chainrun/data/prices.toml; chainrun.pricing)
+    prices: dict[str, Price] = Field(default_factory=dict)
     #: the file the config came from (None: built in, a dict or a stored snapshot), so
     #: errors found later (the turn's graph) can name it
     _path: str | None = PrivateAttr(default=None)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chainrun.errors import ConfigError
+from chainrun.pricing import Price
 from chainrun.providers.affinity import PromptCacheMode
 
 #: Values the OpenAI API has accepted for ``reasoning_effort`` over time: low, medium,
@@ -99,6 +100,9 @@ class ProviderConfig(BaseModel):
     #: the llama-server's slot count for mode ``slot`` (None: its ``GET /props``
     #: ``total_slots``, read when the provider starts)
     slots: int | None = Field(default=None, ge=1, le=1024)
+    #: the price of every model this provider serves, USD per million tokens (input,
+    #: cached_input, output); None: by model (``[prices]``, then the shipped table)
+    price: Price | None = None
 
     @field_validator("base_url", "endpoint")
     @classmethod

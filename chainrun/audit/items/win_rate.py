@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from chainrun.analysis.summary import SENT_OUTCOMES
+from chainrun.analysis.summary import SENT_OUTCOMES, hedge_cost
 from chainrun.audit.items.common import (
     MIN_FIRES,
     MIN_WIN_RATE,
@@ -35,6 +35,7 @@ from chainrun.hedging.stats import UNSENT_REASONS, copies_sent_per_call, unsent_
 from chainrun.hedging.stats import fire_rate as hedge_fire_rate
 from chainrun.hedging.stats import win_rate as hedge_win_rate
 from chainrun.log.rows import HedgeRound, StepRow, TurnRow, round_winners
+from chainrun.pricing import PriceBook, hedge_cost_text, price_book
 
 TITLE_4 = "Win rate rechecked after every serving-path change"
 
@@ -184,6 +185,10 @@ def check_win_rate(scope: Scope) -> Item:
         latest_path_runs = set(list(paths.values())[-1]) if paths else set()
         fires_since = sum(1 for _, s, _ in fired if s.run_id in latest_path_runs)
         extra_per_1000 = round_or_none(copies / n_turns * 1000, 0) if n_turns else None
+        # what the copies cost (at each run's prices) against the time the wins saved
+        books: dict[int | None, PriceBook] = {r.id: price_book(r.config) for r in scope.runs}
+        sent_rows = [c for c in copy_rows if c.outcome in SENT_OUTCOMES]
+        cost = hedge_cost([books.get(c.run_id, PriceBook()).cost(c) for c in sent_rows], saved)
         v: Verdict
         unsent_text = ", ".join(f"{REASON_WORDS[k]} {n}" for k, n in unsent.items() if n)
         if (
@@ -251,6 +256,9 @@ def check_win_rate(scope: Scope) -> Item:
             )
         if len(headlines) < len(notes):
             headlines.append(notes[-1])
+        cost_said = hedge_cost_text(name, cost, len(saved))
+        if cost_said is not None:
+            notes.append(cost_said + ".")
         step_rows = [s for sm in scope.samples for s in sm.steps if s.step == name]
         changes = logged_changes(s.detail for s in step_rows if s.detail)
         probes = sum(1 for s in step_rows if (s.detail or {}).get("hedge_probe"))
@@ -286,6 +294,7 @@ def check_win_rate(scope: Scope) -> Item:
                 "share_fired_above_median": share_long,
             },
             "diagnosis": diagnosis,
+            "cost": cost,
             "over_time": [vars(p) for p in points],
             "serving_paths": {k: v for k, v in paths.items()},
             "controller": {"changes": changes, "n_probe_calls": probes},
