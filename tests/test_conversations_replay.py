@@ -170,3 +170,21 @@ async def test_a_resumed_run_continues_from_its_answered_turns(tmp_path, fake) -
     assert prompt.startswith(f"Shopper: Do you have boots?\nStylist: {first.output}\n\n")
     assert [t.turn_index for t in store.turns(run_id)] == [1, 2]
     store.close()
+
+
+async def test_a_follow_ups_products_shown_before_are_named_not_repeated(tmp_path, fake) -> None:
+    """The rain-jacket conversation of the shipped set: the follow-up searches among the
+    products the first turn showed, which the history already holds line for line, so
+    its prompt names them by id; each prompt still begins with the one before."""
+    path = _write(tmp_path, [
+        {"id": "j1", "conversation_id": "j", "turn": 1, "message": "Do you have rain jackets?"},
+        {"id": "j2", "conversation_id": "j", "turn": 2, "message": "Which of those is cheapest?"},
+    ])  # fmt: skip
+    store = Store.open(":memory:")
+    await run_requests(config_from_dict({}), load_requests(path), store, providers={"local": fake})
+    first, second = _compose_prompts(fake)
+    assert second.startswith(first + " ")
+    this_turn = second[len(first):]
+    ids = [line.split("]")[0] + "]" for line in first.splitlines() if line.startswith("- [")]
+    assert ids and all(f"{i} (as above)" in this_turn for i in ids[:1])
+    assert "| jackets |" not in this_turn  # no product line repeated

@@ -176,3 +176,13 @@ def test_a_replayed_conversations_prompts_each_begin_with_the_previous_one(
     assert len(prompts) == 3
     for earlier, later in itertools.pairwise(prompts):
         assert later.startswith(earlier + " ")  # then its answer and this turn's text
+
+
+def test_a_policy_section_the_history_shows_is_named_not_repeated() -> None:
+    from chainrun.steps.policy import policy_again
+
+    returns = "Shop policy, Returns:\nWithin 30 days.\n\n"
+    sizing = "Shop policy, Sizes:\nTrue to size.\n\n"
+    seen = "Shopper: can I return it?\n" + returns + "Stylist: yes.\n\n"
+    assert policy_again(returns + sizing, seen) == "Shop policy, Returns: (as above)\n\n" + sizing
+    assert policy_again(sizing, seen) == sizing

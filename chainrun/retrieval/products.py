@@ -97,6 +97,20 @@ def render_products(products: Sequence[ShownProduct]) -> str:
     return format_for_prompt([p.as_json() for p in products]) or "(none)"
 
 
+def render_products_again(products: Sequence[ShownProduct], seen: str) -> str:
+    """:func:`render_products`, but a product whose line ``seen`` (the prompt's history)
+    already holds is named by its id only (``- [JKT-005] (as above)``): a follow-up about
+    the products the turn before showed adds a few tokens to the prompt, not their
+    lines again."""
+    if not products:
+        return "(none)"
+    lines = []
+    for p in products:
+        line = format_for_prompt([p.as_json()])
+        lines.append(f"- [{p.id}] (as above)" if line in seen else line)
+    return "\n".join(lines)
+
+
 def products_json(products: Sequence[ShownProduct]) -> list[dict[str, Any]]:
     """The products as the log stores them: a list of :meth:`ShownProduct.as_json`."""
     return [p.as_json() for p in products]

@@ -84,6 +84,9 @@ class StateField:
         dump: turns a set value into JSON data for the writing step's row in the log
             (``steps.updates``; None: the value itself when it is JSON data, else its
             prompt text).
+        again: renders a set value for a prompt whose history already shows some of it:
+            ``(value, history text) -> text``, naming what the history shows instead of
+            repeating it (None: the field renders the same whatever the history).
     """
 
     name: str
@@ -91,11 +94,15 @@ class StateField:
     empty: str = ""
     render: Callable[[Any], str] | None = None
     dump: Callable[[Any], Any] | None = None
+    again: Callable[[Any, str], str] | None = None
 
-    def text(self, value: Any) -> str:
-        """The prompt text for ``value`` (None: the field's ``empty`` text)."""
+    def text(self, value: Any, seen: str = "") -> str:
+        """The prompt text for ``value`` (None: the field's ``empty`` text); ``seen``: the
+        history text the prompt already holds (the field's ``again`` renders it then)."""
         if value is None:
             return self.empty
+        if seen and self.again is not None:
+            return self.again(value, seen)
         return self.render(value) if self.render is not None else str(value)
 
     def logged(self, value: Any) -> Any:
@@ -184,10 +191,15 @@ class TurnState:
         """The answer step's text (None until it finished)."""
         return self.values.get("answer")
 
-    def prompt_vars(self) -> dict[str, str]:
+    def prompt_vars(self, *, after_history: bool = False) -> dict[str, str]:
         """The values prompt templates see, by placeholder: every field the chain knows;
-        a field not set yet shows its ``empty`` text (``{products}``: ``(none)``)."""
-        out = {name: f.text(self.values.get(name)) for name, f in self.fields.items()}
+        a field not set yet shows its ``empty`` text (``{products}``: ``(none)``).
+        ``after_history``: the prompt shows them after ``{history}``, so a field that
+        can (its ``again``) names what the history already shows rather than repeat it
+        (a follow-up's products shown by the turn before: their ids only)."""
+        seen = self.history.text if after_history else ""
+        out = {name: f.text(self.values.get(name), seen if name != "history" else "")
+               for name, f in self.fields.items()}  # fmt: skip
         out["message"] = self.message
         return out
 

@@ -357,7 +357,9 @@ class HedgedCall:
         """The request the step sends for ``state`` (its templates filled), with the
         turn's conversation as its prompt-cache key; ``cache_owner``: the step is the
         chain's answer step (it keeps the conversation's cache)."""
-        cfg, values = self.config, state.prompt_vars()
+        cfg = self.config
+        # a prompt that begins with the history names what the history already shows
+        values = state.prompt_vars(after_history=cfg.prompt.startswith("{history}"))
         messages = []
         if cfg.system:
             messages.append({"role": "system", "content": cfg.system.format(**values)})

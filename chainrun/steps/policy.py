@@ -40,6 +40,15 @@ class PolicyConfig(StepConfig):
     file: str | None = Field(default=None, min_length=1)
 
 
+def policy_again(text: str, seen: str) -> str:
+    """The policy text for a prompt whose history (``seen``) already shows it: its
+    sections the history holds word for word are named by their first line (the
+    section's title) instead of repeated."""
+    parts = [p for p in text.split("\n\n") if p.strip()]
+    out = [p.split("\n", 1)[0] + " (as above)" if p in seen and "\n" in p else p for p in parts]
+    return "".join(p + "\n\n" for p in out)
+
+
 @register_step_kind
 class PolicyStep(Step):
     """The policy section of the turn's label (see the module text)."""
@@ -48,7 +57,8 @@ class PolicyStep(Step):
     config_model = PolicyConfig
     config: PolicyConfig
     state_fields = (
-        StateField("policy", "the shop's policy text for the turn's label", empty=""),
+        StateField("policy", "the shop's policy text for the turn's label", empty="",
+                   again=policy_again),
     )
 
     def __init__(self, name: str, config: PolicyConfig) -> None:

@@ -36,6 +36,7 @@ from chainrun.retrieval.products import (
     PRODUCTS_FIELD,
     products_json,
     render_products,
+    render_products_again,
     shown_products,
 )
 from chainrun.retrieval.settings import RetrievalSettings
@@ -62,6 +63,7 @@ PRODUCTS = StateField(
     PRODUCTS_FIELD,
     "the products the turn was shown, as data (the prompt shows them one a line)",
     empty="(none)", render=render_products, dump=products_json,
+    again=render_products_again,
 )  # fmt: skip
 
 
