@@ -48,7 +48,7 @@ from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import (
     ConversationSource,
-    answer_context,
+    answer_turn,
     log_claim,
     log_loader,
     shown_products,
@@ -681,9 +681,10 @@ class Chain:
             finally:
                 turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
                 products = shown_products(run.rows())
-                context = answer_context(run.calls(), answer_step,
-                                         self._answer_template, place.history.text)
-                self.conversations.end(place, turn.input, turn.output, products, context)
+                context, messages = answer_turn(run.calls(), answer_step,
+                                                self._answer_template, place.history.text)
+                self.conversations.end(place, turn.input, turn.output, products, context,
+                                       messages)  # fmt: skip
         pending = tuple(run.tools.pending) if run.tools is not None else ()
         if pending and self.confirmations is not None:
             self.confirmations.asked_in.add(place.conversation_id)
@@ -694,7 +695,7 @@ class Chain:
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
             conversation_id=place.conversation_id, turn_index=place.turn_index,
             products=products, pending_actions=(*pending, *decided.asked),
-            decisions=tuple(decided.decisions), context=context,
+            decisions=tuple(decided.decisions), context=context, tool_messages=messages,
         )  # fmt: skip
         if run.unavailable is not None:
             raise run.unavailable

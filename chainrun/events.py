@@ -192,6 +192,10 @@ class TurnFinished(_AsJson):
     #: as the next turn's ``HistoryTurn.context``, so the next prompt starts with this
     #: one (the layout prompt caches reuse)
     context: str | None = None
+    #: the answer step's messages after the history when it called tools (its user
+    #: message, the tool calls and their results; () when none), handed back as the next
+    #: turn's ``HistoryTurn.messages``
+    tool_messages: tuple[dict[str, Any], ...] = ()
     type: Literal["turn_finished"] = "turn_finished"
 
 

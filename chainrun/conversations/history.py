@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +43,7 @@ __all__ = [
     "HistorySettings",
     "HistoryTurn",
     "cut_to_budget",
+    "history_messages",
     "render_history",
     "render_turn",
     "turn_context",
@@ -62,6 +63,7 @@ class HistoryTurn:
             A follow-up that points back at them ("Which of those is cheapest?")
             searches among them (:mod:`chainrun.retrieval.followup`).
         context: the answer step's prompt text after its history (None: not known).
+        messages: its user message, tool calls and tool results as sent (() without tools).
     """
 
     message: str
@@ -70,6 +72,10 @@ class HistoryTurn:
     #: the answer step's prompt text after its history: what the model read for this
     #: turn (None: not known; the turn renders as two transcript lines)
     context: str | None = None
+    #: the turn's messages as the answer step sent them after its history, when it
+    #: called tools: its user message, each round's assistant tool calls and tool
+    #: results (Chat Completions shape); () when it called none
+    messages: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +159,22 @@ def render_history(turns: Sequence[HistoryTurn], settings: HistorySettings) -> s
             text += "\n"  # the blank line this turn's prompt had after the lines before it
         text += render_turn(t, settings)
     return text if not text or text.endswith("\n\n") else text + "\n"
+
+
+def history_messages(turns: Sequence[HistoryTurn]) -> list[dict[str, Any]]:
+    """``turns`` as Chat Completions role messages, oldest first: each turn's user
+    message (its ``context`` when known, else the shopper's message), the tool calls it
+    made with their results when it made any, then the assistant's answer (a turn whose
+    answer never reached the shopper answers ``(no answer)``)."""
+    out: list[dict[str, Any]] = []
+    for t in turns:
+        if t.messages:
+            out.extend(dict(m) for m in t.messages)
+        else:
+            out.append({"role": "user", "content": t.context if t.context is not None
+                        else t.message})  # fmt: skip
+        out.append({"role": "assistant", "content": t.answer.strip() or "(no answer)"})
+    return out
 
 
 def turn_context(prompt: str, template: str, history: str) -> str | None:

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from chainrun.conversations.history import (
     History,
@@ -41,7 +42,7 @@ from chainrun.conversations.memory import (
     Loaded,
 )
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
-from chainrun.log.rows import CallRow, StepRow
+from chainrun.log.rows import WINNER_OUTCOMES, CallRow, StepRow
 from chainrun.log.store import Store
 from chainrun.retrieval.products import logged_products
 
@@ -74,23 +75,39 @@ def shown_products(steps: Iterable[StepRow]) -> tuple[str, ...] | None:
     return None
 
 
-def answer_context(
+def answer_turn(
     calls: Iterable[CallRow], answer_step: str, template: str | None, history: str
-) -> str | None:
-    """What the answer step's prompt showed after the turn's ``history`` text (its
-    first call's last user message; :func:`~chainrun.conversations.history.turn_context`),
-    None when the step sent no call or its ``template`` does not begin with
-    ``{history}``."""
-    if template is None:
-        return None
-    for c in calls:
-        if c.step != answer_step or not isinstance(c.prompt, list):
-            continue
-        users = [m.get("content") for m in c.prompt if m.get("role") == "user"]
-        if users and isinstance(users[-1], str):
-            return turn_context(users[-1], template, history)
-        return None
-    return None
+) -> tuple[str | None, tuple[dict[str, Any], ...]]:
+    """What the answer step's prompt showed of this turn, for the next turn's history:
+    ``(context, messages)``.
+
+    ``context``: its first call's last user message without the turn's ``history``
+    text (:func:`~chainrun.conversations.history.turn_context`), or that message whole
+    when the history went as role messages before it; None when the step sent no call
+    or its ``template`` does not begin with ``{history}``. ``messages``: when the step
+    called tools, its last round's messages from that user message on (the assistant's
+    tool calls and the tool results), else ``()``.
+    """
+    rows = [c for c in calls if c.step == answer_step and isinstance(c.prompt, list)]
+    if template is None or not rows:
+        return None, ()
+    first = min(rows, key=lambda c: (c.round, c.attempt))
+    prompt = first.prompt if isinstance(first.prompt, list) else []
+    users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
+    content = prompt[users[-1]].get("content") if users else None
+    if not isinstance(content, str):
+        return None, ()
+    at = users[-1]
+    as_messages = any(m.get("role") == "assistant" for m in prompt[:at])
+    if as_messages:
+        context = content if template.startswith("{history}") else None
+    else:
+        context = turn_context(content, template, history)
+    last = max(rows, key=lambda c: (c.round, c.outcome in WINNER_OUTCOMES, -c.attempt))
+    messages: tuple[dict[str, Any], ...] = ()
+    if last.round > 1 and isinstance(last.prompt, list):
+        messages = tuple(last.prompt[at:])
+    return context, messages
 
 
 def new_conversation_id() -> str:
@@ -254,9 +271,11 @@ class ConversationSource:
     def end(
         self, place: TurnPlace, message: str, shown: str | None,
         products: tuple[str, ...] | None = None, context: str | None = None,
+        messages: tuple[dict[str, Any], ...] = (),
     ) -> None:  # fmt: skip
         """Record an ended turn: the message, what reached the shopper, the products it
         showed and what its answer prompt showed after the history (``context``)."""
         if place.remember:
             self.memory.end(place.conversation_id, place.turn_index,
-                            HistoryTurn(message, shown or "", products, context))  # fmt: skip
+                            HistoryTurn(message, shown or "", products, context,
+                                        messages))  # fmt: skip

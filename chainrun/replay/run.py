@@ -287,7 +287,7 @@ async def run_requests(
             if done is None:
                 return
             history.append(HistoryTurn(req.message, done.output or "", done.products,
-                                       done.context))
+                                       done.context, done.tool_messages))
 
     try:
         async with chain:

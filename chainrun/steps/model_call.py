@@ -48,9 +48,10 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from chainrun.checks.holdback import HoldBack, OutputBlocked
+from chainrun.conversations.history import history_messages
 from chainrun.errors import AnswerCutAtLimit, InvalidAnswer, ProviderError, error_type
 from chainrun.events import TokenDelta, ToolCallEvent
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
@@ -78,6 +79,19 @@ log = logging.getLogger(__name__)
 SEED_TIMEOUT_S = 5.0
 
 __all__ = ["AnswerCheck", "CallResult", "CallRound", "HedgedCall", "call_row"]
+
+
+def resolve_history_layout(
+    layout: str, provider: Any
+) -> Literal["transcript", "messages"]:
+    """A step's ``history_layout`` decided: ``auto`` is ``messages`` for a provider of
+    kind ``azure`` or at api.openai.com (chat models), else ``transcript``."""
+    if layout in ("transcript", "messages"):
+        return layout  # type: ignore[return-value]
+    kind = getattr(provider, "kind", None)
+    base_url = getattr(provider, "base_url", None)
+    chat = kind == "azure" or (base_url is not None and "://api.openai.com" in base_url)
+    return "messages" if chat else "transcript"
 
 
 def call_row(
@@ -295,6 +309,10 @@ class HedgedCall:
         self.providers: dict[str, Provider] = {}
         self._hedger: Hedger[ChatStream] | None = None
         self._store: Store | None = None
+        #: how a prompt that begins with {history} shows it (decided in :meth:`open`)
+        self.history_layout: Literal["transcript", "messages"] = (
+            "messages" if config.history_layout == "messages" else "transcript"
+        )
 
     @property
     def hedger(self) -> Hedger[ChatStream]:
@@ -322,6 +340,9 @@ class HedgedCall:
         window from the fleet's recent calls of this step when ``ctx.seed_windows`` asks
         (a hedged step whose delay comes from the window)."""
         cfg, policy = self.config, self.policy
+        self.history_layout = resolve_history_layout(
+            cfg.history_layout, ctx.config.providers.get(cfg.provider)
+        )
         targets = cfg.provider_names()
         self.providers = {t: ctx.providers[t] for t in targets}
         self._store = ctx.store
@@ -359,10 +380,15 @@ class HedgedCall:
         chain's answer step (it keeps the conversation's cache)."""
         cfg = self.config
         # a prompt that begins with the history names what the history already shows
-        values = state.prompt_vars(after_history=cfg.prompt.startswith("{history}"))
+        after = cfg.prompt.startswith("{history}")
+        values = state.prompt_vars(after_history=after)
         messages = []
         if cfg.system:
             messages.append({"role": "system", "content": cfg.system.format(**values)})
+        if after and self.history_layout == "messages":
+            # the earlier turns as role messages before this one, not text inside it
+            messages += history_messages(state.history.turns)
+            values["history"] = ""
         messages.append({"role": "user", "content": cfg.prompt.format(**values)})
         return ChatRequest(
             model=cfg.model, messages=messages, max_output_tokens=cfg.max_output_tokens,

@@ -132,6 +132,13 @@ class ModelStepConfig(StepConfig):
     prompt: str = "{message}"
     #: the system message template (None: no system message)
     system: str | None = None
+    #: how a prompt that begins with ``{history}`` shows the earlier turns: ``transcript``
+    #: (their text inside the user message, for completion-style models such as the
+    #: embedded one), ``messages`` (as role messages before it: each turn's user message,
+    #: its tool calls with their results, and the answer, as chat models read a
+    #: conversation); ``auto``: ``messages`` on Azure and api.openai.com, else
+    #: ``transcript`` (the step's provider)
+    history_layout: Literal["auto", "transcript", "messages"] = "auto"
     #: sent as ``reasoning_effort`` (None: not sent)
     reasoning_effort: ReasoningEffort | None = None
     #: Responses API: ask for a reasoning summary (streamed as reasoning before the text)
