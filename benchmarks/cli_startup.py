@@ -1,4 +1,5 @@
-"""Start-up time of the CLI: ``chainrun --help`` and ``chainrun runs``, wall clock.
+"""Start-up time of the CLI: ``chainrun --help``, ``chainrun runs`` and ``chainrun show``,
+wall clock.
 
 Each command runs as a user runs it (``python -m chainrun ...`` in a fresh process), with
 each checkout given by ``--checkout`` first on ``PYTHONPATH`` (default: this one), and
@@ -16,12 +17,16 @@ Run (timing runs hold the shared lock)::
         [--checkout /path/to/other/checkout] [--rounds 15]
 
 ``runs`` lists an empty log made for the run (a temporary file), so the figure is the
-start-up and not the reading of a large log.
+start-up and not the reading of a large log. ``show`` prints one run of a log made
+before the rounds by a replay against the lab (the README's tour chain: keyword classify
+and search, compose, validate and critique): ``show-12`` a run of 12 turns, ``show-300``
+one of 300 (``--show-turns`` sets the sizes; the lab's replay is not timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -40,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _env(checkout: Path | None) -> dict[str, str]:
     env = dict(os.environ)
+    # a user's interpreter keeps compiled bytecode; without it (PYTHONDONTWRITEBYTECODE,
+    # set on some machines) every import compiles its source again: ~0.15 s of show
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout)
     env["COLUMNS"] = "120"
@@ -70,6 +78,28 @@ def importtime(
     return sorted(rows, key=lambda r: -r["cumulative_ms"])[:top]
 
 
+def make_log(db: Path, n_turns: int, tmp: Path) -> None:
+    """A log holding one replay of ``n_turns`` turns against the lab (the shipped
+    commerce-12 requests over and over), for ``show`` to print."""
+    from chainrun.lab import LabServer
+
+    lines = (ROOT / "replays" / "commerce-12.jsonl").read_text().splitlines()
+    requests = tmp / f"requests-{n_turns}.jsonl"
+    with requests.open("w") as f:
+        for i in range(n_turns):
+            obj = json.loads(lines[i % len(lines)])
+            obj["id"] = f"{obj['id']}-{i}"
+            f.write(json.dumps(obj) + "\n")
+    with LabServer("fast", n_tokens=24, per_token_ms=1) as lab:
+        cfg = tmp / "tour.toml"
+        cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n'
+                       '[steps.retrieve.retrieval]\nsearches = ["keyword", "filter"]\n'
+                       '[steps.classify]\nmethod = "keywords"\n')  # fmt: skip
+        subprocess.run([sys.executable, "-m", "chainrun", "replay", str(requests), "--config",
+                        str(cfg), "--db", str(db), "--concurrency", "8"], check=True,
+                       cwd=tmp, stdout=subprocess.DEVNULL, env=_env(ROOT))  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     checkouts = [Path(p).resolve() for p in (args.checkout or [str(ROOT)])]
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,6 +111,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "--help": [sys.executable, "-m", "chainrun", "--help"],
             "runs": [sys.executable, "-m", "chainrun", "runs", "--db", str(db)],
         }
+        for n in args.show_turns:
+            log = Path(tmp) / f"show-{n}.db"
+            print(f"making a log of {n} turns for show", file=sys.stderr, flush=True)
+            make_log(log, n, Path(tmp))
+            commands[f"show-{n}"] = [sys.executable, "-m", "chainrun", "show", "1", "--db",
+                                     str(log)]
         for co in checkouts:  # each checkout's runs import that checkout's chainrun
             probe = [sys.executable, "-c", "import chainrun; print(chainrun.__file__)"]
             where = subprocess.run(probe, env=_env(co), cwd=tmp, capture_output=True, text=True)
@@ -135,7 +171,7 @@ def summary(doc: dict[str, Any]) -> str:
     for co, entry in res["checkouts"].items():
         lines.append(co)
         for name, m in entry.items():
-            lines.append(f"  chainrun {name:<7} median {m['median_ms']:>7} ms "
+            lines.append(f"  chainrun {name:<8} median {m['median_ms']:>7} ms "
                          f"{m['median_ci95_ms']} (n={m['n']}), "
                          f"{m['ratio_to_bare_median']}x bare python")  # fmt: skip
             top = ", ".join(f"{t['module']} {t['cumulative_ms']:.0f}" for t in m["top_imports"][:4])
@@ -148,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkout", action="append",
                         help="a chainrun checkout to measure (repeatable; default: this one)")
     parser.add_argument("--rounds", type=int, default=15, help="runs of each command")
+    parser.add_argument("--show-turns", type=lambda v: [int(x) for x in v.split(",") if x],
+                        default=[12, 300], help="sizes of the runs show prints (default 12,300)")
     c.add_common_options(parser)
     args = parser.parse_args(argv)
     doc = c.new_document("cli_startup", argv or [], vars(args))

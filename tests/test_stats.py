@@ -262,3 +262,20 @@ def test_practical_latency_verdict_needs_every_bounded_percentile_same() -> None
         "inconclusive", None)  # fmt: skip
     assert practical_latency_verdict([same, worse], [10, 10]) == ("worse", 1)
     assert practical_latency_verdict([unbounded], [10]) == ("inconclusive", None)
+
+
+def test_exact_order_statistic_indices_agree_with_scipy() -> None:
+    """The exact binomial sums give SciPy's ``ppf``/``isf`` indices (quantile_test's
+    construction) at every n up to 150 and a few larger ones, for the percentiles and
+    levels chainrun reports."""
+    from scipy.stats import binom
+
+    from chainrun.statistics.intervals import order_stat_indices
+
+    for n in [*range(1, 151), 367, 368, 999, 1000]:
+        for p in (50, 90, 95, 99):
+            for conf in (0.9, 0.95):
+                d, a = binom(n, p / 100), (1 - conf) / 2
+                lo, hi = int(d.ppf(a)) - 1, int(d.isf(a))
+                expected = (lo if lo >= 0 else None, hi if hi < n else None)
+                assert order_stat_indices(n, p, conf) == expected, (n, p, conf)

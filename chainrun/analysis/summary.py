@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chainrun.config import steps_calling_models
 from chainrun.events import TurnFinished
 from chainrun.hedging.advisor import logged_changes
 from chainrun.hedging.stats import HedgeStats, extra_calls_per_turn, unsent_reason
@@ -481,6 +480,10 @@ def _model_steps(snapshot: str | None) -> frozenset[str]:
         data = json.loads(snapshot or "{}")
     except ValueError:
         return frozenset()
+    # the config's step kinds are the whole chain's import (providers, steps, openai):
+    # loaded only for the hedging figures, not for every command that reads a summary
+    from chainrun.config import steps_calling_models
+
     return steps_calling_models(data.get("steps") if isinstance(data, dict) else None)
 
 

@@ -21,9 +21,11 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Literal
 
@@ -61,25 +63,57 @@ def percentile(values: Sequence[float], p: float) -> float:
     return float(np.partition(np.asarray(values, dtype=float), k - 1)[k - 1])
 
 
+@functools.lru_cache(maxsize=4096)
 def order_stat_indices(n: int, p: float, confidence: float = 0.95) -> tuple[int | None, int | None]:
     """0-based indices into the sorted sample of a two-sided quantile interval.
 
     ``(lo, hi)``: ``lo = F⁻¹(α/2) − 1`` and ``hi = S⁻¹(α/2)`` for ``Binomial(n, p/100)``
     with ``α = 1 − confidence`` (scipy's ``quantile_test`` construction). An index
-    outside ``[0, n)`` is ``None``: that side cannot be bounded by ``n`` values.
+    outside ``[0, n)`` is ``None``: that side cannot be bounded by ``n`` values. Up to
+    :data:`EXACT_MAX_N` values the binomial is summed in exact rational arithmetic (the
+    same indices as SciPy's, without its second-long import), beyond it SciPy's.
     """
     _check_p(p)
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); got {confidence!r}")
     if n <= 0:
         return None, None
-    from scipy.stats import binom  # lazy: scipy.stats takes seconds to import
-
-    dist = binom(n, p / 100)
     alpha_half = (1 - confidence) / 2
-    lo = int(dist.ppf(alpha_half)) - 1
-    hi = int(dist.isf(alpha_half))
+    if n <= EXACT_MAX_N:
+        lo, hi = _binom_ppf_isf(n, Fraction(p).limit_denominator(10**6) / 100,
+                                Fraction(alpha_half))  # fmt: skip
+    else:
+        from scipy.stats import binom  # lazy: scipy.stats takes a second or more to import
+
+        dist = binom(n, p / 100)
+        lo, hi = int(dist.ppf(alpha_half)), int(dist.isf(alpha_half))
+    lo -= 1
     return (lo if lo >= 0 else None), (hi if hi < n else None)
+
+
+#: samples up to this size get their order-statistic indices from the binomial
+#: distribution in exact rational arithmetic (a few ms), larger ones from SciPy's
+EXACT_MAX_N = 1000
+
+
+def _binom_ppf_isf(n: int, p: Fraction, q: Fraction) -> tuple[int, int]:
+    """``(ppf(q), isf(q))`` of Binomial(n, p), exactly: the least k with CDF(k) >= q,
+    and the least k with P(X > k) <= q (the definitions SciPy's discrete ``ppf`` and
+    ``isf`` use)."""
+    num, den = p.numerator, p.denominator
+    total = den**n
+    cdf = 0
+    ppf = isf = None
+    # P(X = k) = C(n, k) num^k (den - num)^(n - k) / den^n, summed as integers
+    for k in range(n + 1):
+        cdf += math.comb(n, k) * num**k * (den - num) ** (n - k)
+        if ppf is None and cdf * q.denominator >= q.numerator * total:
+            ppf = k
+        if isf is None and (total - cdf) * q.denominator <= q.numerator * total:
+            isf = k
+        if ppf is not None and isf is not None:
+            break
+    return (n if ppf is None else ppf), (n if isf is None else isf)
 
 
 def quantile_ci(
