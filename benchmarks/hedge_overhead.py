@@ -28,9 +28,10 @@ timed call starts with the writer idle; what the caller waits for is what is tim
 Reported per arm: n and the median (p90, mean) per-call time in ms; against ``bare``:
 the median of the per-round differences (ms per call) and the ratio of the medians.
 
-Then the same at ``--concurrency`` (50) calls at once, for ``--concurrent-rounds``
-rounds: each round runs a batch of ``bare``, ``chain_inline`` and ``chain`` calls (the
-order rotates), each batch timed from its start. What one call adds at 50 at once is
+Then the same at each ``--concurrency`` width (16 and 64) calls at once, for
+``--concurrent-rounds`` rounds: each round runs a batch of ``bare``, ``chain_inline`` and
+``chain`` calls (the order rotates), each batch timed from its start. What one call adds
+at W at once is
 the batch's extra wall time spread over its calls: ``(chain batch wall − bare batch
 wall) / calls in the batch``, one value per round (``added_ms_per_call``: median, p99,
 n = rounds). The 50 calls share one event loop, so a call's own latency also holds its
@@ -43,7 +44,7 @@ Top level of the JSON document (the full chain with logging, against ``bare``):
 a time, and ``by_concurrency`` with the same keys for 1 (per call) and for
 ``--concurrency`` (per call from the batch walls, n = rounds).
 
-Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--concurrency 50] [--json]``.
+Run: ``python benchmarks/hedge_overhead.py [--calls 400] [--concurrency 16,64] [--json]``.
 """
 
 from __future__ import annotations
@@ -422,9 +423,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 with c.GcPauses() as gc_pauses:
                     times = await measure(arms, args.calls, args.warmup, args.pause_ms / 1000, gcp)
                 gcp.stop()
-                wide = await measure_concurrent(
-                    arms, args.concurrent_rounds, args.concurrency, 1, args.pause_ms / 1000, gcp
-                )
+                wides = {}
+                for width in args.concurrency:
+                    wides[width] = await measure_concurrent(
+                        arms, args.concurrent_rounds, width, 1, args.pause_ms / 1000, gcp
+                    )
             finally:
                 gcp.stop()
             fired = arms.hedger.stats.fires
@@ -434,14 +437,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         logged_inline = len(inline.turns(inline_run)) if inline_run is not None else 0
     results = describe(times)
     one = added_summary([a - b for a, b in zip(times["chain"], times["bare"], strict=True)])
+    wide = wides[args.concurrency[-1]]
     results["concurrent"] = wide
+    results["concurrent_by_width"] = {str(w): v for w, v in wides.items()}
     # the acceptance interface: the full chain with logging against the bare client
     doc.update(one)
-    doc["by_concurrency"] = {"1": {**one, "concurrency": 1}, str(args.concurrency): wide}
+    doc["by_concurrency"] = {"1": {**one, "concurrency": 1},
+                             **{str(w): v for w, v in wides.items()}}  # fmt: skip
     results["checks"] = {
         "hedger_fires": fired,
         "turns_logged": logged,
-        "turns_run": (args.calls + args.warmup) + (wide["rounds"] + 1) * args.concurrency,
+        "turns_run": (args.calls + args.warmup)
+        + sum((v["rounds"] + 1) * w for w, v in wides.items()),
         "turns_logged_inline": logged_inline,
         "same_answer_every_arm": True,
     }
@@ -511,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         help="untimed pause after every call (and batch), after the stores' flush, in ms (1)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=50, help="calls at once in the second part (50)"
+        "--concurrency", type=lambda v: [int(x) for x in v.split(",") if x], default=[16, 64],
+        help="calls at once in the second part, comma-separated widths, each measured (16,64)",
     )
     parser.add_argument(
         "--concurrent-rounds",
