@@ -46,6 +46,7 @@ from chainrun.actions.request_keys import RequestKeys, tool_key_prefix
 from chainrun.config import ChainConfig, load_config
 from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
+from chainrun.conversations.memory import TurnStart
 from chainrun.conversations.source import (
     ConversationSource,
     answer_turn,
@@ -618,7 +619,12 @@ class Chain:
             history = [dataclasses.replace(h, message=mask(h.message).text, context=None
                                            if h.context is None else mask(h.context).text)
                        for h in history]  # fmt: skip
-        place = await self.conversations.begin(conversation_id, history, turn_index)
+        # deterministic checks first: microseconds, before any model call or log write
+        checked = self._input_checks.check(message)
+        if checked.findings:
+            message = checked.text  # neither model nor log sees a card number
+        place = await self.conversations.begin(conversation_id, history, turn_index,
+                                               TurnStart(run_id, message, started_at))  # fmt: skip
         if user is not None and conversation_id is None:
             await self._check_owner(place.conversation_id, user)
         turn = TurnRow(input=message, request_id=request_id,
@@ -626,10 +632,6 @@ class Chain:
                        started_at=started_at, original_ms=original_ms,
                        user_id=user.user_id if user else None,
                        idempotency_key=idempotency_key)  # fmt: skip
-        # deterministic checks first: microseconds, before any model call
-        checked = self._input_checks.check(message)
-        if checked.findings:
-            message = turn.input = checked.text  # neither model nor log sees a card number
         state = TurnState(message=message, values={"history": place.history}, fields=self.fields,
                           conversation_id=place.conversation_id)
         run = TurnRun(self.steps, self.graph, state, self._answered)

@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 
 from chainrun.conversations.history import HistoryTurn
 
-__all__ = ["WAIT_FOR_EARLIER_S", "ClaimIndex", "ConversationMemory", "LoadConversation"]
+__all__ = [
+    "WAIT_FOR_EARLIER_S",
+    "ClaimIndex",
+    "ConversationMemory",
+    "LoadConversation",
+    "TurnStart",
+]
 
 #: s a turn on a shared log waits for its conversation's previous turn to be in the log
 #: (another process answered it and may still be committing it; a writer commits within
@@ -46,9 +52,28 @@ __all__ = ["WAIT_FOR_EARLIER_S", "ClaimIndex", "ConversationMemory", "LoadConver
 WAIT_FOR_EARLIER_S = 2.0
 #: s between two reads of the log while waiting for the previous turn
 POLL_S = 0.025
-#: ``claim(conversation_id) -> the next turn index``, handed out once across processes
-#: (None: the log could not say; this process's memory hands it out)
-ClaimIndex = Callable[[str], Awaitable[int | None]]
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What a claim keeps of the turn it numbers, so that the turn is logged ``lost``
+    should its process die before the turn's rows are written
+    (:func:`chainrun.log.lifecycle.log_lost_turns`).
+
+    Attributes:
+        run_id: the run the turn is logged in.
+        message: the shopper's message as it is to be logged (checks' matches masked).
+        started_at: when the turn started (ISO-8601 UTC).
+    """
+
+    run_id: int | None
+    message: str
+    started_at: str
+
+
+#: ``claim(conversation_id, start) -> the next turn index``, handed out once across
+#: processes (None: the log could not say; this process's memory hands it out)
+ClaimIndex = Callable[[str, "TurnStart | None"], Awaitable[int | None]]
 
 #: what a conversation's read from the log gives: (the latest `keep` turns as (turn
 #: index, turn), oldest first; the highest turn index logged, 0 for none)
@@ -131,18 +156,19 @@ class ConversationMemory:
         return conv
 
     async def abegin(
-        self, conversation_id: str, *, new: bool = False
+        self, conversation_id: str, *, new: bool = False, start: TurnStart | None = None
     ) -> tuple[tuple[HistoryTurn, ...], int]:
         """:meth:`begin` for a chain: a conversation not in memory is read with ``load``
         awaited (an asynchronous loader does not hold the event loop); turns of the same
-        conversation that start meanwhile wait for that one read.
+        conversation that start meanwhile wait for that one read. ``start``: handed to
+        ``claim`` with the conversation id.
 
         Raises:
             Whatever ``load`` raised (the conversation stays unknown: read again by the
             next turn).
         """
         if self.claim is not None:
-            claimed = await self.claim(conversation_id)
+            claimed = await self.claim(conversation_id, start)
             if claimed is not None:
                 return await self._shared_begin(conversation_id, claimed, new=new)
             # the log could not say: this process's memory (and the log, if it answers)

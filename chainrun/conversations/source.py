@@ -40,6 +40,7 @@ from chainrun.conversations.memory import (
     ConversationMemory,
     LoadConversation,
     Loaded,
+    TurnStart,
 )
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
 from chainrun.log.rows import WINNER_OUTCOMES, CallRow, StepRow
@@ -137,6 +138,7 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
 
     def read(conversation_id: str, keep: int) -> Loaded:
         rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
+        rows = [r for r in rows if r.status != "lost"]  # no answer: not in the history
         ids = [r.id for r in rows if r.id is not None]
         steps = store.steps_of_turns(ids) if ids else []
         by_turn: dict[int | None, list[StepRow]] = {}
@@ -171,7 +173,9 @@ def log_claim(store: Store) -> ClaimIndex | None:
     """The turn-index counter of a log several processes share (a PostgreSQL log:
     :meth:`chainrun.log.store.Store.claim_turn_index`, run off the event loop); None for
     a SQLite log, whose conversations one process serves (its memory hands out the
-    indexes, read from the log for a conversation it has not seen). The claim gives None
+    indexes, read from the log for a conversation it has not seen). The claim keeps the
+    turn's :class:`~chainrun.conversations.memory.TurnStart` in the log, so that a turn
+    whose process dies is logged ``lost`` (its index stays taken). The claim gives None
     (the turn goes on from this process's memory, and a warning says so) when the
     database is down or does not answer within :data:`LOAD_TIMEOUT_S`."""
     if store.dialect != "postgresql":
@@ -180,12 +184,14 @@ def log_claim(store: Store) -> ClaimIndex | None:
         TimeoutError, ConnectionError, *store.log.network_errors
     )
 
-    async def claim(conversation_id: str) -> int | None:
+    async def claim(conversation_id: str, start: TurnStart | None) -> int | None:
         if store.writer is not None and store.writer.outage_since is not None:
             return None  # the database is down: this process's memory serves meanwhile
+        kept = {} if start is None else {"run_id": start.run_id, "message": start.message,
+                                         "started_at": start.started_at}  # fmt: skip
         try:
             return await asyncio.wait_for(
-                store.off_loop(store.claim_turn_index, conversation_id), LOAD_TIMEOUT_S
+                store.off_loop(store.claim_turn_index, conversation_id, **kept), LOAD_TIMEOUT_S
             )
         except unreachable as e:
             log.warning("run log %s could not be read (%s): conversation %s took its turn "
@@ -253,12 +259,14 @@ class ConversationSource:
         conversation_id: str | None,
         history: Sequence[HistoryTurn] | None = None,
         turn_index: int | None = None,
+        start: TurnStart | None = None,
     ) -> TurnPlace:
-        """The place of a turn starting now (see the module text)."""
+        """The place of a turn starting now (see the module text; ``start``: kept with
+        the turn's index on a shared log)."""
         new = conversation_id is None
         cid = conversation_id if conversation_id is not None else new_conversation_id()
         if history is None:
-            earlier, index = await self.memory.abegin(cid, new=new)
+            earlier, index = await self.memory.abegin(cid, new=new, start=start)
             remember = True
         else:
             earlier, index, remember = tuple(history), len(history) + 1, False

@@ -14,13 +14,16 @@ import sqlite_utils
 
 from chainrun.log.backend import LogDb, SqliteLogDb
 from chainrun.log.migrations import utc_now
-from chainrun.log.rows import RunKind, RunRow, RunStatus
+from chainrun.log.rows import RunKind, RunRow, RunStatus, TurnRow
+from chainrun.log.turn_ids import reserve
 from chainrun.runtime.processes import pid_exists
 
 __all__ = [
     "end_run",
     "end_running_run",
     "insert_run",
+    "log_lost_turns",
+    "lost_turns_of_process",
     "mark_interrupted_runs",
     "mark_resumed",
     "new_run",
@@ -64,27 +67,86 @@ def writer_alive(writer: dict[str, Any] | None) -> bool:
 def mark_interrupted_runs(db: LogDb | sqlite_utils.Database) -> list[int]:
     """Mark ``interrupted`` every run still ``running`` whose writing process is gone
     (killed with SIGKILL, the machine lost power): the next open of the log tells the
-    truth instead of leaving it ``running``. Its committed turns are kept as they are.
-    A writer on another host counts as alive (see :func:`writer_alive`). Returns the ids
-    marked."""
+    truth instead of leaving it ``running``. Its committed turns are kept as they are;
+    the turns it had in flight are logged ``lost`` (:func:`log_lost_turns`). A writer on
+    another host counts as alive (see :func:`writer_alive`). Returns the ids marked (by
+    this call: processes opening the log at once mark each run once)."""
     log = db if isinstance(db, LogDb) else SqliteLogDb(db)
     marked: list[int] = []
     for run_id, raw in log.execute("select id, meta from runs where status = 'running'"):
-        try:
-            meta = json.loads(raw) if raw else {}
-        except ValueError:
-            meta = {}
-        if writer_alive(meta.get("writer") if isinstance(meta, dict) else None):
+        if writer_alive(_writer_of(raw)):
             continue
         with log.transaction():
-            n = log.scalar("select count(*) from turns where run_id = ?", [run_id])
-            log.execute(
-                "update runs set status = 'interrupted', ended_at = ?, n_turns = ? "
+            cur = log.execute(
+                "update runs set status = 'interrupted', ended_at = ? "
                 "where id = ? and status = 'running'",
-                [utc_now(), n, run_id],
+                [utc_now(), run_id],
             )
+            if cur.rowcount == 0:  # another process marked it first
+                continue
+            log_lost_turns(log, run_id)
+            n = log.scalar("select count(*) from turns where run_id = ?", [run_id])
+            log.execute("update runs set n_turns = ? where id = ?", [n, run_id])
         marked.append(run_id)
     return marked
+
+
+def log_lost_turns(log: LogDb, run_id: int) -> list[int]:
+    """Log as ``lost`` each turn run ``run_id`` had claimed an index for (on a shared
+    log, ``conversation_index``: :meth:`chainrun.log.store.Store.claim_turn_index`) and
+    never logged, inside the caller's transaction: its message, index and start as
+    claimed, no output, ``error_type`` ``process_ended`` (its process ended before
+    the turn's rows were written). The conversation's next turn then
+    finds its index taken and does not wait for it; its history leaves it out (it had
+    no answer). Returns the new turns' ids (reserved as a writer reserves them)."""
+    rows = log.query(
+        "select conversation_id, last_index, claimed_input, claimed_at from "
+        "conversation_index c where claimed_run_id = ? and not exists (select 1 from "
+        "turns t where t.conversation_id = c.conversation_id and t.turn_index = "
+        "c.last_index and t.run_id in (select id from runs where kind = 'live'))",
+        [run_id],
+    )
+    if not rows:
+        return []
+    start, _ = reserve(log, len(rows))
+    ids = []
+    for k, r in enumerate(rows):
+        turn = TurnRow(id=start + k, run_id=run_id, conversation_id=r["conversation_id"],
+                       turn_index=r["last_index"], input=r["claimed_input"] or "",
+                       status="lost", error_type="process_ended",
+                       started_at=r["claimed_at"])  # fmt: skip
+        row = turn.to_db()
+        cols = ", ".join(f'"{c}"' for c in row)
+        log.execute(f"insert into turns ({cols}) values ({', '.join('?' for _ in row)})",
+                    list(row.values()))  # fmt: skip
+        ids.append(start + k)
+    return ids
+
+
+def lost_turns_of_process(log: LogDb, pid: int, since: str) -> list[tuple[str, int]]:
+    """The turns logged ``lost`` (:func:`log_lost_turns`) in the runs process ``pid`` of
+    this host started at ``since`` (ISO-8601 UTC) or later, as (conversation id, turn
+    index), oldest first: what ``serve --workers N`` says of a worker that died."""
+    host = socket.gethostname()
+    runs = [run_id for run_id, raw in log.execute(
+        "select id, meta from runs where kind = 'live' and started_at >= ?", [since])
+        if (w := _writer_of(raw)) is not None and w.get("pid") == pid
+        and w.get("host") == host]  # fmt: skip
+    if not runs:
+        return []
+    marks = ",".join("?" for _ in runs)
+    return [(r["conversation_id"], r["turn_index"]) for r in log.query(
+        f"select conversation_id, turn_index from turns where status = 'lost' and run_id in "
+        f"({marks}) order by id", runs)]  # fmt: skip
+
+
+def _writer_of(raw: str | None) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return None
+    writer = meta.get("writer") if isinstance(meta, dict) else None
+    return writer if isinstance(writer, dict) else None
 
 
 def new_run(

@@ -416,6 +416,14 @@ def _m152_request_keys(db: LogDb) -> None:
     db.table("turns").create_index(["request_id"], if_not_exists=True)
 
 
+def _m170_claimed_turns(db: LogDb) -> None:
+    # who claimed a conversation's last turn index, with what message and when: a turn
+    # whose process dies before its rows are written is logged ``lost`` from these when
+    # its run is marked interrupted (chainrun.log.lifecycle.mark_interrupted_runs)
+    for name, kind in (("claimed_run_id", int), ("claimed_input", str), ("claimed_at", str)):
+        db.table("conversation_index").add_column(name, kind)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -438,6 +446,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("150_pending_actions", _m150_pending_actions),
     ("151_turn_identity", _m151_turn_identity),
     ("152_request_keys", _m152_request_keys),
+    ("170_claimed_turns", _m170_claimed_turns),
 )
 
 

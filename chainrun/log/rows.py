@@ -51,8 +51,9 @@ RunStatus = Literal["running", "complete", "failed", "interrupted", "lost_turns"
 #: of its answer had reached the user, which is the turn's output (``error_type`` says
 #: why); refused: a step failed closed (or a check refused); replaced: a validating
 #: step answered its safe text instead; error: a provider could not be reached;
-#: cancelled: the caller went away (Ctrl-C, a closed stream)
-TurnStatus = Literal["ok", "cut", "refused", "replaced", "error", "cancelled"]
+#: cancelled: the caller went away (Ctrl-C, a closed stream); lost: its process died
+#: before the turn was logged (logged from the index it had claimed on a shared log)
+TurnStatus = Literal["ok", "cut", "refused", "replaced", "error", "cancelled", "lost"]
 #: failed_open: no answer, the turn went on; failed_closed: no answer, the turn was
 #: refused (or, for the answer step once part of its answer had reached the user, the
 #: turn ended ``cut``); skipped: never started (the turn was refused first);
@@ -161,7 +162,7 @@ class TurnRow(_Row):
     output: str | None = None
     #: the classify label the turn got, if any
     label: str | None = None
-    #: ok, cut, refused, replaced, error or cancelled
+    #: ok, cut, refused, replaced, error, cancelled or lost
     status: TurnStatus = "ok"
     #: every checking step's verdict, by step name (JSON)
     verdicts: dict[str, Any] = Field(default_factory=dict)

@@ -437,22 +437,33 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
                 return None
             raise
 
-    def claim_turn_index(self, conversation_id: str) -> int:
+    def claim_turn_index(
+        self, conversation_id: str, *, run_id: int | None = None, message: str | None = None,
+        started_at: str | None = None,
+    ) -> int:  # fmt: skip
         """The next turn index of live conversation ``conversation_id``, handed out once
         (an atomic upsert on ``conversation_index``: two processes serving turns of one
         conversation at once never get the same index). A conversation new to the
         counter starts after the highest turn index its live turns logged.
 
+        ``run_id``, ``message`` (as it is to be logged) and ``started_at`` (ISO-8601 UTC)
+        are kept with the claim until the next one: should the run's process die before
+        the turn's rows are written, the next open of the log logs the turn ``lost``
+        (:func:`chainrun.log.lifecycle.mark_interrupted_runs`).
+
         Runs on the calling thread against the database (not through the writer): call
         it through :meth:`off_loop`.
         """
         row = self.log.execute(
-            "insert into conversation_index (conversation_id, last_index) values (?, "
+            "insert into conversation_index (conversation_id, last_index, claimed_run_id, "
+            "claimed_input, claimed_at) values (?, "
             "1 + (select coalesce(max(turn_index), 0) from turns where conversation_id = ? "
-            "and run_id in (select id from runs where kind = 'live'))) "
+            "and run_id in (select id from runs where kind = 'live')), ?, ?, ?) "
             "on conflict (conversation_id) do update set "
-            "last_index = conversation_index.last_index + 1 returning last_index",
-            [conversation_id, conversation_id],
+            "last_index = conversation_index.last_index + 1, "
+            "claimed_run_id = excluded.claimed_run_id, claimed_input = excluded.claimed_input, "
+            "claimed_at = excluded.claimed_at returning last_index",
+            [conversation_id, conversation_id, run_id, message, started_at],
         ).fetchone()
         assert row is not None
         return int(row[0])

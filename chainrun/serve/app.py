@@ -9,7 +9,9 @@ Routes::
                                   (also while the answer's model server cannot be reached);
                                   its "log" says the run log writer's state (ok, retrying,
                                   losing), queued and lost writes; ``file_gone`` with
-                                  ``lost_turns`` once the log's SQLite file was deleted
+                                  ``lost_turns`` once the log's SQLite file was deleted;
+                                  under ``serve --workers N``, "workers" says how many
+                                  of the N serve ({"serving": k, "workers": N})
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
     POST /v1/chat/completions
@@ -49,6 +51,7 @@ from chainrun.serve.errors import body_too_large, body_too_large_response, error
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
 from chainrun.serve.settings import CHAT_KEEPALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
+from chainrun.serve.workers import WorkerSlot
 
 log = logging.getLogger("chainrun.serve")
 
@@ -79,6 +82,9 @@ class ServeState:
         chat_keepalive_s: s between keep-alive comment lines on ``/chat`` (None: none).
         v1_keepalive_s: the same on the OpenAI face's streams; None (the default): none,
             as OpenAI sends none (:mod:`chainrun.serve.sse`).
+        fleet: a worker of ``serve --workers N``: its slot on the parent's board
+            (:class:`~chainrun.serve.workers.WorkerSlot`), marked serving once the chain
+            is open and not once stopping; ``/readyz`` says how many workers serve.
     """
 
     def __init__(
@@ -93,8 +99,10 @@ class ServeState:
         watch_options: Mapping[str, Any] | None = None,
         chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
         v1_keepalive_s: float | None = None,
+        fleet: WorkerSlot | None = None,
     ) -> None:
         self.chain_factory = chain_factory
+        self.fleet = fleet
         self.chat_keepalive_s = chat_keepalive_s
         self.v1_keepalive_s = v1_keepalive_s
         self.shutdown_grace_s = shutdown_grace_s
@@ -168,6 +176,8 @@ class ServeState:
             if self.freeze_gc:
                 freeze_startup_objects()
                 rare_full_collections()
+            if self.fleet is not None and self.stop_requested_at is None:
+                self.fleet.mark(True)
             return
 
     async def _watch_log_file(self) -> None:
@@ -247,6 +257,8 @@ class ServeState:
         first = self.stop_requested_at is None
         if first:
             self.stop_requested_at = time.monotonic()
+            if self.fleet is not None:
+                self.fleet.mark(False)
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -377,23 +389,26 @@ async def _healthz(request: Request) -> Response:
 
 async def _readyz(request: Request) -> Response:
     state: ServeState = request.app.state.serve
+    body, status = _readiness(state)
+    if state.fleet is not None:  # how many of serve --workers N serve, whatever this one is
+        body["workers"] = state.fleet.counts()
+    return JSONResponse(body, status_code=status)
+
+
+def _readiness(state: ServeState) -> tuple[dict[str, Any], int]:
     if state.runner is None:
-        return JSONResponse({"status": "starting", "detail": state.not_ready_reason()},
-                            status_code=503)  # fmt: skip
+        return {"status": "starting", "detail": state.not_ready_reason()}, 503
     chain = state.runner.chain
     watch = state.model_watch
     if watch is not None and watch.down is not None:  # no answer can come now
-        return JSONResponse({"status": "not_ready", "detail": watch.down}, status_code=503)
+        return {"status": "not_ready", "detail": watch.down}, 503
     away = state.provider_watch.down if state.provider_watch is not None else {}
     if away:
-        return JSONResponse({"status": "not_ready", "detail": "; ".join(away.values())},
-                            status_code=503)  # fmt: skip
+        return {"status": "not_ready", "detail": "; ".join(away.values())}, 503
     # the log is behind the answer: a log database that is away leaves the backend ready
     # (turns are answered); "log" says whether writes are retrying or being dropped
-    log_state = state.log_status()
-    return JSONResponse({"status": "ready", "run_id": chain.run_id,
-                         "steps": list(chain.config.order), "model": state.model_id,
-                         "log": log_state})  # fmt: skip
+    return {"status": "ready", "run_id": chain.run_id, "steps": list(chain.config.order),
+            "model": state.model_id, "log": state.log_status()}, 200
 
 
 def create_app(

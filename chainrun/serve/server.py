@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -20,6 +19,8 @@ from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.errors import ChainrunError, UserInputError
 from chainrun.log.backend import shown_url
+from chainrun.log.lifecycle import lost_turns_of_process
+from chainrun.log.migrations import utc_now
 from chainrun.log.reads import SeedWindows
 from chainrun.log.store import Store
 from chainrun.runtime.event_loop import uvicorn_loop
@@ -33,6 +34,7 @@ from chainrun.serve.settings import (
     TOKEN_ENV,
 )
 from chainrun.serve.turns import TurnObserver
+from chainrun.serve.workers import Supervisor, WorkerSlot
 
 
 def is_loopback(host: str) -> bool:
@@ -77,8 +79,11 @@ def serve(
     With ``workers`` above 1 the listening socket is bound once and shared by that many
     worker processes (forked; the kernel spreads connections over them), each with its
     own chain, hedge windows and live run in the one log ``db`` (a run per process: see
-    ``chainrun runs``). The parent only waits: SIGINT/SIGTERM to it stop every worker
-    gracefully (each gets one SIGTERM); a worker that dies is not restarted.
+    ``chainrun runs``). The parent watches them (:mod:`chainrun.serve.workers`): a worker
+    that dies is said in one line at once, the turns it had in flight are logged
+    ``lost``, and a new one takes its place (after a back-off when it keeps dying);
+    ``/readyz`` says how many serve. SIGINT/SIGTERM to the parent stop every worker
+    gracefully (each gets one SIGTERM).
 
     Args:
         config: the chain's configuration.
@@ -125,20 +130,27 @@ def serve(
             sock.close()
             raise
 
-        def one() -> None:
+        def one(slot: WorkerSlot) -> None:
             made = observer_factory() if observer_factory is not None else []
             try:
                 _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
                            max_body_bytes=max_body_bytes, seed_windows=seed_windows,
                            keepalive=(chat_keepalive_s, v1_keepalive_s),
-                           announce=False)  # fmt: skip
+                           announce=False, fleet=slot)  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
                     stop = getattr(obs, "shutdown", None)
                     if callable(stop):
                         stop()
 
-        failed = _fork_workers(sock, workers, one, db)
+        shown = shown_url(db) if isinstance(db, str) else str(db)
+        print(f"chainrun serve: {_address(sock)} with {workers} worker processes (parent "
+              f"pid {os.getpid()}, log {shown})", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            supervisor = Supervisor(sock, workers, one, recover=_lost_turns_said(db))
+            failed = supervisor.run_until_stopped()
+        finally:
+            sock.close()
         if failed:
             raise WorkersFailed(failed, workers)
         return
@@ -159,10 +171,12 @@ def _serve_one(
     seed_windows: SeedWindows | None = None,
     announce: bool = True,
     keepalive: tuple[float | None, float | None] = (CHAT_KEEPALIVE_S, None),
+    fleet: WorkerSlot | None = None,
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
-    parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s).
+    parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s;
+    ``fleet``: a worker's slot on its parent's board, for ``/readyz``).
 
     Raises:
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
@@ -181,6 +195,7 @@ def _serve_one(
         shutdown_grace_s=SHUTDOWN_GRACE_S,
         chat_keepalive_s=keepalive[0],
         v1_keepalive_s=keepalive[1],
+        fleet=fleet,
     )
     app = create_app(state, token=token, max_body_bytes=max_body_bytes)
     server = _Server(
@@ -291,70 +306,22 @@ class WorkersFailed(ChainrunError):
                          "see each one's line above")  # fmt: skip
 
 
-def _fork_workers(
-    sock: socket.socket, n: int, run: Callable[[], None], db: str | Path
-) -> dict[int, int]:
-    """Fork ``n`` workers that each ``run()`` on the shared ``sock``; wait for them all.
-    Returns the exit codes of those that failed, by pid (empty: every one exited 0).
+def _lost_turns_said(db: str | Path) -> Callable[[int], str]:
+    """What the parent does for a worker that died: open the log (which marks the
+    worker's run ``interrupted`` and logs the turns it had in flight ``lost``:
+    :func:`chainrun.log.lifecycle.mark_interrupted_runs`), and name those turns."""
+    since = utc_now()
 
-    Each worker gets a process group of its own, so a Ctrl-C at the terminal reaches
-    the parent only, which says so in one line and passes each stop signal on to every
-    worker as a SIGTERM (the first: finish within the grace; the second: cancel the
-    turns in flight now; see :class:`_Server`).
-    """
-    shown = shown_url(db) if isinstance(db, str) else str(db)
-    print(f"chainrun serve: {_address(sock)} with {n} worker processes (parent pid "
-          f"{os.getpid()}, log {shown})", file=sys.stderr, flush=True)  # fmt: skip
-    pids: list[int] = []
-    for _ in range(n):
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                os.setpgid(0, 0)
-                run()
-            except ChainrunError as e:  # one line (its log file deleted under it, say)
-                print(f"chainrun: error: worker {os.getpid()}: {e}", file=sys.stderr,
-                      flush=True)  # fmt: skip
-                code = 2
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    sock.close()  # the workers accept; the parent only waits
+    def recover(pid: int) -> str:
+        with Store.open(db, create=False) as store:
+            lost = lost_turns_of_process(store.log, pid, since)
+        if not lost:
+            return "no turn of it was in flight"
+        each = ", ".join(f"{cid} turn {index}" for cid, index in lost)
+        n = len(lost)
+        return f"{_turns(n)} it had in flight logged lost ({each})"
 
-    signals = 0
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal signals
-        signals += 1
-        if signals == 1:
-            print(f"chainrun serve: stopping {n} workers: their turns in flight, up to "
-                  f"{SHUTDOWN_GRACE_S} s to finish, then cancelled; Ctrl-C again to cancel "
-                  "now", file=sys.stderr, flush=True)  # fmt: skip
-        elif signals == 2:
-            print("chainrun serve: cancelling the workers' turns in flight now (logged "
-                  "cancelled; one already answered stays ok)",
-                  file=sys.stderr, flush=True)  # fmt: skip
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    failed: dict[int, int] = {}
-    try:
-        for pid in pids:
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0:
-                failed[pid] = code
-                print(f"chainrun serve: worker {pid} exited with {code}", file=sys.stderr)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    return failed
+    return recover
 
 
 class _Stopped(Exception):
