@@ -74,6 +74,7 @@ from chainrun.log.rows import RunKind, TurnLog, TurnRow
 from chainrun.log.store import DEFAULT_DB, Store
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
+from chainrun.providers.rate_limit import limiters_for
 from chainrun.retrieval.catalog import ensure_sample_catalog
 from chainrun.scheduler import TurnRun
 from chainrun.steps import (
@@ -352,6 +353,7 @@ class Chain:
                 config=self.config, providers=self._providers, breakers=self._step_breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
                 retriever=self._retriever, tools=self.tools, seed_windows=self.seed_windows,
+                rate_limits=limiters_for(self.config.providers),
             )  # fmt: skip
             for step_name, step in self.steps.items():
                 logs = self.needs[step_name].log

@@ -364,7 +364,8 @@ def test_item4_fires_whose_copy_was_never_sent_are_not_called_work(store) -> Non
     assert it.verdict == "fail" and f["fire_rate"] == pytest.approx(40 / 140, abs=1e-3)
     assert f["copies_sent"] == 0 and f["copies_sent_per_call"] == 0.0
     assert f["n_fired_no_copy_sent"] == 40
-    assert f["unsent"] == {"budget_exhausted": 0, "circuit_open": 40, "loop_lag": 0}
+    assert f["unsent"] == {"budget_exhausted": 0, "circuit_open": 40, "loop_lag": 0,
+                           "rate_limited": 0}
     text = " ".join(it.notes)
     assert "40 of those fires sent no copy (breaker open 40)" in it.evidence
     assert "N1 − N2 > d" not in text and "Raise the delay" not in text

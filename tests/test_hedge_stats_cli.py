@@ -48,9 +48,10 @@ def _dead_backup_run(lab: LabServer, tmp_path: Path) -> None:
     assert critique["fire_rate"] == 1.0 and critique["n_fired"] == 3  # the timer went off
     assert critique["copies_sent"] == 0 and critique["copies_sent_per_call"] == 0.0
     assert critique["n_fired_no_copy_sent"] == 3
-    assert critique["unsent"] == {"budget_exhausted": 0, "circuit_open": 3, "loop_lag": 0}
+    assert critique["unsent"] == {"budget_exhausted": 0, "circuit_open": 3, "loop_lag": 0,
+                                   "rate_limited": 0}
     text = chainrun("hedge-stats", "--db", str(db)).stdout
-    assert "sent/call" in text and "unsent b/c/l" in text and "0/3/0" in text
+    assert "sent/call" in text and "unsent b/c/l/r" in text and "0/3/0/0" in text
     assert "a fire with no copy sent cannot win" in text
     # advise critiques its prediction against this run: it says the copies never went out
     adv = json.loads(chainrun("advise", "--run", "1", "--step", "critique", "--db", str(db),

@@ -360,7 +360,7 @@ def hedge_table(stats: dict[str, Any]) -> Table:
     that an open breaker or a lagging loop held back, is counted under "not sent")."""
     t = Table(title=f"hedging, run {stats['run_id']} ({turn_counts(stats.get('turns'))})")
     cols = ("step", "n", "armed", "fire rate [95% CI]", "sent/call", "fired unsent",
-            "unsent b/c/l", "win rate [95% CI]", "saved/win ms", "measured", "extra calls/turn",
+            "unsent b/c/l/r", "win rate [95% CI]", "saved/win ms", "measured", "extra calls/turn",
             "mean d ms")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
@@ -369,7 +369,8 @@ def hedge_table(stats: dict[str, Any]) -> Table:
         t.add_row(name, str(s["n"]), str(s["n_armed"]),
                   _with_ci(s["fire_rate"], s.get("fire_rate_ci95"), 3),
                   _f(s["copies_sent_per_call"], 3), str(s["n_fired_no_copy_sent"]),
-                  f"{unsent['budget_exhausted']}/{unsent['circuit_open']}/{unsent['loop_lag']}",
+                  f"{unsent['budget_exhausted']}/{unsent['circuit_open']}/{unsent['loop_lag']}/"
+                  f"{unsent.get('rate_limited', 0)}",
                   _with_ci(s["win_rate"], s.get("win_rate_ci95"), 3),
                   _f(s["time_saved_per_win_ms"]),
                   str(s["n_saved_measured"]), _f(s["extra_calls_per_turn"], 3),
@@ -377,9 +378,9 @@ def hedge_table(stats: dict[str, Any]) -> Table:
     notes = []
     if any(s["n_fired_no_copy_sent"] for s in stats["steps"].values()):
         notes.append("fire rate: the hedge timer went off (a copy was due); sent/call: copies "
-                     "actually sent per call; unsent b/c/l: due copies not sent (budget "
-                     "refused / breaker open / loop lag); a fire with no copy sent cannot win, "
-                     "so its loss says nothing of the copy")  # fmt: skip
+                     "actually sent per call; unsent b/c/l/r: due copies not sent (budget "
+                     "refused / breaker open / loop lag / rate limited); a fire with no copy "
+                     "sent cannot win, so its loss says nothing of the copy")  # fmt: skip
     for name, s in stats["steps"].items():
         turns = s.get("seeded_delay_turns") or []
         if turns:  # hedged at a delay from the log's recent calls (a window seeded at start)
@@ -390,7 +391,7 @@ def hedge_table(stats: dict[str, Any]) -> Table:
     if notes:
         t.caption = "\n".join(notes)
     # too narrow: the detail columns go first; fire rate, win rate and savings stay
-    return drop_first(t, "mean d ms", "unsent b/c/l", "fired unsent", "measured", "armed",
+    return drop_first(t, "mean d ms", "unsent b/c/l/r", "fired unsent", "measured", "armed",
                       "sent/call", "extra calls/turn")  # fmt: skip
 
 

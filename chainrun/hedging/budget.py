@@ -152,6 +152,11 @@ class HedgeBudget:
         self._balance = max(0.0, self._balance - 1)
         return True
 
+    def refund(self) -> None:
+        """Give back one copy's token (a copy paid for and then not sent), up to
+        ``capacity``; its per-second slot stays taken."""
+        self._balance = min(self.capacity, self._balance + 1)
+
     def __repr__(self) -> str:
         rate = (
             ""

@@ -241,6 +241,7 @@ class Hedger(Generic[T]):
         release: Callable[[T], Awaitable[None]] | None = None,
         accept: Callable[[T], bool] | None = None,
         classify_error: Callable[[BaseException], ErrorInfo] | None = None,
+        admit: Callable[[int, str], BaseException | None] | None = None,
     ) -> HedgeOutcome[T]:
         """Run one hedged call.
 
@@ -253,6 +254,10 @@ class Hedger(Generic[T]):
                 (outcome ``rejected``) and the next attempt starts at once.
             classify_error: maps an attempt's exception to an :class:`ErrorInfo`
                 (default :func:`default_classify_error`).
+            admit: asked, without waiting, before a copy or retry (attempt number, target)
+                is sent, once the budget paid for it: None sends it; an exception keeps
+                it unsent (outcome ``suppressed`` with that error, the budget's token
+                given back), e.g. a rate limit with no room now. The primary is not asked.
 
         Returns:
             The :class:`HedgeOutcome`; a failed call has ``error`` set (the fatal or last
@@ -267,7 +272,8 @@ class Hedger(Generic[T]):
             self._policy, self._call_order(), self.breakers, self.window, self.budget,
             self.controller, self.stats, self.loop_lag, self.rng, self._running, self._shadows,
         )  # fmt: skip
-        race = _Race(site, attempt, release, accept, classify_error or default_classify_error)
+        race = _Race(site, attempt, release, accept, classify_error or default_classify_error,
+                     admit)
         try:
             outcome = await race.run()
         except BaseException as e:
@@ -326,8 +332,10 @@ class _Race(Generic[T]):
         release: Callable[[T], Awaitable[None]] | None,
         accept: Callable[[T], bool] | None,
         classify: Callable[[BaseException], ErrorInfo],
+        admit: Callable[[int, str], BaseException | None] | None = None,
     ) -> None:
         self.site = site
+        self.admit = admit
         self.policy = site.policy
         self.factory = factory
         self.release = release
@@ -547,7 +555,12 @@ class _Race(Generic[T]):
                 self.waiting_for_budget = is_hedge
             else:
                 self.waiting_for_budget = False
-                self._start(number, target, lag_ms)
+                refused = self.admit(number, target) if self.admit is not None else None
+                if refused is not None:
+                    self.site.budget.refund()
+                    self._refuse(number, target, "suppressed", lag_ms, refused)
+                else:
+                    self._start(number, target, lag_ms)
         if self.delay_ms is not None:
             # attempt k at (k-1)·d; after a stall, do not fire the missed copies in a burst
             due = scheduled + self.delay_ms / 1000

@@ -18,7 +18,8 @@ Definitions (each None while its denominator is 0):
 * **copies sent per call** = attempts beyond each call's first that were actually sent /
   calls: the load hedging really added. A due copy is not sent when the load budget
   refuses it (``budget_exhausted``), every copy target's circuit breaker is open
-  (``circuit_open``) or the client's event loop lags (``loop_lag``): :func:`unsent_reason`.
+  (``circuit_open``), the client's event loop lags (``loop_lag``) or the target's rate
+  limit has no room now (``rate_limited``): :func:`unsent_reason`.
   With a dead backup every fire is such a copy: fire rate 1.0, copies sent per call 0.
 * **win rate** = copy wins / fires: of the fires, the share a copy won. A copy started at
   once after a non-fatal error is a retry, not a hedge: a win counts only after a fire.
@@ -40,7 +41,7 @@ from chainrun.hedging.errors import CircuitOpen
 from chainrun.hedging.outcome import HedgeOutcome
 
 #: why a due copy was not sent (Finagle counts ``budget_exhausted`` the same way)
-UNSENT_REASONS = ("budget_exhausted", "circuit_open", "loop_lag")
+UNSENT_REASONS = ("budget_exhausted", "circuit_open", "loop_lag", "rate_limited")
 
 
 def unsent_reason(outcome: str | None, error_type: str | None = None) -> str | None:
@@ -48,13 +49,14 @@ def unsent_reason(outcome: str | None, error_type: str | None = None) -> str | N
     attempt that was sent (or a row with no outcome).
 
     ``outcome`` is the attempt's (``budget_exhausted``, ``suppressed``, ...);
-    ``error_type`` tells the two kinds of ``suppressed`` apart: ``circuit_open`` (every
-    copy target's breaker open) or none (the client's event loop lagged).
+    ``error_type`` tells the kinds of ``suppressed`` apart: ``circuit_open`` (every
+    copy target's breaker open), ``rate_limited`` (the target's rate limit had no room
+    now: a copy never waits) or none (the client's event loop lagged).
     """
     if outcome == "budget_exhausted":
         return "budget_exhausted"
     if outcome == "suppressed":
-        return "circuit_open" if error_type == "circuit_open" else "loop_lag"
+        return error_type if error_type in ("circuit_open", "rate_limited") else "loop_lag"
     return None
 
 
@@ -120,8 +122,9 @@ class HedgeStats:
         sent = 0
         for attempt in outcome.attempts[1:]:  # the primary is no copy (sent or not)
             sent += attempt.sent
-            circuit = isinstance(attempt.error, CircuitOpen)
-            self.add_unsent(unsent_reason(attempt.outcome, "circuit_open" if circuit else None))
+            kind = ("circuit_open" if isinstance(attempt.error, CircuitOpen)
+                    else getattr(attempt.error, "error_type", None))  # fmt: skip
+            self.add_unsent(unsent_reason(attempt.outcome, kind))
         self.copies_sent += sent
         self.fires_unsent += outcome.fired and not sent
 

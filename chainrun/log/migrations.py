@@ -424,6 +424,11 @@ def _m170_claimed_turns(db: LogDb) -> None:
         db.table("conversation_index").add_column(name, kind)
 
 
+def _m171_rate_limit_wait(db: LogDb) -> None:
+    # how long a call's first attempt waited for its provider's rate limit (ms)
+    db.table("calls").add_column("rate_limit_wait_ms", float)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -447,6 +452,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("151_turn_identity", _m151_turn_identity),
     ("152_request_keys", _m152_request_keys),
     ("170_claimed_turns", _m170_claimed_turns),
+    ("171_rate_limit_wait", _m171_rate_limit_wait),
 )
 
 

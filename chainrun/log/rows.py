@@ -388,6 +388,9 @@ class CallRow(_Row):
     loop_lag_ms: float | None = None  # the client's own event-loop lag when it started
     #: a copy fired while the client's event loop was late
     fired_late: bool = False  # a copy fired while the client's event loop was late
+    #: how long the attempt waited for room in its provider's rate limit before it was
+    #: sent, in ms (NULL: it did not wait; only a call's first attempt waits)
+    rate_limit_wait_ms: float | None = None
     #: llama.cpp's own timings block (prompt_ms, predicted_ms, ...), if the server sent one
     server_timings: dict[str, Any] | None = None  # llama.cpp's `timings` block, if sent
 

@@ -103,6 +103,14 @@ class ProviderConfig(BaseModel):
     #: the price of every model this provider serves, USD per million tokens (input,
     #: cached_input, output); None: by model (``[prices]``, then the shipped table)
     price: Price | None = None
+    #: requests per minute this process sends the provider at most (None: no limit): a
+    #: call's first attempt waits for room within its step's deadline, a hedge copy is
+    #: not sent without room (chainrun.providers.rate_limit); per process: with N
+    #: processes sharing the provider's quota of R, give each R/N
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    #: tokens per minute at most (None: no limit), a request counted as its prompt's
+    #: estimated tokens plus its max_tokens until the usage it reports comes back
+    tokens_per_minute: int | None = Field(default=None, ge=1)
 
     @field_validator("base_url", "endpoint")
     @classmethod

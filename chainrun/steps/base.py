@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from chainrun.log.reads import SeedWindows
     from chainrun.log.store import Store
     from chainrun.providers.base import Provider
+    from chainrun.providers.rate_limit import RateLimiter
     from chainrun.retrieval.products import ShownProduct
     from chainrun.steps.model_config import ModelStepConfig
     from chainrun.tools import Tool, TurnTools
@@ -276,6 +277,9 @@ class BuildContext:
     quiet: bool = False
     #: seed each hedged step's latency window from the log's recent calls (None: do not)
     seed_windows: SeedWindows | None = None
+    #: each provider's rate limiter in this process, by provider name (shared by every
+    #: step that calls it; absent: no limit)
+    rate_limits: Mapping[str, RateLimiter] = field(default_factory=dict)
 
     def breakers_for(self, step: str) -> BreakerRegistry:
         """Step ``step``'s breaker registry (built by the chain for the policy its

@@ -52,12 +52,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from chainrun.checks.holdback import HoldBack, OutputBlocked
 from chainrun.conversations.history import history_messages
-from chainrun.errors import AnswerCutAtLimit, InvalidAnswer, ProviderError, error_type
+from chainrun.errors import (
+    AnswerCutAtLimit,
+    InvalidAnswer,
+    ProviderError,
+    ProviderStatusError,
+    error_type,
+)
 from chainrun.events import TokenDelta, ToolCallEvent
 from chainrun.hedging import AttemptInfo, AttemptRecord, HedgeOutcome, Hedger
 from chainrun.hedging.advisor import hedge_detail
 from chainrun.log.rows import CallRow
 from chainrun.providers.base import ChatRequest, ChatStream, Provider
+from chainrun.providers.rate_limit import Grant, RateLimited, RateLimiter, request_tokens
 from chainrun.steps.answer_stream import settle_attempt, stream_answer
 from chainrun.steps.base import (
     BuildContext,
@@ -225,6 +232,17 @@ class CallRound:
     outcome: HedgeOutcome[ChatStream] | None = None
     winner: ChatStream | None = None
     error: BaseException | None = None
+    #: each attempt's grant of its provider's rate limit, by attempt number
+    grants: dict[int, Grant] = field(default_factory=dict)
+
+    def correct_grants(self) -> None:
+        """Count each granted attempt's reported usage (prompt + completion tokens)
+        in its rate limit instead of the estimate (attempts with no usage yet keep it)."""
+        for number, grant in self.grants.items():
+            s = self.streams.get(number)
+            usage = s.timer.usage if s is not None else None
+            if usage is not None and usage.input_tokens is not None:
+                grant.correct(usage.input_tokens + (usage.output_tokens or 0))
 
     def hedge(self) -> dict[str, Any]:
         """The round's hedge as ``steps.detail["hedge_rounds"]`` logs it: ``{"round",
@@ -307,6 +325,8 @@ class HedgedCall:
         self.policy = policy_from_config(config)
         self.answer_problem = answer_problem
         self.providers: dict[str, Provider] = {}
+        #: the rate limiter of each target that has one (``[providers.NAME]``)
+        self.rate_limits: dict[str, RateLimiter] = {}
         self._hedger: Hedger[ChatStream] | None = None
         self._store: Store | None = None
         #: how a prompt that begins with {history} shows it (decided in :meth:`open`)
@@ -345,6 +365,7 @@ class HedgedCall:
         )
         targets = cfg.provider_names()
         self.providers = {t: ctx.providers[t] for t in targets}
+        self.rate_limits = {t: ctx.rate_limits[t] for t in targets if t in ctx.rate_limits}
         self._store = ctx.store
         self._hedger = Hedger(
             policy, targets, breakers=ctx.breakers_for(self.step), loop_lag=ctx.loop_lag
@@ -400,22 +421,40 @@ class HedgedCall:
 
     # ------------------------------------------------------------------ the call
 
-    async def race(self, rnd: CallRound) -> None:
+    async def race(self, rnd: CallRound, deadline: float | None = None) -> None:
         """Race one round's attempts (fills ``rnd``); each attempt is sent with its number
-        within the round in ``x-chainrun-attempt``."""
+        within the round in ``x-chainrun-attempt``. With a rate limit on a target
+        (``[providers.NAME] requests_per_minute`` / ``tokens_per_minute``) the round's
+        first attempt waits for room until ``deadline`` (loop time; default the step's
+        deadline from now), a copy or retry goes only with room now (else it is not
+        sent: ``rate_limited``), and a 429 with ``Retry-After`` holds the limit."""
         cfg = self.config
+        limits = self.rate_limits
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + cfg.deadline_s
+        tokens = request_tokens(rnd.request) if limits else 0
+
+        def admit(number: int, target: str) -> BaseException | None:
+            limiter = limits.get(target)
+            if limiter is None:
+                return None
+            grant = limiter.try_acquire(tokens)
+            if grant is None:
+                return RateLimited(f"{target}: its rate limit has no room now (a copy does "
+                                   "not wait)")  # fmt: skip
+            rnd.grants[number] = grant
+            return None
 
         async def attempt(info: AttemptInfo) -> ChatStream:
-            req = _with_headers(rnd.request, {**rnd.request.headers,
-                                              "x-chainrun-attempt": str(info.number)})
-            s = ChatStream(
-                self.providers[info.target], req,
-                first_token_timeout_s=cfg.first_token_timeout_s,
-                idle_timeout_s=cfg.idle_timeout_s,
-                pump=cfg.stream,  # a whole answer is read in this attempt's own task
-            )  # fmt: skip
-            rnd.streams[info.number] = s
-            return await settle_attempt(s, cfg.stream)
+            limiter = limits.get(info.target)
+            if limiter is not None and info.number not in rnd.grants:  # the first: waits
+                rnd.grants[info.number] = await limiter.acquire(tokens, deadline=deadline)
+            try:
+                return await self._attempt(rnd, info)
+            except ProviderStatusError as e:
+                if limiter is not None and e.status == 429 and e.retry_after_s is not None:
+                    limiter.hold(e.retry_after_s)  # every step of the process waits it out
+                raise
 
         async def release(s: ChatStream) -> None:
             await s.aclose()
@@ -428,11 +467,26 @@ class HedgedCall:
             return bool(s.timer.tool_calls) or problem is None or problem(s.timer.text) is None
 
         gate = accept if problem is not None and cfg.hedge is not None and not cfg.stream else None
-        rnd.outcome = await self.hedger.run(attempt, release=release, accept=gate)
+        rnd.outcome = await self.hedger.run(attempt, release=release, accept=gate,
+                                            admit=admit if limits else None)  # fmt: skip
         if rnd.outcome.error is not None:
             rnd.error = rnd.outcome.error
         else:
             rnd.winner = rnd.outcome.value
+
+    async def _attempt(self, rnd: CallRound, info: AttemptInfo) -> ChatStream:
+        """One attempt of ``rnd``: its stream, settled as the step reads it."""
+        cfg = self.config
+        req = _with_headers(rnd.request, {**rnd.request.headers,
+                                          "x-chainrun-attempt": str(info.number)})
+        s = ChatStream(
+            self.providers[info.target], req,
+            first_token_timeout_s=cfg.first_token_timeout_s,
+            idle_timeout_s=cfg.idle_timeout_s,
+            pump=cfg.stream,  # a whole answer is read in this attempt's own task
+        )  # fmt: skip
+        rnd.streams[info.number] = s
+        return await settle_attempt(s, cfg.stream)
 
     async def run(
         self, ctx: StepContext, request: ChatRequest, *,
@@ -472,10 +526,10 @@ class HedgedCall:
                 rnd = CallRound(number, request if tools is None else tools.request(request))
                 rounds.append(rnd)
                 if number == 1:  # the race's own deadline is the step's
-                    await self.race(rnd)
+                    await self.race(rnd, deadline)
                 else:
                     async with asyncio.timeout_at(deadline):
-                        await self.race(rnd)
+                        await self.race(rnd, deadline)
                 if rnd.error is not None:
                     result.error = rnd.error
                     break
@@ -590,6 +644,7 @@ class HedgedCall:
             if i == 0:
                 row.hedge_delay_ms = (outcome.delay_ms if outcome is not None
                                       else self.hedger.current_delay_ms())  # fmt: skip
+            rnd.correct_grants()
             calls.extend(self._call_rows(rnd, ctx.started, rows_error if last else None))
             usage = rnd.winner.timer.usage if rnd.winner is not None else None
             if output_tokens is not None:
@@ -641,6 +696,9 @@ class HedgedCall:
             row = call_row(self.step, a, s.request if s else rnd.request, s,
                            self.providers.get(a.target), streamed=self.config.stream,
                            round_=rnd.number)  # fmt: skip
+            grant = rnd.grants.get(a.number)
+            if grant is not None and grant.waited_s > 0:
+                row.rate_limit_wait_ms = grant.waited_s * 1000.0
             if s is not None and s is rnd.winner and row.error_type is None and step_error:
                 if isinstance(step_error, asyncio.CancelledError):
                     if s.timer.finish_reason is None:  # cut by the caller, not finished
@@ -670,6 +728,8 @@ class HedgedCall:
                         await rnd.outcome.shadows_done()
             if self._store is None or turn_id is None:
                 return
+            for rnd in pending:
+                rnd.correct_grants()  # the shadows' usage, now that they ended
             rows = [row for rnd in pending for row in self._call_rows(rnd, 0.0, None)]
             hedges = [rnd.hedge() for rnd in rounds]
             await self._store.aupdate_step_calls(turn_id, self.step, rows, _time_saved(hedges),

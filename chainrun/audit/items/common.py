@@ -19,7 +19,7 @@ SETTLED_OUTCOMES = ("not_fired", "primary", "duplicate", "shadow_finished")
 EFFORT_ORDER = ("none", "minimal", "low", "medium", "high", "xhigh")
 #: item 4: why a due copy was not sent, as the audit says it
 REASON_WORDS = {"budget_exhausted": "budget refused", "circuit_open": "breaker open",
-                "loop_lag": "loop lagging"}  # fmt: skip
+                "loop_lag": "loop lagging", "rate_limited": "rate limited"}  # fmt: skip
 #: item 4: a hedge whose copies win less often than this over MIN_FIRES fires fails
 MIN_WIN_RATE = 0.05
 MIN_FIRES = 30
