@@ -1,9 +1,11 @@
-"""The example shop's tools: an order lookup (read-only) and a cart (side effects).
+"""The example shop's tools: an order lookup (read-only), a cart (side effects) and
+placing an order (side effects, run only after the shopper's yes: ``confirm = true``).
 
 Both work on a small SQLite database, ``shop.db`` beside this file (or the file named
 by ``SHOP_DB``), created with a few orders on first use. chainrun imports this module
 because ``examples/shop/chainrun.toml`` names ``shop_tools:order_status`` and
-``shop_tools:add_to_cart`` (the config's directory is searched for it).
+``shop_tools:add_to_cart`` and ``shop_tools:place_order`` (the config's directory is
+searched for it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def connect() -> sqlite3.Connection:
             "create table if not exists cart (idempotency_key text primary key, sku text not "
             "null, qty integer not null)"
         )
+        # one row per order placed, keyed the same way
+        conn.execute(
+            "create table if not exists placed (idempotency_key text primary key, sku text not "
+            "null, qty integer not null)"
+        )
     return conn
 
 
@@ -58,16 +65,32 @@ def order_status(order_id: int) -> dict[str, Any]:
             "eta": row[3]}
 
 
-def add_to_cart(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
-    """Add ``qty`` of ``sku`` to the cart, once per idempotency key (a side effect)."""
+def _record_once(
+    table: str, sku: str, qty: int, idempotency_key: str
+) -> tuple[bool, tuple[int, int]]:
+    """Insert one ``(idempotency_key, sku, qty)`` row into ``table`` unless the key is
+    there already; (whether it was inserted, the table's (row count, total qty) after it)."""
     conn = connect()
     try:
         with conn:
             cur = conn.execute(
-                "insert or ignore into cart (idempotency_key, sku, qty) values (?, ?, ?)",
+                f"insert or ignore into {table} (idempotency_key, sku, qty) values (?, ?, ?)",
                 [idempotency_key, sku, qty],
             )
-        items = conn.execute("select coalesce(sum(qty), 0) from cart").fetchone()[0]
+        n = conn.execute(f"select count(*), coalesce(sum(qty), 0) from {table}").fetchone()
     finally:
         conn.close()
-    return {"added": cur.rowcount == 1, "sku": sku, "qty": qty, "items_in_cart": items}
+    return cur.rowcount == 1, n
+
+
+def add_to_cart(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
+    """Add ``qty`` of ``sku`` to the cart, once per idempotency key (a side effect)."""
+    added, (_, items) = _record_once("cart", sku, qty, idempotency_key)
+    return {"added": added, "sku": sku, "qty": qty, "items_in_cart": items}
+
+
+def place_order(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
+    """Place an order for ``qty`` of ``sku``, once per idempotency key (a side effect;
+    chainrun runs it only after the shopper said yes)."""
+    done, (n, _) = _record_once("placed", sku, qty, idempotency_key)
+    return {"placed": done, "sku": sku, "qty": qty, "orders_placed": n}

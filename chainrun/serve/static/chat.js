@@ -329,7 +329,31 @@ function answerIsDone(answer, data) {
   $("stop").disabled = true;
 }
 
-async function ask(message) {
+// An action waiting for the shopper's yes (an `action` event): its question, chainrun's
+// words from the recorded arguments, with Yes / No buttons. A click sends the decision
+// as {"confirm": id} or {"deny": id} in the same conversation; typing yes or no works too.
+function showAction(action) {
+  const li = el("li", "action");
+  li.dataset.actionId = action.id;
+  li.dataset.tool = action.tool;
+  li.append(el("p", "question", action.question));
+  const yes = el("button", "yes", "Yes");
+  const no = el("button", "no", "No");
+  yes.type = no.type = "button";
+  const decide = (key, label) => {
+    if (state.controller) return;  // a turn is still answering: decide after it
+    yes.disabled = no.disabled = true;
+    li.dataset.decision = key === "confirm" ? "confirmed" : "denied";
+    ask(label, { [key]: action.id });
+  };
+  yes.addEventListener("click", () => decide("confirm", "Yes"));
+  no.addEventListener("click", () => decide("deny", "No"));
+  li.append(yes, no);
+  $("messages").append(li);
+  li.scrollIntoView({ block: "end" });
+}
+
+async function ask(message, decision) {
   if (state.finishing) state.finishing.abort();  // the previous turn's checks: leave them
   addMessage("user", message);
   const answer = addMessage("assistant", "");
@@ -345,8 +369,10 @@ async function ask(message) {
   $("stop").disabled = false;
   let wf = null;
   let answered = false;
+  const pending = [];
+  for (const old of document.querySelectorAll("#messages li.action button")) old.disabled = true;
   try {
-    const body = { message };
+    const body = { message, ...(decision || {}) };
     if (state.conversationId) body.conversation_id = state.conversationId;
     const response = await fetch("/chat", { method: "POST", headers: headers(),
                                             body: JSON.stringify(body), signal: controller.signal });
@@ -386,6 +412,8 @@ async function ask(message) {
            data.ungrounded.map((u) => u.kind + " " + JSON.stringify(u.text) + ": " + u.why)
              .join("; ") : ", all grounded");
         note.hidden = false;
+      } else if (event === "action") {
+        pending.push(data);
       } else if (event === "answer_done") {
         answered = true;
         state.finishing = controller;
@@ -410,6 +438,7 @@ async function ask(message) {
     }
   } finally {
     if (!answered) remember(message, answer);
+    for (const action of pending) showAction(action);
     if (state.finishing === controller) state.finishing = null;
     if (state.controller === controller) {
       state.controller = null;
