@@ -81,7 +81,9 @@ async def test_a_deadline_after_the_first_tokens_keeps_the_streamed_answer(store
     call = next(c for c in store.calls(done.run_id) if c.turn_id == turn.id)
     assert call.step == "compose" and call.error_type == "timeout"
     assert call.ttft_ms is not None and 0 < call.ttft_ms < DEADLINE_S * 1000
-    assert call.output == streamed
+    # the call row keeps what arrived; the shopper got all of it up to the deadline's cut
+    # (a word that arrived while the deadline fell may not have been released)
+    assert call.output is not None and call.output.startswith(streamed)
     assert call.output_tokens is None  # the usage chunk never came: unknown, not 0
     # the next turn's history is what reached the shopper
     assert second.status == "ok"

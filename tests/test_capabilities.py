@@ -143,15 +143,22 @@ def test_bad_capability_entry_is_a_config_error() -> None:
 
 def test_the_docs_toml_examples_are_valid_and_pass_the_capability_check() -> None:
     """Every ```toml block of the README and the docs site is a valid config (merged onto
-    the default chain) whose steps pass the capability check."""
+    the default chain) whose steps pass the capability check; the lab scenarios page's
+    blocks are scenario files, valid scenarios."""
+    from chainrun.lab.scenarios import Scenario
+
     root = Path(__file__).parents[1]
     pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
-    n = 0
+    n = scenarios = 0
     for page in pages:
         for block in re.findall(r"```toml\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            if page.name == "lab-scenarios.md":
+                Scenario.model_validate(tomllib.loads(block))
+                scenarios += 1
+                continue
             check_chain(config_from_dict(tomllib.loads(block), str(page.relative_to(root))))
             n += 1
-    assert n >= 15
+    assert n >= 15 and scenarios >= 1
 
 
 async def test_a_guard_step_goes_through_the_same_check_as_an_llm_step() -> None:
