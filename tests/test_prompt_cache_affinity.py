@@ -132,6 +132,9 @@ def test_slot_table_prefers_free_unkept_slots_and_gives_up_the_oldest() -> None:
     assert t.acquire("a", owner=True) == a
     d = t.acquire("d", owner=True)
     assert d == b and t.keeper(b) == "d"  # type: ignore[arg-type]
+    # a copy of a's answer while a's slot is busy goes elsewhere; a keeps its slot
+    copy = t.acquire("a", owner=True)
+    assert copy not in (a, d) and t.keeper(a) == "a"  # type: ignore[arg-type]
 
 
 def test_resolve_mode() -> None:

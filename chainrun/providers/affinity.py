@@ -58,11 +58,13 @@ class SlotTable:
     """Which llama-server slot each conversation's answer step keeps, in one process.
 
     A conversation's answer request takes the slot it had last time when that slot is
-    free, else the free slot that no conversation keeps, else the free slot kept by the
-    conversation seen longest ago (which then loses it); it keeps that slot from then
-    on. Any other request (a check after the answer, a request with no conversation)
-    takes a free slot other than its conversation's, preferring slots that no
-    conversation keeps, then the least recently kept. When every slot is busy with
+    free; a conversation without one takes the free slot that no conversation keeps,
+    else the free slot kept by the conversation seen longest ago (which then loses it),
+    and keeps it from then on. While its slot is busy (a hedge's copy of the answer, a
+    second turn of the conversation at once) the request goes elsewhere as a check does
+    and the conversation keeps its slot. Any other request (a check after the answer, a
+    request with no conversation) takes a free slot other than its conversation's,
+    preferring slots that no conversation keeps, then the least recently kept. When every slot is busy with
     this provider's requests the request names no slot and the server places it (it
     queues a request that names a busy slot: a pinned answer would wait for another's).
 
@@ -105,10 +107,12 @@ class SlotTable:
         if not free:
             return None
         mine = self._slot_of.get(key) if key is not None else None
-        if owner and key is not None:
-            slot = mine if mine is not None and mine in free else self._coldest(free)
+        if owner and key is not None and (mine is None or mine in free):
+            slot = mine if mine is not None else self._coldest(free)
             self._keep(key, slot)
         else:
+            # a check, or the answer while its own slot is busy (a hedge's copy, a second
+            # turn of the conversation at once): elsewhere, the slot kept as it is
             others = [s for s in free if s != mine] or free
             slot = self._coldest(others)
         self._busy[slot] += 1
