@@ -64,9 +64,10 @@ class SlotTable:
     second turn of the conversation at once) the request goes elsewhere as a check does
     and the conversation keeps its slot. Any other request (a check after the answer, a
     request with no conversation) takes a free slot other than its conversation's,
-    preferring slots that no conversation keeps, then the least recently kept. When every slot is busy with
-    this provider's requests the request names no slot and the server places it (it
-    queues a request that names a busy slot: a pinned answer would wait for another's).
+    preferring slots that no conversation keeps, then the least recently kept. When
+    every slot is busy with this provider's requests the request names no slot and the
+    server places it (it queues a request that names a busy slot: a pinned answer would
+    wait for another's).
 
     The table is this process's: processes sharing one server (``serve --workers``)
     keep tables of their own, so two of them may send conversations to one slot; the
