@@ -98,3 +98,76 @@ class PrivateCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+class PrivateBouncer:
+    """Debian's ``pgbouncer`` in transaction mode in front of ``cluster`` (the many-processes
+    guide's settings), on a free loopback port; as root it runs as ``postgres`` (it
+    refuses root). Any database name is passed through to the cluster.
+
+    Attributes:
+        port: its port; :meth:`url` gives a DSN through it.
+        ini, pidfile: its files (for :meth:`restart`, or a restart command of your own).
+
+    Raises:
+        RuntimeError: no ``pgbouncer`` binary, or it did not start.
+    """
+
+    def __init__(self, cluster: PrivateCluster) -> None:
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(binary).exists():
+            raise RuntimeError("no pgbouncer binary (apt-get install pgbouncer)")
+        self.binary = binary
+        self.dir = cluster.dir
+        self.port = free_port()
+        self.ini = self.dir / "pgbouncer.ini"
+        self.pidfile = self.dir / "pgbouncer.pid"
+        self.ini.write_text(
+            f"[databases]\n* = host=127.0.0.1 port={cluster.port} user=postgres\n\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir = {self.dir}\nauth_type = any\npool_mode = transaction\n"
+            "max_client_conn = 1000\ndefault_pool_size = 20\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\npidfile = {self.pidfile}\n",
+            encoding="utf-8",
+        )
+        self._as = cluster._as
+        if self._as:
+            shutil.chown(self.ini, "postgres")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        done = subprocess.run([*self._as, self.binary, "-d", str(self.ini)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"pgbouncer failed ({done.returncode}): {done.stdout}{done.stderr}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("pgbouncer did not listen within 10 s")
+
+    def stop(self) -> None:
+        """SIGTERM to it (every client connection closed), and wait until it is gone."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(self.pidfile.read_text().strip())
+            os.kill(pid, 15)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+                time.sleep(0.02)
+
+    def restart(self) -> None:
+        """``kill $(cat PIDFILE); runuser -u postgres -- pgbouncer -d INI``."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> PrivateBouncer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -48,6 +48,8 @@ from chainrun.config.capabilities import check_model_step
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.memory import TurnStart
 from chainrun.conversations.source import (
+    LOAD_TIMEOUT_S,
+    SHARED_TIMEOUT_S,
     ConversationSource,
     answer_turn,
     log_claim,
@@ -368,7 +370,9 @@ class Chain:
         """Read unknown conversations from the log; count history tokens with the answer
         step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
         if self.store is not None:
-            self.conversations.use_log(log_loader(self.store), log_claim(self.store))
+            claim = log_claim(self.store)  # a shared log: its reads are waited for longer
+            wait = SHARED_TIMEOUT_S if claim is not None else LOAD_TIMEOUT_S
+            self.conversations.use_log(log_loader(self.store, timeout_s=wait), claim)
             self.request_keys = RequestKeys(self.store)
             if any(t.config.confirm for t in self.tools.values()):
                 self.confirmations = Confirmations(self.store, self.tools, (self.kind,))

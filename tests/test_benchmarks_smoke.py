@@ -259,3 +259,23 @@ def test_sequential_aa(tmp_path: Path) -> None:
             got = res["aa"][metric][kind]
             assert got["sequences"] == 60 and 0 <= got["rate"] <= 1
     assert set(res["ab"]) == {"pass_rate", "faster_share"}
+
+
+def test_pg_fleet_conversations_through_pgbouncer(tmp_path: Path) -> None:
+    """Conversations across ``serve --workers 4`` on a private PostgreSQL behind a private
+    PgBouncer, restarted half way: tiny sizes, the checks the benchmark makes."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _pg import pg_bin
+    finally:
+        sys.path.pop(0)
+    if pg_bin() is None or shutil.which("pgbouncer") is None:
+        pytest.skip("no PostgreSQL server binaries or pgbouncer (.ci/run installs both)")
+    res = run_benchmark("pg_fleet", tmp_path, "--conversations", "4", "--turns", "3",
+                        "--parallel", "2", "--restart-after", "6")  # fmt: skip
+    assert res["turns_sent"] == 12 and res["turns_answered_ok"] == 12, res
+    assert res["errors"] == {} and res["turns_missing_earlier_turns"] == 0
+    assert res["conversations_with_wrong_indexes"] == 0 and res["every_turn_logged_once"]
+    assert res["pgbouncer_restart"]["after_turns"] >= 6

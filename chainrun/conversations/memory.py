@@ -47,11 +47,14 @@ __all__ = [
 ]
 
 #: s a turn on a shared log waits for its conversation's previous turn to be in the log
-#: (another process answered it and may still be committing it; a writer commits within
-#: milliseconds) before it goes on without it
-WAIT_FOR_EARLIER_S = 2.0
-#: s between two reads of the log while waiting for the previous turn
+#: (another process answered it and may still be committing it: a writer commits within
+#: milliseconds, within seconds on a loaded machine) before it goes on without it
+WAIT_FOR_EARLIER_S = 5.0
+#: s between the first two reads of the log while waiting for the previous turn (then
+#: doubled up to :data:`POLL_MAX_S`, so that waiting turns do not crowd the log's pool)
 POLL_S = 0.025
+#: s between two such reads at most
+POLL_MAX_S = 0.4
 
 
 @dataclass(frozen=True)
@@ -197,13 +200,15 @@ class ConversationMemory:
         if index > 1 and not new and self.load is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + WAIT_FOR_EARLIER_S
+            poll = POLL_S
             while True:
                 self.loads += 1
                 loaded = self.load(conversation_id, self.keep_turns)
                 rows, top = await loaded if inspect.isawaitable(loaded) else loaded
                 if top >= index - 1 or loop.time() >= deadline:
                     break
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(min(poll, max(0.0, deadline - loop.time())))
+                poll = min(poll * 2, POLL_MAX_S)
             turns = {i: t for i, t in rows if i < index}
         own = self._conversations.get(conversation_id)
         if own is not None:

@@ -49,6 +49,7 @@ from chainrun.retrieval.products import logged_products
 
 __all__ = [
     "LOAD_TIMEOUT_S",
+    "SHARED_TIMEOUT_S",
     "WARN_EVERY_S",
     "ConversationSource",
     "TurnPlace",
@@ -61,6 +62,11 @@ __all__ = [
 log = logging.getLogger("chainrun.conversations")
 #: s a conversation's read from the log may take before the turn goes on without it
 LOAD_TIMEOUT_S = 2.0
+#: the same on a log several processes share, and for its turn-index claim: there the
+#: log is the conversation's only record (another process may have answered its last
+#: turn), so a log that is slow (a busy pool, a loaded machine) is waited for; only one
+#: that is down, or silent this long, lets a turn go on from this process's memory
+SHARED_TIMEOUT_S = 10.0
 #: s between two warnings that conversations went on without their earlier turns
 WARN_EVERY_S = 5.0
 
@@ -177,7 +183,7 @@ def log_claim(store: Store) -> ClaimIndex | None:
     turn's :class:`~chainrun.conversations.memory.TurnStart` in the log, so that a turn
     whose process dies is logged ``lost`` (its index stays taken). The claim gives None
     (the turn goes on from this process's memory, and a warning says so) when the
-    database is down or does not answer within :data:`LOAD_TIMEOUT_S`."""
+    database is down or does not answer within :data:`SHARED_TIMEOUT_S`."""
     if store.dialect != "postgresql":
         return None
     unreachable: tuple[type[BaseException], ...] = (
@@ -191,7 +197,8 @@ def log_claim(store: Store) -> ClaimIndex | None:
                                          "started_at": start.started_at}  # fmt: skip
         try:
             return await asyncio.wait_for(
-                store.off_loop(store.claim_turn_index, conversation_id, **kept), LOAD_TIMEOUT_S
+                store.off_loop(store.claim_turn_index, conversation_id, **kept),
+                SHARED_TIMEOUT_S,
             )
         except unreachable as e:
             log.warning("run log %s could not be read (%s): conversation %s took its turn "
