@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,11 +83,13 @@ def test_the_shop_config_names_tools_that_import() -> None:
 
 
 @contextlib.contextmanager
-def serve_shop(lab: LabServer, tmp_path: Path, *, db: str | None = None,
-               extra: str = "", env_extra: dict[str, str] | None = None) -> Iterator[str]:
+def serve_shop(lab: LabServer, tmp_path: Path, *, db: str | None = None, extra: str = "",
+               env_extra: dict[str, str] | None = None,
+               args: tuple[str, ...] = ()) -> Iterator[str]:  # fmt: skip
     """``chainrun serve --config`` on a copy of the example pointed at ``lab`` (``extra``:
-    TOML appended to it), the shop's tools on ``tmp_path/s.db``, the run log ``db``
-    (default ``tmp_path/log.db``); yields the base URL, stops it with SIGTERM."""
+    TOML appended to it; ``args``: more options of serve), the shop's tools on
+    ``tmp_path/s.db``, the run log ``db`` (default ``tmp_path/log.db``); yields the base
+    URL once ``/readyz`` says ready, stops it with SIGTERM."""
     shop = tmp_path / "shop"
     if not shop.exists():
         shutil.copytree(SHOP, shop, ignore=shutil.ignore_patterns("*.db", "__pycache__"))
@@ -100,14 +103,19 @@ def serve_shop(lab: LabServer, tmp_path: Path, *, db: str | None = None,
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
-         "--db", db or str(tmp_path / "log.db")],
+         "--db", db or str(tmp_path / "log.db"), *args],
         stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.stderr is not None
     try:
         line = proc.stderr.readline()
         assert line.startswith("chainrun serve: http://"), line + proc.stderr.read()
-        yield line.split()[2].rstrip("/")
+        url = line.split()[2].rstrip("/")
+        for _ in range(300):  # until its providers answered their preflight
+            if httpx.get(url + "/readyz", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        yield url
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -200,3 +208,78 @@ def test_the_shop_through_the_cli_and_the_chat_page(shop_lab: LabServer, tmp_pat
     keep = os.environ.get("CHAINRUN_SCREENSHOT_SHOP")
     if keep:
         shutil.copy(tmp_path / "shop.png", keep)
+
+
+def answer(response: httpx.Response) -> str:
+    """The output of a whole ``/chat`` response's ``turn`` event."""
+    lines = response.text.splitlines()
+    (data,) = [lines[i + 1] for i, line in enumerate(lines) if line == "event: turn"]
+    return str(json.loads(data.removeprefix("data: "))["output"])
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["gateway-header", "signed-token"])
+async def test_each_identity_sees_only_its_own_orders_and_conversations(
+    shop_lab: LabServer, tmp_path: Path, signed: bool
+) -> None:
+    """``chainrun serve --identity-header`` on the example: the gateway's header (or an
+    HS256 token under ``CHAINRUN_SERVE_IDENTITY_KEY``, made by joserfc, an independent
+    JOSE implementation) names the shopper; order_status finds only the shopper's own
+    orders (``context.user``); a conversation started by one shopper is refused to the
+    other (403, said once) on /chat and on the OpenAI face, its answers nowhere in it."""
+    import openai
+
+    key = "k3y-of-the-shop-gateway-0123456789abcdef"
+
+    def who(user_id: str) -> dict[str, str]:
+        if not signed:
+            return {"X-Shopper": user_id}
+        jwt = pytest.importorskip("joserfc.jwt")
+        from joserfc.jwk import OctKey
+
+        claims = {"sub": user_id, "exp": int(time.time()) + 600, "tier": "gold"}
+        return {"X-Shopper": jwt.encode({"alg": "HS256"}, claims, OctKey.import_key(key))}
+
+    async def ask(client: httpx.AsyncClient, user: str, message: str, conv: str) -> httpx.Response:
+        return await client.post("/chat", json={"message": message, "conversation_id": conv},
+                                 headers=who(user))  # fmt: skip
+
+    env = {"CHAINRUN_SERVE_IDENTITY_KEY": key} if signed else {}
+    with serve_shop(shop_lab, tmp_path, args=("--identity-header", "X-Shopper"),
+                    env_extra=env) as url:  # fmt: skip
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            ann = await ask(client, "u-ann", "Where is my order 1042?", "ann-1")
+            bob = await ask(client, "u-bob", "Where is my order 1042?", "bob-1")
+            bobs = await ask(client, "u-bob", "Where is my order 1043?", "bob-1")
+            stolen = await ask(client, "u-bob", "Where is my order 1044?", "ann-1")
+            anonymous = await client.post("/chat", json={"message": "Where is my order 1042?"})
+            forged = await client.post("/chat", json={"message": "hi"},
+                                       headers={"X-Shopper": "u-ann.x.y" if signed else "u" * 400})
+        v1 = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0,
+                                default_headers=who("u-bob"))  # fmt: skip
+        try:
+            with pytest.raises(openai.PermissionDeniedError) as refused:
+                await v1.chat.completions.create(
+                    model="chainrun-shop", user="ann-1",
+                    messages=[{"role": "user", "content": "Where is my order 1044?"}])
+            own = await v1.chat.completions.create(
+                model="chainrun-shop", user="bob-2",
+                messages=[{"role": "user", "content": "Where is my order 1043?"}])
+        finally:
+            await v1.close()
+    assert ann.status_code == bob.status_code == bobs.status_code == 200
+    assert '"status": "shipped"' in answer(ann) and '"found": true' in answer(ann)
+    assert '"order_id": 1042, "found": false' in answer(bob) and "shipped" not in bob.text
+    assert '"status": "processing"' in answer(bobs)
+    assert stolen.status_code == 403 and stolen.headers["content-type"] == "application/json"
+    assert stolen.json()["error"]["message"] == "this conversation belongs to another user"
+    assert "1042" not in stolen.text and "shipped" not in stolen.text
+    assert refused.value.status_code == 403 and "shipped" not in refused.value.response.text
+    assert '"status": "processing"' in (own.choices[0].message.content or "")
+    assert anonymous.status_code == forged.status_code == 401
+    assert "X-Shopper" in anonymous.json()["error"]["message"]
+    with contextlib.closing(sqlite3.connect(tmp_path / "log.db")) as db:
+        users = db.execute("select conversation_id, user_id from turns order by id").fetchall()
+        owners = dict(db.execute("select conversation_id, user_id from conversation_owners"))
+    assert users == [("ann-1", "u-ann"), ("bob-1", "u-bob"), ("bob-1", "u-bob"),
+                     ("bob-2", "u-bob")]  # fmt: skip
+    assert owners == {"ann-1": "u-ann", "bob-1": "u-bob", "bob-2": "u-bob"}

@@ -12,10 +12,12 @@ from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MODEL_ID,
+    IDENTITY_KEY_ENV,
     TOKEN_ENV,
 )
 
 if TYPE_CHECKING:
+    from chainrun.serve.identity import IdentitySource
     from chainrun.serve.turns import TurnObserver
 
 
@@ -70,6 +72,15 @@ def serve_command(
                      "OpenAI-compatible face's streams (default 0: none, as OpenAI sends "
                      "none and some clients reject them)."),
     ] = 0.0,
+    identity_header: Annotated[
+        str | None,
+        typer.Option(help="Take the shopper's identity from this request header on /chat "
+                     "and /v1 (the user id as the shop's gateway sets it; with "
+                     f"{IDENTITY_KEY_ENV} set, an HS256 token signed with that key) and "
+                     "bind each conversation to the identity that started it (another "
+                     "gets 403). Without it no identity is taken: whoever knows a "
+                     "conversation id can continue it."),
+    ] = None,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -85,6 +96,7 @@ def serve_command(
     wanted = otel_requested() if otel is None else otel
     token = os.environ.get(TOKEN_ENV) or None
     seeds = SeedWindows() if seed_windows else None
+    identity = _identity_source(identity_header)
     if workers > 1:
         # each worker builds its own exporter after the fork (its threads would not survive
         # one); serve shuts it down (flushing it) as the worker stops
@@ -95,7 +107,8 @@ def serve_command(
             serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
                   max_body_bytes=max_body_bytes, workers=workers,
                   observer_factory=per_worker, seed_windows=seeds,
-                  chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s)  # fmt: skip
+                  chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s,
+                  identity=identity)  # fmt: skip
         except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
             fail(str(e), e.exit_code)
         return
@@ -106,7 +119,25 @@ def serve_command(
         serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
               observers=observers, max_body_bytes=max_body_bytes,
               seed_windows=seeds, chat_keepalive_s=chat_keepalive_s,
-              v1_keepalive_s=v1_keepalive_s)  # fmt: skip
+              v1_keepalive_s=v1_keepalive_s, identity=identity)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()
+
+
+def _identity_source(header: str | None) -> IdentitySource | None:
+    """``--identity-header`` with the key in :data:`IDENTITY_KEY_ENV`, if any; a key
+    without the option is refused (it would be ignored without a word)."""
+    from chainrun.serve.identity import IdentitySource
+
+    key = os.environ.get(IDENTITY_KEY_ENV) or None
+    if header is None:
+        if key is not None:
+            fail(f"{IDENTITY_KEY_ENV} is set but --identity-header is not: name the header "
+                 "that carries the signed token", 2)  # fmt: skip
+        return None
+    try:
+        return IdentitySource(header, key.encode() if key is not None else None)
+    except ValueError as e:
+        fail(f"--identity-header: {e}", 2)
+        raise  # fail() exits

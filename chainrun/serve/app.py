@@ -48,6 +48,7 @@ from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
+from chainrun.serve.identity import IdentitySource
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
 from chainrun.serve.settings import CHAT_KEEPALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
 from chainrun.serve.turns import TurnObserver, TurnRunner
@@ -412,9 +413,12 @@ def _readiness(state: ServeState) -> tuple[dict[str, Any], int]:
 
 
 def create_app(
-    state: ServeState, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    state: ServeState, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    identity: IdentitySource | None = None,
 ) -> Starlette:
     """The app serving ``state``'s chain; ``token``: require it as a bearer token;
+    ``identity``: where the caller's identity is read (:mod:`chainrun.serve.identity`;
+    None: no identity is taken and conversations are not bound);
     ``max_body_bytes``: the largest request body, in bytes (Starlette's own
     ``max_body_size``): a ``Content-Length`` over it is answered 413 before any of the
     body is read, a chunked body stops being read once over it (413 too).
@@ -452,5 +456,6 @@ def create_app(
         max_body_size=max_body_bytes,
     )
     app.state.serve = state
+    app.state.identity = identity
     app.state.max_body_bytes = max_body_bytes
     return app

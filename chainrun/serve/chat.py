@@ -9,7 +9,9 @@ An ``Idempotency-Key`` header makes a request sent again return the first one's 
 (:mod:`chainrun.actions.request_keys`); such a turn runs to its end when the client goes
 away. A request the chain refuses before its turn runs (a key reused with another body:
 422, another identity's conversation: 403) gets one ``error`` event ``{status, message,
-type}`` in place of the turn.
+type}`` in place of the turn. With ``serve --identity-header`` the caller's identity
+comes from that header (:mod:`chainrun.serve.identity`): missing or not checking out,
+401; a conversation bound to another identity, 403 before anything runs.
 
 Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
@@ -36,6 +38,7 @@ from starlette.responses import Response
 from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.errors import error_response, not_ready
+from chainrun.serve.identity import caller
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
 
@@ -154,6 +157,11 @@ async def chat(request: Request) -> Response:
         return refused
     if key is not None:
         turn["idempotency_key"] = key
+    user, refused = await caller(request, conversation_id)
+    if refused is not None:
+        return refused
+    if user is not None:
+        turn["user"] = user
     return sse_response(
         _events(runner, message, conversation_id, turn),
         keepalive_s=request.app.state.serve.chat_keepalive_s,

@@ -61,7 +61,9 @@ again return the first one's completion, running nothing a second time; a keyed 
 runs to its end when the client times out, so the retry gets it; the key reused with
 another request is a 422 naming it. A tool with ``confirm = true``: the answer is
 chainrun's question, and the next user message of the same conversation (``user`` or
-``metadata.conversation_id``) is read as the reply.
+``metadata.conversation_id``) is read as the reply. With ``serve --identity-header`` the caller's
+identity comes from that header (:mod:`chainrun.serve.identity`): 401 when it does not
+check out, 403 for a conversation bound to another identity.
 
 A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
 stream has begun, an ``error`` object in the stream (the ``openai`` client raises
@@ -91,6 +93,7 @@ from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, idempotency_key
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
+from chainrun.serve.identity import caller
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner
 
@@ -293,8 +296,12 @@ async def chat_completions(request: Request) -> Response:
     key, refused = idempotency_key(request)
     if refused is not None:
         return refused
-    if key is not None:
-        req = dataclasses.replace(req, turn={"idempotency_key": key})
+    user, refused = await caller(request, req.conversation_id)
+    if refused is not None:
+        return refused
+    turn = {**req.turn, **({"idempotency_key": key} if key is not None else {}),
+            **({"user": user} if user is not None else {})}  # fmt: skip
+    req = dataclasses.replace(req, turn=turn)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
         return sse_response(

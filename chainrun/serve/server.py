@@ -26,6 +26,7 @@ from chainrun.log.store import Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app
+from chainrun.serve.identity import IdentitySource
 from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -72,6 +73,7 @@ def serve(
     seed_windows: SeedWindows | None = None,
     chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
     v1_keepalive_s: float | None = None,
+    identity: IdentitySource | None = None,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -104,6 +106,8 @@ def serve(
             worker stops); with one worker, ``observers`` is used.
         chat_keepalive_s: s between keep-alive comment lines on ``/chat`` (None or 0: none).
         v1_keepalive_s: the same on the OpenAI face's streams (default none, as OpenAI's).
+        identity: where the caller's identity is read (:mod:`chainrun.serve.identity`);
+            None: none is taken and conversations are not bound.
 
     Raises:
         UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
@@ -136,7 +140,7 @@ def serve(
                 _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
                            max_body_bytes=max_body_bytes, seed_windows=seed_windows,
                            keepalive=(chat_keepalive_s, v1_keepalive_s),
-                           announce=False, fleet=slot)  # fmt: skip
+                           announce=False, fleet=slot, identity=identity)  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
                     stop = getattr(obs, "shutdown", None)
@@ -156,7 +160,7 @@ def serve(
         return
     _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
                max_body_bytes=max_body_bytes, seed_windows=seed_windows,
-               keepalive=(chat_keepalive_s, v1_keepalive_s))  # fmt: skip
+               keepalive=(chat_keepalive_s, v1_keepalive_s), identity=identity)  # fmt: skip
 
 
 def _serve_one(
@@ -172,6 +176,7 @@ def _serve_one(
     announce: bool = True,
     keepalive: tuple[float | None, float | None] = (CHAT_KEEPALIVE_S, None),
     fleet: WorkerSlot | None = None,
+    identity: IdentitySource | None = None,
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
@@ -197,7 +202,7 @@ def _serve_one(
         v1_keepalive_s=keepalive[1],
         fleet=fleet,
     )
-    app = create_app(state, token=token, max_body_bytes=max_body_bytes)
+    app = create_app(state, token=token, max_body_bytes=max_body_bytes, identity=identity)
     server = _Server(
         uvicorn.Config(
             app,

@@ -9,6 +9,9 @@ DEFAULT_MODEL_ID = "chainrun-shop"
 #: the environment variable holding the bearer token (never a command-line argument,
 #: which other users of the machine can read in the process list)
 TOKEN_ENV = "CHAINRUN_SERVE_TOKEN"
+#: the environment variable holding the key of signed identity tokens (HS256), read
+#: with ``--identity-header`` (never a command-line argument, as the bearer token)
+IDENTITY_KEY_ENV = "CHAINRUN_SERVE_IDENTITY_KEY"
 #: s the turns in flight get to finish after ``chainrun serve`` is told to stop (SIGINT,
 #: SIGTERM) before they are cancelled (each logged ``cancelled``; its stream then ends)
 SHUTDOWN_GRACE_S = 5

@@ -15,11 +15,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-#: the orders the example starts with: (id, status, carrier, eta)
+#: the orders the example starts with: (id, status, carrier, eta, the shopper's user id)
 ORDERS = [
-    (1042, "shipped", "DHL", "2026-12-03"),
-    (1043, "processing", None, "2026-12-05"),
-    (1044, "delivered", "UPS", "2026-11-28"),
+    (1042, "shipped", "DHL", "2026-12-03", "u-ann"),
+    (1043, "processing", None, "2026-12-05", "u-bob"),
+    (1044, "delivered", "UPS", "2026-11-28", "u-ann"),
 ]
 
 
@@ -34,9 +34,9 @@ def connect() -> sqlite3.Connection:
     with conn:
         conn.execute(
             "create table if not exists orders (id integer primary key, status text not null, "
-            "carrier text, eta text)"
+            "carrier text, eta text, user_id text not null)"
         )
-        conn.executemany("insert or ignore into orders values (?, ?, ?, ?)", ORDERS)
+        conn.executemany("insert or ignore into orders values (?, ?, ?, ?, ?)", ORDERS)
         # one row per cart action; the idempotency key makes a repeated action a no-op
         conn.execute(
             "create table if not exists cart (idempotency_key text primary key, sku text not "
@@ -50,16 +50,19 @@ def connect() -> sqlite3.Connection:
     return conn
 
 
-def order_status(order_id: int) -> dict[str, Any]:
-    """Look an order up (read-only: safe to run again)."""
+def order_status(order_id: int, context: Any = None) -> dict[str, Any]:
+    """Look an order up (read-only: safe to run again). With the shopper's identity
+    (``context.user``, vouched for by the shop: ``chainrun serve --identity-header``) only
+    the shopper's own orders are found; without one, any order (a demo without logins)."""
+    user = getattr(context, "user", None)
     conn = connect()
     try:
         row = conn.execute(
-            "select id, status, carrier, eta from orders where id = ?", [order_id]
+            "select id, status, carrier, eta, user_id from orders where id = ?", [order_id]
         ).fetchone()
     finally:
         conn.close()
-    if row is None:
+    if row is None or (user is not None and row[4] != user.user_id):
         return {"order_id": order_id, "found": False}
     return {"order_id": row[0], "found": True, "status": row[1], "carrier": row[2],
             "eta": row[3]}
