@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_helpers import chat, serving
+from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
@@ -283,3 +283,35 @@ async def test_each_identity_sees_only_its_own_orders_and_conversations(
     assert users == [("ann-1", "u-ann"), ("bob-1", "u-bob"), ("bob-1", "u-bob"),
                      ("bob-2", "u-bob")]  # fmt: skip
     assert owners == {"ann-1": "u-ann", "bob-1": "u-bob", "bob-2": "u-bob"}
+
+
+async def test_an_order_asked_on_one_serve_process_is_placed_by_a_yes_on_another(
+    shop_lab: LabServer, tmp_path: Path
+) -> None:
+    """Two ``chainrun serve`` processes on one PostgreSQL log: the ask on the first, the
+    yes on the second (which reads the pending action from the log) places the order
+    once; the same yes sent to the first afterwards places nothing more."""
+    from log_backends import need_pg, pg_schema
+
+    with pg_schema(need_pg()) as dsn:
+        with serve_shop(shop_lab, tmp_path, db=dsn) as first, \
+                serve_shop(shop_lab, tmp_path, db=dsn) as second:  # fmt: skip
+            async with httpx.AsyncClient(timeout=60) as client, \
+                    httpx.AsyncClient(base_url=second, timeout=60) as other:  # fmt: skip
+                async with client.stream("POST", first + "/chat", json={
+                        "message": "Please place an order for 3 of JKT-12",
+                        "conversation_id": "pg-1"}) as r:  # fmt: skip
+                    asked = [ev async for ev in sse(r)]
+                (action,) = [d for e, d in asked if e == "action"]
+                before = placed(tmp_path)
+                yes = await chat(other, "yes",
+                                 conversation_id="pg-1", confirm=action["id"])
+                again = await client.post(first + "/chat", json={
+                    "conversation_id": "pg-1", "confirm": action["id"]})  # fmt: skip
+    assert action["question"] == "Place an order for 3 x JKT-12?" and before == []
+    assert [(sku, qty) for _, sku, qty in placed(tmp_path)] == [("JKT-12", 3)]
+    assert placed(tmp_path)[0][0] == action["id"]
+    turn = yes[-1][1]
+    assert turn["status"] == "ok" and '"placed": true' in turn["output"]
+    assert yes[0][1]["conversation_id"] == "pg-1"
+    assert again.status_code == 200 and "event: action" not in again.text
