@@ -89,3 +89,50 @@ async def test_the_openai_client_retrying_a_timed_out_request_runs_the_tool_once
         store.close()
     assert len(RUNS) == 1
     assert got.choices[0].message.content == "Two JKT-12 are in your cart."
+
+
+async def test_the_openai_face_asks_in_text_and_takes_the_next_user_message_as_the_reply(
+    tmp_path: Path,
+) -> None:
+    """The real ``openai`` client on ``/v1/chat/completions``: the ask runs nothing and its
+    answer is the question; "yes" as the next user message runs the pending arguments
+    once; a "no" runs nothing; a yes after the action expired runs nothing and says so."""
+    import openai
+
+    store = Store.open(tmp_path / "log.db")
+    ask = ("user", "put 2 of JKT-12 in my cart")
+
+    async def say(client: openai.AsyncOpenAI, conv: str, *thread: tuple[str, str]) -> str:
+        got = await client.chat.completions.create(
+            model="chainrun-shop", user=conv,
+            messages=[{"role": role, "content": text} for role, text in thread],  # type: ignore[misc]
+        )  # fmt: skip
+        return got.choices[0].message.content or ""
+
+    try:
+        async with serving(lambda: Chain(confirm_config(confirm_turns=1), store=store,
+                                         providers={"local": cart_fake()},
+                                         quiet=True)) as (url, _):  # fmt: skip
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+            try:
+                asked = await say(client, "v1-yes", ask)
+                runs_after_ask = len(RUNS)
+                q = ("assistant", asked)
+                yes = await say(client, "v1-yes", ask, q, ("user", "yes"))
+                runs_after_yes = list(RUNS)
+                no = await say(client, "v1-no", ask, q, ("user", "no"))
+                runs_after_no = len(RUNS)
+                await say(client, "v1-late", ask)
+                unclear = await say(client, "v1-late", ask, q, ("user", "hm?"))
+                late = await say(client, "v1-late", ask, q, ("user", "hm?"),
+                                 ("assistant", unclear), ("user", "yes"))  # fmt: skip
+            finally:
+                await client.close()
+    finally:
+        store.close()
+    assert asked == "Add 2 x JKT-12 to your cart?" and runs_after_ask == 0
+    assert yes == "Done: two JKT-12 are in your cart."
+    assert [(r["sku"], r["qty"]) for r in runs_after_yes] == [("JKT-12", 2)]
+    assert runs_after_no == 1 and "Add 2 x JKT-12 to your cart?" in no
+    assert unclear == "Please answer yes or no: Add 2 x JKT-12 to your cart?"
+    assert late.startswith("That request has expired") and len(RUNS) == 1
