@@ -735,10 +735,15 @@ class Chain:
             key = tool_key_prefix(client_key, conversation_id)
         else:
             key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
+        recorded: dict[str, str] = {}
+        if (not self.act and self.store is not None and turn.request_id is not None
+                and any(t.config.replay == "record" for t in self.tools.values())):
+            recorded = await self.store.off_loop(self.store.recorded_tool_results,
+                                                 turn.request_id)  # fmt: skip
         return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
                          conversation_id=conversation_id,
                          clear_to_act=run.clear_to_act, act=self.act,
-                         turn_index=turn.turn_index, user=user)  # fmt: skip
+                         turn_index=turn.turn_index, user=user, recorded=recorded)  # fmt: skip
 
     async def _log_turn(
         self, run_id: int | None, run: TurnRun, turn: TurnRow, shown: str = ""

@@ -5,6 +5,7 @@ itself); the model is told the tool's ``replay_result`` and the call row says
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,3 +85,36 @@ def test_a_declared_stub_result_and_a_tool_that_runs_in_replays(
     cfg, requests, _ = _setup(tmp_path, lab, replay="run")
     assert chainrun("replay", str(requests), "--config", str(cfg), "--db", str(db)).returncode == 0
     assert len(CART_RUNS) == 3
+
+
+def test_record_tells_the_model_what_the_live_turn_was_told_and_runs_nothing(
+    lab: LabServer, tmp_path: Path
+) -> None:
+    """``replay = "record"``: live turns (request ids r0..r2) carry the tool out; the
+    replay of lines with those ids runs it 0 times, and each call row is ``recorded``
+    with the live turn's result; a line with no live turn behind it is ``not_recorded``."""
+    from chainrun.chain import Chain
+    from chainrun.config import load_config
+
+    cfg, requests, _ = _setup(tmp_path, lab, replay="record")
+    db = tmp_path / "log.db"
+    CART_RUNS.clear()
+
+    async def live_turns() -> None:
+        with Store.open(db) as store:
+            async with Chain(load_config(cfg), store=store, kind="live", quiet=True) as chain:
+                for i, m in enumerate(MESSAGES[:2]):
+                    await chain.run_turn(m, request_id=f"r{i}")
+
+    asyncio.run(live_turns())
+    live = _rows(db, 1)
+    assert [s for s, _ in live] == ["ok"] * 2 and len(CART_RUNS) == 2
+    res = chainrun("replay", str(requests), "--config", str(cfg), "--db", str(db))
+    assert res.returncode == 0, res.output
+    assert len(CART_RUNS) == 2  # the replay ran it 0 times
+    with Store.open(db, create=False) as s:
+        rows = sorted(s.tool_calls(2), key=lambda r: r.turn_id or 0)
+    assert [r.status for r in rows] == ["recorded"] * 3
+    assert [r.result for r in rows[:2]] == [r for _, r in live]  # the live turns' results
+    assert '"added": "JKT-12"' in (rows[0].result or "")
+    assert rows[2].error_type == "not_recorded"  # r2 had no live turn

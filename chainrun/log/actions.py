@@ -29,6 +29,24 @@ class LoggedActions:
 
     log: LogDb
 
+    # -- results recorded by live turns -------------------------------------------------
+    def recorded_tool_results(self, request_id: str) -> dict[str, str]:
+        """What the newest live turn with ``request_id`` told its model of each tool call
+        it carried out (status ``ok``), by its idempotency key's ``{step}:{round}:{position}``
+        (a replay line's ``id`` is the live turn's request id); ``{}``: no such turn."""
+        rows = self.log.query(
+            "select c.idempotency_key, c.result from tool_calls c "
+            "where c.status = 'ok' and c.turn_id = (select max(t.id) from turns t "
+            "join runs r on r.id = t.run_id where t.request_id = ? and r.kind = 'live')",
+            [request_id],
+        )
+        out = {}
+        for row in rows:
+            key, result = row["idempotency_key"], row["result"]
+            if key and result is not None:
+                out[":".join(str(key).split(":")[-3:])] = str(result)
+        return out
+
     # -- pending actions ---------------------------------------------------------------
     def pending_actions(
         self, conversation_id: str, kinds: Sequence[RunKind] = ("live",)

@@ -77,8 +77,12 @@ class ToolConfig(BaseModel):
         replay: what a replay or an eval does when the model asks for a tool with side
             effects: ``"stub"`` (the default: the tool is not carried out; the model is
             told ``replay_result``, the call row says ``stubbed``) or ``"run"`` (carried
-            out as in live traffic). ``chainrun replay --act`` / ``eval --act`` run every
-            tool. A read-only tool runs in replays as live.
+            out as in live traffic) or ``"record"`` (not carried out; the model is told
+            the result the live turn the replay line came from logged for the same call,
+            found by the line's ``id`` as that turn's request id and the call's step,
+            round and position; the call row says ``recorded``, with ``error_type``
+            ``not_recorded`` when the log has none). ``chainrun replay --act`` /
+            ``eval --act`` run every tool. A read-only tool runs in replays as live.
         replay_result: what a stubbed call tells the model (JSON; default
             ``{"stubbed": true}``).
         confirm: the shopper must say yes first: when the model asks for the tool, its
@@ -114,7 +118,7 @@ class ToolConfig(BaseModel):
     #: how long one run may take, in s
     timeout_s: float = Field(default=10.0, gt=0)
     #: a replay or an eval: "stub" a side-effecting tool (not carried out) or "run" it
-    replay: Literal["stub", "run"] = "stub"
+    replay: Literal["stub", "run", "record"] = "stub"
     #: what a stubbed call tells the model (JSON)
     replay_result: Any = Field(default_factory=lambda: {"stubbed": True})
     #: the shopper must say yes before the tool runs (a pending action)
