@@ -23,9 +23,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from chainrun.conversations.history import (
     History,
@@ -49,6 +49,7 @@ from chainrun.retrieval.products import logged_products
 
 __all__ = [
     "LOAD_TIMEOUT_S",
+    "POOL_RETRY_S",
     "SHARED_TIMEOUT_S",
     "WARN_EVERY_S",
     "ConversationSource",
@@ -56,10 +57,12 @@ __all__ = [
     "log_claim",
     "log_loader",
     "new_conversation_id",
+    "pool_patient",
     "shown_products",
 ]
 
 log = logging.getLogger("chainrun.conversations")
+T = TypeVar("T")
 #: s a conversation's read from the log may take before the turn goes on without it
 LOAD_TIMEOUT_S = 2.0
 #: the same on a log several processes share, and for its turn-index claim: there the
@@ -158,8 +161,8 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
         try:
             if store.writer is not None and store.writer.outage_since is not None:
                 raise ConnectionError("the log's writer is waiting for the database")
-            return await asyncio.wait_for(store.off_loop(read, conversation_id, keep),
-                                          timeout_s)  # fmt: skip
+            return await pool_patient(store, timeout_s, lambda left: asyncio.wait_for(
+                store.off_loop(read, conversation_id, keep), left))
         except unreachable as e:
             said["since"] += 1
             now = time.monotonic()
@@ -196,10 +199,8 @@ def log_claim(store: Store) -> ClaimIndex | None:
         kept = {} if start is None else {"run_id": start.run_id, "message": start.message,
                                          "started_at": start.started_at}  # fmt: skip
         try:
-            return await asyncio.wait_for(
-                store.off_loop(store.claim_turn_index, conversation_id, **kept),
-                SHARED_TIMEOUT_S,
-            )
+            return await pool_patient(store, SHARED_TIMEOUT_S, lambda left: asyncio.wait_for(
+                store.off_loop(store.claim_turn_index, conversation_id, **kept), left))
         except unreachable as e:
             log.warning("run log %s could not be read (%s): conversation %s took its turn "
                         "index from this process's memory", store.name,
@@ -207,6 +208,31 @@ def log_claim(store: Store) -> ClaimIndex | None:
             return None
 
     return claim
+
+
+#: s between two tries of a read whose pool had no connection to give (a pooler restarting)
+POOL_RETRY_S = 0.2
+
+
+async def pool_patient(
+    store: Store, timeout_s: float, attempt: Callable[[float], Awaitable[T]]
+) -> T:
+    """``attempt(s left)`` within ``timeout_s`` in all, tried again while it fails only
+    because the pool had no connection to give (psycopg_pool's ``PoolTimeout``: no
+    statement ran, so trying again cannot claim twice) and the log's writer sees no
+    outage: a pooler that restarts (PgBouncer) is waited out, a database that is down
+    is not (the writer says so). Any other failure, or the time up, is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await attempt(max(0.0, deadline - loop.time()))
+        except Exception as e:
+            down = store.writer is not None and store.writer.outage_since is not None
+            if (type(e).__name__ != "PoolTimeout" or down
+                    or loop.time() + POOL_RETRY_S >= deadline):  # fmt: skip
+                raise
+        await asyncio.sleep(POOL_RETRY_S)
 
 
 @dataclass(frozen=True)
