@@ -165,6 +165,12 @@ async def _confirm_from_another_chain(db: str) -> None:
         with pytest.raises(ConversationForbidden):
             await turn(second, "yes", conversation_id="c4", user=Identity("someone-else"),
                        confirm=action.id)  # fmt: skip
+        # another conversation (a new one, as a bare /chat confirm starts) neither sees the
+        # action nor decides it: no question, no status of it in the answer
+        with pytest.raises(UserInputError, match=f"no action '{action.id}' waits in "
+                                                 "conversation 'c5'"):  # fmt: skip
+            await turn(second, "yes", conversation_id="c5", user=Identity("someone-else"),
+                       confirm=action.id)  # fmt: skip
         done, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
         twice, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
     assert len(RUNS) == 1 and done.status == "ok"

@@ -166,7 +166,7 @@ class Confirmations:
         return decided
 
     async def _not_pending(self, action_id: str, conversation_id: str) -> Decided:
-        row = await self.store.off_loop(self.store.action_row, action_id)
+        row = await self.store.off_loop(self.store.action_row, action_id, conversation_id)
         if row is None or row.question is None:
             raise UserInputError(f"confirm: no action {action_id!r} waits in conversation "
                                  f"{conversation_id!r}")  # fmt: skip

@@ -62,12 +62,14 @@ class LoggedActions:
         )
         return [ToolCallRow.from_db(r) for r in rows]
 
-    def action_row(self, action_id: str) -> ToolCallRow | None:
+    def action_row(self, action_id: str, conversation_id: str) -> ToolCallRow | None:
         """The row of the call that became pending action ``action_id`` (its idempotency
-        key), or None."""
+        key) in conversation ``conversation_id``, or None (another conversation's action
+        is not this conversation's to see)."""
         rows = self.log.query(
-            "select * from tool_calls where idempotency_key = ? and question is not null "
-            "order by id limit 1", [action_id]
+            "select tc.* from tool_calls tc join turns t on t.id = tc.turn_id "
+            "where tc.idempotency_key = ? and tc.question is not null "
+            "and t.conversation_id = ? order by tc.id limit 1", [action_id, conversation_id]
         )  # fmt: skip
         return ToolCallRow.from_db(rows[0]) if rows else None
 
