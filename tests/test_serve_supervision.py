@@ -248,6 +248,40 @@ def test_the_supervisor_replaces_a_dead_worker_and_backs_off_one_that_keeps_dyin
     assert any(s.startswith("chainrun serve: stopping 2 workers") for s in said)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no reaper has collected yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_the_workers_end_when_their_parent_is_killed() -> None:
+    """kill -9 of serve's parent (the supervisor) ends its workers too: none serves on
+    unsupervised (each asked the kernel for SIGTERM at its parent's death)."""
+    parent = os.fork()
+    if parent == 0:  # the supervisor's process
+        try:
+            Supervisor(socket.socket(), 2, _sleep_forever, say=lambda _: None).run_until_stopped()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while len(children(parent)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = children(parent)
+    assert len(workers) == 2
+    os.kill(parent, signal.SIGKILL)
+    os.waitpid(parent, 0)
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [w for w in workers if _alive(w)]
+    for w in left:  # never leave one behind, whatever the assertion says
+        os.kill(w, signal.SIGKILL)
+    assert left == []
+
+
 def test_the_board_counts_the_slots_marked_serving_across_a_fork() -> None:
     board = WorkerBoard(3)
     pid = os.fork()

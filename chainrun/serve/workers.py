@@ -21,6 +21,7 @@ worker's ``/readyz`` then says ``"workers": {"serving": k, "workers": N}``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import select
@@ -94,6 +95,28 @@ class WorkerSlot:
         return {"serving": self.board.serving(), "workers": self.board.n}
 
 
+#: prctl(2)'s option that asks the kernel for a signal when the parent dies
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> None:
+    """Ask the kernel to send this process SIGTERM when its parent dies (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``, prctl(2)): a worker whose supervisor was killed, even
+    with ``kill -9``, stops as on ``serve``'s own SIGTERM instead of serving on
+    unsupervised. A parent already gone before the call (the signal would never come)
+    ends the worker at once.
+
+    Raises:
+        OSError: the kernel refused the request.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def describe_exit(code: int) -> str:
     """``killed by signal 9`` / ``exited with 2`` from :func:`os.waitstatus_to_exitcode`."""
     return f"killed by signal {-code}" if code < 0 else f"exited with {code}"
@@ -154,11 +177,13 @@ class Supervisor:
 
     # -- the workers -----------------------------------------------------------------
     def _spawn(self, slot: int) -> _Worker:
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker
             code = 0
             try:
                 os.setpgid(0, 0)
+                end_with_parent(parent)
                 # not the parent's handlers (the worker's server sets its own)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
