@@ -629,6 +629,11 @@ class Chain:
         checked = self._input_checks.check(message)
         if checked.findings:
             message = checked.text  # neither model nor log sees a card number
+        explicit = confirm or deny
+        if explicit is not None and self.confirmations is not None:
+            # an unknown action id is the request's mistake: refused before the turn
+            # claims its index in the conversation
+            await self.confirmations.check_known(conversation_id, explicit)
         place = await self.conversations.begin(conversation_id, history, turn_index,
                                                TurnStart(run_id, message, started_at))  # fmt: skip
         if user is not None and conversation_id is None:

@@ -182,6 +182,34 @@ async def _confirm_from_another_chain(db: str) -> None:
     assert turns[done.turn_id].user_id == "shopper-7"
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_an_unknown_action_id_is_refused_before_its_turn_claims_an_index(
+    tmp_path: Path, backend: str
+) -> None:
+    """A confirm of an id the conversation has not (a typo, another conversation's) is
+    the request's mistake: refused, no turn logged and no index claimed, so a later
+    worker death cannot log it as a lost turn the shopper never sent; the yes after it
+    is the conversation's next turn."""
+    with log_target(backend, tmp_path) as db:
+        async with Chain(confirm_config(), store=Store.open(db),
+                         providers={"local": cart_fake()}, quiet=True) as chain:  # fmt: skip
+            asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c8")
+            with pytest.raises(UserInputError, match="no action 'nosuch:1' waits in "
+                                                     "conversation 'c8'"):  # fmt: skip
+                await turn(chain, "yes", conversation_id="c8", confirm="nosuch:1")
+            with pytest.raises(UserInputError, match="a new conversation"):
+                await turn(chain, "yes", confirm="nosuch:1")
+            (action,) = asked.pending_actions
+            done, _ = await turn(chain, "yes", conversation_id="c8", confirm=action.id)
+        with Store.open(db, create=False) as log:
+            turns = log.turns(done.run_id)
+            # a shared log hands indexes out in the log: nothing claimed past the yes
+            claimed = log.log.query("select last_index from conversation_index where "
+                                    "conversation_id = 'c8'")  # fmt: skip
+    assert [t.turn_index for t in turns] == [1, 2] and len(RUNS) == 1
+    assert claimed == ([{"last_index": 2}] if backend == "postgresql" else [])
+
+
 def test_replies_are_read_as_yes_no_unclear_or_a_new_request() -> None:
     assert [read_reply(m) for m in ("Yes!", "ok, go ahead", "sure", "yes please")] == ["yes"] * 4
     assert [read_reply(m) for m in ("no", "No thanks", "cancel it", "don't")] == ["no"] * 4

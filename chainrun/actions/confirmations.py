@@ -103,6 +103,25 @@ class Confirmations:
         rows = await store.off_loop(store.pending_actions, conversation_id, self.kinds)
         return [action_from_row(r, conversation_id) for r in rows]
 
+    async def check_known(self, conversation_id: str | None, action_id: str) -> None:
+        """Refuse a ``confirm`` / ``deny`` of ``action_id`` before its turn claims anything
+        (a turn index, a log row) when the action is not one of the conversation's (pending,
+        or decided already: :meth:`decide` then says so).
+
+        Raises:
+            UserInputError: no such action in conversation ``conversation_id`` (None: a new
+                conversation, which has none).
+        """
+        if conversation_id is not None:
+            if any(a.id == action_id for a in await self._pending(conversation_id)):
+                return
+            row = await self.store.off_loop(self.store.action_row, action_id, conversation_id)
+            if row is not None and row.question is not None:
+                return
+        where = (f"conversation {conversation_id!r}" if conversation_id is not None
+                 else "a new conversation (no conversation_id given)")  # fmt: skip
+        raise UserInputError(f"confirm: no action {action_id!r} waits in {where}")
+
     async def decide(
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
