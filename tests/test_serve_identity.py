@@ -18,6 +18,19 @@ def test_the_gateway_header_is_the_user_id() -> None:
         IdentitySource("X-Shopper").identity({})
 
 
+def test_a_header_sent_twice_is_refused() -> None:
+    """A gateway that adds its header beside the shopper's own (instead of replacing it)
+    would otherwise let the first, the shopper's, win."""
+    from starlette.datastructures import Headers
+
+    twice = Headers(raw=[(b"x-shopper", b"u-bob"), (b"x-shopper", b"u-ann")])
+    for key in (None, KEY):
+        with pytest.raises(IdentityRefused, match="X-Shopper: sent more than once"):
+            IdentitySource("X-Shopper", key).identity(twice, now_s=NOW)
+    once = Headers(raw=[(b"x-shopper", b"u-ann")])
+    assert IdentitySource("X-Shopper").identity(once).user_id == "u-ann"
+
+
 def test_a_signed_token_gives_the_subject_and_its_claims() -> None:
     token = sign_token({"sub": "u-7", "exp": NOW + 60, "tier": "gold"}, KEY)
     got = IdentitySource("X-Shopper", KEY).identity({"x-shopper": token}, now_s=NOW)
@@ -29,6 +42,8 @@ def test_a_signed_token_gives_the_subject_and_its_claims() -> None:
     ({"sub": "u-7", "exp": NOW - 1}, KEY, "expired"),
     ({"sub": "u-7"}, KEY, "no exp"),
     ({"exp": NOW + 60}, KEY, "no sub"),
+    ({"sub": 42, "exp": NOW + 60}, KEY, "a sub that is not a string"),
+    ({"sub": "u-7", "exp": "tomorrow"}, KEY, "an exp that is not a number"),
     ({"sub": "u-7", "exp": NOW + 60, "nbf": NOW + 30}, KEY, "not valid yet"),
 ])  # fmt: skip
 def test_a_token_that_does_not_check_out_is_refused(

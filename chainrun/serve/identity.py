@@ -100,9 +100,15 @@ class IdentitySource:
         epoch to check ``exp`` / ``nbf`` against (default: now).
 
         Raises:
-            IdentityRefused: the header is missing, or (a token) malformed, not HS256,
-                wrongly signed, expired, not yet valid or without a ``sub``.
+            IdentityRefused: the header is missing or sent more than once (a gateway that
+                adds its header beside the shopper's instead of replacing it), or (a
+                token) malformed, not HS256, wrongly signed, expired, not yet valid or
+                without a ``sub``.
         """
+        getlist = getattr(headers, "getlist", None)  # starlette's Headers keeps repeats
+        if getlist is not None and len(getlist(self.header.lower())) > 1:
+            raise IdentityRefused(f"{self.header}: sent more than once (the gateway must "
+                                  "replace the header, not add a second one)")  # fmt: skip
         value = headers.get(self.header.lower())
         if value is None or not value.strip():
             raise IdentityRefused(f"{self.header}: missing (this server needs the caller's "
@@ -142,14 +148,16 @@ class IdentitySource:
             raise IdentityRefused("the token's payload is not a JSON object")
         exp = claims.get("exp")
         if isinstance(exp, bool) or not isinstance(exp, int | float):
-            raise IdentityRefused("the token has no exp (seconds since the epoch)")
+            what = "has no exp" if exp is None else "has an exp that is not a number"
+            raise IdentityRefused(f"the token {what} (seconds since the epoch)")
         if exp <= now_s:
             raise IdentityRefused("the token has expired")
         nbf = claims.get("nbf")
         if isinstance(nbf, int | float) and not isinstance(nbf, bool) and nbf > now_s:
             raise IdentityRefused("the token is not valid yet (nbf)")
         if not isinstance(claims.get("sub"), str):
-            raise IdentityRefused("the token has no sub (the user id)")
+            what = "has no sub" if claims.get("sub") is None else "has a sub that is not a string"
+            raise IdentityRefused(f"the token {what} (the user id)")
         return claims
 
 
