@@ -98,6 +98,7 @@ def _check_range(r: tuple[float, float], field: str) -> None:
 class Fast(_Strict):
     """No added latency: the first token is sent at once."""
 
+    #: the latency model: answers at once (TTFT about 0)
     model: Literal["fast"] = "fast"
 
     def ttft_ms(self, rng: random.Random) -> float:
@@ -114,10 +115,15 @@ class Lognormal(_Strict):
     before (one Gaussian per request, no extra RNG draw).
     """
 
+    #: the latency model: TTFT = median_ms x exp(sigma x Z), Z standard normal
     model: Literal["lognormal"] = "lognormal"
+    #: the TTFT's median, in ms
     median_ms: float = Field(default=200.0, gt=0)
+    #: the spread of log TTFT (0: every TTFT is the median)
     sigma: float = Field(default=0.5, ge=0)
+    #: the share of requests on the slow path instead (0..1)
     slow_p: float = Field(default=0.0, ge=0, le=1)
+    #: the slow path's TTFT, uniform in this range, in s
     slow_range_s: tuple[float, float] = (3.0, 10.0)
 
     @model_validator(mode="after")
@@ -144,9 +150,13 @@ class Bimodal(_Strict):
     about half each.
     """
 
+    #: the latency model: a warm path with probability fast_p, else a cold one
     model: Literal["bimodal"] = "bimodal"
+    #: the warm path's share of requests (0..1)
     fast_p: float = Field(default=0.5, ge=0, le=1)
+    #: the warm path's TTFT, uniform in this range, in s
     fast_range_s: tuple[float, float] = (0.1, 0.3)
+    #: the cold path's TTFT, uniform in this range, in s
     slow_range_s: tuple[float, float] = (3.0, 19.0)
 
     @model_validator(mode="after")
@@ -166,7 +176,9 @@ class Bimodal(_Strict):
 class LognormalNoise(_Strict):
     """Serving-side noise N: lognormal with median ``median_ms`` (ms) and shape ``sigma``."""
 
+    #: the noise's median (the TTFT drawn per copy), in ms
     median_ms: float = Field(default=30.0, gt=0)
+    #: the spread of the noise's log
     sigma: float = Field(default=0.3, ge=0)
 
 
@@ -178,10 +190,16 @@ class WorkNoise(_Strict):
     same work. Used to show that a copy wins only when N1 - N2 > d (Dean and Barroso, 2013).
     """
 
+    #: the latency model: work fixed by the request (tokens x per_token_ms) plus noise
+    #: drawn per copy
     model: Literal["work_noise"] = "work_noise"
+    #: the noise N: the TTFT, drawn independently for each copy
     noise: LognormalNoise = LognormalNoise()
+    #: the time a token of the work takes, in ms
     per_token_ms: float = Field(default=10.0, ge=0)
+    #: the fewest tokens the request's content fixes
     tokens_min: int = Field(default=20, ge=1)
+    #: the most tokens the request's content fixes
     tokens_max: int = Field(default=200, ge=1)
 
     @model_validator(mode="after")
@@ -209,7 +227,9 @@ _LATENCY_TAGS = frozenset({"fast", "lognormal", "bimodal", "work_noise"})
 class CutFault(_Strict):
     """With probability ``p``, the stream ends after ``k`` tokens without a finish_reason."""
 
+    #: the stream ends after this many tokens, with no finish_reason
     k: int = Field(ge=0)
+    #: the probability a request gets this fault (0..1)
     p: float = Field(ge=0, le=1)
 
 
@@ -217,10 +237,15 @@ class RejectFault(_Strict):
     """With probability ``p``, refuse the request with an OpenAI-style error body
     (``invalid_request_error`` naming ``param`` with ``code``), at HTTP ``status``."""
 
+    #: the probability a request gets this fault (0..1)
     p: float = Field(ge=0, le=1)
+    #: the HTTP status of the refusal (4xx)
     status: int = Field(default=400, ge=400, le=499)
+    #: the request parameter the error body names
     param: str | None = "reasoning_effort"
+    #: the error body's code
     code: str | None = "unsupported_value"
+    #: the error body's message
     message: str = (
         "Unsupported value: 'reasoning_effort' does not support 'minimal' with this model. "
         "Supported values are: 'none', 'low', 'medium', and 'high'."
@@ -233,18 +258,27 @@ class StreamErrorFault(_Strict):
     ``data: [DONE]``; ``style = "data"`` sends ``data: {"error": {...}}`` (e.g. a 503
     in the middle of a stream)."""
 
+    #: the probability a request gets this fault (0..1)
     p: float = Field(ge=0, le=1)
+    #: the tokens sent before the error
     after_tokens: int = Field(default=0, ge=0)
+    #: event: an SSE "error:" field then [DONE] (llama-server); data: a data line
+    #: holding {"error": ...}
     style: Literal["event", "data"] = "event"
+    #: the error's code
     code: int = 400
+    #: the error's message
     message: str = "the request exceeds the available context size"
 
 
 class PauseFault(_Strict):
     """With probability ``p``, a pause of ``ms`` after the first ``after_tokens`` tokens."""
 
+    #: the tokens sent before the pause
     after_tokens: int = Field(default=1, ge=1)
+    #: how long the stream pauses, in ms
     ms: float = Field(ge=0)
+    #: the probability a stream pauses (0..1)
     p: float = Field(default=1.0, ge=0, le=1)
 
 
@@ -259,19 +293,29 @@ class Faults(_Strict):
     ``x-chainrun-attempt`` header is one of them get faults.
     """
 
+    #: the share of requests answered 429 (with Retry-After: retry_after_s)
     rate_limit: float = Field(default=0.0, ge=0, le=1)
     #: the ``Retry-After`` sent with a 429, in s
     retry_after_s: float = Field(default=1.0, ge=0)
+    #: the share of requests answered 500
     server_error: float = Field(default=0.0, ge=0, le=1)
+    #: the share of requests that get no headers until the client leaves
     hang: float = Field(default=0.0, ge=0, le=1)
+    #: streams cut after k tokens with probability p, no finish_reason
     cut_after_tokens: CutFault | None = None
+    #: the share of answers without their usage (tokens unknown)
     no_usage: float = Field(default=0.0, ge=0, le=1)
     #: first streamed chunk carries only ``role`` with null content (as llama.cpp does)
     role_only_first_frame: bool = True
+    #: requests refused with a 4xx naming a parameter, with probability p
     reject: RejectFault | None = None
+    #: an error inside a 200 stream (an SSE error event or data line), with probability p
     stream_error: StreamErrorFault | None = None
+    #: the share of requests answered 200 headers, then silence until the client leaves
     headers_only: float = Field(default=0.0, ge=0, le=1)
+    #: the share of streams with one data line that is not JSON, mid-stream
     malformed_sse: float = Field(default=0.0, ge=0, le=1)
+    #: a pause of ms after the first after_tokens tokens, with probability p
     pause: PauseFault | None = None
     #: usage on the chunk with the finish_reason instead of a usage-only chunk
     usage_on_finish: bool = False
@@ -315,6 +359,7 @@ class PromptCache(_Strict):
     ``warm_ttft_factor`` times the planned one. A request with ``"cache_prompt": false``
     (llama-server's per-request switch) neither uses nor fills the cache."""
 
+    #: a cached prompt's TTFT as a share of the planned one (0..1)
     warm_ttft_factor: float = Field(default=0.05, ge=0, le=1)
 
 
@@ -323,7 +368,9 @@ class WireFrame(_Strict):
     first: after the request is in). Text is sent UTF-8 encoded; put the SSE framing
     (``data: ...``, blank lines) in it yourself."""
 
+    #: the wait after the previous frame (the first: after the request is in), in ms
     after_ms: float = Field(default=0.0, ge=0)
+    #: the bytes sent as they are (UTF-8), SSE framing included
     data: str
 
 
@@ -339,8 +386,11 @@ class StrictHistory(_Strict):
       thinking mode, api-docs.deepseek.com "Thinking Mode", tool calls).
     """
 
+    #: 400 on an assistant tool-call message with "content": null (Ollama, LM Studio)
     content_null: bool = False
+    #: 500 on a call whose arguments are not valid JSON (llama-server)
     arguments_must_parse: bool = False
+    #: 400 on one without reasoning_content (DeepSeek's thinking mode)
     reasoning_content: bool = False
 
     def refusal(self, messages: list[Any]) -> tuple[int, str] | None:
@@ -373,13 +423,17 @@ class Scenario(_Strict):
     ``wire_rounds`` does the same per tool round (Chat Completions).
     """
 
+    #: the scenario's name (in the lab's records and the benchmarks' results)
     name: str = "custom"
+    #: the TTFT distribution; model picks its kind (fast, lognormal, bimodal, work_noise)
     latency: Latency = Fast()
     #: pace of tokens after the first, in ms (non-work models; work_noise has its own)
     per_token_ms: float = Field(default=2.0, ge=0)
     #: tokens per answer for non-work models (a request's max_completion_tokens caps it)
     n_tokens: int = Field(default=16, ge=1)
+    #: the faults injected, per request
     faults: Faults = Faults()
+    #: the RNG seed of the draws (unset: a new seed each start)
     seed: int | None = 0
     #: Responses API only: hidden reasoning tokens per answer (one token interval each,
     #: before the text; none when the request's reasoning.effort is "none")

@@ -60,9 +60,13 @@ class ToolCallsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: rounds answered with a tool call before the text answer
     rounds: int = Field(default=1, ge=1, le=16)
+    #: rounds whose arguments break the tool's schema
     malformed_rounds: list[int] = Field(default_factory=list)
+    #: the arguments' JSON text arrives in this many streamed pieces
     fragments: int = Field(default=3, ge=1, le=64)
+    #: the tool called (unset: the first the request offers)
     tool: str | None = None
 
 
