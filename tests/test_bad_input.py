@@ -229,6 +229,19 @@ def test_cli_replay_refuses_an_unknown_field_naming_it(
     assert not db.exists()
 
 
+@pytest.mark.parametrize("value", ["-3", "NaN", '"812"', "true"])
+def test_cli_replay_refuses_an_original_latency_that_is_no_duration(
+    tmp_path: Path, value: str
+) -> None:
+    p = _write(tmp_path, "r.jsonl", f'{{"id": "a", "message": "hi", "original_ms": {value}}}\n')
+    db = tmp_path / "never.db"
+    result = _cli("replay", str(p), "--db", str(db))
+    assert result.exit_code == 2, result.output
+    (line,) = _error_lines(result)
+    assert line.startswith(f"chainrun: error: {p}:1: field 'original_ms' must be a number of ms")
+    assert not db.exists()
+
+
 _PRODUCT = '"title": "Rain shell", "category": "rainwear"'
 
 

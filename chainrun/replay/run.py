@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +93,10 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
         if rid in seen:
             raise InputFileError(str(p), no, f"duplicate id {rid!r}")
         orig = obj.get("original_ms")
-        if orig is not None and (not isinstance(orig, int | float) or isinstance(orig, bool)):
-            raise InputFileError(str(p), no, "field 'original_ms' must be a number (ms)")
+        if orig is not None and (not isinstance(orig, int | float) or isinstance(orig, bool)
+                                 or not math.isfinite(orig) or orig < 0):  # fmt: skip
+            raise InputFileError(str(p), no, "field 'original_ms' must be a number of ms, "
+                                 f">= 0 (got {orig!r})")  # fmt: skip
         turn, history = _conversation_fields(obj, str(p), no)
         if turn is not None:
             if conv is None:
