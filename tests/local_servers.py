@@ -9,7 +9,9 @@ install that were not running when it began.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from chainrun.runtime import local_model
 
@@ -25,3 +27,19 @@ def stopping_only_what_starts_here() -> Iterator[None]:
         for server in local_model.mine():
             if server.pid not in before:
                 local_model.stop(server)
+
+
+@contextlib.contextmanager
+def local_server_in(home: Path) -> Iterator[local_model.LocalServer]:
+    """The local model server of an install whose ``CHAINRUN_HOME`` is ``home`` (set for
+    the block, then put back): started if none runs, stopped on exit only if started here."""
+    old = os.environ.get("CHAINRUN_HOME")
+    os.environ["CHAINRUN_HOME"] = str(home)
+    try:
+        with stopping_only_what_starts_here():
+            yield local_model.up(quiet=True)
+    finally:
+        if old is None:
+            os.environ.pop("CHAINRUN_HOME", None)
+        else:
+            os.environ["CHAINRUN_HOME"] = old

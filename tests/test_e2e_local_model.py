@@ -8,14 +8,13 @@ Needs the ``[local]`` extra (the test command in README.md installs it).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_servers import stopping_only_what_starts_here
+from local_servers import local_server_in
 
 from chainrun.log.store import Store
 from chainrun.runtime import local_model
@@ -25,20 +24,9 @@ pytestmark = pytest.mark.local_model
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_model.LocalServer]:
-    home = tmp_path_factory.mktemp("chainrun-home")
-    old = os.environ.get("CHAINRUN_HOME")
-    os.environ["CHAINRUN_HOME"] = str(home)
-    try:
-        # the default 4 slots: validate and critique (after the answer) run at once, and
-        # neither may queue for a slot, or the queueing would count as client overhead
-        # below; a server of this install already running is used and left running
-        with stopping_only_what_starts_here():
-            yield local_model.up(quiet=True)
-    finally:
-        if old is None:
-            os.environ.pop("CHAINRUN_HOME", None)
-        else:
-            os.environ["CHAINRUN_HOME"] = old
+    # a server of this install already running is used and left running
+    with local_server_in(tmp_path_factory.mktemp("chainrun-home")) as server:
+        yield server
 
 
 def test_one_turn_on_the_local_model_is_timed_and_consistent(

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from local_servers import stopping_only_what_starts_here
 
+from chainrun.errors import ProviderUnavailable
 from chainrun.runtime import local_model
 
 #: answers /health 503 until ``busy_s`` seconds after its start, then 200
@@ -143,3 +144,22 @@ def test_an_unrecorded_server_of_this_install_is_listed_and_stopped(home: Path) 
         assert down.returncode == 0, down.stderr
         assert [s["pid"] for s in json.loads(down.stdout)["servers"]] == [orphan.pid]
         assert orphan.wait(timeout=10) is not None
+
+
+def test_a_server_killed_by_sigill_at_start_says_the_rebuild(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp built with ``-march=native`` on a machine whose CPU advertises AMX that
+    its hypervisor does not enable dies of SIGILL while it loads; the error names the
+    signal and the portable rebuild, not "exited with code -4"."""
+    crashing = tmp_path / "llama-server"
+    crashing.write_text(
+        f"#!{sys.executable}\nimport os, signal\nos.kill(os.getpid(), signal.SIGILL)\n"
+    )
+    crashing.chmod(0o755)
+    monkeypatch.setattr(local_model, "server_binary", lambda: crashing)
+    with pytest.raises(ProviderUnavailable) as err:
+        local_model.up(quiet=True)
+    said = str(err.value)
+    assert "was killed by SIGILL" in said and "-DGGML_NATIVE=OFF" in said, said
+    assert "code -4" not in said

@@ -10,11 +10,10 @@ tokens it recomputes. The slot count comes from the server's ``GET /props``.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 
 import pytest
-from local_servers import stopping_only_what_starts_here
+from local_servers import local_server_in
 
 from chainrun import Chain
 from chainrun.config import config_from_dict
@@ -28,17 +27,9 @@ pytestmark = pytest.mark.local_model
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_model.LocalServer]:
-    home = tmp_path_factory.mktemp("chainrun-home")
-    old = os.environ.get("CHAINRUN_HOME")
-    os.environ["CHAINRUN_HOME"] = str(home)
-    try:
-        with stopping_only_what_starts_here():
-            yield local_model.up(quiet=True)
-    finally:
-        if old is None:
-            os.environ.pop("CHAINRUN_HOME", None)
-        else:
-            os.environ["CHAINRUN_HOME"] = old
+    # a server of this install already running is used and left running
+    with local_server_in(tmp_path_factory.mktemp("chainrun-home")) as server:
+        yield server
 
 
 def test_the_provider_reads_the_servers_slots(server: local_model.LocalServer) -> None:

@@ -205,19 +205,29 @@ async def test_readyz_is_503_until_the_providers_answer(config, store, fake) -> 
     down = config_from_dict({"providers": {"local": {"base_url": "http://127.0.0.1:9/v1",
                                                      "connect_timeout_s": 0.2}}})  # fmt: skip
     tries: list[int] = []
+    checked = asyncio.Event()  # the third try waits until the test has seen the 503s
+
+    class HeldOpen(Chain):
+        async def open(self) -> None:
+            await checked.wait()
+            await super().open()
 
     def factory() -> Chain:
         tries.append(1)
         if len(tries) < 3:  # port 9 (discard) refuses: the preflight fails
             return Chain(down, store=store, kind="live", quiet=True)
-        return fake_factory(config, store, fake)()
+        return HeldOpen(config, store=store, providers={"local": fake}, kind="live",
+                        quiet=True)  # fmt: skip
 
     async with (
         serving(factory, wait_ready=False, retry_s=0.3) as (url, state),
         httpx.AsyncClient(base_url=url) as client,
     ):
-        await asyncio.sleep(0.15)
-        r = await client.get("/readyz")
+        for _ in range(200):  # until a preflight has failed (0.05 s apart, 10 s at most)
+            r = await client.get("/readyz")
+            if "ProviderUnavailable" in r.text:
+                break
+            await asyncio.sleep(0.05)
         assert r.status_code == 503 and "ProviderUnavailable" in r.json()["detail"]
         busy = await client.post("/chat", json={"message": "hi"})
         assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
@@ -228,6 +238,7 @@ async def test_readyz_is_503_until_the_providers_answer(config, store, fake) -> 
             err = r.json()["error"]
             assert r.status_code == 503 and err["code"] == "not_ready", r.text
             assert err["type"] == "server_error" and "ProviderUnavailable" in err["message"]
+        checked.set()
         await asyncio.wait_for(state.wait_ready(), 10)
         assert (await client.get("/readyz")).status_code == 200
         events = await chat(client, "hi")
@@ -242,12 +253,14 @@ async def test_an_unexpected_error_opening_the_chain_is_said_and_retried(
     /readyz and retried: it used to end the opener silently, and /readyz said "starting:
     the providers have not answered their preflight yet" for as long as the process ran."""
     tries: list[int] = []
+    checked = asyncio.Event()  # the retry waits until /readyz has been seen saying the error
 
     class LockedOnce(Chain):
         async def open(self) -> None:
             tries.append(1)
             if len(tries) == 1:
                 raise sqlite3.OperationalError("database is locked")
+            await checked.wait()
             await super().open()
 
     def factory() -> Chain:
@@ -258,9 +271,13 @@ async def test_an_unexpected_error_opening_the_chain_is_said_and_retried(
         serving(factory, wait_ready=False, retry_s=0.5) as (url, state),
         httpx.AsyncClient(base_url=url) as client,
     ):
-        await asyncio.sleep(0.1)
-        r = await client.get("/readyz")
+        for _ in range(200):  # until the first open has failed (0.05 s apart, 10 s at most)
+            r = await client.get("/readyz")
+            if "OperationalError" in r.text or r.status_code == 200:
+                break
+            await asyncio.sleep(0.05)
         assert r.status_code == 503 and "OperationalError: database is locked" in r.text, r.text
+        checked.set()
         await asyncio.wait_for(state.wait_ready(), 10)
         assert (await client.get("/readyz")).status_code == 200
         events = await chat(client, "hi")
@@ -279,12 +296,16 @@ async def test_bearer_token(config, store, fake) -> None:
         denied = await client.post("/chat", json={"message": "hi"})
         wrong = await client.get("/v1/models", headers={"Authorization": "Bearer nope"})
         models = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        # the scheme's name in any case (RFC 9110 section 11.1); the token exactly
+        lower = await client.get("/v1/models", headers={"Authorization": "bearer s3cret"})
+        case = await client.get("/v1/models", headers={"Authorization": "Bearer S3CRET"})
         oai = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
         async with oai:
             done = await oai.chat.completions.create(
                 model="chainrun-shop", messages=[{"role": "user", "content": "hi"}]
             )
-    assert denied.status_code == 401 and wrong.status_code == 401
+    assert denied.status_code == 401 and wrong.status_code == 401 and case.status_code == 401
+    assert lower.status_code == 200
     assert denied.json()["error"]["code"] == "invalid_api_key"
     assert models.json()["data"][0]["id"] == "chainrun-shop"
     assert done.choices[0].message.content

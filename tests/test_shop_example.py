@@ -315,3 +315,33 @@ async def test_an_order_asked_on_one_serve_process_is_placed_by_a_yes_on_another
     assert turn["status"] == "ok" and '"placed": true' in turn["output"]
     assert yes[0][1]["conversation_id"] == "pg-1"
     assert again.status_code == 200 and "event: action" not in again.text
+
+
+async def test_the_shops_second_turn_sends_the_first_as_role_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example's compose prompt starts with ``{history}`` in the ``messages`` layout:
+    a follow-up's answer request holds the first turn's message, its tool call with the
+    result, and its answer, as role messages (without it each turn started afresh)."""
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.db"))
+    with LabServer(load_scenario(SHOP / "lab.toml"), record_bodies=True) as lab:
+        cfg = shop_config(lab)
+        store = Store.open(tmp_path / "log.db")
+        try:
+            async with serving(lambda: Chain(cfg, store=store, quiet=True)) as (url, _):
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    first = await chat(client, "Where is my order 1042?")
+                    cid = first[-1][1]["conversation_id"]
+                    await chat(client, "And when will it arrive?", conversation_id=cid)
+        finally:
+            store.close()
+        requests = [r["messages"] for r in lab.requests() if r["messages"]]
+    follow_up = {"role": "user", "content": "And when will it arrive?"}
+    # the follow-up's first answer request: the follow-up its last message
+    last = next(m for m in requests if m[-1] == follow_up and m[0]["role"] == "system")
+    roles = [m["role"] for m in last]
+    assert roles[:2] == ["system", "user"] and "Where is my order 1042?" in last[1]["content"]
+    calls = [m for m in last if m["role"] == "assistant" and m.get("tool_calls")]
+    results = [m for m in last if m["role"] == "tool"]
+    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "order_status"
+    assert results and '"status": "shipped"' in results[0]["content"]

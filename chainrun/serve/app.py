@@ -325,20 +325,21 @@ class ServeState:
 
 class BearerAuth:
     """ASGI middleware: require ``Authorization: Bearer TOKEN`` except on ``/`` and
-    :data:`PUBLIC_PATHS` (compared in constant time). Pure ASGI, so streamed responses
-    and their disconnects pass through untouched."""
+    :data:`PUBLIC_PATHS` (the token compared in constant time; the scheme's name in any
+    case, as RFC 9110 section 11.1 has it). Pure ASGI, so streamed responses and their
+    disconnects pass through untouched."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or path == "/" or path.startswith(PUBLIC_PATHS):
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("authorization", "").encode()
-        if hmac.compare_digest(given, self._expected):
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), self._expected):
             await self.app(scope, receive, send)
             return
         response = JSONResponse(
