@@ -53,7 +53,7 @@ async def test_the_shop_answers_an_order_question_from_the_tool(
         async with serving(lambda: Chain(cfg, store=store, quiet=True)) as (url, _):
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 order = await chat(client, "Where is my order 1042?")
-                cart = await chat(client, "Please add 2 of product JKT-12 to my cart")
+                cart = await chat(client, "Please add 2 of product JKT-012 to my cart")
     finally:
         store.close()
     turn = order[-1][1]
@@ -70,7 +70,7 @@ async def test_the_shop_answers_an_order_question_from_the_tool(
         rows = db.execute("select idempotency_key, sku, qty from cart").fetchall()
     (compose,) = [s for s in turn2["steps"] if s["step"] == "compose"]
     assert len(compose["tool_calls"]) == 1
-    assert rows == [(f"{turn2['turn_id']}:compose:1:0", "JKT-12", 2)]
+    assert rows == [(f"{turn2['turn_id']}:compose:1:0", "JKT-012", 2)]
 
 
 def test_the_shop_config_names_tools_that_import() -> None:
@@ -150,7 +150,7 @@ def test_the_chat_page_asks_before_placing_an_order_and_a_yes_click_places_it_on
             try:
                 page = ready_page(browser, url)
                 page.click("#new")
-                page.fill("#message", "Please place an order for 2 of JKT-12")
+                page.fill("#message", "Please place an order for 2 of JKT-012")
                 page.press("#message", "Enter")
                 page.wait_for_selector("#messages li.action button.yes", timeout=60_000)
                 question = page.text_content("#messages li.action .question")
@@ -167,10 +167,10 @@ def test_the_chat_page_asks_before_placing_an_order_and_a_yes_click_places_it_on
                     "#messages li", "items => items.map(i => i.className)")
             finally:
                 browser.close()
-    assert question == "Place an order for 2 x JKT-12?" and asked == question
+    assert question == "Place an order for 2 x JKT-012?" and asked == question
     assert before == []
     rows = placed(tmp_path)
-    assert [(sku, qty) for _, sku, qty in rows] == [("JKT-12", 2)]
+    assert [(sku, qty) for _, sku, qty in rows] == [("JKT-012", 2)]
     assert rows[0][0].endswith(":compose:1:0")  # the action's id: the asking call's key
     assert "place_order" in answer and '"placed": true' in answer
     assert buttons == [True, True]  # decided: the buttons are spent
@@ -299,7 +299,7 @@ async def test_an_order_asked_on_one_serve_process_is_placed_by_a_yes_on_another
             async with httpx.AsyncClient(timeout=60) as client, \
                     httpx.AsyncClient(base_url=second, timeout=60) as other:  # fmt: skip
                 async with client.stream("POST", first + "/chat", json={
-                        "message": "Please place an order for 3 of JKT-12",
+                        "message": "Please place an order for 3 of JKT-012",
                         "conversation_id": "pg-1"}) as r:  # fmt: skip
                     asked = [ev async for ev in sse(r)]
                 (action,) = [d for e, d in asked if e == "action"]
@@ -308,8 +308,8 @@ async def test_an_order_asked_on_one_serve_process_is_placed_by_a_yes_on_another
                                  conversation_id="pg-1", confirm=action["id"])
                 again = await client.post(first + "/chat", json={
                     "conversation_id": "pg-1", "confirm": action["id"]})  # fmt: skip
-    assert action["question"] == "Place an order for 3 x JKT-12?" and before == []
-    assert [(sku, qty) for _, sku, qty in placed(tmp_path)] == [("JKT-12", 3)]
+    assert action["question"] == "Place an order for 3 x JKT-012?" and before == []
+    assert [(sku, qty) for _, sku, qty in placed(tmp_path)] == [("JKT-012", 3)]
     assert placed(tmp_path)[0][0] == action["id"]
     turn = yes[-1][1]
     assert turn["status"] == "ok" and '"placed": true' in turn["output"]
@@ -345,3 +345,23 @@ async def test_the_shops_second_turn_sends_the_first_as_role_messages(
     results = [m for m in last if m["role"] == "tool"]
     assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "order_status"
     assert results and '"status": "shipped"' in results[0]["content"]
+
+
+def test_the_shops_tools_refuse_a_product_the_catalogue_does_not_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A product id the model made up (JKT-12: the catalogue's is JKT-012) is refused by
+    the cart and the order, and nothing is recorded; a catalogue product is recorded once."""
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "s.db"))
+    monkeypatch.syspath_prepend(str(SHOP))
+    import shop_tools
+
+    made_up = shop_tools.add_to_cart("JKT-12", 2, "t1:compose:1:0")
+    order = shop_tools.place_order("JKT-12", 2, "t1:compose:1:1")
+    real = shop_tools.add_to_cart("JKT-012", 2, "t2:compose:1:0")
+    assert made_up == {"error": "no product 'JKT-12' in the catalogue", "sku": "JKT-12"}
+    assert order == {"error": "no product 'JKT-12' in the catalogue", "sku": "JKT-12"}
+    assert real["added"] is True and real["items_in_cart"] == 2
+    assert placed(tmp_path) == []
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        assert db.execute("select sku, qty from cart").fetchall() == [("JKT-012", 2)]

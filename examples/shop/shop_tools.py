@@ -10,10 +10,14 @@ searched for it).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any
+
+from chainrun.retrieval.catalog import SAMPLE_CATALOG
 
 #: the orders the example starts with: (id, status, carrier, eta, the shopper's user id)
 ORDERS = [
@@ -86,14 +90,36 @@ def _record_once(
     return cur.rowcount == 1, n
 
 
+@functools.cache
+def catalogue_skus() -> frozenset[str]:
+    """The product ids of the catalogue the chain searches (chainrun's sample catalogue,
+    the one ``chainrun.toml`` leaves at its default), read once."""
+    with SAMPLE_CATALOG.open(encoding="utf-8") as lines:
+        return frozenset(json.loads(line)["id"] for line in lines if line.strip())
+
+
+def _unknown(sku: str) -> dict[str, Any] | None:
+    """The tool's result for a product the catalogue does not hold (nothing is recorded:
+    the model may have made the id up), else None."""
+    if sku in catalogue_skus():
+        return None
+    return {"error": f"no product {sku!r} in the catalogue", "sku": sku}
+
+
 def add_to_cart(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
-    """Add ``qty`` of ``sku`` to the cart, once per idempotency key (a side effect)."""
+    """Add ``qty`` of ``sku`` to the cart, once per idempotency key (a side effect); a
+    product the catalogue does not hold is refused, nothing recorded."""
+    if (refused := _unknown(sku)) is not None:
+        return refused
     added, (_, items) = _record_once("cart", sku, qty, idempotency_key)
     return {"added": added, "sku": sku, "qty": qty, "items_in_cart": items}
 
 
 def place_order(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
     """Place an order for ``qty`` of ``sku``, once per idempotency key (a side effect;
-    chainrun runs it only after the shopper said yes)."""
+    chainrun runs it only after the shopper said yes); a product the catalogue does not
+    hold is refused, nothing placed."""
+    if (refused := _unknown(sku)) is not None:
+        return refused
     done, (n, _) = _record_once("placed", sku, qty, idempotency_key)
     return {"placed": done, "sku": sku, "qty": qty, "orders_placed": n}
