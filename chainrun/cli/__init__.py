@@ -32,7 +32,7 @@ from typer._click import exceptions as _cx  # typer carries its own click
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from chainrun.cli.fit import fit_table
+from chainrun.cli.grid import fitted
 
 
 def _refuse_repeated_options(ctx: Any, name: str | None, cmd: Any, args: list[str]) -> None:
@@ -206,9 +206,10 @@ class _Console(Console):
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         """rich's print; a table is fitted to the width first (:func:`fit_table`: numbers
-        are never cut, columns are left out in a stated order when too narrow)."""
-        fitted = [fit_table(o, self) if isinstance(o, Table) else o for o in objects]
-        super().print(*fitted, **kwargs)
+        are never cut, columns are left out in a stated order when too narrow), and a
+        plain one drawn without rich's layout (:func:`chainrun.cli.grid.fitted`: the same
+        output, a small part of the time)."""
+        super().print(*(fitted(o) if isinstance(o, Table) else o for o in objects), **kwargs)
 
 
 out = _Console(highlight=False, soft_wrap=True, width=_width)

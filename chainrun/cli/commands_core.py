@@ -368,6 +368,16 @@ def show(
               f"label={detail['label'] or '-'} source={detail['source'] or '-'}",
               markup=False)  # fmt: skip
     by_id = {t.id: t for t in turns}
+    # per turn, in the log's order (one pass over the rows, not one per turn)
+    calls_of: dict[int | None, list[Any]] = {}
+    for c in calls:
+        calls_of.setdefault(c.turn_id, []).append(c)
+    steps_of: dict[int | None, list[Any]] = {}
+    for s in steps:
+        steps_of.setdefault(s.turn_id, []).append(s)
+    tools_of: dict[int | None, list[Any]] = {}
+    for tc in tool_calls:
+        tools_of.setdefault(tc.turn_id, []).append(tc)
     groups = detail["conversations"]
     grouped = any(len(g["turn_ids"]) > 1 for g in groups)  # a run with conversations
     order: list[tuple[dict[str, Any] | None, TurnRow]] = []
@@ -382,7 +392,7 @@ def show(
                       f"({len(group['turn_ids'])} turns)")  # fmt: skip
         place = f" #{t.turn_index}" if grouped and t.turn_index is not None else ""
         cut = " [yellow](answer cut at the token cap)[/]" if t.truncated else ""
-        turn_calls = [c for c in calls if c.turn_id == t.id]
+        turn_calls = calls_of.get(t.id, [])
         out.print(f"\n[bold]turn {t.id}{place}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
                   f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
                   f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
@@ -392,7 +402,7 @@ def show(
         out.print(f"  < {printable(t.output)}", markup=False)
         for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...
             out.print(f"  {line}", markup=False)
-        turn_steps = [s for s in steps if s.turn_id == t.id]
+        turn_steps = steps_of.get(t.id, [])
         out.print(step_waterfall(turn_steps))
         for line in skipped_lines(turn_steps):  # why a routed step did not run
             out.print(f"  {line}", markup=False)
@@ -413,7 +423,7 @@ def show(
             )  # fmt: skip
         drop_first(table, "reasoning", "finish", "chunks", "target", "in", "cost", "error")
         out.print(table)
-        turn_tools = [tc for tc in tool_calls if tc.turn_id == t.id]
+        turn_tools = tools_of.get(t.id, [])
         if turn_tools:
             out.print(tool_calls_table(turn_tools))
             for line in tool_call_lines(turn_tools):

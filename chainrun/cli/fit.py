@@ -24,6 +24,19 @@ def _header(column: Any) -> str:
     return str(column.header)
 
 
+def drop_order(table: Table) -> list[str]:
+    """The headers :func:`fit_table` leaves out, in order, when ``table`` is too wide:
+    those named by :func:`drop_first`, then the rest from the right (never the first)."""
+    order = [*_DROP_ORDER.get(table, ())]
+    order += [_header(c) for c in reversed(table.columns[1:]) if _header(c) not in order]
+    return order
+
+
+def left_out_note(width: int, dropped: list[str]) -> str:
+    """The caption line naming the columns left out at ``width`` columns."""
+    return f"left out at {width} columns: {', '.join(dropped)} (a wider terminal or --json)"
+
+
 def _lines(table: Table) -> int:
     """Characters a table spends on lines: between columns and, with ``show_edge``, the
     two outer ones."""
@@ -83,8 +96,7 @@ def fit_table(table: Table, console: Console, width: int | None = None) -> Table
         words = [column.header, *column.cells]
         sizes = [Measurement.get(console, options, w) for w in words]
         column.min_width = max(m.maximum if column.no_wrap else m.minimum for m in sizes)
-    order = [*_DROP_ORDER.get(table, ())]
-    order += [_header(c) for c in reversed(table.columns[1:]) if _header(c) not in order]
+    order = drop_order(table)
     dropped: list[str] = []
     while _narrowest(table) > width and len(table.columns) > 1:
         names = [_header(c) for c in table.columns]
@@ -95,6 +107,6 @@ def fit_table(table: Table, console: Console, width: int | None = None) -> Table
         dropped.append(name.strip() or "bars")
     _share_width(table, console, options, width)
     if dropped:
-        note = f"left out at {width} columns: {', '.join(dropped)} (a wider terminal or --json)"
+        note = left_out_note(width, dropped)
         table.caption = note if table.caption is None else f"{table.caption}\n{note}"
     return table

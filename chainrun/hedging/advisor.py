@@ -61,11 +61,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chainrun.hedging.outcome import HedgeChange, HedgeOutcome, HedgeSetting, Mode
 from chainrun.hedging.policy import HedgePolicy
-from chainrun.hedging.window import LatencyWindow, Survival
+
+if TYPE_CHECKING:  # NumPy (the window's) is not loaded by readers of logged changes
+    from chainrun.hedging.window import LatencyWindow, Survival
 
 #: the advisor plans extra calls up to this share of ``max_extra_load`` (the token bucket
 #: holds 100 calls' deposits, so bursts above the average are absorbed, and a copy it

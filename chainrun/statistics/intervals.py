@@ -29,8 +29,6 @@ from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Literal
 
-import numpy as np
-
 from chainrun.statistics.ranks import nearest_rank
 
 #: The percentiles reported by :func:`summarize` and ``chainrun compare``.
@@ -60,7 +58,13 @@ def percentile(values: Sequence[float], p: float) -> float:
     if len(values) == 0:
         raise ValueError("percentile of no values")
     k = nearest_rank(len(values), p)
-    return float(np.partition(np.asarray(values, dtype=float), k - 1)[k - 1])
+    as_floats = [float(v) for v in values]
+    if any(v != v for v in as_floats):  # NaN: NumPy's order (NaN last), as before
+        import numpy as np
+
+        return float(np.partition(np.asarray(as_floats), k - 1)[k - 1])
+    # no NumPy import for a summary that reads a percentile (``chainrun show``)
+    return sorted(as_floats)[k - 1]
 
 
 @functools.lru_cache(maxsize=4096)
