@@ -6,9 +6,13 @@ and feeds the response body's bytes, as they arrive, to chainrun's stream parser
 (:class:`~chainrun.providers.chat_sse.ChatSSEParser`), so the arms differ only in how
 the request is sent and the bytes are read:
 
-* ``chainrun``: today's path, :meth:`OpenAICompatProvider.chunks` (the ``openai``
-  client's request path on ``httpx2``, chainrun's sharded pools and its asyncio network
-  backend :mod:`chainrun.providers.netio`);
+* ``chainrun``: :meth:`OpenAICompatProvider.chunks` with ``transport = "httpx"`` (the
+  ``openai`` client's request path on ``httpx2``, chainrun's sharded pools and its
+  asyncio network backend :mod:`chainrun.providers.netio`);
+* ``chainrun_transport_aiohttp``: the provider with ``transport = "aiohttp"``
+  (:mod:`chainrun.providers.aiohttp_transport`: the request sent on an
+  ``aiohttp.ClientSession`` by chainrun, errors mapped by chainrun, the bytes fed to
+  the same parser): the adopted aiohttp path;
 * ``chainrun_aiohttp``: the same provider code on the ``openai`` client's aiohttp
   transport (``http_client=openai.DefaultAioHttpClient(...)``, its connection limit set
   as chainrun's): what chainrun would cost if it used that transport;
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import statistics
 import sys
@@ -52,7 +57,10 @@ from chainrun.providers.base import ChatRequest
 from chainrun.providers.chat_sse import DONE, ChatSSEParser
 from chainrun.providers.openai_compat import OpenAICompatProvider
 
-ARMS = ("chainrun", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio")
+ARMS = (
+    "chainrun", "chainrun_transport_aiohttp", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp",
+    "raw_asyncio",
+)  # fmt: skip
 N_TOKENS = 16
 MODEL = "chainrun-lab"
 #: generous: on a loaded shared machine a connect can take seconds; CPU is what is measured
@@ -149,14 +157,18 @@ async def make_arm(
     arm: str, lab: LabServer, concurrency: int
 ) -> tuple[Call, Callable[[], Awaitable[None]]]:
     """(one call -> chunks parsed, close) for ``arm``; raises RuntimeError if unavailable."""
-    if arm in ("chainrun", "chainrun_aiohttp"):
+    if arm in ("chainrun", "chainrun_transport_aiohttp", "chainrun_aiohttp"):
         pool = max(100, concurrency * 2)
         http = None
         if arm == "chainrun_aiohttp":
             http = _aiohttp_client(pool)
+        transport = "aiohttp" if arm == "chainrun_transport_aiohttp" else "httpx"
+        if transport == "aiohttp" and importlib.util.find_spec("aiohttp") is None:
+            raise RuntimeError("aiohttp is not installed")
         provider = OpenAICompatProvider(
-            "lab", lab.base_url, None, pool, CONNECT_TIMEOUT_S, http_client=http
-        )
+            "lab", lab.base_url, None, pool, CONNECT_TIMEOUT_S, http_client=http,
+            transport=transport,
+        )  # fmt: skip
 
         async def chainrun_call(i: int) -> int:
             body = request_body(i)
@@ -298,16 +310,16 @@ def summary(doc: dict[str, Any]) -> str:
     lines = [
         f"CPU per streamed call ({par['calls']} calls x {par['rounds']} rounds per arm, "
         f"{par['concurrency']} in flight, {N_TOKENS} tokens, openai {par['openai']})",
-        f"{'arm':<12} {'CPU ms/call':>11} {'rounds':>26} {'x floor':>8} {'wall ms/call':>12}",
+        f"{'arm':<26} {'CPU ms/call':>11} {'rounds':>26} {'x floor':>8} {'wall ms/call':>12}",
     ]
     for arm, m in res["arms"].items():
         rounds = ", ".join(f"{x:.3f}" for x in m["cpu_ms_per_call_rounds"])
         lines.append(
-            f"{arm:<12} {m['cpu_ms_per_call']:>11.3f} {rounds:>26} "
+            f"{arm:<26} {m['cpu_ms_per_call']:>11.3f} {rounds:>26} "
             f"{c.fmt(m['over_floor']):>8} {m['wall_ms_per_call']:>12.3f}"
         )
     for arm, why in res["unavailable"].items():
-        lines.append(f"{arm:<12} unavailable: {why}")
+        lines.append(f"{arm:<26} unavailable: {why}")
     return "\n".join(lines)
 
 

@@ -156,13 +156,20 @@ def test_the_statistics_import_nothing_else_of_chainrun() -> None:
     assert not bad, bad
 
 
+#: the one module that speaks HTTP on aiohttp (a provider's ``transport = "aiohttp"``)
+AIOHTTP_MODULE = "chainrun.providers.aiohttp_transport"
+
+
 def test_one_http_client_library() -> None:
-    """chainrun speaks HTTP through httpx2 alone (the client under openai that the
-    provider's pools hold), never httpx beside it."""
+    """chainrun speaks HTTP through httpx2 (the client under openai that the provider's
+    pools hold), never httpx beside it, and aiohttp only in the module that carries a
+    provider's Chat Completions streams on it."""
     others = {"httpx", "httpcore", "requests", "aiohttp", "urllib3"}
     bad = [f"{mod} imports {imp}" for mod, imports in MODULES.items() for imp in imports
-           if imp.split(".")[0] in others]  # fmt: skip
+           if imp.split(".")[0] in others
+           and not (mod == AIOHTTP_MODULE and imp.split(".")[0] == "aiohttp")]  # fmt: skip
     assert not bad, bad
+    assert "aiohttp" in MODULES[AIOHTTP_MODULE]
 
 
 #: the package root holds at most this many modules besides __init__ and __main__: the

@@ -212,10 +212,13 @@ def test_transport_cpu(tmp_path: Path) -> None:
     )
     arms = res["arms"]
     assert {"chainrun", "sdk_httpx2", "raw_asyncio"} <= set(arms)
-    # the aiohttp arms need the bench extra (openai[aiohttp]); without it they say why
+    # chainrun's aiohttp transport is a dependency; the SDK's aiohttp arms need the bench
+    # extra (openai[aiohttp]) and without it say why
+    assert "chainrun_transport_aiohttp" in arms
     assert set(arms) | set(res["unavailable"]) == {
-        "chainrun", "chainrun_aiohttp", "sdk_httpx2", "sdk_aiohttp", "raw_asyncio"
-    }
+        "chainrun", "chainrun_transport_aiohttp", "chainrun_aiohttp", "sdk_httpx2",
+        "sdk_aiohttp", "raw_asyncio",
+    }  # fmt: skip
     # the same lab bytes through every arm: the same chunks parsed
     assert len({m["chunks_per_call"] for m in arms.values()}) == 1
     assert arms["raw_asyncio"]["chunks_per_call"] >= 16

@@ -1,6 +1,7 @@
 """Every provider fault over real HTTP (the lab, through the real ``openai``
 client): each with a bounded time, a classified outcome and the exact number of
-requests the lab received (no hidden retries, under hedges either)."""
+requests the lab received (no hidden retries, under hedges either); every test on both
+transports (``httpx`` and ``aiohttp``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from chainrun.lab import LabServer, Scenario
 from chainrun.lab.scenarios import Faults
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest, ChatStream
+from chainrun.providers.config import Transport
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.replay.run import ReplayRequest, run_requests
 
@@ -41,6 +43,17 @@ MESSAGES = [{"role": "user", "content": "Does the linen shirt run small?"}]
 def lab() -> Iterator[LabServer]:
     with LabServer("fast") as lab:
         yield lab
+
+
+#: the transport of this module's calls (every test runs on both)
+TRANSPORT: list[Transport] = ["httpx"]
+
+
+@pytest.fixture(autouse=True, params=["httpx", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
+    TRANSPORT[0] = request.param
+    yield request.param
+    TRANSPORT[0] = "httpx"
 
 
 def use(lab: LabServer, n_tokens: int = 6, per_token_ms: float = 1, **faults: Any) -> None:
@@ -59,7 +72,7 @@ async def call(
     **request: Any,
 ) -> tuple[ChatStream, ProviderError | None, float]:
     """One streamed call through the adapter; returns the stream, its error, elapsed s."""
-    provider = OpenAICompatProvider("lab", lab.base_url)
+    provider = OpenAICompatProvider("lab", lab.base_url, transport=TRANSPORT[0])
     err: ProviderError | None = None
     t0 = time.perf_counter()
     try:
@@ -255,7 +268,7 @@ async def test_data_error_line_is_still_handled(lab: LabServer) -> None:
 
 async def test_slow_consumer_timings_are_taken_at_arrival(lab: LabServer) -> None:
     use(lab, n_tokens=10, per_token_ms=1)
-    provider = OpenAICompatProvider("lab", lab.base_url)
+    provider = OpenAICompatProvider("lab", lab.base_url, transport=TRANSPORT[0])
     try:
         s = ChatStream(provider, ChatRequest(model="m", messages=MESSAGES))
         t0 = time.perf_counter()
@@ -283,7 +296,7 @@ def chain_config(lab: LabServer, **step: Any) -> Any:
               "max_output_tokens": 20, "deadline_s": 10.0, "on_failure": "closed", **step}
     return config_from_dict({
         "order": ["answer"], "answer_step": "answer",
-        "providers": {"lab": {"base_url": lab.base_url}},
+        "providers": {"lab": {"base_url": lab.base_url, "transport": TRANSPORT[0]}},
         "steps": {"answer": answer},
     })  # fmt: skip
 

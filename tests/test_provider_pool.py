@@ -63,7 +63,9 @@ def test_the_config_default_is_the_module_default() -> None:
 
 
 async def test_streams_spread_over_pools_and_release_their_count(lab: LabServer) -> None:
-    provider = OpenAICompatProvider("lab", lab.base_url, max_connections=8, pool_connections=2)
+    provider = OpenAICompatProvider(
+        "lab", lab.base_url, max_connections=8, pool_connections=2, transport="httpx"
+    )
     pools = pools_of(provider)
     assert len(pools.pools) == 4
     streams = [ChatStream(provider, REQ) for _ in range(8)]
@@ -88,7 +90,9 @@ async def test_streams_spread_over_pools_and_release_their_count(lab: LabServer)
 
 async def test_a_failed_send_releases_its_count() -> None:
     url = "http://127.0.0.1:1/v1"  # nothing listens on port 1
-    provider = OpenAICompatProvider("dead", url, max_connections=4, pool_connections=1)
+    provider = OpenAICompatProvider(
+        "dead", url, max_connections=4, pool_connections=1, transport="httpx"
+    )
     try:
         stream = ChatStream(provider, REQ)
         with pytest.raises(ProviderUnavailable):

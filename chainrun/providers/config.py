@@ -21,6 +21,13 @@ from chainrun.providers.affinity import PromptCacheMode
 #: reasoning guide and model pages).
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
+#: the HTTP client of a Chat Completions provider's streams
+#: (:class:`~chainrun.providers.openai_compat.OpenAICompatProvider`)
+Transport = Literal["httpx", "aiohttp"]
+
+#: the transport a provider uses unless told (benchmarks/README.md, "CPU per streamed
+#: call by transport")
+DEFAULT_TRANSPORT: Transport = "aiohttp"
 
 
 def http_url(v: str | None) -> str | None:
@@ -33,6 +40,7 @@ def http_url(v: str | None) -> str | None:
     if v is not None and not re.match(r"^https?://", v):
         raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
     return v
+
 
 class ProviderConfig(BaseModel):
     """Where a step's model is served.
@@ -74,9 +82,16 @@ class ProviderConfig(BaseModel):
     reasoning_in_content: Literal["auto", "think_tags", "off"] = "auto"
     #: connect timeout in s (the step deadline bounds the rest)
     connect_timeout_s: float = Field(default=5.0, gt=0)
+    #: the HTTP client of the Chat Completions streams: ``aiohttp`` (chainrun's request
+    #: on an aiohttp session, its errors mapped by chainrun; about 0.6x the CPU a call)
+    #: or ``httpx`` (the ``openai`` client's request path on httpx2 and chainrun's
+    #: pools); the Responses API and the startup check always use httpx
+    #: (:mod:`chainrun.providers.aiohttp_transport`)
+    transport: Transport = DEFAULT_TRANSPORT
     #: HTTP connections of this provider's client at most (all its pools together)
     max_connections: int = Field(default=100, ge=1)
-    #: connections per pool: the client splits ``max_connections`` into pools of at most
+    #: connections per pool (transport ``httpx``, the startup check and the Responses
+    #: API): the client splits ``max_connections`` into pools of at most
     #: this many and sends each request to the least-loaded one, so that httpcore's
     #: per-request walk over a pool stays short with many calls in flight
     #: (:mod:`chainrun.providers.pool`; 32 = ``POOL_CONNECTIONS``)
@@ -118,6 +133,16 @@ class ProviderConfig(BaseModel):
         return http_url(v)
 
     @model_validator(mode="after")
+    def _transport(self) -> ProviderConfig:
+        if "transport" in self.model_fields_set and self.transport == "aiohttp":
+            if self.api == "responses":
+                raise ValueError(
+                    "transport: 'aiohttp' carries Chat Completions streams only; api = "
+                    "'responses' goes through the openai client (leave transport unset)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _kind_fields(self) -> ProviderConfig:
         azure_only = ("endpoint", "api_version", "deployment", "entra_token_env")
         if self.kind == "openai":
@@ -157,4 +182,4 @@ class ProviderConfig(BaseModel):
                 raise ConfigError(f"providers.{name}.{field}: environment variable {var} {state}")
 
 
-__all__ = ["ProviderConfig", "ReasoningEffort"]
+__all__ = ["DEFAULT_TRANSPORT", "ProviderConfig", "ReasoningEffort", "Transport"]

@@ -3,8 +3,9 @@
 Used by the chain, the eval grader and anything else that needs a model behind a
 ``[providers.NAME]`` table, so that every caller gets the same thing: the local model
 started when ``base_url`` is None, the configured pool size and connect timeout, the
-wire format ``api`` asks for (Chat Completions or the Responses API), Azure when
-``kind = "azure"``, and the preflight check that fails fast on an unreachable server.
+wire format ``api`` asks for (Chat Completions or the Responses API), the Chat
+Completions streams' ``transport``, Azure when ``kind = "azure"``, and the preflight
+check that fails fast on an unreachable server.
 """
 
 from __future__ import annotations
@@ -51,16 +52,14 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         )
     elif base_url is None:
         base_url = (await start_local_model(quiet)).base_url
-    cls = ResponsesProvider if cfg.api == "responses" else OpenAICompatProvider
-    provider: OpenAICompatProvider | ResponsesProvider = cls(
-        name,
-        base_url,
-        cfg.api_key_env,
-        cfg.max_connections,
-        cfg.connect_timeout_s,
-        azure=azure,
-        pool_connections=cfg.pool_connections,
-    )
+    args = (name, base_url, cfg.api_key_env, cfg.max_connections, cfg.connect_timeout_s)
+    provider: OpenAICompatProvider | ResponsesProvider
+    if cfg.api == "responses":
+        provider = ResponsesProvider(*args, azure=azure, pool_connections=cfg.pool_connections)
+    else:
+        provider = OpenAICompatProvider(
+            *args, azure=azure, pool_connections=cfg.pool_connections, transport=cfg.transport
+        )
     provider.reasoning_in_content = cfg.reasoning_in_content
     if isinstance(provider, OpenAICompatProvider) and cfg.cache_prompt is not None:
         provider.cache_prompt = cfg.cache_prompt

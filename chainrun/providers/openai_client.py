@@ -59,6 +59,10 @@ from chainrun.providers.think import ReasoningInContent
 #: s an idle pooled connection is kept (less than servers' common 5 s)
 KEEPALIVE_EXPIRY_S = 2.0
 
+#: s without a byte before a read gives up: only a backstop (the step's deadline and its
+#: first-token and idle timers bound a call)
+READ_TIMEOUT_S = 600.0
+
 #: what the SDK is given when a server needs no key (it refuses to build without one)
 NO_KEY = "not-needed"
 
@@ -151,9 +155,13 @@ class _AzureClient(openai.AsyncAzureOpenAI):
 
 
 def build_http_client(
-    max_connections: int, connect_timeout_s: float, pool_connections: int = POOL_CONNECTIONS
+    max_connections: int,
+    connect_timeout_s: float,
+    pool_connections: int = POOL_CONNECTIONS,
+    read_timeout_s: float = READ_TIMEOUT_S,
 ) -> httpx2.AsyncClient:
-    """The HTTP client of one provider: ``max_connections`` in all, connect timeout in s.
+    """The HTTP client of one provider: ``max_connections`` in all, connect and read
+    timeouts in s.
 
     The connections are split into pools of at most ``pool_connections``
     (:class:`~chainrun.providers.pool.ShardedTransport`: each request goes to the pool
@@ -163,10 +171,11 @@ def build_http_client(
     only on its own transport, so that client keeps one pool, as before.
 
     Idle connections are kept for less than servers commonly do (5 s), so that the
-    client rarely reuses one the server is closing. The read timeout (600 s) is only a
-    backstop: the step deadline bounds a call.
+    client rarely reuses one the server is closing. The read timeout
+    (:data:`READ_TIMEOUT_S` unless given) is only a backstop: the step deadline bounds a
+    call.
     """
-    timeout = httpx2.Timeout(600.0, connect=connect_timeout_s)
+    timeout = httpx2.Timeout(read_timeout_s, connect=connect_timeout_s)
     if pool_connections < max_connections and not urllib.request.getproxies():
         transport = ShardedTransport(
             max_connections, pool_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S
@@ -330,6 +339,66 @@ def stream_error_from_body(name: str, body: Any, message: str) -> StreamError:
     return StreamError(text, code)
 
 
+def status_error(
+    name: str,
+    status: int,
+    message: str,
+    body: Any,
+    headers: Any,
+    *,
+    params: dict[str, Any] | None = None,
+) -> ProviderStatusError:
+    """The chainrun error for an HTTP error status, whichever client read it.
+
+    Args:
+        name: the provider's name, for the message.
+        status: the HTTP status (4xx or 5xx).
+        message: the error's text as the ``openai`` SDK words it (``Error code: 429 -
+            slow down``: :func:`sdk_status_message`).
+        body: the server's error object (the ``error`` member of a JSON body, else the
+            body), where ``param``, ``code`` and ``message`` are read.
+        headers: the response headers (a mapping with case-insensitive ``get``), for
+            ``retry_after_s``.
+        params: the request's parameters as sent (to name the value a 400 refused).
+
+    Returns:
+        :class:`RequestRejected` for a 400 naming a parameter and for 401/403/404, else
+        :class:`ProviderStatusError` with ``retry_after_s`` from the headers.
+    """
+    text = f"{name}: HTTP {status}: {message}"
+    error = body if isinstance(body, dict) else {}
+    param = error.get("param")
+    param = param if isinstance(param, str) and param else None
+    if (status == 400 and param is not None) or status in (401, 403, 404):
+        code = error.get("code")
+        return RequestRejected(
+            text, status, param=param,
+            value=sent_value(params, param) if param else None,
+            accepted=accepted_values(str(error.get("message") or message)),
+            code=None if code is None else str(code), provider=name,
+        )  # fmt: skip
+    return ProviderStatusError(text, status=status, retry_after_s=retry_after_s(headers))
+
+
+def sdk_status_message(status: int, raw: bytes) -> tuple[str, Any]:
+    """(message, body) of an HTTP error response as the ``openai`` SDK makes them
+    (``_make_status_error_from_response`` and ``_make_status_error`` of openai 3.57):
+    the message is ``Error code: STATUS``, plus `` - MESSAGE`` when the body is JSON
+    with a text ``message`` (in its ``error`` member, or at the top); the body is the
+    JSON's ``error`` member (or the whole JSON), else the body's text."""
+    message = f"Error code: {status}"
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        return message, text
+    body = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    said = body.get("message") if isinstance(body, dict) else None
+    if isinstance(said, str) and said:
+        message += f" - {said}"
+    return message, body
+
+
 def map_openai_error(
     e: BaseException,
     *,
@@ -349,13 +418,14 @@ def map_openai_error(
         params: the request's parameters as sent (to name the value a 400 refused).
 
     Returns:
-        :class:`ProviderTimeout` (the HTTP client timed out), :class:`ProviderUnavailable`
+        :class:`ProviderTimeout` (the HTTP client timed out, before or during the
+        stream), :class:`ProviderUnavailable`
         (cannot connect), :class:`RequestRejected` (HTTP 400 naming a parameter, or
         401/403/404), :class:`ProviderStatusError` (any other HTTP error status, with
         ``retry_after_s`` from its headers), :class:`StreamError` (an error the server
         reported inside the stream; :class:`ContextLengthExceeded` when the prompt does
-        not fit), or :class:`ProviderError` (a stream that broke after it started, or
-        anything else the SDK raised).
+        not fit), :class:`ProviderConnectionLost` (the connection broke after the stream
+        started), or :class:`ProviderError` (anything else the SDK raised).
     """
     if (
         streaming
@@ -367,25 +437,16 @@ def map_openai_error(
         detail = str(e) if isinstance(e, openai.APIError) else f"{type(e).__name__}: {e}"
         if connection_broke(e):
             return ProviderConnectionLost(f"{name}: connection lost mid-stream: {detail}")
+        if read_timed_out(e):
+            return ProviderTimeout(f"{name}: read timed out mid-stream: {detail}")
         return ProviderError(f"{name}: stream failed: {detail}")
     if isinstance(e, openai.APITimeoutError):
         return ProviderTimeout(f"{name}: request timed out ({e})")
     if isinstance(e, openai.APIConnectionError):
         return ProviderUnavailable(f"cannot reach provider {name!r} at {where}")
     if isinstance(e, openai.APIStatusError):
-        status = e.status_code
-        message = f"{name}: HTTP {status}: {e.message}"
-        param = e.param if isinstance(e.param, str) and e.param else None
-        if (status == 400 and param is not None) or status in (401, 403, 404):
-            body = e.body if isinstance(e.body, dict) else {}
-            return RequestRejected(
-                message, status, param=param,
-                value=sent_value(params, param) if param else None,
-                accepted=accepted_values(str(body.get("message") or e.message)),
-                code=e.code, provider=name,
-            )  # fmt: skip
-        return ProviderStatusError(
-            message, status=status, retry_after_s=retry_after_s(e.response.headers)
+        return status_error(
+            name, e.status_code, e.message, e.body, e.response.headers, params=params
         )
     if isinstance(e, openai.APIError):
         return ProviderError(f"{name}: stream failed: {e}")
@@ -398,6 +459,17 @@ def connection_broke(e: BaseException) -> bool:
     cause: BaseException | None = e
     while cause is not None:
         if isinstance(cause, httpx2.NetworkError | httpx2.RemoteProtocolError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def read_timed_out(e: BaseException) -> bool:
+    """True when ``e`` (or what caused it) is the HTTP client's own timeout (httpx's
+    ``TimeoutException``: no bytes within the read timeout)."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, httpx2.TimeoutException):
             return True
         cause = cause.__cause__ or cause.__context__
     return False
@@ -437,6 +509,8 @@ class OpenAIClientProvider:
         pool_connections: connections per pool at most (:func:`build_http_client`).
         http_client: an HTTP client to use instead (not closed by :meth:`aclose`).
         azure: an Azure OpenAI resource to call instead of ``base_url``.
+        read_timeout_s: s without a byte before a read gives up (a backstop:
+            :data:`READ_TIMEOUT_S`).
 
     Raises:
         ConfigError: ``api_key_env`` names a variable that is not set; Azure without
@@ -454,6 +528,7 @@ class OpenAIClientProvider:
         *,
         azure: AzureTarget | None = None,
         pool_connections: int = POOL_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.name = name
         #: prompt-cache affinity (:mod:`chainrun.providers.affinity`): ``key`` sends
@@ -476,10 +551,12 @@ class OpenAIClientProvider:
         url = azure.endpoint if azure is not None else (base_url or "https://api.openai.com/v1")
         self.where = url
         self.server_address: str | None = server_address(url)
+        self.max_connections = max_connections
         self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
         self._owns_http = http_client is None
         self._http = http_client or build_http_client(
-            max_connections, connect_timeout_s, pool_connections
+            max_connections, connect_timeout_s, pool_connections, read_timeout_s
         )
         self.client = build_client(
             base_url=base_url, api_key=key, http_client=self._http, azure=azure

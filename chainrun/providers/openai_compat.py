@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
 
 import httpx2
 import openai
@@ -27,8 +28,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from chainrun.errors import MalformedStream
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.chat_sse import DONE, ChatSSEParser, tool_call_delta, usage_from_dict
+from chainrun.providers.config import DEFAULT_TRANSPORT, Transport
 from chainrun.providers.openai_client import OpenAIClientProvider
 from chainrun.timing import Chunk, Usage, make_chunk
+
+if TYPE_CHECKING:
+    from chainrun.providers.aiohttp_transport import AiohttpTransport
 
 
 def _usage(u: Any) -> Usage | None:
@@ -91,8 +96,37 @@ class OpenAICompatProvider(OpenAIClientProvider):
     """A Chat Completions provider backed by ``openai.AsyncOpenAI`` (or ``AsyncAzureOpenAI``).
 
     Constructor arguments and errors: see
-    :class:`~chainrun.providers.openai_client.OpenAIClientProvider`.
+    :class:`~chainrun.providers.openai_client.OpenAIClientProvider`, plus:
+
+    Args:
+        transport: the HTTP client of the streamed calls: ``httpx`` (the ``openai``
+            client's request path on httpx2 and chainrun's pools) or ``aiohttp``
+            (:mod:`chainrun.providers.aiohttp_transport`: the same request, less CPU a
+            call); None = :data:`DEFAULT_TRANSPORT`, or ``httpx`` when ``http_client``
+            is given. The startup check and ``GET /props`` always go through httpx2.
+
+    Raises:
+        ValueError: ``transport = "aiohttp"`` with an ``http_client`` (an httpx2 client).
     """
+
+    def __init__(self, *args: Any, transport: Transport | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if transport is None:
+            transport = "httpx" if not self._owns_http else DEFAULT_TRANSPORT
+        elif transport == "aiohttp" and not self._owns_http:
+            raise ValueError(f"provider {self.name!r}: an http_client is an httpx2 client; "
+                             "transport 'aiohttp' takes none")  # fmt: skip
+        self.transport: Transport = transport
+        self._aio: AiohttpTransport | None = None
+        if transport == "aiohttp":
+            from chainrun.providers.aiohttp_transport import AiohttpTransport
+
+            self._aio = AiohttpTransport(
+                self.name, self.max_connections, self._connect_timeout_s, self._read_timeout_s
+            )
+        #: (the client's base URL, as text, the path and query, headers, whether the
+        #: model is in the path) of :meth:`_aio_request`, built at its first call
+        self._aio_target: tuple[Any, str, str, dict[str, str], bool] | None = None
 
     #: llama-server's per-request ``cache_prompt`` switch, sent with every request when
     #: not None (False: the server neither reuses nor keeps a cached prompt prefix, so
@@ -170,7 +204,13 @@ class OpenAICompatProvider(OpenAIClientProvider):
         slot = table.acquire(request.cache_key, request.cache_owner) if table else None
         try:
             params = self._params(request, slot)
-            stream = self._sdk_chunks(params) if self.sdk_sse else self._stream(params)
+            if self.sdk_sse:
+                stream = self._sdk_chunks(params)
+            elif self._aio is not None:
+                url, headers = self._aio_request(params)
+                stream = self._aio.stream(url, headers, params, where=self.where)
+            else:
+                stream = self._stream(params)
             async with contextlib.aclosing(stream):
                 async for chunk in stream:
                     yield chunk
@@ -208,6 +248,34 @@ class OpenAICompatProvider(OpenAIClientProvider):
             finally:
                 await body.aclose()
                 await response.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients this provider built (httpx2's, and aiohttp's if made)."""
+        try:
+            if self._aio is not None:
+                await self._aio.aclose()
+        finally:
+            await super().aclose()
+
+    def _aio_request(self, params: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        """(URL, headers) of a streamed ``POST /chat/completions`` as the ``openai`` client
+        sends it: its base URL (with Azure's ``/deployments/MODEL`` when the client names
+        no deployment) and query (Azure's ``api-version``), its default and auth headers,
+        then the request's own (``extra_headers``, taken out of ``params``)."""
+        base = self.client.base_url
+        target = self._aio_target
+        if target is None or target[0] is not base:  # built once; again after repoint()
+            query = {k: v for k, v in self.client.default_query.items() if isinstance(v, str)}
+            suffix = "chat/completions" + (f"?{urlencode(query)}" if query else "")
+            headers: dict[str, Any] = {**self.client.default_headers, **self.client.auth_headers}
+            clean = {k: v for k, v in headers.items() if isinstance(v, str)}
+            per_model = self.azure is not None and "/deployments" not in base.path
+            target = self._aio_target = (base, str(base), suffix, clean, per_model)
+        _, prefix, suffix, common, per_model = target
+        if per_model:  # Azure without a deployment: the request's model names it
+            prefix += f"deployments/{quote(str(params['model']), safe='')}/"
+        extra = params.pop("extra_headers", None)
+        return prefix + suffix, {**common, **extra} if extra else common
 
     async def _post_stream(self, **params: Any) -> openai.AsyncStream[Any]:
         """``POST /chat/completions`` through the client's own request path (auth, Azure's
