@@ -370,9 +370,14 @@ class Chain:
         """Read unknown conversations from the log; count history tokens with the answer
         step's provider's tokenizer where its server has one (``[history] tokenizer``)."""
         if self.store is not None:
-            claim = log_claim(self.store)  # a shared log: its reads are waited for longer
+            # a shared log: its reads are waited for longer, and its outages waited out
+            ride_out = self.config.log.outage_wait_s
+            claim = log_claim(self.store, outage_wait_s=ride_out)
             wait = SHARED_TIMEOUT_S if claim is not None else LOAD_TIMEOUT_S
-            self.conversations.use_log(log_loader(self.store, timeout_s=wait), claim)
+            load = log_loader(
+                self.store, timeout_s=wait, outage_wait_s=ride_out if claim is not None else 0.0
+            )
+            self.conversations.use_log(load, claim)
             self.request_keys = RequestKeys(self.store)
             if any(t.config.confirm for t in self.tools.values()):
                 self.confirmations = Confirmations(self.store, self.tools, (self.kind,))

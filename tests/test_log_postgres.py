@@ -214,15 +214,16 @@ def test_a_database_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "cannot connect to the log database" in lines[0]
 
 
-def start_serve(url: str, lab: LabServer, tmp_path: Path, workers: int = 2
+def start_serve(url: str, lab: LabServer, tmp_path: Path, workers: int = 2, extra: str = ""
                 ) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
     """``chainrun serve --workers N`` on log ``url`` against ``lab``, ready: its /readyz
     answered 200 on 10 × N new connections in a row (the kernel spreads them over the
-    workers, so every worker has most likely answered); the process and its base URL."""
+    workers, so every worker has most likely answered); the process and its base URL.
+    ``extra``: more of the config file (TOML tables)."""
     from benchmarks._pg import free_port
 
     config = tmp_path / "chainrun.toml"
-    config.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+    config.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n{extra}')
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "chainrun", "serve", "--workers", str(workers), "--port",
@@ -347,10 +348,12 @@ def test_chats_are_answered_through_a_database_restart(cluster: Any, tmp_path: P
     once, each turn a new conversation id the process must look up in the log) while
     the server is stopped for 5 s and started again: every chat is answered, turns keep
     being answered while it is down, /readyz answers and says ``retrying``, the warning
-    lines say it, and afterwards every turn the clients saw is in the log exactly once."""
+    lines say it, and afterwards every turn the clients saw is in the log exactly once.
+    ``[log] outage_wait_s = 1``: a turn waits out the outage's first second (a pooler's
+    restart would be over), then goes on from its process's memory."""
     with pg_schema(cluster.url) as url, LabServer("lognormal", median_ms=20, sigma=0.3,
                                                   n_tokens=4) as lab:  # fmt: skip
-        proc, base = start_serve(url, lab, tmp_path)
+        proc, base = start_serve(url, lab, tmp_path, extra="[log]\noutage_wait_s = 1\n")
         seen: list[dict[str, Any]] = []  # one per chat: conversation, turn id, status, when
         window: dict[str, float] = {}
         states: set[str] = set()

@@ -33,6 +33,7 @@ from chainrun.checks.config import ChecksConfig
 from chainrun.config.capabilities import ModelCapabilities
 from chainrun.config.defaults import STEP_NAMES_DEFAULT
 from chainrun.conversations.history import HistorySettings
+from chainrun.conversations.memory import OUTAGE_WAIT_S
 from chainrun.pricing import Price
 from chainrun.providers.config import ProviderConfig
 from chainrun.steps import StateField, known_fields, step_kinds
@@ -81,6 +82,12 @@ class LogConfig(Strict):
     #: the writer thread, which commits them at once when idle; a process crash can then
     #: lose the turns finished in the last moment: README "Run log writes")
     durable_turns: bool = False
+    #: how long a turn on a log several processes share (PostgreSQL) waits out an
+    #: outage of the log (a pooler's restart, a reset connection) for its turn index and
+    #: earlier turns, counted from the outage's start, before it goes on from this
+    #: process's memory (its index may then repeat one another process gave, its
+    #: history miss their turns); 0: go on from memory at once
+    outage_wait_s: float = Field(default=OUTAGE_WAIT_S, ge=0, le=60)
 
 
 def _kind_of(value: Any) -> str | None:

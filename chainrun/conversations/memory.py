@@ -20,7 +20,10 @@ counter, :meth:`chainrun.log.store.Store.claim_turn_index`) and then every turn 
 its index from the log, reads the conversation's earlier turns from the log (waiting
 up to :data:`WAIT_FOR_EARLIER_S` for the turn just before it, which another process may
 still be committing), and adds the turns this process ended that the log does not hold
-yet.
+yet. The claim and the reads wait out a short outage of the log (up to
+:data:`OUTAGE_WAIT_S` from its start: :func:`chainrun.conversations.source.pool_patient`);
+only a claim that still fails hands the turn to this process's memory, as on a log of
+one process.
 
 A chain reads the log without the event loop waiting on it (:meth:`ConversationMemory.abegin`
 with a loader that returns an awaitable: a PostgreSQL read runs in a worker thread);
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 from chainrun.conversations.history import HistoryTurn
 
 __all__ = [
+    "OUTAGE_WAIT_S",
     "WAIT_FOR_EARLIER_S",
     "ClaimIndex",
     "ConversationMemory",
@@ -50,6 +54,15 @@ __all__ = [
 #: (another process answered it and may still be committing it: a writer commits within
 #: milliseconds, within seconds on a loaded machine) before it goes on without it
 WAIT_FOR_EARLIER_S = 5.0
+#: s a turn on a shared log waits out an outage of the log (counted from its start) for
+#: its index and earlier turns before it goes on from this process's memory (``[log]
+#: outage_wait_s``). A pooler's restart or a reset connection is over within it
+#: (PgBouncer's restart under load took 1.6-2.1 s, and its log writer saw the outage
+#: end up to 1 s later, its retries backing off to 1 s: benchmarks/README.md, pg_fleet
+#: conversations), and a turn that went on from memory meanwhile could repeat an index
+#: another process gave or miss the turns it answered; a database that stays down does
+#: not hold every turn longer than this
+OUTAGE_WAIT_S = 5.0
 #: s between the first two reads of the log while waiting for the previous turn (then
 #: doubled up to :data:`POLL_MAX_S`, so that waiting turns do not crowd the log's pool)
 POLL_S = 0.025

@@ -36,6 +36,7 @@ from chainrun.conversations.history import (
     turn_context,
 )
 from chainrun.conversations.memory import (
+    OUTAGE_WAIT_S,
     ClaimIndex,
     ConversationMemory,
     LoadConversation,
@@ -49,10 +50,12 @@ from chainrun.retrieval.products import logged_products
 
 __all__ = [
     "LOAD_TIMEOUT_S",
+    "OUTAGE_POLL_S",
     "POOL_RETRY_S",
     "SHARED_TIMEOUT_S",
     "WARN_EVERY_S",
     "ConversationSource",
+    "LogOutage",
     "TurnPlace",
     "log_claim",
     "log_loader",
@@ -125,7 +128,9 @@ def new_conversation_id() -> str:
     return uuid.uuid4().hex
 
 
-def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConversation:
+def log_loader(
+    store: Store, *, timeout_s: float = LOAD_TIMEOUT_S, outage_wait_s: float = 0.0
+) -> LoadConversation:
     """Reads a conversation's latest turns from ``store``: the turns of live runs (a
     replay's or an eval's conversation ids are that run's own), each as its message and
     what reached the shopper (the turn's ``output``). Asynchronous: a PostgreSQL read
@@ -135,9 +140,11 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
     The log is behind the answer, never in front of it: when the read fails for want of
     the database (unreachable, or no answer within ``timeout_s`` seconds) the turn goes
     on without the conversation's earlier turns (it starts at turn index 1 in this
-    process; while the log's writer is retrying an outage, at once, without a read),
-    and a warning on the ``chainrun.conversations`` logger says so (at most
-    every :data:`WARN_EVERY_S` seconds, with the count since the last line). Any other
+    process), and a warning on the ``chainrun.conversations`` logger says so (at most
+    every :data:`WARN_EVERY_S` seconds, with the count since the last line). An outage
+    of the log (its writer retrying, or the read's own connection failing) is waited out
+    until it has lasted ``outage_wait_s`` seconds (:func:`pool_patient`; a log several
+    processes share passes ``[log] outage_wait_s``, 0 elsewhere: at once). Any other
     error of the read is raised.
     """
     unreachable: tuple[type[BaseException], ...] = (
@@ -159,10 +166,9 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
 
     async def load(conversation_id: str, keep: int) -> Loaded:
         try:
-            if store.writer is not None and store.writer.outage_since is not None:
-                raise ConnectionError("the log's writer is waiting for the database")
             return await pool_patient(store, timeout_s, lambda left: asyncio.wait_for(
-                store.off_loop(read, conversation_id, keep), left))
+                store.off_loop(read, conversation_id, keep), left),
+                outage_wait_s=outage_wait_s, down=unreachable)  # fmt: skip
         except unreachable as e:
             said["since"] += 1
             now = time.monotonic()
@@ -178,15 +184,21 @@ def log_loader(store: Store, *, timeout_s: float = LOAD_TIMEOUT_S) -> LoadConver
     return load
 
 
-def log_claim(store: Store) -> ClaimIndex | None:
+def log_claim(store: Store, *, outage_wait_s: float = OUTAGE_WAIT_S) -> ClaimIndex | None:
     """The turn-index counter of a log several processes share (a PostgreSQL log:
     :meth:`chainrun.log.store.Store.claim_turn_index`, run off the event loop); None for
     a SQLite log, whose conversations one process serves (its memory hands out the
     indexes, read from the log for a conversation it has not seen). The claim keeps the
     turn's :class:`~chainrun.conversations.memory.TurnStart` in the log, so that a turn
-    whose process dies is logged ``lost`` (its index stays taken). The claim gives None
-    (the turn goes on from this process's memory, and a warning says so) when the
-    database is down or does not answer within :data:`SHARED_TIMEOUT_S`."""
+    whose process dies is logged ``lost`` (its index stays taken).
+
+    A claim waits for a slow log up to :data:`SHARED_TIMEOUT_S` and waits out an outage
+    of the log until it has lasted ``outage_wait_s`` seconds (:func:`pool_patient`).
+    Every try of one claim carries the same token, so a try whose commit reached the
+    database but whose answer did not is found in place when tried again: the turn gets
+    the index that try took, not the next one. The claim gives None (the turn goes on
+    from this process's memory, and a warning line says so) when the database is still
+    down after that, or silent for :data:`SHARED_TIMEOUT_S`."""
     if store.dialect != "postgresql":
         return None
     unreachable: tuple[type[BaseException], ...] = (
@@ -194,13 +206,13 @@ def log_claim(store: Store) -> ClaimIndex | None:
     )
 
     async def claim(conversation_id: str, start: TurnStart | None) -> int | None:
-        if store.writer is not None and store.writer.outage_since is not None:
-            return None  # the database is down: this process's memory serves meanwhile
         kept = {} if start is None else {"run_id": start.run_id, "message": start.message,
                                          "started_at": start.started_at}  # fmt: skip
+        token = uuid.uuid4().hex
         try:
             return await pool_patient(store, SHARED_TIMEOUT_S, lambda left: asyncio.wait_for(
-                store.off_loop(store.claim_turn_index, conversation_id, **kept), left))
+                store.off_loop(store.claim_turn_index, conversation_id, token=token, **kept),
+                left), outage_wait_s=outage_wait_s, down=unreachable)  # fmt: skip
         except unreachable as e:
             log.warning("run log %s could not be read (%s): conversation %s took its turn "
                         "index from this process's memory", store.name,
@@ -210,27 +222,89 @@ def log_claim(store: Store) -> ClaimIndex | None:
     return claim
 
 
+class LogOutage(ConnectionError):
+    """The log's writer could not reach the database for longer than a turn waits out
+    (``[log] outage_wait_s``): the message says for how long (s)."""
+
+
 #: s between two tries of a read whose pool had no connection to give (a pooler restarting)
 POOL_RETRY_S = 0.2
+#: s between two looks at the log writer's state while a turn waits out an outage
+OUTAGE_POLL_S = 0.05
 
 
 async def pool_patient(
-    store: Store, timeout_s: float, attempt: Callable[[float], Awaitable[T]]
+    store: Store,
+    timeout_s: float,
+    attempt: Callable[[float], Awaitable[T]],
+    *,
+    outage_wait_s: float = 0.0,
+    down: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """``attempt(s left)`` within ``timeout_s`` in all, tried again while it fails only
-    because the pool had no connection to give (psycopg_pool's ``PoolTimeout``: no
-    statement ran, so trying again cannot claim twice) and the log's writer sees no
-    outage: a pooler that restarts (PgBouncer) is waited out, a database that is down
-    is not (the writer says so). Any other failure, or the time up, is raised."""
+    """``attempt(s left)`` within ``timeout_s`` in all, tried again:
+
+    - while it fails only because the pool had no connection to give (psycopg_pool's
+      ``PoolTimeout``: no statement ran) and the log's writer sees no outage (a busy
+      pool), every :data:`POOL_RETRY_S`; a pool that could not connect meanwhile
+      (:func:`chainrun.log.backend.pool_cannot_connect`) is an outage, below;
+    - while the log is in an outage (its writer retrying a write, or the attempt failing
+      with one of ``down``, the errors of an unreachable database), until the outage has
+      lasted ``outage_wait_s`` seconds: counted from the writer's first failed try, or
+      from this call's first failure when the writer has seen none. While the writer is
+      in its outage no attempt is made (each would hold a worker thread for the pool's
+      wait); the writer is looked at every :data:`OUTAGE_POLL_S` and the attempt made
+      once it is back. Without the writer's word, the attempt is tried again every
+      :data:`POOL_RETRY_S`.
+
+    So a short outage (a pooler that restarts, a reset connection) is waited out, and a
+    database that stays down holds a call ``outage_wait_s`` at most from its start, at
+    once when it started longer ago. ``attempt`` must be safe to try again after a
+    failure of ``down`` (a read, or a claim that finds its own earlier try in place).
+
+    Raises:
+        LogOutage: the writer's outage lasted ``outage_wait_s`` (or the time ran out)
+            while the call waited for it.
+        The attempt's last error: the time ran out, the outage outlasted the wait, or it
+            is none of the errors above.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    until: float | None = None  # (loop time) when this call stops waiting out an outage
+
+    def outage_lasted() -> float | None:
+        """How long the writer has been in its outage (s); None: it is not."""
+        since = store.writer.outage_since if store.writer is not None else None
+        return None if since is None else max(0.0, time.monotonic() - since)
+
+    def wait_until(lasted: float) -> float:
+        nonlocal until
+        if until is None:
+            until = min(deadline, loop.time() + max(0.0, outage_wait_s - lasted))
+        return until
+
     while True:
+        lasted = outage_lasted()
+        if lasted is not None:  # no attempt while the writer is in its outage
+            end = wait_until(lasted)
+            if loop.time() >= end:
+                raise LogOutage(f"the database has not answered the log's writer for "
+                                f"{lasted:.1f} s")  # fmt: skip
+            await asyncio.sleep(min(OUTAGE_POLL_S, end - loop.time()))
+            continue
         try:
             return await attempt(max(0.0, deadline - loop.time()))
         except Exception as e:
-            down = store.writer is not None and store.writer.outage_since is not None
-            if (type(e).__name__ != "PoolTimeout" or down
-                    or loop.time() + POOL_RETRY_S >= deadline):  # fmt: skip
+            no_pool = type(e).__name__ == "PoolTimeout"  # no statement ran
+            if not (no_pool or isinstance(e, down)):
+                raise
+            now = loop.time()
+            lasted = outage_lasted()
+            if lasted is not None:  # the writer is in an outage: waited out at the top
+                if now >= wait_until(lasted):
+                    raise
+                continue
+            end = deadline if no_pool else wait_until(0.0)  # a busy pool is not down
+            if now + POOL_RETRY_S >= end:
                 raise
         await asyncio.sleep(POOL_RETRY_S)
 

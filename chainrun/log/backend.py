@@ -25,6 +25,7 @@ both (:mod:`chainrun.log.migrations`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -52,6 +53,7 @@ __all__ = [
     "is_postgres_url",
     "open_pg_pool",
     "pg_sql",
+    "pool_cannot_connect",
     "shown_url",
 ]
 
@@ -332,6 +334,20 @@ def open_pg_pool(
     return pool
 
 
+@functools.cache
+def pool_cannot_connect() -> type[Exception]:
+    """``PoolCannotConnect``: psycopg_pool's ``PoolTimeout`` for a wait during which the
+    pool's own connection attempts failed (the server, or a pooler in front of it, is
+    away), as against a pool whose connections were all in use (a busy log). Either way
+    no statement ran. Made at first use: psycopg_pool is an optional dependency."""
+    from psycopg_pool import PoolTimeout
+
+    class PoolCannotConnect(PoolTimeout):
+        """No pooled connection within the wait, and the pool could not make one."""
+
+    return PoolCannotConnect
+
+
 class PgLogDb(LogDb):
     """A PostgreSQL log through a psycopg_pool ``ConnectionPool`` (thread-safe), or
     through one connection of its own (:meth:`dedicated`, for one thread).
@@ -341,8 +357,9 @@ class PgLogDb(LogDb):
         pool: the pool (:func:`open_pg_pool`); closed by :meth:`close`. None: one
             connection, opened at the first statement and again after it broke.
         wait_s: how long a statement waits for a pooled connection (seconds) before it
-            raises ``PoolTimeout`` (one of :attr:`network_errors`): while the server is
-            away, the writer learns it within this time and says so. Without a pool,
+            raises ``PoolTimeout`` (one of :attr:`network_errors`; its subclass
+            :func:`pool_cannot_connect` when the pool's attempts to connect failed
+            meanwhile: the server is away, not busy). Without a pool,
             the connect timeout (libpq's ``connect_timeout``, whole seconds, at least 2).
     """
 
@@ -376,8 +393,17 @@ class PgLogDb(LogDb):
         """A connection for one statement or one transaction: a pooled one (given back
         after), or this object's own (opened if it has none or it broke)."""
         if self.pool is not None:
-            with self.pool.connection(timeout=self.wait_s) as conn:
-                yield conn
+            from psycopg_pool import PoolTimeout
+
+            failed = self.pool.get_stats().get("connections_errors", 0)
+            try:
+                with self.pool.connection(timeout=self.wait_s) as conn:
+                    yield conn
+            except PoolTimeout as e:
+                if self.pool.get_stats().get("connections_errors", 0) <= failed:
+                    raise  # every connection in use: a busy pool
+                raise pool_cannot_connect()(f"{e} (connecting to the database failed "
+                                            "meanwhile)") from e  # fmt: skip
             return
         import psycopg
 

@@ -429,6 +429,12 @@ def _m171_rate_limit_wait(db: LogDb) -> None:
     db.table("calls").add_column("rate_limit_wait_ms", float)
 
 
+def _m200_claim_token(db: LogDb) -> None:
+    # the token of the claim that took a conversation's last turn index: a claim tried
+    # again after its answer was lost finds itself in place (Store.claim_turn_index)
+    db.table("conversation_index").add_column("claim_token", str)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -453,6 +459,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("152_request_keys", _m152_request_keys),
     ("170_claimed_turns", _m170_claimed_turns),
     ("171_rate_limit_wait", _m171_rate_limit_wait),
+    ("200_claim_token", _m200_claim_token),
 )
 
 

@@ -439,7 +439,7 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
 
     def claim_turn_index(
         self, conversation_id: str, *, run_id: int | None = None, message: str | None = None,
-        started_at: str | None = None,
+        started_at: str | None = None, token: str | None = None,
     ) -> int:  # fmt: skip
         """The next turn index of live conversation ``conversation_id``, handed out once
         (an atomic upsert on ``conversation_index``: two processes serving turns of one
@@ -451,19 +451,28 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
         the turn's rows are written, the next open of the log logs the turn ``lost``
         (:func:`chainrun.log.lifecycle.mark_interrupted_runs`).
 
+        ``token`` (any text unique to one claim, e.g. a random UUID) makes the claim safe
+        to try again: a try that finds the conversation's last claim is its own (the same
+        token: an earlier try committed but its answer was lost) gets that index again
+        instead of the next one. None: every call takes a new index. A claim of another
+        turn between the two tries overwrites the token; the retry then takes the next
+        index and the first stays unused.
+
         Runs on the calling thread against the database (not through the writer): call
         it through :meth:`off_loop`.
         """
         row = self.log.execute(
             "insert into conversation_index (conversation_id, last_index, claimed_run_id, "
-            "claimed_input, claimed_at) values (?, "
+            "claimed_input, claimed_at, claim_token) values (?, "
             "1 + (select coalesce(max(turn_index), 0) from turns where conversation_id = ? "
-            "and run_id in (select id from runs where kind = 'live')), ?, ?, ?) "
+            "and run_id in (select id from runs where kind = 'live')), ?, ?, ?, ?) "
             "on conflict (conversation_id) do update set "
-            "last_index = conversation_index.last_index + 1, "
+            "last_index = conversation_index.last_index + case when "
+            "conversation_index.claim_token = excluded.claim_token then 0 else 1 end, "
             "claimed_run_id = excluded.claimed_run_id, claimed_input = excluded.claimed_input, "
-            "claimed_at = excluded.claimed_at returning last_index",
-            [conversation_id, conversation_id, run_id, message, started_at],
+            "claimed_at = excluded.claimed_at, claim_token = excluded.claim_token "
+            "returning last_index",
+            [conversation_id, conversation_id, run_id, message, started_at, token],
         ).fetchone()
         assert row is not None
         return int(row[0])
