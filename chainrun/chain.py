@@ -639,8 +639,8 @@ class Chain:
             # an unknown action id is the request's mistake: refused before the turn
             # claims its index in the conversation
             await self.confirmations.check_known(conversation_id, explicit)
-        place = await self.conversations.begin(conversation_id, history, turn_index,
-                                               TurnStart(run_id, message, started_at))  # fmt: skip
+        start = TurnStart(run_id, message, started_at, request_id)
+        place = await self.conversations.begin(conversation_id, history, turn_index, start)
         if user is not None and conversation_id is None:
             await self._check_owner(place.conversation_id, user)
         turn = TurnRow(input=message, request_id=request_id,

@@ -256,7 +256,7 @@ def _same(a: ChainConfig, b: ChainConfig) -> None:
 def test_every_config_round_trips_through_its_snapshot_and_its_toml() -> None:
     seen: set[str] = set()
 
-    @settings(max_examples=15, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(configs())
     def round_trip(data: dict) -> None:

@@ -260,3 +260,35 @@ def test_show_lists_what_was_asked_and_who_decided(tmp_path: Path) -> None:
     text = " ".join(shown.output.split())
     assert "asked='Add 2 x JKT-12 to your cart?'" in text
     assert "status=denied" in text and "decided_by=shopper" in text
+
+
+async def test_a_yes_while_the_log_cannot_be_read_runs_nothing_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conversation's pending actions cannot be read (the log's database away past its
+    outage wait): a yes, and a confirm by id, are answered that nothing was done and run
+    nothing; the action stays pending and a yes once the log is back runs it. It used to
+    end the turn with the read's exception (an ASGI traceback under serve, no answer)."""
+    from chainrun.actions.confirmations import UNREADABLE_ANSWER
+
+    store = Store.open(tmp_path / "log.db")
+    async with Chain(confirm_config(), store=store, providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c1")
+        (action,) = asked.pending_actions
+        real = store.pending_actions
+
+        def away(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError("the log's database cannot be reached")
+
+        monkeypatch.setattr(store, "pending_actions", away)
+        yes, _ = await turn(chain, "yes please", conversation_id="c1")
+        by_id, _ = await turn(chain, "yes", conversation_id="c1", confirm=action.id)
+        assert yes.status == "ok" and yes.output == UNREADABLE_ANSWER
+        assert by_id.status == "ok" and by_id.output == UNREADABLE_ANSWER
+        assert RUNS == [] and yes.decisions == ()
+        monkeypatch.setattr(store, "pending_actions", real)
+        done, _ = await turn(chain, "yes please", conversation_id="c1")
+    assert done.output == "Done: two JKT-12 are in your cart."
+    assert [(r["sku"], r["qty"], r["key"]) for r in RUNS] == [("JKT-12", 2, action.id)]
+    store.close()

@@ -73,10 +73,13 @@ def _readyz(base: str) -> dict[str, Any]:
     return body
 
 
-def _chat(base: str, message: str, conversation: str) -> dict[str, Any]:
-    """One ``/chat`` turn on a new connection; its closing ``turn`` event."""
+def _chat(base: str, message: str, conversation: str, key: str | None = None) -> dict[str, Any]:
+    """One ``/chat`` turn on a new connection (``key``: its Idempotency-Key); its closing
+    ``turn`` event."""
+    headers = {"Idempotency-Key": key} if key else {}
     with httpx.Client(base_url=base, timeout=60) as client, client.stream(
-        "POST", "/chat", json={"message": message, "conversation_id": conversation}
+        "POST", "/chat", json={"message": message, "conversation_id": conversation},
+        headers=headers,
     ) as r:
         assert r.status_code == 200
         body = r.read().decode()
@@ -135,7 +138,8 @@ def test_a_worker_killed_mid_turn_is_replaced_and_its_turn_logged_lost(
 
             lab.set_scenario(slow)
             with httpx.Client(base_url=base, timeout=60) as client, client.stream(
-                "POST", "/chat", json={"message": messages[2], "conversation_id": conv}
+                "POST", "/chat", json={"message": messages[2], "conversation_id": conv},
+                headers={"Idempotency-Key": "cut-1"},
             ) as r:
                 assert r.status_code == 200
                 victim = _claimer_pid(url, conv, index=3)  # the turn started: mid-turn
@@ -157,6 +161,9 @@ def test_a_worker_killed_mid_turn_is_replaced_and_its_turn_logged_lost(
                 time.sleep(0.1)
             assert workers_ready(base, 2)
 
+            # the client sends the cut request again, the same key: it gets the lost turn
+            # (its request id kept from the claim), not a wait until the key's bound
+            again = _chat(base, messages[2], conv, key="cut-1")
             lab.set_scenario(fast)  # (records forgotten: the next turn's request alone)
             nxt = _chat(base, messages[3], conv)
         finally:
@@ -171,6 +178,7 @@ def test_a_worker_killed_mid_turn_is_replaced_and_its_turn_logged_lost(
             proc.stderr.close()
         assert proc.returncode == 0, err.lines
         assert len([ln for ln in err.lines if "killed by signal" in ln]) == 1, err.lines
+        assert again["status"] == "lost" and again["turn_index"] == 3, again
         assert nxt["turn_index"] == 4 and nxt["status"] == "ok", nxt
         asked = [json.dumps(r.get("messages")) for r in lab.requests()]
         answer_requests = [s for s in asked if messages[3] in s]

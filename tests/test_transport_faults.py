@@ -416,7 +416,7 @@ async def test_odd_framings_give_the_same_whole_stream(framing: str) -> None:
 
 def test_the_config_chooses_the_transport() -> None:
     from chainrun.config import config_from_dict
-    from chainrun.errors import ConfigError
+    from chainrun.config.loading import config_from_snapshot
     from chainrun.providers.config import DEFAULT_TRANSPORT
 
     cfg = config_from_dict({"providers": {"a": {"base_url": "http://127.0.0.1:9/v1"},
@@ -425,9 +425,12 @@ def test_the_config_chooses_the_transport() -> None:
     assert cfg.providers["a"].transport == DEFAULT_TRANSPORT == "aiohttp"
     assert cfg.providers["h"].transport == "httpx"
     assert OpenAICompatProvider("p", "http://127.0.0.1:9/v1").transport == DEFAULT_TRANSPORT
-    with pytest.raises(ConfigError, match="transport: 'aiohttp' carries Chat Completions"):
-        responses = {"base_url": "http://127.0.0.1:9/v1", "api": "responses"}
-        config_from_dict({"providers": {"r": {**responses, "transport": "aiohttp"}}})
+    # the setting is the Chat Completions streams' (the Responses API always uses httpx):
+    # on api = "responses" it is accepted and kept, so a run's stored config, which names
+    # every setting, loads again (it was refused there)
+    responses = {"base_url": "http://127.0.0.1:9/v1", "api": "responses"}
+    r = config_from_dict({"providers": {"r": {**responses, "transport": "aiohttp"}}})
+    assert config_from_snapshot(r.snapshot()).providers["r"].api == "responses"
 
 
 async def test_open_provider_builds_the_configured_transport(

@@ -40,6 +40,13 @@ log = logging.getLogger("chainrun.tools")
 #: conversation's pending actions
 FLUSH_TIMEOUT_S = 2.0
 
+#: chainrun's answer to a yes or no it cannot act on: the log that holds the
+#: conversation's pending actions did not answer (nothing is run or decided)
+UNREADABLE_ANSWER = (
+    "I could not reach the shop's records to act on that just now, so nothing was done. "
+    "Please try again in a moment."
+)
+
 
 def action_from_row(row: ToolCallRow, conversation_id: str | None) -> PendingAction:
     """The pending action a logged ``awaiting_confirmation`` row holds."""
@@ -108,14 +115,21 @@ class Confirmations:
         (a turn index, a log row) when the action is not one of the conversation's (pending,
         or decided already: :meth:`decide` then says so).
 
+        A log that does not answer refuses nothing here: :meth:`decide` then answers
+        :data:`UNREADABLE_ANSWER`.
+
         Raises:
             UserInputError: no such action in conversation ``conversation_id`` (None: a new
                 conversation, which has none).
         """
         if conversation_id is not None:
-            if any(a.id == action_id for a in await self._pending(conversation_id)):
+            try:
+                if any(a.id == action_id for a in await self._pending(conversation_id)):
+                    return
+                row = await self.store.off_loop(self.store.action_row, action_id,
+                                                conversation_id)  # fmt: skip
+            except self._unreachable():
                 return
-            row = await self.store.off_loop(self.store.action_row, action_id, conversation_id)
             if row is not None and row.question is not None:
                 return
         where = (f"conversation {conversation_id!r}" if conversation_id is not None
@@ -127,11 +141,36 @@ class Confirmations:
         turn_id: int | None, user: Identity | None,
         confirm: str | None = None, deny: str | None = None,
     ) -> Decided:  # fmt: skip
-        """What the turn with ``message`` does (see the module text).
+        """What the turn with ``message`` does (see the module text). A log that does not
+        answer (down past its outage wait, or its pool unable to connect): a ``confirm``,
+        ``deny`` or a message read as yes or no is answered :data:`UNREADABLE_ANSWER`
+        (nothing run, nothing decided: the actions stay pending); any other message goes
+        on as a turn without pending actions. Said in one warning line.
 
         Raises:
             UserInputError: ``confirm`` / ``deny`` names no action of this conversation.
         """
+        try:
+            return await self._decide(conversation_id, turn_index, message, turn_id=turn_id,
+                                      user=user, confirm=confirm, deny=deny)  # fmt: skip
+        except self._unreachable() as e:
+            log.warning("conversation %s: its pending actions could not be read (%s: %s); "
+                        "nothing was decided", conversation_id, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")  # fmt: skip
+            if confirm or deny or read_reply(message) in ("yes", "no"):
+                return Decided(answer=UNREADABLE_ANSWER, why="pending actions unreadable")
+            return Decided()
+
+    def _unreachable(self) -> tuple[type[BaseException], ...]:
+        """The errors of a log that does not answer (as :func:`chainrun.conversations.
+        source.log_claim` counts them)."""
+        return (TimeoutError, ConnectionError, *self.store.log.network_errors)
+
+    async def _decide(
+        self, conversation_id: str, turn_index: int, message: str, *,
+        turn_id: int | None, user: Identity | None,
+        confirm: str | None = None, deny: str | None = None,
+    ) -> Decided:  # fmt: skip
         store = self.store
         now = utc_iso()
         by = user.user_id if user is not None else "shopper"

@@ -80,11 +80,14 @@ class TurnStart:
         run_id: the run the turn is logged in.
         message: the shopper's message as it is to be logged (checks' matches masked).
         started_at: when the turn started (ISO-8601 UTC).
+        request_id: the turn's request id (a lost turn keeps it: a client's retry with
+            the same ``Idempotency-Key`` then finds it).
     """
 
     run_id: int | None
     message: str
     started_at: str
+    request_id: str | None = None
 
 
 #: ``claim(conversation_id, start) -> the next turn index``, handed out once across

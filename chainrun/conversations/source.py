@@ -207,7 +207,8 @@ def log_claim(store: Store, *, outage_wait_s: float = OUTAGE_WAIT_S) -> ClaimInd
 
     async def claim(conversation_id: str, start: TurnStart | None) -> int | None:
         kept = {} if start is None else {"run_id": start.run_id, "message": start.message,
-                                         "started_at": start.started_at}  # fmt: skip
+                                         "started_at": start.started_at,
+                                         "request_id": start.request_id}  # fmt: skip
         token = uuid.uuid4().hex
         try:
             return await pool_patient(store, SHARED_TIMEOUT_S, lambda left: asyncio.wait_for(

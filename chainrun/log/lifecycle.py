@@ -95,12 +95,13 @@ def log_lost_turns(log: LogDb, run_id: int) -> list[int]:
     """Log as ``lost`` each turn run ``run_id`` had claimed an index for (on a shared
     log, ``conversation_index``: :meth:`chainrun.log.store.Store.claim_turn_index`) and
     never logged, inside the caller's transaction: its message, index and start as
-    claimed, no output, ``error_type`` ``process_ended`` (its process ended before
+    claimed (its request id too: a retry with the same ``Idempotency-Key`` gets this turn),
+    no output, ``error_type`` ``process_ended`` (its process ended before
     the turn's rows were written). The conversation's next turn then
     finds its index taken and does not wait for it; its history leaves it out (it had
     no answer). Returns the new turns' ids (reserved as a writer reserves them)."""
     rows = log.query(
-        "select conversation_id, last_index, claimed_input, claimed_at from "
+        "select conversation_id, last_index, claimed_input, claimed_at, claimed_request_id from "
         "conversation_index c where claimed_run_id = ? and not exists (select 1 from "
         "turns t where t.conversation_id = c.conversation_id and t.turn_index = "
         "c.last_index and t.run_id in (select id from runs where kind = 'live'))",
@@ -114,7 +115,8 @@ def log_lost_turns(log: LogDb, run_id: int) -> list[int]:
         turn = TurnRow(id=start + k, run_id=run_id, conversation_id=r["conversation_id"],
                        turn_index=r["last_index"], input=r["claimed_input"] or "",
                        status="lost", error_type="process_ended",
-                       started_at=r["claimed_at"])  # fmt: skip
+                       started_at=r["claimed_at"],
+                       request_id=r["claimed_request_id"])  # fmt: skip
         row = turn.to_db()
         cols = ", ".join(f'"{c}"' for c in row)
         log.execute(f"insert into turns ({cols}) values ({', '.join('?' for _ in row)})",

@@ -435,6 +435,12 @@ def _m200_claim_token(db: LogDb) -> None:
     db.table("conversation_index").add_column("claim_token", str)
 
 
+def _m230_claimed_request_id(db: LogDb) -> None:
+    # the request id of the claim's turn: a turn logged lost keeps it, so a client's retry
+    # with the same Idempotency-Key finds that turn (chainrun.log.lifecycle.log_lost_turns)
+    db.table("conversation_index").add_column("claimed_request_id", str)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -460,6 +466,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("170_claimed_turns", _m170_claimed_turns),
     ("171_rate_limit_wait", _m171_rate_limit_wait),
     ("200_claim_token", _m200_claim_token),
+    ("230_claimed_request_id", _m230_claimed_request_id),
 )
 
 

@@ -440,15 +440,17 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
     def claim_turn_index(
         self, conversation_id: str, *, run_id: int | None = None, message: str | None = None,
         started_at: str | None = None, token: str | None = None,
+        request_id: str | None = None,
     ) -> int:  # fmt: skip
         """The next turn index of live conversation ``conversation_id``, handed out once
         (an atomic upsert on ``conversation_index``: two processes serving turns of one
         conversation at once never get the same index). A conversation new to the
         counter starts after the highest turn index its live turns logged.
 
-        ``run_id``, ``message`` (as it is to be logged) and ``started_at`` (ISO-8601 UTC)
-        are kept with the claim until the next one: should the run's process die before
-        the turn's rows are written, the next open of the log logs the turn ``lost``
+        ``run_id``, ``message`` (as it is to be logged), ``started_at`` (ISO-8601 UTC)
+        and ``request_id`` are kept with the claim until the next one: should the run's
+        process die before the turn's rows are written, the next open of the log logs the
+        turn ``lost``
         (:func:`chainrun.log.lifecycle.mark_interrupted_runs`).
 
         ``token`` (any text unique to one claim, e.g. a random UUID) makes the claim safe
@@ -463,16 +465,17 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
         """
         row = self.log.execute(
             "insert into conversation_index (conversation_id, last_index, claimed_run_id, "
-            "claimed_input, claimed_at, claim_token) values (?, "
+            "claimed_input, claimed_at, claim_token, claimed_request_id) values (?, "
             "1 + (select coalesce(max(turn_index), 0) from turns where conversation_id = ? "
-            "and run_id in (select id from runs where kind = 'live')), ?, ?, ?, ?) "
+            "and run_id in (select id from runs where kind = 'live')), ?, ?, ?, ?, ?) "
             "on conflict (conversation_id) do update set "
             "last_index = conversation_index.last_index + case when "
             "conversation_index.claim_token = excluded.claim_token then 0 else 1 end, "
             "claimed_run_id = excluded.claimed_run_id, claimed_input = excluded.claimed_input, "
-            "claimed_at = excluded.claimed_at, claim_token = excluded.claim_token "
+            "claimed_at = excluded.claimed_at, claim_token = excluded.claim_token, "
+            "claimed_request_id = excluded.claimed_request_id "
             "returning last_index",
-            [conversation_id, conversation_id, run_id, message, started_at, token],
+            [conversation_id, conversation_id, run_id, message, started_at, token, request_id],
         ).fetchone()
         assert row is not None
         return int(row[0])

@@ -133,16 +133,6 @@ class ProviderConfig(BaseModel):
         return http_url(v)
 
     @model_validator(mode="after")
-    def _transport(self) -> ProviderConfig:
-        if "transport" in self.model_fields_set and self.transport == "aiohttp":
-            if self.api == "responses":
-                raise ValueError(
-                    "transport: 'aiohttp' carries Chat Completions streams only; api = "
-                    "'responses' goes through the openai client (leave transport unset)"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _kind_fields(self) -> ProviderConfig:
         azure_only = ("endpoint", "api_version", "deployment", "entra_token_env")
         if self.kind == "openai":
