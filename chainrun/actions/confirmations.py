@@ -128,7 +128,7 @@ class Confirmations:
                     return
                 row = await self.store.off_loop(self.store.action_row, action_id,
                                                 conversation_id)  # fmt: skip
-            except self._unreachable():
+            except self.store.unreachable_errors:
                 return
             if row is not None and row.question is not None:
                 return
@@ -153,18 +153,13 @@ class Confirmations:
         try:
             return await self._decide(conversation_id, turn_index, message, turn_id=turn_id,
                                       user=user, confirm=confirm, deny=deny)  # fmt: skip
-        except self._unreachable() as e:
+        except self.store.unreachable_errors as e:
             log.warning("conversation %s: its pending actions could not be read (%s: %s); "
                         "nothing was decided", conversation_id, type(e).__name__,
                         str(e).splitlines()[0] if str(e) else "")  # fmt: skip
             if confirm or deny or read_reply(message) in ("yes", "no"):
                 return Decided(answer=UNREADABLE_ANSWER, why="pending actions unreadable")
             return Decided()
-
-    def _unreachable(self) -> tuple[type[BaseException], ...]:
-        """The errors of a log that does not answer (as :func:`chainrun.conversations.
-        source.log_claim` counts them)."""
-        return (TimeoutError, ConnectionError, *self.store.log.network_errors)
 
     async def _decide(
         self, conversation_id: str, turn_index: int, message: str, *,

@@ -147,9 +147,7 @@ def log_loader(
     processes share passes ``[log] outage_wait_s``, 0 elsewhere: at once). Any other
     error of the read is raised.
     """
-    unreachable: tuple[type[BaseException], ...] = (
-        TimeoutError, ConnectionError, *store.log.network_errors
-    )
+    unreachable = store.unreachable_errors
     said = {"at": -WARN_EVERY_S, "since": 0}
 
     def read(conversation_id: str, keep: int) -> Loaded:
@@ -201,9 +199,7 @@ def log_claim(store: Store, *, outage_wait_s: float = OUTAGE_WAIT_S) -> ClaimInd
     down after that, or silent for :data:`SHARED_TIMEOUT_S`."""
     if store.dialect != "postgresql":
         return None
-    unreachable: tuple[type[BaseException], ...] = (
-        TimeoutError, ConnectionError, *store.log.network_errors
-    )
+    unreachable = store.unreachable_errors
 
     async def claim(conversation_id: str, start: TurnStart | None) -> int | None:
         kept = {} if start is None else {"run_id": start.run_id, "message": start.message,

@@ -488,6 +488,13 @@ class Store(LogReads, EvalResults, ReviewJudgements, LoggedActions):
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
 
+    @property
+    def unreachable_errors(self) -> tuple[type[BaseException], ...]:
+        """The errors of a read or write whose database did not answer: a timeout, a
+        connection that failed, and the backend's own network errors (PostgreSQL:
+        psycopg's ``OperationalError``, ``InterfaceError`` and the pool's ``PoolTimeout``)."""
+        return (TimeoutError, ConnectionError, *self.log.network_errors)
+
     def log_status(self) -> dict[str, Any]:
         """The log writer's state for ``/readyz`` and metrics (see
         :meth:`chainrun.log.writer.LogWriter.status`); ``{"state": "ok"}`` without one."""
