@@ -340,6 +340,51 @@ async def test_results_go_to_a_state_field_and_the_label_picks_the_tools() -> No
     assert RUNS == []  # add_to_cart was never offered
 
 
+@pytest.mark.parametrize("classify", ["fails", "names no label", "a label not routed"])
+async def test_a_turn_without_a_route_is_offered_only_the_read_only_tools(classify: str) -> None:
+    """tools_by_label routes the step; a turn whose classify step failed (open), named no
+    label ("other") or a label the table does not name offers only order_status: neither
+    the side-effecting cart nor the confirm tool (even without side_effects), and the
+    model's call of the cart anyway is refused, nothing runs."""
+
+    def script(req: ChatRequest) -> FakeReply:
+        prompt = str(req.messages[-1]["content"])
+        if "Category:" in prompt:
+            if classify == "fails":
+                raise ConnectionError("classify is down")
+            return FakeReply("no idea" if classify == "names no label" else "sizing")
+        if req.tools and not any(m.get("role") == "tool" for m in req.messages):
+            return FakeReply(tool_calls=[{"id": "c1", "name": "add_to_cart",
+                                          "arguments": '{"sku": "JKT-12", "qty": 1}'}])  # fmt: skip
+        return FakeReply("done")
+
+    fake = FakeProvider(name="local", script=script)
+    cfg = config_from_dict({
+        "order": ["classify", "answer"], "answer_step": "answer",
+        "providers": {"local": {"base_url": "http://127.0.0.1:9/v1"}},
+        "tools": {"add_to_cart": CART, "order_status": ORDER,
+                  "ask_first": {**CART, "side_effects": False, "confirm": True}},
+        "steps": {
+            "classify": {"kind": "llm", "prompt": "{message}\nCategory:", "on_failure": "open",
+                         "labels": ["order_status", "product_search", "sizing", "other"]},
+            "answer": {"prompt": "{message}", "tools": ["add_to_cart", "order_status",
+                                                        "ask_first"],
+                       "tools_by_label": {"order_status": ["order_status"],
+                                          "product_search": ["add_to_cart", "ask_first"]}},
+        },
+    })  # fmt: skip
+    with Store.open(":memory:") as store:
+        async with Chain(cfg, store=store, providers={"local": fake}) as chain:
+            done, _ = await collect(chain, "put one jacket in")
+            rows = store.tool_calls(chain.run_id or 0)
+    offered = [[t["name"] for t in r.tools or []] for r in fake.requests if r.tools]
+    assert offered == [["order_status"]] * 2  # the round that asked and the one after it
+    assert done.label == {"fails": None, "names no label": "other",
+                          "a label not routed": "sizing"}[classify]  # fmt: skip
+    assert RUNS == []  # the cart the model asked for anyway was not offered, so not run
+    assert [(r.tool, r.status) for r in rows] == [("add_to_cart", "unknown_tool")]
+
+
 async def test_against_the_lab_a_client_gone_between_the_tool_call_and_the_tool(
     fast_tool_lab: LabServer,
 ) -> None:

@@ -104,8 +104,9 @@ class LLMConfig(ModelStepConfig):
     #: the tools (names of ``[tools.NAME]`` tables) the step's model may call; the step
     #: runs rounds of model call, tool calls and results until the model answers in text
     tools: list[str] = Field(default_factory=list)
-    #: which of ``tools`` the step offers, by the turn's classify label (a label not
-    #: named offers all of ``tools``); the step then waits for ``label``
+    #: which of ``tools`` the step offers, by the turn's classify label; a label not
+    #: named, or no label (classify failed), offers only the read-only ones (neither
+    #: ``side_effects`` nor ``confirm``); the step then waits for ``label``
     tools_by_label: dict[str, list[str]] = Field(default_factory=dict)
     #: rounds of tool calls at most; a model that still asks for tools after them fails
     #: the step (``tool_rounds_exceeded``) under its ``on_failure``
@@ -229,12 +230,21 @@ class LLMStep(Step):
         await self.call.aclose()
 
     def offered_tools(self, state: TurnState) -> list[str]:
-        """The tools the step offers for ``state``: ``tools_by_label[label]`` when the
-        turn's label is named there, else all of ``tools``."""
+        """The tools the step offers for ``state`` (names, in ``tools`` order).
+
+        Without ``tools_by_label``, all of ``tools``. With it, ``tools_by_label[label]``
+        when the turn's label is named there; else the route is unknown (classify failed
+        and left no label, or its label is one the table does not name) and the step
+        fails safe: only the tools that act on nothing (``side_effects = false`` and
+        ``confirm = false``), so a turn nobody routed cannot fill a cart or place an
+        order."""
         by_label = self.config.tools_by_label
+        if not by_label:
+            return list(self.config.tools)
         if state.label is not None and state.label in by_label:
             return list(by_label[state.label])
-        return list(self.config.tools)
+        return [n for n in self.config.tools
+                if not (self.tools[n].config.side_effects or self.tools[n].config.confirm)]
 
     async def run(self, state: TurnState, ctx: StepContext) -> AsyncGenerator[StepItem, None]:
         cfg = self.config
