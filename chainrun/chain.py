@@ -77,7 +77,8 @@ from chainrun.log.store import DEFAULT_DB, Store
 from chainrun.providers.base import ChatRequest, Provider
 from chainrun.providers.factory import open_provider
 from chainrun.providers.rate_limit import limiters_for
-from chainrun.retrieval.catalog import ensure_sample_catalog
+from chainrun.retrieval.catalog import ensure_sample_catalog, get_products
+from chainrun.retrieval.reader import reader_for
 from chainrun.scheduler import TurnRun
 from chainrun.steps import (
     BUILTIN_FIELDS,
@@ -247,6 +248,8 @@ class Chain:
         self.conversations = ConversationSource(config.history)
         self._injected = dict(providers or {})
         self._retriever = retriever
+        #: the catalogue's database once open (a tool's product_arguments are looked up there)
+        self._catalog_db: sqlite_utils.Database | None = None
         self._providers: dict[str, Provider] = {}
         #: circuit breakers shared by the steps, one registry per distinct breaker setting
         #: (a target found down at open starts open in every one)
@@ -343,14 +346,16 @@ class Chain:
                 await self._loop_lag.__aenter__()
             # the catalogue: in the SQLite log, or (a PostgreSQL log) in a SQLite file of its
             # own, opened only when a step searches it
-            wants_catalog = self._retriever is None and any(
+            # (a tool's product_arguments are checked against it, retriever or not)
+            wants_catalog = (self._retriever is None and any(
                 n.catalogue for n in self.needs.values()
-            )
+            )) or any(t.config.product_arguments for t in self.tools.values())
             db = (self.store.db if self.store is not None
                   and (self.store.dialect == "sqlite" or wants_catalog)
                   else sqlite_utils.Database(memory=True))  # fmt: skip
             if wants_catalog:
                 ensure_sample_catalog(db)  # a log without a catalogue gets the sample one
+            self._catalog_db = db
             ctx = BuildContext(
                 config=self.config, providers=self._providers, breakers=self._step_breakers,
                 loop_lag=self._loop_lag, db=db, store=self.store, quiet=self.quiet,
@@ -753,7 +758,17 @@ class Chain:
         return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
                          conversation_id=conversation_id,
                          clear_to_act=run.clear_to_act, act=self.act,
-                         turn_index=turn.turn_index, user=user, recorded=recorded)  # fmt: skip
+                         turn_index=turn.turn_index, user=user, recorded=recorded,
+                         known_products=self._known_products)  # fmt: skip
+
+    async def _known_products(self, ids: Sequence[str]) -> list[str]:
+        """Which of the product ids ``ids`` the chain's catalogue holds (read off the
+        loop); none before :meth:`open`."""
+        db = self._catalog_db
+        if db is None:
+            return []
+        found = await reader_for(db).run(lambda d: get_products(d, ids))
+        return [p["id"] for p in found]
 
     async def _log_turn(
         self, run_id: int | None, run: TurnRun, turn: TurnRow, shown: str = ""

@@ -17,7 +17,7 @@ from test_tool_steps import CART, RUNS, cart_call, rounds_script, tool_config
 from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
-from chainrun.errors import ConversationForbidden, UserInputError
+from chainrun.errors import ConfigError, ConversationForbidden, UserInputError
 from chainrun.events import TokenDelta, ToolCallEvent, TurnFinished
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -292,3 +292,43 @@ async def test_a_yes_while_the_log_cannot_be_read_runs_nothing_and_says_so(
     assert done.output == "Done: two JKT-12 are in your cart."
     assert [(r["sku"], r["qty"], r["key"]) for r in RUNS] == [("JKT-12", 2, action.id)]
     store.close()
+
+
+@pytest.mark.parametrize("on_log", [True, False])
+async def test_a_product_the_catalogue_does_not_hold_is_never_asked_about(
+    tmp_path: Path, on_log: bool
+) -> None:
+    """product_arguments = ["sku"]: the model asks to add "lab", which no product of the
+    catalogue (the sample one, loaded for the check) is: no question, nothing pending,
+    nothing run; the model is told the catalogue has no such product and answers. A SKU
+    the catalogue holds is asked about as before."""
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "lab", "qty": 1}),
+        FakeReply("I could not find that product.", gap_s=0.001)))  # fmt: skip
+    store = Store.open(tmp_path / "log.db") if on_log else None
+    cfg = confirm_config(product_arguments=["sku"])
+    async with Chain(cfg, store=store, providers={"local": fake}, quiet=True) as chain:
+        done, events = await turn(chain, "put one lab in my cart", conversation_id="p1")
+        assert done.pending_actions == () and RUNS == []
+        assert done.output == "I could not find that product."
+        told = json.loads(fake.requests[-1].messages[-1]["content"])
+        assert told == {"error": "no product 'lab' in the catalogue (sku must be a product "
+                                 "id); nothing was done"}  # fmt: skip
+        tool_events = [e.status for e in events if isinstance(e, ToolCallEvent)]
+        assert tool_events == ["invalid_arguments"]
+        # a product the catalogue holds: asked as before
+        fake.script = rounds_script(cart_call({"sku": "JKT-012", "qty": 2}))
+        asked, _ = await turn(chain, "put 2 of JKT-012 in my cart", conversation_id="p2")
+        assert asked.output == "Add 2 x JKT-012 to your cart?"
+        assert [a.arguments["sku"] for a in asked.pending_actions] == ["JKT-012"]
+    if store is not None:
+        with Store.open(tmp_path / "log.db", create=False) as log:
+            rows = log.tool_calls(done.run_id)
+        assert [(r.status, r.question) for r in rows if r.turn_id == done.turn_id] == [
+            ("invalid_arguments", None)]
+
+
+def test_product_arguments_must_name_a_string_parameter() -> None:
+    with pytest.raises(ConfigError, match=r"product_arguments: 'qty' is no string or array "
+                                          r"parameter of the tool \(parameters: qty, sku\)"):
+        confirm_config(product_arguments=["qty"])

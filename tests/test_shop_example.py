@@ -25,6 +25,7 @@ from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
+from chainrun.events import TurnFinished
 from chainrun.lab import LabServer, load_scenario
 from chainrun.log.store import Store
 
@@ -365,3 +366,26 @@ def test_the_shops_tools_refuse_a_product_the_catalogue_does_not_hold(
     assert placed(tmp_path) == []
     with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
         assert db.execute("select sku, qty from cart").fetchall() == [("JKT-012", 2)]
+
+
+async def test_an_order_for_a_product_the_catalogue_does_not_hold_is_not_asked_about(
+    shop_lab: LabServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """"Please place an order for a jacket" names no SKU, so the lab's model asks for
+    place_order with sku "lab": chainrun does not ask "Place an order for 1 x lab?" and
+    records nothing pending; the model is told the catalogue has no such product
+    (product_arguments) and answers from that."""
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "s.db"))
+    with Store.open(tmp_path / "log.db") as store:
+        async with Chain(shop_config(shop_lab), store=store, quiet=True) as chain:
+            events = [e async for e in chain.stream_turn("Please place an order for a jacket",
+                                                         conversation_id="c-lab")]
+        done = events[-1]
+        assert isinstance(done, TurnFinished)
+        rows = store.tool_calls(done.run_id)  # written once the chain closed
+    assert done.label == "place_order" and done.pending_actions == ()
+    assert "Place an order" not in (done.output or "")
+    assert "no product 'lab' in the catalogue" in (done.output or "")
+    assert [(r.tool, r.status, r.question) for r in rows] == [
+        ("place_order", "invalid_arguments", None)]
+    assert placed(tmp_path) == []

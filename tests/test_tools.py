@@ -171,6 +171,35 @@ async def test_invalid_arguments_are_told_to_the_model_and_nothing_runs() -> Non
     assert bad.duration_ms is None and bad.started_offset_ms is None
 
 
+async def test_product_ids_the_catalogue_does_not_hold_are_refused_before_any_run() -> None:
+    """product_arguments: a string or an array of ids, looked up once per call; any id
+    the catalogue lacks refuses the call (even a replay's stub), naming every one."""
+    schema = {"type": "object", "required": ["skus"],
+              "properties": {"skus": {"type": "array", "items": {"type": "string"}}}}
+    cfg = ToolConfig(description="Add several", parameters=schema, function="x:y",
+                     side_effects=True, product_arguments=["skus"])  # fmt: skip
+    asked: list[list[str]] = []
+
+    async def known(ids: Any) -> list[str]:
+        asked.append(list(ids))
+        return [i for i in ids if i.startswith("JKT-")]
+
+    runs: list[Any] = []
+    tools = {"add": FunctionTool("add", cfg, lambda skus: runs.append(skus) or {"ok": True})}
+    for act in (True, False):
+        tt = TurnTools(tools, turn_key="7", known_products=known, act=act)
+        bad = await tt.run(call({"skus": ["JKT-012", "lab", "x1", "lab"]}, name="add"),
+                           step="s", attempt=1, round=1, t0=tt.clock())  # fmt: skip
+        assert bad.status == "invalid_arguments" and runs == []
+        assert json.loads(bad.content) == {"error": "no products 'lab', 'x1' in the catalogue "
+                                           "(skus must be a product id); nothing was done"}
+    assert asked == [["JKT-012", "lab", "x1"]] * 2
+    tt = TurnTools(tools, turn_key="8", known_products=known)
+    good = await tt.run(call({"skus": ["JKT-012"]}, name="add"), step="s", attempt=1,
+                        round=1, t0=tt.clock())  # fmt: skip
+    assert good.status == "ok" and runs == [["JKT-012"]]
+
+
 async def test_a_failing_tool_is_an_error_the_model_sees() -> None:
     def explode(sku: str, qty: int) -> None:
         raise LookupError(f"no such sku {sku}")

@@ -1,7 +1,9 @@
 """Actions that wait for the shopper's yes: a tool with ``confirm = true``.
 
 When the model asks for such a tool, chainrun does not carry it out. It checks the
-arguments against the tool's schema and records a **pending action**
+arguments against the tool's schema (and its ``product_arguments`` against the
+catalogue: a product the catalogue does not hold is never asked about) and records a
+**pending action**
 (:class:`PendingAction`: the tool, the validated arguments, the conversation, the
 question and when it expires) in the asking turn's ``tool_calls`` row, status
 ``awaiting_confirmation``. The turn's answer is the question, written by chainrun from

@@ -29,6 +29,10 @@ arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's c
   A turn that carries out a confirmed action (:meth:`TurnTools.run_confirmed`) claims
   it first (``claim``: the log's conditional update; one winner across processes), once
   the turn is clear to act, and runs exactly its recorded arguments with its key.
+- **Products that exist.** A tool's ``product_arguments`` (product ids, SKUs) are
+  looked up in the chain's catalogue (``known_products``) before the call runs, is
+  stubbed or becomes a pending action; an id the catalogue does not hold is
+  ``invalid_arguments``, nothing runs and nothing is asked, and the model is told so.
 - **Bounded.** ``timeout_s`` per run (status ``timeout``; the model is told that the
   effect is unknown).
 
@@ -41,7 +45,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,8 +54,11 @@ from chainrun.answer_json import schema_errors
 from chainrun.tools.confirm import PendingAction, expires_at, question_text, utc_iso
 from chainrun.tools.tool import Tool, ToolContext
 
-__all__ = ["ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus", "TurnTools",
-           "argument_problem"]  # fmt: skip
+__all__ = ["KnownProducts", "ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus",
+           "TurnTools", "argument_problem", "product_ids"]  # fmt: skip
+
+#: which of the product ids given the catalogue holds (awaited off the loop's work)
+KnownProducts = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 
 #: ok: ran and returned; error: ran and raised (or its result was not JSON); timeout:
 #: ran past ``timeout_s``; invalid_arguments / unknown_tool: not run, the model was told
@@ -148,6 +155,18 @@ def argument_problem(arguments: str, tool: Tool) -> tuple[dict[str, Any] | None,
     return value, None
 
 
+def product_ids(arguments: Mapping[str, Any], tool: Tool) -> list[str]:
+    """The product ids ``arguments`` (validated) name in the tool's ``product_arguments``,
+    each once, in order: a string value, or the strings of an array value."""
+    ids: list[str] = []
+    for name in tool.config.product_arguments:
+        value = arguments.get(name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item not in ids:
+                ids.append(item)
+    return ids
+
+
 def _error_content(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
@@ -191,6 +210,9 @@ class TurnTools:
             turn decided it first (nothing runs). None: no claim (a chain without a log).
         recorded: what ``replay = "record"`` tools are told, by idempotency key's
             ``{step}:{round}:{position}`` (the live turn's results).
+        known_products: which of some product ids the chain's catalogue holds, for the
+            tools' ``product_arguments``; None: not checked (a caller without a
+            catalogue; the chain always passes its own).
     """
 
     tools: Mapping[str, Tool]
@@ -206,6 +228,7 @@ class TurnTools:
     confirmed: list[PendingAction] = field(default_factory=list)
     claim: Callable[[PendingAction], Awaitable[bool]] | None = None
     recorded: Mapping[str, str] = field(default_factory=dict)
+    known_products: KnownProducts | None = None
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
     _asked: dict[tuple[str, int, int], ToolCallRecord] = field(default_factory=dict)
@@ -293,6 +316,11 @@ class TurnTools:
             self._refused(record, "invalid_arguments", problem)
             yield "finished", record
             return
+        unknown = await self._unknown_products(arguments, tool)
+        if unknown:
+            self._refused(record, "invalid_arguments", unknown)
+            yield "finished", record
+            return
         if (tool.side_effects or tool.config.confirm) and not self.act:
             if tool.config.replay == "stub":
                 record.status = "stubbed"
@@ -342,6 +370,20 @@ class TurnTools:
         ) as run:
             async for item in run:
                 yield item
+
+    async def _unknown_products(self, arguments: Mapping[str, Any], tool: Tool) -> str | None:
+        """Why ``arguments`` cannot be acted on, in one line for the model (the product
+        ids of its ``product_arguments`` the catalogue does not hold), or None."""
+        ids = product_ids(arguments, tool)
+        if not ids or self.known_products is None:
+            return None
+        known = set(await self.known_products(ids))
+        missing = [i for i in ids if i not in known]
+        if not missing:
+            return None
+        shown = ("product " if len(missing) == 1 else "products ") + ", ".join(map(repr, missing))
+        return (f"no {shown} in the catalogue ({', '.join(tool.config.product_arguments)} "
+                "must be a product id); nothing was done")
 
     def _await_confirmation(self, record: ToolCallRecord, tool: Tool,
                             arguments: dict[str, Any], step: str) -> None:  # fmt: skip

@@ -97,6 +97,13 @@ class ToolConfig(BaseModel):
             an unclear reply is asked again, and that counts); past them it expires.
         confirm_minutes: how long the action may wait for the shopper, in minutes
             (default 15); past it it expires.
+        product_arguments: the parameters whose value names a product of the chain's
+            catalogue by its id (a SKU: a string, or an array of strings). A call whose
+            such argument is no product of the catalogue is not run, not stubbed and
+            not asked about (no pending action): status ``invalid_arguments``, and the
+            model is told which product the catalogue does not hold. The chain loads
+            the catalogue (the sample one when its database has none) whenever a tool
+            names such arguments.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -129,6 +136,9 @@ class ToolConfig(BaseModel):
     confirm_turns: int = Field(default=3, ge=1, le=100)
     #: minutes the action may wait for the shopper
     confirm_minutes: float = Field(default=15.0, gt=0, le=60 * 24 * 30)
+    #: parameters whose value is a product id (SKU) of the catalogue, checked before the
+    #: tool runs or its question is asked
+    product_arguments: list[str] = Field(default_factory=list)
 
     @field_validator("parameters")
     @classmethod
@@ -166,8 +176,16 @@ class ToolConfig(BaseModel):
     def _one_target(self) -> ToolConfig:
         if (self.function is None) == (self.url is None):
             raise ValueError("set exactly one of function (\"module:callable\") or url")
+        props = self.parameters.get("properties") or {}
+        for name in self.product_arguments:
+            spec = props.get(name)
+            if not isinstance(spec, dict) or spec.get("type") not in ("string", "array"):
+                raise ValueError(
+                    f"product_arguments: {name!r} is no string or array parameter of the "
+                    f"tool (parameters: {', '.join(sorted(props)) or 'none'})"
+                )
         if self.confirm_question is not None:
-            names = set(self.parameters.get("properties") or {})
+            names = set(props)
             for field in question_fields(self.confirm_question):
                 if field not in names:
                     known = ", ".join(sorted(names)) or "none"
