@@ -7,6 +7,7 @@ turned into the cell's words and compared with the page's claim. The page itself
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from counted_tools import ORDER, RUNS
 
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
-from chainrun.lab import LabServer
+from chainrun.lab import LabServer, load_scenario
 from chainrun.lab.names import SERVER_FAMILY_NAMES
 from chainrun.lab.scenarios import Scenario
 from chainrun.lab.servers import (
@@ -44,7 +45,8 @@ async def _turn(lab: LabServer, family: str, step: dict[str, Any], message: str,
                 **scenario: Any) -> tuple[Any, Any]:  # fmt: skip
     """One turn of a one-step chain against the lab sending as ``family``: (finished
     turn, the step's winning call row)."""
-    lab.set_scenario(Scenario(name=family, server=family, n_tokens=6, **scenario))
+    lab.set_scenario(Scenario(name=family, server=family, n_tokens=6, record_bodies=True,
+                              **scenario))
     cfg = config_from_dict({
         "order": ["answer"], "answer_step": "answer",
         "providers": {"local": {"base_url": lab.base_url}},
@@ -88,8 +90,15 @@ async def observe(lab: LabServer, family: str) -> dict[str, str]:
     done, _ = await _turn(lab, family, {"stream": True, "tools": ["order_status"],
                                         "max_tool_rounds": 2},
                           "where is order 1042?", tool_calls={"rounds": 1})  # fmt: skip
-    ran = len(RUNS) if done.status == "ok" and RUNS == [1042] * len(RUNS) else 0
-    out["tool calls"] = ("no" if not ran else "yes" + (f", {ran} in parallel" if ran > 1 else ""))
+    # answered from the tool's result (the lab's last round: "order_status: {...}"): a
+    # round the server refused leaves no such answer
+    answered = '"status": "shipped"' in (done.output or "")
+    ran = len(RUNS) if done.status == "ok" and answered and RUNS == [1042] * len(RUNS) else 0
+    sent = [m for r in lab.requests() for m in r["messages"] or []
+            if m.get("role") == "assistant" and m.get("tool_calls")]
+    passed_back = bool(sent) and all(m.get("reasoning_content") == thought for m in sent)
+    out["tool calls"] = ("no" if not ran else "yes" + (f", {ran} in parallel" if ran > 1 else "")
+                         + (" (its `reasoning_content` passed back)" if passed_back else ""))
     done, _ = await _turn(lab, family, {"stream": False, "json_schema": LABEL},
                           "where is my order", schema_answers=True)  # fmt: skip
     try:
@@ -115,3 +124,35 @@ def test_the_page_holds_the_generated_table() -> None:
     assert start in text and end in text
     table = text.split(start, 1)[1].split(end, 1)[0]
     assert table == compatibility_table()
+
+
+async def test_the_shops_tool_rounds_pass_deepseek_its_reasoning_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example shop against the lab sending as DeepSeek's thinking mode (reasoning
+    before the tool call, a 400 for a tool-call message without it): two turns of one
+    conversation each look the order up and answer from it; every request's assistant
+    tool-call message, of this turn's rounds and of the earlier turn's history, holds
+    the reasoning it was streamed with, and the lab refused none."""
+    shop = ROOT / "examples" / "shop"
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.db"))
+    scenario = load_scenario(shop / "lab.toml").model_copy(
+        update={"server": "deepseek", "record_bodies": True})
+    with LabServer(scenario) as lab:
+        data = tomllib.loads((shop / "chainrun.toml").read_text(encoding="utf-8"))
+        data["providers"]["local"]["base_url"] = lab.base_url
+        cfg = config_from_dict(data, str(shop / "chainrun.toml"), path=str(shop / "chainrun.toml"))
+        with Store.open(tmp_path / "log.db") as store:
+            async with Chain(cfg, store=store, quiet=True) as chain:
+                turns = [await chain.run_turn(m, conversation_id="c-ds")
+                         for m in ("Where is my order 1042?", "Is order 1044 delivered?")]
+        requests = lab.requests()
+    assert [(t.status, t.label) for t in turns] == [("ok", "order_status")] * 2
+    assert '"status": "shipped"' in (turns[0].output or "")
+    assert '"status": "delivered"' in (turns[1].output or "")
+    assert [r["status_code"] for r in requests] == [200] * len(requests)
+    sent = [m for r in requests for m in r["messages"] or []
+            if m.get("role") == "assistant" and m.get("tool_calls")]
+    # turn 1's round 2 (its call); turn 2's round 1 (turn 1's, as history), round 2 (both)
+    assert len(sent) == 4
+    assert all(m.get("reasoning_content") == "".join(THOUGHT) for m in sent)

@@ -89,8 +89,10 @@ SERVER_PROFILES: dict[str, ServerProfile] = {
                       source="LM Studio's OpenAI-compatible server: 400 on null content"),
         ServerProfile(family="deepseek", usage="deepseek", reasoning="reasoning_content",
                       strict_history=StrictHistory(reasoning_content=True),
-                      source="api-docs.deepseek.com: context caching (prompt_cache_hit_tokens), "
-                             "thinking mode (reasoning_content passed back with tool calls)"),
+                      source="api-docs.deepseek.com: context caching (prompt_cache_hit_tokens); "
+                             "guides/thinking_mode: reasoning_content streamed before a "
+                             "round's tool calls too, and a 400 unless every later request "
+                             "passes it back on that tool-call message"),
         ServerProfile(family="gemini", tool_call_index="missing", parallel_calls=2,
                       name_fragments=True,
                       source="Gemini API OpenAI compatibility: tool calls without index, names "
@@ -168,6 +170,13 @@ class FrameShaper:
             self._started_text = True
             out += self._thought()
         if delta.get("tool_calls"):
+            if not self._started_text and self.p.strict_history.reasoning_content:
+                # a family that wants a tool round's reasoning_content back sends one:
+                # DeepSeek's thinking mode streams it ahead of the round's tool_calls
+                # (api-docs.deepseek.com/guides/thinking_mode, "Tool Calls"); without it
+                # here no client could send the history the lab then demands
+                self._started_text = True
+                out += self._thought()
             out += self._tool_pieces(delta)
             delta = {k: v for k, v in delta.items() if k != "tool_calls"}
             if not finish and not delta.get("content") and set(delta) <= {"role", "content"}:
@@ -313,7 +322,9 @@ def expected_cell(profile: ServerProfile, feature: str) -> str:
                            "think_in_content": "moved out of the answer (`<think>` in content)",
                            }[profile.reasoning],
         "tool calls": "yes" + (f", {profile.parallel_calls} in parallel"
-                               if profile.parallel_calls > 1 else ""),
+                               if profile.parallel_calls > 1 else "")
+                      + (" (its `reasoning_content` passed back)"
+                         if profile.strict_history.reasoning_content else ""),
         "response_format": "yes",
     }  # fmt: skip
     return cells[feature]

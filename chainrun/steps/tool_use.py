@@ -60,9 +60,16 @@ def assistant_message(
       500 to a history whose tool call does not parse, ggml-org/llama.cpp#25510; the
       tool message after it tells the model what was wrong, so it can correct itself);
     - ``reasoning`` (the round's reasoning text, when the server streamed one) is echoed
-      as ``reasoning_content``: DeepSeek's thinking mode refuses a tool-call turn without
-      it (api-docs.deepseek.com, "Thinking Mode"); servers that stream no reasoning get
-      no such field.
+      as ``reasoning_content``. Source: DeepSeek's Thinking Mode guide
+      (https://api-docs.deepseek.com/guides/thinking_mode, "Tool Calls"): the model
+      streams ``reasoning_content`` before a round's ``tool_calls`` as before text, and
+      when the model called tools between two user messages that assistant message's
+      ``reasoning_content`` must be passed back in every later request, of this turn's
+      rounds and of later turns (chainrun's history keeps these messages as sent), else
+      400; without tool calls it need not be and is ignored. The earlier
+      ``deepseek-reasoner`` answered 400 to ``reasoning_content`` in input messages, but
+      it offered no function calling, so a tool-call message never reached it. Servers
+      that stream no reasoning get no such field.
     """
     message: dict[str, Any] = {
         "role": "assistant",
