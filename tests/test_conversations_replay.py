@@ -185,6 +185,8 @@ async def test_a_follow_ups_products_shown_before_are_named_not_repeated(tmp_pat
     first, second = _compose_prompts(fake)
     assert second.startswith(first + " ")
     this_turn = second[len(first):]
-    ids = [line.split("]")[0] + "]" for line in first.splitlines() if line.startswith("- [")]
-    assert ids and all(f"{i} (as above)" in this_turn for i in ids[:1])
+    ids = [line[3:].split("]")[0] for line in first.splitlines() if line.startswith("- [")]
+    again = [ln for ln in this_turn.splitlines() if ln.startswith("- as above: ")]
+    assert len(again) == 1, this_turn  # the products shown before: one line of ids
+    assert ids and sorted(again[0].removeprefix("- as above: ").split(", ")) == sorted(ids)
     assert "| jackets |" not in this_turn  # no product line repeated

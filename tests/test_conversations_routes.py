@@ -111,6 +111,39 @@ async def test_an_ambiguous_message_gets_the_policy_text_and_the_products(store)
     assert "Catalogue matches:\n(none)" in _compose_prompt(fake)
 
 
+async def test_an_unsure_label_the_conversations_subject_has_surely_is_taken_alone(
+    store,
+) -> None:
+    """"Do I need to print a label?" alone is unsure (returns, with other and
+    order_status as runners-up); after "Can I return them?" (returns, surely) the two
+    agree and the turn gets the returns policy only: no search, no other sections."""
+    chain, fake = _chain(store)
+    question = "Do I need to print a label?"
+    async with chain:
+        alone = await chain.run_turn(question)
+        await chain.run_turn("The linen trousers I bought are too short. Can I return them?",
+                             conversation_id="t")  # fmt: skip
+        after = await chain.run_turn(question, conversation_id="t")
+        # after a sure turn of another label the runners-up stay
+        await chain.run_turn("Where is my order?", conversation_id="o")
+        other = await chain.run_turn(question, conversation_id="o")
+    unsure = (await _steps(store, alone.turn_id))["classify"].detail
+    assert unsure["unsure"] and unsure["labels"][0] == "returns" and len(unsure["labels"]) > 1
+    steps = await _steps(store, after.turn_id)
+    detail = steps["classify"].detail
+    assert after.label == "returns" and detail["labels"] == ["returns"]
+    assert detail["unsure"]  # the classifier's own confidence is kept as it was
+    assert detail["corroborated_by"].endswith("Can I return them?")
+    assert steps["retrieve"].status == "skipped" and steps["policy"].output == "returns"
+    (prompt,) = [r.messages[-1]["content"] for r in fake.requests
+                 if r.cache_key == "t" and r.messages[-1]["content"].endswith(
+                     f"Shopper: {question}\nStylist:")]  # fmt: skip
+    this_turn = prompt.rsplit("Can I return them?", 1)[1]  # after the earlier turn
+    assert "Orders and delivery" not in this_turn and "Catalogue matches:\n(none)" in this_turn
+    kept = (await _steps(store, other.turn_id))["classify"].detail
+    assert kept["labels"] == unsure["labels"] and "corroborated_by" not in kept
+
+
 @pytest.mark.parametrize(("classify", "label"), [
     (FakeReply("nonsense"), "other"), (failing("classify is down"), None)])  # fmt: skip
 async def test_a_model_label_outside_the_routes_or_none_searches_the_catalogue(

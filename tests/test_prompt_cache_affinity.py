@@ -189,3 +189,20 @@ def test_a_policy_section_the_history_shows_is_named_not_repeated() -> None:
     seen = "Shopper: can I return it?\n" + returns + "Stylist: yes.\n\n"
     assert policy_again(returns + sizing, seen) == "Shop policy, Returns: (as above)\n\n" + sizing
     assert policy_again(sizing, seen) == sizing
+
+
+def test_products_the_history_shows_are_named_by_id_each_run_in_one_line() -> None:
+    from chainrun.retrieval.products import ShownProduct, render_products, render_products_again
+
+    a, b, c, d = (ShownProduct(id=f"JKT-00{i}", title=f"Jacket {i}", category="jackets",
+                               price=40.0 + i, stock=3) for i in range(1, 5))  # fmt: skip
+    seen = render_products([a, b, d])  # what an earlier turn showed
+    again = render_products_again([b, a, c, d], seen)
+    # the order kept: b and a in one line, c's line whole (new), then d by id
+    assert again.splitlines() == [
+        "- as above: JKT-002, JKT-001",
+        render_products([c]),
+        "- as above: JKT-004",
+    ]
+    assert render_products_again([c], seen) == render_products([c])
+    assert render_products_again([], seen) == "(none)"

@@ -77,6 +77,15 @@ class FollowUps:
             self._cache.popitem(last=False)
         return found
 
+    async def subject(self, earlier: Sequence[str]) -> tuple[str, Classification] | None:
+        """The conversation's subject: the nearest of the ``earlier`` messages (oldest
+        first) that is not a follow-up, with its label on its own (cached); None when
+        every earlier message is a follow-up, or there is none."""
+        for previous in reversed(earlier):
+            if not self.follows(previous):
+                return previous, await self.alone(previous)
+        return None
+
     async def classify(self, message: str, earlier: Sequence[str] = ()) -> Classification:
         """The label of ``message`` after the conversation's earlier messages ``earlier``
         (oldest first).
@@ -85,14 +94,14 @@ class FollowUps:
         ``detail["follows"]`` that turn's message; the classifier's own detail otherwise.
         """
         if earlier and self.follows(message):
-            for previous in reversed(earlier):
-                if not self.follows(previous):
-                    found = await self.alone(previous)
-                    return Classification(
-                        found.label,
-                        self.method,
-                        found.score,
-                        {"decided_by": "follow_up", "follows": previous},
-                        found.confidences,
-                    )
+            found = await self.subject(earlier)
+            if found is not None:
+                previous, label = found
+                return Classification(
+                    label.label,
+                    self.method,
+                    label.score,
+                    {"decided_by": "follow_up", "follows": previous},
+                    label.confidences,
+                )
         return await self.alone(message)

@@ -98,16 +98,27 @@ def render_products(products: Sequence[ShownProduct]) -> str:
 
 
 def render_products_again(products: Sequence[ShownProduct], seen: str) -> str:
-    """:func:`render_products`, but a product whose line ``seen`` (the prompt's history)
-    already holds is named by its id only (``- [JKT-005] (as above)``): a follow-up about
-    the products the turn before showed adds a few tokens to the prompt, not their
-    lines again."""
+    """:func:`render_products`, but the products whose lines ``seen`` (the prompt's
+    history) already holds are named by their ids only, each run of them in one line,
+    in their order (``- as above: JKT-008, JKT-012, JKT-005``): a follow-up about the
+    products the turn before showed adds a few tokens to the prompt, not their lines
+    again (with the embedded model's tokenizer, eight such products take 59 tokens as
+    one line against 111 as ``- [ID] (as above)`` lines; each id is six or seven)."""
     if not products:
         return "(none)"
-    lines = []
+    lines: list[str] = []
+    again: list[str] = []  # the current run of products named by id
     for p in products:
         line = format_for_prompt([p.as_json()])
-        lines.append(f"- [{p.id}] (as above)" if line in seen else line)
+        if line in seen:
+            again.append(p.id)
+            continue
+        if again:
+            lines.append("- as above: " + ", ".join(again))
+            again = []
+        lines.append(line)
+    if again:
+        lines.append("- as above: " + ", ".join(again))
     return "\n".join(lines)
 
 

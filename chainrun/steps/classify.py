@@ -31,7 +31,14 @@ with its runners-up (:meth:`chainrun.classify.Classification.route_labels`), and
 routed with ``when = { label = [...] }`` runs when any of them matches (a ``not`` list
 skips it only when all do: :func:`chainrun.steps.config.route_problem`). In the default
 chain an unsure turn whose runners-up span both routes so gets the policy text and the
-search: a wrong label costs a few milliseconds, not the answer's material. The default
+search: a wrong label costs a few milliseconds, not the answer's material (but in a
+conversation the extra sections are prompt tokens the server computes before the first
+answer token). In a conversation (``follow_ups``), an unsure label that the
+conversation's subject (the nearest earlier message that is not a follow-up,
+:meth:`chainrun.classify.FollowUps.subject`) has surely is taken alone: the two agree,
+and the turn stays on its subject's material ("Do I need to print a label?" after "Can
+I return them?" gets the returns policy, not the returns, other and order sections and a
+product search); the step's detail names that message (``corroborated_by``). The default
 threshold is chosen from the cross-validated accuracy-coverage curve of the default
 classifier (``python benchmarks/classify_accuracy.py --cv``: the lowest threshold whose
 sure labels were right at least 95% of the time; benchmarks/README.md). ``unsure_below
@@ -51,6 +58,7 @@ from chainrun.classify import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
     DEFAULT_LABELS,
+    Classification,
     Classifier,
     FollowUps,
     KeywordRules,
@@ -208,6 +216,9 @@ class ClassifyStep(Step):
                 )
                 found = await self.classifier.classify(state.message, earlier)
             route = found.route_labels(self.config.unsure_below)
+            corroborated = None
+            if len(route) > 1 and earlier and found.detail.get("decided_by") != "follow_up":
+                route, corroborated = await self._corroborated(found, route, earlier)
             conf = found.confidence
             result.updates["label"] = found.label
             result.updates["labels"] = route
@@ -216,11 +227,28 @@ class ClassifyStep(Step):
                           "confidence": found.confidence, "confidences": found.confidences,
                           "unsure": conf is not None and conf < self.config.unsure_below,
                           "labels": list(route), **found.detail}  # fmt: skip
+            if corroborated is not None:
+                row.detail["corroborated_by"] = corroborated
         except (ChainrunError, TimeoutError) as e:
             result.error = e
             row.error_type = error_type(e)
         row.duration_ms = ctx.elapsed_ms()
         yield result
+
+    async def _corroborated(
+        self, found: Classification, route: tuple[str, ...], earlier: Sequence[str]
+    ) -> tuple[tuple[str, ...], str | None]:
+        """An unsure label that the conversation's subject has, surely: ``((label,),
+        that earlier message)``; else ``(route, None)`` unchanged."""
+        assert self.classifier is not None
+        subject = await self.classifier.subject(earlier)
+        if subject is None:
+            return route, None
+        previous, before = subject
+        threshold = self.config.unsure_below
+        if before.label == found.label and before.route_labels(threshold) == (found.label,):
+            return (found.label,), previous
+        return route, None
 
 
 __all__ = ["ClassifyConfig", "ClassifyStep", "build_classifier"]
