@@ -350,6 +350,7 @@ def show(
         step_waterfall,
         tool_call_lines,
         tool_calls_table,
+        turn_times,
         usd,
     )
     from chainrun.log.store import Store
@@ -393,17 +394,21 @@ def show(
         place = f" #{t.turn_index}" if grouped and t.turn_index is not None else ""
         cut = " [yellow](answer cut at the token cap)[/]" if t.truncated else ""
         turn_calls = calls_of.get(t.id, [])
-        out.print(f"\n[bold]turn {t.id}{place}[/] ({escape(t.request_id or '-')}) {t.status}{cut} "
-                  f"{_ms(t.duration_ms)} ms, answer TTFT {_ms(t.answer_ttft_ms) or '-'} ms, "
-                  f"answer done {_ms(t.answer_done_ms) or '-'} ms, "
+        label = t.label or ("unknown" if t.status == "lost" else "-")  # lost: never classified
+        out.print(f"\n[bold]turn {t.id}{place}[/] ({escape(t.request_id or '-')}) "
+                  f"{escape(turn_times(t))}{cut}, "
                   f"cost {escape(cost_text(book.total(turn_calls).as_json()))}, "
-                  f"label={escape(t.label or '-')}")  # fmt: skip
+                  f"label={escape(label)}")  # fmt: skip
         out.print(f"  > {printable(t.input)}", markup=False)
-        out.print(f"  < {printable(t.output)}", markup=False)
+        if t.output is None and t.status == "lost":
+            out.print("  < (no answer: the turn was lost)", markup=False)
+        else:
+            out.print(f"  < {printable(t.output)}", markup=False)
         for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...
             out.print(f"  {line}", markup=False)
         turn_steps = steps_of.get(t.id, [])
-        out.print(step_waterfall(turn_steps))
+        if turn_steps:  # a lost turn logged none: no empty table
+            out.print(step_waterfall(turn_steps))
         for line in skipped_lines(turn_steps):  # why a routed step did not run
             out.print(f"  {line}", markup=False)
         for line in cancelled_check_lines(t.status, turn_steps):  # an answered turn's cut checks
@@ -422,7 +427,8 @@ def show(
                 str(c.finish_reason or ""), str(c.error_type or ""),
             )  # fmt: skip
         drop_first(table, "reasoning", "finish", "chunks", "target", "in", "cost", "error")
-        out.print(table)
+        if turn_calls:
+            out.print(table)
         turn_tools = tools_of.get(t.id, [])
         if turn_tools:
             out.print(tool_calls_table(turn_tools))

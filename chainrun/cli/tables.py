@@ -12,7 +12,7 @@ from rich.text import Text
 from chainrun.analysis.summary import left_out
 from chainrun.cli.fit import drop_first
 from chainrun.events import StepFinished, TurnFinished
-from chainrun.log.rows import StepRow, ToolCallRow
+from chainrun.log.rows import StepRow, ToolCallRow, TurnRow
 from chainrun.pricing import cost_text, hedge_cost_text, usd
 
 #: width of the waterfall bars, in characters
@@ -106,6 +106,35 @@ def marked_verdict_lines(verdicts: dict[str, Any] | None) -> list[str]:
     """:func:`verdict_lines` with each verdict's :func:`verdict_mark` in front."""
     marks = [verdict_mark(v) for v in (verdicts or {}).values()]
     return [f"{m} {line}" for m, line in zip(marks, verdict_lines(verdicts), strict=True)]
+
+
+#: why a turn was logged ``lost``, by its error type (see the error types reference)
+_LOST_WHY = {"process_ended": "its process ended before the turn's rows were written"}
+
+
+def turn_times(t: TurnRow) -> str:
+    """A turn's status and times for ``chainrun show``'s turn line: ``ok 812 ms, answer
+    TTFT 140 ms, answer done 655 ms``. A time the log does not have is ``-`` when the turn
+    has none (no answer: no answer TTFT) and ``unknown`` for a ``lost`` turn, whose rows
+    were never written (``lost (process_ended: ...), started 2026-12-03T14:00:00+00:00,
+    duration unknown, no answer``); never a unit without its number."""
+
+    def ms(v: float | None, none: str) -> str:
+        return none if v is None else f"{v:.0f} ms"
+
+    if t.status == "lost":
+        why = t.error_type or "unknown"
+        if t.error_type in _LOST_WHY:
+            why = f"{t.error_type}: {_LOST_WHY[t.error_type]}"
+        parts = [f"lost ({why})"]
+        if t.started_at:
+            parts.append(f"started {t.started_at}")
+        parts.append(f"duration {ms(t.duration_ms, 'unknown')}")
+        if t.output is None:
+            parts.append("no answer")
+        return ", ".join(parts)
+    return (f"{t.status} {ms(t.duration_ms, 'duration unknown')}, answer TTFT "
+            f"{ms(t.answer_ttft_ms, '-')}, answer done {ms(t.answer_done_ms, '-')}")  # fmt: skip
 
 
 def step_waterfall(steps: list[StepRow]) -> Table:
