@@ -108,6 +108,30 @@ async def test_a_turn_that_starts_during_a_short_outage_waits_it_out() -> None:
     assert logged == [(k, f"message {k}") for k in (1, 2, 3, 4)]
 
 
+async def test_the_writers_back_line_counts_the_outage_from_its_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer has nothing to write while the log is away (the process's turn waits
+    the outage out at its claim): it meets its broken connection only once the server
+    is back, and its line said ``the database is back after 0.1 s`` of a 1.5 s outage.
+    The claim's failures mark the outage's start, so the line says its length."""
+    caplog.set_level(logging.WARNING, logger="chainrun.log.writer")
+    with relayed_log() as (url, relay):
+        async with process(url) as a:
+            await a.turn("conv", "message 1")
+            await a.store.flush()
+            relay.cut()
+            loop = asyncio.get_running_loop()
+            cut_at = loop.time()
+            loop.call_later(CUT_S, relay.open)
+            assert await a.turn("conv", "message 2") == (2, ["message 1"])  # waited it out
+            await a.store.flush()
+            whole = loop.time() - cut_at
+    (back,) = [r.getMessage() for r in caplog.records if "is back after" in r.getMessage()]
+    outage_s = float(back.split("is back after ")[1].split(" s")[0])
+    assert CUT_S - 0.3 <= outage_s <= whole + 0.1, back
+
+
 async def test_an_outage_longer_than_the_wait_goes_on_from_memory_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -18,7 +18,8 @@ from chainrun.conversations.source import OUTAGE_POLL_S, POOL_RETRY_S, LogOutage
 
 
 def _store(outage: float | None = None) -> Any:
-    return SimpleNamespace(writer=SimpleNamespace(outage_since=outage))
+    return SimpleNamespace(writer=SimpleNamespace(outage_since=outage,
+                                                  note_unreachable=lambda at: None))
 
 
 def test_a_pool_with_no_connection_is_tried_again_within_the_bound() -> None:

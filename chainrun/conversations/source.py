@@ -288,12 +288,15 @@ async def pool_patient(
                                 f"{lasted:.1f} s")  # fmt: skip
             await asyncio.sleep(min(OUTAGE_POLL_S, end - loop.time()))
             continue
+        tried_at = time.monotonic()
         try:
             return await attempt(max(0.0, deadline - loop.time()))
         except Exception as e:
             no_pool = type(e).__name__ == "PoolTimeout"  # no statement ran
             if not (no_pool or isinstance(e, down)):
                 raise
+            if not no_pool and store.writer is not None:  # down, not a busy pool
+                store.writer.note_unreachable(tried_at)  # the outage's start, for its length
             now = loop.time()
             lasted = outage_lasted()
             if lasted is not None:  # the writer is in an outage: waited out at the top

@@ -220,6 +220,9 @@ class LogWriter:
         #: (monotonic s; None: reachable)
         self.outages = 0
         self.outage_since: float | None = None
+        #: the first time since the last commit that a reader of this log (a claim, a
+        #: history read) found the database unreachable (monotonic s; None: none did)
+        self._readers_failing_since: float | None = None
         self._dropped_in_outage = 0
         self._last_warning = 0.0
         self._closing = threading.Event()
@@ -724,15 +727,28 @@ class LogWriter:
                 delay = min(delay * 2, 0.5 if self._closing.is_set() else 1.0)
                 continue
             if self.outage_since is not None:
+                began = min(self.outage_since, self._readers_failing_since or float("inf"))
                 log.warning(
                     "run log %s: the database is back after %.1f s; the queued writes are "
-                    "being committed%s", self.name, time.monotonic() - self.outage_since,
+                    "being committed%s", self.name, time.monotonic() - began,
                     f" ({self._dropped_in_outage} were dropped)" if self._dropped_in_outage
                     else "",
                 )  # fmt: skip
                 self.outage_since = None
                 self._dropped_in_outage = 0
+            self._readers_failing_since = None  # the database answered the writer
             return outcomes
+
+    def note_unreachable(self, at: float) -> None:
+        """A reader of this log (a conversation's claim or history read) found the
+        database unreachable at ``at`` (monotonic s). The outage the writer says is over
+        (``the database is back after N s``) is counted from the first such failure since
+        its last commit when that came before its own first failed try: a writer with
+        nothing to write while the server was away (the turns waiting out the outage, ``[log]
+        outage_wait_s``) finds its connection broken only once the server is back, and
+        its own count is then a retry's 0.1 s. Safe to call from any thread."""
+        if self._readers_failing_since is None:
+            self._readers_failing_since = at
 
     def _transaction(self, db: LogDb, batch: list[Job]) -> list[tuple[Any, BaseException | None]]:
         """``batch`` in one transaction: its outcomes, or raises (rolled back) when a job
