@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import httpx
+import pytest
 from cli_runner import chainrun
 from serve_helpers import chat, serving
 
@@ -106,6 +107,35 @@ def test_a_plugin_that_does_not_import_is_one_line_exit_2(tmp_path: Path) -> Non
     assert "\n" not in line, res.stderr
     assert line.startswith(f"chainrun: error: {cfg}: plugins: cannot import 'no_such_shop_module' "
                            "(ModuleNotFoundError: No module named 'no_such_shop_module')"), line
+
+
+@pytest.mark.parametrize(("function", "why"), [
+    ("no_such_shop_tools_xyz:lookup", "cannot import 'no_such_shop_tools_xyz': no such module"),
+    ("json:no_such_function", "module 'json' has no attribute 'no_such_function'"),
+    ("shop_tools_here:lookup", None),  # beside the config: imports
+])
+def test_a_tool_whose_function_does_not_import_is_one_line_exit_2(
+    tmp_path: Path, function: str, why: str | None
+) -> None:
+    """``config show`` imports each ``[tools.NAME] function`` as the chain will: one that
+    does not import fails at the file's load, not at a turn or at serve's start (it
+    printed the config and exited 0)."""
+    (tmp_path / "shop_tools_here.py").write_text("def lookup(order: str) -> dict:\n"
+                                                 "    return {'order': order}\n")  # fmt: skip
+    cfg = tmp_path / "chainrun.toml"
+    cfg.write_text(f'[tools.lookup_order]\ndescription = "Look an order up"\n'
+                   f'function = "{function}"\n')  # fmt: skip
+    res = chainrun("config", "show", "--config", str(cfg))
+    if why is None:
+        assert res.returncode == 0, res.stderr
+        assert "[tools.lookup_order]" in res.stdout
+        return
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    line = res.stderr.strip()
+    assert "\n" not in line, res.stderr
+    assert line.startswith(f"chainrun: error: {cfg}: tools.lookup_order.function: {why}"), line
+    assert line.endswith('expected "module:callable" naming a callable on the Python path or '
+                         "in the config file's folder"), line
 
 
 def test_a_hedged_run_resumes_from_its_stored_config(lab: LabServer, tmp_path: Path) -> None:

@@ -293,10 +293,33 @@ def load_config(path: str | Path | None = None) -> ChainConfig:
         raise ConfigError(
             f"{p}: not valid TOML ({e})", path=str(p), line=int(at.group(1)) if at else None
         ) from None
-    return config_from_dict(data, str(p), path=str(p))
+    config = config_from_dict(data, str(p), path=str(p))
+    check_tools(config, str(p), p.parent)
+    return config
+
+
+def check_tools(config: ChainConfig, source: str, folder: Path) -> None:
+    """Import every ``[tools.NAME] function`` of ``config`` now, as the chain will
+    (looked up on the Python path, then in ``folder``, the config file's), so that a
+    file naming one that does not import fails at its load (``chainrun config show``
+    included), not at a turn or at serve's start.
+
+    Raises:
+        ConfigError: one line, ``SOURCE: tools.NAME.function: cannot import ...;
+            expected ...``.
+    """
+    if not config.tools:
+        return
+    from chainrun.tools.tool import build_tools  # imports the tools' own code: only if any
+
+    try:
+        build_tools(config.tools, base_dir=folder)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}", path=config.path) from None
 
 
 __all__ = [
+    "check_tools",
     "config_from_dict",
     "config_from_snapshot",
     "deep_merge",

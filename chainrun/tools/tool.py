@@ -277,7 +277,9 @@ def build_tools(
             try:
                 fn = import_callable(cfg.function, dirs)
             except ValueError as e:
-                raise ConfigError(f"tools.{name}.function: {e}") from None
+                raise ConfigError(f"tools.{name}.function: {e}; expected \"module:callable\" "
+                                  "naming a callable on the Python path or in the config "
+                                  "file's folder") from None  # fmt: skip
             tools[name] = FunctionTool(name, cfg, fn)
         else:
             tools[name] = HttpTool(name, cfg)
