@@ -206,3 +206,51 @@ def test_products_the_history_shows_are_named_by_id_each_run_in_one_line() -> No
     ]
     assert render_products_again([c], seen) == render_products([c])
     assert render_products_again([], seen) == "(none)"
+
+
+def test_answer_first_waits_while_an_answer_computes_its_prompt_and_no_longer() -> None:
+    from chainrun.providers.affinity import AnswerFirst
+
+    async def main() -> None:
+        gate = AnswerFirst(max_wait_s=5.0)
+        assert await gate.wait() == 0.0  # no answer computing: no wait at all
+        gate.begin()
+        gate.begin()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, gate.end)
+        loop.call_later(0.15, gate.end)
+        waited = await gate.wait()
+        assert 0.14 <= waited < 1.0 and gate.computing == 0  # until the last one's end
+        gate.begin()  # never ended: bounded by max_wait_s, or by the caller's deadline
+        assert 0.2 <= await gate.wait(loop.time() + 0.2) < 1.0
+        gate.max_wait_s = 0.1
+        assert 0.1 <= await gate.wait() < 1.0
+
+    asyncio.run(main())
+
+
+def test_a_check_after_the_answer_lets_another_turns_answer_compute_first(
+    lab: LabServer,
+) -> None:
+    """In slot mode a step after its turn's answer (validate) is sent only once no other
+    answer of the process is computing its prompt; the answer itself never waits. The
+    other answer is stood in for by the gate held, then let go after 0.3 s."""
+    lab.reset()
+
+    async def main() -> tuple[Any, Any]:
+        store = Store.open(":memory:")
+        async with Chain(_config(lab, prompt_cache="slot", slots=4), store=store,
+                         quiet=True) as chain:  # fmt: skip
+            gate = chain._providers["lab"].answer_first  # type: ignore[attr-defined]
+            assert gate is not None
+            gate.begin()  # another turn's answer, before its first token
+            asyncio.get_running_loop().call_later(0.3, gate.end)
+            done = await chain.run_turn("red shoes?", conversation_id="a")
+            assert gate.computing == 0  # this turn's own answer began and ended
+        steps = {s.step: s for s in store.steps(chain.run_id)}
+        return done, steps
+
+    done, steps = asyncio.run(main())
+    assert done.status == "ok"
+    assert "answer_first_wait_ms" not in (steps["compose"].detail or {})
+    assert 200.0 <= steps["validate"].detail["answer_first_wait_ms"] <= 2000.0
