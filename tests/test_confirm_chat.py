@@ -49,16 +49,27 @@ async def test_chat_sends_the_action_and_takes_a_confirmation_once(tmp_path: Pat
                 body = {"conversation_id": "w1", "confirm": action["id"]}
                 yes = await post(client, body, key="click-1")
                 again = await post(client, body, key="click-1")
-                reused = await post(client, {"conversation_id": "w1", "deny": action["id"]},
-                                    key="click-1")  # fmt: skip
+                reused = await client.post("/chat", json={"conversation_id": "w1",
+                                                          "deny": action["id"]},
+                                           headers={"Idempotency-Key": "click-1"})  # fmt: skip
+                unknown = await client.post("/chat", json={"conversation_id": "w1",
+                                                           "confirm": "no-such-action"})
     finally:
         store.close()
     assert len(RUNS) == 1 and (RUNS[0]["sku"], RUNS[0]["qty"]) == ("JKT-12", 2)
     assert yes[-1][1]["output"] == "Done: two JKT-12 are in your cart."
     assert again[-1][0] == "turn" and again[-1][1]["turn_id"] == yes[-1][1]["turn_id"]
     assert again[-1][1]["output"] == yes[-1][1]["output"]
-    (error,) = [d for e, d in reused if e == "error"]
-    assert error["status"] == 422 and "'click-1'" in error["message"]
+    # refused before its turn ran: the HTTP status and the one error shape, not a stream
+    # (it was a 200 text/event-stream with one error event)
+    assert reused.status_code == 422, reused.text
+    assert reused.headers["content-type"] == "application/json"
+    error = reused.json()["error"]
+    assert "'click-1'" in error["message"] and error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == ("Idempotency-Key", "idempotency_key_reused")
+    assert unknown.status_code == 400 and unknown.headers["content-type"] == "application/json"
+    assert unknown.json()["error"]["message"] == (
+        "confirm: no action 'no-such-action' waits in conversation 'w1'"), unknown.text
 
 
 async def test_the_openai_client_retrying_a_timed_out_request_runs_the_tool_once(

@@ -7,11 +7,17 @@ Request body (JSON)::
 
 An ``Idempotency-Key`` header makes a request sent again return the first one's turn
 (:mod:`chainrun.actions.request_keys`); such a turn runs to its end when the client goes
-away. A request the chain refuses before its turn runs (a key reused with another body:
-422, another identity's conversation: 403) gets one ``error`` event ``{status, message,
-type}`` in place of the turn. With ``serve --identity-header`` the caller's identity
-comes from that header (:mod:`chainrun.serve.identity`): missing or not checking out,
-401; a conversation bound to another identity, 403 before anything runs.
+away. A request the chain refuses before its turn runs is answered with that HTTP
+status and the error object of :mod:`chainrun.serve.errors`, not a stream: a key reused
+with another body 422 (``idempotency_key_reused``), another identity's conversation 403
+(``conversation_forbidden``), an unknown action id 400. The response starts once the
+chain's turn has begun, or after :data:`chainrun.serve.turns.REFUSAL_WAIT_S` at most: a
+key whose first request is still running streams while it waits for that turn, and
+should the wait run out (:data:`chainrun.actions.request_keys.WAIT_S`) its stream's
+event after ``turn_started`` is ``error`` ``{status: 409, message, type}``. With ``serve
+--identity-header`` the caller's identity comes from that header
+(:mod:`chainrun.serve.identity`): missing or not checking out, 401; a conversation bound
+to another identity, 403 before anything runs.
 
 Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
@@ -37,10 +43,10 @@ from starlette.responses import Response
 
 from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
-from chainrun.serve.errors import error_response, not_ready
+from chainrun.serve.errors import error_response, not_ready, refusal_response
 from chainrun.serve.identity import caller
 from chainrun.serve.sse import sse_event, sse_response
-from chainrun.serve.turns import TurnRunner
+from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
 __all__ = ["MAX_CONVERSATION_ID_CHARS", "MAX_MESSAGE_CHARS", "BadRequest", "chat",
            "parse_chat_body"]  # fmt: skip
@@ -123,10 +129,8 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
     return message, conversation_id
 
 
-async def _events(
-    runner: TurnRunner, message: str, conversation_id: str | None, turn: dict[str, Any]
-) -> AsyncIterator[ServerSentEvent]:
-    async for ev in runner.stream(message, conversation_id, **turn):
+async def _events(events: AsyncIterator[WireEvent]) -> AsyncIterator[ServerSentEvent]:
+    async for ev in events:
         yield sse_event(json.dumps(ev.data), ev.event)
 
 
@@ -162,8 +166,8 @@ async def chat(request: Request) -> Response:
         return refused
     if user is not None:
         turn["user"] = user
-    return sse_response(
-        _events(runner, message, conversation_id, turn),
-        keepalive_s=request.app.state.serve.chat_keepalive_s,
-    )
+    events, refusal = await opened(runner.stream(message, conversation_id, **turn))
+    if refusal is not None:  # refused before its turn ran: the status, not a stream
+        return refusal_response(refusal)
+    return sse_response(_events(events), keepalive_s=request.app.state.serve.chat_keepalive_s)
 

@@ -7,9 +7,13 @@
                "code": "invalid_value"}}           # or null
 
 Statuses: 400 a bad body (``param`` names the field), 401 a missing or wrong bearer
-token (``invalid_api_key``), 404 an unknown model (``model_not_found``), 413 a body over
-the server's limit (``body_too_large``), 502 the chain failed (``code``: its error
-type), 503 the chain is not ready yet (``not_ready``, with ``Retry-After``).
+token (``invalid_api_key``), 403 a conversation bound to another identity
+(``conversation_forbidden``), 404 an unknown model (``model_not_found``), 409 an
+``Idempotency-Key`` whose first request is still running past the wait
+(``request_in_progress``), 413 a body over the server's limit (``body_too_large``), 422
+an ``Idempotency-Key`` reused with another request (``idempotency_key_reused``), 502 the
+chain failed (``code``: its error type), 503 the chain is not ready yet (``not_ready``,
+with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 __all__ = ["JSONBody", "body_too_large", "body_too_large_response", "error_body",
-           "error_response", "not_ready"]  # fmt: skip
+           "error_response", "not_ready", "refusal_body", "refusal_response"]  # fmt: skip
+
+#: a refusal's (param, code) by the chain's error type (:func:`refusal_body`)
+_REFUSALS = {
+    "ConversationForbidden": ("conversation_id", "conversation_forbidden"),
+    "IdempotencyKeyReused": ("Idempotency-Key", "idempotency_key_reused"),
+    "RequestInProgress": ("Idempotency-Key", "request_in_progress"),
+}
 
 
 class JSONBody(JSONResponse):
@@ -46,6 +57,19 @@ def error_response(
 ) -> Response:  # fmt: skip
     """``status`` with the error object (see the module docstring)."""
     return JSONBody(error_body(message, kind, param, code), status_code=status, headers=headers)
+
+
+def refusal_body(refusal: dict[str, Any]) -> dict[str, Any]:
+    """The error object of a request the chain refused before its turn ran, from the
+    turn's ``error`` event ``{status, message, type}`` (:mod:`chainrun.serve.turns`):
+    ``param`` and ``code`` by its type (another bad argument: ``invalid_value``)."""
+    param, code = _REFUSALS.get(refusal["type"], (None, "invalid_value"))
+    return error_body(refusal["message"], "invalid_request_error", param, code)
+
+
+def refusal_response(refusal: dict[str, Any]) -> Response:
+    """``refusal["status"]`` (403, 409, 422, 400) with :func:`refusal_body`."""
+    return JSONBody(refusal_body(refusal), status_code=refusal["status"])
 
 
 def not_ready(request: Request) -> Response:

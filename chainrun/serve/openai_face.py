@@ -59,7 +59,9 @@ An ``Idempotency-Key`` header (the IETF HTTPAPI draft's field; pass it with the
 ``openai`` SDK's ``extra_headers`` and its own retries carry it) makes a request sent
 again return the first one's completion, running nothing a second time; a keyed turn
 runs to its end when the client times out, so the retry gets it; the key reused with
-another request is a 422 naming it. A tool with ``confirm = true``: the answer is
+another request is a 422 naming it (code ``idempotency_key_reused``), streamed or not: a
+streamed response starts once the chain's turn has begun
+(:func:`chainrun.serve.turns.opened`). A tool with ``confirm = true``: the answer is
 chainrun's question, and the next user message of the same conversation (``user`` or
 ``metadata.conversation_id``) is read as the reply. With ``serve --identity-header`` the caller's
 identity comes from that header (:mod:`chainrun.serve.identity`): 401 when it does not
@@ -92,10 +94,17 @@ from chainrun.conversations.messages import read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, idempotency_key
 from chainrun.serve.disconnect import run_until_disconnected
-from chainrun.serve.errors import JSONBody, error_body, error_response, not_ready
+from chainrun.serve.errors import (
+    JSONBody,
+    error_body,
+    error_response,
+    not_ready,
+    refusal_body,
+    refusal_response,
+)
 from chainrun.serve.identity import caller
 from chainrun.serve.sse import sse_event, sse_response
-from chainrun.serve.turns import TurnRunner
+from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
 
 @dataclass(frozen=True)
@@ -304,16 +313,19 @@ async def chat_completions(request: Request) -> Response:
     req = dataclasses.replace(req, turn=turn)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
+        events, refusal = await opened(runner.stream(req.message, req.conversation_id,
+                                                     req.history, **req.turn))  # fmt: skip
+        if refusal is not None:  # refused before its turn ran: the status, not a stream
+            return refusal_response(refusal)
         return sse_response(
-            _chunks(runner, req, completion_id, state.model_id),
+            _chunks(events, runner.answer_step, req, completion_id, state.model_id),
             keepalive_s=state.v1_keepalive_s,
         )
     summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
     if "error" in summary:  # refused before it ran (a key reused with another request)
-        refused = summary["error"]
-        return error_response(refused["status"], refused["message"], code=refused["type"])
+        return refusal_response(summary["error"])
     if summary["status"] in ("error", "cancelled"):
         message, code = _failure(summary)
         status = 503 if summary["status"] == "cancelled" else 502
@@ -354,8 +366,9 @@ async def _whole_turn(runner: TurnRunner, req: CompletionRequest) -> dict[str, A
 
 
 async def _chunks(
-    runner: TurnRunner, req: CompletionRequest, completion_id: str, model_id: str
-) -> AsyncIterator[ServerSentEvent]:
+    events: AsyncIterator[WireEvent], answer_step: str, req: CompletionRequest,
+    completion_id: str, model_id: str,
+) -> AsyncIterator[ServerSentEvent]:  # fmt: skip
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> ServerSentEvent:
@@ -380,14 +393,13 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     sent_text = False
     started: dict[str, Any] = {}
-    async for ev in runner.stream(req.message, req.conversation_id, req.history, **req.turn):
-        if ev.event == "error":
-            body = error_body(ev.data["message"], "invalid_request_error", code=ev.data["type"])
-            yield sse_event(json.dumps(body))
+    async for ev in events:
+        if ev.event == "error":  # refused once the stream had begun (a key's long wait)
+            yield sse_event(json.dumps(refusal_body(ev.data)))
             break
         if ev.event == "turn_started":
             started = ev.data
-        elif ev.event == "token" and ev.data["step"] == runner.answer_step:
+        elif ev.event == "token" and ev.data["step"] == answer_step:
             sent_text = True
             yield chunk({"content": ev.data["text"]})
         elif ev.event == "answer_done":

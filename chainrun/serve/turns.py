@@ -75,6 +75,10 @@ log = logging.getLogger("chainrun.serve")
 #: how long a finished turn's summary waits for its log write (seconds); past it the
 #: summary is built from the turn's own events (a log database that is away)
 READ_TIMEOUT_S = 2.0
+#: how long a face waits for the chain's first event of a turn before it starts its
+#: streamed response (seconds): a refusal of the request within it (:func:`opened`) is
+#: answered with its HTTP status instead of a stream
+REFUSAL_WAIT_S = 2.0
 
 
 class TurnObserver(Protocol):
@@ -226,6 +230,86 @@ def _cancelled_summary(
     return summary
 
 
+async def opened(
+    stream: AsyncGenerator[WireEvent, None], wait_s: float | None = None
+) -> tuple[AsyncGenerator[WireEvent, None], dict[str, Any] | None]:
+    """``stream`` (:meth:`TurnRunner.stream`) read up to the chain's first event, for at
+    most ``wait_s`` seconds (None: :data:`REFUSAL_WAIT_S`), so that a face can answer a
+    refused request with its HTTP status before it starts a stream: ``(events, refusal)``.
+
+    ``refusal``: the ``error`` event's ``{status, message, type}`` when the chain refused
+    the request before its turn ran (``stream`` is then closed and ``events`` empty);
+    None otherwise, and ``events`` yields every event of the turn from its first
+    (``turn_started``), those read here included. A refusal that comes later (a key whose
+    first request is still running: the repeat waits for its turn, and past
+    :data:`chainrun.actions.request_keys.WAIT_S` it is refused) is the ``error`` event
+    of a stream begun. Closing ``events`` closes ``stream``.
+
+    Raises:
+        What ``stream`` raised before its first event (a crash of the turn).
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + (REFUSAL_WAIT_S if wait_s is None else wait_s)
+    first: list[WireEvent] = []
+    pending: asyncio.Future[WireEvent] | None = None
+    ended = False
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(stream))
+            done, _ = await asyncio.wait({pending}, timeout=max(0.0, until - loop.time()))
+            if not done:
+                break  # still waiting: the stream starts, the event follows in it
+            got, pending = pending, None
+            try:
+                ev = got.result()
+            except StopAsyncIteration:
+                ended = True
+                break
+            if ev.event == "error":
+                await stream.aclose()
+                return _replayed([], None, stream, ended=True), ev.data
+            first.append(ev)
+            if ev.event != "turn_started":
+                break
+    except BaseException:
+        await _close(pending, stream)
+        raise
+    return _replayed(first, pending, stream, ended=ended), None
+
+
+async def _close(pending: asyncio.Future[WireEvent] | None,
+                 stream: AsyncGenerator[WireEvent, None]) -> None:  # fmt: skip
+    """Close ``stream``, cancelling the read of its next event first (a generator being
+    read cannot be closed)."""
+    if pending is not None and not pending.done():
+        pending.cancel()
+        with contextlib.suppress(BaseException):
+            await pending
+    await stream.aclose()
+
+
+async def _replayed(
+    first: list[WireEvent], pending: asyncio.Future[WireEvent] | None,
+    stream: AsyncGenerator[WireEvent, None], *, ended: bool,
+) -> AsyncGenerator[WireEvent, None]:  # fmt: skip
+    """``first``, then the event being read (``pending``), then the rest of ``stream``."""
+    try:
+        for ev in first:
+            yield ev
+        if ended:
+            return
+        if pending is not None:
+            try:
+                yield await pending
+            except StopAsyncIteration:
+                return
+            pending = None
+        async for ev in stream:
+            yield ev
+    finally:
+        await _close(pending, stream)
+
+
 class TurnRunner:
     """Runs chat turns on one shared :class:`~chainrun.Chain` (one connection pool, one run
     of kind ``live``) and streams them as :class:`WireEvent` s.
@@ -295,7 +379,9 @@ class TurnRunner:
         ``idempotency_key``, ``confirm``, ``deny``). A turn with an ``idempotency_key``
         is never cancelled by its client going away (a retry with the key gets it). A
         refusal of the request itself (another identity's conversation, a key reused
-        with another request) is one ``error`` event ``{status, message, type}``.
+        with another request) is one ``error`` event ``{status, message, type}``, after
+        ``turn_started``; the faces read it with :func:`opened` and answer that HTTP
+        status when it comes before the response starts.
         """
         keyed = turn.get("idempotency_key") is not None
         return detached(
