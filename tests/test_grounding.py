@@ -305,6 +305,13 @@ async def test_an_answer_that_is_not_streamed_is_grounded_whole(lab: LabServer) 
         # a sentence that names no product is about the one named before it
         ("JKT-008 is our cheapest rain jacket. It costs €5.00.",
          "JKT-008 is our cheapest rain jacket. It costs €44.95."),
+        # prices with no currency sign, in cents, negative: held and corrected alike
+        ("JKT-008 is our cheapest rain jacket. It costs 19.99 today.",
+         "JKT-008 is our cheapest rain jacket. It costs 44.95 today."),
+        ("Only 19.99 for JKT-008, the red one.", "Only 44.95 for JKT-008, the red one."),
+        ("Just 4490 cents for JKT-008.", "Just 4495 cents for JKT-008."),
+        ("Now €-44.95 for JKT-008.", "Now €44.95 for JKT-008."),
+        ("Now -€44.95 for JKT-008.", "Now €44.95 for JKT-008."),
     ],
 )
 async def test_a_price_before_its_product_never_reaches_the_shopper(
@@ -323,3 +330,49 @@ async def test_the_safe_text_follows_what_was_released_on_a_line_of_its_own(
     got, check = await _stream(src, "Sure, here it is: [ZZZ-999] The diamond jacket.")
     assert got.endswith("\n\n" + check.safe_text) and "ZZZ-999" not in got
     assert check.report()["done"][-1]["why"].endswith("after what had been released")
+
+
+def _claims(src: GroundingSources, text: str, kind: str) -> list[tuple[str, bool, str | None]]:
+    return [(c.text, c.grounded, c.correction) for c in check_text(src, text) if c.kind == kind]
+
+
+@pytest.mark.parametrize(
+    ("text", "claims"),
+    [
+        # a bare amount after a price word or beside the product: checked as a price
+        ("JKT-008 costs 19.99.", [("19.99", False, "44.95")]),
+        ("JKT-008 costs 44.95.", [("44.95", True, None)]),
+        ("JKT-008 costs 44,95.", [("44,95", True, None)]),
+        ("- [JKT-008] Women's City Drizzle Packable Rain Jacket | jackets | 19.99 | red",
+         [("19.99", False, "44.95")]),
+        ("JKT-008 is our cheapest. It is priced at 45.", [("45", False, "44.95")]),
+        # cents
+        ("JKT-008 costs 4495 cents.", [("4495 cents", True, None)]),
+        ("JKT-008 costs 4490 cents.", [("4490 cents", False, "4495 cents")]),
+        # negative or malformed: never grounded, even at the product's own figure
+        ("JKT-008 costs €-44.95.", [("€-44.95", False, "€44.95")]),
+        ("JKT-008 costs -€44.95.", [("-€44.95", False, "€44.95")]),
+        ("JKT-008 costs EUR -44,95.", [("EUR -44,95", False, "EUR 44,95")]),
+        ("JKT-008 costs -44.95 EUR.", [("-44.95 EUR", False, "44.95 EUR")]),
+        ("JKT-008 costs €44.955.", [("€44.955", False, "€44.95")]),
+        ("JKT-008 costs €44.95.00.", [("€44.95.00", False, "€44.95")]),
+        # codes and words after the amount, with a decimal comma
+        ("JKT-008 costs EUR 44,95.", [("EUR 44,95", True, None)]),
+        ("JKT-008 costs EUR 4,95.", [("EUR 4,95", False, "EUR 44,95")]),
+        ("JKT-008 costs 44.95 euros.", [("44.95 euros", True, None)]),
+        ("JKT-008 costs 4.95 euros.", [("4.95 euros", False, "44.95 euros")]),
+        # no price: a size, an order number, a measure, a count, a time, a bound
+        ("JKT-008 in EU 42 fits true to size.", []),
+        ("Your order 1042 includes JKT-008.", []),
+        ("JKT-008 is rated 10,000 mm and weighs 0.35 kg.", []),
+        ("JKT-008 packs into 2 pockets.", []),
+        ("JKT-008 ordered now arrives by 10.30 tomorrow.", []),
+        ("Orders over 50.00 ship free, JKT-008 too.", []),
+        ("A bullet list - [JKT-008] first.", []),
+    ],
+)
+def test_prices_without_a_sign_in_cents_negative_or_malformed(
+    catalogue, policy, text: str, claims: list[tuple[str, bool, str | None]]
+) -> None:
+    src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
+    assert _claims(src, text, "price") == claims

@@ -15,11 +15,15 @@ or ``?`` before white space):
   brackets); grounded when a product of that title is among the turn's; after an id in
   the same segment, it must be that id's title ("JKT-013 given the title of JKT-005").
 - ``price``: an amount with a currency in the shop's formats (``€49.95``, ``49.95 EUR``,
-  ``49,95 €``, ``EUR 49.95``, ``49.95 euros``; another currency's sign or code is a claim
-  too, and not grounded); about the product named before it in the segment (or after
-  it), it must be that product's price; about none, the price of some product of the
-  turn, a figure of a tool result or a fee of the policy. "under 100 EUR", "from 60 EUR"
-  are bounds, not prices, and are not claims.
+  ``49,95 €``, ``EUR 49.95``, ``49.95 euros``, ``4495 cents``; another currency's sign or
+  code is a claim too, and not grounded), or with none where it is said as a price
+  (after a price word, "costs 19.99"; with two decimals beside a product, "JKT-008
+  19.99"; not a size, an order number, a time or a measure: :func:`_is_bare_price`);
+  about the product named before it in the segment (or after it), it must be that
+  product's price; about none, the price of some product of the turn, a figure of a
+  tool result or a fee of the policy. A negative (``-€44.95``, ``€-44.95``) or malformed
+  (``€44.955``) price is never grounded. "under 100 EUR", "from 60 EUR" are bounds, not
+  prices, and are not claims.
 - ``stock``: "in stock in M", "available in S and M", "M is in stock", "sold out in L":
   about the product named in the segment (or the turn's only product), each size must
   exist and have stock (or none, for "sold out").
@@ -49,8 +53,9 @@ place a claim could start (an id, a digit, a currency, a title's first word), so
 before any claim reaches the shopper at once.
 
 Limits (also in docs/guides/checks-and-guards.md): paraphrased prices ("under a hundred",
-"about fifty euros") and paraphrased titles ("the yellow one") are not claims; a product
-outside the catalogue is only caught by its id or its price; English phrasings.
+"about fifty euros") and paraphrased titles ("the yellow one") are not claims; a whole
+number with no currency is a price only after a price word; a product outside the
+catalogue is only caught by its id or its price; English phrasings.
 """
 
 from __future__ import annotations
@@ -89,12 +94,48 @@ _CURRENCY_SIGNS = {"€": "EUR", "$": "USD", "£": "GBP"}
 _CURRENCY_WORDS = {"eur": "EUR", "euro": "EUR", "euros": "EUR", "usd": "USD",
                    "dollar": "USD", "dollars": "USD", "gbp": "GBP", "pound": "GBP",
                    "pounds": "GBP", "chf": "CHF"}  # fmt: skip
-_AMOUNT = r"\d{1,6}(?:[.,]\d{1,2})?"
+#: an amount: with thousands separators and decimals both ("1,234.50", "1.234,50"), or
+#: up to six digits with one or two decimals after a point or a comma
+_AMOUNT = r"\d{1,3}(?:,\d{3})+\.\d{2}|\d{1,3}(?:\.\d{3})+,\d{2}|\d{1,6}(?:[.,]\d{1,2})?"
 _WORD_CUR = r"(?:EUR|USD|GBP|CHF|euros?|dollars?|pounds?)"
+#: a minus sign: before the currency ("-€44.95") when it does not close a range
+#: ("€30-€45"), or between the currency and the amount ("€-44.95", "EUR -44,95")
+_MINUS = r"[-−]"
 _PRICE = re.compile(
-    rf"(?P<sign>[€$£])\s?(?P<a1>{_AMOUNT})"
-    rf"|(?P<code>\b(?:EUR|USD|GBP|CHF))\s?(?P<a2>{_AMOUNT})"
-    rf"|(?P<a3>{_AMOUNT})\s?(?:(?P<sign2>[€$£])|(?P<word>{_WORD_CUR})\b)",
+    rf"(?P<neg>(?<![\w€$£.,\-−]){_MINUS})?(?:"
+    rf"(?P<sign>[€$£])\s?(?P<neg2>{_MINUS})?(?P<a1>{_AMOUNT})"
+    rf"|(?P<code>\b(?:EUR|USD|GBP|CHF))\s?(?P<neg3>{_MINUS})?\s?(?P<a2>{_AMOUNT})"
+    rf"|(?<![\w.,])(?P<a5>\d{{1,8}})\s?(?P<cents>cents?|ct)\b"
+    rf"|(?<![\w.,])(?P<a3>{_AMOUNT})\s?(?:(?P<sign2>[€$£])|(?P<word>{_WORD_CUR})\b))",
+    re.I,
+)
+#: what makes a price that precedes it malformed ("€44.955", "€44.95.00", "€4,4,95")
+_MALFORMED_TAIL = re.compile(r"(?:[.,]?\d)+")
+#: a bare amount (no currency), a price claim only in context (see :func:`_is_bare_price`)
+_BARE = re.compile(
+    rf"(?<![\w.,€$£\-−/#])(?P<neg>{_MINUS})?(?P<amount>{_AMOUNT})(?![\w%]|[.,]\d|-\d)"
+)
+#: words just before a bare amount that make it a price ("costs 19.99", "priced at 45")
+_PRICE_CUE = re.compile(
+    r"(?:\bcosts?|\bcosting|\bpriced\s+at|\bprice[sd]?(?:\s+(?:is|of|at))?\s*:?|"
+    r"\b(?:sells?|selling|sold|retails?|retailing|yours|available)\s+(?:for|at)|"
+    r"\breduced\s+to|\bdown\s+to|\bpay)\s+(?:(?:just|only|now)\s+)?$",
+    re.I,
+)
+#: weaker words: a bare amount after them is a price only with decimals ("for 44.95")
+_PRICE_CUE_DECIMAL = re.compile(r"(?:\bfor|\bnow|\bjust|\bonly|\|)\s*$", re.I)
+#: words just before a bare number that make it no price: a size, an order or item
+#: number, a time, a count
+_NOT_PRICE_BEFORE = re.compile(
+    r"(?:\b(?:EU|UK|US|FR|IT|size|sizes|W|L|order|orders|no\.?|number|ref|item|items|"
+    r"model|article|SKU|by|at|before|after|until|till)|[#/])\s*$",
+    re.I,
+)
+#: what may follow an amount that makes it a measure or a count, not a price
+_UNIT_AFTER = re.compile(
+    r"\s*(?:mm|cm|m|km|kg|g|l|ml|ft|inch(?:es)?|hours?|days?|weeks?|months?|years?|"
+    r"mins?|minutes?|am|pm|h|x|stars?|pairs?|pieces?|items?|units?|pcs|people|"
+    r"layers?|percent|out\s+of)\b",
     re.I,
 )
 #: words before an amount that make it a bound, not a price ("under 100 EUR")
@@ -172,12 +213,17 @@ def core_title(title: str) -> str:
 
 def format_price(amount: float, like: str) -> str:
     """``amount`` written in the format of the price text ``like`` (sign before or code
-    after, decimal comma or point)."""
-    comma = bool(re.search(r"\d,\d{1,2}\b", like))
+    after, decimal comma or point; in cents for "4495 cents"; with no currency for a
+    bare "19.99"); a minus sign in ``like`` is not copied."""
+    comma = bool(re.search(r"\d,\d{1,2}$|\d,\d{1,2}\D", like))
     body = f"{amount:.2f}"
     if comma:
         body = body.replace(".", ",")
-    stripped = like.strip()
+    stripped = re.sub(r"[-−]\s?(?=[\d€$£]|EUR|USD|GBP|CHF)", "", like.strip(), flags=re.I)
+    if re.search(r"(?i)\d\s?(?:cents?|ct)$", stripped):
+        return f"{round(amount * 100)} cents"
+    if not re.search(r"[€$£A-Za-z]", stripped):
+        return body  # a bare amount: as bare
     if stripped.startswith("€"):
         return f"€{' ' if stripped[1:2] == ' ' else ''}{body}"
     if re.match(r"(?i)EUR", stripped):
@@ -192,7 +238,79 @@ def format_price(amount: float, like: str) -> str:
 
 
 def _amount(text: str) -> float:
+    """An amount as written ("44.95", "44,95", "1,234.50", "1.234,50") as a number."""
+    if "," in text and "." in text:  # thousands separators: the first kind
+        text = text.replace("," if text.index(",") < text.index(".") else ".", "")
     return float(text.replace(",", "."))
+
+
+def _price_of(m: re.Match[str]) -> tuple[float, str]:
+    """The amount (in the currency's units: cents are read as hundredths) and the
+    currency (ISO 4217) of a :data:`_PRICE` match."""
+    if m.group("a5"):
+        return round(int(m.group("a5")) / 100.0, 2), "EUR"
+    amount = round(_amount(m.group("a1") or m.group("a2") or m.group("a3")), 2)
+    cur = m.group("sign") or m.group("code") or m.group("sign2") or m.group("word") or ""
+    return amount, _CURRENCY_SIGNS.get(cur) or _CURRENCY_WORDS.get(cur.lower(), "EUR")
+
+
+@dataclass(frozen=True)
+class _PriceText:
+    """A price the segment states: its offsets, amount and currency, whether it has no
+    currency (``bare``), a minus sign or a malformed amount."""
+
+    start: int
+    end: int
+    amount: float
+    currency: str
+    bare: bool = False
+    negative: bool = False
+    malformed: bool = False
+    #: a bare amount after a price word ("costs 19.99"): a price even about no product
+    cued: bool = False
+
+
+def _price_claims(seg: str, names_product: bool) -> list[_PriceText]:
+    """The prices ``seg`` states, in order: each amount with a currency (a sign, a code,
+    a word, or "cents"), unless a bound ("under 100 EUR"); and each bare amount said as
+    a price (:func:`_is_bare_price`; ``names_product``: the segment names a product)."""
+    out: list[_PriceText] = []
+    taken: list[tuple[int, int]] = []
+    for pm in _PRICE.finditer(seg):
+        tail = _MALFORMED_TAIL.match(seg, pm.end())
+        end = tail.end() if tail else pm.end()
+        taken.append((pm.start(), end))
+        if _BOUND.search(seg[: pm.start()]):
+            continue
+        amount, currency = _price_of(pm)
+        negative = bool(pm.group("neg") or pm.group("neg2") or pm.group("neg3"))
+        out.append(_PriceText(pm.start(), end, amount, currency, False, negative, bool(tail)))
+    for bm in _BARE.finditer(seg):
+        if any(a <= bm.start() < b or a < bm.end() <= b for a, b in taken):
+            continue
+        said = _is_bare_price(seg, bm, names_product)
+        if said:
+            out.append(_PriceText(bm.start(), bm.end(), round(_amount(bm["amount"]), 2),
+                                  "EUR", True, bool(bm["neg"]), cued=said == "cued"))  # fmt: skip
+    return sorted(out, key=lambda p: p.start)
+
+
+def _is_bare_price(seg: str, bm: re.Match[str], names_product: bool) -> str | None:
+    """Whether the bare amount ``bm`` of ``seg`` is said as a price: after a price word
+    ("costs 19.99", "priced at 45"); or, written with two decimals ("19.99"), after
+    "for", "now", "only" or a column bar, or in a segment that names a product
+    ("JKT-008 19.99"). Never a bound ("under 50"), a size ("EU 42"), an order or item
+    number ("order 1042"), a time ("at 10.30") or a measure or count ("2.50 m",
+    "10 days"). Returns ``"cued"`` (after a price word), ``"beside"`` (the others) or
+    None (no price)."""
+    before = seg[: bm.start()]
+    if _UNIT_AFTER.match(seg, bm.end()) or _BOUND.search(before):
+        return None
+    if _PRICE_CUE.search(before):
+        return "cued"
+    if _NOT_PRICE_BEFORE.search(before) or not re.search(r"[.,]\d\d$", bm["amount"]):
+        return None
+    return "beside" if names_product or _PRICE_CUE_DECIMAL.search(before) else None
 
 
 @dataclass(frozen=True)
@@ -319,8 +437,7 @@ class GroundingSources:
         self.title_starts = self.titles.starts
         self.policy = policy
         self.policy_sentences = [s for s in re.split(r"(?<=[.!?])\s+|\n", policy) if s.strip()]
-        self.fees = {round(_amount(m.group("a1") or m.group("a2") or m.group("a3")), 2)
-                     for m in _PRICE.finditer(policy)}  # fmt: skip
+        self.fees = {_price_of(m)[0] for m in _PRICE.finditer(policy)}
         self.prices = {round(r.price, 2) for r in self.products.values()}
 
     def known(self, pid: str) -> ProductRow | None:
@@ -425,42 +542,42 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
             named = src.describe(owner) if owner else text
             claims.append(Claim("title", text, *at, owner, False,
                                 f"{named} is not among the products the turn was handed"))
-    for pm in _PRICE.finditer(seg):
-        if _BOUND.search(seg[: pm.start()]):
-            continue
-        amount_text = pm.group("a1") or pm.group("a2") or pm.group("a3")
-        cur_text = (pm.group("sign") or pm.group("code") or pm.group("sign2")
-                    or pm.group("word") or "")  # fmt: skip
-        currency = _CURRENCY_SIGNS.get(cur_text) or _CURRENCY_WORDS.get(cur_text.lower(), "EUR")
-        amount = round(_amount(amount_text), 2)
-        text = pm.group(0)
-        at = (pm.start() + offset, pm.end() + offset)
-        subject = _subject(mentions, pm.start(), src, earlier)
+    for pc in _price_claims(seg, bool(mentions)):
+        text = seg[pc.start : pc.end]
+        at = (pc.start + offset, pc.end + offset)
+        subject = _subject(mentions, pc.start, src, earlier)
+        if pc.bare and not pc.cued and not subject:
+            continue  # a bare number beside no product: not said as a price
         rows = [src.products[i] for i in sorted(subject) if i in src.products]
         if subject and not rows:
             claims.append(Claim("price", text, *at, sorted(subject)[0], False,
                                 f"a price of {sorted(subject)[0]}, which the turn was not "
                                 "handed"))  # fmt: skip
             continue
+        faulty = ("a negative price" if pc.negative else
+                  "a malformed price" if pc.malformed else None)  # fmt: skip
         if rows:
-            ok = [r for r in rows if abs(r.price - amount) < 0.005]
+            ok = [r for r in rows if abs(r.price - pc.amount) < 0.005]
             row = ok[0] if ok else rows[0]
-            if currency != src.currency:
-                why = f"{text} is in {currency}; {row.id} costs €{row.price:.2f}"
-                claims.append(Claim("price", text, *at, row.id, False, why,
-                                    format_price(row.price, text)))  # fmt: skip
+            if faulty is not None:
+                why = f"{text} is {faulty}; {row.id} costs €{row.price:.2f}"
+            elif pc.currency != src.currency:
+                why = f"{text} is in {pc.currency}; {row.id} costs €{row.price:.2f}"
             elif ok:
                 claims.append(Claim("price", text, *at, row.id))
+                continue
             else:
-                claims.append(Claim("price", text, *at, row.id, False,
-                                    f"{text} differs from {row.id}'s price €{row.price:.2f}",
-                                    format_price(row.price, text)))  # fmt: skip
+                why = f"{text} differs from {row.id}'s price €{row.price:.2f}"
+            claims.append(Claim("price", text, *at, row.id, False, why,
+                                format_price(row.price, text)))  # fmt: skip
             continue
-        if currency == src.currency and (amount in src.prices or amount in src.fees
-                                         or amount in src.tool_amounts):  # fmt: skip
+        if faulty is None and pc.currency == src.currency and (
+            pc.amount in src.prices or pc.amount in src.fees or pc.amount in src.tool_amounts
+        ):
             claims.append(Claim("price", text, *at))
         else:
-            why = f"no product, fee or tool result of the turn costs {text}"
+            why = (f"{text} is {faulty}" if faulty is not None
+                   else f"no product, fee or tool result of the turn costs {text}")  # fmt: skip
             claims.append(Claim("price", text, *at, None, False, why))
     for pattern, in_stock in _STOCK:
         for sm in pattern.finditer(seg):
@@ -736,8 +853,11 @@ _CURRENCY_BEFORE = frozenset({"eur", "usd", "gbp", "chf", "€", "$", "£"})
 
 def _first_claim(text: str) -> int | None:
     """Where in ``text`` (an open segment's unreleased part) the first price or stock
-    claim starts (None: none)."""
+    claim starts (None: none): a bare amount with two decimals, or after a price word,
+    counts (the product that makes it a price may come after it)."""
     starts = [m.start() for m in _PRICE.finditer(text)]
+    starts += [m.start() for m in _BARE.finditer(text)
+               if _is_bare_price(text, m, True)]  # fmt: skip
     starts += [m.start() for pattern, _ in _STOCK for m in pattern.finditer(text)]
     return min(starts) if starts else None
 
