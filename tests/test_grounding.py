@@ -22,6 +22,7 @@ from cli_runner import chainrun
 from serve_helpers import serving, sse
 
 from chainrun.chain import Chain
+from chainrun.checks.colours import COLOUR_WORDS, NOT_CLAIM_WORDS, SHADE_WORDS
 from chainrun.checks.grounding import (
     GroundingSources,
     ProductRow,
@@ -131,7 +132,10 @@ def test_the_prompt_lines_read_as_rows() -> None:
     rows = product_rows("- [JKT-005] Women's Rain Jacket (yellow) | jackets | €49.95 | yellow"
                         " | in stock: XS, S\n- [X-1] bad line")  # fmt: skip
     assert rows == [ProductRow("JKT-005", "Women's Rain Jacket (yellow)", 49.95, "EUR",
-                               {"XS": 1, "S": 1})]  # fmt: skip
+                               {"XS": 1, "S": 1}, ("yellow",))]  # fmt: skip
+    (two,) = product_rows("- [JKT-002] Longer Storm Shell | jackets | €129.00 | olive/black"
+                          " | sold out")  # fmt: skip
+    assert two.colours == ("olive", "black") and two.sizes == {}
     assert product_rows("(none)") == [] and product_rows(None) == []
 
 
@@ -376,3 +380,60 @@ def test_prices_without_a_sign_in_cents_negative_or_malformed(
 ) -> None:
     src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
     assert _claims(src, text, "price") == claims
+
+
+@pytest.mark.parametrize(
+    ("ids", "text", "claims"),
+    [
+        # a colour the product does not come in: in the sentence, carried from the one
+        # before, in a catalogue line's column, of a title without its colour
+        (("JKT-003", "JKT-002"),
+         "[JKT-003] Men's Storm Shell Waterproof Rain Jacket (navy) comes in red.",
+         [("red", False)]),
+        (("JKT-003", "JKT-002"), "JKT-003 is our warmest. It comes in red and navy.",
+         [("red", False), ("navy", True)]),
+        (("JKT-003", "JKT-002"),
+         "- [JKT-002] Women's Longer Storm Shell Waterproof Rain Jacket | jackets | €129.00 |"
+         " red/black | in stock: XS", [("red", False), ("black", True)]),
+        (("JKT-003", "JKT-002"),
+         "The Women's Longer Storm Shell Waterproof Rain Jacket is available in olive or "
+         "yellow.", [("olive", True), ("yellow", False)]),
+        # the turn's only product, named loosely
+        (("JKT-003",), "The Storm Shell Jacket comes in red.", [("red", False)]),
+        # a shade of a colour it comes in: navy is a blue
+        (("JKT-003",), "JKT-003 comes in blue.", [("blue", True)]),
+        # not claims: the shopper's words asked back, quoted, negated, another object's
+        # colour, a title's own colour, a product the turn lacks
+        (("JKT-003",), "Do you want JKT-003 in red?", []),
+        (("JKT-003",), 'You asked for "red"; JKT-003 is the closest we have.', []),
+        (("JKT-003",), "JKT-003 is not available in red.", []),
+        (("JKT-003",), "Wear JKT-003 with white trainers.", []),
+        (("JKT-003",), "[JKT-003] Men's Storm Shell Waterproof Rain Jacket (navy).", []),
+        (("JKT-003",), "JKT-013 comes in red.", []),
+    ],
+)
+def test_colour_claims_against_the_catalogue_colours(
+    catalogue, policy, ids: tuple[str, ...], text: str, claims: list[tuple[str, bool]]
+) -> None:
+    src = _sources(catalogue, policy, *ids)
+    assert [(t, g) for t, g, _ in _claims(src, text, "colour")] == claims
+    for c in check_text(src, text):
+        if c.kind == "colour" and not c.grounded:
+            assert c.why and c.why.endswith(f"not {c.text}") and c.correction is None
+
+
+async def test_a_wrong_colour_never_reaches_the_shopper(catalogue, policy) -> None:
+    src = _sources(catalogue, policy, "JKT-003", "JKT-002")
+    shown, check = await _stream(src, "JKT-003 keeps you dry. It comes in red. Sizes S to XXL.")
+    assert "red" not in shown and shown.startswith("JKT-003 keeps you dry.")
+    assert shown.endswith("Sizes S to XXL.")
+    (bad,) = check.report()["ungrounded"]
+    assert bad["kind"] == "colour" and bad["why"] == "JKT-003 comes in navy, not red"
+
+
+def test_every_catalogue_colour_word_is_in_the_vocabulary(catalogue) -> None:
+    """The vocabulary is data: a catalogue colour word that is in none of its lists (a
+    new colour name) fails here, so that it is decided, not silently unchecked."""
+    words = {w for row in catalogue.values() for c in row.colours for w in c.lower().split()}
+    assert words and words <= COLOUR_WORDS | SHADE_WORDS | NOT_CLAIM_WORDS
+    assert not COLOUR_WORDS & (SHADE_WORDS | NOT_CLAIM_WORDS)

@@ -119,8 +119,8 @@ class OutputCheckConfig(_CheckRules):
 
 class GroundingConfig(_Strict):
     """The grounding check of the answer step's stream (``[steps.ANSWER.grounding]``):
-    the answer's product ids, titles, prices, size and stock claims and policy figures
-    against the turn's own sources (the products the step was handed, the turn's tool
+    the answer's product ids, titles, prices, size and stock claims, colours and policy
+    figures against the turn's own sources (the products the step was handed, the turn's tool
     results, the shop's policy text), on the stream in the hold-back engine
     (:mod:`chainrun.checks.grounding`). Client-sent assistant turns are never a source.
     """

@@ -27,6 +27,11 @@ or ``?`` before white space):
 - ``stock``: "in stock in M", "available in S and M", "M is in stock", "sold out in L":
   about the product named in the segment (or the turn's only product), each size must
   exist and have stock (or none, for "sold out").
+- ``colour``: a colour word (:mod:`chainrun.checks.colours`) said of a product ("comes in
+  red", "is navy", a line's ``| olive/black |`` column), about the product as a price
+  is: it must be one of that product's catalogue colours or a shade of one. Not a
+  claim in a question, in quotes, after a negation, inside a title, or of a product the
+  turn lacks.
 - ``policy``: figures of the shop's policy: days ("within 30 days", "2-4 working days"),
   hours and fees: in a segment about returns, refunds, exchanges or delivery, the figure
   must be one the policy text gives on that subject.
@@ -54,7 +59,9 @@ before any claim reaches the shopper at once.
 
 Limits (also in docs/guides/checks-and-guards.md): paraphrased prices ("under a hundred",
 "about fifty euros") and paraphrased titles ("the yellow one") are not claims; a whole
-number with no currency is a price only after a price word; a product outside the
+number with no currency is a price only after a price word; a colour said another way
+than after "in", "is", "are" or "colours" ("a red one") is not checked, and one said so
+of another object ("wear it in black") is read as the product's; a product outside the
 catalogue is only caught by its id or its price; English phrasings.
 """
 
@@ -66,6 +73,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chainrun.checks.colours import COLOUR_WORDS, SHADE_WORDS, colour_grounded
 from chainrun.checks.holdback import Redaction, WindowVerdict
 
 __all__ = [
@@ -167,6 +175,22 @@ _TOPICS = {
         r"\b(deliver|shipping|ship|dispatch|arriv|express|courier|postage)", re.I
     ),
 }
+_COLOUR = "(?:" + "|".join(sorted(COLOUR_WORDS, key=len, reverse=True)) + ")"
+_SHADE = "(?:(?:" + "|".join(sorted(SHADE_WORDS, key=len, reverse=True)) + r")[\s-])?"
+_COLOURS = rf"{_SHADE}{_COLOUR}(?:\s*(?:,|/|and|or|&)\s*{_SHADE}{_COLOUR})*"
+#: a colour said of a product: "comes in red", "in navy and black", "is olive", "colours:
+#: navy, black", or a catalogue line's column "| navy/black |"
+_COLOUR_CLAIM = re.compile(
+    rf"\b(?:in|is|are|colou?rs?(?:\s+(?:is|are|include|includes))?\s*:?|colou?rways?:?)"
+    rf"\s+(?:the\s+)?(?P<c1>{_COLOURS})\b(?!-)"
+    rf"|\|\s*(?P<c2>{_COLOURS})\s*(?=\||$)",
+    re.I,
+)
+_COLOUR_WORD = re.compile(rf"\b{_COLOUR}\b", re.I)
+#: a negation before a colour: "not available in red", "no red", "isn't red"
+_NEGATION = re.compile(r"\b(?:not|no|never|without|neither|nor)\b|n't\b", re.I)
+#: quoted words ("you asked for 'red'"): the shopper's, not a claim
+_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|(?<!\w)'[^']*'(?!\w)|‘[^’]*’")
 _SEGMENT_END = re.compile(r"\n|(?<=[.!?])(?=\s)")
 _TRAILING_BRACKET = re.compile(r"\s*\([^()]*\)\s*$")
 
@@ -174,18 +198,20 @@ _TRAILING_BRACKET = re.compile(r"\s*\([^()]*\)\s*$")
 @dataclass(frozen=True)
 class ProductRow:
     """A product as the check knows it: id, title, price (in ``currency``), sizes (units
-    in stock by size label)."""
+    in stock by size label), colours (the catalogue's names, e.g. ``("navy",)``; empty:
+    not known, and no colour claim about it is checked)."""
 
     id: str
     title: str
     price: float
     currency: str = "EUR"
     sizes: Mapping[str, int] = field(default_factory=dict)
+    colours: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, p: Any) -> ProductRow:
         """From a product object (attributes ``id``, ``title``, ``price``, ``currency``,
-        ``sizes``, as the retrieve step hands on) or a dict with those keys.
+        ``sizes``, ``colours``, as the retrieve step hands on) or a dict with those keys.
 
         Raises:
             KeyError, AttributeError: ``id``, ``title`` or ``price`` is missing.
@@ -197,9 +223,13 @@ class ProductRow:
             return getattr(p, name, default) if default is not None else getattr(p, name)
 
         sizes = get("sizes", {}) or {}
+        colours = get("colours", ()) or ()
+        if isinstance(colours, str):
+            colours = [colours]
         return cls(str(get("id")), str(get("title")), float(get("price")),
                    str(get("currency", "EUR") or "EUR"),
-                   {str(s): int(n) for s, n in dict(sizes).items()})  # fmt: skip
+                   {str(s): int(n) for s, n in dict(sizes).items()},
+                   tuple(str(c) for c in colours))  # fmt: skip
 
     @property
     def sizes_in_stock(self) -> list[str]:
@@ -318,7 +348,7 @@ class Claim:
     """One fact the answer states, and what the check made of it.
 
     Attributes:
-        kind: ``product_id``, ``title``, ``price``, ``stock`` or ``policy``.
+        kind: ``product_id``, ``title``, ``price``, ``stock``, ``colour`` or ``policy``.
         text: the claim as written.
         start, end: its offsets in the checked text.
         product: the id the claim is about (None: none).
@@ -379,7 +409,8 @@ class TitleIndex:
 
     def triggers(self, id_pattern: str) -> re.Pattern[str]:
         """What makes an open segment a claim to judge whole: an id, a title's first
-        word, a stock phrase, a policy subject (a price alone is held only while written)."""
+        word, a stock phrase, a policy subject, a colour word (a price alone is held only
+        while written)."""
         found = self._triggers.get(id_pattern)
         if found is None:
             starts = "|".join(rf"(?<!\w){re.escape(w)}(?!\w)"
@@ -387,7 +418,8 @@ class TitleIndex:
             found = self._triggers[id_pattern] = re.compile(
                 rf"\b{id_pattern}\b" + (f"|{starts}" if starts else "")
                 + r"|\b(?:in stock|available|sold out|out of stock)\b"
-                + r"|\b(?:returns?|refunds?|exchanges?|deliver\w*|shipping|dispatch\w*|express)\b",
+                + r"|\b(?:returns?|refunds?|exchanges?|deliver\w*|shipping|dispatch\w*|express)\b"
+                + rf"|\b{_COLOUR}\b",
                 re.I,
             )  # fmt: skip
         return found
@@ -601,6 +633,7 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
                 claims.append(Claim("stock", sm.group(0), *at, row.id, False, "; ".join(bad)))
             else:
                 claims.append(Claim("stock", sm.group(0), *at, row.id))
+    claims += _colour_claims(src, seg, offset, mentions, earlier)
     topic = next((name for name, rx in _TOPICS.items() if rx.search(seg)), None)
     if topic is not None and src.policy:
         for fm in _FIGURE.finditer(seg):
@@ -617,6 +650,44 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
                                     f"the policy on {topic} gives {unit}s {said}, not "
                                     f"{figure}"))  # fmt: skip
     return sorted(claims, key=lambda c: c.start)
+
+
+def _colour_claims(src: GroundingSources, seg: str, offset: int, mentions: list[_Mention],
+                   earlier: frozenset[str]) -> list[Claim]:  # fmt: skip
+    """The colour claims of ``seg`` (see :data:`_COLOUR_CLAIM`): each colour word must be
+    one of the colours of the product it is said of (subject as for prices), or a shade
+    of one (:func:`chainrun.checks.colours.colour_grounded`). Not a claim: a question
+    (the shopper's words asked back), words in quotes or in a product title, a colour
+    after a negation, a colour of a product the turn lacks or whose colours are not
+    known."""
+    if seg.rstrip().endswith("?") or not _COLOUR_WORD.search(seg):
+        return []
+    quoted = [m.span() for m in _QUOTED.finditer(seg)]
+    out: list[Claim] = []
+    for cm in _COLOUR_CLAIM.finditer(seg):
+        group = "c1" if cm.group("c1") else "c2"
+        lo, hi = cm.span(group)
+        if any(a <= lo < b for a, b in quoted) or _NEGATION.search(seg, 0, lo):
+            continue
+        if any(m.start <= lo < m.end for m in mentions):
+            continue  # a title's own colour ("... Rain Jacket (yellow)")
+        subject = _subject(mentions, lo, src, earlier)
+        rows = [src.products[i] for i in sorted(subject) if i in src.products]
+        rows = [r for r in rows if r.colours]
+        if not rows:
+            continue  # about no product the turn has, or colours not known
+        for wm in _COLOUR_WORD.finditer(seg, lo, hi):
+            word = wm.group(0)
+            at = (wm.start() + offset, wm.end() + offset)
+            ok = [r for r in rows if colour_grounded(word, r.colours)]
+            if ok:
+                out.append(Claim("colour", word, *at, ok[0].id))
+            else:
+                row = rows[0]
+                out.append(Claim("colour", word, *at, row.id, False,
+                                 f"{row.id} comes in {', '.join(row.colours)}, not "
+                                 f"{word.lower()}"))  # fmt: skip
+    return out
 
 
 def _policy_figures(sentences: Sequence[str], unit: str) -> set[str]:
@@ -723,7 +794,7 @@ class StreamGrounding:
         low = word.lower()
         if any(w.lower().startswith(low) for w in self.sources.title_starts) or any(
             p.startswith(low) for p in ("eur", "usd", "gbp", "euro", "in", "available", "sold")
-        ):
+        ) or any(c.startswith(low) for c in COLOUR_WORDS):
             return last.start()
         return None
 

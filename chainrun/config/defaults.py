@@ -114,8 +114,9 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "stream": True,
             "deadline_s": 60.0,
             "on_failure": "closed",
-            # the answer's product ids, titles, prices, stock and policy figures against
-            # the turn's products, tool results and policy (chainrun.checks.grounding)
+            # the answer's product ids, titles, prices, stock, colours and policy figures
+            # against the turn's products, tool results and policy
+            # (chainrun.checks.grounding)
             "grounding": {"action": "correct"},
         },
         "validate": {

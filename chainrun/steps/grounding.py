@@ -4,9 +4,9 @@ The check itself is :mod:`chainrun.checks.grounding` (text and rows in, claims a
 verdict out); this module gives it a turn's sources, all chainrun's own:
 
 - the products the answer step was handed: the turn-state field ``products`` (rows with
-  id, title, price, currency, sizes with stock, as the retrieve step hands them on; a
-  field that holds the prompt's product lines, ``- [ID] Title | category | €49.95 | ...
-  | in stock: S, M``, is read from those lines);
+  id, title, price, currency, sizes with stock, colours, as the retrieve step hands them
+  on; a field that holds the prompt's product lines, ``- [ID] Title | category | €49.95
+  | navy/black | in stock: S, M``, is read from those lines);
 - the turn's tool results: every turn-state field named ``tool_results`` or ending in
   ``_results`` (what a tool step hands on);
 - the shop's policy: the policy file's text (``policy_file``, default the sample shop's)
@@ -48,7 +48,8 @@ _LINE = re.compile(r"^- \[(?P<id>[^\]]+)\] (?P<title>.+)$")
 def product_rows(value: Any) -> list[ProductRow]:
     """The product rows of a turn-state ``products`` value: rows (objects or dicts) as
     they are, or the prompt's product lines parsed (sizes listed ``in stock`` get a stock
-    of 1, as the lines give no counts). None or ``(none)``: no row."""
+    of 1, as the lines give no counts; the column after the price, ``navy/black``, is
+    the colours). None or ``(none)``: no row."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -63,10 +64,13 @@ def product_rows(value: Any) -> list[ProductRow]:
             except ValueError:
                 continue
             sizes: dict[str, int] = {}
+            colours: tuple[str, ...] = ()
             for part in parts[3:]:
                 if part.startswith("in stock: "):
                     sizes = {s.strip(): 1 for s in part[len("in stock: "):].split(",")}
-            rows.append(ProductRow(m["id"], m["title"], price, "EUR", sizes))
+                elif part != "sold out":
+                    colours = tuple(c.strip() for c in part.split("/") if c.strip())
+            rows.append(ProductRow(m["id"], m["title"], price, "EUR", sizes, colours))
         return rows
     if isinstance(value, Mapping):
         value = [value]
