@@ -365,10 +365,17 @@ def _claims(src: GroundingSources, text: str, kind: str) -> list[tuple[str, bool
         ("JKT-008 costs EUR 4,95.", [("EUR 4,95", False, "EUR 44,95")]),
         ("JKT-008 costs 44.95 euros.", [("44.95 euros", True, None)]),
         ("JKT-008 costs 4.95 euros.", [("4.95 euros", False, "44.95 euros")]),
+        # a fee of the policy in a sentence on delivery is the fee, not the product's price
+        ("JKT-008 is 44.95 and standard delivery costs 4.95.",
+         [("44.95", True, None), ("4.95", True, None)]),
+        ("JKT-008 is our cheapest. Express delivery costs €9.95.", [("€9.95", True, None)]),
+        ("JKT-008 is our cheapest. Express delivery costs €-9.95.",
+         [("€-9.95", False, "€44.95")]),
         # no price: a size, an order number, a measure, a count, a time, a bound
         ("JKT-008 in EU 42 fits true to size.", []),
         ("Your order 1042 includes JKT-008.", []),
         ("JKT-008 is rated 10,000 mm and weighs 0.35 kg.", []),
+        ("JKT-008 is rated 4.50 by our shoppers.", []),
         ("JKT-008 packs into 2 pockets.", []),
         ("JKT-008 ordered now arrives by 10.30 tomorrow.", []),
         ("Orders over 50.00 ship free, JKT-008 too.", []),
@@ -380,6 +387,7 @@ def test_prices_without_a_sign_in_cents_negative_or_malformed(
 ) -> None:
     src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
     assert _claims(src, text, "price") == claims
+    assert 4.95 in src.fees and 9.95 in src.fees  # the policy's delivery fees
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ or ``?`` before white space):
   19.99"; not a size, an order number, a time or a measure: :func:`_is_bare_price`);
   about the product named before it in the segment (or after it), it must be that
   product's price; about none, the price of some product of the turn, a figure of a
-  tool result or a fee of the policy. A negative (``-€44.95``, ``€-44.95``) or malformed
+  tool result or a fee of the policy (in a segment about delivery or returns, a fee of
+  the policy whatever product it names). A negative (``-€44.95``, ``€-44.95``) or malformed
   (``€44.955``) price is never grounded. "under 100 EUR", "from 60 EUR" are bounds, not
   prices, and are not claims.
 - ``stock``: "in stock in M", "available in S and M", "M is in stock", "sold out in L":
@@ -133,10 +134,11 @@ _PRICE_CUE = re.compile(
 #: weaker words: a bare amount after them is a price only with decimals ("for 44.95")
 _PRICE_CUE_DECIMAL = re.compile(r"(?:\bfor|\bnow|\bjust|\bonly|\|)\s*$", re.I)
 #: words just before a bare number that make it no price: a size, an order or item
-#: number, a time, a count
+#: number, a time, a rating
 _NOT_PRICE_BEFORE = re.compile(
     r"(?:\b(?:EU|UK|US|FR|IT|size|sizes|W|L|order|orders|no\.?|number|ref|item|items|"
-    r"model|article|SKU|by|at|before|after|until|till)|[#/])\s*$",
+    r"model|article|SKU|by|at|before|after|until|till|rated|rating|scored?|version)|[#/])"
+    r"\s*$",
     re.I,
 )
 #: what may follow an amount that makes it a measure or a count, not a price
@@ -574,9 +576,16 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
             named = src.describe(owner) if owner else text
             claims.append(Claim("title", text, *at, owner, False,
                                 f"{named} is not among the products the turn was handed"))
+    topic = next((name for name, rx in _TOPICS.items() if rx.search(seg)), None)
     for pc in _price_claims(seg, bool(mentions)):
         text = seg[pc.start : pc.end]
         at = (pc.start + offset, pc.end + offset)
+        if (topic is not None and not pc.negative and not pc.malformed
+                and pc.currency == src.currency and pc.amount in src.fees):  # fmt: skip
+            # a fee of the policy in a sentence on its subject ("JKT-008 is €44.95 and
+            # delivery is €4.95"), not the product's price
+            claims.append(Claim("price", text, *at))
+            continue
         subject = _subject(mentions, pc.start, src, earlier)
         if pc.bare and not pc.cued and not subject:
             continue  # a bare number beside no product: not said as a price
@@ -634,7 +643,6 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
             else:
                 claims.append(Claim("stock", sm.group(0), *at, row.id))
     claims += _colour_claims(src, seg, offset, mentions, earlier)
-    topic = next((name for name, rx in _TOPICS.items() if rx.search(seg)), None)
     if topic is not None and src.policy:
         for fm in _FIGURE.finditer(seg):
             figure = fm.group("n") + (f"-{fm.group('m')}" if fm.group("m") else "")
