@@ -17,11 +17,6 @@ cache can reuse only when the request reaches the cache that holds it:
   conversation keeps one slot (:class:`SlotTable`), and the other steps' requests (the
   checks after the answer) are placed on other slots.
 
-In mode ``slot`` the requests that follow their turn's answer (its checks, which
-nobody waits for) also let other turns' answers go first (:class:`AnswerFirst`):
-llama-server computes the pending prompt tokens of every slot together, so a
-follow-up's short prompt computed beside a check's longer one waits for both.
-
 The mode is a provider setting (``prompt_cache`` in ``[providers.NAME]``); ``auto``
 picks what is harmless where: ``slot`` for the embedded local model, ``key`` for
 OpenAI's own API and Azure, ``off`` for other servers (a server that refuses unknown
@@ -30,15 +25,11 @@ parameters would refuse a key it does not know).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections import OrderedDict
 from typing import Literal
 from urllib.parse import urlsplit
 
-__all__ = ["ANSWER_FIRST_MAX_WAIT_S", "AffinityMode", "AnswerFirst", "PromptCacheMode",
-           "SlotTable", "resolve_mode"]
+__all__ = ["AffinityMode", "PromptCacheMode", "SlotTable", "resolve_mode"]
 
 #: how a provider keeps a conversation on one prompt cache (see the module text)
 PromptCacheMode = Literal["auto", "key", "slot", "off"]
@@ -151,73 +142,3 @@ class SlotTable:
             gone, s = self._slot_of.popitem(last=False)
             if self._keeper[s] == gone:
                 self._keeper[s] = None
-
-
-#: the longest a request that follows its turn's answer waits for other turns' answers
-#: to compute their prompts, in s (:class:`AnswerFirst`): about one first turn's prompt
-#: on the embedded model (0.6-1.5 s on 2 CPUs, benchmarks/README.md), so a steady
-#: stream of answers delays a check by at most that, never starves it
-ANSWER_FIRST_MAX_WAIT_S = 2.0
-
-
-class AnswerFirst:
-    """On one llama-server, a request that follows its turn's answer (a check of the
-    answer: nothing the shopper waits for) waits while another turn's answer computes
-    its prompt, at most ``max_wait_s``.
-
-    llama-server computes the pending prompt tokens of all its busy slots in one batch
-    per step: a conversation's follow-up, 60-100 new tokens on a cached prefix (about
-    0.2 s alone on the embedded model), sent while a check's prompt of a few hundred
-    tokens is computed, gets its first token only when both are done (1.6-1.8 s,
-    measured with 19-27 ms per prompt token instead of 2.3-3.7). The answers of this
-    process's turns mark their prompt phase (:meth:`begin` when sent, :meth:`end` at
-    their first token or their end); the checks :meth:`wait` before they are sent.
-    Per process, as the :class:`SlotTable` is.
-
-    Args:
-        max_wait_s: the longest one :meth:`wait` lasts, in s (>= 0).
-    """
-
-    def __init__(self, max_wait_s: float = ANSWER_FIRST_MAX_WAIT_S) -> None:
-        self.max_wait_s = max_wait_s
-        self._computing = 0
-        self._idle: asyncio.Event | None = None  # made on first use, in the running loop
-
-    @property
-    def computing(self) -> int:
-        """Answers of this process sent and not yet at their first token."""
-        return self._computing
-
-    def _event(self) -> asyncio.Event:
-        if self._idle is None:
-            self._idle = asyncio.Event()
-            if self._computing == 0:
-                self._idle.set()
-        return self._idle
-
-    def begin(self) -> None:
-        """An answer's request is sent: its prompt is being computed."""
-        self._computing += 1
-        self._event().clear()
-
-    def end(self) -> None:
-        """That answer's first token came (or the request ended without one)."""
-        self._computing = max(0, self._computing - 1)
-        if self._computing == 0:
-            self._event().set()
-
-    async def wait(self, until: float | None = None) -> float:
-        """Wait until no answer of this process is computing its prompt, at most
-        :attr:`max_wait_s` and not past ``until`` (the caller's deadline on the event
-        loop's clock); returns the seconds waited (0.0 when none was)."""
-        if self._computing == 0:
-            return 0.0
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.max_wait_s
-        if until is not None:
-            end = min(end, until)
-        t0 = time.perf_counter()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(end):
-                await self._event().wait()
-        return time.perf_counter() - t0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from chainrun.providers.affinity import AnswerFirst, SlotTable, resolve_mode
+from chainrun.providers.affinity import SlotTable, resolve_mode
 from chainrun.providers.base import Provider
 from chainrun.providers.config import ProviderConfig
 from chainrun.providers.openai_client import AzureTarget, read_api_key
@@ -73,7 +73,6 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
             slots = cfg.slots or await provider.server_slots()
             # a server that does not say its slots gets no id_slot (it places requests)
             provider.slot_table = SlotTable(slots) if slots else None
-            provider.answer_first = AnswerFirst() if slots else None
     except BaseException:
         await provider.aclose()
         raise

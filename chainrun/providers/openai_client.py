@@ -51,7 +51,7 @@ from chainrun.errors import (
     RequestRejected,
     StreamError,
 )
-from chainrun.providers.affinity import AffinityMode, AnswerFirst, SlotTable
+from chainrun.providers.affinity import AffinityMode, SlotTable
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.pool import POOL_CONNECTIONS, ShardedTransport
 from chainrun.providers.think import ReasoningInContent
@@ -538,9 +538,6 @@ class OpenAIClientProvider:
         self.affinity_key: str | None = None
         #: mode ``slot``: the conversations' slots (None until the slot count is known)
         self.slot_table: SlotTable | None = None
-        #: with the slot table: the checks after an answer let other turns' answers
-        #: compute their prompts first (:class:`~chainrun.providers.affinity.AnswerFirst`)
-        self.answer_first: AnswerFirst | None = None
         #: where the server may put a thought (:mod:`chainrun.providers.think`); the
         #: config's ``reasoning_in_content`` (``auto`` unless set)
         self.reasoning_in_content: ReasoningInContent = "auto"

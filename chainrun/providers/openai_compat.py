@@ -202,10 +202,6 @@ class OpenAICompatProvider(OpenAIClientProvider):
         """
         table = self.slot_table if self.affinity == "slot" else None
         slot = table.acquire(request.cache_key, request.cache_owner) if table else None
-        # an answer's prompt phase, which the checks after other answers let go first
-        gate = self.answer_first if table is not None and request.cache_owner else None
-        if gate is not None:
-            gate.begin()
         try:
             params = self._params(request, slot)
             if self.sdk_sse:
@@ -217,14 +213,8 @@ class OpenAICompatProvider(OpenAIClientProvider):
                 stream = self._stream(params)
             async with contextlib.aclosing(stream):
                 async for chunk in stream:
-                    if gate is not None and (chunk.content or chunk.reasoning
-                                             or chunk.tool_calls):  # fmt: skip
-                        gate.end()  # the first token: the prompt is computed
-                        gate = None
                     yield chunk
         finally:
-            if gate is not None:
-                gate.end()
             if table is not None and slot is not None:
                 table.release(slot)
 

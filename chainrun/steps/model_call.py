@@ -515,8 +515,6 @@ class HedgedCall:
         stream: HoldBack | None = None
         cancelled = False
         seeded = hedger.delay_seeded()  # as the race reads its delay, just below
-        if ctx.row.post_answer:  # a check of the answer: other turns' answers go first
-            await self._let_answers_first(ctx, deadline)
         try:
             if tools is not None:  # actions the shopper confirmed: carried out first
                 confirmed = tools.confirmed_round(request,
@@ -594,21 +592,6 @@ class HedgedCall:
         if tools is not None:
             result.tool_results = dict(tools.results)
         yield result
-
-    async def _let_answers_first(self, ctx: StepContext, deadline: float) -> None:
-        """Before a step that follows its turn's answer sends anything: wait while other
-        turns' answers compute their prompts on a server this step calls
-        (:class:`~chainrun.providers.affinity.AnswerFirst`, llama-server slots only);
-        the wait is the step's, before its calls' clocks start, and is logged in the
-        step's ``detail.answer_first_wait_ms``."""
-        gates = {id(g): g for p in self.providers.values()
-                 if (g := getattr(p, "answer_first", None)) is not None}  # fmt: skip
-        waited = 0.0
-        for gate in gates.values():
-            waited += await gate.wait(deadline)
-        if waited > 0:
-            ctx.row.detail = {**(ctx.row.detail or {}),
-                              "answer_first_wait_ms": round(waited * 1000.0, 1)}  # fmt: skip
 
     async def step_items(
         self, ctx: StepContext, request: ChatRequest,
