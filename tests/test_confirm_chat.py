@@ -147,3 +147,29 @@ async def test_the_openai_face_asks_in_text_and_takes_the_next_user_message_as_t
     assert runs_after_no == 1 and "Add 2 x JKT-12 to your cart?" in no
     assert unclear == "Please answer yes or no: Add 2 x JKT-12 to your cart?"
     assert late.startswith("That request has expired") and len(RUNS) == 1
+
+
+async def test_a_keyed_request_without_a_conversation_sent_again_is_the_first_one(
+    tmp_path: Path,
+) -> None:
+    """Without a conversation_id the key alone names the request: the retry gets the
+    first request's turn and conversation (each request had been given a new
+    conversation id before its key was looked up, so every retry ran again)."""
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": cart_fake()}, quiet=True)) as (
+                url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                body = {"message": "put 2 of JKT-12 in my cart"}
+                first = await post(client, body, key="retry-7")
+                again = await post(client, body, key="retry-7")
+                other = await post(client, body, key="retry-8")
+        n_turns = len(store.turns(1))
+    finally:
+        store.close()
+    turn, turn_again, turn_other = first[-1][1], again[-1][1], other[-1][1]
+    assert turn_again["turn_id"] == turn["turn_id"]
+    assert turn_again["conversation_id"] == turn["conversation_id"]
+    assert turn_other["conversation_id"] != turn["conversation_id"]  # another request
+    assert n_turns == 2

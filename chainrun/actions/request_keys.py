@@ -33,7 +33,15 @@ from chainrun.events import Event, TokenDelta, TurnFinished
 from chainrun.log.migrations import utc_now
 from chainrun.log.store import Store
 
-__all__ = ["MAX_KEY_CHARS", "POLL_S", "WAIT_S", "RequestKeys", "key_problem", "tool_key_prefix"]
+__all__ = [
+    "MAX_KEY_CHARS",
+    "POLL_S",
+    "WAIT_S",
+    "RequestKeys",
+    "key_problem",
+    "keyed_conversation_id",
+    "tool_key_prefix",
+]
 
 #: how long a repeated request waits for the first one's turn to be logged, in s
 WAIT_S = 120.0
@@ -53,6 +61,15 @@ def key_problem(key: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         return "expected no control characters"
     return None
+
+
+def keyed_conversation_id(client_key: str, user_id: str | None = None) -> str:
+    """The conversation id of a request that names none but has ``client_key``: derived
+    from the key (and the caller's identity, when serve takes one), so that the
+    request sent again is in the same conversation and its key finds the first turn
+    (a new random id for each would make every retry a new request).
+    ``"k"`` and 31 hex digits of ``sha256(user_id, key)``."""
+    return "k" + hashlib.sha256(f"{user_id or ''}\0{client_key}".encode()).hexdigest()[:31]
 
 
 def tool_key_prefix(client_key: str, conversation_id: str | None) -> str:

@@ -51,6 +51,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chainrun.actions.request_keys import keyed_conversation_id
 from chainrun.chain import Chain
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import new_conversation_id
@@ -394,7 +395,12 @@ class TurnRunner:
         self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None,
         turn: dict[str, Any] | None = None,
     ) -> AsyncGenerator[WireEvent, None]:
-        conversation_id = conversation_id or new_conversation_id()
+        if conversation_id is None:
+            key, user = (turn or {}).get("idempotency_key"), (turn or {}).get("user")
+            conversation_id = (
+                keyed_conversation_id(key, user.user_id if user is not None else None)
+                if key is not None else new_conversation_id()
+            )
         request_id = uuid.uuid4().hex
         finished: dict[str, dict[str, Any]] = {}
         yield WireEvent(
