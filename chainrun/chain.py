@@ -783,14 +783,15 @@ class Chain:
         turn.verdicts = dict(run.verdicts)
         if turn.status == "ok" and run.refused:
             turn.status = "replaced" if run.replaced else "refused"
-            refuser = next((r for r in run.rows() if r.step == run.refused_by), None)
-            turn.error_type = refuser.error_type if refuser is not None else None
+            turn.error_type = run.error_type_of(run.refused_by)
         elif turn.status == "ok" and run.cut_by is not None:
             # the answer step failed once part of its answer had reached the shopper:
             # that part is the turn's answer, cut (chainrun.scheduler), never a refusal
-            turn.status = "cut"
-            cutter = next((r for r in run.rows() if r.step == run.cut_by), None)
-            turn.error_type = cutter.error_type if cutter is not None else None
+            turn.status, turn.error_type = "cut", run.error_type_of(run.cut_by)
+        elif turn.status == "ok" and run.failed_by is not None:
+            # the answer step failed open before any of its answer reached the shopper:
+            # there was nothing to let through, the turn failed with the step's error
+            turn.status, turn.error_type = "error", run.error_type_of(run.failed_by)
         if run.unavailable is not None and turn.status != "cancelled":
             turn.status, turn.error_type = "error", run.unavailable.error_type
         # the shopper's wait for the first answer token is known once a token reached them,

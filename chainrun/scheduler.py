@@ -16,7 +16,11 @@ deadline, a stream that broke off) no longer refuses the turn, whatever the step
 back what the shopper has read. The turn ends **cut** (:attr:`TurnRun.cut_by`): the
 step's row keeps its status and error, the running steps are cancelled and the rest
 skipped (they would judge an answer the shopper did not get whole). Before the first
-answer token reached the shopper, ``on_failure`` decides as for any step.
+answer token reached the shopper, a fail-closed answer step refuses the turn as any
+fail-closed step does; a fail-open one has nothing to let through (failing open lets an
+answer through unchecked, and the answer step's failure is that there is none): the
+turn ends **failed** (:attr:`TurnRun.failed_by`), the step's row ``failed_open`` with
+its error, the running steps cancelled and the rest skipped, as for a cut.
 
 A step with ``when`` is checked as it becomes ready (what it routes on has been
 written, or its writer has ended without writing it): when the turn-state fields do
@@ -90,7 +94,8 @@ class TurnRun:
 
     After :meth:`events` ends (or :meth:`cancel` returns) the outcome is in
     ``state`` (the folded turn state), ``verdicts``, ``refused`` / ``refusal_text``,
-    ``unavailable`` (a provider that could not be reached), ``cut_by``, ``answer_ttft_ms``
+    ``unavailable`` (a provider that could not be reached), ``cut_by``, ``failed_by``,
+    ``answer_ttft_ms``
     and ``answer_done_ms``, and :meth:`rows` / :meth:`calls` give what to log.
     """
 
@@ -119,6 +124,9 @@ class TurnRun:
         #: the answer step, when it failed after part of its answer had reached the
         #: shopper: the turn ended there, its answer cut (see the module text)
         self.cut_by: str | None = None
+        #: the answer step, when it failed open before any of its answer reached the
+        #: shopper: the turn ended there with no answer (see the module text)
+        self.failed_by: str | None = None
         self.answer_ttft_ms: float | None = None
         self.answer_done_ms: float | None = None
         self._queue = _Inbox()
@@ -353,6 +361,11 @@ class TurnRun:
             elif step.config.on_failure == "closed":
                 row.status = "failed_closed"
                 self._refuse(name, None)
+            elif name == self.graph.answer_step:
+                # failing open lets an answer through unchecked; there is none: the turn
+                # ends without one (its steps after the answer would judge nothing)
+                row.status = "failed_open"
+                self.failed_by = name
             else:
                 row.status = "failed_open"
             return
@@ -369,8 +382,9 @@ class TurnRun:
 
     @property
     def ended_early(self) -> bool:
-        """Whether the turn stopped before its steps' end: refused, or its answer cut."""
-        return self.refused or self.cut_by is not None
+        """Whether the turn stopped before its steps' end: refused, its answer cut, or
+        its answer step failed open with no answer."""
+        return self.refused or self.cut_by is not None or self.failed_by is not None
 
     def _config_stop(self, name: str, err: BaseException) -> StepConfigError | None:
         """A provider's refusal of the step's request as misconfigured: HTTP 400 naming a
@@ -464,6 +478,11 @@ class TurnRun:
     def rows(self) -> list[StepRow]:
         """The steps' rows in display order (steps never reached are skipped)."""
         return [self._ctx[n].row for n in self.graph.order if n in self._ctx]
+
+    def error_type_of(self, name: str | None) -> str | None:
+        """The error type in step ``name``'s row (None: no such row, or no error)."""
+        ctx = self._ctx.get(name) if name is not None else None
+        return ctx.row.error_type if ctx is not None else None
 
     def tool_calls(self) -> list[ToolCallRow]:
         """Every step's tool calls, in display order."""

@@ -61,7 +61,7 @@ def test_show_says_what_is_known_of_a_lost_turn(tmp_path: Path) -> None:
         assert " 0 ms" not in line, line
     # the ok turn keeps its times; the errored one has none of the answer's
     assert "ok 812 ms, answer TTFT 140 ms, answer done 655 ms" in out
-    assert "error 30 ms, answer TTFT -, answer done -," in out
+    assert "error (timeout) 30 ms, answer TTFT -, answer done -," in out
     # no empty step or call table under the lost turn: the next thing is another turn's
     after = out.split("  < (no answer: the turn was lost)\n", 1)[1].lstrip("\n")
     assert after.startswith(("conversation ", "turn ", "run 1 (live, interrupted)")), after

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from chainrun.chain import Chain
+from chainrun.chain import REFUSAL, Chain
 from chainrun.config import config_from_dict
-from chainrun.errors import ConfigError
-from chainrun.events import StepFinished, ToolCallEvent, TurnFinished
+from chainrun.errors import ConfigError, ProviderStatusError
+from chainrun.events import StepFinished, TokenDelta, ToolCallEvent, TurnFinished
 from chainrun.lab import LabServer
 from chainrun.lab.scenarios import Lognormal, Scenario
 from chainrun.lab.tool_calls import ToolCallsConfig
@@ -168,9 +168,32 @@ async def test_past_max_tool_rounds_the_step_fails_per_on_failure(on_failure: st
             (step,) = store.steps(chain.run_id or 0)
     assert step.error_type == "tool_rounds_exceeded"
     assert step.status == ("failed_closed" if on_failure == "closed" else "failed_open")
-    assert done.status == ("refused" if on_failure == "closed" else "ok")
+    # the answer step has no answer either way: refused (fail closed), or failed (fail
+    # open has nothing to let through), never an ok turn with an empty answer
+    assert (done.status, done.error_type) == (
+        "refused" if on_failure == "closed" else "error", "tool_rounds_exceeded")
+    assert done.output == (REFUSAL if on_failure == "closed" else None)
     assert RUNS == []  # round 1 was invalid; round 2's call is past the limit: never run
     assert len(fake.requests) == 2
+
+
+async def test_a_400_in_a_tool_round_of_a_fail_open_answer_step_fails_the_turn() -> None:
+    """the server refused the history of round 2 (HTTP 400, no parameter named); the
+    step failing open ended the turn ok with an empty answer and no error type."""
+    order = FakeReply(tool_calls=[{"id": "call_1", "name": "order_status",
+                                   "arguments": '{"order_id": 7}'}], gap_s=0.001)  # fmt: skip
+    refused = FakeReply(error=ProviderStatusError("local: HTTP 400: bad history", 400))
+    fake = FakeProvider(name="local", script=rounds_script(order, refused))
+    with Store.open(":memory:") as store:
+        async with Chain(tool_config(on_failure="open"), store=store,
+                         providers={"local": fake}) as chain:  # fmt: skip
+            done, events = await collect(chain, "where is order 7?")
+            (step,) = store.steps(chain.run_id or 0)
+            (tool,) = store.tool_calls(chain.run_id or 0)
+    assert (step.status, step.error_type) == ("failed_open", "http_400")
+    assert (done.status, done.error_type, done.output) == ("error", "http_400", None)
+    assert not any(isinstance(e, TokenDelta) for e in events)
+    assert tool.status == "ok" and len(fake.requests) == 2  # the tool ran; round 2 failed
 
 
 GUARD_PROMPT = "Task: check the user message.\nUser: {message}\nVerdict:"

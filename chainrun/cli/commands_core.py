@@ -402,6 +402,8 @@ def show(
         out.print(f"  > {printable(t.input)}", markup=False)
         if t.output is None and t.status == "lost":
             out.print("  < (no answer: the turn was lost)", markup=False)
+        elif t.output is None:  # nothing reached the shopper (failed, or cancelled first)
+            out.print("  < (no answer)", markup=False)
         else:
             out.print(f"  < {printable(t.output)}", markup=False)
         for line in marked_verdict_lines(t.verdicts):  # validate's verdict, the critique, ...

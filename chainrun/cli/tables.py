@@ -114,8 +114,10 @@ _LOST_WHY = {"process_ended": "its process ended before the turn's rows were wri
 
 def turn_times(t: TurnRow) -> str:
     """A turn's status and times for ``chainrun show``'s turn line: ``ok 812 ms, answer
-    TTFT 140 ms, answer done 655 ms``. A time the log does not have is ``-`` when the turn
-    has none (no answer: no answer TTFT) and ``unknown`` for a ``lost`` turn, whose rows
+    TTFT 140 ms, answer done 655 ms``; a turn that did not end ok has its error type
+    after its status when it has one (``error (http_400) 264 ms, ...``). A time the log
+    does not have is ``-`` when the turn has none (no answer: no answer TTFT) and
+    ``unknown`` for a ``lost`` turn, whose rows
     were never written (``lost (process_ended: ...), started 2026-12-03T14:00:00+00:00,
     duration unknown, no answer``); never a unit without its number."""
 
@@ -133,7 +135,8 @@ def turn_times(t: TurnRow) -> str:
         if t.output is None:
             parts.append("no answer")
         return ", ".join(parts)
-    return (f"{t.status} {ms(t.duration_ms, 'duration unknown')}, answer TTFT "
+    why = f" ({t.error_type})" if t.error_type and t.status != "ok" else ""
+    return (f"{t.status}{why} {ms(t.duration_ms, 'duration unknown')}, answer TTFT "
             f"{ms(t.answer_ttft_ms, '-')}, answer done {ms(t.answer_done_ms, '-')}")  # fmt: skip
 
 

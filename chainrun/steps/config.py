@@ -62,7 +62,8 @@ class StepConfig(Strict):
     #: the step's kind: ``llm`` (the default), ``retrieve``, ``guard`` or a kind
     #: registered with ``chainrun.steps.register_step_kind``
     kind: str = Field(default="llm", min_length=1)
-    #: what a missing answer means: ``open`` continue unchecked, ``closed`` refuse the turn
+    #: what a missing answer means: ``open`` continue unchecked (the answer step: the
+    #: turn ends ``error``), ``closed`` refuse the turn
     on_failure: Literal["open", "closed"] = "open"
     #: steps that must end before this one starts, besides what it reads
     after: list[str] = Field(default_factory=list)
