@@ -9,8 +9,9 @@ An ``Idempotency-Key`` header makes a request sent again return the first one's 
 (:mod:`chainrun.actions.request_keys`); such a turn runs to its end when the client goes
 away. A keyed request without a ``conversation_id`` gets one derived from the key
 (:func:`~chainrun.actions.request_keys.keyed_conversation_id`), so its retry finds it.
-A request the chain refuses before its turn runs is answered with that HTTP status and the error object of :mod:`chainrun.serve.errors`, not a stream: a key reused
-with another body 422 (``idempotency_key_reused``), another identity's conversation 403
+A request the chain refuses before its turn runs is answered with that HTTP status
+and the error object of :mod:`chainrun.serve.errors`, not a stream: a key reused with
+another body 422 (``idempotency_key_reused``), another identity's conversation 403
 (``conversation_forbidden``), an unknown action id 400. The response starts once the
 chain's turn has begun, or after :data:`chainrun.serve.turns.REFUSAL_WAIT_S` at most: a
 key whose first request is still running streams while it waits for that turn, and
