@@ -167,8 +167,15 @@ _BOUND = re.compile(
     r"more than|at least|at most|max(?:imum)?|min(?:imum)?|spend|orders? over)\s*$",
     re.I,
 )
+
+
+def _list_of(item: str) -> str:
+    """A pattern for one or more ``item`` s joined by commas, slashes, "and", "or", "&"."""
+    return rf"{item}(?:\s*(?:,|/|and|or|&)\s*{item})*"
+
+
 _SIZE = r"(?:XXXL|XXL|XL|XXS|XS|S|M|L|W\d{2}(?:/L\d{2})?|\d{2}(?:\.5)?|one size)"
-_SIZES = rf"{_SIZE}(?:\s*(?:,|/|and|or|&)\s*{_SIZE})*"
+_SIZES = _list_of(_SIZE)
 _STOCK = [
     (re.compile(rf"\b(?:in stock|available)\s+in\s+(?:sizes?\s+)?(?P<sizes>{_SIZES})\b"), True),
     (re.compile(rf"\b(?:sizes?\s+)?(?P<sizes>{_SIZES})\s+(?:is|are)\s+(?:still\s+)?"
@@ -192,7 +199,7 @@ _TOPICS = {
 }
 _COLOUR = "(?:" + "|".join(sorted(COLOUR_WORDS, key=len, reverse=True)) + ")"
 _SHADE = "(?:(?:" + "|".join(sorted(SHADE_WORDS, key=len, reverse=True)) + r")[\s-])?"
-_COLOURS = rf"{_SHADE}{_COLOUR}(?:\s*(?:,|/|and|or|&)\s*{_SHADE}{_COLOUR})*"
+_COLOURS = _list_of(f"{_SHADE}{_COLOUR}")
 #: a colour said of a product: "comes in red", "in navy and black", "is olive", "colours:
 #: navy, black", or a catalogue line's column "| navy/black |"
 _COLOUR_CLAIM = re.compile(
