@@ -602,12 +602,12 @@ class Chain:
             turn.status, turn.error_type = "error", error_type(e)
             raise
         finally:
-            finished = await self._record(admitted, run, turn, "".join(shown))
+            finished = await self._end_turn(admitted, run, turn, "".join(shown))
         yield finished
         if run.unavailable is not None:
             raise run.unavailable
 
-    async def _record(
+    async def _end_turn(
         self, admitted: Admitted, run: TurnRun, turn: TurnRow, shown: str
     ) -> TurnFinished:
         """The turn's end: its run stopped, its rows logged, its conversation and key told,

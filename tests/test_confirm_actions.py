@@ -15,11 +15,11 @@ import pytest
 from log_backends import log_target
 from test_tool_steps import CART, RUNS, cart_call, rounds_script, tool_config
 
-from chainrun.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError, ConversationForbidden, UserInputError
 from chainrun.events import TokenDelta, ToolCallEvent, TurnFinished
+from chainrun.identity import Identity
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.tools.confirm import read_reply

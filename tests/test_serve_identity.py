@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from joserfc import jwt
 from joserfc.jwk import ECKey, OctKey, RSAKey
@@ -202,12 +202,12 @@ async def test_a_jwks_url_is_fetched_again_when_the_provider_rotates_its_keys() 
     published = {"set": jwks(RSA)}
     fetches: list[str] = []
 
-    def provider(request: httpx.Request) -> httpx.Response:
+    def provider(request: httpx2.Request) -> httpx2.Response:
         fetches.append(str(request.url))
-        return httpx.Response(200, json=published["set"])
+        return httpx2.Response(200, json=published["set"])
 
     url = "https://id.example-shop.test/realms/shop/protocol/openid-connect/certs"
-    async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(provider)) as client:
         keys = JwksKeys(url, client=client)
         source = IdentitySource("Authorization-Id", TokenVerifier.from_jwks(
             keys, TokenRules(ISS, AUD)))  # fmt: skip
@@ -219,10 +219,10 @@ async def test_a_jwks_url_is_fetched_again_when_the_provider_rotates_its_keys() 
         assert (await who(source, token(claims, EC, "ES256"))).user_id == "u-9"
         assert len(fetches) == 2
 
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused")
+    def down(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused")
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(down)) as client:
         cold = IdentitySource("Authorization-Id", TokenVerifier.from_jwks(
             JwksKeys(url, client=client)))  # fmt: skip
         with pytest.raises(IdentityUnavailable, match="could not be read"):

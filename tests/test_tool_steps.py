@@ -274,7 +274,7 @@ async def test_cancelled_while_the_side_effect_runs_it_finishes_once_and_is_logg
     assert turn.status == "cancelled"
     assert len(RUNS) == 1 and RUNS[0]["finished"]  # awaited to its end, once
     assert row.status == "ok" and row.turn_cancelled and (row.duration_ms or 0) >= 350
-    assert row.idempotency_key == f"{turn.id}:answer:1:0"
+    assert is_key(row.idempotency_key or "", turn.id, "answer:1:0")
     assert len(fake.requests) == 1  # no second round after the cancel
 
 

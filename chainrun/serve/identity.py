@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from joserfc import jwt
 from joserfc.errors import InvalidPayloadError, JoseError
 from joserfc.jwk import KeySet, OctKey
@@ -184,7 +184,7 @@ class JwksKeys:
             :meth:`aclose`).
     """
 
-    def __init__(self, source: str, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, source: str, client: httpx2.AsyncClient | None = None) -> None:
         self.source = source
         self.is_url = source.startswith(("https://", "http://"))
         self._client = client
@@ -203,14 +203,14 @@ class JwksKeys:
         """
         try:
             if self.is_url:
-                with httpx.Client(timeout=FETCH_TIMEOUT_S) as client:
+                with httpx2.Client(timeout=FETCH_TIMEOUT_S) as client:
                     response = client.get(self.source)
                     response.raise_for_status()
                     raw = response.text
             else:
                 self._mtime = os.stat(self.source).st_mtime
                 raw = Path(self.source).read_text(encoding="utf-8")
-        except (httpx.HTTPError, OSError) as e:
+        except (httpx2.HTTPError, OSError) as e:
             raise IdentityUnavailable(f"{self.source} could not be read: {e}") from None
         self._keys = _key_set(raw, self.source)
         self._fetched_at = time.monotonic()
@@ -259,14 +259,14 @@ class JwksKeys:
         try:
             if self.is_url:
                 if self._client is None:
-                    self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT_S)
+                    self._client = httpx2.AsyncClient(timeout=FETCH_TIMEOUT_S)
                 response = await self._client.get(self.source, timeout=FETCH_TIMEOUT_S)
                 response.raise_for_status()
                 raw = response.text
             else:
                 self._mtime = os.stat(self.source).st_mtime
                 raw = await asyncio.to_thread(Path(self.source).read_text, encoding="utf-8")
-        except (httpx.HTTPError, OSError) as e:
+        except (httpx2.HTTPError, OSError) as e:
             raise IdentityUnavailable(f"the identity provider's keys ({self.source}) could "
                                       f"not be read: {e}") from None  # fmt: skip
         self._keys = _key_set(raw, self.source)
