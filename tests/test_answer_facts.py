@@ -30,6 +30,8 @@ from chainrun.steps.facts import (
     quote_policy,
 )
 
+pytestmark = pytest.mark.facts  # the default chain as it ships: with its answer's facts
+
 REPO = Path(__file__).resolve().parents[1]
 JACKET = ShownProduct(id="JKT-008", title="City Drizzle Rain Jacket (red)", category="jackets",
                       price=44.95, colours=("red",), sizes={"S": 2, "M": 0})  # fmt: skip

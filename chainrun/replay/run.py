@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
@@ -66,12 +67,15 @@ class ReplayRequest:
     #: what a usable answer to this turn holds: eval assertions
     #: (:mod:`chainrun.evals.assertions`, as dicts checked at load); () none
     expect: tuple[dict[str, Any], ...] = ()
+    #: the shopper the turn was for (a user id): the turn runs as that identity (tools
+    #: read it as ``context.user``); None: no identity
+    user: str | None = None
 
 
 #: the fields a replay line may have (any other is refused: a misspelled field would
 #: otherwise be dropped without a word)
 REPLAY_FIELDS = ("id", "message", "conversation_id", "turn", "history", "original_ms",
-                 "expect")
+                 "expect", "user")
 
 
 def load_requests(path: str | Path) -> list[ReplayRequest]:
@@ -118,7 +122,8 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
         seen.add(rid)
         out.append(
             ReplayRequest(rid, msg, conv, float(orig) if orig is not None else None, turn,
-                          history, _expect_field(obj, str(p), no))
+                          history, _expect_field(obj, str(p), no),
+                          _user_field(obj, str(p), no))
         )  # fmt: skip
     if not out:
         raise InputFileError(str(p), None, "no requests in file")
@@ -182,6 +187,24 @@ def _expect_field(obj: Mapping[str, Any], path: str, line: int) -> tuple[dict[st
             raise InputFileError(path, line, f"field 'expect[{i}]' ({where}): "
                                  f"{first['msg']}") from None  # fmt: skip
     return tuple(raw)
+
+
+def _user_field(obj: Mapping[str, Any], path: str, line: int) -> str | None:
+    """A line's ``user``: a user id (:class:`~chainrun.actions.identity.Identity`'s rule),
+    or None when absent.
+
+    Raises:
+        InputFileError: not a non-empty string of at most
+            :data:`~chainrun.actions.identity.MAX_USER_ID_CHARS` characters.
+    """
+    value = obj.get("user")
+    if value is None:
+        return None
+    try:
+        Identity(value if isinstance(value, str) else "")
+    except ValueError as e:
+        raise InputFileError(path, line, f"field 'user': {e} (got {_shown(value)})") from None
+    return str(value)
 
 
 def _shown(value: Any, limit: int = 40) -> str:
@@ -303,6 +326,7 @@ async def run_requests(
                 done = await chain.run_turn(
                     req.message, request_id=req.id, conversation_id=req.conversation_id,
                     history=list(history), turn_index=req.turn, original_ms=req.original_ms,
+                    user=Identity(req.user) if req.user is not None else None,
                 )  # fmt: skip
             except BaseException:
                 stopped = True

@@ -59,6 +59,8 @@ class FactsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: false: no facts (the model writes the whole answer), as if the table were absent
+    enabled: bool = True
     #: products listed at most (0: none)
     products: int = Field(default=3, ge=0, le=20)
     #: policy lines quoted at most (0: none)

@@ -196,8 +196,10 @@ class LLMStep(Step):
         )
         #: the answer's grounding check (built by open() for the answer step)
         self.grounding: AnswerGrounding | None = None
+        #: the facts the answer renders from data (None: none, the model writes it all)
+        self.facts = config.facts if config.facts is not None and config.facts.enabled else None
         #: MiniLM for the policy lines the answer quotes (``facts``; None: shared words)
-        self._embedder = MiniLMEmbedder() if config.facts is not None else None
+        self._embedder = MiniLMEmbedder() if self.facts is not None else None
         #: the step's hedged model call
         self.call = HedgedCall(
             name, config, answer_problem=self._answer_problem if self.wants_json else None
@@ -286,15 +288,15 @@ class LLMStep(Step):
             async for item in items:
                 if lead and isinstance(item, TokenDelta) and item.step == self.name:
                     item, lead = TokenDelta(step=self.name, text=after(lead, item.text)), ""
-                elif isinstance(item, StepResult) and self.is_answer and cfg.facts is not None:
-                    async for fact in self._with_facts(item, state, ctx, cfg.facts, lead):
+                elif isinstance(item, StepResult) and self.is_answer and self.facts is not None:
+                    async for fact in self._with_facts(item, state, ctx, self.facts, lead):
                         yield fact
                     continue
                 yield item
 
     def _lead_text(self, state: TurnState) -> str:
         """The lead the answer started with (" " and ``facts.lead``'s words), or ""."""
-        facts = self.config.facts
+        facts = self.facts
         if (facts is None or not facts.lead or self.tools
                 or self.call.history_layout == "messages"):
             return ""
