@@ -179,8 +179,9 @@ def test_the_page_keeps_its_conversation_and_shows_the_thread(served: str) -> No
             ask(page, "Do you have rain jackets?", 1)
             ask(page, "Which of those is cheapest?", 2)
             second = page.text_content("#turn-status") or ""
-            thread = page.eval_on_selector_all(
-                "#messages li", "items => items.map(i => [i.className, i.textContent])")
+            thread = page.eval_on_selector_all(  # the messages (product cards left out)
+                "#messages li:not(.products)",
+                "items => items.map(i => [i.className, i.textContent])")
             label = page.text_content("#conversation") or ""
             page.reload()  # the conversation survives a reload of the page
             page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)

@@ -61,8 +61,8 @@ def copy_command(
 def export_replay_command(
     source: Annotated[
         str,
-        typer.Argument(help="The turns: a run id, or live traffic as live or "
-                       "live:FROM..TO (ISO-8601, either side optional)."),
+        typer.Argument(help="The turns: a run id, or live (the live runs' turns, "
+                       "narrowed by --since and --until)."),
     ],
     out_file: Annotated[Path, typer.Argument(help="The replay file to write (JSON Lines).")],
     label: Annotated[
@@ -72,6 +72,14 @@ def export_replay_command(
         list[str] | None,
         typer.Option("--status", help="Only turns that ended with this status (repeatable: "
                      "ok, cut, refused, replaced, error, cancelled, lost)."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="With live: turns that started at or after this time "
+                                 "(ISO-8601; UTC unless it says otherwise).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="With live: turns that started before this time (a "
+                                 "date alone: the whole day).")
     ] = None,
     db: DbOpt = DEFAULT_DB_PATH,
 ) -> None:
@@ -83,7 +91,8 @@ def export_replay_command(
     from chainrun.replay.export import replay_lines, write_replay_file
 
     with Store.open(db, create=False) as store:
-        lines = replay_lines(store, source, labels=label or (), statuses=status or ())
+        lines = replay_lines(store, source, since=since, until=until, labels=label or (),
+                             statuses=status or ())
     write_replay_file(out_file, lines)
     conversations = len({line["conversation_id"] for line in lines if "conversation_id" in line})
     out.print(f"wrote {len(lines)} turns ({conversations} conversations) of {source} to "

@@ -17,44 +17,51 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chainrun.analysis.compare import parse_live_window
 from chainrun.errors import UserInputError
 from chainrun.log.rows import TurnRow
 from chainrun.log.store import Store
-from chainrun.log.time_window import log_time
+from chainrun.log.time_window import log_window
 
 __all__ = ["replay_lines", "write_replay_file"]
 
 
-def _selected(store: Store, source: str) -> list[TurnRow]:
-    """The turns of ``source``: a run id, or ``live`` / ``live:FROM..TO``.
+def _selected(
+    store: Store, source: str, since: str | None, until: str | None
+) -> list[TurnRow]:
+    """The turns of ``source``: a run id, or ``live`` (the live runs' turns that started
+    in [``since``, ``until``), ISO-8601, either bound optional).
 
     Raises:
-        UserInputError: an unknown run, a malformed selector.
+        UserInputError: an unknown run, a source that is neither, a window on a run, a
+            bound that is not ISO-8601.
     """
     sel = source.strip()
     if sel.isdigit():
+        if since is not None or until is not None:
+            raise UserInputError(f"--since/--until select live traffic; {sel} is a run "
+                                 "(give live, or leave them out)")  # fmt: skip
         store.get_run(int(sel))  # an unknown run is said as such
         return store.turns(int(sel))
-    start, end = parse_live_window(sel)
-    return store.turns_between(
-        "live", log_time(start) if start else None, log_time(end) if end else None
-    )
+    if sel != "live":
+        raise UserInputError(f"{source!r}: expected a run id or live")
+    return store.turns_between("live", *log_window(since, until))
 
 
 def replay_lines(
     store: Store,
     source: str,
     *,
+    since: str | None = None,
+    until: str | None = None,
     labels: Sequence[str] = (),
     statuses: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """The turns of ``source`` (a run id, or ``live[:FROM..TO]``) as replay lines, in the
-    order they started; only those with a label in ``labels`` and a status in
-    ``statuses`` when given. A conversation keeps all of its selected turns, numbered
-    1, 2, ... in their logged order (a filter that drops a conversation's earlier turn
-    leaves the later ones numbered without it); a turn without a conversation is a line
-    of its own.
+    """The turns of ``source`` (a run id, or ``live`` with the window [``since``,
+    ``until``)) as replay lines, in the order they started; only those with a label in
+    ``labels`` and a status in ``statuses`` when given. A conversation keeps all of its
+    selected turns, numbered 1, 2, ... in their logged order (a filter that drops a
+    conversation's earlier turn leaves the later ones numbered without it); a turn
+    without a conversation is a line of its own.
 
     Returns:
         ``[{"id", "message", "conversation_id"?, "turn"?, "user"?, "original_ms"?}]``:
@@ -63,7 +70,7 @@ def replay_lines(
     Raises:
         UserInputError: no turn is selected (the source and filters are named).
     """
-    turns = [t for t in _selected(store, source)
+    turns = [t for t in _selected(store, source, since, until)
              if (not labels or t.label in labels) and (not statuses or t.status in statuses)]
     if not turns:
         filters = ", ".join(f"{k} {', '.join(v)}" for k, v in (("label", labels),
