@@ -621,11 +621,8 @@ class Chain:
         context, messages = answer_turn(run.calls(), self.config.answer_step,
                                         self._answer_template, place.history.text)
         self.conversations.end(place, turn.input, turn.output, products, context, messages)
-        acted = run.tools is not None and run.tools.acted
-        await self.desk.settle(admitted, turn.status, acted)
         pending = tuple(run.tools.pending) if run.tools is not None else ()
-        if pending and self.desk.confirmations is not None:
-            self.desk.confirmations.asked_in.add(place.conversation_id)
+        await self.desk.settle(admitted, turn.status, run.tools)
         return TurnFinished(
             turn_id=turn_id, run_id=admitted.run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,

@@ -217,12 +217,17 @@ class Desk:
                 await self._release(claim)
             raise
 
-    async def settle(self, admitted: Admitted, status: str, acted: bool) -> None:
-        """The turn ended with ``status``; ``acted``: a tool that acts started, or a
-        call became a pending action. A turn that gave no result (:data:`UNPINNED`) and
-        acted on nothing gives its key up: its retry runs."""
+    async def settle(self, admitted: Admitted, status: str, tools: TurnTools | None) -> None:
+        """The turn ended with ``status``, its tool calls ``tools``. A turn that gave no
+        result (:data:`UNPINNED`) and acted on nothing (no tool that acts started, no call
+        became a pending action) gives its key up: its retry runs. A turn that asked
+        something has its conversation's pending actions read after this process's own
+        writes from now on."""
+        acted = tools is not None and tools.acted
         if admitted.claim is not None and status in UNPINNED and not acted:
             await self._release(admitted.claim)
+        if tools is not None and tools.pending and self.confirmations is not None:
+            self.confirmations.asked_in.add(admitted.place.conversation_id)
 
     async def _claim(
         self, request: TurnRequest, run_id: int | None

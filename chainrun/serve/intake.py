@@ -101,7 +101,9 @@ async def turn_request(
             idempotency_key=key, confirm=asked.confirm, deny=asked.deny,
             background=asked.background, received=received,
         )  # fmt: skip
-        conversation, new = asked.conversation_id, False
+        # a background request's turn has a conversation of its own, whatever it names
+        conversation = asked.conversation_id if asked.background is None else None
+        new = False
         if conversation is None and asked.background is None:
             if asked.opening:
                 conversation = derived_conversation_id(turn.caller, asked.opening)
