@@ -69,6 +69,9 @@ __all__ = ["Admitted", "Desk", "Repeated"]
 
 log = logging.getLogger("chainrun.desk")
 T = TypeVar("T")
+#: s a request may look at a log known to be away (its pool's connect, a statement)
+#: before it is refused: the first look that finds it back ends the outage
+PROBE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -360,6 +363,8 @@ class Desk:
     async def _patient(self, attempt: Callable[[float], Awaitable[T]]) -> T:
         """``attempt(s left)`` through :func:`~chainrun.conversations.source.pool_patient`:
         a busy pool and an outage shorter than ``[log] outage_wait_s`` are waited out.
+        Once a request was refused for the log being away, the next ones look once, for
+        :data:`PROBE_S` at most, until one finds it back: refused at once meanwhile.
 
         Raises:
             LogUnavailable: the log did not answer within the wait (said in one line).
@@ -367,9 +372,12 @@ class Desk:
         store = self.store
         assert store is not None
         try:
-            got = await pool_patient(store, SHARED_TIMEOUT_S, attempt,
-                                     outage_wait_s=self.outage_wait_s,
-                                     down=store.unreachable_errors)  # fmt: skip
+            if self.away_since is not None:  # known away: one short look, no wait
+                got = await asyncio.wait_for(attempt(PROBE_S), PROBE_S)
+            else:
+                got = await pool_patient(store, SHARED_TIMEOUT_S, attempt,
+                                         outage_wait_s=self.outage_wait_s,
+                                         down=store.unreachable_errors)  # fmt: skip
         except store.unreachable_errors as e:
             raise self._unavailable(e) from None
         self.away_since = self.away_reason = None

@@ -19,7 +19,7 @@ conversation 403 (``conversation_forbidden``), a key whose first request is stil
 past the wait 409, a key reused with another body 422 (``idempotency_key_reused``), the
 run log away past its outage wait 503 (``log_unavailable``, with ``Retry-After``). The
 response starts once the chain's turn has begun, or after
-:data:`chainrun.serve.turns.REFUSAL_WAIT_S` at most: a key whose first request is still
+:attr:`chainrun.serve.turns.TurnRunner.refusal_wait_s` at most: a key whose first request is still
 running streams while it waits for that turn, and should the wait run out
 (:data:`chainrun.desk.keys.WAIT_S`) its stream's event after ``turn_started`` is
 ``error`` ``{status: 409, message, type}``. With ``serve --identity-header`` the
@@ -157,7 +157,7 @@ async def chat(request: Request) -> Response:
     turn = await turn_request(request, asked, received)
     if isinstance(turn, Response):
         return turn
-    events, refusal = await opened(runner.stream(turn))
+    events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
     if refusal is not None:  # refused before its turn ran: the status, not a stream
         return refusal_response(refusal)
     return sse_response(_events(events), keepalive_s=request.app.state.serve.chat_keepalive_s)

@@ -339,7 +339,7 @@ async def chat_completions(request: Request) -> Response:
         return turn
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
-        events, refusal = await opened(runner.stream(turn))
+        events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
         if refusal is not None:  # refused before its turn ran: the status, not a stream
             return refusal_response(refusal)
         return sse_response(

@@ -69,8 +69,10 @@ log = logging.getLogger("chainrun.serve")
 #: summary is built from the turn's own events (a log database that is away)
 READ_TIMEOUT_S = 2.0
 #: how long a face waits for the chain's first event of a turn before it starts its
-#: streamed response (seconds): a refusal of the request within it (:func:`opened`) is
-#: answered with its HTTP status instead of a stream
+#: streamed response (seconds), beyond the log's outage wait (``[log] outage_wait_s``, the
+#: longest the front desk waits for the log before it refuses): a refusal of the request
+#: within it (:func:`opened`) is answered with its HTTP status instead of a stream
+#: (:attr:`TurnRunner.refusal_wait_s`)
 REFUSAL_WAIT_S = 2.0
 
 
@@ -347,6 +349,13 @@ class TurnRunner:
         for task in tasks:
             task.cancel()
         return len(tasks)
+
+    @property
+    def refusal_wait_s(self) -> float:
+        """How long a face waits for a turn's first event before it starts the response
+        (s): :data:`REFUSAL_WAIT_S` beyond the log's outage wait, so that a request the
+        desk refuses after waiting out an outage still gets its status."""
+        return REFUSAL_WAIT_S + self.chain.config.log.outage_wait_s
 
     @property
     def answer_step(self) -> str:
