@@ -552,11 +552,10 @@ class Chain:
         """Run one turn, yielding typed events as they happen: the front desk admits it
         (:mod:`chainrun.desk`), its steps run, it is logged.
 
-        ``message``: the shopper's text, or a whole :class:`~chainrun.desk.TurnRequest`;
-        ``fields``: the request's other fields (``conversation_id``, ``history``, ``user``,
-        ``idempotency_key``, ``confirm``, ``deny``, ``request_id``, ...: see
-        :class:`~chainrun.desk.TurnRequest`). The turn's clock starts when the request is
-        made (at the first iteration here), so what the desk waits for is part of it.
+        ``message``: the shopper's text, or a whole :class:`~chainrun.desk.TurnRequest`,
+        whose fields ``fields`` are otherwise (``conversation_id``, ``history``, ``user``,
+        ``idempotency_key``, ``confirm``, ``deny``, ...). The turn's clock starts with the
+        request (here: the first iteration); what the desk waits for is part of it.
 
         Raises:
             UserInputError: a bad argument (``message: expected a string, got
