@@ -561,12 +561,12 @@ class Chain:
             UserInputError: a bad argument (``message: expected a string, got
                 NoneType``), or a ``confirm`` / ``deny`` naming no action of the
                 conversation: at the first iteration, before anything runs or is logged.
-            ConversationForbidden, IdempotencyKeyReused, RequestInProgress,
-                LogUnavailable: the desk refused the request (each with its
-                ``http_status``); nothing ran.
+            ConversationForbidden: the desk refused the request (another identity's
+                conversation); so do ``IdempotencyKeyReused``, ``RequestInProgress`` and
+                ``LogUnavailable``, each with its ``http_status``: nothing ran.
             ChainClosed: the chain was closed.
-            ProviderUnavailable, StepConfigError: a provider could not be reached, or
-                refused a step's request as misconfigured, after the turn was logged
+            ProviderUnavailable: a provider could not be reached (``StepConfigError``:
+                it refused a step's request as misconfigured), after the turn was logged
                 with status ``error``.
         """
         request = message if isinstance(message, TurnRequest) else TurnRequest(message, **fields)
