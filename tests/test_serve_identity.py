@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,23 @@ async def test_a_jwks_url_is_fetched_again_when_the_provider_rotates_its_keys() 
             JwksKeys(url, client=client)))  # fmt: skip
         with pytest.raises(IdentityUnavailable, match="could not be read"):
             await who(cold, token(claims))
+
+
+def test_serve_says_the_mode_it_runs_in_at_start(tmp_path: Path) -> None:
+    """The line after serve's address says how the identity is taken."""
+    env = {**os.environ, "CHAINRUN_SERVE_IDENTITY_KEY": KEY}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "serve", "--identity-header", "X-Shopper",
+         "--port", "0", "--db", str(tmp_path / "log.db")],
+        env=env, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        first, second = proc.stderr.readline(), proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert first.startswith("chainrun serve: http://")
+    assert second.strip() == ("chainrun serve: identity: X-Shopper carries HS256 tokens, the "
+                              "shop's key, 60 s leeway")  # fmt: skip

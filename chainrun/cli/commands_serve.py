@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -212,5 +211,4 @@ def _identity_source(
             "--identity-header")  # fmt: skip
         fail(f"{where}: {e}", 2)
         raise  # fail() exits
-    print(f"chainrun serve: {source.describe()}", file=sys.stderr, flush=True)
-    return source
+    return source  # its mode is said at start, after the address (chainrun.serve.server)

@@ -158,6 +158,7 @@ def serve(
         shown = shown_url(db) if isinstance(db, str) else str(db)
         print(f"chainrun serve: {_address(sock)} with {workers} worker processes (parent "
               f"pid {os.getpid()}, log {shown})", file=sys.stderr, flush=True)  # fmt: skip
+        _say_identity(identity)
         try:
             supervisor = Supervisor(sock, workers, one, recover=_lost_turns_said(db))
             failed = supervisor.run_until_stopped()
@@ -233,6 +234,8 @@ def _serve_one(
     )
     print(f"chainrun serve: {_address(sock)} (pid {os.getpid()}, log {store.name})",
           file=sys.stderr, flush=True)  # fmt: skip
+    if announce:  # a worker leaves it to its parent
+        _say_identity(identity)
     try:
         with _stop_signals_return():
             server.run(sockets=[sock])
@@ -240,6 +243,12 @@ def _serve_one(
         store.close()
     if state.log_gone is not None:  # served on, but every turn of the run went with the file
         raise state.log_gone
+
+
+def _say_identity(identity: IdentitySource | None) -> None:
+    """The identity mode serve runs in, in one line on stderr (after the address line)."""
+    if identity is not None:
+        print(f"chainrun serve: {identity.describe()}", file=sys.stderr, flush=True)
 
 
 class _Server(uvicorn.Server):
