@@ -21,6 +21,7 @@ from chainrun.classify.conversation import FollowUps
 from chainrun.classify.examples import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
+    OUT_OF_SCOPE_BELOW,
     NearestExamples,
     read_examples,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Classification",
     "Classifier",
     "FollowUps",
+    "OUT_OF_SCOPE_BELOW",
     "KeywordRules",
     "NearestExamples",
     "RulesThenExamples",
