@@ -12,7 +12,8 @@ message is read here. Two layers, the precise one first:
      is ``unclear``; else any negation ("no", "don't", "nein", "pas maintenant", "nee")
      is ``no``; else an affirmation ("yes", "sure why not", "ja bitte", "d'accord",
      "claro", "va bene", "doe maar", "👍") is ``yes``; politeness alone ("please",
-     "thanks") is ``unclear``. A yes and a no together ("yes no") are ``unclear``.
+     "thanks") is ``unclear``. A yes and a no together ("yes no"), or a yes with a
+     question mark ("yes?"), are ``unclear``.
    - A leading affirmation followed by more words ("yes add it to my cart", "yeah go
      ahead and place it", "ja, leg sie in den Warenkorb") is ``yes`` when every further
      word is one a confirmation uses (:data:`CONFIRMING_WORDS`: add, cart, go ahead,
@@ -397,7 +398,8 @@ class ReplyReader:
 
     Args:
         examples: (label, message) pairs of labelled replies (None: :data:`REPLY_EXAMPLES`
-            and, as ``new_request``, the classify step's examples the team wrote).
+            and, as ``new_request``, the classify step's examples the team wrote; empty:
+            no examples, the rules and the word count only).
         embedder: the embedder of the examples (None: MiniLM when its files are installed,
             else no examples: rules and word count only).
         k: neighbours that vote.
@@ -421,7 +423,7 @@ class ReplyReader:
     async def warm(self) -> None:
         """Read and embed the examples now (else the first :meth:`read` that needs them
         does): the shipped examples' vectors ship beside them."""
-        if self.embedder is None or self._nearest is not None:
+        if self.embedder is None or self._nearest is not None or self._given == []:
             return
         async with self._lock:
             if self._nearest is None:
@@ -469,7 +471,7 @@ class ReplyReader:
                 return ReplyReading("unclear", "rules", detail)
             if _N in kinds:
                 return ReplyReading("no", "rules", detail)
-            if _Y in kinds and _C not in kinds:
+            if _Y in kinds and _C not in kinds and "?" not in message:
                 return ReplyReading("yes", "rules", detail)
             return ReplyReading("unclear", "rules", detail)  # politeness or a condition alone
         lead = next((c for c in kinds if c != _F), None)
