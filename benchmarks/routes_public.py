@@ -183,18 +183,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--powers", default="1,2,3", help="--tune: vote powers")
     c.add_common_options(parser)
     args = parser.parse_args(argv)
-    name = "routes_public_tune" if args.tune else "routes_public"
-    doc = c.new_document(name, argv, {"out_of_scope_below": OUT_OF_SCOPE_BELOW,
-                                      "vote_power": VOTE_POWER, "k": DEFAULT_K})  # fmt: skip
-    doc["benchmark"] = "routes_public"
+    doc = c.new_document("routes_public", argv, {"out_of_scope_below": OUT_OF_SCOPE_BELOW,
+                                                 "vote_power": VOTE_POWER, "k": DEFAULT_K})
     if args.tune:
         grid = ([float(x) for x in args.thresholds.split(",")],
                 [float(x) for x in args.powers.split(",")])  # fmt: skip
         doc["results"] = asyncio.run(tune(*grid))
     else:
         doc["results"] = asyncio.run(figures())
-    out = args.out or (str(c.RESULTS_DIR / f"{name}.json"))
-    c.finish(doc, as_json=args.json, summary=summary, out=out)
+    name = "routes_public_tune" if args.tune else "routes_public"
+    c.finish(doc, as_json=args.json, summary=summary,
+             out=args.out or str(c.RESULTS_DIR / f"{name}.json"))
 
 
 if __name__ == "__main__":
