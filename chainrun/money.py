@@ -379,6 +379,8 @@ def find_money(text: str, shop_currency: str, locale: str) -> list[MoneyText]:
             continue
         if code is not None and code != code.upper():
             continue  # "eur 5" read case-blind by the pattern: codes are capitals
+        if m.group("code") and text[m.end("code") : m.end("code") + 1] in "-−":
+            continue  # "TOP-001" is a product id, not -1 Tongan paʻanga
         number = m.group("num") or m.group("num2")
         mark = m.group("sign") or m.group("sign2") or code or m.group("word") or ""
         currency = (signs.get(mark) or signs.get(mark.upper())

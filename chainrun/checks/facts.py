@@ -224,7 +224,8 @@ _WAS = ending(
     "compare at", "statt",
 )
 #: between the two ends of a range ("€40–€60", "€40 to €60", "between €40 and €60")
-_RANGE_JOIN = re.compile(r"^\s*(?:-|–|—|to|and|bis)\s*$", re.I)
+_RANGE_JOIN = re.compile(r"^\s*(-|–|—|to|and|bis)\s*$", re.I)
+_BETWEEN = ending("between")
 #: the shopper's words repeated: a bound there is theirs, not a claim
 _ECHO = words(
     "you (?:asked|said|mentioned|want(?:ed)?|need(?:ed)?|(?:are|were) looking)",
@@ -306,9 +307,12 @@ def amounts(src: GroundingSources, seg: str, names_product: bool) -> list[Amount
     if not any(ch.isdigit() for ch in seg):
         return []
     out: list[Amount] = []
-    taken: list[tuple[int, int]] = []
+    ids = [m.span() for m in src.id_re.finditer(seg)]
+    taken: list[tuple[int, int]] = list(ids)
     for mt in find_money(seg, src.currency, src.locale):
         start, end = mt.start, mt.end
+        if any(a < end and start < b for a, b in ids):
+            continue  # inside a product id
         if start and mt.text[0].isdigit() and (seg[start - 1].isalnum()
                                                or seg[start - 1] in "._,'’"):
             continue  # the tail of a longer number or word ("x49 EUR")
@@ -348,9 +352,14 @@ def _ranges(seg: str, found: list[Amount]) -> list[Amount]:
     out = list(found)
     for i in range(len(out) - 1):
         a, b = out[i], out[i + 1]
-        if a.role in ("unit", "from", "approx") and _RANGE_JOIN.match(seg[a.end : b.start]):
-            out[i] = _with_role(a, "range_low")
-            out[i + 1] = _with_role(b, "range_high")
+        join = _RANGE_JOIN.match(seg[a.end : b.start])
+        if join is None or a.role not in ("unit", "from", "approx"):
+            continue
+        if join.group(1).lower() == "and" and not _BETWEEN.search(seg, max(0, a.start - 12),
+                                                                 a.start):  # fmt: skip
+            continue  # "cost €44.95 and €124.00": two prices, not a range
+        out[i] = _with_role(a, "range_low")
+        out[i + 1] = _with_role(b, "range_high")
     return out
 
 
@@ -374,6 +383,14 @@ _TOTAL = words(
     "for the (?:two|pair)", "would (?:be|cost)", "will (?:be|cost)", "makes?", "plus",
     "including", "incl\\.?", "with",
 )
+#: words that say an amount is a sum (narrower than :data:`_TOTAL`)
+_SUM_SAID = words("totals?", "together", "altogether", "in all", "combined", "comes? to",
+                  "came to", "coming to", "adds? up", "for both", "both for",
+                  "for the (?:two|pair)", "would (?:be|cost)", "in total")  # fmt: skip
+_EACH = words("each", "apiece", "a piece", "per (?:piece|item|unit|pair|person)")
+#: a comparative just after an amount: it is a difference ("€5 cheaper than")
+_COMPARATIVE_AFTER = starting("cheaper", "less", "more", "dearer", "pricier", "extra",
+                              "above", "below", "over", "under")  # fmt: skip
 _DIFFERENCE = words("cheaper", "less", "more", "dearer", "pricier", "difference", "differ\\w*",
                     "saves?", "saving", "savings", "extra", "than", "additional")  # fmt: skip
 _FEE = words("deliver\\w*", "shipping", "ships?", "shipped", "postage", "express", "courier",
@@ -384,6 +401,11 @@ _VAT_EXCL = re.compile(
     r"\b(?:excl\.?|excluding|exclusive\s+of|plus|before|without|net\s+of|ex\.?|zzgl\.?|"
     r"ohne|hors)\s+(?:\w+\s+)?(?:VAT|MwSt|tax|TVA|IVA)|\bnet\b|\+\s*(?:VAT|MwSt)",
     re.I,
+)
+#: a price said without VAT, just after it ("€37.46 excl. VAT", "CHF 1'201.67 net")
+_VAT_EXCL_AFTER = starting(
+    "(?:excl\\.?|excluding|exclusive of|plus|before|without|net of|ex\\.?|zzgl\\.?|ohne|hors) "
+    "(?:\\w+ )?(?:VAT|MwSt|tax|TVA|IVA)", "net",
 )
 _VAT_PART = ending("(?:VAT|MwSt\\.?|tax) (?:of|is|amounts to|comes to|:)")
 _VAT_PART_AFTER = starting("(?:of|in|as) (?:VAT|MwSt|tax)")
@@ -401,6 +423,8 @@ class Cues:
         vat: of VAT; ``vat_excl``: a price without it ("excl. VAT", "net").
         discount: of a discount ("20% off", "discount", "sale").
         echo: the shopper's words repeated ("you asked for ... under 100 EUR").
+        sum_said: an amount is said as a sum ("come to", "together", "in total").
+        each: an amount is said per piece ("each", "apiece").
     """
 
     quantities: frozenset[int]
@@ -411,6 +435,8 @@ class Cues:
     vat_excl: bool
     discount: bool
     echo: bool
+    sum_said: bool = False
+    each: bool = False
 
     @property
     def derived(self) -> bool:
@@ -432,7 +458,18 @@ def cues_of(seg: str, spans: list[tuple[int, int]]) -> Cues:
             qty.add(k)
     return Cues(frozenset(qty), bool(_TOTAL.search(seg)), bool(_DIFFERENCE.search(seg)),
                 bool(_FEE.search(seg)), bool(_VAT.search(seg)), bool(_VAT_EXCL.search(seg)),
-                bool(DISCOUNT.search(seg)), bool(_ECHO.search(seg)))  # fmt: skip
+                bool(DISCOUNT.search(seg)), bool(_ECHO.search(seg)),
+                bool(_SUM_SAID.search(seg)), bool(_EACH.search(seg)))  # fmt: skip
+
+
+def said_as_difference(seg: str, a: Amount) -> bool:
+    """Whether ``a`` is said as a difference ("€5 cheaper than", "€10 more")."""
+    return bool(_COMPARATIVE_AFTER.match(seg, a.end))
+
+
+def vat_excluded(seg: str, a: Amount) -> bool:
+    """Whether ``a`` is said as a price without VAT ("€37.46 excl. VAT")."""
+    return bool(_VAT_EXCL_AFTER.match(seg, a.end))
 
 
 def vat_part(seg: str, a: Amount) -> bool:

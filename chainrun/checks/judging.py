@@ -50,9 +50,11 @@ from chainrun.checks.facts import (
     amounts,
     cues_of,
     mentions,
+    said_as_difference,
     segments,
     step,
     subject,
+    vat_excluded,
     vat_part,
 )
 from chainrun.checks.sources import (
@@ -196,32 +198,49 @@ def _derived(src: GroundingSources, seg: str, a: Amount, cues: Cues, subj_rows: 
     q = Decimal(1).scaleb(-minor_digits(cur))
     subj = _prices(subj_rows, cur)
     every = subj | _prices(named_rows, cur)
-    vals = set(subj)
-    unknown = False
     rates = src.facts.vat_rates
-    if vat_part(seg, a):
+    if vat_part(seg, a):  # the VAT in a price
         if not rates:
             return set(), True
         return {(p * r / (1 + r)).quantize(q) for p in subj for r in rates}, False
+    if vat_excluded(seg, a):  # a price without VAT: never the price itself
+        if not rates:
+            return set(), True
+        return {(p / (1 + r)).quantize(q) for p in subj for r in rates}, False
+    vals: set[Decimal] = set()
+    bases = set(subj)  # what a fee may be added to
     if cues.quantities:
-        vals |= {(k * p).quantize(q) for k in cues.quantities for p in every}
+        multiples = {(k * p).quantize(q) for k in cues.quantities for p in every}
+        vals |= multiples
+        bases |= multiples
     distinct = {r.id: r for r in named_rows}
     if cues.total and len(distinct) >= 2:
-        vals.add(sum((quantize(r.price, cur) for r in distinct.values()), Decimal(0)))
+        total = sum((quantize(r.price, cur) for r in distinct.values()), Decimal(0))
+        vals.add(total)
+        bases.add(total)
     if cues.difference:
         pool = sorted(every)
         vals |= {abs(x - y) for x in pool for y in pool if x != y}
-    if cues.vat_excl:
-        if rates:
-            vals |= {(p / (1 + r)).quantize(q) for p in subj for r in rates}
-        else:
-            unknown = True
-    discounts = src.facts.discounts
-    if cues.discount and discounts:
-        vals |= {(p * (1 - d / 100)).quantize(q) for p in subj for d in discounts}
+    unknown = cues.vat_excl and not rates
+    if cues.vat_excl and rates:
+        vals |= {(p / (1 + r)).quantize(q) for p in subj for r in rates}
+    if cues.discount and src.facts.discounts:
+        vals |= {(p * (1 - d / 100)).quantize(q) for p in subj for d in src.facts.discounts}
     if cues.fee:
-        vals |= {v + f for v in list(vals) for f in src.fees} | set(src.fees)
+        vals |= {b + f for b in bases for f in src.fees}
+    if not _not_unit(seg, a, cues, named_rows):
+        vals |= subj
     return vals, unknown
+
+
+def _not_unit(seg: str, a: Amount, cues: Cues, named_rows: list[ProductRow]) -> bool:
+    """Whether the sentence's words say ``a`` is not one product's price: a total of
+    several ("Two JKT-008 come to", "JKT-008 and JKT-005 together cost", "with delivery
+    ... comes to") unless "each"; a difference ("€5 cheaper"); a price without VAT."""
+    if vat_excluded(seg, a) or vat_part(seg, a) or said_as_difference(seg, a):
+        return True
+    several = bool(cues.quantities) or len({r.id for r in named_rows}) >= 2 or cues.fee
+    return cues.sum_said and several and not cues.each
 
 
 def _correction(src: GroundingSources, a: Amount, row: ProductRow) -> str:
@@ -240,16 +259,39 @@ def _price_claims(src: GroundingSources, seg: str, offset: int, ms: list[Mention
     found = amounts(src, seg, bool(ms))
     if not found:
         return []
-    spans = [(x.start, x.end) for x in found] + [(m.start, m.end) for m in ms if m.by == "id"]
+    spans = [(x.start, x.end) for x in found] + [(m.start, m.end) for m in ms if m.by != "noun"]
     cues = cues_of(seg, spans)
     named_rows = [r for i in sorted({i for m in ms for i in m.ids}) if (r := src.known(i))]
+    paired = _respectively(ms, found)
     claims: list[Claim] = []
     for idx, a in enumerate(found):
         at = (a.start + offset, a.end + offset)
-        claim = _judge_amount(src, seg, a, at, idx, found, ms, cues, named, named_rows, earlier)
+        claim = _judge_amount(src, seg, a, at, idx, found, ms, cues, named, named_rows, earlier,
+                              paired.get(idx))  # fmt: skip
         if claim is not None:
             claims.append(claim)
     return claims
+
+
+def _respectively(ms: list[Mention], found: list[Amount]) -> dict[int, frozenset[str]]:
+    """Amounts listed after the products they are about, in the same order ("JKT-008
+    and JKT-005 cost €44.95 and €49.95"): index of each amount → its product. Empty
+    unless there are as many prices as products named (two or more) and every price
+    comes after the last of them."""
+    products: list[Mention] = []
+    for m in ms:
+        if m.by == "noun":
+            continue
+        prev = products[-1] if products else None
+        if prev is not None and prev.by == "id" and m.by == "title" and m.start - prev.end < 4:
+            continue  # "[JKT-003] <its title>": one product
+        products.append(m)
+    prices = [i for i, a in enumerate(found) if a.role in ("unit", "approx")]
+    if len(products) < 2 or len(prices) != len(products):
+        return {}
+    if any(found[i].start < products[-1].end for i in prices):
+        return {}
+    return {i: m.ids for i, m in zip(prices, products, strict=True)}
 
 
 _FEE_WORDS = ("deliver\\w*", "shipping", "postage", "express", "courier", "fees?", "surcharge",
@@ -266,12 +308,13 @@ _THRESHOLD = ending("(?:orders?|baskets?|purchases?|spend(?:ing)?|free(?: \\w+)?
 
 def _judge_amount(src: GroundingSources, seg: str, a: Amount, at: tuple[int, int], idx: int,
                   found: list[Amount], ms: list[Mention], cues: Cues, named: set[str],
-                  named_rows: list[ProductRow],
-                  earlier: frozenset[str]) -> Claim | None:  # fmt: skip
+                  named_rows: list[ProductRow], earlier: frozenset[str],
+                  paired: frozenset[str] | None = None) -> Claim | None:  # fmt: skip
     """One amount's claim (None: not said as a fact: a bare number beside nothing, the
-    shopper's bound repeated, a bound about nothing)."""
+    shopper's bound repeated, a bound about nothing); ``paired``: the product a list of
+    prices gives it (:func:`_respectively`)."""
     cur = src.currency
-    subj = subject(ms, a.start, src, earlier)
+    subj = paired if paired is not None else subject(ms, a.start, src, earlier)
     rows = [r for i in sorted(subj) if (r := src.known(i)) is not None]
     in_sentence = any(m.by in ("id", "title") and m.ids & subj for m in ms)
     if a.bare and not a.cued and not subj:
@@ -328,7 +371,8 @@ def _judge_amount(src: GroundingSources, seg: str, a: Amount, at: tuple[int, int
                      f"no product, fee or tool result of the turn costs {a.text}")
     vals, unknown = _derived(src, seg, a, cues, rows, named_rows)
     approx = a.role == "approx"
-    ok = [r for r in rows if _close(a.value, quantize(r.price, cur), approx, cur)]
+    ok = [r for r in rows if _close(a.value, quantize(r.price, cur), approx, cur)
+          and not _not_unit(seg, a, cues, named_rows)]  # fmt: skip
     if ok or any(_close(a.value, v, approx, cur) for v in vals):
         return Claim("price", a.text, *at, (ok or rows)[0].id)
     row = rows[0]
@@ -432,6 +476,13 @@ def _discount_claims(src: GroundingSources, seg: str, offset: int, cues: Cues) -
         for m in OFFER_WORDS.finditer(seg):
             at = (m.start() + offset, m.end() + offset)
             negated = bool(NEGATION.search(seg, max(0, m.start() - 40), m.start()))
+            said = _policy_says(src, m.group(0))
+            if said is not None:  # the policy speaks of this very offer ("discount codes")
+                ok = said == (not negated)
+                out.append(Claim("discount", m.group(0), *at, None, ok,
+                                 None if ok else f"the policy says {'no ' if not said else ''}"
+                                 f"{m.group(0)}"))  # fmt: skip
+                break
             if negated != facts.offers_discount:
                 out.append(Claim("discount", m.group(0), *at))
             else:
@@ -440,6 +491,15 @@ def _discount_claims(src: GroundingSources, seg: str, offset: int, cues: Cues) -
                                  "the policy offers a discount"))  # fmt: skip
             break
     return out
+
+
+def _policy_says(src: GroundingSources, words: str) -> bool | None:
+    """Whether the policy offers ``words`` ("discount codes"): True, False (a sentence
+    says there are none), None (no sentence speaks of them)."""
+    found = [s for s in src.facts.sentences if words.lower() in s.lower()]
+    if not found:
+        return None
+    return not all(NEGATION.search(s) for s in found)
 
 
 # -- stock and colours -----------------------------------------------------------------------

@@ -300,9 +300,9 @@ DISCOUNT = words(
 )
 #: words that offer a discount with no number ("on sale", "a discount", "promo code")
 OFFER_WORDS = words(
-    "discounts?", "discounted", "on sale", "sale prices?", "promo(?:tion)? codes?",
-    "promotions?", "coupons?", "vouchers?", "markdowns?", "clearance", "price reductions?",
-    "reduced prices?",
+    "discount codes?", "discounts?", "discounted", "on sale", "sale prices?",
+    "promo(?:tion)? codes?", "promotions?", "coupons?", "vouchers?", "markdowns?", "clearance",
+    "price reductions?", "reduced prices?",
 )
 _PERCENT = re.compile(r"(?P<n>\d{1,3}(?:[.,]\d{1,2})?)\s?(?:%|percent\b|per cent\b)", re.I)
 _VAT_WORD = r"(?:VAT|MwSt\.?|Mehrwertsteuer|TVA|IVA|sales tax)"

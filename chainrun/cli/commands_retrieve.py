@@ -174,15 +174,22 @@ def retrieve(
 def catalog_load(
     file: Annotated[Path, typer.Argument(help="Products as JSONL or CSV.")],
     db: DbOpt = DEFAULT_DB_PATH,
+    currency: Annotated[str, typer.Option(
+        help="The catalogue's currency (ISO 4217), e.g. CHF.")] = "EUR",
+    locale: Annotated[str | None, typer.Option(
+        help="The locale the file writes prices in (CLDR), e.g. de_CH for 1'299.00 or "
+             "de_DE for 1.299,00; without it, a price such as 1.299 is refused.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load (replace) the product catalogue from JSONL or CSV; a bad row loads nothing."""
     from chainrun.log.store import Store
     from chainrun.retrieval.catalog import read_catalog, write_products
 
-    products = read_catalog(file)  # validated before the log is opened (or created)
+    # validated before the log is opened (or created)
+    products = read_catalog(file, currency=currency, locale=locale)
     with Store.open(db) as store:
-        n = write_products(store.db, products, source=str(file))
+        n = write_products(store.db, products, source=str(file), currency=currency,
+                           locale=locale)  # fmt: skip
     if as_json:
         print_json({"loaded": n, "file": str(file), "db": str(db)})
     else:
