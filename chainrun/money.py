@@ -71,6 +71,7 @@ class AmbiguousAmount(ValueError):
     a thousands point, 1.299 with a decimal point) and no locale says which."""
 
 
+@lru_cache(maxsize=64)
 def locale_of(name: str) -> Locale:
     """The Babel locale named ``name`` (``de_CH`` or ``de-CH``).
 
@@ -90,6 +91,7 @@ def _currency(code: str) -> str:
     return code
 
 
+@lru_cache(maxsize=64)
 def minor_digits(currency: str) -> int:
     """Digits after the decimal separator in ``currency`` (ISO 4217 code): 2 for EUR and
     CHF, 0 for JPY (CLDR's currency data).

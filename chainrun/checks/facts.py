@@ -92,6 +92,7 @@ class Mention:
 
 
 _WORD = re.compile(r"[A-Za-zÀ-ÿ]+(?:'s)?")
+_DIGIT = re.compile(r"\d")
 
 
 def _noun_mentions(src: GroundingSources, seg: str, taken: list[tuple[int, int]]) -> list[Mention]:
@@ -125,7 +126,19 @@ def _noun_mentions(src: GroundingSources, seg: str, taken: list[tuple[int, int]]
 
 
 def mentions(src: GroundingSources, seg: str) -> list[Mention]:
-    """The products ``seg`` names, in order (an id, a title, or a run of title words)."""
+    """The products ``seg`` names, in order (an id, a title, or a run of title words);
+    kept per sentence on ``src`` (a sentence is read twice: its claims, then the product
+    it names last for the next one)."""
+    cache = src.mention_cache
+    found = cache.get(seg)
+    if found is None:
+        found = cache[seg] = _find_mentions(src, seg)
+        if len(cache) > 256:
+            cache.pop(next(iter(cache)))
+    return found
+
+
+def _find_mentions(src: GroundingSources, seg: str) -> list[Mention]:
     found = [Mention(m.start(), m.end(), frozenset({m.group(0)}), "id")
              for m in src.id_re.finditer(seg)]  # fmt: skip
     if src.title_re is not None:
@@ -304,7 +317,7 @@ def amounts(src: GroundingSources, seg: str, names_product: bool) -> list[Amount
     every amount with a currency, and each bare amount said as a price
     (``names_product``: the segment names a product). The second end of a range may
     be bare ("€40-60")."""
-    if not any(ch.isdigit() for ch in seg):
+    if _DIGIT.search(seg) is None:
         return []
     out: list[Amount] = []
     ids = [m.span() for m in src.id_re.finditer(seg)]

@@ -255,12 +255,11 @@ def _correction(src: GroundingSources, a: Amount, row: ProductRow) -> str:
 
 
 def _price_claims(src: GroundingSources, seg: str, offset: int, ms: list[Mention],
-                  named: set[str], earlier: frozenset[str]) -> list[Claim]:  # fmt: skip
-    found = amounts(src, seg, bool(ms))
+                  named: set[str], earlier: frozenset[str], found: list[Amount],
+                  cues: Cues) -> list[Claim]:  # fmt: skip
+    """The claims of the amounts ``found`` in ``seg`` (its ``cues``)."""
     if not found:
         return []
-    spans = [(x.start, x.end) for x in found] + [(m.start, m.end) for m in ms if m.by != "noun"]
-    cues = cues_of(seg, spans)
     named_rows = [r for i in sorted({i for m in ms for i in m.ids}) if (r := src.known(i))]
     paired = _respectively(ms, found)
     claims: list[Claim] = []
@@ -666,9 +665,12 @@ def check_segment(src: GroundingSources, seg: str, offset: int = 0,
     :func:`chainrun.checks.facts.subject`)."""
     ms = mentions(src, seg)
     claims, named = _named_claims(src, seg, offset, ms)
-    claims += _price_claims(src, seg, offset, ms, named, earlier)
-    spans = [(c.start - offset, c.end - offset) for c in claims]
-    claims += _discount_claims(src, seg, offset, cues_of(seg, spans))
+    found = amounts(src, seg, bool(ms))
+    spans = [(x.start, x.end) for x in found] + [(m.start, m.end) for m in ms if m.by != "noun"]
+    if found or "%" in seg or OFFER_WORDS.search(seg) or "percent" in seg or "per cent" in seg:
+        cues = cues_of(seg, spans)
+        claims += _price_claims(src, seg, offset, ms, named, earlier, found, cues)
+        claims += _discount_claims(src, seg, offset, cues)
     claims += _stock_claims(src, seg, offset, ms, earlier)
     claims += _colour_claims(src, seg, offset, ms, earlier)
     claims += _policy_claims(src, seg, offset)

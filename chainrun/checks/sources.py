@@ -440,6 +440,8 @@ class GroundingSources:
         self.fees = self.facts.amounts
         #: the prices of the turn's products
         self.prices = frozenset(r.amount for r in self.products.values())
+        #: the products each sentence names, by its text (:func:`chainrun.checks.facts.mentions`)
+        self.mention_cache: dict[str, Any] = {}
 
     def known(self, pid: str) -> ProductRow | None:
         """The row of ``pid``: the turn's, the history's or the catalogue's (None: none)."""
