@@ -53,8 +53,11 @@ def retrieval_settings(config_path: str | None) -> RetrievalSettings:
     return RetrievalSettings()
 
 
-def _price(v: Any) -> str:
-    return f"€{float(v):.2f}"
+def _price(p: dict[str, Any]) -> str:
+    """A product's price as its shop writes it (its currency, its catalogue's locale)."""
+    from chainrun.money import DEFAULT_LOCALE, format_money
+
+    return format_money(p["price"], p.get("currency") or "EUR", p.get("locale") or DEFAULT_LOCALE)
 
 
 def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]]) -> Table:
@@ -66,7 +69,7 @@ def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]])
     for rank, pid in enumerate(ids, start=1):
         p = products.get(pid, {})
         t.add_row(str(rank), escape(pid), escape(p.get("title", "?")),
-                  escape(p.get("category", "?")), _price(p["price"]) if p else "-")  # fmt: skip
+                  escape(p.get("category", "?")), _price(p) if p else "-")  # fmt: skip
     return t
 
 
@@ -102,7 +105,7 @@ def print_result(
         sizes = [s for s, n in (item.get("sizes") or {}).items() if n > 0]
         merged.add_row(
             str(rank), escape(item["id"]), escape(item["title"]), escape(item["category"]),
-            _price(item["price"]),
+            _price(item),
             ", ".join(sizes), item.get("source", "-"),
         )  # fmt: skip
     out.print(merged)
