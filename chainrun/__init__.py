@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from chainrun.events import (
         AnswerDone,
         Event,
+        ProductsShown,
         StepFinished,
         StepStarted,
         TokenDelta,
@@ -74,8 +75,8 @@ _EXPORTS = {
     ),
     **dict.fromkeys(
         (
-            "AnswerDone", "Event", "StepFinished", "StepStarted", "TokenDelta", "ToolCallEvent",
-            "TurnFinished",
+            "AnswerDone", "Event", "ProductsShown", "StepFinished", "StepStarted", "TokenDelta",
+            "ToolCallEvent", "TurnFinished",
         ),
         "chainrun.events",
     ),
@@ -112,6 +113,7 @@ __all__ = [
     "LogWriterStopped",
     "Price",
     "PriceBook",
+    "ProductsShown",
     "ProviderConfig",
     "ProviderError",
     "ProviderStatusError",

@@ -87,6 +87,18 @@ class ToolCallEvent(_AsJson):
 
 
 @dataclass(frozen=True)
+class ProductsShown(_AsJson):
+    """The products an answer is about, as data (the answer step's ``facts``), sent before
+    the text that lists them: each ``{id, title, category, price, currency, colours,
+    sizes, stock, source}`` (``price`` in ``currency`` units; ``sizes``: units in stock by
+    size label), in the order the answer lists them. A chat page shows them as cards."""
+
+    step: str
+    products: tuple[dict[str, Any], ...]
+    type: Literal["products"] = "products"
+
+
+@dataclass(frozen=True)
 class StepFinished(_AsJson):
     """A step ended; ``status`` is ok | failed_open | failed_closed | skipped | cancelled."""
 
@@ -199,4 +211,7 @@ class TurnFinished(_AsJson):
     type: Literal["turn_finished"] = "turn_finished"
 
 
-Event = StepStarted | TokenDelta | ToolCallEvent | StepFinished | AnswerDone | TurnFinished
+Event = (
+    StepStarted | TokenDelta | ToolCallEvent | ProductsShown | StepFinished | AnswerDone
+    | TurnFinished
+)

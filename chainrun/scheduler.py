@@ -50,6 +50,7 @@ from chainrun.errors import (
 from chainrun.events import (
     AnswerDone,
     Event,
+    ProductsShown,
     StepFinished,
     StepStarted,
     TokenDelta,
@@ -64,22 +65,26 @@ if TYPE_CHECKING:
     from chainrun.tools import TurnTools
 
 
+#: what a step hands the turn's queue: its events and its result
+QueueItem = TokenDelta | ToolCallEvent | ProductsShown | StepResult
+
+
 class _Inbox:
     """The steps' items for the turn's consumer, in arrival order: what the turn used of
     an ``asyncio.Queue`` (unbounded, one reader), without the rest (a queue per turn
     built an Event, three deques and task accounting nothing read)."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[str, TokenDelta | ToolCallEvent | StepResult]] = deque()
+        self._items: deque[tuple[str, QueueItem]] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, item: tuple[str, TokenDelta | ToolCallEvent | StepResult]) -> None:
+    def put(self, item: tuple[str, QueueItem]) -> None:
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self) -> tuple[str, TokenDelta | ToolCallEvent | StepResult]:
+    async def get(self) -> tuple[str, QueueItem]:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -188,7 +193,7 @@ class TurnRun:
                 for ev in self._on_delta(name, item):
                     yield ev
                 continue
-            if isinstance(item, ToolCallEvent):
+            if isinstance(item, ToolCallEvent | ProductsShown):
                 yield item
                 continue
             for ev in await self._on_result(name, item):

@@ -11,7 +11,13 @@ from typing import TypeVar
 
 import pytest
 
-from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, config_from_dict, deep_merge
+from chainrun.config import (
+    DEFAULT_CHAIN,
+    LLM_CLASSIFY_STEP,
+    ChainConfig,
+    config_from_dict,
+    deep_merge,
+)
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
@@ -138,6 +144,21 @@ def _signal_handlers_restored() -> Iterator[None]:
     for sig, handler in before.items():
         signal.signal(sig, handler)
     assert not changed, f"the test left signal handlers changed (before, after): {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _default_answer_without_facts(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default chain in this process without its answer's facts, unless the test is
+    marked ``facts``: most tests pin the fake model's reply as the answer (a stop, a cut,
+    a check's window); the facts the default answer renders from data after it, and its
+    lead, are the subject of tests/test_answer_facts.py and of the tests marked so.
+    Chains started in another process (``chainrun serve``, the CLI as a subprocess) keep
+    them."""
+    if request.node.get_closest_marker("facts") is None:
+        facts = DEFAULT_CHAIN["steps"]["compose"]["facts"]
+        monkeypatch.setitem(facts, "enabled", False)
 
 
 @pytest.fixture

@@ -123,6 +123,9 @@ def test_every_type_is_covered_pass_and_fail() -> None:
     seen |= {("grounded", False)}  # tests/test_grounding.py: an ungrounded price fails it
     # tests/test_eval_gate.py: tool-called on a turn's tool calls, passing and failing
     seen |= {("tool-called", True), ("tool-called", False)}
+    # tests/test_answer_facts.py: the marks of a usable answer, passing and failing
+    seen |= {(t, p) for t in ("names-product", "no-repeat", "whole-sentences")
+             for p in (True, False)}
     assert seen == {(t, p) for t in ASSERTION_TYPES for p in (True, False)}
 
 

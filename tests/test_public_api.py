@@ -23,6 +23,7 @@ PUBLIC = [
     "LogWriterStopped",
     "Price",
     "PriceBook",
+    "ProductsShown",
     "ProviderConfig",
     "ProviderError",
     "ProviderStatusError",

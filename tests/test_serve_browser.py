@@ -94,9 +94,21 @@ def test_the_page_streams_the_answer_and_fills_the_waterfall(served: str, tmp_pa
             # the answer's grounding check, as the page shows it
             page.wait_for_selector("#grounding:not([hidden])", timeout=10_000)
             grounding = page.text_content("#grounding") or ""
+            # the products the answer lists, as cards drawn from the products event
+            page.wait_for_selector("#messages li.products .card", timeout=10_000)
+            cards = page.eval_on_selector_all(
+                "#messages li.products .card",
+                "cards => cards.map(c => [c.dataset.productId, "
+                "c.querySelector('.title').textContent, c.querySelector('.price').textContent])",
+            )
+            page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     assert grounding.startswith("Grounding: ") and "claims checked" in grounding
+    assert 1 <= len(cards) <= 3
+    for product_id, title, price in cards:
+        assert product_id in answer and title in answer  # the same rows as the answer's lines
+        assert re.search(r"\d", price), price
     assert answer.strip() and "<" not in answer
     assert [r[0] for r in rows] == ["classify", "retrieve", "policy", "compose", "validate",
                                     "critique"]  # fmt: skip
@@ -167,8 +179,9 @@ def test_the_page_keeps_its_conversation_and_shows_the_thread(served: str) -> No
             ask(page, "Do you have rain jackets?", 1)
             ask(page, "Which of those is cheapest?", 2)
             second = page.text_content("#turn-status") or ""
-            thread = page.eval_on_selector_all(
-                "#messages li", "items => items.map(i => [i.className, i.textContent])")
+            thread = page.eval_on_selector_all(  # the messages (product cards left out)
+                "#messages li:not(.products)",
+                "items => items.map(i => [i.className, i.textContent])")
             label = page.text_content("#conversation") or ""
             page.reload()  # the conversation survives a reload of the page
             page.wait_for_selector('#ready[data-state="ready"]', timeout=30_000)

@@ -168,6 +168,8 @@ def replay(
     from chainrun.cli.tables import cost_line, hedge_table, latency_table, run_headline
     from chainrun.config import load_config
     from chainrun.errors import UserInputError
+    from chainrun.evals.expectations import quality_line, score_expectations
+    from chainrun.replay.run import load_requests
     from chainrun.replay.session import open_replay, run_replay, without_prompt_cache
 
     if resume is not None and config is not None:
@@ -179,6 +181,7 @@ def replay(
         cfg = without_prompt_cache(cfg, lambda line: err.print(
             f"chainrun: warning: {line}", markup=False, highlight=False))  # fmt: skip
     opened = open_replay(file, db, cfg, resume)  # the file checked before any run exists
+    quality: dict[str, Any] | None = None
     progress = Progress(
         TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=err, transient=True,
@@ -212,12 +215,19 @@ def replay(
         else:
             summary, hedging = latency_summary(opened.store, run_id), hedge_stats(
                 opened.store, run_id)
+            if run_id is not None and any(r.expect for r in opened.requests):
+                # the answers against what the replay set expects of them (all its lines:
+                # a resumed run's earlier turns count too)
+                quality = run_async(score_expectations(opened.store, run_id,
+                                                       load_requests(file)))
     finally:
         opened.store.close()
     stopped, lost = end.stopped, end.lost
     none_ok = stopped is None and lost is None and not summary["turns"]["n_completed"]
     if as_json:
         doc = {**summary, "hedging": hedging["steps"]}
+        if quality is not None:
+            doc["quality"] = quality
         if lost is not None:
             doc["lost_turns"] = [t.as_dict() for t in lost.lost]
             doc["error"] = lost.as_dict()
@@ -228,6 +238,8 @@ def replay(
         if none_ok:
             headline += f"; exit {EXIT_NO_TURN_OK}: no turn ok"
         out.print(headline, markup=False)
+        if quality is not None:
+            out.print(quality_line(quality), markup=False, highlight=False)
         costs = cost_line(summary)
         if costs is not None:
             out.print(costs, markup=False)

@@ -78,6 +78,15 @@ def eval_command(
     db: DbOpt = DEFAULT_DB_PATH,
     as_json: JsonOpt = False,
     act: ActOpt = False,
+    as_configured: Annotated[
+        bool,
+        typer.Option(
+            "--as-configured",
+            help="Sample as the chain is configured; by default an eval runs every model "
+            "step at temperature 0 with a fixed seed, so that a change, not sampling "
+            "noise, moves its verdicts.",
+        ),
+    ] = False,
 ) -> None:
     """Run an eval set through the chain (kind eval) and print pass rates with n and the
     failed cases. Exit 1 when a must_pass case fails, the pass rate is under
@@ -127,7 +136,7 @@ def eval_command(
                     result = {**result, "n_cases": len(cases), "repeat": None}
                 else:
                     result = run_async(
-                        run_eval(cfg, cases, store, repeat=repeat,
+                        run_eval(cfg, cases, store, repeat=repeat, as_configured=as_configured,
                                  concurrency=concurrency or 1, label=label, source=str(file),
                                  quiet=as_json, on_turn=lambda *_: progress.advance(task),
                                  on_run=started.append, act=act)

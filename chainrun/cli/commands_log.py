@@ -1,5 +1,5 @@
 """``chainrun log copy``: copy the runs of one log into another (e.g. SQLite logs into
-one PostgreSQL log)."""
+one PostgreSQL log); ``chainrun log export-replay``: logged turns as a replay set."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from chainrun.cli import JsonOpt, handle_errors, log_app, out, print_json
+from chainrun.cli import (
+    DEFAULT_DB_PATH,
+    DbOpt,
+    JsonOpt,
+    handle_errors,
+    log_app,
+    out,
+    print_json,
+)
 
 
 @log_app.command("copy")
@@ -46,3 +54,46 @@ def copy_command(
     skipped = f"; {len(done.skipped_runs)} runs copied before, skipped" if done.skipped_runs else ""
     out.print(f"copied {rows} from {src.name} into {target_name} as process {name!r}{skipped}",
               markup=False)  # fmt: skip
+
+
+@log_app.command("export-replay")
+@handle_errors
+def export_replay_command(
+    source: Annotated[
+        str,
+        typer.Argument(help="The turns: a run id, or live (the live runs' turns, "
+                       "narrowed by --since and --until)."),
+    ],
+    out_file: Annotated[Path, typer.Argument(help="The replay file to write (JSON Lines).")],
+    label: Annotated[
+        list[str] | None, typer.Option("--label", help="Only turns with this label (repeatable).")
+    ] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="Only turns that ended with this status (repeatable: "
+                     "ok, cut, refused, replaced, error, cancelled, lost)."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="With live: turns that started at or after this time "
+                                 "(ISO-8601; UTC unless it says otherwise).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="With live: turns that started before this time (a "
+                                 "date alone: the whole day).")
+    ] = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+) -> None:
+    """Write logged turns as a replay set: each turn's message with its conversation, its
+    place in it, the shopper it was for (replayed as that identity) and the live
+    duration; `chainrun replay OUT_FILE` then runs them, and `chainrun compare RUN live
+    --since ...` compares the replay with the traffic it came from."""
+    from chainrun.log.store import Store
+    from chainrun.replay.export import replay_lines, write_replay_file
+
+    with Store.open(db, create=False) as store:
+        lines = replay_lines(store, source, since=since, until=until, labels=label or (),
+                             statuses=status or ())
+    write_replay_file(out_file, lines)
+    conversations = len({line["conversation_id"] for line in lines if "conversation_id" in line})
+    out.print(f"wrote {len(lines)} turns ({conversations} conversations) of {source} to "
+              f"{out_file}", markup=False, highlight=False)  # fmt: skip

@@ -45,9 +45,8 @@ _CLASSIFY_PROMPT = (
 )
 _COMPOSE_SYSTEM = (
     "A chat between a shopper and the friendly stylist of an online fashion shop. "
-    "The stylist answers in two or three sentences, recommends only products from the "
-    "catalogue matches, answers questions on orders, returns and sizes from the shop "
-    "policy, and never invents order details."
+    "The stylist answers in one short sentence that names what the shopper asked "
+    "about; the shop shows the matching products or policy lines under it."
 )
 # {history} first: the earlier turns are the start of the prompt that the next turn of
 # the conversation repeats, so a server's prompt cache can reuse them (llama-server
@@ -57,15 +56,27 @@ _COMPOSE_SYSTEM = (
 _COMPOSE_PROMPT = (
     "{history}{policy}Catalogue matches:\n{products}\n\nShopper: {message}\nStylist:"
 )
-#: Where the compose step's answer ends: a blank line, or a line that starts another
-#: speaker's turn. The default prompt is a transcript of "Shopper:" and "Stylist:"
+#: Where the compose step's answer ends: its first sentence, its line, a colon or an
+#: aside in brackets. The default prompt is a transcript of "Shopper:" and "Stylist:"
 #: lines, and a pre-trained model continues a transcript past its own turn: the
-#: embedded 270M model went on with invented "Customer:" and "Stylist:" lines
-#: (and once "Shop manager:"). Four sequences, the most the OpenAI Chat Completions API
-#: takes ("up to four stop sequences": help.openai.com, "How do I use stop sequences in
-#: the OpenAI API?"), so the default chain stays valid on such a provider; a blank line
-#: ends most other invented speakers' lines.
-COMPOSE_STOP = ("\nShopper:", "\nStylist:", "\nCustomer:", "\n\n")
+#: embedded 270M model went on with invented "Customer:" and "Stylist:" lines and
+#: copied catalogue lines after its own; a second sentence, a colon (an invented
+#: quotation of the policy followed) or a bracket ("(red and yellow)", a web address)
+#: was where it began to repeat itself or to invent a fact. Its answer is one clause;
+#: the facts come from data (``facts``). A stop sequence is not part of the text, so
+#: the answer step closes the sentence (chainrun.steps.facts). Four sequences, the most
+#: the OpenAI Chat Completions API takes ("up to four stop sequences": help.openai.com,
+#: "How do I use stop sequences in the OpenAI API?"), so the default chain stays valid
+#: on such a provider.
+COMPOSE_STOP = ("\n", ". ", ":", " (")
+#: llama.cpp's sampler settings for the embedded model's answer: a repetition penalty
+#: over the last 64 tokens and the DRY sampler (its README's suggested multiplier 0.8,
+#: base 1.75, allowed length 2), against the loops a 270M model falls into at low
+#: temperature ("I'm a shop assistant. I'm a shop assistant. ...")
+COMPOSE_SAMPLING = {
+    "repeat_penalty": 1.15, "repeat_last_n": 64, "dry_multiplier": 0.8, "dry_base": 1.75,
+    "dry_allowed_length": 2,
+}  # fmt: skip
 _VALIDATE_PROMPT = (
     "Shopper: {message}\nStylist:{answer}\n\n"
     "Review: is the stylist's reply polite, on topic and free of invented facts? "
@@ -109,8 +120,15 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
             "stop": list(COMPOSE_STOP),
-            "max_output_tokens": 120,
-            "temperature": 0.7,
+            "max_output_tokens": 32,
+            "temperature": 0.2,
+            "sampling": dict(COMPOSE_SAMPLING),
+            # the products and the policy lines come from data, after the model's line
+            # (chainrun.steps.facts)
+            "facts": {
+                "products": 3, "policy_lines": 2,
+                "lead": {"products": "Here are", "policy": "Here is what our policy says about"},
+            },
             "stream": True,
             "deadline_s": 60.0,
             "on_failure": "closed",

@@ -4,7 +4,10 @@ Types are named like promptfoo's where the meaning is the same (``equals``,
 ``contains``, ``icontains``, ``not-contains``, ``not-icontains``, ``regex``,
 ``is-json``, ``contains-json``, ``latency``, ``llm-rubric``); chainrun adds
 ``json-schema``, ``catalog-ids``, ``grounded``, ``tool-called`` (the turn's tool calls
-and their arguments) and ``max-tokens``. An assertion that would pass saying nothing
+and their arguments) and ``max-tokens``, and the marks of a usable answer:
+``names-product`` (it names products the turn showed), ``no-repeat`` (no sentence said
+twice, no phrase looping) and ``whole-sentences`` (no check's text inside a sentence, no
+answer cut mid-sentence). An assertion that would pass saying nothing
 fails instead: ``catalog-ids`` within what was retrieved, when nothing was.
 
 Every assertion has ``type`` and an optional ``step`` saying what it looks at:
@@ -14,7 +17,10 @@ Every assertion has ``type`` and an optional ``step`` saying what it looks at:
 - a step name (``classify``, ``compose``, ``validate``...): that step's output
   (``steps.output``), duration or output tokens;
 - ``"label"``: the label the chain parsed from classify's output (``turns.label``),
-  which is what ``equals`` on a classification should usually check.
+  which is what ``equals`` on a classification should usually check;
+- ``"prose"``: the part of the answer the model wrote, without the facts chainrun
+  rendered from data after it (the answer step's ``facts``; the whole answer when it
+  rendered none): what says whether the model's own words fit the question.
 
 Checking returns a :class:`Verdict`. ``llm-rubric`` needs an async grader
 ``grade(prompt) -> str`` (injected so that tests need no model) and records the
@@ -33,6 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from chainrun.answer_json import check_schema, find_json_values, parse_json_output, schema_errors
+from chainrun.checks.config import DEFAULT_SAFE_TEXT
 from chainrun.config import GraderConfig
 
 #: An async grading call: prompt in, the grader model's reply out.
@@ -40,6 +47,8 @@ Grade = Callable[[str], Awaitable[str]]
 
 #: ``step`` value meaning the chain's parsed classify label (``turns.label``).
 LABEL = "label"
+#: ``step`` value meaning the model's own part of the answer (:attr:`TurnView.prose`).
+PROSE = "prose"
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,11 @@ class TurnView:
     grounding: Mapping[str, Any] | None = None
     #: the turn's tool calls (``tool_calls`` rows: tool, arguments, status), in order
     tool_calls: tuple[Any, ...] = ()
+    #: the part of the answer the model wrote (None: the same as ``answer``)
+    prose: str | None = None
+    #: the products the turn's search showed (``ShownProduct.as_json`` objects, in
+    #: order); None: no search ran
+    shown_products: tuple[Mapping[str, Any], ...] | None = None
 
 
 def _where(step: str | None) -> str:
@@ -93,6 +107,8 @@ def _where(step: str | None) -> str:
         return "the answer"
     if step == LABEL:
         return "the label"
+    if step == PROSE:
+        return "the model's prose"
     return f"step {step}"
 
 
@@ -147,6 +163,8 @@ class _Assertion(BaseModel):
             return view.answer
         if self.step == LABEL:
             return view.label
+        if self.step == PROSE:
+            return view.prose if view.prose is not None else view.answer
         return view.outputs.get(self.step)
 
     def missing(self) -> Verdict:
@@ -557,6 +575,129 @@ class LlmRubric(_Assertion):
         return self.verdict(ok, reason or ("pass" if ok else "fail"), config)
 
 
+
+# -- the marks of a usable answer ----------------------------------------------------------
+
+#: A sentence's end: terminal punctuation (closing quotes or brackets after it) before
+#: white space, or a line break.
+_SENTENCE_END = re.compile(r"""(?<=[.!?])["')\]]*\s+|\n+""")
+#: Characters an answer may end with and still end a sentence (or a list line).
+_ENDS_SENTENCE = tuple(".!?)\"'”’:;…") + tuple("0123456789")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut into sentences (at terminal punctuation followed by white space, and
+    at line breaks), each stripped; empty pieces dropped."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+class NamesProduct(_Assertion):
+    """The answer names at least ``min`` of the products the turn's search showed (by id or
+    by title, case ignored), counting only those in ``category`` and at most ``max_price``
+    when given. It fails when the turn showed no such product: a pass must say that the
+    shopper was pointed at a product that fits, never that nothing was there to name."""
+
+    type: Literal["names-product"] = "names-product"
+    min: int = Field(default=1, ge=1)
+    category: str | None = None
+    max_price: float | None = Field(default=None, ge=0)
+
+    def check(self, view: TurnView) -> Verdict:
+        text = self.text_of(view)
+        if text is None:
+            return self.missing()
+        shown = view.shown_products
+        if shown is None:
+            return self.verdict(False, "no search ran: the turn showed no products")
+        fits = [p for p in shown
+                if (self.category is None or str(p.get("category", "")).lower()
+                    == self.category.lower())
+                and (self.max_price is None or float(p.get("price", 0)) <= self.max_price)]
+        if not fits:
+            return self.verdict(False, f"the turn showed {len(shown)} product(s), none "
+                                f"{self._which()}")  # fmt: skip
+        low = text.lower()
+        named = [str(p["id"]) for p in fits
+                 if str(p["id"]).lower() in low or str(p.get("title", "")).lower() in low]
+        if len(named) < self.min:
+            return self.verdict(False, f"names {len(named)} of the {len(fits)} shown "
+                                f"product(s) {self._which()}, expected ≥ {self.min}")  # fmt: skip
+        return self.verdict(True, f"names {', '.join(named[:5])}")
+
+    def _which(self) -> str:
+        parts = []
+        if self.category is not None:
+            parts.append(f"in {self.category}")
+        if self.max_price is not None:
+            parts.append(f"at most {self.max_price:g}")
+        return " ".join(parts) or "at all"
+
+
+class NoRepeat(_Assertion):
+    """No sentence of at least ``min_words`` words is said twice (case and punctuation
+    ignored), and no run of ``ngram`` words comes back ``loops`` times or more (a loop
+    that never ends a sentence): the marks of a small model repeating itself to its
+    token cap."""
+
+    type: Literal["no-repeat"] = "no-repeat"
+    min_words: int = Field(default=3, ge=1)
+    ngram: int = Field(default=6, ge=2)
+    loops: int = Field(default=3, ge=2)
+
+    def check(self, view: TurnView) -> Verdict:
+        text = self.text_of(view)
+        if text is None:
+            return self.missing()
+        seen: set[tuple[str, ...]] = set()
+        for sentence in sentences(text):
+            said = tuple(_words(sentence))
+            if len(said) >= self.min_words and said in seen:
+                return self.verdict(False, f"says {_short(sentence, 60)!r} twice")
+            seen.add(said)
+        words = _words(text)
+        counts: dict[tuple[str, ...], int] = {}
+        for i in range(len(words) - self.ngram + 1):
+            gram = tuple(words[i : i + self.ngram])
+            counts[gram] = counts.get(gram, 0) + 1
+            if counts[gram] >= self.loops:
+                return self.verdict(False, f"repeats {' '.join(gram)!r} "
+                                    f"{counts[gram]} times")  # fmt: skip
+        return self.verdict(True, "no sentence or phrase repeated")
+
+
+class WholeSentences(_Assertion):
+    """The shopper reads whole sentences: none of ``texts`` (chainrun's own texts that a
+    check puts in place of what it stopped; by default the grounding check's safe text)
+    starts inside a sentence, and the answer does not end cut mid-sentence (at the step's
+    token cap: its last character is neither terminal punctuation nor a digit ending a
+    list line)."""
+
+    type: Literal["whole-sentences"] = "whole-sentences"
+    texts: list[str] | None = None
+
+    def check(self, view: TurnView) -> Verdict:
+        text = self.text_of(view)
+        if text is None:
+            return self.missing()
+        for check_text in self.texts or (DEFAULT_SAFE_TEXT,):
+            head = check_text.strip()[:40]
+            at = text.find(head)
+            while at > 0:
+                before = text[:at].rstrip(" ")
+                if before and not before.endswith((".", "!", "?", "\n", ":")):
+                    return self.verdict(False, f"a check's text starts inside a sentence: "
+                                        f"{_short(text[max(0, at - 40):at + 20], 60)!r}")
+                at = text.find(head, at + 1)
+        end = text.rstrip()
+        if end and not end.endswith(_ENDS_SENTENCE):
+            return self.verdict(False, f"ends mid-sentence: {_short(end[-40:], 40)!r}")
+        return self.verdict(True, "whole sentences")
+
+
 Assertion = Annotated[
     Equals
     | Contains
@@ -572,7 +713,10 @@ Assertion = Annotated[
     | ToolCalled
     | Latency
     | MaxTokens
-    | LlmRubric,
+    | LlmRubric
+    | NamesProduct
+    | NoRepeat
+    | WholeSentences,
     Field(discriminator="type"),
 ]
 
@@ -582,7 +726,7 @@ _ADAPTER: TypeAdapter[Assertion] = TypeAdapter(Assertion)
 ASSERTION_TYPES: tuple[str, ...] = (
     "equals", "contains", "icontains", "not-contains", "not-icontains", "regex", "is-json",
     "contains-json", "json-schema", "catalog-ids", "grounded", "tool-called", "latency",
-    "max-tokens", "llm-rubric",
+    "max-tokens", "llm-rubric", "names-product", "no-repeat", "whole-sentences",
 )  # fmt: skip
 
 

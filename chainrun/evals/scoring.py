@@ -37,6 +37,7 @@ from chainrun.log.rows import (
     winning_calls,
 )
 from chainrun.log.store import Store
+from chainrun.retrieval.products import logged_products
 from chainrun.statistics.intervals import pass_rate
 
 #: by_step key for assertions without a step (the final answer / the whole turn).
@@ -71,10 +72,18 @@ def turn_view(
     outputs: dict[str, str | None] = {}
     step_ms: dict[str, float | None] = {}
     grounding = None
+    facts: str | None = None
+    shown: tuple[dict[str, Any], ...] | None = None
     for s in steps:
         outputs[s.step] = s.output
         if isinstance((s.detail or {}).get("grounding"), dict):
             grounding = (s.detail or {})["grounding"]
+        rendered = (s.detail or {}).get("facts")
+        if isinstance(rendered, dict) and isinstance(rendered.get("text"), str):
+            facts = rendered["text"]
+        products = logged_products(s.updates)
+        if products is not None:
+            shown = tuple(p.as_json() for p in products)
         skipped = s.status in ("skipped", "cancelled")
         step_ms[s.step] = None if skipped else s.duration_ms
     tokens = {step: c.output_tokens for (_, step), c in winning_calls(calls).items()}
@@ -89,7 +98,19 @@ def turn_view(
         catalog_ids=frozenset(catalog_ids) if catalog_ids is not None else None,
         grounding=grounding,
         tool_calls=tuple(t for t in tool_rows if turn_id is None or t.turn_id in (None, turn_id)),
+        prose=prose_of(turn_row.output, facts),
+        shown_products=shown,
     )
+
+
+def prose_of(answer: str | None, facts: str | None) -> str | None:
+    """The model's part of ``answer``: the answer without the ``facts`` chainrun rendered
+    after the model's text (None: ``answer`` is None; the whole answer when no facts were
+    rendered or the answer no longer ends with them)."""
+    if answer is None or not facts:
+        return answer
+    at = answer.rfind(facts)
+    return answer[:at].rstrip() if at >= 0 else answer
 
 
 async def score_turn(

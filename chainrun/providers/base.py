@@ -67,6 +67,10 @@ class ChatRequest:
     stop: list[str] | None = None
     #: a JSON Schema for the answer (sent as ``response_format`` json_schema)
     json_schema: dict[str, Any] | None = None
+    #: llama.cpp server sampler fields (``repeat_penalty``, ``dry_multiplier``...: see
+    #: :data:`chainrun.steps.model_config.SAMPLING_FIELDS`), sent in the body only by a
+    #: provider that serves them (:attr:`OpenAICompatProvider.sampling_fields`); None: none
+    sampling: dict[str, float] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     #: tools the model may call: ``{"name", "description", "parameters"}`` each (sent as
     #: Chat Completions ``tools`` of type function, or Responses function tools)

@@ -103,6 +103,11 @@ class ProviderConfig(BaseModel):
     #: unknown parameters: leave it None for them (``chainrun replay --prompt-cache off``
     #: sets it for the run's Chat Completions providers)
     cache_prompt: bool | None = None
+    #: whether the server takes llama.cpp's sampler fields (a step's ``sampling``:
+    #: ``repeat_penalty``, the DRY sampler...) in the request body: true for a
+    #: llama-server; None = only the embedded local model (OpenAI and Azure refuse
+    #: unknown fields with HTTP 400, so a step's ``sampling`` is not sent to them)
+    sampling_fields: bool | None = None
     #: prompt-cache affinity, how a conversation is kept on the cache holding its
     #: earlier prompts (chainrun.providers.affinity): ``key`` sends ``prompt_cache_key``
     #: (OpenAI, Azure); ``slot``: on a llama-server, the conversation's answer step keeps

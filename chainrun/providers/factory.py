@@ -63,6 +63,10 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
     provider.reasoning_in_content = cfg.reasoning_in_content
     if isinstance(provider, OpenAICompatProvider) and cfg.cache_prompt is not None:
         provider.cache_prompt = cfg.cache_prompt
+    if isinstance(provider, OpenAICompatProvider):
+        # llama.cpp's sampler fields: the embedded model (no base_url) serves them
+        provider.sampling_fields = (cfg.sampling_fields if cfg.sampling_fields is not None
+                                    else cfg.kind == "openai" and cfg.base_url is None)
     provider.affinity = resolve_mode(cfg.prompt_cache, kind=cfg.kind, base_url=cfg.base_url)
     provider.affinity_key = cfg.prompt_cache_key
     if provider.affinity == "slot" and not isinstance(provider, OpenAICompatProvider):

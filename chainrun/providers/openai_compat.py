@@ -134,6 +134,10 @@ class OpenAICompatProvider(OpenAIClientProvider):
     #: caches prefixes of 1,024+ tokens on its own) and refuses unknown parameters: set
     #: it only for a llama-server.
     cache_prompt: bool | None = None
+    #: send a request's ``sampling`` (llama.cpp server sampler fields) in its body;
+    #: OpenAI's API refuses unknown fields (HTTP 400), so only a llama-server gets them
+    #: (set by the provider factory: the embedded local model, or ``sampling_fields``)
+    sampling_fields: bool = False
 
     def _params(self, request: ChatRequest, slot: int | None = None) -> dict[str, Any]:
         """The request body for ``request``; ``slot``: the llama-server slot it names
@@ -154,6 +158,8 @@ class OpenAICompatProvider(OpenAIClientProvider):
             params["seed"] = request.seed
         if request.stop:
             params["stop"] = request.stop
+        if request.sampling and self.sampling_fields:
+            params.update(request.sampling)
         if request.json_schema is not None:
             params["response_format"] = {
                 "type": "json_schema",
@@ -315,7 +321,9 @@ class OpenAICompatProvider(OpenAIClientProvider):
 
 
 #: body fields of llama-server's that ``chat.completions.create`` takes no parameter for
-_NOT_SDK_PARAMS = ("cache_prompt", "id_slot")
+_NOT_SDK_PARAMS = ("cache_prompt", "id_slot", "repeat_penalty", "repeat_last_n",
+                   "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                   "top_k", "min_p")
 
 #: s to wait for the rest of a body after ``[DONE]`` (the SDK's ``_DRAIN_TIMEOUT``)
 DRAIN_TIMEOUT_S = 0.1

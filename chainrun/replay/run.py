@@ -34,12 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn
+from chainrun.evals.assertions import parse_assertion
 from chainrun.events import TurnFinished
 from chainrun.input_files import read_jsonl, unknown_field
 from chainrun.log.rows import RunKind
@@ -60,11 +64,18 @@ class ReplayRequest:
     turn: int | None = None
     #: a fixed context for this turn (None: the run's own earlier turns)
     history: tuple[HistoryTurn, ...] | None = None
+    #: what a usable answer to this turn holds: eval assertions
+    #: (:mod:`chainrun.evals.assertions`, as dicts checked at load); () none
+    expect: tuple[dict[str, Any], ...] = ()
+    #: the shopper the turn was for (a user id): the turn runs as that identity (tools
+    #: read it as ``context.user``); None: no identity
+    user: str | None = None
 
 
 #: the fields a replay line may have (any other is refused: a misspelled field would
 #: otherwise be dropped without a word)
-REPLAY_FIELDS = ("id", "message", "conversation_id", "turn", "history", "original_ms")
+REPLAY_FIELDS = ("id", "message", "conversation_id", "turn", "history", "original_ms",
+                 "expect", "user")
 
 
 def load_requests(path: str | Path) -> list[ReplayRequest]:
@@ -111,7 +122,8 @@ def load_requests(path: str | Path) -> list[ReplayRequest]:
         seen.add(rid)
         out.append(
             ReplayRequest(rid, msg, conv, float(orig) if orig is not None else None, turn,
-                          history)
+                          history, _expect_field(obj, str(p), no),
+                          _user_field(obj, str(p), no))
         )  # fmt: skip
     if not out:
         raise InputFileError(str(p), None, "no requests in file")
@@ -147,6 +159,52 @@ def _text_field(
     if problem is not None:  # the turn's own rule, said here with the line
         raise InputFileError(path, line, f"field {name!r}: {problem}")
     return value
+
+
+def _expect_field(obj: Mapping[str, Any], path: str, line: int) -> tuple[dict[str, Any], ...]:
+    """A line's ``expect``: a list of eval assertions (each checked as ``chainrun eval``
+    checks its cases' ``assert``), or () when absent.
+
+    Raises:
+        InputFileError: not a list, or an assertion of an unknown type or with a bad
+            field (naming the item and the problem).
+    """
+    raw = obj.get("expect")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InputFileError(path, line, "field 'expect' must be a list of assertions "
+                             '({"type": ..., ...})')  # fmt: skip
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise InputFileError(path, line, f"field 'expect[{i}]': expected an object "
+                                 f"with a 'type', got {_shown(item)}")  # fmt: skip
+        try:
+            parse_assertion(item)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"][1:]) or "type"
+            raise InputFileError(path, line, f"field 'expect[{i}]' ({where}): "
+                                 f"{first['msg']}") from None  # fmt: skip
+    return tuple(raw)
+
+
+def _user_field(obj: Mapping[str, Any], path: str, line: int) -> str | None:
+    """A line's ``user``: a user id (:class:`~chainrun.actions.identity.Identity`'s rule),
+    or None when absent.
+
+    Raises:
+        InputFileError: not a non-empty string of at most
+            :data:`~chainrun.actions.identity.MAX_USER_ID_CHARS` characters.
+    """
+    value = obj.get("user")
+    if value is None:
+        return None
+    try:
+        Identity(value if isinstance(value, str) else "")
+    except ValueError as e:
+        raise InputFileError(path, line, f"field 'user': {e} (got {_shown(value)})") from None
+    return str(value)
 
 
 def _shown(value: Any, limit: int = 40) -> str:
@@ -268,6 +326,7 @@ async def run_requests(
                 done = await chain.run_turn(
                     req.message, request_id=req.id, conversation_id=req.conversation_id,
                     history=list(history), turn_index=req.turn, original_ms=req.original_ms,
+                    user=Identity(req.user) if req.user is not None else None,
                 )  # fmt: skip
             except BaseException:
                 stopped = True

@@ -63,6 +63,7 @@ from chainrun.errors import (
 )
 from chainrun.events import (
     AnswerDone,
+    ProductsShown,
     StepFinished,
     StepStarted,
     TokenDelta,
@@ -488,6 +489,9 @@ class TurnRunner:
                 "started_ms": ev.started_offset_ms, "duration_ms": ev.duration_ms,
                 "status": ev.status, "error_type": ev.error_type,
             })  # fmt: skip
+        if isinstance(ev, ProductsShown):
+            # the rows the answer lists, for a chat page's product cards
+            return WireEvent("products", {"step": ev.step, "products": list(ev.products)})
         if isinstance(ev, AnswerDone):
             return WireEvent(
                 "answer_done",

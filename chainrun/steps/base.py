@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args, get_origin
 
 from chainrun.conversations.history import History
-from chainrun.events import TokenDelta, ToolCallEvent
+from chainrun.events import ProductsShown, TokenDelta, ToolCallEvent
 from chainrun.log.rows import CallRow, StepRow, ToolCallRow
 from chainrun.steps.config import StepConfig
 
@@ -346,7 +346,7 @@ class StepContext:
         return (time.perf_counter() - self.started) * 1000.0
 
 
-StepItem = TokenDelta | ToolCallEvent | StepResult
+StepItem = TokenDelta | ToolCallEvent | ProductsShown | StepResult
 
 
 class Step(ABC):

@@ -31,6 +31,9 @@ from chainrun.checks.holdback import (
 )
 from chainrun.checks.verdict import MissingReason
 from chainrun.errors import InvalidAnswer, ProviderTimeout
+from chainrun.events import ProductsShown, TokenDelta
+from chainrun.retrieval.embeddings import MiniLMEmbedder
+from chainrun.retrieval.products import PRODUCTS_FIELD
 from chainrun.steps.base import (
     ANSWER,
     LABEL,
@@ -44,6 +47,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.steps.config import StepConfig
+from chainrun.steps.facts import FactsConfig, after, closing, render_facts
 from chainrun.steps.grounding import AnswerGrounding, apply_redactions, open_grounding
 from chainrun.steps.model_call import AnswerCheck, CallResult, HedgedCall
 from chainrun.steps.model_config import ModelStepConfig, template_fields
@@ -51,7 +55,7 @@ from chainrun.steps.tool_use import ToolRounds
 from chainrun.tools import Tool
 
 if TYPE_CHECKING:
-    from chainrun.providers.base import ChatStream
+    from chainrun.providers.base import ChatRequest, ChatStream
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
 #: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
@@ -114,6 +118,10 @@ class LLMConfig(ModelStepConfig):
     #: a turn-state field the step writes with its tools' results (JSON by tool name:
     #: the last result of each), for the steps after it; None: none
     tool_results_field: str | None = None
+    #: the answer step only: facts chainrun renders from the turn's data after the
+    #: model's text (the products the answer is about, or the policy lines that answer
+    #: the question; chainrun.steps.facts); None: the model writes the whole answer
+    facts: FactsConfig | None = None
 
     @model_validator(mode="after")
     def _tools_by_label_are_tools(self) -> LLMConfig:
@@ -145,12 +153,15 @@ class LLMConfig(ModelStepConfig):
         return self
 
     def chain_problem(self, name: str, answer_step: str) -> str | None:
-        """``output_check`` is only for the answer step's stream."""
+        """``output_check`` is only for the answer step's stream; ``facts`` only for the
+        answer step."""
         if self.output_check is not None and (name != answer_step or not self.stream):
             return (
                 "output_check: only the answer step's stream is checked this way "
                 f"(answer_step is {answer_step!r}; it needs stream = true)"
             )
+        if self.facts is not None and name != answer_step:
+            return f"facts: only the answer step renders facts (answer_step is {answer_step!r})"
         return None
 
 
@@ -185,6 +196,10 @@ class LLMStep(Step):
         )
         #: the answer's grounding check (built by open() for the answer step)
         self.grounding: AnswerGrounding | None = None
+        #: the facts the answer renders from data (None: none, the model writes it all)
+        self.facts = config.facts if config.facts is not None and config.facts.enabled else None
+        #: MiniLM for the policy lines the answer quotes (``facts``; None: shared words)
+        self._embedder = MiniLMEmbedder() if self.facts is not None else None
         #: the step's hedged model call
         self.call = HedgedCall(
             name, config, answer_problem=self._answer_problem if self.wants_json else None
@@ -263,14 +278,77 @@ class LLMStep(Step):
                 record=self._record_holdback,
             )
         shown = checks is not None or tools is not None
+        request = self.call.request(state, cache_owner=self.is_answer)
+        lead = self._lead(state, request)
         items = self.call.step_items(
-            ctx, self.call.request(state, cache_owner=self.is_answer),
-            lambda call: self._result(ctx, call, shown=shown, state=state),
+            ctx, request, lambda call: self._result(ctx, call, shown=shown, state=state),
             checks=checks, tools=tools,
         )  # fmt: skip
         async with contextlib.aclosing(items):
             async for item in items:
+                if lead and isinstance(item, TokenDelta) and item.step == self.name:
+                    item, lead = TokenDelta(step=self.name, text=after(lead, item.text)), ""
+                elif isinstance(item, StepResult) and self.is_answer and self.facts is not None:
+                    async for fact in self._with_facts(item, state, ctx, self.facts, lead):
+                        yield fact
+                    continue
                 yield item
+
+    def _lead_text(self, state: TurnState) -> str:
+        """The lead the answer started with (" " and ``facts.lead``'s words), or ""."""
+        facts = self.facts
+        if (facts is None or not facts.lead or self.tools
+                or self.call.history_layout == "messages"):
+            return ""
+        shown = state.get(PRODUCTS_FIELD)
+        lead = facts.lead_for(tuple(shown) if isinstance(shown, tuple | list) else ())
+        return " " + lead if lead else ""
+
+    def _lead(self, state: TurnState, request: ChatRequest) -> str:
+        """The answer's lead (:meth:`_lead_text`), written at the end of ``request``'s
+        prompt for the model to continue; "" when there is none."""
+        lead = self._lead_text(state) if self.is_answer else ""
+        if lead:
+            request.messages[-1]["content"] += lead
+        return lead
+
+    async def _with_facts(
+        self, result: StepResult, state: TurnState, ctx: StepContext, facts: FactsConfig,
+        unsent_lead: str,
+    ) -> AsyncGenerator[StepItem, None]:
+        """``result`` with the lead before the model's answer and the facts rendered
+        after it (:func:`~chainrun.steps.facts.render_facts`): the ``products`` event,
+        the facts' text as the answer's last piece, the answer and the step's
+        ``detail["facts"]`` (``text``, product ``ids``, ``quoted`` lines) with them.
+        ``unsent_lead``: the lead when no token of the answer carried it (the answer
+        came whole: it is its start). A result with no answer (an error, a refusal)
+        passes unchanged."""
+        answer = result.updates.get("answer") if result.error is None else None
+        if not isinstance(answer, str) or result.refuse:
+            yield result
+            return
+        lead = self._lead_text(state)
+        if lead and not answer.startswith(lead):
+            answer = after(lead, answer)
+            if unsent_lead:
+                yield TokenDelta(step=self.name, text=unsent_lead)
+        shown = state.get(PRODUCTS_FIELD)
+        rendered = await render_facts(
+            facts, prose=answer, message=str(state.get("message") or ""),
+            shown=tuple(shown) if isinstance(shown, tuple | list) else (),
+            policy=str(state.get("policy") or ""), embedder=self._embedder,
+        )  # fmt: skip
+        if rendered.text:
+            if rendered.products:
+                yield ProductsShown(self.name, tuple(p.as_json() for p in rendered.products))
+            piece = (closing(answer) + "\n\n" if answer.strip() else "") + rendered.text
+            yield TokenDelta(step=self.name, text=piece)
+            answer += piece
+            ctx.row.detail = {**(ctx.row.detail or {}), "facts": {
+                "text": rendered.text, "ids": [p.id for p in rendered.products],
+                "quoted": len(rendered.quoted)}}  # fmt: skip
+        result.updates["answer"] = answer
+        yield result
 
     def _holdback(
         self, state: TurnState, results: Mapping[str, Any] | None

@@ -415,7 +415,7 @@ class HedgedCall:
             model=cfg.model, messages=messages, max_output_tokens=cfg.max_output_tokens,
             temperature=cfg.temperature, reasoning_effort=cfg.reasoning_effort,
             reasoning_summary=cfg.reasoning_summary, seed=cfg.seed,
-            stop=cfg.stop, json_schema=cfg.json_schema,
+            stop=cfg.stop, json_schema=cfg.json_schema, sampling=cfg.sampling,
             cache_key=state.conversation_id, cache_owner=cache_owner,
         )  # fmt: skip
 

@@ -34,6 +34,16 @@ _CHECKED_SCHEMAS: set[str] = set()
 
 _PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 
+#: The llama.cpp server's per-request sampler fields a step's ``sampling`` may set
+#: (llama.cpp tools/server/README.md, "POST /completion" options, which its
+#: OpenAI-compatible route also reads): repetition penalty over the last n tokens, the
+#: DRY ("don't repeat yourself") sampler's multiplier, base, allowed length and window,
+#: top-k and min-p.
+SAMPLING_FIELDS = (
+    "repeat_penalty", "repeat_last_n", "dry_multiplier", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "top_k", "min_p",
+)  # fmt: skip
+
 class HedgeConfig(HedgePolicy):
     """Per-step hedging policy (``[steps.NAME.hedge]``).
 
@@ -153,6 +163,10 @@ class ModelStepConfig(StepConfig):
     temperature: float | None = Field(default=None, ge=0, le=2)
     #: sampling seed (None: not sent)
     seed: int | None = None
+    #: llama.cpp server sampler settings sent with the step's requests (keys of
+    #: :data:`SAMPLING_FIELDS`: repetition penalties, the DRY sampler, top-k, min-p);
+    #: only a provider that serves them gets them ([providers.NAME] sampling_fields)
+    sampling: dict[str, float] | None = None
     #: stream the answer to the user as it is generated (the answer step)
     stream: bool = False
     #: deadline for the whole step (all attempts), in s
@@ -176,6 +190,15 @@ class ModelStepConfig(StepConfig):
     #: the answer must parse as a JSON object; a hedged step's quality gate then
     #: refuses a fast answer that does not
     expect_json: bool = False
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if key not in SAMPLING_FIELDS:
+                raise ValueError(f"{key!r} is not a llama.cpp server sampler field (one of "
+                                 f"{', '.join(SAMPLING_FIELDS)})")  # fmt: skip
+        return v
 
     @field_validator("prompt", "system")
     @classmethod

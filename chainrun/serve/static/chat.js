@@ -353,6 +353,34 @@ function showAction(action) {
   li.scrollIntoView({ block: "end" });
 }
 
+function money(amount, currency) {
+  try {
+    return new Intl.NumberFormat(undefined, { style: "currency", currency }).format(amount);
+  } catch (e) {
+    return amount.toFixed(2) + " " + currency;
+  }
+}
+
+// the products an answer lists, as cards (the /chat "products" event: rows from the catalogue)
+function showProducts(products) {
+  const li = el("li", "products");
+  for (const p of products) {
+    const card = el("article", "card");
+    card.dataset.productId = p.id;
+    card.append(el("h3", "title", p.title), el("p", "price", money(p.price, p.currency)));
+    if (p.colours && p.colours.length) card.append(el("p", "colours", p.colours.join(", ")));
+    const sizes = Object.entries(p.sizes || {}).filter(([, n]) => n > 0).map(([s]) => s);
+    const stock = Object.keys(p.sizes || {}).length
+      ? (sizes.length ? "In stock: " + sizes.join(", ") : "Sold out")
+      : (p.stock === 0 ? "Sold out" : "");
+    if (stock) card.append(el("p", "stock", stock));
+    card.append(el("p", "id", p.id));
+    li.append(card);
+  }
+  $("messages").append(li);
+  li.scrollIntoView({ block: "end" });
+}
+
 async function ask(message, decision) {
   if (state.finishing) state.finishing.abort();  // the previous turn's checks: leave them
   addMessage("user", message);
@@ -369,6 +397,7 @@ async function ask(message, decision) {
   $("stop").disabled = false;
   let wf = null;
   let answered = false;
+  let products = null;
   const pending = [];
   for (const old of document.querySelectorAll("#messages li.action button")) old.disabled = true;
   try {
@@ -414,6 +443,8 @@ async function ask(message, decision) {
         note.hidden = false;
       } else if (event === "action") {
         pending.push(data);
+      } else if (event === "products") {
+        products = data.products;
       } else if (event === "answer_done") {
         answered = true;
         state.finishing = controller;
@@ -438,6 +469,7 @@ async function ask(message, decision) {
     }
   } finally {
     if (!answered) remember(message, answer);
+    if (products && products.length) showProducts(products);
     for (const action of pending) showAction(action);
     if (state.finishing === controller) state.finishing = null;
     if (state.controller === controller) {

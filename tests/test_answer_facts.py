@@ -1,0 +1,199 @@
+"""Facts from data, prose from the model: the answer step's ``facts``, the marks of a usable
+answer (``names-product``, ``no-repeat``, ``whole-sentences``, the ``prose`` step) and a
+replay set's expectations, down to the mutation that must fail them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import reply_by_step
+from typer.testing import CliRunner
+
+from chainrun.chain import Chain
+from chainrun.cli import app
+from chainrun.config import config_from_dict
+from chainrun.evals.assertions import TurnView, parse_assertion
+from chainrun.evals.expectations import score_expectations
+from chainrun.events import ProductsShown, TokenDelta, TurnFinished
+from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.replay.run import load_requests
+from chainrun.retrieval.embeddings import MiniLMEmbedder
+from chainrun.retrieval.products import ShownProduct
+from chainrun.steps.facts import (
+    FactsConfig,
+    answer_products,
+    closing,
+    policy_lines,
+    product_line,
+    quote_policy,
+)
+
+pytestmark = pytest.mark.facts  # the default chain as it ships: with its answer's facts
+
+REPO = Path(__file__).resolve().parents[1]
+JACKET = ShownProduct(id="JKT-008", title="City Drizzle Rain Jacket (red)", category="jackets",
+                      price=44.95, colours=("red",), sizes={"S": 2, "M": 0})  # fmt: skip
+COAT = ShownProduct(id="COT-002", title="Wool Overcoat", category="coats", price=199.0,
+                    sizes={"S": 0})  # fmt: skip
+POLICY = (
+    "Returns, refunds and exchanges\n"
+    "Returns: within 30 days of delivery, unworn, with labels attached.\n"
+    "Refunds go back to the original payment method within 5 working days.\n\n"
+)
+
+
+def test_a_product_line_says_title_id_price_colours_and_the_sizes_in_stock() -> None:
+    assert product_line(JACKET) == (
+        "- City Drizzle Rain Jacket (red), JKT-008: €44.95; red; in stock in S."
+    )
+    assert product_line(COAT).endswith("€199.00; sold out.")
+
+
+def test_the_products_the_prose_names_come_first_then_the_rest_in_order() -> None:
+    assert answer_products("the wool overcoat is warm", [JACKET, COAT], 3) == (COAT, JACKET)
+    assert answer_products("anything", [JACKET, COAT], 1) == (JACKET,)
+    assert answer_products("anything", [JACKET, COAT], 0) == ()
+
+
+def test_policy_lines_leave_out_the_section_titles() -> None:
+    assert policy_lines(POLICY) == [
+        "Returns: within 30 days of delivery, unworn, with labels attached.",
+        "Refunds go back to the original payment method within 5 working days.",
+    ]
+
+
+@pytest.mark.parametrize("embedder", [None, MiniLMEmbedder()], ids=["words", "minilm"])
+async def test_the_quoted_policy_line_is_the_one_that_answers_the_question(embedder) -> None:
+    if embedder is not None and not embedder.available():
+        pytest.skip("the MiniLM files are not installed")
+    refunds = "Refunds go back to the original payment method within 5 working days."
+    assert await quote_policy("When do I get my money back?" if embedder else
+                              "When do I get my refund?", POLICY, 1, embedder) == (refunds,)
+    assert await quote_policy("what color is water", POLICY, 2, embedder) == ()
+
+
+def test_a_stopped_sentence_is_closed_once() -> None:
+    assert closing(" Here are our rain jackets") == "."
+    assert closing(" Here is our returns policy.") == ""
+    assert closing("") == ""
+
+
+def _view(answer: str, prose: str | None = None, shown=(JACKET, COAT)) -> TurnView:
+    return TurnView(message="m", answer=answer, prose=prose,
+                    shown_products=tuple(p.as_json() for p in shown))  # fmt: skip
+
+
+def test_names_product_counts_only_shown_products_that_fit() -> None:
+    a = parse_assertion({"type": "names-product", "category": "jackets", "max_price": 100})
+    assert a.check(_view("See JKT-008.")).passed
+    assert not a.check(_view("See COT-002.")).passed
+    assert not a.check(_view("See JKT-008.", shown=(COAT,))).passed  # nothing fit: no pass
+    assert not a.check(TurnView(message="m", answer="JKT-008")).passed  # no search ran
+
+
+def test_no_repeat_fails_a_looping_answer_and_passes_a_varied_one() -> None:
+    a = parse_assertion({"type": "no-repeat"})
+    loop = "I'm a shop assistant. I'm a stylist. I'm a shop assistant. I'm a shop assistant."
+    assert not a.check(_view(loop)).passed
+    run_on = "the same words again and " * 4
+    assert not a.check(_view(run_on)).passed
+    assert a.check(_view("Here are our jackets. The red one is light.")).passed
+
+
+def test_whole_sentences_fails_a_check_text_inside_a_sentence_and_a_cut_end() -> None:
+    a = parse_assertion({"type": "whole-sentences"})
+    spliced = ("Lyon is the only city in France where  I could not confirm the details of "
+               "that answer against our catalogue. Please see the product pages.")
+    assert not a.check(_view(spliced)).passed
+    assert not a.check(_view("Here are our jackets for the")).passed
+    assert a.check(_view("Here are our jackets.\n\n- A jacket, JKT-008: €44.95.")).passed
+
+
+def test_the_prose_step_reads_the_models_part_only() -> None:
+    a = parse_assertion({"type": "regex", "step": "prose", "value": "jacket", "flags": "i"})
+    assert not a.check(_view("It's a camel.\n\n- Rain Jacket", prose="It's a camel.")).passed
+    assert a.check(_view("Our jackets.\n\n- Rain Jacket", prose="Our jackets.")).passed
+
+
+async def test_the_default_answer_carries_its_products_as_data_and_as_lines(
+    config, store
+) -> None:
+    fake = FakeProvider(name="local", script=reply_by_step(
+        {"compose": FakeReply("some light rain jackets", ttft_s=0.001)}))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
+        events = [ev async for ev in chain.stream_turn("a rain jacket under 100?")]
+    compose = next(r for r in fake.requests if "Catalogue matches" in r.messages[-1]["content"])
+    assert compose.messages[-1]["content"].endswith("Stylist: Here are")  # the lead
+    done = next(ev for ev in events if isinstance(ev, TurnFinished))
+    shown = [ev for ev in events if isinstance(ev, ProductsShown)]
+    assert len(shown) == 1 and 1 <= len(shown[0].products) <= 3
+    text = "".join(ev.text for ev in events if isinstance(ev, TokenDelta)
+                   and ev.step == "compose")  # fmt: skip
+    assert text == done.output
+    assert done.output.startswith(" Here are some light rain jackets.\n\n- ")
+    for product in shown[0].products:
+        assert f", {product['id']}: €" in done.output
+    row = next(s for s in store.steps(done.run_id) if s.step == "compose")
+    assert row.detail["facts"]["ids"] == [p["id"] for p in shown[0].products]
+    # the order of events: the products before the text that lists them
+    kinds = [type(ev).__name__ for ev in events]
+    assert kinds.index("ProductsShown") < max(
+        i for i, ev in enumerate(events) if isinstance(ev, TokenDelta))
+
+
+async def test_a_policy_answer_quotes_the_policy_line_that_answers(store) -> None:
+    config = config_from_dict({})
+    fake = FakeProvider(name="local", script=reply_by_step(
+        {"compose": FakeReply("returns", ttft_s=0.001)}))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
+        done = await chain.run_turn("How many days do I have to return my trousers?")
+    assert done.output.startswith(" Here is what our policy says about returns.\n\n")
+    assert "within 30 days of delivery" in done.output
+
+
+CAMEL = {"compose": FakeReply("It's a camel", ttft_s=0.001)}
+
+
+async def test_the_camel_mutation_fails_the_main_jobs_expectations(store) -> None:
+    requests = load_requests(REPO / "replays" / "commerce-12.jsonl")
+    assert all(r.expect for r in requests)  # every case says what a usable answer holds
+    fake = FakeProvider(name="local", script=reply_by_step(CAMEL))
+    async with Chain(config_from_dict({}), store=store, providers={"local": fake},
+                     quiet=True) as chain:  # fmt: skip
+        for r in requests:
+            await chain.run_turn(r.message, request_id=r.id)
+        run_id = chain.run_id
+    assert run_id is not None
+    quality = await score_expectations(store, run_id, requests)
+    assert quality is not None and quality["n"] == 12
+    assert quality["met"] <= 2, quality  # "It's a camel." answers almost nothing asked
+
+
+def test_replay_prints_how_many_answers_met_their_expectations(tmp_path, lab_config) -> None:
+    rows = [json.loads(line) for line in
+            (REPO / "replays" / "commerce-12.jsonl").read_text().splitlines()][:3]
+    (tmp_path / "set.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, [
+        "replay", str(tmp_path / "set.jsonl"), "--db", str(tmp_path / "r.db"),
+        "--config", str(lab_config), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["quality"]["n"] == 3
+    assert 0 <= doc["quality"]["met"] <= 3
+
+
+def test_a_bad_expectation_is_one_line_naming_the_file_and_line(tmp_path) -> None:
+    bad = {"id": "a", "message": "hi", "expect": [{"type": "names-product", "min": 0}]}
+    (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n")
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "set.jsonl"),
+                                      "--db", str(tmp_path / "r.db")])  # fmt: skip
+    assert result.exit_code == 2
+    assert "set.jsonl:1" in result.output and "expect[0]" in result.output
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_facts_default_for_the_embedded_model() -> None:
+    facts = FactsConfig(lead={"products": "Here are"})
+    assert facts.lead_for([JACKET]) == "Here are" and facts.lead_for([]) == ""
