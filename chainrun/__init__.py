@@ -24,17 +24,22 @@ if TYPE_CHECKING:
         load_config,
     )
     from chainrun.conversations.history import HistoryTurn
+    from chainrun.desk import TurnRequest
     from chainrun.errors import (
         ChainClosed,
         ChainrunError,
         ConfigError,
+        ConversationForbidden,
+        IdempotencyKeyReused,
         InputFileError,
         LogFileGone,
+        LogUnavailable,
         LogWriteError,
         ProviderError,
         ProviderStatusError,
         ProviderTimeout,
         ProviderUnavailable,
+        RequestInProgress,
         StepConfigError,
         StreamTruncated,
         UserInputError,
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
         ToolCallEvent,
         TurnFinished,
     )
+    from chainrun.identity import Identity
     from chainrun.log.rows import TurnUsage
     from chainrun.log.store import Store
     from chainrun.log.writer import LogWriteLost, LogWriterStopped
@@ -67,9 +73,11 @@ _EXPORTS = {
     ),
     **dict.fromkeys(
         (
-            "ChainClosed", "ChainrunError", "ConfigError", "InputFileError", "LogFileGone",
+            "ChainClosed", "ChainrunError", "ConfigError", "ConversationForbidden",
+            "IdempotencyKeyReused", "InputFileError", "LogFileGone", "LogUnavailable",
             "LogWriteError", "ProviderError", "ProviderStatusError", "ProviderTimeout",
-            "ProviderUnavailable", "StepConfigError", "StreamTruncated", "UserInputError",
+            "ProviderUnavailable", "RequestInProgress", "StepConfigError", "StreamTruncated",
+            "UserInputError",
         ),
         "chainrun.errors",
     ),
@@ -81,6 +89,8 @@ _EXPORTS = {
         "chainrun.events",
     ),
     "HistoryTurn": "chainrun.conversations.history",
+    "TurnRequest": "chainrun.desk",
+    "Identity": "chainrun.identity",
     **dict.fromkeys(("Cost", "Price", "PriceBook"), "chainrun.pricing"),
     "TurnUsage": "chainrun.log.rows",
     "Store": "chainrun.log.store",
@@ -102,12 +112,16 @@ __all__ = [
     "ChainConfig",
     "ChainrunError",
     "ConfigError",
+    "ConversationForbidden",
     "Cost",
     "Event",
     "HedgeConfig",
     "HistoryTurn",
+    "IdempotencyKeyReused",
+    "Identity",
     "InputFileError",
     "LogFileGone",
+    "LogUnavailable",
     "LogWriteError",
     "LogWriteLost",
     "LogWriterStopped",
@@ -119,6 +133,7 @@ __all__ = [
     "ProviderStatusError",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "RequestInProgress",
     "ShownProduct",
     "StepConfig",
     "StepConfigError",
@@ -130,6 +145,7 @@ __all__ = [
     "ToolCallEvent",
     "ToolContext",
     "TurnFinished",
+    "TurnRequest",
     "TurnUsage",
     "UserInputError",
     "load_config",

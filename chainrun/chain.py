@@ -25,8 +25,6 @@ import dataclasses
 import difflib
 import logging
 import math
-import time
-import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -40,13 +38,8 @@ from typing import Any
 
 import sqlite_utils
 
-from chainrun.actions.confirmations import Confirmations, Decided
-from chainrun.actions.identity import Identity
-from chainrun.actions.request_keys import RequestKeys, tool_key_prefix
 from chainrun.config import ChainConfig, load_config
 from chainrun.config.capabilities import check_model_step
-from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.memory import TurnStart
 from chainrun.conversations.source import (
     LOAD_TIMEOUT_S,
     SHARED_TIMEOUT_S,
@@ -57,11 +50,10 @@ from chainrun.conversations.source import (
     shown_products,
 )
 from chainrun.conversations.tokens import counter_for
-from chainrun.conversations.turn_input import check_history, check_turn_input
+from chainrun.desk import Admitted, Desk, Repeated, TurnRequest
 from chainrun.errors import (
     ChainClosed,
     ConfigError,
-    ConversationForbidden,
     LogWriteError,
     ProviderUnavailable,
     error_type,
@@ -69,7 +61,6 @@ from chainrun.errors import (
 from chainrun.events import AnswerDone, Event, TokenDelta, TurnFinished
 from chainrun.graph import TurnGraph, build_graph
 from chainrun.hedging import BreakerRegistry, LoopLagMonitor, get_loop_lag_monitor
-from chainrun.log.migrations import utc_now
 from chainrun.log.reads import SeedWindows
 from chainrun.log.redaction import Redactor
 from chainrun.log.rows import RunKind, TurnLog, TurnRow
@@ -91,7 +82,7 @@ from chainrun.steps import (
     step_kinds,
 )
 from chainrun.timing import Chunk
-from chainrun.tools import TurnTools, build_tools
+from chainrun.tools import build_tools
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +233,6 @@ class Chain:
         )
         #: what each step asked the chain for (providers, the catalogue, the log)
         self.needs: dict[str, StepNeeds] = {n: s.needs() for n, s in self.steps.items()}
-        self._input_checks = config.checks.checker()
         #: each conversation's place: its history (from the caller, or remembered and
         #: read from the log) and turn indexes
         self.conversations = ConversationSource(config.history)
@@ -272,11 +262,10 @@ class Chain:
         #: steps that have had an answer: a 401/403/404 after that is not a config error
         self._answered: set[str] = set()
         self._closed = False
-        #: the log's pending actions of this chain's conversations (None: no tool has
-        #: ``confirm``, or no log)
-        self.confirmations: Confirmations | None = None
-        #: clients' Idempotency-Keys in the log (None: no log)
-        self.request_keys: RequestKeys | None = None
+        #: the front desk: whether and how each turn runs (made again at :meth:`open`,
+        #: with the log the chain then has)
+        self.desk = Desk(config, self.conversations, self.tools, store=None, kind=kind,
+                         act=self.act, known_products=self._known_products)
 
     @classmethod
     def from_config(
@@ -383,9 +372,9 @@ class Chain:
                 self.store, timeout_s=wait, outage_wait_s=ride_out if claim is not None else 0.0
             )
             self.conversations.use_log(load, claim)
-            self.request_keys = RequestKeys(self.store)
-            if any(t.config.confirm for t in self.tools.values()):
-                self.confirmations = Confirmations(self.store, self.tools, (self.kind,))
+        self.desk = Desk(self.config, self.conversations, self.tools, store=self.store,
+                         kind=self.kind, act=self.act, known_products=self._known_products)
+        await self.desk.open()
         names = self.config.steps[self.config.answer_step].provider_names()
         answer = self._providers.get(names[0]) if names else None
         base_url = getattr(answer, "base_url", None)
@@ -558,130 +547,44 @@ class Chain:
         return last
 
     async def stream_turn(
-        self,
-        message: str,
-        *,
-        request_id: str | None = None,
-        conversation_id: str | None = None,
-        history: Sequence[HistoryTurn] | None = None,
-        turn_index: int | None = None,
-        original_ms: float | None = None,
-        user: Identity | None = None,
-        idempotency_key: str | None = None,
-        confirm: str | None = None,
-        deny: str | None = None,
+        self, message: str | TurnRequest, /, **fields: Any
     ) -> AsyncGenerator[Event, None]:
-        """Run one turn, yielding typed events as they happen.
+        """Run one turn, yielding typed events as they happen: the front desk admits it
+        (:mod:`chainrun.desk`), its steps run, it is logged.
 
-        ``message``: the shopper's text (a non-empty string of at most
-        :data:`~chainrun.conversations.turn_input.MAX_MESSAGE_CHARS` characters, valid Unicode:
-        the rule ``chainrun serve`` applies too). ``request_id``: stored with the turn.
-        ``conversation_id``: the conversation the turn belongs to (None: a new one, its
-        id in :class:`TurnFinished`). ``history``: the conversation's earlier turns,
-        oldest first, as the shopper saw them (None: the chain's own record of the
-        conversation, read from the log when this chain has not seen it; see
-        :mod:`chainrun.conversations.source`); cut to the ``[history]`` budget either
-        way. ``turn_index``: the turn's 1-based position in its conversation (None: the
-        next one). ``original_ms``: the turn's duration in the traffic a replay came from.
-
-        ``user``: the shopper the turn is for, as the shop vouched for them
-        (:class:`~chainrun.actions.identity.Identity`): handed to every tool (``context.user``),
-        logged (``turns.user_id``), and the conversation is bound to the identity that
-        started it (None: no identity, no binding checked). ``idempotency_key``: the
-        client's key: a second turn with the same key (in the same conversation, or
-        without one) runs nothing and yields the first one's ``TurnFinished``
-        (``repeated`` true) once it is logged (:mod:`chainrun.actions.request_keys`); the tools'
-        idempotency keys derive from it. ``confirm`` / ``deny``: the id of a pending
-        action of the conversation (:attr:`TurnFinished.pending_actions`) the turn
-        decides; otherwise the message is read as the reply (:mod:`chainrun.actions.confirmations`).
+        ``message``: the shopper's text, or a whole :class:`~chainrun.desk.TurnRequest`,
+        whose fields ``fields`` are otherwise (``conversation_id``, ``history``, ``user``,
+        ``idempotency_key``, ``confirm``, ``deny``, ...). The turn's clock starts with the
+        request (here: the first iteration); what the desk waits for is part of it.
 
         Raises:
-            UserInputError: a bad argument (``message: expected a string, got NoneType``),
-                at the first iteration, before anything runs or is logged.
+            UserInputError: a bad argument (``message: expected a string, got
+                NoneType``), or a ``confirm`` / ``deny`` naming no action of the
+                conversation: at the first iteration, before anything runs or is logged.
+            ConversationForbidden: the desk refused the request (another identity's
+                conversation); so do ``IdempotencyKeyReused``, ``RequestInProgress`` and
+                ``LogUnavailable``, each with its ``http_status``: nothing ran.
             ChainClosed: the chain was closed.
-            ProviderUnavailable: a provider could not be reached at all (after logging
-                the turn with status ``error``), so that callers can stop a replay.
-            StepConfigError: a provider refused a step's request as misconfigured (HTTP
-                400 naming a parameter; 401/403/404 on the step's first call), after
-                logging the turn with status ``error``; the remaining steps are skipped.
-            ConversationForbidden: the conversation is bound to another identity
-                (before anything is read or logged).
-            IdempotencyKeyReused: the key was used for a different request.
-            RequestInProgress: the key's first request is still running elsewhere past
-                the wait.
+            ProviderUnavailable: a provider could not be reached (``StepConfigError``:
+                it refused a step's request as misconfigured), after the turn was logged
+                with status ``error``.
         """
-        check_turn_input(message, request_id, conversation_id)
-        check_history(history, turn_index)
+        request = message if isinstance(message, TurnRequest) else TurnRequest(message, **fields)
         self._check_open()  # also when the run exists already (ensure_run is skipped then)
         run_id = self.run_id if self.run_id is not None else await self.ensure_run()
-        started = time.perf_counter()  # the shopper's wait includes finding the history
-        # the wall-clock start, taken with the monotonic one: started_at + duration_ms is
-        # the turn's end (reading the history from the log may take a while)
-        started_at = utc_now()
-        if user is not None and conversation_id is not None:
-            await self._check_owner(conversation_id, user)
-        if idempotency_key is not None and self.request_keys is not None:
-            request_id = request_id or uuid.uuid4().hex
-            first = await self.request_keys.claim(
-                idempotency_key, conversation_id, request_id,
-                (message, conversation_id, confirm, deny, user.user_id if user else None),
-            )
-            if first is not None:  # the key's first request: its turn, nothing run
-                async for event in self.request_keys.repeat(first, self.config.answer_step):
-                    yield event
-                return
-        if history is not None:  # the caller's thread: what the checks mask stays masked
-            mask = self._input_checks.check
-            history = [dataclasses.replace(h, message=mask(h.message).text, context=None
-                                           if h.context is None else mask(h.context).text)
-                       for h in history]  # fmt: skip
-        # deterministic checks first: microseconds, before any model call or log write
-        checked = self._input_checks.check(message)
-        if checked.findings:
-            message = checked.text  # neither model nor log sees a card number
-        explicit = confirm or deny
-        if explicit is not None and self.confirmations is not None:
-            # an unknown action id is the request's mistake: refused before the turn
-            # claims its index in the conversation
-            await self.confirmations.check_known(conversation_id, explicit)
-        start = TurnStart(run_id, message, started_at, request_id)
-        place = await self.conversations.begin(conversation_id, history, turn_index, start)
-        if user is not None and conversation_id is None:
-            await self._check_owner(place.conversation_id, user)
-        turn = TurnRow(input=message, request_id=request_id,
-                       conversation_id=place.conversation_id, turn_index=place.turn_index,
-                       started_at=started_at, original_ms=original_ms,
-                       user_id=user.user_id if user else None,
-                       idempotency_key=idempotency_key)  # fmt: skip
-        state = TurnState(message=message, values={"history": place.history}, fields=self.fields,
-                          conversation_id=place.conversation_id)
-        run = TurnRun(self.steps, self.graph, state, self._answered)
-        run.t0 = started
-        decided = Decided()
-        if self.tools:
-            run.tools = await self._turn_tools(turn, run, place.conversation_id, user,
-                                               idempotency_key)  # fmt: skip
-            if self.confirmations is not None and not checked.blocked:
-                decided = await self.confirmations.decide(
-                    place.conversation_id, place.turn_index, message, turn_id=turn.id,
-                    user=user, confirm=confirm, deny=deny,
-                )  # fmt: skip
-                run.tools.confirmed = decided.run
-                run.tools.claim = self.confirmations.claimer(turn.id, user)
-                if decided.decisions:
-                    run.verdicts["confirmation"] = {"decisions": decided.decisions}
-                if decided.answer is not None:
-                    run.answer_before_start(decided.answer, decided.why)
-        if checked.findings:
-            run.verdicts["checks"] = checked.as_json()
-        if checked.blocked:  # the shopper is told what to do, never what was blocked
-            run.refuse_before_start("checks", checked.block_text(self.config.checks.block_texts))
-        shown: list[str] = []  # the answer's text as it reached the caller
-        answer_step = self.config.answer_step
+        admitted = await self.desk.admit(request, run_id)
+        if isinstance(admitted, Repeated):  # the key's first request: its turn, nothing run
+            async for event in admitted.events:
+                yield event
+            return
+        state = TurnState(message=admitted.message, values={"history": admitted.place.history},
+                          fields=self.fields, conversation_id=admitted.place.conversation_id)
+        run = TurnRun(self.steps, self.graph, state, self._answered, admitted)
+        turn, shown = admitted.turn_row(), []  # the answer's text as it reached the caller
         answered = False  # AnswerDone reached the caller: the shopper has the whole answer
         try:
             async for event in run.events():
-                if isinstance(event, TokenDelta) and event.step == answer_step:
+                if isinstance(event, TokenDelta) and event.step == self.config.answer_step:
                     shown.append(event.text)
                 elif isinstance(event, AnswerDone):
                     event = dataclasses.replace(event, conversation_id=turn.conversation_id,
@@ -695,71 +598,40 @@ class Chain:
             turn.status = "ok" if answered else "cancelled"
             raise
         except BaseException as e:
-            turn.status = "error"
-            turn.error_type = error_type(e)
+            turn.status, turn.error_type = "error", error_type(e)
             raise
         finally:
-            try:
-                await run.cancel()  # no-op unless the turn was stopped half way
-            finally:
-                turn_id = await self._log_turn(run_id, run, turn, "".join(shown))
-                products = shown_products(run.rows())
-                context, messages = answer_turn(run.calls(), answer_step,
-                                                self._answer_template, place.history.text)
-                self.conversations.end(place, turn.input, turn.output, products, context,
-                                       messages)  # fmt: skip
+            finished = await self._end_turn(admitted, run, turn, "".join(shown))
+        yield finished
+        if run.unavailable is not None:
+            raise run.unavailable
+
+    async def _end_turn(
+        self, admitted: Admitted, run: TurnRun, turn: TurnRow, shown: str
+    ) -> TurnFinished:
+        """The turn's end: its run stopped, its rows logged, its conversation and key told,
+        and the :class:`TurnFinished` the caller gets."""
+        try:
+            await run.cancel()  # no-op unless the turn was stopped half way
+        finally:
+            turn_id = await self._log_turn(admitted.run_id, run, turn, shown)
+        place, decided = admitted.place, admitted.decided
+        products = shown_products(run.rows())
+        context, messages = answer_turn(run.calls(), self.config.answer_step,
+                                        self._answer_template, place.history.text)
+        self.conversations.end(place, turn.input, turn.output, products, context, messages)
         pending = tuple(run.tools.pending) if run.tools is not None else ()
-        if pending and self.confirmations is not None:
-            self.confirmations.asked_in.add(place.conversation_id)
-        yield TurnFinished(
-            turn_id=turn_id, run_id=run_id, output=turn.output, status=turn.status,
+        await self.desk.settle(admitted, turn.status, run.tools)
+        return TurnFinished(
+            turn_id=turn_id, run_id=admitted.run_id, output=turn.output, status=turn.status,
             duration_ms=turn.duration_ms or 0.0, label=turn.label, verdicts=turn.verdicts,
             error_type=turn.error_type, answer_ttft_ms=turn.answer_ttft_ms,
             answer_done_ms=turn.answer_done_ms, truncated=bool(turn.truncated),
             conversation_id=place.conversation_id, turn_index=place.turn_index,
             products=products, pending_actions=(*pending, *decided.asked),
             decisions=tuple(decided.decisions), context=context, tool_messages=messages,
+            admit_ms=turn.admit_ms,
         )  # fmt: skip
-        if run.unavailable is not None:
-            raise run.unavailable
-
-    async def _check_owner(self, conversation_id: str, user: Identity) -> None:
-        """Bind the conversation to ``user`` unless it is bound (in the log, so every
-        process sharing it agrees); another identity's conversation is refused.
-
-        Raises:
-            ConversationForbidden: it is bound to another identity (nothing said of it).
-        """
-        if self.store is None:
-            return
-        owner = await self.store.off_loop(self.store.bind_conversation, conversation_id,
-                                          user.user_id, utc_now())  # fmt: skip
-        if owner != user.user_id:
-            raise ConversationForbidden("this conversation belongs to another user")
-
-    async def _turn_tools(
-        self, turn: TurnRow, run: TurnRun, conversation_id: str | None,
-        user: Identity | None = None, client_key: str | None = None,
-    ) -> TurnTools:  # fmt: skip
-        """The turn's tool calls: the turn's id is taken now (it is the first half of every
-        idempotency key, unless the client sent a key of its own: then that key, see
-        :func:`chainrun.actions.request_keys.tool_key_prefix`), or a random key without a log."""
-        turn_id = await self.store.areserve_turn_id() if self.store is not None else None
-        turn.id = turn_id
-        if client_key is not None:
-            key = tool_key_prefix(client_key, conversation_id)
-        else:
-            key = str(turn_id) if turn_id is not None else uuid.uuid4().hex
-        recorded: dict[str, str] = {}
-        if (not self.act and self.store is not None and turn.request_id is not None
-                and any(t.config.replay == "record" for t in self.tools.values())):
-            recorded = await self.store.off_loop(self.store.recorded_tool_results,
-                                                 turn.request_id)  # fmt: skip
-        return TurnTools(self.tools, turn_key=key, turn_id=turn_id,
-                         conversation_id=conversation_id,
-                         clear_to_act=run.clear_to_act, act=self.act,
-                         turn_index=turn.turn_index, user=user, recorded=recorded,
-                         known_products=self._known_products)  # fmt: skip
 
     async def _known_products(self, ids: Sequence[str]) -> list[str]:
         """Which of the product ids ``ids`` the chain's catalogue holds (read off the

@@ -7,6 +7,8 @@
     │   ├── ConfigError           bad chainrun.toml / field path and value named
     │   └── InputFileError        bad replay / eval / catalogue / scenario file, file and line named
     ├── ChainClosed               a turn asked of a Chain already closed (also a RuntimeError)
+    ├── RequestInProgress         an Idempotency-Key's first request still runs past the wait
+    ├── LogUnavailable            the log a request needs (owner, key) away past the turn's wait
     ├── LogWriteError             a run log write failed (turns that returned and are lost named)
     │   ├── LogFileGone           the log's file was deleted or replaced during a run
     │   ├── LogWriteLost          a write given up: the database away too long, or the queue full
@@ -25,6 +27,11 @@
         ├── StreamTruncated       the stream ended without a finish_reason
         ├── ToolRoundsExceeded    the model still asked for tools after max_tool_rounds
         └── AnswerCutAtLimit      an answer cut at the token cap (on_truncated = "fail")
+
+An error that refuses a request before its turn runs (the front desk,
+:mod:`chainrun.desk`) carries the HTTP status a face answers it with (``http_status``:
+400 a bad request, 403 another identity's conversation, 409 a key still in progress, 422
+a key reused, 503 the log away); None for the rest.
 
 A :class:`RequestRejected` from a step is turned by the chain into a
 :class:`StepConfigError` (a :class:`ConfigError`): a replay or eval stops at the first
@@ -56,6 +63,9 @@ class ChainrunError(Exception):
 
     path: str | None = None
     line: int | None = None
+    #: the HTTP status of a request refused with this error before its turn ran (None:
+    #: not such a refusal)
+    http_status: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """``{"type", "message", "file", "line"}``: ``type`` is the class name in snake case
@@ -66,17 +76,23 @@ class ChainrunError(Exception):
 
 
 class UserInputError(ChainrunError):
-    """Something the user wrote (a file, an option) is wrong."""
+    """Something the user wrote (a file, an option, a request's field) is wrong."""
+
+    http_status = 400
 
 
 class ConversationForbidden(UserInputError):
     """A conversation is bound to another identity than the caller's (``chainrun serve``
     answers 403, naming nothing of the conversation)."""
 
+    http_status = 403
+
 
 class IdempotencyKeyReused(UserInputError):
     """An ``Idempotency-Key`` sent again with a different request (serve answers 422
     naming the key)."""
+
+    http_status = 422
 
     def __init__(self, key: str) -> None:
         super().__init__(f"Idempotency-Key {key!r} was used for a different request; "
@@ -87,6 +103,17 @@ class IdempotencyKeyReused(UserInputError):
 class RequestInProgress(ChainrunError):
     """The first request with this ``Idempotency-Key`` is still running (in another
     process) past the wait; nothing was run for this one (serve answers 409)."""
+
+    http_status = 409
+
+
+class LogUnavailable(ChainrunError, ConnectionError):
+    """The run log a request needs before its turn can run (its conversation's owner, its
+    ``Idempotency-Key``) did not answer within the turn's wait for an outage (``[log]
+    outage_wait_s``); nothing ran (serve answers 503 with ``Retry-After``). The message
+    says for how long the log has been away."""
+
+    http_status = 503
 
 
 class ConfigError(UserInputError):
@@ -161,6 +188,8 @@ class LogWriteError(ChainrunError):
     """
 
     error_type = "log_write"
+    #: a request whose run could not be created or written answers 503
+    http_status = 503
 
     def __init__(
         self, lost: list[LostTurn], log: str | None = None, *, message: str | None = None

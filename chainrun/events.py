@@ -198,7 +198,7 @@ class TurnFinished(_AsJson):
     #: ``kept``: a request beside the action ran and the action stays pending)
     decisions: tuple[dict[str, Any], ...] = ()
     #: the turn of an earlier request with the same Idempotency-Key, read from the log:
-    #: nothing ran for this request (:mod:`chainrun.actions.request_keys`)
+    #: nothing ran for this request (:mod:`chainrun.desk.keys`)
     repeated: bool = False
     #: what the answer step's prompt showed after the turn's history (its sections and
     #: the message; None: not known); a caller that keeps its own thread hands it back
@@ -209,6 +209,10 @@ class TurnFinished(_AsJson):
     #: message, the tool calls and their results; () when none), handed back as the next
     #: turn's ``HistoryTurn.messages``
     tool_messages: tuple[dict[str, Any], ...] = ()
+    #: from the request's arrival to the turn's first step being free to start, in ms:
+    #: the time at the front desk (:mod:`chainrun.desk`), part of ``duration_ms`` and
+    #: ``answer_ttft_ms`` (None: not known, e.g. a repeated request's first turn)
+    admit_ms: float | None = None
     type: Literal["turn_finished"] = "turn_finished"
 
 

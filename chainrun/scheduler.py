@@ -38,7 +38,7 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chainrun.errors import (
     ProviderUnavailable,
@@ -63,6 +63,31 @@ from chainrun.steps.config import route_problem
 
 if TYPE_CHECKING:
     from chainrun.tools import TurnTools
+
+
+class Admission(Protocol):
+    """What a turn starts from, as the front desk admitted it
+    (:class:`chainrun.desk.Admitted`): read once, when the run is made."""
+
+    @property
+    def t0(self) -> float:
+        """The turn's clock start, the request's arrival (``time.perf_counter()``, s)."""
+
+    @property
+    def tools(self) -> TurnTools | None:
+        """The turn's tool calls (None: the chain has no tools)."""
+
+    @property
+    def verdicts(self) -> Mapping[str, Any]:
+        """Verdicts the desk found (input checks, pending actions' decisions)."""
+
+    @property
+    def answer(self) -> tuple[str, str] | None:
+        """Chainrun's own answer and why (no step runs), or None."""
+
+    @property
+    def blocked(self) -> tuple[str, str | None] | None:
+        """``(by, text)`` when the turn is refused before any step starts, or None."""
 
 
 #: what a step hands the turn's queue: its events and its result
@@ -110,7 +135,7 @@ class TurnRun:
         graph: TurnGraph,
         state: TurnState,
         answered: set[str] | None = None,
-        tools: TurnTools | None = None,
+        admitted: Admission | None = None,
     ) -> None:
         self.steps = steps
         #: steps that have had an answer in this chain (shared across its turns): a
@@ -118,8 +143,8 @@ class TurnRun:
         self.answered = answered if answered is not None else set()
         self.graph = graph
         self.state = state
-        self.t0 = time.perf_counter()
-        self.verdicts: dict[str, Any] = {}
+        self.t0 = admitted.t0 if admitted is not None else time.perf_counter()
+        self.verdicts: dict[str, Any] = dict(admitted.verdicts) if admitted is not None else {}
         self.refused = False
         self.refusal_text: str | None = None
         self.refused_by: str | None = None
@@ -140,26 +165,27 @@ class TurnRun:
         self._ended: set[str] = set()
         self._held: list[TokenDelta] = []
         self._answer_ended = False
-        #: the turn's tool calls (None: no step of the chain has tools)
-        self.tools = tools
+        #: the turn's tool calls (None: no step of the chain has tools); a tool that acts
+        #: waits for :meth:`clear_to_act`
+        tools = admitted.tools if admitted is not None else None
+        self.tools = tools.for_run(self.clear_to_act) if tools is not None else None
         #: steps waiting in :meth:`clear_to_act`
         self._clear_waiters: list[asyncio.Future[None]] = []
         self._announced = False  # AnswerDone was yielded
-        #: chainrun's own answer and why, given before the turn starts (no step runs)
-        self._direct: tuple[str, str] | None = None
+        #: chainrun's own answer and why, given before the turn starts (no step runs): a
+        #: reply to a pending action that needs no model (a no, an unclear reply, a yes to
+        #: an expired action); the turn is answered (status ``ok``), not refused
+        self._direct = admitted.answer if admitted is not None else None
+        if admitted is not None and admitted.blocked is not None:
+            # the input checks blocked the message: every step skipped, nothing sent
+            self._refuse(*admitted.blocked)
+            self._skip_not_started()
 
     def now_ms(self) -> float:
         """ms since the turn started."""
         return (time.perf_counter() - self.t0) * 1000.0
 
     # -- running ---------------------------------------------------------------------
-    def answer_before_start(self, text: str, why: str) -> None:
-        """Answer the turn with chainrun's own ``text`` and run no step (every step is
-        logged skipped, ``detail.skipped`` = ``why``): a reply to a pending action that
-        needs no model (a no, an unclear reply, a yes to an expired action). The turn is
-        answered (status ``ok``), not refused."""
-        self._direct = (text, why)
-
     async def _direct_answer(self, text: str, why: str) -> AsyncIterator[Event]:
         for name in self.graph.order:
             step = self.steps[name]
@@ -429,12 +455,6 @@ class TurnRun:
             detail=row.detail, started_offset_ms=row.started_offset_ms,
             post_answer=row.post_answer,
         )  # fmt: skip
-
-    def refuse_before_start(self, by: str, text: str | None = None) -> None:
-        """Refuse the turn before any step starts (a deterministic check blocked the
-        message): every step is logged skipped, nothing is sent."""
-        self._refuse(by, text)
-        self._skip_not_started()
 
     # -- stopping --------------------------------------------------------------------
     async def _cancel_running(self, *, skip_rest: bool = True) -> None:

@@ -17,6 +17,7 @@ import uvicorn
 
 from chainrun.chain import Chain
 from chainrun.serve import ServeState, create_app
+from chainrun.serve.identity import IdentitySource
 from chainrun.serve.server import bind
 from chainrun.serve.turns import TurnObserver
 
@@ -31,16 +32,18 @@ async def serving(
     retry_s: float = 2.0,
     max_body_bytes: int | None = None,
     watch_options: dict[str, Any] | None = None,
+    identity: IdentitySource | None = None,
     **state_options: Any,
 ) -> AsyncIterator[tuple[str, ServeState]]:
     """The serve app on a free loopback port in this event loop; yields (base URL, state).
-    ``state_options``: more keyword arguments of :class:`ServeState` (keep-alives...)."""
+    ``identity``: where the caller's identity is read; ``state_options``: more keyword
+    arguments of :class:`ServeState` (keep-alives, background patterns...)."""
     state = ServeState(
         factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options,
         **state_options,
     )
     limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-    app = create_app(state, token=token, **limit)
+    app = create_app(state, token=token, identity=identity, **limit)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))

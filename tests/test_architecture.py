@@ -43,6 +43,18 @@ RULES = [
     # evals score runs; the analyses read eval results, never the other way round
     ("chainrun.evals", ("chainrun.analysis", "chainrun.audit", "chainrun.serve")),
     ("chainrun", ("chainrun.cli",)),  # nothing outside the CLI imports the CLI
+    # the shopper's identity is a leaf every package may import
+    ("chainrun.identity", ("chainrun",)),
+    # the tools know nothing of what decides for them (the desk, the pending actions'
+    # decisions): one way down, actions -> tools
+    ("chainrun.tools", ("chainrun.actions", "chainrun.desk", "chainrun.chain",
+                        "chainrun.scheduler", "chainrun.serve")),
+    ("chainrun.actions", ("chainrun.desk", "chainrun.chain", "chainrun.scheduler",
+                          "chainrun.serve")),
+    # the desk admits turns for the chain and every face: it knows neither
+    ("chainrun.desk", ("chainrun.chain", "chainrun.scheduler", "chainrun.serve")),
+    # the chain asks the desk, never the actions behind it
+    ("chainrun.chain", ("chainrun.actions",)),
 ]  # fmt: skip
 
 
@@ -403,3 +415,70 @@ def test_one_survival_estimator() -> None:
     advisor that both use it."""
     assert _definitions("kaplan_meier") == ["chainrun.statistics.survival"]
     assert _definitions("product_limit") == ["chainrun.statistics.survival"]
+
+
+#: the longest ``Chain.stream_turn`` may be, in lines (docstring included): admit, run,
+#: record; what the turn needs before it starts is the desk's
+MAX_STREAM_TURN_LINES = 60
+
+
+def _function(path: Path, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    cls, _, name = qualname.rpartition(".")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name == name:
+                    return item
+    raise AssertionError(f"no {qualname} in {path}")
+
+
+def _assigned_attributes(fn: ast.AST, base: str) -> list[str]:
+    """``base.x = ...`` (and ``base.x.y = ...``) assignments inside ``fn``."""
+    out = []
+    for node in ast.walk(fn):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for t in targets:
+            root = t
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(t, ast.Attribute) and isinstance(root, ast.Name) and root.id == base:
+                out.append(ast.unparse(t))
+    return out
+
+
+def test_a_turn_is_admit_run_record() -> None:
+    """``Chain.stream_turn`` asks the front desk once and hands the run what it admitted as
+    one value: it assigns nothing on the run or its tools (it used to hand the pending
+    actions' decision on by ``run.tools.confirmed = ...``, ``run.tools.claim = ...``,
+    ``run.verdicts[...] = ...``), stays under 60 lines, and calls into no module of
+    ``chainrun.actions`` (the desk does, once a turn)."""
+    chain = PKG / "chain.py"
+    turn = _function(chain, "Chain.stream_turn")
+    assert turn.end_lineno is not None
+    assert turn.end_lineno - turn.lineno + 1 < MAX_STREAM_TURN_LINES
+    fns = [n for n in ast.walk(ast.parse(chain.read_text()))
+           if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]  # fmt: skip
+    assert not [a for fn in fns for a in _assigned_attributes(fn, "run")]
+    subscripts = [ast.unparse(n) for fn in fns for n in ast.walk(fn)
+                  if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store)]  # fmt: skip
+    assert not [s for s in subscripts if s.startswith("run.")], subscripts
+    admits = [n for n in ast.walk(turn) if isinstance(n, ast.Call)
+              and ast.unparse(n.func) == "self.desk.admit"]  # fmt: skip
+    assert len(admits) == 1
+    init = _function(PKG / "scheduler.py", "TurnRun.__init__")
+    assert "admitted" in [a.arg for a in init.args.args]
+    assert not any(i.startswith("chainrun.actions") for i in MODULES["chainrun.chain"])
+
+
+def test_the_desk_decides_a_pending_action_once_a_turn() -> None:
+    """Of the actions' decisions, the desk asks ``decide`` once (and ``check_known`` for
+    an explicit id before it), never the log's action tables itself."""
+    desk = ast.parse((PKG / "desk" / "desk.py").read_text())
+    calls = [ast.unparse(n.func) for n in ast.walk(desk) if isinstance(n, ast.Call)
+             and ast.unparse(n.func).startswith("self.confirmations.")]  # fmt: skip
+    assert calls.count("self.confirmations.decide") == 1
+    assert calls.count("self.confirmations.check_known") == 1
+    log_actions = ("pending_actions", "decide_action", "action_row")
+    assert not [n.attr for n in ast.walk(desk) if isinstance(n, ast.Attribute)
+                and n.attr in log_actions]  # fmt: skip

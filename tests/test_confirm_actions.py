@@ -6,6 +6,7 @@ nothing; the log holds every decision (who, when), read back by another chain.""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,11 @@ import pytest
 from log_backends import log_target
 from test_tool_steps import CART, RUNS, cart_call, rounds_script, tool_config
 
-from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError, ConversationForbidden, UserInputError
 from chainrun.events import TokenDelta, ToolCallEvent, TurnFinished
+from chainrun.identity import Identity
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.tools.confirm import PendingAction, read_reply
@@ -63,7 +64,8 @@ async def test_the_ask_runs_nothing_and_a_yes_runs_the_pending_arguments_once(
         assert asked.output == "Add 2 x JKT-12 to your cart?"
         (action,) = asked.pending_actions
         assert action.arguments == {"sku": "JKT-12", "qty": 2} and action.tool == "add_to_cart"
-        assert action.id == f"{asked.turn_id}:answer:1:0"
+        # the turn id and the log's nonce (tools' keys never repeat across logs)
+        assert re.fullmatch(rf"{asked.turn_id}\.[0-9a-f]{{8}}:answer:1:0", action.id)
         tool_events = [e for e in events if isinstance(e, ToolCallEvent)]
         assert [e.status for e in tool_events] == ["awaiting_confirmation"]
         assert tool_events[0].action is not None

@@ -7,9 +7,9 @@ import json
 
 from typer.testing import CliRunner
 
-from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.cli import app
+from chainrun.identity import Identity
 from chainrun.log.store import Store
 from chainrun.replay.run import load_requests, run_requests
 

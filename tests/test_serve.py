@@ -25,6 +25,7 @@ from serve_helpers import chat, serving, sse
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
+from chainrun.desk.conversations import derived_conversation_id
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -348,7 +349,7 @@ def test_completion_request_takes_the_last_user_text() -> None:
         "messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
                      {"role": "user", "content": [{"type": "text", "text": "second"}]}],
     }, "m")  # fmt: skip
-    assert (req.message, req.conversation_id, req.stream, req.include_usage) == (
+    assert (req.asked.message, req.asked.conversation_id, req.stream, req.include_usage) == (
         "second", "c9", True, True)  # fmt: skip
 
 
@@ -400,8 +401,11 @@ async def test_openai_client_streamed_and_not_with_summed_usage(quick_lab, tmp_p
              and c.step not in summary["pending"]]  # fmt: skip
     assert chunks[-1].usage.prompt_tokens == sum(c.input_tokens for c in calls)
     assert chunks[-1].usage.completion_tokens == sum(c.output_tokens for c in calls)
-    assert [t.conversation_id is not None for t in turns] == [True, True]
-    assert turns[0].conversation_id == "shopper-7"
+    # ``user`` is the end user, never the conversation: each chat's conversation is
+    # derived from its opening and its caller (the same message from another end user:
+    # another conversation)
+    assert turns[0].conversation_id == derived_conversation_id("~shopper-7", ["a rain jacket?"])
+    assert turns[1].conversation_id == derived_conversation_id("", ["a rain jacket?"])
     store.close()
 
 

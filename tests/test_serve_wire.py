@@ -117,7 +117,7 @@ def test_harmless_values_and_ignored_parameters_are_taken() -> None:
         "n": 1, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
         "logprobs": False, "modalities": ["text"], "temperature": 0.2, "seed": 7,
     }  # fmt: skip
-    assert parse_completion_request({**BASE, **harmless}, "chainrun-shop").message
+    assert parse_completion_request({**BASE, **harmless}, "chainrun-shop").asked.message
 
 
 async def test_response_format_through_the_real_client_is_a_400(

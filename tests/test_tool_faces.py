@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from serve_helpers import chat, serving
-from test_tool_steps import RUNS, cart_call, rounds_script, tool_config
+from test_tool_steps import RUNS, cart_call, is_key, rounds_script, tool_config
 from typer.testing import CliRunner
 
 from chainrun.chain import Chain
@@ -65,8 +65,8 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
     # the log: one row per call, arguments as the model sent them
     with Store.open(db, create=False) as log:
         rows = log.tool_calls(turn["run_id"])
-    assert [r.idempotency_key for r in rows] == [f"{turn['turn_id']}:answer:1:0",
-                                                 f"{turn['turn_id']}:answer:2:0"]  # fmt: skip
+    assert [is_key(r.idempotency_key or "", turn["turn_id"], call)
+            for r, call in zip(rows, ("answer:1:0", "answer:2:0"), strict=True)] == [True, True]
     assert json.loads(rows[1].arguments or "") == {"sku": "JKT-12", "qty": 2}
     assert rows[1].step == "answer" and (rows[1].round, rows[1].attempt) == (2, 1)
     assert rows[1].duration_ms is not None
@@ -84,7 +84,7 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
     assert ok.attributes["gen_ai.operation.name"] == "execute_tool"
     assert ok.attributes["gen_ai.tool.name"] == "add_to_cart"
     assert ok.attributes["gen_ai.tool.call.id"] == "call_2"
-    assert ok.attributes["chainrun.tool.idempotency_key"] == f"{turn['turn_id']}:answer:2:0"
+    assert ok.attributes["chainrun.tool.idempotency_key"] == rows[1].idempotency_key
     assert json.loads(ok.attributes["gen_ai.tool.call.arguments"]) == {"sku": "JKT-12", "qty": 2}
     assert bad.attributes["error.type"] == "invalid_arguments"
     assert (ok.end_time - ok.start_time) / 1e6 >= 0
@@ -93,7 +93,7 @@ async def test_chat_streams_tool_events_and_the_summary_lists_the_calls(tmp_path
                                 env={"COLUMNS": "200"})  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "add_to_cart" in result.output and "invalid_arguments" in result.output
-    assert f"{turn['turn_id']}:answer:2:0" in result.output
+    assert f"{rows[1].idempotency_key}" in result.output
     shown = CliRunner().invoke(app, ["show", str(turn["run_id"]), "--db", str(db), "--json"])
     doc = json.loads(shown.output)
     assert [t["status"] for t in doc["turns"][0]["tool_calls"]] == ["invalid_arguments", "ok"]

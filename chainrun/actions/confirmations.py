@@ -6,9 +6,10 @@ past their turns or minutes, reads the shopper's reply (:func:`chainrun.tools.co
 or an explicit ``confirm=ID`` / ``deny=ID``) and says what the turn does
 (:class:`Decided`):
 
-- a **yes**: the actions are handed to the turn's tools (``TurnTools.confirmed``) and
-  claimed, each in one conditional update, right before they start (once the turn is
-  clear to act); the turn runs as any turn, the model answering from their results;
+- a **yes**: the actions are handed to the turn's tools as one value
+  (:class:`~chainrun.tools.runner.Confirmed`, :attr:`Decided.confirmed`) and claimed, each
+  in one conditional update, right before they start (once the turn is clear to act);
+  the turn runs as any turn, the model answering from their results;
 - a **no**: each is ``denied`` now; chainrun answers that nothing was done (no step runs);
 - **unclear**: chainrun asks the question again (no step runs; the actions stay pending);
 - a **new request** that conflicts with them: each is ``denied`` (by ``new_request``) and
@@ -16,7 +17,9 @@ or an explicit ``confirm=ID`` / ``deny=ID``) and says what the turn does
   shown again) and the turn runs as usual;
 - a yes to an **expired** action: chainrun says it expired; nothing runs.
 
-The rules and wording are in :mod:`chainrun.tools.confirm` and docs/guides/tools.md.
+The rules and wording are in :mod:`chainrun.tools.confirm` and docs/guides/tools.md. The
+front desk (:mod:`chainrun.desk`) asks :meth:`Confirmations.decide` once per turn, before
+the turn starts.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chainrun.actions.identity import Identity
 from chainrun.errors import UserInputError
+from chainrun.identity import Identity
 from chainrun.log.rows import RunKind, ToolCallRow
 from chainrun.log.store import Store
 from chainrun.tools.confirm import PendingAction, read_reply, reply_texts, utc_iso
+from chainrun.tools.runner import Confirmed
 from chainrun.tools.tool import Tool
 
 __all__ = ["Confirmations", "Decided", "action_from_row"]
@@ -70,6 +74,7 @@ class Decided:
 
     Attributes:
         run: actions the shopper said yes to: carried out by their step in this turn.
+        confirmed: ``run`` with its claim, as the turn's tools take it.
         answer: chainrun's own answer (no step runs); None: the turn runs as usual.
         why: the reason the steps are skipped (``detail.skipped``) with ``answer``.
         decisions: ``[{id, tool, decision, reply}]`` for the turn's record.
@@ -77,6 +82,7 @@ class Decided:
     """
 
     run: list[PendingAction] = field(default_factory=list)
+    confirmed: Confirmed = field(default_factory=Confirmed)
     answer: str | None = None
     why: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -141,9 +147,13 @@ class Confirmations:
     async def decide(
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
-        confirm: str | None = None, deny: str | None = None,
+        confirm: str | None = None, deny: str | None = None, shown: str | None = None,
     ) -> Decided:  # fmt: skip
-        """What the turn with ``message`` does (see the module text). A log that does not
+        """What the turn with ``message`` does (see the module text). ``shown``: the
+        answer before this message in the caller's own thread (a client that keeps the
+        conversation, as OpenAI clients do; None: the chain's record): a reply decides
+        only the actions whose question it shows, so a "yes" in one chat never decides
+        an action asked in another that shares its conversation id. A log that does not
         answer (down past its outage wait, or its pool unable to connect): a ``confirm``,
         ``deny`` or a message read as yes or no is answered :data:`UNREADABLE_ANSWER`
         (nothing run, nothing decided: the actions stay pending); any other message goes
@@ -153,8 +163,11 @@ class Confirmations:
             UserInputError: ``confirm`` / ``deny`` names no action of this conversation.
         """
         try:
-            return await self._decide(conversation_id, turn_index, message, turn_id=turn_id,
-                                      user=user, confirm=confirm, deny=deny)  # fmt: skip
+            decided = await self._decide(conversation_id, turn_index, message,
+                                         turn_id=turn_id, user=user, confirm=confirm,
+                                         deny=deny, shown=shown)  # fmt: skip
+            decided.confirmed = Confirmed(tuple(decided.run), self.claimer(turn_id, user))
+            return decided
         except self.store.unreachable_errors as e:
             log.warning("conversation %s: its pending actions could not be read (%s: %s); "
                         "nothing was decided", conversation_id, type(e).__name__,
@@ -166,7 +179,7 @@ class Confirmations:
     async def _decide(
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
-        confirm: str | None = None, deny: str | None = None,
+        confirm: str | None = None, deny: str | None = None, shown: str | None = None,
     ) -> Decided:  # fmt: skip
         store = self.store
         now = utc_iso()
@@ -178,6 +191,8 @@ class Confirmations:
             if not chosen:
                 return await self._not_pending(explicit, conversation_id)
             actions = chosen
+        elif shown is not None:  # the caller's thread: only what it asked is answered
+            actions = [a for a in actions if a.question and a.question in shown]
         decided = Decided()
         if not actions:
             return decided

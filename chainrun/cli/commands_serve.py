@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,9 +11,11 @@ import typer
 from chainrun.cli import DEFAULT_DB_PATH, ConfigOpt, DbOpt, app, fail, handle_errors
 from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
+    CONVERSATION_HEADER,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MODEL_ID,
     IDENTITY_KEY_ENV,
+    LEEWAY_S,
     TOKEN_ENV,
 )
 
@@ -76,17 +79,45 @@ def serve_command(
         str | None,
         typer.Option(help="Take the shopper's identity from this request header on /chat "
                      "and /v1 (the user id as the shop's gateway sets it; with "
-                     f"{IDENTITY_KEY_ENV} set, an HS256 token signed with that key) and "
-                     "bind each conversation to the identity that started it (another "
-                     "gets 403). Without it no identity is taken: whoever knows a "
-                     "conversation id can continue it."),
+                     f"{IDENTITY_KEY_ENV} set, an HS256 token signed with that key, of at "
+                     "least 32 bytes; with --identity-jwks, an identity provider's RS256 "
+                     "or ES256 token) and bind each conversation to the identity that "
+                     "started it (another gets 403). Without it no identity is taken: "
+                     "whoever knows a conversation id can continue it."),
     ] = None,
+    identity_jwks: Annotated[
+        str | None,
+        typer.Option(help="The identity provider's JSON Web Key Set: a URL (fetched at "
+                     "start and again when a token names a key it lacks) or a file."),
+    ] = None,
+    identity_issuer: Annotated[
+        str | None, typer.Option(help="The iss a token must carry (not checked if unset).")
+    ] = None,
+    identity_audience: Annotated[
+        str | None, typer.Option(help="The aud a token must carry (not checked if unset).")
+    ] = None,
+    identity_leeway_s: Annotated[
+        float,
+        typer.Option(min=0, max=600, help="Seconds of clock skew allowed on a token's exp, "
+                     "nbf and iat."),
+    ] = LEEWAY_S,
+    background_pattern: Annotated[
+        list[str] | None,
+        typer.Option(help="A regular expression that makes a /v1 request a chat UI's "
+                     "background request (a title, tags: it decides no pending action and "
+                     "acts on nothing), besides Open WebUI's and LibreChat's; repeatable."),
+    ] = None,
+    conversation_header: Annotated[
+        str, typer.Option(help="The header /v1 reads a conversation id from when the body's "
+                          "metadata.conversation_id names none (e.g. X-OpenWebUI-Chat-Id).")
+    ] = CONVERSATION_HEADER,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
     kind live; the bearer token, if any, comes from the environment (CHAINRUN_SERVE_TOKEN).
     """
     from chainrun.config import load_config
+    from chainrun.desk.background import BackgroundRequests
     from chainrun.log.reads import SeedWindows
     from chainrun.serve.server import WorkersFailed, serve
     from chainrun.telemetry.otel import otel_requested, telemetry_from_env
@@ -96,7 +127,13 @@ def serve_command(
     wanted = otel_requested() if otel is None else otel
     token = os.environ.get(TOKEN_ENV) or None
     seeds = SeedWindows() if seed_windows else None
-    identity = _identity_source(identity_header)
+    identity = _identity_source(identity_header, identity_jwks, identity_issuer,
+                                identity_audience, identity_leeway_s)  # fmt: skip
+    try:
+        background = BackgroundRequests.with_extra(background_pattern or [])
+    except ValueError as e:
+        fail(f"--background-pattern: {e}", 2)
+        raise  # fail() exits
     if workers > 1:
         # each worker builds its own exporter after the fork (its threads would not survive
         # one); serve shuts it down (flushing it) as the worker stops
@@ -108,7 +145,8 @@ def serve_command(
                   max_body_bytes=max_body_bytes, workers=workers,
                   observer_factory=per_worker, seed_windows=seeds,
                   chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s,
-                  identity=identity)  # fmt: skip
+                  identity=identity, background=background,
+                  conversation_header=conversation_header)  # fmt: skip
         except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
             fail(str(e), e.exit_code)
         return
@@ -119,25 +157,60 @@ def serve_command(
         serve(cfg, db, host=host, port=port, token=token, model_id=model_id,
               observers=observers, max_body_bytes=max_body_bytes,
               seed_windows=seeds, chat_keepalive_s=chat_keepalive_s,
-              v1_keepalive_s=v1_keepalive_s, identity=identity)  # fmt: skip
+              v1_keepalive_s=v1_keepalive_s, identity=identity, background=background,
+                  conversation_header=conversation_header)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()
 
 
-def _identity_source(header: str | None) -> IdentitySource | None:
-    """``--identity-header`` with the key in :data:`IDENTITY_KEY_ENV`, if any; a key
-    without the option is refused (it would be ignored without a word)."""
-    from chainrun.serve.identity import IdentitySource
+def _identity_source(
+    header: str | None, jwks: str | None, issuer: str | None, audience: str | None,
+    leeway_s: float,
+) -> IdentitySource | None:  # fmt: skip
+    """``--identity-header`` in the mode its options and :data:`IDENTITY_KEY_ENV` ask for
+    (:mod:`chainrun.serve.identity`), said in one line on stderr; a key or a token option
+    without the header, an empty or weak key, or a JWKS that cannot be read refuse to
+    start in one line (exit 2)."""
+    from chainrun.serve.identity import (
+        IdentitySource,
+        IdentityUnavailable,
+        JwksKeys,
+        TokenRules,
+        TokenVerifier,
+    )
 
-    key = os.environ.get(IDENTITY_KEY_ENV) or None
+    key = os.environ.get(IDENTITY_KEY_ENV)
     if header is None:
-        if key is not None:
+        if key:
             fail(f"{IDENTITY_KEY_ENV} is set but --identity-header is not: name the header "
                  "that carries the signed token", 2)  # fmt: skip
+        if jwks or issuer or audience:
+            fail("--identity-jwks, --identity-issuer and --identity-audience check the token "
+                 "in --identity-header: name that header", 2)  # fmt: skip
         return None
+    if key is not None and jwks is not None:
+        fail(f"{IDENTITY_KEY_ENV} and --identity-jwks: give one (the shop's own key, or the "
+             "identity provider's keys)", 2)  # fmt: skip
     try:
-        return IdentitySource(header, key.encode() if key is not None else None)
-    except ValueError as e:
-        fail(f"--identity-header: {e}", 2)
+        rules = TokenRules(issuer, audience, leeway_s)
+        if key is not None:
+            verifier: TokenVerifier | None = TokenVerifier.hs256(key, rules)
+        elif jwks is not None:
+            keys = JwksKeys(jwks)
+            keys.load()
+            verifier = TokenVerifier.from_jwks(keys, rules)
+        elif issuer or audience:
+            fail("--identity-issuer / --identity-audience check a signed token: set "
+                 f"{IDENTITY_KEY_ENV} or --identity-jwks", 2)  # fmt: skip
+            raise AssertionError  # fail() exits
+        else:
+            verifier = None
+        source = IdentitySource(header, verifier)
+    except (ValueError, IdentityUnavailable) as e:
+        where = IDENTITY_KEY_ENV if key is not None else "--identity-jwks" if jwks else (
+            "--identity-header")  # fmt: skip
+        fail(f"{where}: {e}", 2)
         raise  # fail() exits
+    print(f"chainrun serve: {source.describe()}", file=sys.stderr, flush=True)
+    return source

@@ -80,7 +80,8 @@ class LogConfig(Strict):
     redact: list[Literal["card", "iban", "api_key", "email", "phone"]] = Field(default_factory=list)
     #: a turn returns only once its rows are committed (false: once they are queued for
     #: the writer thread, which commits them at once when idle; a process crash can then
-    #: lose the turns finished in the last moment: README "Run log writes")
+    #: lose the turns finished in the last moment: [Run log writes and what a crash can
+    #: lose](../guides/reliability.md#run-log-writes-and-what-a-crash-can-lose))
     durable_turns: bool = False
     #: how long a turn on a log several processes share (PostgreSQL) waits out an
     #: outage of the log (a pooler's restart, a reset connection) for its turn index and

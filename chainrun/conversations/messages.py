@@ -52,11 +52,16 @@ class Thread:
         message: the last user message's text (None: there is none with text).
         history: the earlier turns, oldest first.
         ignored: how many ``system``/``developer`` messages were left out.
+        opening: the chat's opening as sent: the texts of the ``system``/``developer``
+            messages before its first user message with text, then that message's text;
+            the same on every turn of a chat (a stateless client's conversation id is
+            derived from it: :mod:`chainrun.desk.conversations`).
     """
 
     message: str | None
     history: tuple[HistoryTurn, ...] = field(default_factory=tuple)
     ignored: int = 0
+    opening: tuple[str, ...] = ()
 
     @property
     def turn_index(self) -> int:
@@ -91,4 +96,19 @@ def read_thread(messages: Sequence[Any]) -> Thread:
     history = tuple(
         HistoryTurn(msg, "\n".join(answers)) for msg, answers in turns if msg.strip()
     )
-    return Thread(message_text(messages[last_user].get("content")), history, ignored)
+    return Thread(message_text(messages[last_user].get("content")), history, ignored,
+                  _opening(messages))  # fmt: skip
+
+
+def _opening(messages: Sequence[Any]) -> tuple[str, ...]:
+    """The instructions before the first user message with text, and that message."""
+    out: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        text = message_text(m.get("content"))
+        if m.get("role") in ("system", "developer") and text:
+            out.append(text)
+        elif m.get("role") == "user" and text and text.strip():
+            return (*out, text)
+    return ()

@@ -367,10 +367,13 @@ class ConversationSource:
         history: Sequence[HistoryTurn] | None = None,
         turn_index: int | None = None,
         start: TurnStart | None = None,
+        *,
+        new: bool = False,
     ) -> TurnPlace:
         """The place of a turn starting now (see the module text; ``start``: kept with
-        the turn's index on a shared log)."""
-        new = conversation_id is None
+        the turn's index on a shared log; ``new``: ``conversation_id`` was just made up
+        by the caller, nothing of it is read from the log)."""
+        new = new or conversation_id is None
         cid = conversation_id if conversation_id is not None else new_conversation_id()
         if history is None:
             earlier, index = await self.memory.abegin(cid, new=new, start=start)

@@ -90,15 +90,21 @@ class LoggedActions:
 
     # -- request keys -------------------------------------------------------------------
     def claim_request_key(
-        self, scope: str, key: str, body_sha256: str, request_id: str, now: str
-    ) -> tuple[bool, dict[str, Any]]:
-        """Take ``key`` in ``scope`` (a conversation id, "" without one) for the request
-        ``request_id`` unless it is taken; ``(taken by this call, the key's row)``."""
+        self, scope: str, key: str, body_sha256: str, request_id: str, now: str, *,
+        run_id: int | None = None, conversation_id: str | None = None,
+        message: str | None = None,
+    ) -> tuple[bool, dict[str, Any]]:  # fmt: skip
+        """Take ``key`` in ``scope`` (the caller and the conversation) for the request
+        ``request_id`` unless it is taken; ``(taken by this call, the key's row)``.
+        ``run_id``, ``conversation_id`` and ``message`` are kept with it: should the run's
+        process die before the turn is logged, the next open of the log logs the turn
+        ``lost`` (:func:`chainrun.log.lifecycle.log_lost_turns`)."""
         with self.log.transaction():
             cur = self.log.execute(
-                "insert into request_keys (scope, key, body_sha256, request_id, created_at) "
-                "values (?, ?, ?, ?, ?) on conflict (scope, key) do nothing",
-                [scope, key, body_sha256, request_id, now],
+                "insert into request_keys (scope, key, body_sha256, request_id, created_at, "
+                "run_id, conversation_id, input) values (?, ?, ?, ?, ?, ?, ?, ?) "
+                "on conflict (scope, key) do nothing",
+                [scope, key, body_sha256, request_id, now, run_id, conversation_id, message],
             )
             mine = cur.rowcount == 1
         rows = self.log.query("select * from request_keys where scope = ? and key = ?",
@@ -106,12 +112,25 @@ class LoggedActions:
         return mine, rows[0]
 
     def release_request_key(self, scope: str, key: str, request_id: str) -> None:
-        """Give ``key`` up (its request never started a turn: refused before it ran)."""
+        """Give ``key`` up (its request ran no turn, or a turn that gave no result): the
+        next request with it runs."""
         with self.log.transaction():
             self.log.execute(
                 "delete from request_keys where scope = ? and key = ? and request_id = ?",
                 [scope, key, request_id],
             )
+
+    def request_key_holder(self, scope: str, key: str) -> str | None:
+        """The request id holding ``key`` in ``scope`` (None: nobody: released)."""
+        got = self.log.scalar("select request_id from request_keys where scope = ? and key = ?",
+                              [scope, key])  # fmt: skip
+        return None if got is None else str(got)
+
+    def log_nonce(self) -> str:
+        """The random id this log was created with (``log_meta``): unique to the log, kept
+        for its life, so that the keys made from turn ids (which start at 1 in every log)
+        do not repeat across logs."""
+        return str(self.log.scalar("select value from log_meta where key = 'nonce'"))
 
     def turn_of_request(self, request_id: str) -> int | None:
         """The turn logged with ``request_id`` (any run), or None (not logged yet)."""

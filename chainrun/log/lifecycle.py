@@ -93,13 +93,14 @@ def mark_interrupted_runs(db: LogDb | sqlite_utils.Database) -> list[int]:
 
 def log_lost_turns(log: LogDb, run_id: int) -> list[int]:
     """Log as ``lost`` each turn run ``run_id`` had claimed an index for (on a shared
-    log, ``conversation_index``: :meth:`chainrun.log.store.Store.claim_turn_index`) and
-    never logged, inside the caller's transaction: its message, index and start as
-    claimed (its request id too: a retry with the same ``Idempotency-Key`` gets this turn),
-    no output, ``error_type`` ``process_ended`` (its process ended before
-    the turn's rows were written). The conversation's next turn then
-    finds its index taken and does not wait for it; its history leaves it out (it had
-    no answer). Returns the new turns' ids (reserved as a writer reserves them)."""
+    log, ``conversation_index``: :meth:`chainrun.log.store.Store.claim_turn_index`) or
+    a request key for (``request_keys``, any log: a keyed turn on SQLite too) and never
+    logged, inside the caller's transaction: its message, index (when one was claimed in
+    the log) and start as claimed, its request id (a retry with the same
+    ``Idempotency-Key`` gets this turn), no output, ``error_type`` ``process_ended`` (its
+    process ended before the turn's rows were written). The conversation's next turn then
+    finds its index taken and does not wait for it; its history leaves it out (it had no
+    answer). Returns the new turns' ids (reserved as a writer reserves them)."""
     rows = log.query(
         "select conversation_id, last_index, claimed_input, claimed_at, claimed_request_id from "
         "conversation_index c where claimed_run_id = ? and not exists (select 1 from "
@@ -107,16 +108,26 @@ def log_lost_turns(log: LogDb, run_id: int) -> list[int]:
         "c.last_index and t.run_id in (select id from runs where kind = 'live'))",
         [run_id],
     )
-    if not rows:
+    lost = [TurnRow(run_id=run_id, conversation_id=r["conversation_id"],
+                    turn_index=r["last_index"], input=r["claimed_input"] or "",
+                    status="lost", error_type="process_ended", started_at=r["claimed_at"],
+                    request_id=r["claimed_request_id"]) for r in rows]  # fmt: skip
+    claimed = {t.request_id for t in lost if t.request_id is not None}
+    keyed = log.query(
+        "select request_id, conversation_id, input, created_at from request_keys k "
+        "where run_id = ? and not exists (select 1 from turns t where t.request_id = "
+        "k.request_id) order by created_at", [run_id],
+    )  # fmt: skip
+    lost += [TurnRow(run_id=run_id, conversation_id=r["conversation_id"],
+                     input=r["input"] or "", status="lost", error_type="process_ended",
+                     started_at=r["created_at"], request_id=r["request_id"])
+             for r in keyed if r["request_id"] not in claimed]  # fmt: skip
+    if not lost:
         return []
-    start, _ = reserve(log, len(rows))
+    start, _ = reserve(log, len(lost))
     ids = []
-    for k, r in enumerate(rows):
-        turn = TurnRow(id=start + k, run_id=run_id, conversation_id=r["conversation_id"],
-                       turn_index=r["last_index"], input=r["claimed_input"] or "",
-                       status="lost", error_type="process_ended",
-                       started_at=r["claimed_at"],
-                       request_id=r["claimed_request_id"])  # fmt: skip
+    for k, turn in enumerate(lost):
+        turn.id = start + k
         row = turn.to_db()
         cols = ", ".join(f'"{c}"' for c in row)
         log.execute(f"insert into turns ({cols}) values ({', '.join('?' for _ in row)})",

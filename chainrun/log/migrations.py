@@ -17,6 +17,7 @@ catalogue in a SQLite file, see :mod:`chainrun.log.store`) and a column type.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -452,6 +453,24 @@ def _m230_claimed_request_id(db: LogDb) -> None:
     db.table("conversation_index").add_column("claimed_request_id", str)
 
 
+def _m245_request_key_claims(db: LogDb) -> None:
+    # who claimed a request key, in which run, for which conversation and message: a keyed
+    # turn whose process dies before its rows are written is logged ``lost`` from these
+    # on SQLite too (chainrun.log.lifecycle.log_lost_turns), and its retry gets that turn
+    for name, kind in (("run_id", int), ("conversation_id", str), ("input", str)):
+        db.table("request_keys").add_column(name, kind)
+    # the log's own random id, made once: tools' idempotency keys made from turn ids
+    # (which start at 1 in every log) carry it, so they do not repeat across logs
+    db.table("log_meta").create({"key": str, "value": str}, pk="key")
+    db.execute("insert into log_meta (key, value) values ('nonce', ?)", [uuid.uuid4().hex])
+
+
+def _m250_admit_ms(db: LogDb) -> None:
+    # the time a turn spent at the front desk before its first step (ms): its clock
+    # starts at the request, so a wait on the log there is part of the turn
+    db.table("turns").add_column("admit_ms", float)
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -479,6 +498,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("200_claim_token", _m200_claim_token),
     ("230_claimed_request_id", _m230_claimed_request_id),
     ("240_catalog_money", _m240_catalog_money),
+    ("245_request_key_claims", _m245_request_key_claims),
+    ("250_admit_ms", _m250_admit_ms),
 )
 
 

@@ -178,6 +178,11 @@ class TurnRow(_Row):
     duration_ms: float | None = None
     #: for replayed turns: the latency the original live turn recorded, if known
     original_ms: float | None = None
+    #: from the request's arrival to the turn's first step being free to start: the time
+    #: at the front desk (the run's creation, the owner check, the key, the conversation's
+    #: place and pending actions: mostly waits on the log); part of ``duration_ms`` and
+    #: ``answer_ttft_ms`` (NULL: turns logged before migration 250)
+    admit_ms: float | None = None
     #: why the turn failed, if it did (see error types)
     error_type: str | None = None
     #: from the turn's start to the first token of the answer that reached the user

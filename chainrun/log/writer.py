@@ -15,10 +15,10 @@ Nothing waits for a timer: a lone job is committed at once when the thread is id
 and under load the jobs queued meanwhile share one commit. :meth:`LogWriter.flush`
 waits until everything posted before it is committed.
 
-Durability (see README "Run log writes (off the event loop) and what a crash can
-lose"): by default a turn returns (``TurnFinished``) once its rows are *queued*, not
-committed. A process crash (SIGKILL, a segfault, power loss) loses the jobs still in
-the queue or in the open transaction: turns that had finished but were not yet
+Durability (see the reliability guide, "Run log writes and what a crash can lose",
+docs/guides/reliability.md): by default a turn returns (``TurnFinished``) once its rows
+are *queued*, not committed. A process crash (SIGKILL, a segfault, power loss) loses the
+jobs still in the queue or in the open transaction: turns that had finished but were not yet
 committed (at most ``max_queue``; on an idle writer, the ones that finished during
 the last commit, about 0.3 ms) and shadow-loser updates. A clean exit (``Chain``
 closed, ``Store.close``, Ctrl-C through the chain's ``async with``) commits all of

@@ -36,7 +36,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chainrun.actions.identity import Identity
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.conversations.history import HistoryTurn
@@ -45,6 +44,7 @@ from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError, LogFileGone, LostTurn
 from chainrun.evals.assertions import parse_assertion
 from chainrun.events import TurnFinished
+from chainrun.identity import Identity
 from chainrun.input_files import read_jsonl, unknown_field
 from chainrun.log.rows import RunKind
 from chainrun.log.store import Store
@@ -190,12 +190,12 @@ def _expect_field(obj: Mapping[str, Any], path: str, line: int) -> tuple[dict[st
 
 
 def _user_field(obj: Mapping[str, Any], path: str, line: int) -> str | None:
-    """A line's ``user``: a user id (:class:`~chainrun.actions.identity.Identity`'s rule),
+    """A line's ``user``: a user id (:class:`~chainrun.identity.Identity`'s rule),
     or None when absent.
 
     Raises:
         InputFileError: not a non-empty string of at most
-            :data:`~chainrun.actions.identity.MAX_USER_ID_CHARS` characters.
+            :data:`~chainrun.identity.MAX_USER_ID_CHARS` characters.
     """
     value = obj.get("user")
     if value is None:

@@ -6,12 +6,15 @@ Routes::
     GET  /static/...              its files
     GET  /healthz                 200 {"status": "ok"} while the process serves
     GET  /readyz                  200 once the providers answered their preflight, else 503
-                                  (also while the answer's model server cannot be reached);
-                                  its "log" says the run log writer's state (ok, retrying,
-                                  losing), queued and lost writes; ``file_gone`` with
-                                  ``lost_turns`` once the log's SQLite file was deleted;
-                                  under ``serve --workers N``, "workers" says how many
-                                  of the N serve ({"serving": k, "workers": N})
+                                  (also while the answer's model server cannot be reached,
+                                  and, with an identity source, while the run log is away:
+                                  every chat then needs it for its owner check); its "log"
+                                  says the run log writer's state (ok, retrying, losing),
+                                  queued and lost writes, and the front desk's ("desk":
+                                  ok, or away with since when and why); ``file_gone``
+                                  with ``lost_turns`` once the log's SQLite file was
+                                  deleted; under ``serve --workers N``, "workers" says
+                                  how many of the N serve ({"serving": k, "workers": N})
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
     POST /v1/chat/completions
@@ -44,13 +47,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
+from chainrun.desk.background import BackgroundRequests
 from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
 from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
-from chainrun.serve.settings import CHAT_KEEPALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_ID
+from chainrun.serve.settings import (
+    CHAT_KEEPALIVE_S,
+    CONVERSATION_HEADER,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MODEL_ID,
+)
 from chainrun.serve.turns import TurnObserver, TurnRunner
 from chainrun.serve.workers import WorkerSlot
 
@@ -86,6 +95,10 @@ class ServeState:
         fleet: a worker of ``serve --workers N``: its slot on the parent's board
             (:class:`~chainrun.serve.workers.WorkerSlot`), marked serving once the chain
             is open and not once stopping; ``/readyz`` says how many workers serve.
+        background: the chat UIs' background requests the OpenAI face recognises
+            (:mod:`chainrun.desk.background`; default: Open WebUI's and LibreChat's).
+        conversation_header: the request header the OpenAI face reads a conversation
+            id from when the body names none (default ``Conversation-Id``).
     """
 
     def __init__(
@@ -101,8 +114,12 @@ class ServeState:
         chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
         v1_keepalive_s: float | None = None,
         fleet: WorkerSlot | None = None,
+        background: BackgroundRequests | None = None,
+        conversation_header: str = CONVERSATION_HEADER,
     ) -> None:
         self.chain_factory = chain_factory
+        self.background = background if background is not None else BackgroundRequests()
+        self.conversation_header = conversation_header.lower()
         self.fleet = fleet
         self.chat_keepalive_s = chat_keepalive_s
         self.v1_keepalive_s = v1_keepalive_s
@@ -391,13 +408,15 @@ async def _healthz(request: Request) -> Response:
 
 async def _readyz(request: Request) -> Response:
     state: ServeState = request.app.state.serve
-    body, status = _readiness(state)
+    body, status = _readiness(state, request.app.state.identity)
     if state.fleet is not None:  # how many of serve --workers N serve, whatever this one is
         body["workers"] = state.fleet.counts()
     return JSONResponse(body, status_code=status)
 
 
-def _readiness(state: ServeState) -> tuple[dict[str, Any], int]:
+def _readiness(
+    state: ServeState, identity: IdentitySource | None = None
+) -> tuple[dict[str, Any], int]:
     if state.runner is None:
         return {"status": "starting", "detail": state.not_ready_reason()}, 503
     chain = state.runner.chain
@@ -407,10 +426,31 @@ def _readiness(state: ServeState) -> tuple[dict[str, Any], int]:
     away = state.provider_watch.down if state.provider_watch is not None else {}
     if away:
         return {"status": "not_ready", "detail": "; ".join(away.values())}, 503
+    log_status = state.log_status()
+    if log_status is not None:
+        log_status["desk"] = chain.desk.status()
+    log_away = _log_away(log_status)
+    if log_away is not None and identity is not None:
+        # every chat needs the log for its owner check: refused 503 while it is away
+        return {"status": "not_ready", "detail": f"the run log is away ({log_away}): chats "
+                "with an identity are refused until it answers", "log": log_status}, 503
     # the log is behind the answer: a log database that is away leaves the backend ready
     # (turns are answered); "log" says whether writes are retrying or being dropped
     return {"status": "ready", "run_id": chain.run_id, "steps": list(chain.config.order),
-            "model": state.model_id, "log": state.log_status()}, 200
+            "model": state.model_id, "log": log_status}, 200
+
+
+def _log_away(status: dict[str, Any] | None) -> str | None:
+    """Why the log is away (its writer retrying or dropping writes, or the front desk's
+    last look unanswered), or None: it answers."""
+    if status is None:
+        return None
+    desk = status.get("desk") or {}
+    if desk.get("state") == "away":
+        return f"the front desk's reads fail for {desk['away_s']:.1f} s: {desk['reason']}"
+    if status.get("state") in ("retrying", "losing"):
+        return f"its writer is {status['state']} for {status.get('outage_s') or 0:.1f} s"
+    return None
 
 
 def create_app(
@@ -439,6 +479,8 @@ def create_app(
             yield
         finally:
             await state.aclose()
+            if identity is not None:
+                await identity.aclose()
 
     middleware = [Middleware(BearerAuth, token=token)] if token else []
     app = _ServeApp(

@@ -5,21 +5,26 @@ Request body (JSON)::
     {"message": "a rain jacket under 100?", "conversation_id": "optional, <= 200 chars"}
     {"conversation_id": "...", "confirm": "ACTION_ID"}    (or "deny"; the message optional)
 
-An ``Idempotency-Key`` header makes a request sent again return the first one's turn
-(:mod:`chainrun.actions.request_keys`); such a turn runs to its end when the client goes
-away. A keyed request without a ``conversation_id`` gets one derived from the key
-(:func:`~chainrun.actions.request_keys.keyed_conversation_id`), so its retry finds it.
-A request the chain refuses before its turn runs is answered with that HTTP status
-and the error object of :mod:`chainrun.serve.errors`, not a stream: a key reused with
-another body 422 (``idempotency_key_reused``), another identity's conversation 403
-(``conversation_forbidden``), an unknown action id 400. The response starts once the
-chain's turn has begun, or after :data:`chainrun.serve.turns.REFUSAL_WAIT_S` at most: a
-key whose first request is still running streams while it waits for that turn, and
-should the wait run out (:data:`chainrun.actions.request_keys.WAIT_S`) its stream's
-event after ``turn_started`` is ``error`` ``{status: 409, message, type}``. With ``serve
---identity-header`` the caller's identity comes from that header
-(:mod:`chainrun.serve.identity`): missing or not checking out, 401; a conversation bound
-to another identity, 403 before anything runs.
+The body is read into the one :class:`~chainrun.desk.TurnRequest` both faces build
+(:func:`chainrun.serve.intake.turn_request`), and the chain's front desk
+(:mod:`chainrun.desk`) admits it. An ``Idempotency-Key`` header makes a request sent
+again return the first one's turn (:mod:`chainrun.desk.keys`); such a turn runs to its
+end when the client goes away. A keyed request without a ``conversation_id`` gets one
+derived from the key and the caller (:func:`~chainrun.desk.keys.keyed_conversation_id`),
+so its retry finds it; any other request without one starts a new conversation. A
+request the desk refuses before its turn runs is answered with the refusal's HTTP status
+(``http_status``, :mod:`chainrun.errors`) and the error object of
+:mod:`chainrun.serve.errors`, not a stream: an unknown action id 400, another identity's
+conversation 403 (``conversation_forbidden``), a key whose first request is still running
+past the wait 409, a key reused with another body 422 (``idempotency_key_reused``), the
+run log away past its outage wait 503 (``log_unavailable``, with ``Retry-After``). The
+response starts once the chain's turn has begun, or after
+:attr:`chainrun.serve.turns.TurnRunner.refusal_wait_s` at most: a key whose first request is still
+running streams while it waits for that turn, and should the wait run out
+(:data:`chainrun.desk.keys.WAIT_S`) its stream's event after ``turn_started`` is
+``error`` ``{status: 409, message, type}``. With ``serve --identity-header`` the
+caller's identity comes from that header (:mod:`chainrun.serve.identity`): missing or not
+checking out, 401.
 
 Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
 (``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
@@ -37,16 +42,15 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chainrun.actions.request_keys import key_problem
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
+from chainrun.desk import Received
 from chainrun.serve.errors import error_response, not_ready, refusal_response
-from chainrun.serve.identity import caller
+from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
@@ -136,40 +140,24 @@ async def _events(events: AsyncIterator[WireEvent]) -> AsyncIterator[ServerSentE
         yield sse_event(json.dumps(ev.data), ev.event)
 
 
-def idempotency_key(request: Request) -> tuple[str | None, Response | None]:
-    """The request's ``Idempotency-Key`` header (None: none), or the 400 answering a key
-    that cannot be one (:func:`chainrun.actions.request_keys.key_problem`)."""
-    key = request.headers.get("idempotency-key")
-    problem = key_problem(key) if key is not None else None
-    if problem is None:
-        return key, None
-    return None, error_response(400, f"Idempotency-Key: {problem}", param="Idempotency-Key",
-                                code="invalid_value")  # fmt: skip
-
-
 async def chat(request: Request) -> Response:
     """The ``POST /chat`` endpoint (see the module docstring)."""
+    received = Received.now()  # the turn's clock starts here
     runner: TurnRunner | None = request.app.state.serve.runner
     if runner is None:
         return not_ready(request)
     raw = await request.body()
     try:
         message, conversation_id = parse_chat_body(raw)
-        turn: dict[str, Any] = dict(parse_decision(raw))
+        decision = parse_decision(raw)
     except BadRequest as e:
         return error_response(400, str(e), param=e.param, code="invalid_value")
-    key, refused = idempotency_key(request)
-    if refused is not None:
-        return refused
-    if key is not None:
-        turn["idempotency_key"] = key
-    user, refused = await caller(request, conversation_id)
-    if refused is not None:
-        return refused
-    if user is not None:
-        turn["user"] = user
-    events, refusal = await opened(runner.stream(message, conversation_id, **turn))
+    asked = Asked(message, conversation_id, confirm=decision.get("confirm"),
+                  deny=decision.get("deny"))  # fmt: skip
+    turn = await turn_request(request, asked, received)
+    if isinstance(turn, Response):
+        return turn
+    events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
     if refusal is not None:  # refused before its turn ran: the status, not a stream
         return refusal_response(refusal)
     return sse_response(_events(events), keepalive_s=request.app.state.serve.chat_keepalive_s)
-

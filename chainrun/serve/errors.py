@@ -7,13 +7,17 @@
                "code": "invalid_value"}}           # or null
 
 Statuses: 400 a bad body (``param`` names the field), 401 a missing or wrong bearer
-token (``invalid_api_key``), 403 a conversation bound to another identity
-(``conversation_forbidden``), 404 an unknown model (``model_not_found``), 409 an
-``Idempotency-Key`` whose first request is still running past the wait
-(``request_in_progress``), 413 a body over the server's limit (``body_too_large``), 422
-an ``Idempotency-Key`` reused with another request (``idempotency_key_reused``), 502 the
-chain failed (``code``: its error type), 503 the chain is not ready yet (``not_ready``,
-with ``Retry-After``).
+token (``invalid_api_key``) or identity (``invalid_identity``), 403 a conversation bound
+to another identity (``conversation_forbidden``), 404 an unknown model
+(``model_not_found``), 409 an ``Idempotency-Key`` whose first request is still running
+past the wait (``request_in_progress``), 413 a body over the server's limit
+(``body_too_large``), 422 an ``Idempotency-Key`` reused with another request
+(``idempotency_key_reused``), 502 the chain failed (``code``: its error type), 503 the
+chain is not ready yet (``not_ready``), the run log a request needs is away past its
+outage wait (``log_unavailable``) or the identity provider's keys cannot be had
+(``identity_unavailable``), each with ``Retry-After``. A refusal before the turn runs
+takes its status from the error the front desk raised (``http_status``,
+:mod:`chainrun.errors`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ _REFUSALS = {
     "ConversationForbidden": ("conversation_id", "conversation_forbidden"),
     "IdempotencyKeyReused": ("Idempotency-Key", "idempotency_key_reused"),
     "RequestInProgress": ("Idempotency-Key", "request_in_progress"),
+    "LogUnavailable": (None, "log_unavailable"),
 }
+#: s a client is told to wait before it tries a request refused 503 again
+RETRY_AFTER_S = 1
 
 
 class JSONBody(JSONResponse):
@@ -62,14 +69,20 @@ def error_response(
 def refusal_body(refusal: dict[str, Any]) -> dict[str, Any]:
     """The error object of a request the chain refused before its turn ran, from the
     turn's ``error`` event ``{status, message, type}`` (:mod:`chainrun.serve.turns`):
-    ``param`` and ``code`` by its type (another bad argument: ``invalid_value``)."""
-    param, code = _REFUSALS.get(refusal["type"], (None, "invalid_value"))
-    return error_body(refusal["message"], "invalid_request_error", param, code)
+    ``param`` and ``code`` by its type (another bad argument: ``invalid_value``; a 5xx
+    of another type: ``log_unavailable``, type ``server_error``)."""
+    server = refusal["status"] >= 500
+    param, code = _REFUSALS.get(refusal["type"],
+                                (None, "log_unavailable" if server else "invalid_value"))
+    kind = "server_error" if server else "invalid_request_error"
+    return error_body(refusal["message"], kind, param, code)
 
 
 def refusal_response(refusal: dict[str, Any]) -> Response:
-    """``refusal["status"]`` (403, 409, 422, 400) with :func:`refusal_body`."""
-    return JSONBody(refusal_body(refusal), status_code=refusal["status"])
+    """``refusal["status"]`` (400, 403, 409, 422, 503 with ``Retry-After``) with
+    :func:`refusal_body`."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if refusal["status"] == 503 else None
+    return JSONBody(refusal_body(refusal), status_code=refusal["status"], headers=headers)
 
 
 def not_ready(request: Request) -> Response:

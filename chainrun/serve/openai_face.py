@@ -14,12 +14,20 @@ What is taken from the request: the text of the **last** ``user`` message (the m
 the turn answers), the **earlier turns** from the ``messages`` before it (each earlier
 ``user`` message with the ``assistant`` messages after it: the turn's ``{history}``,
 cut to the ``[history]`` budget; read by :func:`chainrun.conversations.read_thread`,
-which documents every rule), and a conversation id from ``metadata.conversation_id``
-or ``user`` (else a new one). The face keeps no state, as the API it copies: the
-history is the client's, never the log's. ``system`` and ``developer`` messages are not
-used: the chain's steps have their own system texts (config), and a client's
-instructions reach no step (each step's logged prompt shows what was sent). Sampling
-parameters are the chain's own (its config) and are ignored
+which documents every rule), and the conversation (:mod:`chainrun.desk.conversations`):
+``metadata.conversation_id``, else the ``Conversation-Id`` header (``serve
+--conversation-header`` names another, e.g. Open WebUI's ``X-OpenWebUI-Chat-Id``), else
+one derived from the chat's opening (its instructions and first user message) and the
+caller, so that each turn of a chat finds its conversation and two chats of one person
+are two. ``user`` (and ``safety_identifier``) is the end user, as OpenAI defines it,
+never a conversation: it scopes the derived id and the ``Idempotency-Key`` where no
+identity is configured. The face keeps no state, as the API it copies: the history is
+the client's, never the log's. A chat UI's background request (a title, tags, follow-up
+suggestions generated from a chat: :mod:`chainrun.desk.background`) is answered as a
+turn of its own that decides no pending action and acts on nothing. ``system`` and
+``developer`` messages reach no step (the derived conversation id aside): the chain's
+steps have their own system texts (config), and each step's logged prompt shows what was
+sent. Sampling parameters are the chain's own (its config) and are ignored
 (:data:`IGNORED_PARAMETERS`); a parameter that would change what the answer is and that
 the face does not honour (:data:`REFUSED_PARAMETERS`: ``n`` other than 1, ``tools``,
 ``response_format`` other than text, ``logprobs``, audio) is refused with 400
@@ -62,10 +70,11 @@ runs to its end when the client times out, so the retry gets it; the key reused 
 another request is a 422 naming it (code ``idempotency_key_reused``), streamed or not: a
 streamed response starts once the chain's turn has begun
 (:func:`chainrun.serve.turns.opened`). A tool with ``confirm = true``: the answer is
-chainrun's question, and the next user message of the same conversation (``user`` or
-``metadata.conversation_id``) is read as the reply. With ``serve --identity-header`` the caller's
-identity comes from that header (:mod:`chainrun.serve.identity`): 401 when it does not
-check out, 403 for a conversation bound to another identity.
+chainrun's question, and the next user message of the same chat is read as the reply
+(it decides only an action whose question the thread it sends shows). With ``serve
+--identity-header`` the caller's identity comes from that header
+(:mod:`chainrun.serve.identity`): 401 when it does not check out, 403 for a
+conversation bound to another identity.
 
 A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
 stream has begun, an ``error`` object in the stream (the ``openai`` client raises
@@ -77,22 +86,22 @@ A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.messages import read_thread
+from chainrun.conversations.messages import message_text, read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
-from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS, idempotency_key
+from chainrun.desk import Received, TurnRequest
+from chainrun.desk.background import BackgroundRequests
+from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
     JSONBody,
@@ -102,23 +111,19 @@ from chainrun.serve.errors import (
     refusal_body,
     refusal_response,
 )
-from chainrun.serve.identity import caller
+from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """The parts of a Chat Completions request the chain uses."""
+    """The parts of a Chat Completions request the chain uses: what is asked
+    (:class:`~chainrun.serve.intake.Asked`) and how the answer is sent."""
 
-    message: str
-    conversation_id: str | None
+    asked: Asked
     stream: bool
     include_usage: bool
-    #: the earlier turns the client sent, oldest first
-    history: tuple[HistoryTurn, ...] = ()
-    #: more of the turn: ``idempotency_key`` from the header
-    turn: dict[str, Any] = field(default_factory=dict)
 
 
 class InvalidRequest(ValueError):
@@ -158,8 +163,8 @@ REFUSED_PARAMETERS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 #: Request parameters taken without effect: the chain's steps have their own settings
 #: (model, sampling, caps, reasoning effort: the config), so these are ignored, as the
-#: module docstring says (``user`` and ``metadata.conversation_id`` name the
-#: conversation; ``stream_options.include_usage`` is honoured).
+#: module docstring says (``metadata.conversation_id`` names the conversation, ``user``
+#: and ``safety_identifier`` the end user; ``stream_options.include_usage`` is honoured).
 IGNORED_PARAMETERS: tuple[str, ...] = (
     "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
     "presence_penalty", "frequency_penalty", "logit_bias", "reasoning_effort",
@@ -168,20 +173,26 @@ IGNORED_PARAMETERS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
-    """The chain's view of a ``/v1/chat/completions`` body.
+def parse_completion_request(
+    body: Any, model_id: str, background: BackgroundRequests | None = None,
+    conversation_header: str | None = None,
+) -> CompletionRequest:  # fmt: skip
+    """The chain's view of a ``/v1/chat/completions`` body; ``background``: the chat UIs'
+    background requests to recognise (None: none); ``conversation_header``: the value of
+    the request's conversation header, if any.
 
     Raises:
         InvalidRequest: not an object; ``model`` missing (400) or not ``model_id`` (404
-            ``model_not_found``); ``messages`` holds no user message with text; the text
-            breaks the library's rule
+            ``model_not_found``); ``messages`` holds no user message with text (unless a
+            background request's prompt); the text breaks the library's rule
             (:func:`chainrun.conversations.turn_input.check_turn_input`: over
             :data:`~chainrun.conversations.turn_input.MAX_MESSAGE_CHARS` characters, a lone
             surrogate); a parameter of :data:`REFUSED_PARAMETERS` set to a value it does
             not accept (``n`` other than 1, ``tools``, ``response_format`` other than
             text, ...: 400 ``unsupported_parameter``); ``stream`` or
             ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
-            not taken as true); ``stream_options`` is not an object.
+            not taken as true); ``stream_options`` is not an object; a conversation id
+            that is no string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", None)
@@ -197,7 +208,10 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: expected a non-empty list", "messages")
     thread = read_thread(messages)
-    text = thread.message
+    texts = [t for m in messages if isinstance(m, dict)
+             and isinstance(t := message_text(m.get("content")), str) and t.strip()]  # fmt: skip
+    kind = background.kind(texts) if background is not None else None
+    text = thread.message if thread.message or kind is None else texts[-1]
     if not text or not text.strip():
         raise InvalidRequest("messages: expected a user message with text content", "messages")
     problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
@@ -214,21 +228,37 @@ def parse_completion_request(body: Any, model_id: str) -> CompletionRequest:
         if body.get(param) is not None and not accepts(body[param]):
             raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
                                  code="unsupported_parameter")  # fmt: skip
-    metadata = body.get("metadata")
-    conv = metadata.get("conversation_id") if isinstance(metadata, dict) else None
-    conv = conv if isinstance(conv, str) else body.get("user")
-    if not conv or text_problem(conv, required=True, max_chars=MAX_CONVERSATION_ID_CHARS):
-        conv = None  # an id the chain cannot take: the turn starts a conversation of its own
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("stream_options: expected an object", "stream_options")
+    metadata = body.get("metadata")
+    named = metadata.get("conversation_id") if isinstance(metadata, dict) else None
+    conversation = _text_field(named if named is not None else conversation_header,
+                               "metadata.conversation_id", MAX_CONVERSATION_ID_CHARS)
+    end_user = body.get("user") if body.get("user") is not None else body.get("safety_identifier")
+    asked = Asked(
+        text, conversation_id=conversation, opening=thread.opening, history=thread.history,
+        end_user=_text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
+    )  # fmt: skip
     return CompletionRequest(
-        message=text,
-        conversation_id=conv if isinstance(conv, str) else None,
+        asked=asked,
         stream=_flag(body.get("stream"), "stream"),
         include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
-        history=thread.history,
     )
+
+
+def _text_field(value: Any, param: str, max_chars: int) -> str | None:
+    """An optional text field: None, or a string of 1 to ``max_chars`` characters.
+
+    Raises:
+        InvalidRequest: anything else, naming ``param``.
+    """
+    if value is None:
+        return None
+    problem = text_problem(value, required=True, max_chars=max_chars)
+    if problem is not None:
+        raise InvalidRequest(f"{param}: {problem}", param)
+    return str(value)
 
 
 def _flag(value: Any, param: str) -> bool:
@@ -290,38 +320,33 @@ async def models(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (see the module docstring)."""
+    received = Received.now()  # the turn's clock starts here
     state = request.app.state.serve
     try:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError):
         return error_response(400, "the body is not JSON")
     try:
-        req = parse_completion_request(body, state.model_id)
+        req = parse_completion_request(body, state.model_id, state.background,
+                                       request.headers.get(state.conversation_header))
     except InvalidRequest as e:
         return error_response(e.status, str(e), param=e.param, code=e.code)
     runner: TurnRunner | None = state.runner
     if runner is None:
         return not_ready(request)
-    key, refused = idempotency_key(request)
-    if refused is not None:
-        return refused
-    user, refused = await caller(request, req.conversation_id)
-    if refused is not None:
-        return refused
-    turn = {**req.turn, **({"idempotency_key": key} if key is not None else {}),
-            **({"user": user} if user is not None else {})}  # fmt: skip
-    req = dataclasses.replace(req, turn=turn)
+    turn = await turn_request(request, req.asked, received)
+    if isinstance(turn, Response):
+        return turn
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
-        events, refusal = await opened(runner.stream(req.message, req.conversation_id,
-                                                     req.history, **req.turn))  # fmt: skip
+        events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
         if refusal is not None:  # refused before its turn ran: the status, not a stream
             return refusal_response(refusal)
         return sse_response(
             _chunks(events, runner.answer_step, req, completion_id, state.model_id),
             keepalive_s=state.v1_keepalive_s,
         )
-    summary = await run_until_disconnected(_whole_turn(runner, req), request.is_disconnected)
+    summary = await run_until_disconnected(_whole_turn(runner, turn), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
     if "error" in summary:  # refused before it ran (a key reused with another request)
@@ -355,9 +380,9 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-async def _whole_turn(runner: TurnRunner, req: CompletionRequest) -> dict[str, Any]:
+async def _whole_turn(runner: TurnRunner, turn: TurnRequest) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    async for ev in runner.stream(req.message, req.conversation_id, req.history, **req.turn):
+    async for ev in runner.stream(turn):
         if ev.event == "turn":
             summary = ev.data
         elif ev.event == "error":

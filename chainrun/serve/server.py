@@ -17,6 +17,7 @@ import uvicorn
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig
+from chainrun.desk.background import BackgroundRequests
 from chainrun.errors import ChainrunError, UserInputError
 from chainrun.log.backend import shown_url
 from chainrun.log.lifecycle import lost_turns_of_process
@@ -29,6 +30,7 @@ from chainrun.serve.app import ServeState, create_app
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
+    CONVERSATION_HEADER,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MODEL_ID,
     SHUTDOWN_GRACE_S,
@@ -74,6 +76,8 @@ def serve(
     chat_keepalive_s: float | None = CHAT_KEEPALIVE_S,
     v1_keepalive_s: float | None = None,
     identity: IdentitySource | None = None,
+    background: BackgroundRequests | None = None,
+    conversation_header: str = CONVERSATION_HEADER,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -108,6 +112,9 @@ def serve(
         v1_keepalive_s: the same on the OpenAI face's streams (default none, as OpenAI's).
         identity: where the caller's identity is read (:mod:`chainrun.serve.identity`);
             None: none is taken and conversations are not bound.
+        background: the chat UIs' background requests the OpenAI face recognises
+            (:mod:`chainrun.desk.background`; None: the defaults).
+        conversation_header: the header the OpenAI face reads a conversation id from.
 
     Raises:
         UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
@@ -140,7 +147,8 @@ def serve(
                 _serve_one(config, db, sock, token=token, model_id=model_id, observers=made,
                            max_body_bytes=max_body_bytes, seed_windows=seed_windows,
                            keepalive=(chat_keepalive_s, v1_keepalive_s),
-                           announce=False, fleet=slot, identity=identity)  # fmt: skip
+                           announce=False, fleet=slot, identity=identity,
+                           faces=(background, conversation_header))  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
                     stop = getattr(obs, "shutdown", None)
@@ -160,7 +168,8 @@ def serve(
         return
     _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
                max_body_bytes=max_body_bytes, seed_windows=seed_windows,
-               keepalive=(chat_keepalive_s, v1_keepalive_s), identity=identity)  # fmt: skip
+               keepalive=(chat_keepalive_s, v1_keepalive_s), identity=identity,
+               faces=(background, conversation_header))  # fmt: skip
 
 
 def _serve_one(
@@ -177,11 +186,13 @@ def _serve_one(
     keepalive: tuple[float | None, float | None] = (CHAT_KEEPALIVE_S, None),
     fleet: WorkerSlot | None = None,
     identity: IdentitySource | None = None,
+    faces: tuple[BackgroundRequests | None, str] = (None, CONVERSATION_HEADER),
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
     parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s;
-    ``fleet``: a worker's slot on its parent's board, for ``/readyz``).
+    ``fleet``: a worker's slot on its parent's board, for ``/readyz``; ``faces``: the
+    OpenAI face's background requests and conversation header).
 
     Raises:
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
@@ -201,6 +212,8 @@ def _serve_one(
         chat_keepalive_s=keepalive[0],
         v1_keepalive_s=keepalive[1],
         fleet=fleet,
+        background=faces[0],
+        conversation_header=faces[1],
     )
     app = create_app(state, token=token, max_body_bytes=max_body_bytes, identity=identity)
     server = _Server(

@@ -18,3 +18,10 @@ SHUTDOWN_GRACE_S = 5
 #: s between keep-alive comment lines on ``/chat`` by default (``chainrun serve
 #: --chat-keepalive-s``); the OpenAI face sends none unless asked (``--v1-keepalive-s``)
 CHAT_KEEPALIVE_S = 15.0
+#: the request header the OpenAI face reads a conversation id from when the body's
+#: ``metadata.conversation_id`` names none (``chainrun serve --conversation-header``)
+CONVERSATION_HEADER = "Conversation-Id"
+#: s of clock skew allowed on a signed identity token's ``exp``, ``nbf`` and ``iat`` by
+#: default (``--identity-leeway-s``): PyJWT and joserfc default to 0, which refuses a
+#: token whose issuer's clock runs a second ahead; about a minute is common practice
+LEEWAY_S = 60.0

@@ -46,21 +46,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chainrun.actions.request_keys import keyed_conversation_id
 from chainrun.chain import Chain
-from chainrun.conversations.history import HistoryTurn
-from chainrun.conversations.source import new_conversation_id
-from chainrun.errors import (
-    ConversationForbidden,
-    IdempotencyKeyReused,
-    RequestInProgress,
-    UserInputError,
-)
+from chainrun.desk import TurnRequest
 from chainrun.events import (
     AnswerDone,
     ProductsShown,
@@ -78,8 +69,10 @@ log = logging.getLogger("chainrun.serve")
 #: summary is built from the turn's own events (a log database that is away)
 READ_TIMEOUT_S = 2.0
 #: how long a face waits for the chain's first event of a turn before it starts its
-#: streamed response (seconds): a refusal of the request within it (:func:`opened`) is
-#: answered with its HTTP status instead of a stream
+#: streamed response (seconds), beyond the log's outage wait (``[log] outage_wait_s``, the
+#: longest the front desk waits for the log before it refuses): a refusal of the request
+#: within it (:func:`opened`) is answered with its HTTP status instead of a stream
+#: (:attr:`TurnRunner.refusal_wait_s`)
 REFUSAL_WAIT_S = 2.0
 
 
@@ -114,7 +107,7 @@ def turn_summary(
     Shape::
 
         {turn_id, run_id, conversation_id, turn_index, status, output, label, error_type,
-         duration_ms, answer_ttft_ms, answer_done_ms,
+         duration_ms, admit_ms, answer_ttft_ms, answer_done_ms,
          usage: {input_tokens, output_tokens, reasoning_tokens, cached_input_tokens,
                  calls, unknown_calls},
          steps: [{step, kind, status, started_ms, duration_ms, ttft_ms, output_tokens,
@@ -130,7 +123,9 @@ def turn_summary(
     that ran concurrently overlap. ``answer_ttft_ms`` / ``answer_done_ms``
     are the shopper's wait for the first answer token / the whole answer (None when no
     answer reached the user); ``post_answer`` steps (checks of the answer) are not part of
-    it. ``turn_index`` is the turn's 1-based position in its conversation. Without a
+    it. ``admit_ms`` is the time at the front desk before the first step (part of
+    ``duration_ms`` and ``answer_ttft_ms``: every time counts from the request's arrival).
+    ``turn_index`` is the turn's 1-based position in its conversation. Without a
     log (``logged`` None) the steps come from the events alone.
     """
     steps: list[dict[str, Any]] = []
@@ -195,6 +190,7 @@ def turn_summary(
         "label": done.label,
         "error_type": done.error_type,
         "duration_ms": done.duration_ms,
+        "admit_ms": done.admit_ms,
         "answer_ttft_ms": done.answer_ttft_ms,
         "answer_done_ms": done.answer_done_ms,
         "usage": usage.as_json(),
@@ -219,7 +215,7 @@ def _cancelled_summary(
             duration_ms=t.duration_ms or 0.0, label=t.label, verdicts=dict(t.verdicts),
             error_type=t.error_type, answer_ttft_ms=t.answer_ttft_ms,
             answer_done_ms=t.answer_done_ms, truncated=bool(t.truncated),
-            conversation_id=t.conversation_id, turn_index=t.turn_index,
+            conversation_id=t.conversation_id, turn_index=t.turn_index, admit_ms=t.admit_ms,
         )  # fmt: skip
         summary = turn_summary(logged, done, conversation_id, live_steps)
         summary["duration_ms"] = t.duration_ms
@@ -244,7 +240,7 @@ async def opened(
     None otherwise, and ``events`` yields every event of the turn from its first
     (``turn_started``), those read here included. A refusal that comes later (a key whose
     first request is still running: the repeat waits for its turn, and past
-    :data:`chainrun.actions.request_keys.WAIT_S` it is refused) is the ``error`` event
+    :data:`chainrun.desk.keys.WAIT_S` it is refused) is the ``error`` event
     of a stream begun. Closing ``events`` closes ``stream``.
 
     Raises:
@@ -355,54 +351,45 @@ class TurnRunner:
         return len(tasks)
 
     @property
+    def refusal_wait_s(self) -> float:
+        """How long a face waits for a turn's first event before it starts the response
+        (s): :data:`REFUSAL_WAIT_S` beyond the log's outage wait, so that a request the
+        desk refuses after waiting out an outage still gets its status."""
+        return REFUSAL_WAIT_S + self.chain.config.log.outage_wait_s
+
+    @property
     def answer_step(self) -> str:
         return self.chain.config.answer_step
 
-    def stream(
-        self,
-        message: str,
-        conversation_id: str | None = None,
-        history: Sequence[HistoryTurn] | None = None,
-        **turn: Any,
-    ) -> AsyncGenerator[WireEvent, None]:
-        """Run one turn; yield its wire events (see the module docstring), ``turn`` last.
+    def stream(self, request: TurnRequest) -> AsyncGenerator[WireEvent, None]:
+        """Run the turn ``request`` asks for; yield its wire events (see the module
+        docstring), ``turn`` last.
 
-        ``conversation_id``: the conversation (None: a new one). ``history``: its earlier
-        turns as the client sent them (the OpenAI-compatible face); None: the chain's own
-        record of the conversation (``/chat``).
+        ``request``: as a face built it (:func:`chainrun.serve.intake.turn_request`), its
+        conversation named: the ``turn_started`` event says it before the chain runs.
 
         The turn runs in a task of its own; closing the returned generator (a client
         gone) before ``answer_done`` cancels it once, and it logs itself ``cancelled``;
         closed after, the turn finishes on the server. A provider that cannot be
         reached at all ends the turn with status ``error`` (its ``turn`` event is still
-        sent; the error is not re-raised here).
-
-        ``turn``: more keyword arguments of :meth:`chainrun.Chain.stream_turn` (``user``,
-        ``idempotency_key``, ``confirm``, ``deny``). A turn with an ``idempotency_key``
-        is never cancelled by its client going away (a retry with the key gets it). A
-        refusal of the request itself (another identity's conversation, a key reused
-        with another request) is one ``error`` event ``{status, message, type}``, after
+        sent; the error is not re-raised here). A turn with an ``idempotency_key`` is
+        never cancelled by its client going away (a retry with the key gets it). A
+        refusal of the request itself by the chain's front desk (an error with an
+        ``http_status``: another identity's conversation, a key reused with another
+        request, the log away) is one ``error`` event ``{status, message, type}``, after
         ``turn_started``; the faces read it with :func:`opened` and answer that HTTP
         status when it comes before the response starts.
         """
-        keyed = turn.get("idempotency_key") is not None
+        keyed = request.idempotency_key is not None
         return detached(
-            self._turn(message, conversation_id, history, turn),
+            self._turn(request.with_request_id() if request.request_id is None else request),
             self.background,
             finish_after=(lambda ev: True) if keyed else (lambda ev: ev.event == "answer_done"),
         )
 
-    async def _turn(
-        self, message: str, conversation_id: str | None, history: Sequence[HistoryTurn] | None,
-        turn: dict[str, Any] | None = None,
-    ) -> AsyncGenerator[WireEvent, None]:
-        if conversation_id is None:
-            key, user = (turn or {}).get("idempotency_key"), (turn or {}).get("user")
-            conversation_id = (
-                keyed_conversation_id(key, user.user_id if user is not None else None)
-                if key is not None else new_conversation_id()
-            )
-        request_id = uuid.uuid4().hex
+    async def _turn(self, request: TurnRequest) -> AsyncGenerator[WireEvent, None]:
+        conversation_id = request.conversation_id or ""
+        request_id = request.request_id or ""
         finished: dict[str, dict[str, Any]] = {}
         yield WireEvent(
             "turn_started",
@@ -414,10 +401,7 @@ class TurnRunner:
             },
         )
         done: TurnFinished | None = None
-        events = self.chain.stream_turn(
-            message, request_id=request_id, conversation_id=conversation_id, history=history,
-            **(turn or {}),
-        )
+        events = self.chain.stream_turn(request)
         sent_actions: set[str] = set()
         cut: TurnLog | None = None  # the turn as logged, when the server cancelled it
         try:
@@ -451,17 +435,14 @@ class TurnRunner:
             yield WireEvent("turn", _cancelled_summary(cut, request_id, conversation_id,
                                                        self.chain.run_id, finished))
             return
-        except (UserInputError, RequestInProgress) as e:
-            if done is not None:
-                raise
-            status = (403 if isinstance(e, ConversationForbidden)
-                      else 422 if isinstance(e, IdempotencyKeyReused)
-                      else 409 if isinstance(e, RequestInProgress) else 400)  # fmt: skip
-            cut = TurnLog(turn=TurnRow(input=message))  # nothing ran: no turn to observe
-            yield WireEvent("error", {"status": status, "message": str(e),
-                                      "type": type(e).__name__})  # fmt: skip
-            return
         except Exception as e:
+            status = getattr(e, "http_status", None)
+            if done is None and status is not None:
+                # the desk refused the request before its turn ran: nothing to observe
+                cut = TurnLog(turn=TurnRow(input=request.message))
+                yield WireEvent("error", {"status": status, "message": str(e),
+                                          "type": type(e).__name__})  # fmt: skip
+                return
             # the chain logged the turn (status error) and yielded TurnFinished before
             # raising, e.g. ProviderUnavailable: the backend reports it, it does not crash
             if done is None:

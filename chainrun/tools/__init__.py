@@ -6,7 +6,14 @@ from the config), ``runner`` (validated arguments, once-only runs, cancellation)
 Nothing here knows about models or providers: a tool call is a name, an id and JSON.
 """
 
-from chainrun.tools.runner import ToolCall, ToolCallRecord, ToolStatus, TurnTools, argument_problem
+from chainrun.tools.runner import (
+    Confirmed,
+    ToolCall,
+    ToolCallRecord,
+    ToolStatus,
+    TurnTools,
+    argument_problem,
+)
 from chainrun.tools.spec import RESERVED_ARGUMENTS, ToolConfig, check_tool_name
 from chainrun.tools.tool import (
     FunctionTool,
@@ -20,6 +27,7 @@ from chainrun.tools.tool import (
 
 __all__ = [
     "RESERVED_ARGUMENTS",
+    "Confirmed",
     "FunctionTool",
     "HttpTool",
     "Tool",

@@ -43,18 +43,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chainrun.actions.identity import Identity
 from chainrun.answer_json import schema_errors
+from chainrun.identity import Identity
 from chainrun.tools.confirm import PendingAction, expires_at, question_text, utc_iso
 from chainrun.tools.tool import Tool, ToolContext
 
-__all__ = ["KnownProducts", "ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus",
+__all__ = ["Confirmed", "KnownProducts", "ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus",
            "TurnTools", "argument_problem", "product_ids"]  # fmt: skip
 
 #: which of the product ids given the catalogue holds (awaited off the loop's work)
@@ -184,6 +185,21 @@ async def _await_to_the_end(task: asyncio.Task[Any]) -> None:
         raise interrupted
 
 
+@dataclass(frozen=True)
+class Confirmed:
+    """What a turn's desk decided about its conversation's pending actions, handed to the
+    turn's tools as one value.
+
+    Attributes:
+        actions: the actions the shopper said yes to, carried out in this turn.
+        claim: awaited with an action right before it starts; False: another turn decided
+            it first (nothing runs). None: no claim (a chain without a log).
+    """
+
+    actions: tuple[PendingAction, ...] = ()
+    claim: Callable[[PendingAction], Awaitable[bool]] | None = None
+
+
 @dataclass
 class TurnTools:
     """One turn's tool calls (see the module docstring).
@@ -205,9 +221,11 @@ class TurnTools:
             counts turns from it).
         user: the shopper the turn is for, handed to every tool.
         now: the wall-clock time, ISO-8601 UTC (a pending action's ``asked_at``).
-        confirmed: confirmed actions this turn carries out (:meth:`run_confirmed`).
-        claim: awaited with a confirmed action right before it starts; False: another
-            turn decided it first (nothing runs). None: no claim (a chain without a log).
+        confirmed: what the turn's desk decided about the conversation's pending actions
+            (:class:`Confirmed`): the actions the shopper said yes to, carried out by
+            :meth:`run_confirmed`, and their claim.
+        background: the turn answers a chat UI's background request (a title): a tool
+            that acts (``side_effects``, ``confirm``) is refused ``not_started``.
         recorded: what ``replay = "record"`` tools are told, by idempotency key's
             ``{step}:{round}:{position}`` (the live turn's results).
         known_products: which of some product ids the chain's catalogue holds, for the
@@ -225,8 +243,8 @@ class TurnTools:
     turn_index: int | None = None
     user: Identity | None = None
     now: Callable[[], str] | None = None
-    confirmed: list[PendingAction] = field(default_factory=list)
-    claim: Callable[[PendingAction], Awaitable[bool]] | None = None
+    confirmed: Confirmed = field(default_factory=lambda: Confirmed())
+    background: bool = False
     recorded: Mapping[str, str] = field(default_factory=dict)
     known_products: KnownProducts | None = None
     #: every record, in the order the calls were asked (no repeats)
@@ -240,7 +258,20 @@ class TurnTools:
 
     def confirmed_for(self, step: str) -> list[PendingAction]:
         """The confirmed actions ``step`` carries out in this turn."""
-        return [a for a in self.confirmed if a.step == step]
+        return [a for a in self.confirmed.actions if a.step == step]
+
+    def for_run(self, clear_to_act: Callable[[str], Awaitable[None]]) -> TurnTools:
+        """These tools, waiting on ``clear_to_act`` (the turn's run) before a tool that
+        acts starts."""
+        return dataclasses.replace(self, clear_to_act=clear_to_act)
+
+    @property
+    def acted(self) -> bool:
+        """Whether anything of the turn's tools may have acted: a tool with side effects
+        or a confirmed action started, or a call became a pending action."""
+        return any(r.status == "awaiting_confirmation" or (
+            r.started_offset_ms is not None and (r.side_effects or r.action_id is not None))
+            for r in self.records)  # fmt: skip
 
     def key(self, step: str, round: int, position: int) -> str:
         """The idempotency key of the call at ``position`` of ``step``'s ``round``."""
@@ -319,6 +350,11 @@ class TurnTools:
         unknown = await self._unknown_products(arguments, tool)
         if unknown:
             self._refused(record, "invalid_arguments", unknown)
+            yield "finished", record
+            return
+        if (tool.side_effects or tool.config.confirm) and self.background:
+            self._refused(record, "not_started", "a chat UI's background request (a title, "
+                          "tags) acts on nothing; nothing was done")  # fmt: skip
             yield "finished", record
             return
         if (tool.side_effects or tool.config.confirm) and not self.act:
@@ -432,7 +468,8 @@ class TurnTools:
             self._refused(record, "not_started",
                           "the turn was cancelled before the tool started")  # fmt: skip
             raise
-        if action is not None and self.claim is not None and not await self.claim(action):
+        claim = self.confirmed.claim
+        if action is not None and claim is not None and not await claim(action):
             self._refused(record, "not_started",
                           "the action was decided by another turn first; nothing was done")
             yield "finished", record

@@ -9,7 +9,7 @@ takes ``**kwargs``):
   once, but a tool that reaches a system of its own (a shop's cart service) should pass
   the key on, so that a process restarted mid-call cannot act twice either.
 - ``context`` (:class:`ToolContext`): the turn id, the call id, the step, the
-  conversation id, the shopper (``context.user``, a :class:`chainrun.actions.identity.Identity`
+  conversation id, the shopper (``context.user``, a :class:`chainrun.identity.Identity`
   or None) and the turn-state fields known when the model asked.
 
 It returns a JSON-serialisable result (sent back to the model as the tool message's
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chainrun.actions.identity import Identity
 from chainrun.errors import ConfigError
+from chainrun.identity import Identity
 from chainrun.tools.spec import ToolConfig, check_tool_name
 
 __all__ = [

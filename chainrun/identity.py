@@ -1,11 +1,12 @@
 """The shopper a turn is for, as the shop vouches for them.
 
 :class:`Identity` is a user id and optional claims (the shop's own: a tier, a country, a
-list of scopes). The library's turn API takes one (``Chain.stream_turn(..., user=)``);
-it reaches every tool as ``context.user`` and the log (``turns.user_id``), and a
-conversation is bound to the identity that started it. ``chainrun serve`` takes it only
-from a source the shop controls (:mod:`chainrun.serve.identity`). Leaf module: the
-standard library only.
+list of scopes). The library's turn API takes one (``Chain.stream_turn(..., user=)``, a field of
+:class:`chainrun.desk.TurnRequest`); it reaches every tool as ``context.user`` and the log
+(``turns.user_id``), and a conversation is bound to the identity that started it (the
+front desk, :mod:`chainrun.desk`). ``chainrun serve`` takes it only from a source the shop
+controls (:mod:`chainrun.serve.identity`). Leaf module: the standard library only, so
+that every package may import it (the tools, the desk, the faces).
 """
 
 from __future__ import annotations
