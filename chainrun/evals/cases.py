@@ -41,7 +41,7 @@ from pydantic import (
 
 from chainrun.conversations.turn_order import missing_earlier_turn
 from chainrun.errors import InputFileError
-from chainrun.evals.assertions import ASSERTION_TYPES, LABEL, Assertion
+from chainrun.evals.assertions import ASSERTION_TYPES, LABEL, PROSE, Assertion
 from chainrun.input_files import read_jsonl, unknown_field
 
 DEFAULT_CASES = "evals/regression.jsonl"
@@ -187,12 +187,13 @@ def parse_case(data: Any, path: str = "<case>", line: int | None = None) -> Eval
 
 
 def check_steps(case: EvalCase, steps: Collection[str], path: str, line: int | None) -> None:
-    """Check that every assertion's ``step`` names a step of the chain (or ``label``).
+    """Check that every assertion's ``step`` names a step of the chain (or ``label``, or
+    ``prose``: the model's part of the answer).
 
     Raises:
         InputFileError: naming the file, line and assertion, with a did-you-mean.
     """
-    known = [*steps, LABEL]
+    known = [*steps, LABEL, PROSE]
     for i, a in enumerate(case.asserts):
         if a.step is None or a.step in known:
             continue
@@ -200,8 +201,8 @@ def check_steps(case: EvalCase, steps: Collection[str], path: str, line: int | N
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise InputFileError(
             path, line,
-            f"assert.{i}.step: unknown step {a.step!r}{hint}; expected {LABEL!r} or a step "
-            f"of the chain: {', '.join(steps)}",
+            f"assert.{i}.step: unknown step {a.step!r}{hint}; expected {LABEL!r}, {PROSE!r} or "
+            f"a step of the chain: {', '.join(steps)}",
         )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def quality_line(quality: dict[str, Any], *, shown: int = 3) -> str:
     if n:
         line += f" ({100 * met / n:.0f}%, 95% CI {100 * ci[0]:.0f}-{100 * ci[1]:.0f}%)"
     misses = quality["not_met"]
-    if misses:
+    if misses and shown > 0:
         named = []
         for miss in misses[:shown]:
             first = miss["failed"][0] if miss["failed"] else None
