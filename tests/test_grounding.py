@@ -464,3 +464,22 @@ def test_every_catalogue_colour_word_is_in_the_vocabulary(catalogue) -> None:
     words = {w for row in catalogue.values() for c in row.colours for w in c.lower().split()}
     assert words and words <= COLOUR_WORDS | SHADE_WORDS | NOT_CLAIM_WORDS
     assert not COLOUR_WORDS & (SHADE_WORDS | NOT_CLAIM_WORDS)
+
+
+def test_the_conversations_products_and_the_shops_currency_reach_the_sources(
+    catalogue, policy
+) -> None:
+    """The answer step's sources: the products earlier turns showed (the ``history``
+    field's product ids, read from the catalogue) and the configured currency and locale."""
+    from chainrun.checks.config import GroundingConfig
+    from chainrun.conversations.history import History, HistoryTurn
+    from chainrun.steps.grounding import AnswerGrounding
+
+    step = AnswerGrounding(GroundingConfig(currency="EUR", locale="de_DE"),
+                           list(catalogue.values()), policy)  # fmt: skip
+    history = History(turns=(HistoryTurn("rain jackets?", "...", products=("JKT-013",)),))
+    src = step.sources({"products": [catalogue["JKT-008"]], "history": history})
+    assert set(src.history) == {"JKT-013"} and set(src.products) == {"JKT-008"}
+    assert (src.currency, src.locale) == ("EUR", "de_DE")
+    (price,) = [c for c in check_text(src, "Der JKT-013 kostet 229,00 €.") if c.kind == "price"]
+    assert price.grounded and price.product == "JKT-013"
