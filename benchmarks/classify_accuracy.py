@@ -29,9 +29,11 @@ not fitted to them, but they are not a blind test either): a shop should measure
 its own labelled messages (``--cases``).
 
 ``--cv`` estimates instead of that upper bound: stratified k-fold cross-validation
-(``--folds``, ``--repeats``) over the pooled labelled set (the shipped examples and
-the cases), every fold's classifier built from the training folds only: its examples
-are the training folds' messages, and its keyword rules are the built-in patterns that
+(``--folds``, ``--repeats``) over the pooled labelled set (the shipped examples the
+team wrote and the cases), every fold's classifier built from the training folds only:
+its examples are the training folds' messages plus the shipped rows of public corpora
+(those with a ``source``, never held out; ``--no-public`` leaves them out), and its
+keyword rules are the built-in patterns that
 match at least one training message of their label with a precision of at least
 ``--rule-precision`` on the training folds (a pattern justified only by held-out
 messages is dropped). Out-of-fold labels give the accuracy per method and per label
@@ -60,6 +62,7 @@ import _common as c
 from chainrun.classify import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
+    OUT_OF_SCOPE_BELOW,
     KeywordRules,
     NearestExamples,
     RulesThenExamples,
@@ -209,12 +212,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------ cross-validation
 
 
+def public_rows(examples_path: Path = DEFAULT_EXAMPLES) -> set[str]:
+    """The messages of the examples file that name a ``source`` (rows of a public corpus's
+    training split, not written by the team)."""
+    rows = (json.loads(line) for line in examples_path.read_text(encoding="utf-8").splitlines()
+            if line.strip())  # fmt: skip
+    return {d["message"] for d in rows if d.get("source")}
+
+
 def pooled_set(cases_path: Path, examples_path: Path = DEFAULT_EXAMPLES) -> list[tuple[str, str]]:
-    """(label, message) of the examples and the labelled cases, each message once."""
+    """(label, message) of the examples the team wrote (no ``source``) and the labelled
+    cases, each message once."""
     labels = list(DEFAULT_LABELS)
+    public = public_rows(examples_path)
     seen: set[str] = set()
     out: list[tuple[str, str]] = []
-    for label, message in [*read_examples(examples_path, labels),
+    written = [e for e in read_examples(examples_path, labels) if e[1] not in public]
+    for label, message in [*written,
                            *((lab, m) for _, m, lab in load_cases(cases_path))]:  # fmt: skip
         if message not in seen:
             seen.add(message)
@@ -273,12 +287,16 @@ async def cross_validate(args: argparse.Namespace) -> dict[str, Any]:
 
     pool = pooled_set(Path(args.cases), Path(args.examples))
     labels = list(DEFAULT_LABELS)
+    public = [] if args.no_public else [
+        e for e in read_examples(Path(args.examples), labels)
+        if e[1] in public_rows(Path(args.examples))]  # fmt: skip
     candidates = DEFAULT_RULES
     if args.rules:
         with open(args.rules, encoding="utf-8") as f:  # noqa: ASYNC230 (a benchmark's input, once)
             candidates = json.load(f)
     embedder = MiniLMEmbedder()
     vectors = np.asarray(await embedder.embed([m for _, m in pool]), dtype=np.float32)
+    public_vectors = np.asarray(await embedder.embed([m for _, m in public]), dtype=np.float32)
     truth = [lab for lab, _ in pool]
     per_method: dict[str, list[tuple[str, str, float]]] = {"keywords": [], "examples": [],
                                                            "combined": []}  # fmt: skip
@@ -293,8 +311,10 @@ async def cross_validate(args: argparse.Namespace) -> dict[str, Any]:
                                           candidates)  # fmt: skip
             rule_counts.append(counts)
             rules = KeywordRules(labels, rules_fit)
-            examples = NearestExamples(labels, [pool[i] for i in train], embedder, k=args.k,
-                                       vectors=vectors[train])  # fmt: skip
+            examples = NearestExamples(
+                labels, [*(pool[i] for i in train), *public], embedder, k=args.k,
+                vectors=np.concatenate([vectors[train], public_vectors.reshape(-1, 384)]),
+                out_of_scope_below=args.out_of_scope_below)  # fmt: skip
             combined = RulesThenExamples(rules, examples)
             for i in test:
                 message = pool[i][1]
@@ -435,6 +455,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rules", help="--cv: candidate rules, JSON label -> patterns "
                         "(default: the built-in ones)")
     parser.add_argument("--repeats", type=int, default=3, help="--cv: repeats (seeds 0..)")
+    parser.add_argument("--no-public", action="store_true",
+                        help="--cv: leave the public corpora's rows out of every fold's "
+                             "examples (as before they were shipped)")
+    parser.add_argument("--out-of-scope-below", type=float, default=OUT_OF_SCOPE_BELOW,
+                        help="--cv: the examples' out-of-scope threshold (0: off)")
     parser.add_argument("--rule-precision", type=float, default=0.5,
                         help="--cv: a rule's least precision on the training folds")
     parser.add_argument("--target-accuracy", type=float, default=0.95,

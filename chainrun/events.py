@@ -194,7 +194,8 @@ class TurnFinished(_AsJson):
     #: next turn (``Chain.stream_turn(..., confirm=ID)`` / ``deny=ID``, or a message)
     pending_actions: tuple[Any, ...] = ()
     #: what this turn decided about earlier pending actions: ``[{id, tool, decision,
-    #: reply}]`` (decision ``confirmed``, ``denied``, ``expired`` or ``asked_again``)
+    #: reply}]`` (decision ``confirmed``, ``denied``, ``expired``, ``asked_again`` or
+    #: ``kept``: a request beside the action ran and the action stays pending)
     decisions: tuple[dict[str, Any], ...] = ()
     #: the turn of an earlier request with the same Idempotency-Key, read from the log:
     #: nothing ran for this request (:mod:`chainrun.desk.keys`)

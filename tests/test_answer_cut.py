@@ -31,8 +31,11 @@ from chainrun.providers.fake import FakeProvider, FakeReply
 
 #: the compose step's deadline in these tests, s
 DEADLINE_S = 1.0
-#: a compose answer that takes ~4 s: its deadline cuts it after ~1 s of words
-SLOW = FakeReply(" ".join(f"w{i}" for i in range(200)), ttft_s=0.01, gap_s=0.02)
+#: a compose answer that takes ~4 s: its deadline cuts it after ~1 s of words (in
+#: sentences of five words ending in "!", not a stop sequence of the default chain: the
+#: grounding check releases whole sentences)
+SLOW = FakeReply(" ".join(f"w{i}" + ("!" if i % 5 == 4 else "") for i in range(200)),
+                 ttft_s=0.01, gap_s=0.02)
 
 
 def cut_config(**compose: Any):
@@ -176,8 +179,11 @@ async def test_chat_and_the_openai_face_keep_a_cut_answer(tmp_path: Path) -> Non
 def test_a_replay_shows_the_cut_answer_and_counts_it(tmp_path: Path) -> None:
     with LabServer("lognormal", median_ms=5, sigma=0.1, n_tokens=200, per_token_ms=40) as lab:
         cfg = tmp_path / "chainrun.toml"
+        # the lab's words have no sentence end: the grounding check, which releases whole
+        # sentences, would show none of them before the deadline (tests/test_grounding.py)
         cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n\n'
-                       f"[steps.compose]\ndeadline_s = {DEADLINE_S}\n")  # fmt: skip
+                       f"[steps.compose]\ndeadline_s = {DEADLINE_S}\n\n"
+                       "[steps.compose.grounding]\nenabled = false\n")  # fmt: skip
         replay = tmp_path / "one.jsonl"
         replay.write_text(json.dumps({"id": "r1", "message": "rain jackets?"}) + "\n")
         db = tmp_path / "log.db"

@@ -211,9 +211,9 @@ def test_cli_bad_files_exit_2_and_write_nothing(
 @pytest.mark.parametrize(
     ("key", "said"),
     [("extra", "unknown field 'extra'; expected id, message, conversation_id, turn, "
-      "history, original_ms"),
+      "history, original_ms, expect, user"),
      ("conversationId", "unknown field 'conversationId' (did you mean 'conversation_id'?); "
-      "expected id, message, conversation_id, turn, history, original_ms")],
+      "expected id, message, conversation_id, turn, history, original_ms, expect, user")],
 )  # fmt: skip
 def test_cli_replay_refuses_an_unknown_field_naming_it(
     tmp_path: Path, key: str, said: str

@@ -22,7 +22,7 @@ from chainrun.events import TokenDelta, ToolCallEvent, TurnFinished
 from chainrun.identity import Identity
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
-from chainrun.tools.confirm import read_reply
+from chainrun.tools.confirm import PendingAction, read_reply
 
 
 @pytest.fixture(autouse=True)
@@ -96,18 +96,27 @@ async def test_the_ask_runs_nothing_and_a_yes_runs_the_pending_arguments_once(
 @pytest.mark.parametrize(("reply", "decision", "answered_by_chainrun"), [
     ("no", "denied", True),
     ("no thanks, don't", "denied", True),
+    ("nein danke", "denied", True),
+    ("👎", "denied", True),
     ("hmm", "asked_again", True),
-    ("show me a warm fleece for hiking in the mountains", "denied", False),
+    ("maybe", "asked_again", True),
+    ("yes if it's under 50", "asked_again", True),
+    ("no, show me a warm fleece for hiking instead", "denied", False),
+    ("show me a warm fleece for hiking in the mountains", "kept", False),
 ])  # fmt: skip
 async def test_a_no_an_unclear_reply_or_a_new_request_runs_nothing(
     tmp_path: Path, reply: str, decision: str, answered_by_chainrun: bool
 ) -> None:
+    """A no denies; an unclear reply asks again; a new request that conflicts with the
+    action denies it and runs; one beside it runs and keeps the action pending (shown
+    again): a later yes runs it."""
     store = Store.open(tmp_path / "log.db")
     fake = FakeProvider(name="local", script=rounds_script(
         cart_call({"sku": "JKT-12", "qty": 2}), FakeReply("Here is a fleece.", gap_s=0.001)))
     async with Chain(confirm_config(), store=store, providers={"local": fake}, quiet=True) as chain:
         asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c2")
         n = len(fake.requests)
+        fake.script = rounds_script(FakeReply("Here is a fleece.", gap_s=0.001))  # no new ask
         done, _ = await turn(chain, reply, conversation_id="c2")
         assert [d["decision"] for d in done.decisions] == [decision]
         if answered_by_chainrun:
@@ -115,14 +124,16 @@ async def test_a_no_an_unclear_reply_or_a_new_request_runs_nothing(
             assert "Add 2 x JKT-12 to your cart?" in (done.output or "")
         if decision == "asked_again":
             assert done.output == "Please answer yes or no: Add 2 x JKT-12 to your cart?"
+        if decision in ("asked_again", "kept"):
             assert [a.id for a in done.pending_actions] == [asked.pending_actions[0].id]
+            assert RUNS == []
             yes, _ = await turn(chain, "ok", conversation_id="c2")  # still pending: runs now
             assert len(RUNS) == 1 and yes.output == "Here is a fleece."
         else:
             assert RUNS == []
     with Store.open(tmp_path / "log.db", create=False) as log:
         row = next(r for r in log.tool_calls(asked.run_id) if r.turn_id == asked.turn_id)
-    want = {"denied": "denied", "asked_again": "confirmed"}[decision]
+    want = {"denied": "denied", "asked_again": "confirmed", "kept": "confirmed"}[decision]
     assert row.status == want
     if decision == "denied":
         assert row.decided_by == ("shopper" if answered_by_chainrun else "new_request")
@@ -212,11 +223,31 @@ async def test_an_unknown_action_id_is_refused_before_its_turn_claims_an_index(
     assert claimed == ([{"last_index": 2}] if backend == "postgresql" else [])
 
 
-def test_replies_are_read_as_yes_no_unclear_or_a_new_request() -> None:
-    assert [read_reply(m) for m in ("Yes!", "ok, go ahead", "sure", "yes please")] == ["yes"] * 4
-    assert [read_reply(m) for m in ("no", "No thanks", "cancel it", "don't")] == ["no"] * 4
-    assert [read_reply(m) for m in ("hmm", "what?", "")] == ["unclear"] * 3
-    assert read_reply("actually show me the red jacket in size M") == "new_request"
+async def test_replies_are_read_as_yes_no_unclear_or_a_new_request() -> None:
+    """The reader against a pending "Add 2 x JKT-12 to your cart?": a leading yes with more
+    words, a yes in other languages and as an emoji; a no; doubt; a new request that
+    changes the action (dropped) or stands beside it (kept)."""
+    action = PendingAction(id="1:answer:1:0", tool="add_to_cart",
+                           arguments={"sku": "JKT-12", "qty": 2},
+                           question="Add 2 x JKT-12 to your cart?", step="answer",
+                           conversation_id="c", turn_id=1, turn_index=1, asked_at="",
+                           expires_at="", expires_after_turn=4)  # fmt: skip
+
+    async def read(*messages: str) -> list[str]:
+        return [await read_reply(m, [action]) for m in messages]
+
+    assert await read("Yes!", "ok, go ahead", "sure why not", "yes add it to my cart",
+                      "yeah go ahead and place it", "Yes, 2 of JKT-12 please", "ja bitte",
+                      "oui, vas-y", "sí, por favor", "va bene", "doe maar", "👍") == ["yes"] * 12
+    assert await read("no", "No thanks", "cancel it", "don't", "nein", "non merci",
+                      "no gracias", "no grazie", "nee dank je", "❌") == ["no"] * 10
+    assert await read("hmm", "maybe", "not sure", "vielleicht", "yes but only one",
+                      "yes, 3 of them", "") == ["unclear"] * 7
+    assert await read("actually show me the red jacket in size M",
+                      "add the blue one instead", "add 3 of JKT-12 to my cart",
+                      "no, show me the cheaper one") == ["new_request"] * 4
+    assert await read("what is your return policy for jackets?",
+                      "show me a warm fleece for hiking") == ["side_request"] * 2
 
 
 async def test_a_turn_sent_again_with_its_idempotency_key_runs_nothing(tmp_path: Path) -> None:

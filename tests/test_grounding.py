@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def test_each_kind_of_claim_against_the_rows(catalogue, policy) -> None:
     src = _sources(catalogue, policy, "JKT-003", "JKT-005", "SPT-016")
     by_text = {c.text: c for c in check_text(src, (
         "[JKT-003] Women's City Drizzle Packable Rain Jacket (yellow) costs €49.95. "
-        "[JKT-013] is great. The Women's Waterproof Running Jacket is 89,00 €. "
+        "[JKT-013] is great. [ZZZ-999] too. The Women's Waterproof Running Jacket is 89,00 €. "
         "JKT-005 is in stock in M. It costs $49.95. Returns are free within 60 days. "
         "Standard delivery takes 2-4 working days. A present for under 100 EUR."))}  # fmt: skip
     assert by_text["JKT-003"].grounded is not False  # a real id the turn has
@@ -86,15 +87,17 @@ def test_each_kind_of_claim_against_the_rows(catalogue, policy) -> None:
     assert title.correction == "Men's Storm Shell Waterproof Rain Jacket (navy)"
     price = by_text["€49.95"]
     assert not price.grounded and price.correction == "€124.00" and price.product == "JKT-003"
-    assert not by_text["JKT-013"].grounded and "not among the products" in (
-        by_text["JKT-013"].why or "")
+    # a catalogue product the turn was not handed: a true fact about it is no falsehood
+    assert by_text["JKT-013"].grounded
+    assert not by_text["ZZZ-999"].grounded and "no product of the catalogue" in (
+        by_text["ZZZ-999"].why or "")
     assert by_text["89,00 €"].grounded  # the running jacket's price, with a decimal comma
     stock = by_text["in stock in M"]
     assert not stock.grounded and stock.why == "JKT-005 is sold out in M"
     assert not by_text["$49.95"].grounded  # another currency
     assert not by_text["60 days"].grounded and "30" in (by_text["60 days"].why or "")
     assert by_text["2-4 working days"].grounded
-    assert "100 EUR" not in by_text  # a bound, not a price
+    assert by_text["100 EUR"].grounded  # a bound: JKT-005, named before, is under it
 
 
 async def test_the_stream_is_corrected_before_the_shopper_sees_it(catalogue, policy) -> None:
@@ -107,18 +110,20 @@ async def test_the_stream_is_corrected_before_the_shopper_sees_it(catalogue, pol
     assert any("given the title of JKT-005" in w for w in whys)
     assert any("differs from JKT-003's price €124.00" in w for w in whys)
     assert [d["action"] for d in report["done"]] == ["corrected", "corrected"]
-    # text before any claim is released at once: the first token is not held
+    # a sentence is held until it is complete and judged (the shopper reads whole
+    # sentences); a complete one with nothing wrong is released at once
     first = StreamGrounding(src)
-    verdict = await first("We ", final=False)
-    assert verdict.hold_from is None
+    assert (await first("We ", final=False)).hold_from == 0
+    verdict = await first("We have it. And ", final=False)
+    assert verdict.hold_from == len("We have it.") and not verdict.redactions
 
 
 async def test_a_product_the_turn_lacks_is_dropped_and_an_empty_answer_replaced(
     catalogue, policy
 ) -> None:
     src = _sources(catalogue, policy, "JKT-005")
-    shown, check = await _stream(src, "Try this.\n[JKT-013] Summit hardshell | €229.00\n")
-    assert "JKT-013" not in shown and "229" not in shown and shown.startswith("Try this.")
+    shown, check = await _stream(src, "Try this.\n[ZZZ-998] Summit hardshell | €229.00\n")
+    assert shown == "Try this.\n"
     assert check.report()["done"][0]["action"] == "dropped"
     shown, check = await _stream(src, "[ZZZ-999] The diamond jacket, €1.")
     assert shown == check.safe_text
@@ -296,48 +301,58 @@ async def test_an_answer_that_is_not_streamed_is_grounded_whole(lab: LabServer) 
 
 
 @pytest.mark.parametrize(
-    ("text", "shown"),
+    ("text", "shown", "done"),
     [
         # a price before the product it is about, streamed word by word: held, then
-        # corrected (it was released before the id came, and the log said "dropped")
+        # corrected, written as the shop writes prices
         ("Our cheapest: €5.00 for JKT-008, the red one.",
-         "Our cheapest: €44.95 for JKT-008, the red one."),
-        # a currency code written before its amount
-        ("Also EUR 5.00 for the JKT-008.", "Also EUR 44.95 for the JKT-008."),
-        # another currency, before the product
-        ("Or pay $19.95 for JKT-009", "Or pay €49.95 for JKT-009"),
-        # a sentence that names no product is about the one named before it
+         "Our cheapest: €44.95 for JKT-008, the red one.", "corrected"),
+        ("Also EUR 5.00 for the JKT-008.", "Also €44.95 for the JKT-008.", "corrected"),
+        # another currency, before the product: written in the shop's
+        ("Or pay $19.95 for JKT-009", "Or pay €49.95 for JKT-009", "corrected"),
+        # a sentence that names no product is about the one named before it: a wrong
+        # price there is not rewritten (which product "it" is, is a guess): the sentence
+        # is dropped whole
         ("JKT-008 is our cheapest rain jacket. It costs €5.00.",
-         "JKT-008 is our cheapest rain jacket. It costs €44.95."),
-        # prices with no currency sign, in cents, negative: held and corrected alike
+         "JKT-008 is our cheapest rain jacket.", "dropped"),
         ("JKT-008 is our cheapest rain jacket. It costs 19.99 today.",
-         "JKT-008 is our cheapest rain jacket. It costs 44.95 today."),
-        ("Only 19.99 for JKT-008, the red one.", "Only 44.95 for JKT-008, the red one."),
-        ("Just 4490 cents for JKT-008.", "Just 4495 cents for JKT-008."),
-        ("Now €-44.95 for JKT-008.", "Now €44.95 for JKT-008."),
-        ("Now -€44.95 for JKT-008.", "Now €44.95 for JKT-008."),
+         "JKT-008 is our cheapest rain jacket.", "dropped"),
+        # prices with no currency sign, in cents, negative: held and corrected alike
+        ("Only 19.99 for JKT-008, the red one.", "Only 44.95 for JKT-008, the red one.",
+         "corrected"),
+        ("Just 4490 cents for JKT-008.", "Just 4495 cents for JKT-008.", "corrected"),
+        ("Now €-44.95 for JKT-008.", "Now €44.95 for JKT-008.", "corrected"),
+        ("Now -€44.95 for JKT-008.", "Now €44.95 for JKT-008.", "corrected"),
     ],
 )
 async def test_a_price_before_its_product_never_reaches_the_shopper(
-    catalogue, policy, text: str, shown: str
+    catalogue, policy, text: str, shown: str, done: str
 ) -> None:
     src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
     got, check = await _stream(src, text)
     assert got == shown
-    assert {d["action"] for d in check.report()["done"]} == {"corrected"}
+    assert {d["action"] for d in check.report()["done"]} == {done}
 
 
-async def test_the_safe_text_follows_what_was_released_on_a_line_of_its_own(
+async def test_an_answer_with_every_sentence_dropped_says_so_once_and_whole(
     catalogue, policy
 ) -> None:
+    """The main job once showed "Lyon is the only city in France where  I could not
+    confirm ...": the start of a sentence released, its end dropped, the safe text
+    after it. A sentence is now held until judged: the safe text stands alone."""
     src = _sources(catalogue, policy, "JKT-005")
     got, check = await _stream(src, "Sure, here it is: [ZZZ-999] The diamond jacket.")
-    assert got.endswith("\n\n" + check.safe_text) and "ZZZ-999" not in got
-    assert check.report()["done"][-1]["why"].endswith("after what had been released")
+    assert got == check.safe_text
+    got, check = await _stream(src, "Lyon is the only city in France where [ZZZ-999] costs "
+                                    "€1. It is €2.")  # fmt: skip
+    assert got == check.safe_text and got.count(check.safe_text) == 1
+    got, check = await _stream(src, "Lyon is lovely. The only city where JKT-005 costs €1 "
+                                    "and ZZZ-999 €2 is Paris. Bye!")  # fmt: skip
+    assert got == "Lyon is lovely. Bye!"
 
 
-def _claims(src: GroundingSources, text: str, kind: str) -> list[tuple[str, bool, str | None]]:
-    return [(c.text, c.grounded, c.correction) for c in check_text(src, text) if c.kind == kind]
+def _claims(src: GroundingSources, text: str, *kinds: str) -> list[tuple[str, bool, str | None]]:
+    return [(c.text, c.grounded, c.correction) for c in check_text(src, text) if c.kind in kinds]
 
 
 @pytest.mark.parametrize(
@@ -349,28 +364,29 @@ def _claims(src: GroundingSources, text: str, kind: str) -> list[tuple[str, bool
         ("JKT-008 costs 44,95.", [("44,95", True, None)]),
         ("- [JKT-008] Women's City Drizzle Packable Rain Jacket | jackets | 19.99 | red",
          [("19.99", False, "44.95")]),
-        ("JKT-008 is our cheapest. It is priced at 45.", [("45", False, "44.95")]),
+        ("JKT-008 is our cheapest. It is priced at 45.", [("45", False, None)]),
         # cents
         ("JKT-008 costs 4495 cents.", [("4495 cents", True, None)]),
         ("JKT-008 costs 4490 cents.", [("4490 cents", False, "4495 cents")]),
         # negative or malformed: never grounded, even at the product's own figure
         ("JKT-008 costs €-44.95.", [("€-44.95", False, "€44.95")]),
         ("JKT-008 costs -€44.95.", [("-€44.95", False, "€44.95")]),
-        ("JKT-008 costs EUR -44,95.", [("EUR -44,95", False, "EUR 44,95")]),
-        ("JKT-008 costs -44.95 EUR.", [("-44.95 EUR", False, "44.95 EUR")]),
+        ("JKT-008 costs EUR -44,95.", [("EUR -44,95", False, "€44.95")]),
+        ("JKT-008 costs -44.95 EUR.", [("-44.95 EUR", False, "€44.95")]),
         ("JKT-008 costs €44.955.", [("€44.955", False, "€44.95")]),
         ("JKT-008 costs €44.95.00.", [("€44.95.00", False, "€44.95")]),
         # codes and words after the amount, with a decimal comma
         ("JKT-008 costs EUR 44,95.", [("EUR 44,95", True, None)]),
-        ("JKT-008 costs EUR 4,95.", [("EUR 4,95", False, "EUR 44,95")]),
+        ("JKT-008 costs EUR 4,95.", [("EUR 4,95", False, "€44.95")]),
         ("JKT-008 costs 44.95 euros.", [("44.95 euros", True, None)]),
-        ("JKT-008 costs 4.95 euros.", [("4.95 euros", False, "44.95 euros")]),
+        ("JKT-008 costs 4.95 euros.", [("4.95 euros", False, "€44.95")]),
         # a fee of the policy in a sentence on delivery is the fee, not the product's price
         ("JKT-008 is 44.95 and standard delivery costs 4.95.",
          [("44.95", True, None), ("4.95", True, None)]),
         ("JKT-008 is our cheapest. Express delivery costs €9.95.", [("€9.95", True, None)]),
+        # (a wrong fee is never "corrected" into the product's price: it is dropped)
         ("JKT-008 is our cheapest. Express delivery costs €-9.95.",
-         [("€-9.95", False, "€44.95")]),
+         [("€-9.95", False, None)]),
         # no price: a size, an order number, a measure, a count, a time, a bound
         ("JKT-008 in EU 42 fits true to size.", []),
         ("Your order 1042 includes JKT-008.", []),
@@ -378,7 +394,9 @@ def _claims(src: GroundingSources, text: str, kind: str) -> list[tuple[str, bool
         ("JKT-008 is rated 4.50 by our shoppers.", []),
         ("JKT-008 packs into 2 pockets.", []),
         ("JKT-008 ordered now arrives by 10.30 tomorrow.", []),
-        ("Orders over 50.00 ship free, JKT-008 too.", []),
+        # a threshold of the policy, said wrong or right
+        ("Orders over 50.00 ship free, JKT-008 too.", [("50.00", False, None)]),
+        ("Orders over 60.00 ship free, JKT-008 too.", [("60.00", True, None)]),
         ("A bullet list - [JKT-008] first.", []),
     ],
 )
@@ -386,8 +404,8 @@ def test_prices_without_a_sign_in_cents_negative_or_malformed(
     catalogue, policy, text: str, claims: list[tuple[str, bool, str | None]]
 ) -> None:
     src = _sources(catalogue, policy, "JKT-008", "JKT-005", "JKT-009")
-    assert _claims(src, text, "price") == claims
-    assert 4.95 in src.fees and 9.95 in src.fees  # the policy's delivery fees
+    assert _claims(src, text, "price", "fee") == claims
+    assert {Decimal("4.95"), Decimal("9.95")} <= src.fees  # the policy's delivery fees
 
 
 @pytest.mark.parametrize(
@@ -417,7 +435,8 @@ def test_prices_without_a_sign_in_cents_negative_or_malformed(
         (("JKT-003",), "JKT-003 is not available in red.", []),
         (("JKT-003",), "Wear JKT-003 with white trainers.", []),
         (("JKT-003",), "[JKT-003] Men's Storm Shell Waterproof Rain Jacket (navy).", []),
-        (("JKT-003",), "JKT-013 comes in red.", []),
+        # a catalogue product the turn lacks is judged against its row
+        (("JKT-003",), "JKT-013 comes in red.", [("red", False)]),
     ],
 )
 def test_colour_claims_against_the_catalogue_colours(
@@ -445,3 +464,22 @@ def test_every_catalogue_colour_word_is_in_the_vocabulary(catalogue) -> None:
     words = {w for row in catalogue.values() for c in row.colours for w in c.lower().split()}
     assert words and words <= COLOUR_WORDS | SHADE_WORDS | NOT_CLAIM_WORDS
     assert not COLOUR_WORDS & (SHADE_WORDS | NOT_CLAIM_WORDS)
+
+
+def test_the_conversations_products_and_the_shops_currency_reach_the_sources(
+    catalogue, policy
+) -> None:
+    """The answer step's sources: the products earlier turns showed (the ``history``
+    field's product ids, read from the catalogue) and the configured currency and locale."""
+    from chainrun.checks.config import GroundingConfig
+    from chainrun.conversations.history import History, HistoryTurn
+    from chainrun.steps.grounding import AnswerGrounding
+
+    step = AnswerGrounding(GroundingConfig(currency="EUR", locale="de_DE"),
+                           list(catalogue.values()), policy)  # fmt: skip
+    history = History(turns=(HistoryTurn("rain jackets?", "...", products=("JKT-013",)),))
+    src = step.sources({"products": [catalogue["JKT-008"]], "history": history})
+    assert set(src.history) == {"JKT-013"} and set(src.products) == {"JKT-008"}
+    assert (src.currency, src.locale) == ("EUR", "de_DE")
+    (price,) = [c for c in check_text(src, "Der JKT-013 kostet 229,00 €.") if c.kind == "price"]
+    assert price.grounded and price.product == "JKT-013"

@@ -57,7 +57,7 @@ def _replay_error(tmp_path: Path, line: dict) -> str:
         ({"id": "a"}, "missing field 'message' (a non-empty string)"),
         ({"id": "a", "mesage": "hi"},
          "unknown field 'mesage' (did you mean 'message'?); expected id, message, "
-         "conversation_id, turn, history, original_ms"),
+         "conversation_id, turn, history, original_ms, expect, user"),
         ({"id": 7, "message": "hi"}, "field 'id': expected a non-empty string, got 7"),
         ({"id": "", "message": "hi"}, "field 'id': expected a non-empty string, got \"\""),
         ({"id": True, "message": "hi"}, "field 'id': expected a non-empty string, got true"),

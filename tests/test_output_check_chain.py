@@ -29,9 +29,12 @@ async def run(
     compose: str | FakeReply, check: dict[str, Any], order: list[str] | None = None
 ) -> tuple[TurnFinished, list[str], dict[str, StepFinished], FakeProvider, Store]:
     reply = compose if isinstance(compose, FakeReply) else FakeReply(compose, gap_s=0.002)
+    # the pattern check's windows alone: the grounding check holds each sentence until
+    # it is complete (tests/test_grounding.py), which would hide what the windows release
     cfg = config_from_dict({
         "order": order or ["compose"],
-        "steps": {"compose": {"prompt": "{message}", "output_check": check}},
+        "steps": {"compose": {"prompt": "{message}", "output_check": check,
+                              "grounding": {"enabled": False}}},
     })  # fmt: skip
     fake = FakeProvider(name="local", script=reply_by_step({"compose": reply}))
     store = Store.open(":memory:")

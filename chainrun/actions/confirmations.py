@@ -12,7 +12,9 @@ or an explicit ``confirm=ID`` / ``deny=ID``) and says what the turn does
   the turn runs as any turn, the model answering from their results;
 - a **no**: each is ``denied`` now; chainrun answers that nothing was done (no step runs);
 - **unclear**: chainrun asks the question again (no step runs; the actions stay pending);
-- a **new request**: each is ``denied`` (by ``new_request``) and the turn runs as usual;
+- a **new request** that conflicts with them: each is ``denied`` (by ``new_request``) and
+  the turn runs as usual; one beside them (``side_request``): they stay pending (``kept``,
+  shown again) and the turn runs as usual;
 - a yes to an **expired** action: chainrun says it expired; nothing runs.
 
 The rules and wording are in :mod:`chainrun.tools.confirm` and docs/guides/tools.md. The
@@ -170,7 +172,7 @@ class Confirmations:
             log.warning("conversation %s: its pending actions could not be read (%s: %s); "
                         "nothing was decided", conversation_id, type(e).__name__,
                         str(e).splitlines()[0] if str(e) else "")  # fmt: skip
-            if confirm or deny or read_reply(message) in ("yes", "no"):
+            if confirm or deny or await read_reply(message) in ("yes", "no"):
                 return Decided(answer=UNREADABLE_ANSWER, why="pending actions unreadable")
             return Decided()
 
@@ -204,10 +206,15 @@ class Confirmations:
                                      decided_by="expiry", decided_at=now,
                                      decided_turn_id=turn_id)  # fmt: skip
             decided.decisions.append({"id": a.id, "tool": a.tool, "decision": "expired"})
-        reply = "yes" if confirm else "no" if deny else read_reply(message)
+        reply = "yes" if confirm else "no" if deny else await read_reply(message, live)
         texts = reply_texts(live or expired)
         for d in decided.decisions:
             d["reply"] = reply
+        if reply == "side_request":  # a request beside the actions: they stay pending
+            decided.asked = live
+            decided.decisions += [{"id": a.id, "tool": a.tool, "decision": "kept",
+                                   "reply": reply} for a in live]  # fmt: skip
+            return decided
         if reply == "yes":
             if live:
                 decided.run = live

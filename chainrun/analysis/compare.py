@@ -670,9 +670,10 @@ def compare(
          "answer_ttft": {like "turn": the shopper's wait for the first answer token},
          "answer_done": {like "turn": until the answer was complete},
          "cache": {"a": CACHE, "b": CACHE, "differs": bool, "warning": str | None},
-         "grounding": {"a": GROUNDING, "b": GROUNDING},  # answers with an ungrounded
-                     # product fact: {"shown": RATE, "model": RATE}, RATE = {"ungrounded",
-                     # "n", "rate", "ci95"} (chainrun.analysis.grounding)
+         "grounding": {"a": GROUNDING, "b": GROUNDING},  # answers with a fact judged
+                     # false: {"shown": RATE, "model": RATE}, RATE = {"ungrounded", "n",
+                     # "rate", "ci95", "claims_judged", "claims_unjudged",
+                     # "answers_judged"} (chainrun.analysis.grounding)
          "by_turn_index": BY_TURN | None,  # conversations: figures per turn index
          "cost": {"a": COST, "b": COST, "diff_mean_usd"},  # per completed turn (USD)
          "regressions": ["turn", "compose", "answer_ttft", "evals", ...]}
@@ -742,7 +743,7 @@ def compare(
                              "warning": warning}  # fmt: skip
     by_turn = _by_turn_index(store, sa, sb, confidence)
     cost = _cost(store, sa, sb, confidence)
-    grounding = {side: _grounding(x) for side, x in (("a", sa), ("b", sb))}
+    grounding = {side: _grounding(store, x) for side, x in (("a", sa), ("b", sb))}
     sequences = _sequences(store, sa, sb)
     regressions = [k for k, v in metrics.items() if v["verdict"] == "worse"]
     regressions += [k for k, v in answer.items() if v["verdict"] == "worse"]
@@ -773,7 +774,7 @@ def _sequences(store: Store, a: Side, b: Side) -> dict[str, Any]:
 
     - ``pass_rate``: the paired difference of the eval pass rate (B − A, in [−1, 1]), on
       the cases both sides scored, in A's case order;
-    - ``ungrounded_rate``: B's share of answers with an ungrounded product fact as the
+    - ``ungrounded_rate``: B's share of answers with a fact judged false as the
       shopper received them minus A's (unpaired: a CS per side at alpha / 2);
     - ``answer_ttft``: the share of the requests both sides answered (same request id)
       that B answered first, null 1/2 (the sign of the paired difference: decided above
@@ -797,8 +798,8 @@ def _sequences(store: Store, a: Side, b: Side) -> dict[str, Any]:
     shared = [c for c in oa if c in ob]
     out["pass_rate"] = (paired_difference_cs([oa[c] for c in shared], [ob[c] for c in shared])
                         .as_dict() if shared else None)  # fmt: skip
-    ga = [t.shown_ungrounded_product for t in groundings_of(a.turns, a.steps)]
-    gb = [t.shown_ungrounded_product for t in groundings_of(b.turns, b.steps)]
+    ga = [t.shown_ungrounded for t in groundings_of(a.turns, a.steps, configs=_configs(store, a))]
+    gb = [t.shown_ungrounded for t in groundings_of(b.turns, b.steps, configs=_configs(store, b))]
     out["ungrounded_rate"] = (two_sample_difference_cs([bool(x) for x in ga],
                                                        [bool(x) for x in gb]).as_dict()
                               if ga and gb else None)  # fmt: skip
@@ -811,14 +812,22 @@ def _sequences(store: Store, a: Side, b: Side) -> dict[str, Any]:
     return out
 
 
-def _grounding(side: Side) -> dict[str, Any]:
-    """A side's answers with an ungrounded product fact: as the shopper received them
+def _configs(store: Store, side: Side) -> dict[int, str | None]:
+    """The config snapshots of the side's runs, by run id (what their grounding judged
+    with: :func:`chainrun.analysis.grounding.shop_settings`)."""
+    ids = {t.run_id for t in side.turns if t.run_id is not None} | set(side.run_ids)
+    return {rid: store.get_run(rid).config for rid in sorted(ids)}
+
+
+def _grounding(store: Store, side: Side) -> dict[str, Any]:
+    """A side's answers with a fact judged false: as the shopper received them
     (``shown``, checked again against each turn's logged products) and as the model wrote
     them (``model``, the answer step's grounding records), each ``{ungrounded, n, rate,
-    ci95}`` (95% Wilson; :mod:`chainrun.analysis.grounding`)."""
+    ci95, claims_judged, claims_unjudged, answers_judged}`` (95% Wilson;
+    :func:`chainrun.analysis.grounding.grounding_rate`)."""
     from chainrun.analysis.grounding import grounding_rate, groundings_of
 
-    turns = groundings_of(side.turns, side.steps)
+    turns = groundings_of(side.turns, side.steps, configs=_configs(store, side))
     return {"shown": grounding_rate(turns), "model": grounding_rate(turns, shown=False)}
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chainrun.checks.grounding import DEFAULT_ID_PATTERN, DEFAULT_SAFE_TEXT
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
+from chainrun.money import DEFAULT_LOCALE, locale_of, minor_digits
 
 
 class _Strict(BaseModel):
@@ -119,10 +120,12 @@ class OutputCheckConfig(_CheckRules):
 
 class GroundingConfig(_Strict):
     """The grounding check of the answer step's stream (``[steps.ANSWER.grounding]``):
-    the answer's product ids, titles, prices, size and stock claims, colours and policy
-    figures against the turn's own sources (the products the step was handed, the turn's tool
-    results, the shop's policy text), on the stream in the hold-back engine
-    (:mod:`chainrun.checks.grounding`). Client-sent assistant turns are never a source.
+    the answer's product ids, titles, prices (and amounts derived from them), fees,
+    discounts, size and stock claims, colours, policy days and delivery countries
+    against the shop's own sources (the products the step was handed and those earlier
+    turns showed, the catalogue, the turn's tool results, the shop's policy text), on the
+    stream in the hold-back engine (:mod:`chainrun.checks.grounding`). Client-sent
+    assistant turns are never a source.
     """
 
     #: run the check (the default chain's answer step has it on)
@@ -137,8 +140,13 @@ class GroundingConfig(_Strict):
     safe_text: str = Field(default=DEFAULT_SAFE_TEXT, min_length=1)
     #: the shape of a product id (a regular expression)
     id_pattern: str = DEFAULT_ID_PATTERN
-    #: the shop's currency (ISO 4217): a price in another is a claim that is not so
+    #: the shop's currency (ISO 4217): a price in another is a claim that is not so, and
+    #: corrections are written in it
     currency: str = Field(default="EUR", pattern=r"^[A-Z]{3}$")
+    #: the shop's locale (CLDR, e.g. ``de_CH``, ``fr_FR``): the number format the
+    #: answer's amounts are read in first (``1'299.00``, ``1 299,00``), and the one
+    #: corrections are written in (``CHF 1'299.00``)
+    locale: str = DEFAULT_LOCALE
     #: the shop's policy file whose figures (days, hours, fees) the answer may state
     #: (None: the sample shop's, as the policy step's default)
     policy_file: str | None = None
@@ -155,6 +163,11 @@ class GroundingConfig(_Strict):
             re.compile(self.id_pattern)
         except re.error as e:
             raise ValueError(f"id_pattern: not a regular expression ({e})") from None
+        try:
+            minor_digits(self.currency)
+            locale_of(self.locale)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
         return self
 
 

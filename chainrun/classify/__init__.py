@@ -7,6 +7,9 @@
 ``classify`` step kind (:mod:`chainrun.steps.classify`) runs the first three, and in a
 conversation a follow-up keeps the label of the turn it follows (:class:`FollowUps`);
 ``benchmarks/classify_accuracy.py`` measures all four on the labelled eval set.
+
+:mod:`chainrun.classify.replies` reads the shopper's reply to a question chainrun asked
+(yes, no, unclear or a new request: the answer to a pending action's question).
 """
 
 from chainrun.classify.base import (
@@ -21,6 +24,7 @@ from chainrun.classify.conversation import FollowUps
 from chainrun.classify.examples import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
+    OUT_OF_SCOPE_BELOW,
     NearestExamples,
     read_examples,
 )
@@ -32,6 +36,7 @@ __all__ = [
     "DEFAULT_LABELS",
     "DEFAULT_RULES",
     "FALLBACK_LABEL",
+    "OUT_OF_SCOPE_BELOW",
     "Classification",
     "Classifier",
     "FollowUps",

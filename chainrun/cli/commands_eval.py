@@ -438,20 +438,16 @@ def _print_compare(doc: dict[str, Any]) -> None:
             out.print(f"{name}: no calls in the same cache state on both sides: no TTFT "
                       "comparison of like with like", markup=False)  # fmt: skip
     grounding = doc.get("grounding")
-    if grounding:  # answers with an ungrounded product fact, each side, n and interval
-        def rate(r: dict[str, Any]) -> str:
-            if not r["n"]:
-                return "n = 0"
-            lo, hi = r["ci95"]
-            return f"{r['ungrounded']}/{r['n']} = {r['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
+    if grounding:  # answers with a fact judged false, each side, n, interval, claims judged
+        from chainrun.analysis.grounding import rate_text as rate
 
         shown_a, shown_b = grounding["a"]["shown"], grounding["b"]["shown"]
-        out.print(f"ungrounded product facts, answers as the shopper received them: "
-                  f"A {rate(shown_a)}, B {rate(shown_b)}", markup=False)  # fmt: skip
+        out.print(f"ungrounded facts, answers as the shopper received them: "
+                  f"A {rate(shown_a)}; B {rate(shown_b)}", markup=False)  # fmt: skip
         model_a, model_b = grounding["a"]["model"], grounding["b"]["model"]
         if model_a["n"] or model_b["n"]:
             out.print(f"... as the model wrote them (the grounding check's records): "
-                      f"A {rate(model_a)}, B {rate(model_b)}", markup=False)  # fmt: skip
+                      f"A {rate(model_a)}; B {rate(model_b)}", markup=False)  # fmt: skip
     sequences = doc.get("sequences")
     if sequences:
         said = _sequence_lines(sequences)

@@ -53,8 +53,11 @@ def retrieval_settings(config_path: str | None) -> RetrievalSettings:
     return RetrievalSettings()
 
 
-def _price(v: Any) -> str:
-    return f"€{float(v):.2f}"
+def _price(p: dict[str, Any]) -> str:
+    """A product's price as its shop writes it (its currency, its catalogue's locale)."""
+    from chainrun.money import DEFAULT_LOCALE, format_money
+
+    return format_money(p["price"], p.get("currency") or "EUR", p.get("locale") or DEFAULT_LOCALE)
 
 
 def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]]) -> Table:
@@ -66,7 +69,7 @@ def _hits_table(title: str, ids: list[str], products: dict[str, dict[str, Any]])
     for rank, pid in enumerate(ids, start=1):
         p = products.get(pid, {})
         t.add_row(str(rank), escape(pid), escape(p.get("title", "?")),
-                  escape(p.get("category", "?")), _price(p["price"]) if p else "-")  # fmt: skip
+                  escape(p.get("category", "?")), _price(p) if p else "-")  # fmt: skip
     return t
 
 
@@ -102,7 +105,7 @@ def print_result(
         sizes = [s for s, n in (item.get("sizes") or {}).items() if n > 0]
         merged.add_row(
             str(rank), escape(item["id"]), escape(item["title"]), escape(item["category"]),
-            _price(item["price"]),
+            _price(item),
             ", ".join(sizes), item.get("source", "-"),
         )  # fmt: skip
     out.print(merged)
@@ -174,15 +177,22 @@ def retrieve(
 def catalog_load(
     file: Annotated[Path, typer.Argument(help="Products as JSONL or CSV.")],
     db: DbOpt = DEFAULT_DB_PATH,
+    currency: Annotated[str, typer.Option(
+        help="The catalogue's currency (ISO 4217), e.g. CHF.")] = "EUR",
+    locale: Annotated[str | None, typer.Option(
+        help="The locale the file writes prices in (CLDR), e.g. de_CH for 1'299.00 or "
+             "de_DE for 1.299,00; without it, a price such as 1.299 is refused.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load (replace) the product catalogue from JSONL or CSV; a bad row loads nothing."""
     from chainrun.log.store import Store
     from chainrun.retrieval.catalog import read_catalog, write_products
 
-    products = read_catalog(file)  # validated before the log is opened (or created)
+    # validated before the log is opened (or created)
+    products = read_catalog(file, currency=currency, locale=locale)
     with Store.open(db) as store:
-        n = write_products(store.db, products, source=str(file))
+        n = write_products(store.db, products, source=str(file), currency=currency,
+                           locale=locale)  # fmt: skip
     if as_json:
         print_json({"loaded": n, "file": str(file), "db": str(db)})
     else:

@@ -55,7 +55,9 @@ def steps_table(steps: list[StepFinished], turn: TurnFinished) -> Table:
 def grounding_text(g: dict[str, Any]) -> str:
     """The answer's grounding record in one line: claims checked, each ungrounded claim
     with why, and what was done (:meth:`chainrun.checks.grounding.StreamGrounding.report`)."""
-    head = f"grounding: {g.get('claims', 0)} claims checked, {g.get('n_ungrounded', 0)} ungrounded"
+    unjudged = f", {g['unjudged']} not judged" if g.get("unjudged") else ""
+    head = (f"grounding: {g.get('claims', 0)} claims checked, {g.get('n_ungrounded', 0)} "
+            f"ungrounded{unjudged}")  # fmt: skip
     parts = []
     done = list(g.get("done") or [])
     for i, u in enumerate(g.get("ungrounded") or []):

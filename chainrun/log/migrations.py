@@ -430,6 +430,17 @@ def _m171_rate_limit_wait(db: LogDb) -> None:
     db.table("calls").add_column("rate_limit_wait_ms", float)
 
 
+def _m240_catalog_money(db: LogDb) -> None:
+    if db.dialect != "sqlite":
+        return  # the catalogue of a PostgreSQL log lives in SQLite (see _m010_catalog)
+    # a product's currency (ISO 4217) and the locale its catalogue writes amounts in
+    # (CLDR, e.g. de_CH; NULL: the default), so prices are shown as the shop writes them
+    db.table("products").add_column("currency", str, not_null_default="EUR")
+    db.table("products").add_column("locale", str)
+    db.table("catalog_loads").add_column("currency", str, not_null_default="EUR")
+    db.table("catalog_loads").add_column("locale", str)
+
+
 def _m200_claim_token(db: LogDb) -> None:
     # the token of the claim that took a conversation's last turn index: a claim tried
     # again after its answer was lost finds itself in place (Store.claim_turn_index)
@@ -442,7 +453,7 @@ def _m230_claimed_request_id(db: LogDb) -> None:
     db.table("conversation_index").add_column("claimed_request_id", str)
 
 
-def _m240_request_key_claims(db: LogDb) -> None:
+def _m245_request_key_claims(db: LogDb) -> None:
     # who claimed a request key, in which run, for which conversation and message: a keyed
     # turn whose process dies before its rows are written is logged ``lost`` from these
     # on SQLite too (chainrun.log.lifecycle.log_lost_turns), and its retry gets that turn
@@ -486,7 +497,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("171_rate_limit_wait", _m171_rate_limit_wait),
     ("200_claim_token", _m200_claim_token),
     ("230_claimed_request_id", _m230_claimed_request_id),
-    ("240_request_key_claims", _m240_request_key_claims),
+    ("240_catalog_money", _m240_catalog_money),
+    ("245_request_key_claims", _m245_request_key_claims),
     ("250_admit_ms", _m250_admit_ms),
 )
 

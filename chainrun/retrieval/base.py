@@ -129,12 +129,19 @@ class RetrievalResult:
         return format_for_prompt(self.items)
 
 
-def _price(value: Any) -> str:
-    return f"€{float(value):.2f}"
+def _price(item: dict[str, Any]) -> str:
+    """The item's price as its shop writes it: in its ``currency`` (default EUR) and the
+    catalogue's ``locale`` (default :data:`chainrun.money.DEFAULT_LOCALE`)."""
+    from chainrun.money import DEFAULT_LOCALE, format_money
+
+    return format_money(item["price"], item.get("currency") or "EUR",
+                        item.get("locale") or DEFAULT_LOCALE)  # fmt: skip
 
 
 def format_for_prompt(items: list[dict[str, Any]]) -> str:
-    """A compact list for a prompt: one line per product, "" when there is none.
+    """A compact list for a prompt: one line per product, "" when there is none; the
+    price in the item's currency and its catalogue's locale (:func:`chainrun.money.
+    format_money`: ``€49.95`` by default, ``CHF 1'299.00`` for a ``de_CH`` catalogue).
 
     ``- [JKT-005] Women's City Drizzle Packable Rain Jacket | jackets | €49.95 |
     yellow | in stock: S, M, L``
@@ -144,7 +151,7 @@ def format_for_prompt(items: list[dict[str, Any]]) -> str:
         parts = [
             f"- [{item['id']}] {item['title']}",
             str(item.get("category", "")),
-            _price(item["price"]),
+            _price(item),
         ]
         if item.get("colours"):
             parts.append("/".join(item["colours"]))

@@ -39,6 +39,8 @@ class ShownProduct:
             no sizes.
         stock: units in stock over all sizes (None: unknown).
         source: the search that found it first (``keyword``, ``vector``...), or None.
+        locale: the locale its catalogue writes amounts in (CLDR, ``de_CH``; None: the
+            default), the format its price is shown in.
     """
 
     id: str
@@ -50,6 +52,7 @@ class ShownProduct:
     sizes: Mapping[str, int] = field(default_factory=dict)
     stock: int | None = None
     source: str | None = None
+    locale: str | None = None
 
     @property
     def sizes_in_stock(self) -> tuple[str, ...]:
@@ -73,7 +76,7 @@ class ShownProduct:
             colours=tuple(str(c) for c in item.get("colours") or ()),
             sizes={str(s): int(n) for s, n in (item.get("sizes") or {}).items()},
             stock=None if stock is None else int(stock),
-            source=item.get("source"),
+            source=item.get("source"), locale=item.get("locale"),
         )  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
@@ -83,6 +86,7 @@ class ShownProduct:
             "id": self.id, "title": self.title, "category": self.category,
             "price": self.price, "currency": self.currency, "colours": list(self.colours),
             "sizes": dict(self.sizes), "stock": self.stock, "source": self.source,
+            "locale": self.locale,
         }  # fmt: skip
 
 

@@ -24,6 +24,14 @@ Settings, in ``[steps.NAME]``::
     rules = { returns = ["\\brefund", "\\bsend (it )?back\\b"] }   # keywords, by label
     follow_ups = true        # a follow-up keeps the label of the turn it follows
     unsure_below = 0.8       # a label whose confidence is below this is unsure
+    out_of_scope_below = 0.38  # resembling no shop example this much: ``other``
+
+**Out of scope.** With the ``examples`` and ``combined`` methods, a message whose most
+similar example of a shop label (any label but ``other``) has a cosine similarity below
+``out_of_scope_below`` is ``other``, even when a keyword rule of a shop label fired ("how
+long does the irs take to issue a tax refund"); then unsure, with that rule's or vote's
+label as the runner-up. Chosen on training data (benchmarks/README.md, "Routes on public
+corpora"); 0 turns it off.
 
 Besides ``label`` the step writes ``labels``: the labels whose material the turn gets.
 A sure label (confidence at least ``unsure_below``) is alone there; an unsure one comes
@@ -58,6 +66,7 @@ from chainrun.classify import (
     DEFAULT_EXAMPLES,
     DEFAULT_K,
     DEFAULT_LABELS,
+    OUT_OF_SCOPE_BELOW,
     Classification,
     Classifier,
     FollowUps,
@@ -117,6 +126,9 @@ class ClassifyConfig(StepConfig):
     #: a label whose confidence (0..1) is below this is unsure: the turn's ``labels``
     #: then hold its runners-up too, and it is routed to their steps as well
     unsure_below: float = Field(default=UNSURE_BELOW, ge=0, le=1)
+    #: examples, combined: a message whose most similar example of a label other than
+    #: ``other`` has a lower cosine similarity is out of scope (``other``); 0: never
+    out_of_scope_below: float = Field(default=OUT_OF_SCOPE_BELOW, ge=0, le=1)
 
 
 def build_classifier(
@@ -151,7 +163,8 @@ def build_classifier(
                 f"classify step: no shipped example has any of the labels {list(labels)}; "
                 "give the step its own examples (examples = FILE) or method = 'keywords'"
             )
-    nearest = NearestExamples(labels, examples, build_embedder(options.embedding), k=options.k)
+    nearest = NearestExamples(labels, examples, build_embedder(options.embedding), k=options.k,
+                              out_of_scope_below=options.out_of_scope_below)  # fmt: skip
     if options.method == "examples":
         return nearest
     return RulesThenExamples(rules, nearest)

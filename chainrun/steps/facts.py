@@ -101,16 +101,20 @@ def closing(prose: str) -> str:
     return "" if not end or end.endswith((".", "!", "?", "…", ":")) else "."
 
 
-def _money(amount: float, currency: str) -> str:
-    sign = {"EUR": "€", "USD": "$", "GBP": "£"}.get(currency)
-    return f"{sign}{amount:.2f}" if sign else f"{amount:.2f} {currency}"
+def _money(amount: float, currency: str, locale: str | None = None) -> str:
+    """``amount`` as the shop writes it: its currency in its catalogue's locale
+    (:func:`chainrun.money.format_money`; ``€44.95`` by default, ``CHF 1'299.00`` in
+    ``de_CH``)."""
+    from chainrun.money import DEFAULT_LOCALE, format_money
+
+    return format_money(amount, currency, locale or DEFAULT_LOCALE)
 
 
 def product_line(p: ShownProduct) -> str:
     """One product as the shopper reads it: ``- Women's City Drizzle Packable Rain Jacket
     (red), JKT-008: €44.95; red; in stock in XS, S, M, L, XL.`` (``sold out`` when no
     size is in stock)."""
-    parts = [f"- {p.title}, {p.id}: {_money(p.price, p.currency)}"]
+    parts = [f"- {p.title}, {p.id}: {_money(p.price, p.currency, p.locale)}"]
     if p.colours:
         parts.append(", ".join(p.colours))
     if p.sizes:

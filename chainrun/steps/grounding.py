@@ -10,7 +10,10 @@ verdict out); this module gives it a turn's sources, all chainrun's own:
 - the turn's tool results: every turn-state field named ``tool_results`` or ending in
   ``_results`` (what a tool step hands on);
 - the shop's policy: the policy file's text (``policy_file``, default the sample shop's)
-  and the turn's ``policy`` field.
+  and the turn's ``policy`` field;
+- the catalogue (every product: a fact about one the turn did not show is judged
+  against its row) and the products the conversation's earlier turns showed (the
+  ``history`` field's turns' product ids).
 
 Never the conversation's history: on the OpenAI-compatible face earlier assistant turns
 come from the client, and a price they state is what the client says the assistant said.
@@ -30,12 +33,14 @@ from typing import Any
 from chainrun.checks.config import GroundingConfig
 from chainrun.checks.grounding import (
     GroundingSources,
+    PolicyFacts,
     ProductRow,
     StreamGrounding,
     TitleIndex,
     _merge,
 )
 from chainrun.checks.holdback import Redaction, WindowCheck, WindowVerdict
+from chainrun.money import DEFAULT_LOCALE, find_money
 
 __all__ = [
     "AnswerGrounding", "CombinedCheck", "apply_redactions", "open_grounding", "product_rows",
@@ -45,11 +50,14 @@ __all__ = [
 _LINE = re.compile(r"^- \[(?P<id>[^\]]+)\] (?P<title>.+)$")
 
 
-def product_rows(value: Any) -> list[ProductRow]:
+def product_rows(
+    value: Any, currency: str = "EUR", locale: str = DEFAULT_LOCALE
+) -> list[ProductRow]:
     """The product rows of a turn-state ``products`` value: rows (objects or dicts) as
-    they are, or the prompt's product lines parsed (sizes listed ``in stock`` get a stock
-    of 1, as the lines give no counts; the column after the price, ``navy/black``, is
-    the colours). None or ``(none)``: no row."""
+    they are, or the prompt's product lines parsed (the price column read as ``locale``
+    writes ``currency``, :func:`chainrun.money.find_money`; sizes listed ``in stock``
+    get a stock of 1, as the lines give no counts; the column after the price,
+    ``navy/black``, is the colours). None or ``(none)``: no row."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -57,12 +65,10 @@ def product_rows(value: Any) -> list[ProductRow]:
         for line in value.splitlines():
             parts = line.strip().split(" | ")
             m = _LINE.match(parts[0]) if parts else None
-            if m is None or len(parts) < 3 or not parts[2].startswith("€"):
+            found = find_money(parts[2], currency, locale) if m and len(parts) >= 3 else []
+            if m is None or len(found) != 1 or found[0].amount is None:
                 continue
-            try:
-                price = float(parts[2][1:])
-            except ValueError:
-                continue
+            price = float(found[0].amount)
             sizes: dict[str, int] = {}
             colours: tuple[str, ...] = ()
             for part in parts[3:]:
@@ -70,7 +76,7 @@ def product_rows(value: Any) -> list[ProductRow]:
                     sizes = {s.strip(): 1 for s in part[len("in stock: "):].split(",")}
                 elif part != "sold out":
                     colours = tuple(c.strip() for c in part.split("/") if c.strip())
-            rows.append(ProductRow(m["id"], m["title"], price, "EUR", sizes, colours))
+            rows.append(ProductRow(m["id"], m["title"], price, currency, sizes, colours))
         return rows
     if isinstance(value, Mapping):
         value = [value]
@@ -133,22 +139,39 @@ class AnswerGrounding:
         self.policy = policy
         #: the catalogue's titles, indexed once
         self.titles = TitleIndex(self.catalogue.values())
+        #: the policy's figures, read once
+        self.facts = PolicyFacts.read(policy, config.currency, config.locale)
 
     def sources(self, values: Mapping[str, Any]) -> GroundingSources:
         """The sources of a turn whose state holds ``values`` (see the module text)."""
-        policy = self.policy
+        policy, facts = self.policy, self.facts
         turn_policy = values.get("policy")
         if isinstance(turn_policy, str) and turn_policy and turn_policy not in policy:
             policy = f"{policy}\n{turn_policy}"
+            facts = PolicyFacts.read(policy, self.config.currency, self.config.locale)
         return GroundingSources(
-            product_rows(values.get("products")),
+            product_rows(values.get("products"), self.config.currency, self.config.locale),
             policy=policy,
             tool_results=tool_results(values),
             catalogue=self.catalogue,
+            history=self._history_rows(values.get("history")),
             currency=self.config.currency,
+            locale=self.config.locale,
             id_pattern=self.config.id_pattern,
             titles=self.titles,
+            policy_facts=facts,
         )
+
+    def _history_rows(self, history: Any) -> list[ProductRow]:
+        """The catalogue rows of the products the conversation's earlier turns showed
+        (the ``history`` field's turns' ``products`` ids)."""
+        rows = []
+        for turn in getattr(history, "turns", ()) or ():
+            for pid in getattr(turn, "products", None) or ():
+                row = self.catalogue.get(pid)
+                if row is not None:
+                    rows.append(row)
+        return rows
 
     def stream_check(
         self, values: Mapping[str, Any], patterns: WindowCheck | None = None

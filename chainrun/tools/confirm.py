@@ -9,19 +9,29 @@ question and when it expires) in the asking turn's ``tool_calls`` row, status
 ``awaiting_confirmation``. The turn's answer is the question, written by chainrun from
 the arguments (:func:`question_text`), never the model's paraphrase.
 
-The conversation's next turn decides (:func:`read_reply` reads the shopper's message):
+The conversation's next turn decides (:func:`read_reply` reads the shopper's message
+with :mod:`chainrun.classify.replies`: multilingual rules, then the nearest labelled
+replies, biased so that only a clear yes is a yes):
 
-- **yes** (``yes``, ``ok``, ``sure``, ``go ahead``, ...; or an explicit confirmation of
-  the action's id): the action is carried out with exactly the recorded arguments, once
-  (the row's status becomes ``confirmed`` in one conditional update, so two processes
-  serving the same "yes" cannot both run it), after the turn is clear to act; the
-  model is handed the call and its result and writes the answer from them;
-- **no** (``no``, ``cancel``, ``don't``, ...; or an explicit denial): ``denied``, nothing
-  runs, chainrun answers that nothing was done;
-- **a new request** (a message of more than :data:`UNCLEAR_WORDS` words that is neither):
-  ``denied`` (decided by ``new_request``), and the turn goes on as any turn;
-- **unclear** (a short message that is neither): the question is asked again; the
-  action stays pending.
+- **yes** ("yes", "sure why not", "yes add it to my cart", "ja bitte", "👍"; or an
+  explicit confirmation of the action's id): the action is carried out with exactly the
+  recorded arguments, once (the row's status becomes ``confirmed`` in one conditional
+  update, so two processes serving the same "yes" cannot both run it), after the turn is
+  clear to act; the model is handed the call and its result and writes the answer from
+  them;
+- **no** ("no", "cancel", "not now", "nein danke", "👎"; or an explicit denial):
+  ``denied``, nothing runs, chainrun answers that nothing was done;
+- **a new request that conflicts** with the action (it negates it, "no, show me the
+  cheaper one"; changes it, "add the blue one instead", "actually make it 3"; or asks for
+  the same thing with another product id or number, :func:`conflicts`): ``denied``
+  (decided by ``new_request``), and the turn goes on as any turn;
+- **a new request beside it** ("what is your return policy?", "do you have these in
+  M?"): reply ``side_request``: the action stays pending (listed again in the turn's
+  pending actions) and the turn goes on as any turn; a later yes still confirms it until
+  it expires;
+- **unclear** ("maybe", "hmm", "not sure", a yes with a condition: "yes if it's under
+  50"): the question is asked again; the action stays pending. Nothing that is not a
+  clear yes runs anything.
 
 An action expires after ``confirm_turns`` later turns of its conversation or
 ``confirm_minutes`` minutes, whichever comes first (defaults 3 turns, 15 minutes): status
@@ -33,20 +43,20 @@ Pure: no I/O. The log side is :mod:`chainrun.log.actions`.
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from chainrun.classify.replies import default_reader, words_of
 from chainrun.tools.spec import ToolConfig
 
 __all__ = [
-    "NO_WORDS",
-    "UNCLEAR_WORDS",
-    "YES_WORDS",
+    "CHANGE_WORDS",
     "Decision",
     "PendingAction",
     "Reply",
+    "conflicts",
     "expires_at",
     "question_text",
     "read_reply",
@@ -56,32 +66,21 @@ __all__ = [
 
 #: what a pending action's decision was
 Decision = Literal["confirmed", "denied", "expired"]
-#: how a shopper's message reads against a pending action
-Reply = Literal["yes", "no", "unclear", "new_request"]
+#: how a shopper's message reads against a pending action (``side_request``: a new
+#: request that does not conflict with it)
+Reply = Literal["yes", "no", "unclear", "new_request", "side_request"]
 
-#: replies read as yes (a whole message made of them, punctuation aside)
-YES_WORDS = frozenset({
-    "yes", "y", "yeah", "yep", "yup", "sure", "ok", "okay", "confirm", "confirmed",
-    "please", "do", "it", "go", "ahead", "that's", "thats", "right", "correct", "absolutely",
-    "definitely", "of", "course", "ja", "oui", "si", "sí", "proceed", "fine", "great",
-    "perfect", "add", "place", "order", "thanks", "thank", "you",
-})  # fmt: skip
-#: words that make a reply a no, wherever they stand in a short message
-NO_WORDS = frozenset({
-    "no", "n", "nope", "nah", "cancel", "don't", "dont", "stop", "never", "not", "nein",
-    "non", "abort", "forget",
-})  # fmt: skip
-#: a message of at most this many words that is neither a yes nor a no is unclear (the
-#: question is asked again); a longer one is a new request (the action is dropped)
-UNCLEAR_WORDS = 3
-#: words a yes must hold at least one of (``please``, ``thanks`` alone say nothing)
-_AFFIRM = frozenset({
-    "yes", "y", "yeah", "yep", "yup", "sure", "ok", "okay", "confirm", "confirmed", "go",
-    "correct", "right", "absolutely", "definitely", "course", "ja", "oui", "si", "sí",
-    "proceed", "fine", "great", "perfect",
-})  # fmt: skip
-_WORD = re.compile(r"[\w']+", re.UNICODE)
-
+#: words that make a new request a change of the pending action ("add the blue one
+#: instead", "zeig mir lieber ...", "montre-moi plutôt ..."), accents folded
+CHANGE_WORDS = frozenset("""
+instead rather actually change changed different another only swap switch wrong not no
+don't dont never cancel stop
+stattdessen statt lieber andere anderen anderes ander andern aendern andern nein nicht kein
+plutot lieu autre changer change non pas annule
+vez lugar mejor otro otra otros cambiar cambia cancela
+invece piuttosto altro altra altri cambia cambiare annulla
+liever plaats ander andere wijzig veranderen annuleer nee niet geen
+""".split())
 
 @dataclass(frozen=True)
 class PendingAction:
@@ -170,19 +169,44 @@ def question_text(name: str, config: ToolConfig, arguments: dict[str, Any]) -> s
     return f"{what}: {listed}?" if listed else f"{what}?"
 
 
-def read_reply(message: str) -> Reply:
-    """How ``message`` answers a pending action (see the module text): ``no`` when a
-    short message (at most 8 words) holds a no word; ``yes`` when every word is a yes
-    word and one affirms; else ``unclear`` for at most :data:`UNCLEAR_WORDS` words,
-    ``new_request`` for more."""
-    words = [w.lower() for w in _WORD.findall(message)]
-    if not words:
-        return "unclear"
-    if len(words) <= 8 and any(w in NO_WORDS or w.endswith("n't") for w in words):
-        return "no"
-    if all(w in YES_WORDS for w in words) and any(w in _AFFIRM for w in words):
-        return "yes"
-    return "unclear" if len(words) <= UNCLEAR_WORDS else "new_request"
+def _told(action: PendingAction) -> list[str]:
+    """The texts whose words a reply to ``action`` may repeat: its question, its tool's
+    name, its arguments' values."""
+    values = [v if isinstance(v, str) else json.dumps(v) for v in action.arguments.values()]
+    return [action.question, action.tool.replace("_", " "), *values]
+
+
+def conflicts(message: str, actions: Sequence[PendingAction], negated: bool = False) -> bool:
+    """Whether a new request in ``message`` conflicts with the pending ``actions`` (so
+    they are dropped): it began with a no (``negated``), it holds a word of change or
+    negation (:data:`CHANGE_WORDS`), or it asks for the same tool again (a word of the
+    tool's name) with a product id or number the action does not hold ("add 3 of
+    JKT-12 to my cart" while "2 x JKT-12" waits)."""
+    words = set(words_of(message))
+    if negated or words & CHANGE_WORDS or any(w.endswith("n't") for w in words):
+        return True
+    for action in actions:
+        tool_words = set(words_of(action.tool.replace("_", " "))) - {"to", "a", "the", "my"}
+        held = {w for text in _told(action)[2:] for w in words_of(text)}
+        numbers = {w for w in words if any(ch.isdigit() for ch in w)}
+        if words & tool_words and numbers - held:
+            return True
+    return False
+
+
+async def read_reply(message: str, actions: Sequence[PendingAction] = ()) -> Reply:
+    """How ``message`` answers the pending ``actions`` (see the module text): the reading
+    of :func:`chainrun.classify.replies.default_reader` (the words of the actions'
+    questions and arguments may follow a leading yes: "yes, 2 of JKT-12"), with a new
+    request split into ``new_request`` (it :func:`conflicts` with them) and
+    ``side_request`` (it does not; without ``actions``, always ``new_request``)."""
+    reading = await default_reader().read(
+        message, [text for action in actions for text in _told(action)])
+    if reading.label != "new_request" or not actions:
+        return reading.label
+    if conflicts(message, actions, negated=bool(reading.detail.get("negated"))):
+        return "new_request"
+    return "side_request"
 
 
 def reply_texts(actions: list[PendingAction]) -> dict[str, str]:
