@@ -47,9 +47,18 @@ def fake_factory(config: ChainConfig, store: Store, fake: FakeProvider) -> Calla
     return lambda: Chain(config, store=store, providers={"local": fake}, kind="live", quiet=True)
 
 
-def lab_factory(lab: LabServer, store: Store) -> Callable[[], Chain]:
-    cfg = config_from_dict({"providers": {"local": {"base_url": lab.base_url}}})
+def lab_factory(
+    lab: LabServer, store: Store, steps: dict[str, object] | None = None
+) -> Callable[[], Chain]:
+    cfg = config_from_dict({"providers": {"local": {"base_url": lab.base_url}},
+                            "steps": steps or {}})  # fmt: skip
     return lambda: Chain(cfg, store=store, kind="live", quiet=True)
+
+
+#: the answer released token by token: the grounding check releases whole sentences, and
+#: the lab's one-sentence answer would reach the client only once it was all generated
+#: (nothing left in flight to cancel when the client leaves "mid-answer")
+TOKEN_BY_TOKEN = {"compose": {"grounding": {"enabled": False}}}
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +440,7 @@ async def test_chat_client_gone_mid_answer_cancels_the_turn(slow_lab, tmp_path) 
     slow_lab.reset()
     store = Store.open(tmp_path / "log.db")
     async with (
-        serving(lab_factory(slow_lab, store)) as (url, _),
+        serving(lab_factory(slow_lab, store, TOKEN_BY_TOKEN)) as (url, _),
         httpx.AsyncClient(base_url=url) as client,
     ):
         async with client.stream("POST", "/chat", json={"message": "a jacket?"}) as r:
@@ -455,7 +464,7 @@ async def test_chat_client_gone_mid_answer_cancels_the_turn(slow_lab, tmp_path) 
 async def test_openai_stream_closed_early_cancels_the_turn(slow_lab, tmp_path) -> None:
     slow_lab.reset()
     store = Store.open(tmp_path / "log.db")
-    async with serving(lab_factory(slow_lab, store)) as (url, _):
+    async with serving(lab_factory(slow_lab, store, TOKEN_BY_TOKEN)) as (url, _):
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         async with client:
             stream = await client.chat.completions.create(
