@@ -248,7 +248,8 @@ _PRODUCT = '"title": "Rain shell", "category": "rainwear"'
 @pytest.mark.parametrize(
     ("fields", "said"),
     [('"price": true', "price: expected a number, got true"),
-     ('"price": "10"', 'price: expected a number, got "10"'),
+     # a string price is read as the shop writes it (its catalogue's locale): "10" is 10
+     ('"price": "ten"', "price: expected an amount such as 1299.00, got 'ten'"),
      ('"price": 10, "stock": true', "stock: expected a whole number, got true"),
      ('"price": 10, "sizes": {"S": true}', "sizes.S: expected a whole number, got true"),
      ('"price": 10, "stock": "3"', 'stock: expected a whole number, got "3"')],
@@ -256,8 +257,8 @@ _PRODUCT = '"title": "Rain shell", "category": "rainwear"'
 def test_cli_catalog_jsonl_refuses_a_value_of_the_wrong_type(
     tmp_path: Path, fields: str, said: str
 ) -> None:
-    """JSON booleans used to load as 1 (price EUR 1.00, stock 1) and a string price as a
-    number; the catalogue already loaded stays as it was."""
+    """JSON booleans used to load as 1 (price EUR 1.00, stock 1); a string price that is
+    no amount is refused; the catalogue already loaded stays as it was."""
     db = tmp_path / "shop.db"
     good = _write(tmp_path, "good.csv", "id,title,category,price\nSC-1,Wool scarf,scarves,30\n")
     assert _cli("catalog", "load", str(good), "--db", str(db)).exit_code == 0

@@ -169,7 +169,8 @@ def _problem(err: ValidationError) -> str:
         got = json.dumps(first.get("input"), ensure_ascii=False, default=str)
         return f"{where}: expected {_EXPECTED[first['type']]}, got {got}"
     value = first.get("input")
-    shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+    said = isinstance(value, dict | list) or f"got {value!r}" in msg  # the message names it
+    shown = "" if said else f" (got {value!r})"
     return f"{where}: {msg}{shown}" if where else f"{msg}{shown}"
 
 
