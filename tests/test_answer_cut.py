@@ -27,15 +27,13 @@ from chainrun.events import AnswerDone, TokenDelta, TurnFinished
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
 from chainrun.providers.base import ChatRequest
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider, FakeReply, words_in_sentences
 
 #: the compose step's deadline in these tests, s
 DEADLINE_S = 1.0
 #: a compose answer that takes ~4 s: its deadline cuts it after ~1 s of words (in
-#: sentences of five words ending in "!", not a stop sequence of the default chain: the
-#: grounding check releases whole sentences)
-SLOW = FakeReply(" ".join(f"w{i}" + ("!" if i % 5 == 4 else "") for i in range(200)),
-                 ttft_s=0.01, gap_s=0.02)
+#: sentences: the grounding check releases whole sentences)
+SLOW = FakeReply(words_in_sentences(200), ttft_s=0.01, gap_s=0.02)
 
 
 def cut_config(**compose: Any):

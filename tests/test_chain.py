@@ -19,7 +19,7 @@ from chainrun.errors import ProviderStatusError, ProviderUnavailable
 from chainrun.events import AnswerDone, StepStarted, TokenDelta, TurnFinished
 from chainrun.hedging import BreakerRegistry
 from chainrun.log.store import Store
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider, FakeReply, words_in_sentences
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.steps.llm import parse_label
 
@@ -114,7 +114,7 @@ async def test_stream_without_usage_records_unknown_tokens(config, store) -> Non
 
 async def test_closing_the_iterator_early_cancels_and_still_logs(config, store) -> None:
     fake = FakeProvider(name="local", script=reply_by_step({
-        "compose": FakeReply(" ".join(["word"] * 200), ttft_s=0.001, gap_s=0.01),
+        "compose": FakeReply(words_in_sentences(200), ttft_s=0.001, gap_s=0.01),
     }))  # fmt: skip
     async with Chain(config, store=store, providers={"local": fake}) as chain:
         it = chain.stream_turn("hello")

@@ -22,7 +22,7 @@ from chainrun.config import LLM_CLASSIFY_STEP, ChainConfig, LogConfig, config_fr
 from chainrun.events import TokenDelta
 from chainrun.log.rows import TurnLog, TurnRow
 from chainrun.log.store import Store
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider, FakeReply, words_in_sentences
 
 
 @pytest.fixture
@@ -241,7 +241,7 @@ def test_close_commits_what_is_queued(tmp_path: Path) -> None:
 
 async def test_cancelled_turns_are_still_logged_through_the_writer(config, file_store) -> None:
     fake = FakeProvider(name="local", script=reply_by_step({
-        "compose": FakeReply(" ".join(["word"] * 200), ttft_s=0.001, gap_s=0.01),
+        "compose": FakeReply(words_in_sentences(200), ttft_s=0.001, gap_s=0.01),
     }))  # fmt: skip
     async with Chain(config, store=file_store, providers={"local": fake}) as chain:
         it = chain.stream_turn("closed early")

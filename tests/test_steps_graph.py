@@ -18,7 +18,7 @@ from chainrun.config import config_from_dict
 from chainrun.errors import ConfigError
 from chainrun.events import StepStarted, TokenDelta, TurnFinished
 from chainrun.providers.base import ChatRequest
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider, FakeReply, words_in_sentences
 from chainrun.steps import Step, StepContext, StepResult, TurnState, register_step_kind
 from chainrun.steps.base import StepItem
 from chainrun.timing import Chunk
@@ -113,8 +113,13 @@ HOLD_S = 20.0
 
 
 def _held(**hold: tuple[str, str]) -> HeldSteps:
-    return HeldSteps(name="local", script=reply_by_step({"classify": FakeReply("sizing")}),
-                     hold=hold)  # fmt: skip
+    # an answer of two sentences: the grounding check releases the first before the second
+    # is written, so the shopper's first token comes before compose finishes
+    script = reply_by_step({
+        "classify": FakeReply("sizing"),
+        "compose": FakeReply("Try the Storm Shell. It is light and dry.", ttft_s=0.005, gap_s=0.002),
+    })  # fmt: skip
+    return HeldSteps(name="local", script=script, hold=hold)
 
 
 async def test_independent_steps_run_concurrently_when_ready(store) -> None:
@@ -361,7 +366,7 @@ async def test_a_call_in_flight_when_the_turn_is_cancelled_is_still_a_row(store)
 async def test_a_stream_cut_by_the_step_deadline_has_an_error_type(store) -> None:
     cfg = config_from_dict({"steps": {"compose": {"deadline_s": 0.3}}})
     fake = FakeProvider(name="local", script=reply_by_step({
-        "compose": FakeReply(" ".join(["word"] * 100), ttft_s=0.01, gap_s=0.05),
+        "compose": FakeReply(words_in_sentences(100), ttft_s=0.01, gap_s=0.05),
     }))  # fmt: skip
     async with Chain(cfg, store=store, providers={"local": fake}) as chain:
         done = await chain.run_turn("hi")

@@ -31,7 +31,7 @@ from chainrun.chain import Chain
 from chainrun.config import LLM_CLASSIFY_STEP, config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
-from chainrun.providers.fake import FakeProvider, FakeReply
+from chainrun.providers.fake import FakeProvider, FakeReply, words_in_sentences
 from chainrun.telemetry.otel import otel_requested
 
 
@@ -151,7 +151,7 @@ async def test_hedged_attempts_are_spans_with_their_outcome(store, otel) -> None
 
 async def test_a_cancelled_turn_is_exported_too(config, store, otel) -> None:
     fake = FakeProvider(name="local", script=reply_by_step({
-        "compose": FakeReply(" ".join(["word"] * 300), ttft_s=0.001, gap_s=0.01),
+        "compose": FakeReply(words_in_sentences(300), ttft_s=0.001, gap_s=0.01),
     }))  # fmt: skip
     factory = lambda: Chain(config, store=store, providers={"local": fake}, quiet=True)  # noqa: E731
     async with serving(factory, observers=[otel.telemetry]) as (url, _):

@@ -19,6 +19,16 @@ from chainrun.providers.base import ChatRequest
 from chainrun.timing import Chunk, ToolCallDelta, Usage
 
 
+def words_in_sentences(n: int, per: int = 5) -> str:
+    """``n`` words ``w0 w1 ...`` in sentences of ``per`` words, each ending in ``!``.
+
+    A long answer for tests that stop or cut it mid-way: the default chain's grounding
+    check releases whole sentences, so words with no sentence end would reach the shopper
+    only once the answer is complete; ``!`` is no stop sequence of the default chain.
+    """
+    return " ".join(f"w{i}" + ("!" if i % per == per - 1 else "") for i in range(n))
+
+
 @dataclass
 class FakeReply:
     """How the fake answers one request.
