@@ -27,7 +27,7 @@ from chainrun.evals import (
     score_turn,
     turn_view,
 )
-from chainrun.evals.assertions import LABEL, evaluate, schema_errors
+from chainrun.evals.assertions import LABEL, PROSE, evaluate, schema_errors
 from chainrun.log.rows import CallRow, EvalResultRow, StepRow, TurnLog, TurnRow
 from chainrun.log.store import Store
 
@@ -235,7 +235,7 @@ def test_regression_file_loads_and_fits_the_default_chain() -> None:
     cases = load_cases(REPO / "evals" / "regression.jsonl")
     assert 45 <= len(cases) <= 70
     assert len({c.id for c in cases}) == len(cases)
-    targets = {*STEP_NAMES_DEFAULT, LABEL, None}
+    targets = {*STEP_NAMES_DEFAULT, LABEL, PROSE, None}
     types = set()
     for case in cases:
         for a in case.asserts:
@@ -245,6 +245,15 @@ def test_regression_file_loads_and_fits_the_default_chain() -> None:
                 assert a.value in DEFAULT_LABELS, case.id  # type: ignore[union-attr]
     assert {"equals", "regex", "catalog-ids", "json-schema", "latency", "max-tokens"} <= types
     assert any("injection" in c.tags for c in cases)
+    # every case with an answer to read says what a usable one holds: the marks of the
+    # answer (a product, a policy fact, the prose's subject) and never a repeated sentence
+    # or a check's text mid-sentence
+    usable = [c for c in cases if "usable" in c.tags]
+    assert len(usable) >= 40
+    for case in usable:
+        kinds = {(a.type, a.step) for a in case.asserts}
+        assert {("no-repeat", PROSE), ("whole-sentences", None)} <= kinds, case.id
+        assert kinds & {("names-product", None), ("regex", None), ("regex", PROSE)}, case.id
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:
