@@ -1,0 +1,237 @@
+"""The loop check: an answer that repeats itself is stopped on the stream, not streamed
+to its token cap.
+
+A small model at low temperature can fall into a loop ("I'm a shop assistant. I'm a
+shop assistant. ..." until ``max_output_tokens``). The check finds two marks of one:
+
+- **a sentence said again**: a complete sentence of at least ``min_words`` words whose
+  words (case and punctuation ignored) are those of an earlier sentence of the answer;
+- **a cycle**: the answer's last words are a block of words repeated back to back
+  ("shop shop shop ...", "and then and then ...") over at least ``cycle_words`` words
+  past its first copy (any block of up to ``max_period`` words).
+
+When it finds one, the answer ends there: the text before the sentence in which the
+repetition begins is kept (whole sentences), the rest is dropped, and the model's stream
+is closed (:attr:`~chainrun.checks.holdback.WindowVerdict.stop`: the HTTP call is
+cancelled). An answer left empty is replaced by ``safe_text``. The verdict for the log
+says what repeated and where the answer was cut.
+
+While the open sentence could be becoming a repeat (its words so far begin an earlier
+sentence, or its last words already repeat the words before them) it is held back, so
+that the shopper does not read the start of a repeat; any other text passes at once.
+
+The thresholds. The words are compared as the ``no-repeat`` eval assertion compares them
+(``\\w+``, lower case; a sentence of 3 words or more said twice), so an answer this
+check lets through also passes that assertion's sentence rule. Both follow the DRY
+("Don't Repeat Yourself") sampler's defaults (p-e-w, text-generation-webui pull request
+5677, as llama.cpp's ``dry_allowed_length`` documents it): a repeat of up to 2 tokens is
+natural and allowed, a longer one is penalised by ``multiplier · base^(n − 2)`` with the
+recommended multiplier 0.8 and base 1.75. A repeated sentence of 3 words is the first
+repeat DRY penalises; a cycle of 8 repeated words is one DRY would subtract ``0.8 ·
+1.75^6 ≈ 23`` from the logit of, i.e. one no sampler with DRY on lets through: text
+that long repeated back to back is a loop, not prose.
+
+Knows nothing of LLMs or HTTP: text in, verdicts out.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from chainrun.checks.facts import segments
+from chainrun.checks.holdback import Redaction, WindowVerdict
+from chainrun.checks.stream import StreamCheck, StreamFigures
+
+__all__ = ["DEFAULT_LOOP_TEXT", "LoopCheck", "Repeat", "find_repeat"]
+
+#: what the shopper is told when the answer repeated itself from its first sentence
+DEFAULT_LOOP_TEXT = "Sorry, I could not put that answer together. Could you ask me again?"
+
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A repetition found in an answer.
+
+    Attributes:
+        kind: ``sentence`` (a sentence said again) or ``cycle`` (words repeated back to
+            back).
+        text: the repeated sentence, or one copy of the repeated block.
+        start: offset where the repetition begins (the second copy).
+        cut: offset where the answer is cut: the start of the sentence ``start`` is in.
+        copies: how many copies were seen (a cycle: whole and partial copies).
+    """
+
+    kind: Literal["sentence", "cycle"]
+    text: str
+    start: int
+    cut: int
+    copies: int
+
+    def reason(self) -> str:
+        """One line for the log."""
+        said = " ".join(self.text.split())
+        said = said if len(said) <= 60 else said[:59] + "…"
+        if self.kind == "sentence":
+            return f"loop: {said!r} said again"
+        return f"loop: {said!r} repeated back to back ({self.copies} copies)"
+
+
+def _words(text: str, start: int = 0) -> list[tuple[str, int]]:
+    """The words of ``text`` (``\\w+``, lower case) with their offsets (+ ``start``)."""
+    return [(m.group(0).lower(), start + m.start()) for m in _WORD.finditer(text)]
+
+
+def _tail_cycle(
+    words: list[tuple[str, int]], max_period: int
+) -> tuple[int, int] | None:
+    """(period, repeated words) of the longest back-to-back repetition that ends the
+    word list; None: the last word does not repeat the one a period before it."""
+    n = len(words)
+    best: tuple[int, int] | None = None
+    for p in range(1, min(max_period, n // 2) + 1):
+        run = 0  # words equal to the word p before them, counted back from the end
+        while run < n - p and words[n - 1 - run][0] == words[n - 1 - run - p][0]:
+            run += 1
+        if run and (best is None or run > best[1]):
+            best = (p, run)
+    return best
+
+
+def find_repeat(
+    text: str, *, min_words: int = 3, cycle_words: int = 8, max_period: int = 64,
+    final: bool = True, since: int = 0,
+) -> Repeat | None:  # fmt: skip
+    """The first repetition in ``text`` (see the module text), or None.
+
+    Args:
+        final: ``text`` is the whole answer (its last sentence is complete, its last
+            word whole); False: the last sentence may still be written.
+        since: only a repetition whose second copy ends after this offset counts
+            (what came before was judged already).
+    """
+    segs = segments(text)
+    seen: set[tuple[str, ...]] = set()
+    for start, end, complete in segs:
+        if not (complete or final):
+            break
+        said = tuple(w for w, _ in _words(text[start:end]))
+        if len(said) >= min_words and said in seen and end > since:
+            return Repeat("sentence", text[start:end].strip(), start, start, 2)
+        seen.add(said)
+    words = _words(text)
+    if words and not final and words[-1][1] + len(words[-1][0]) == len(text):
+        words = words[:-1]  # the last word may still be written
+    found = _tail_cycle(words, max_period)
+    if found is None or found[1] < cycle_words:
+        return None
+    period, run = found
+    first = len(words) - run - period
+    second = first + period
+    at = words[second][1]
+    cut = next((s for s, e, _ in segs if s <= at < e), at)
+    block = text[words[first][1] : at]
+    return Repeat("cycle", block, at, cut, 1 + run // period)
+
+
+class LoopCheck(StreamCheck):
+    """The loop check of one answer (see the module text).
+
+    Args:
+        min_words: a sentence of at least this many words said again is a loop.
+        cycle_words: words repeated back to back, past their first copy, that make a
+            loop.
+        max_period: the longest block of words (in words) a cycle is looked for with.
+        safe_text: the answer when nothing was left before the repetition.
+
+    Attributes:
+        repeat: the repetition found (None: none).
+        check_us: CPU time of each call, in µs (``time.thread_time_ns``).
+    """
+
+    def __init__(
+        self, *, min_words: int = 3, cycle_words: int = 8, max_period: int = 64,
+        safe_text: str = DEFAULT_LOOP_TEXT,
+    ) -> None:  # fmt: skip
+        self.min_words = min_words
+        self.cycle_words = cycle_words
+        self.max_period = max_period
+        self.safe_text = safe_text
+        self.repeat: Repeat | None = None
+        self.kept_chars: int | None = None
+        self.replaced = False
+        self.check_us: list[float] = []
+        self._released = ""  # what reached the shopper
+
+    def released(self, piece: str) -> None:
+        self._released += piece
+
+    async def check(self, text: str, final: bool) -> WindowVerdict:
+        t0 = time.thread_time_ns()
+        try:
+            return self._check(text, final)
+        finally:
+            self.check_us.append((time.thread_time_ns() - t0) / 1000.0)
+
+    def _check(self, text: str, final: bool) -> WindowVerdict:
+        base = len(self._released)
+        full = self._released + text
+        found = find_repeat(full, min_words=self.min_words, cycle_words=self.cycle_words,
+                            max_period=self.max_period, final=final, since=base)  # fmt: skip
+        if found is not None:
+            self.repeat = found
+            cut = max(found.cut, base) - base
+            kept = full[: base + cut]
+            replacement = ""
+            if not kept.strip():
+                replacement, self.replaced = self.safe_text, True
+            self.kept_chars = len(kept.rstrip()) if not self.replaced else 0
+            return WindowVerdict(True, found.reason(),
+                                 (Redaction(cut, len(text), replacement),), stop=True)  # fmt: skip
+        if final:
+            return WindowVerdict(True)
+        return WindowVerdict(True, hold_from=self._hold_from(full, base))
+
+    def _hold_from(self, full: str, base: int) -> int | None:
+        """The offset of the held text from which the open sentence is held (None:
+        nothing held): while its words so far begin an earlier sentence, or its last
+        words repeat the ones before them."""
+        segs = segments(full)
+        if not segs or segs[-1][2]:
+            return None
+        start = segs[-1][0]
+        open_words = tuple(w for w, _ in _words(full[start:]))
+        if not open_words:
+            return None
+        earlier = {tuple(w for w, _ in _words(full[s:e])) for s, e, _ in segs[:-1]}
+        n = len(open_words)
+        begins_one = any(len(said) >= self.min_words and said[:n] == open_words
+                         for said in earlier)  # fmt: skip
+        cycle = _tail_cycle(_words(full), self.max_period)
+        if begins_one or (cycle is not None and cycle[1] >= 2):
+            return max(start, base) - base
+        return None
+
+    def finish(self, figures: StreamFigures) -> dict[str, Any] | None:
+        """``{status: "stopped", kind, repeated, reason, copies, kept_chars, replaced,
+        streamed, tokens_in, tokens_dropped, call_cancelled, checks, cpu_us_max}`` when
+        the answer looped; None otherwise (nothing to log)."""
+        rep = self.repeat
+        if rep is None:
+            return None
+        stats = figures.stats
+        cpu = max(self.check_us, default=0.0)
+        return {
+            "status": "stopped", "kind": rep.kind, "repeated": rep.text[:200],
+            "reason": rep.reason(), "copies": rep.copies, "kept_chars": self.kept_chars,
+            "replaced": self.replaced, "streamed": figures.streamed,
+            "tokens_in": stats.tokens_in if stats is not None else None,
+            "tokens_dropped": stats.tokens_dropped if stats is not None else None,
+            # a streamed answer's model call was closed here, before its end
+            "call_cancelled": figures.streamed and figures.stopped_by is not None,
+            "checks": len(self.check_us), "cpu_us_max": round(cpu, 1),
+        }  # fmt: skip
