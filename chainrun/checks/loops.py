@@ -6,9 +6,11 @@ shop assistant. ..." until ``max_output_tokens``). The check finds two marks of 
 
 - **a sentence said again**: a complete sentence of at least ``min_words`` words whose
   words (case and punctuation ignored) are those of an earlier sentence of the answer;
-- **a cycle**: the answer's last words are a block of words repeated back to back
-  ("shop shop shop ...", "and then and then ...") over at least ``cycle_words`` words
-  past its first copy (any block of up to ``max_period`` words).
+- **a cycle**: a block of words repeated whole, back to back ("shop shop shop ...",
+  "and then and then ..."), over at least ``cycle_words`` words past its first copy
+  (any block of up to ``max_period`` words). Lines that share most of their words
+  (three rain jackets listed with their ids and prices) are no cycle: no line is
+  repeated whole.
 
 When it finds one, the answer ends there: the text before the sentence in which the
 repetition begins is kept (whole sentences), the rest is dropped, and the model's stream
@@ -86,56 +88,92 @@ def _words(text: str, start: int = 0) -> list[tuple[str, int]]:
     return [(m.group(0).lower(), start + m.start()) for m in _WORD.finditer(text)]
 
 
-def _tail_cycle(
-    words: list[tuple[str, int]], max_period: int
-) -> tuple[int, int] | None:
-    """(period, repeated words) of the longest back-to-back repetition that ends the
-    word list; None: the last word does not repeat the one a period before it."""
-    n = len(words)
-    best: tuple[int, int] | None = None
-    for p in range(1, min(max_period, n // 2) + 1):
-        run = 0  # words equal to the word p before them, counted back from the end
-        while run < n - p and words[n - 1 - run][0] == words[n - 1 - run - p][0]:
-            run += 1
-        if run and (best is None or run > best[1]):
-            best = (p, run)
-    return best
-
-
-def find_repeat(
-    text: str, *, min_words: int = 3, cycle_words: int = 8, max_period: int = 64,
-    final: bool = True, since: int = 0,
-) -> Repeat | None:  # fmt: skip
-    """The first repetition in ``text`` (see the module text), or None.
+class CycleFinder:
+    """Back-to-back repetitions in a word stream, found as words are added: for each
+    period p (1 ... ``max_period`` words), how many words in a row so far equal the
+    word p before them (O(``max_period``) per word).
 
     Args:
-        final: ``text`` is the whole answer (its last sentence is complete, its last
-            word whole); False: the last sentence may still be written.
-        since: only a repetition whose second copy ends after this offset counts
-            (what came before was judged already).
+        max_period: the longest repeated block looked for, in words.
+        cycle_words: the run (words equal to the word a period before, past the first
+            copy) that makes a loop.
     """
-    segs = segments(text)
+
+    def __init__(self, max_period: int, cycle_words: int) -> None:
+        self.max_period = max_period
+        self.cycle_words = cycle_words
+        self.words: list[str] = []
+        self._runs: list[list[int]] = []  # per word: the run for each period (index p - 1)
+
+    def rewind(self, n: int) -> None:
+        """Forget the words from index ``n`` on (they changed)."""
+        del self.words[n:]
+        del self._runs[n:]
+
+    def add(self, word: str) -> tuple[int, int] | None:
+        """Add ``word``; (period, run) when a run reaches ``cycle_words`` and a whole
+        period at it (the block was repeated whole; the shortest such period), else
+        None."""
+        i = len(self.words)
+        self.words.append(word)
+        prev = self._runs[-1] if self._runs else []
+        row = []
+        hit: tuple[int, int] | None = None
+        for p in range(1, min(self.max_period, i) + 1):
+            run = (prev[p - 1] + 1 if p <= len(prev) else 1) if self.words[i - p] == word else 0
+            row.append(run)
+            if hit is None and run >= max(self.cycle_words, p):
+                hit = (p, run)
+        self._runs.append(row)
+        return hit
+
+    def last_run(self) -> int:
+        """The longest run ending at the last word (0: none)."""
+        return max(self._runs[-1], default=0) if self._runs else 0
+
+
+def _cycle_repeat(
+    text: str, words: list[tuple[str, int]], end: int, period: int, run: int
+) -> Repeat:
+    """The cycle whose run of ``run`` words at period ``period`` ends at word ``end``."""
+    second = end - run + 1
+    first = second - period
+    at = words[second][1]
+    cut = next((s for s, e, _ in segments(text) if s <= at < e), at)
+    return Repeat("cycle", text[words[first][1] : at], at, cut, 1 + run // period)
+
+
+def _sentence_repeat(
+    text: str, min_words: int, final: bool, since: int
+) -> Repeat | None:
+    """The first complete sentence of at least ``min_words`` words said again that
+    ends after ``since`` (``final``: the last sentence is complete too)."""
     seen: set[tuple[str, ...]] = set()
-    for start, end, complete in segs:
+    for start, end, complete in segments(text):
         if not (complete or final):
             break
-        said = tuple(w for w, _ in _words(text[start:end]))
+        said = tuple(_WORD.findall(text[start:end].lower()))
         if len(said) >= min_words and said in seen and end > since:
             return Repeat("sentence", text[start:end].strip(), start, start, 2)
         seen.add(said)
+    return None
+
+
+def find_repeat(
+    text: str, *, min_words: int = 3, cycle_words: int = 8, max_period: int = 64
+) -> Repeat | None:
+    """The first repetition in the whole answer ``text`` (see the module text), or
+    None: a sentence said again, else the first back-to-back cycle."""
+    found = _sentence_repeat(text, min_words, True, 0)
+    if found is not None:
+        return found
     words = _words(text)
-    if words and not final and words[-1][1] + len(words[-1][0]) == len(text):
-        words = words[:-1]  # the last word may still be written
-    found = _tail_cycle(words, max_period)
-    if found is None or found[1] < cycle_words:
-        return None
-    period, run = found
-    first = len(words) - run - period
-    second = first + period
-    at = words[second][1]
-    cut = next((s for s, e, _ in segs if s <= at < e), at)
-    block = text[words[first][1] : at]
-    return Repeat("cycle", block, at, cut, 1 + run // period)
+    cycles = CycleFinder(max_period, cycle_words)
+    for i, (word, _) in enumerate(words):
+        hit = cycles.add(word)
+        if hit is not None:
+            return _cycle_repeat(text, words, i, *hit)
+    return None
 
 
 class LoopCheck(StreamCheck):
@@ -166,6 +204,8 @@ class LoopCheck(StreamCheck):
         self.replaced = False
         self.check_us: list[float] = []
         self._released = ""  # what reached the shopper
+        self._cycles = CycleFinder(max_period, cycle_words)
+        self._fed: list[tuple[str, int]] = []  # the words fed to ``_cycles``, with offsets
 
     def released(self, piece: str) -> None:
         self._released += piece
@@ -180,8 +220,9 @@ class LoopCheck(StreamCheck):
     def _check(self, text: str, final: bool) -> WindowVerdict:
         base = len(self._released)
         full = self._released + text
-        found = find_repeat(full, min_words=self.min_words, cycle_words=self.cycle_words,
-                            max_period=self.max_period, final=final, since=base)  # fmt: skip
+        found = _sentence_repeat(full, self.min_words, final, base)
+        if found is None:
+            found = self._cycle(full, final)
         if found is not None:
             self.repeat = found
             cut = max(found.cut, base) - base
@@ -189,32 +230,49 @@ class LoopCheck(StreamCheck):
             replacement = ""
             if not kept.strip():
                 replacement, self.replaced = self.safe_text, True
-            self.kept_chars = len(kept.rstrip()) if not self.replaced else 0
+            self.kept_chars = 0 if self.replaced else len(kept.rstrip())
             return WindowVerdict(True, found.reason(),
                                  (Redaction(cut, len(text), replacement),), stop=True)  # fmt: skip
         if final:
             return WindowVerdict(True)
         return WindowVerdict(True, hold_from=self._hold_from(full, base))
 
+    def _cycle(self, full: str, final: bool) -> Repeat | None:
+        """A cycle among the answer's words (fed to the finder as they come; words an
+        earlier check changed since are fed again)."""
+        words = _words(full)
+        if words and not final and words[-1][1] + len(words[-1][0]) == len(full):
+            words = words[:-1]  # the last word may still be written
+        fed = self._fed
+        same = len(fed)
+        if words[:same] != fed:  # an earlier check changed words already fed
+            same = 0
+            while same < min(len(words), len(fed)) and words[same] == fed[same]:
+                same += 1
+            self._cycles.rewind(same)
+            del fed[same:]
+        for i in range(same, len(words)):
+            fed.append(words[i])
+            hit = self._cycles.add(words[i][0])
+            if hit is not None:
+                return _cycle_repeat(full, words, i, *hit)
+        return None
+
     def _hold_from(self, full: str, base: int) -> int | None:
         """The offset of the held text from which the open sentence is held (None:
-        nothing held): while its words so far begin an earlier sentence, or its last
-        words repeat the ones before them."""
+        nothing held): white space alone, or words that begin an earlier sentence, or
+        whose last ones repeat the ones before them."""
         segs = segments(full)
         if not segs or segs[-1][2]:
             return None
         start = segs[-1][0]
-        open_words = tuple(w for w, _ in _words(full[start:]))
-        if not open_words:
-            return None
-        earlier = {tuple(w for w, _ in _words(full[s:e])) for s, e, _ in segs[:-1]}
+        open_words = tuple(_WORD.findall(full[start:].lower()))
         n = len(open_words)
-        begins_one = any(len(said) >= self.min_words and said[:n] == open_words
-                         for said in earlier)  # fmt: skip
-        cycle = _tail_cycle(_words(full), self.max_period)
-        if begins_one or (cycle is not None and cycle[1] >= 2):
-            return max(start, base) - base
-        return None
+        hold = n == 0 or self._cycles.last_run() >= 2 or any(
+            len(said) >= self.min_words and said[:n] == open_words
+            for said in (tuple(_WORD.findall(full[s:e].lower())) for s, e, _ in segs[:-1])
+        )  # fmt: skip
+        return max(start, base) - base if hold else None
 
     def finish(self, figures: StreamFigures) -> dict[str, Any] | None:
         """``{status: "stopped", kind, repeated, reason, copies, kept_chars, replaced,

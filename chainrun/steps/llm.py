@@ -304,7 +304,8 @@ class LLMStep(Step):
         return makers
 
     def check_list(self, values: Mapping[str, Any]) -> CheckList:
-        """Fresh checks for one answer of a turn whose state holds ``values``."""
+        """Fresh checks for one answer of a turn whose state holds ``values`` (the
+        turn-state fields by name, ``message`` among them)."""
         return CheckList([(name, make(values)) for name, make in self.check_makers])
 
     async def aclose(self) -> None:
@@ -425,8 +426,9 @@ class LLMStep(Step):
         """A hold-back engine running the answer's checks on a round's stream (they read
         the turn's state, with ``results``, the tool results so far, as
         ``tool_results``); the checks are appended to ``made``."""
-        values = state.values if results is None else {
-            **state.values, "tool_results": json.dumps(results)}
+        values = {"message": state.message, **state.values}
+        if results is not None:
+            values["tool_results"] = json.dumps(results)
         checks = self.check_list(values)
         made.append(checks)
         return HoldBack(checks, checks.window_tokens)
@@ -437,7 +439,7 @@ class LLMStep(Step):
         """The answer's checks on a whole (unstreamed) answer ``text``, fed once as the
         end of the answer: their verdicts in the row's ``detail``; (a refusal or the
         blocking check's text, else None; the answer as the checks left it)."""
-        checks = self.check_list(state.values)
+        checks = self.check_list({"message": state.message, **state.values})
         verdict = await checks(text, final=True)
         docs = checks.finish(checks.figures(None))
         ctx.row.detail = {**(ctx.row.detail or {}), **docs,
