@@ -121,7 +121,7 @@ async def test_a_registered_check_runs_on_the_answer_with_no_code_elsewhere(
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_registered_check_blocks_with_its_own_text(stream: bool) -> None:
     text = "Well heck, that jacket is sold out. " + " ".join(f"w{i}" for i in range(200))
-    done, shown, finished, fake, store = await run(
+    done, shown, _, fake, store = await run(
         text, {"stream": stream, "checks": ["darn"], "grounding": {"enabled": False}}
     )
     assert done.status == "refused" and done.output == "Let us keep it polite."

@@ -9,8 +9,9 @@ a call with tools) and fed the answer as it streams, by the hold-back engine
   yet released to the shopper; the checks before this one in the list have already
   applied their redactions to it); ``final`` is true once the stream has ended and
   ``text`` is all that is left (that call comes only when something is still held at
-  the end: a check that must see the end holds something back). A check that needs a window of tokens held back says so
-  with :attr:`StreamCheck.window_tokens` (the engine holds the largest of the list's).
+  the end: a check that must see the end holds something back). A check that needs a
+  window of tokens held back says so with :attr:`StreamCheck.window_tokens` (the
+  engine holds the largest of the list's).
   What was released is told to every check (:meth:`StreamCheck.released`), so a check
   can judge text that began before what is held. An answer that was not streamed is fed
   once, whole, with ``final`` true: the same checks, run the same way.
