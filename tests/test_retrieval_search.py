@@ -30,6 +30,7 @@ from chainrun.retrieval import (
     parse_query,
 )
 from chainrun.retrieval.catalog import (
+    Product,
     all_products,
     ensure_sample_catalog,
     get_products,
@@ -268,9 +269,10 @@ async def test_index_embeds_once_and_only_changed_products(
     # a second index on the same database reuses the stored vectors
     assert await VectorIndex(db, embedder, backend="numpy", seeds=()).ensure() == 0
     changed = dict(_products(db, ["JKT-003"])[0], description="Now with a fleece lining.")
-    changed.pop("currency")  # the database's column; a catalogue file has one currency
+    # a catalogue file's fields (the database adds the catalogue's currency and locale)
+    row = {k: v for k, v in changed.items() if k in Product.model_fields}
     path = tmp_path / "one.jsonl"
-    path.write_text(json.dumps(changed) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
     load_catalog(db, path, replace=False)
     assert await index.ensure() == 1
     await index.aclose()

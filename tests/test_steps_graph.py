@@ -113,11 +113,13 @@ HOLD_S = 20.0
 
 
 def _held(**hold: tuple[str, str]) -> HeldSteps:
-    # an answer of two sentences: the grounding check releases the first before the second
-    # is written, so the shopper's first token comes before compose finishes
+    # an answer of two sentences ("!": ". " is a stop sequence of the default compose): the
+    # grounding check releases the first before the second is written, so the shopper's
+    # first token comes before compose finishes
     script = reply_by_step({
         "classify": FakeReply("sizing"),
-        "compose": FakeReply("Try the Storm Shell. It is light and dry.", ttft_s=0.005, gap_s=0.002),
+        "compose": FakeReply("Try the Storm Shell! It is light and dry.",
+                             ttft_s=0.005, gap_s=0.002),
     })  # fmt: skip
     return HeldSteps(name="local", script=script, hold=hold)
 
