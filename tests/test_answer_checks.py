@@ -6,7 +6,10 @@ why; an answer that does not repeat passes unchanged."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -248,6 +251,37 @@ async def test_chat_carries_the_loop_verdict(tmp_path) -> None:
     assert turn["status"] == "ok" and turn["output"] == "I'm a shop assistant."
     assert fake.closed_early == 1
     store.close()
+
+
+REAL = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tools_local_model.json"
+
+
+async def test_the_embedded_models_own_loops_are_stopped_early() -> None:
+    """The embedded model's answers of the tools benchmark (all eight streamed to the
+    token cap, ``finish_reason`` "length", most one line repeated): streamed token by
+    token through the loop check, 7 of 8 are stopped, each after at most 30 of its 40 to
+    51 tokens, keeping the first copy; the eighth counts up ("TSH-2", "TSH-3", ...), no
+    verbatim repeat, and passes unchanged."""
+    answers = json.loads(REAL.read_text())["results"]["answers"]
+    assert len(answers) == 8 and all(a["finish_reason"] == "length" for a in answers)
+    stopped = 0
+    for a in answers:
+        tokens = re.findall(r"\S+\s*|\s+", a["text"])
+
+        async def source(tokens: list[str] = tokens):
+            for t in tokens:
+                yield t
+
+        engine = HoldBack(CheckList([("loop", LoopCheck())]), 0)
+        shown = "".join([p async for p in engine.stream(source())])
+        if engine.stats.stopped is None:
+            assert shown == a["text"] and "TSH-3" in shown
+            continue
+        stopped += 1
+        assert engine.stats.tokens_in <= 30 and engine.stats.tokens_in < len(tokens) * 0.75
+        first = a["text"].strip().splitlines()[0]
+        assert shown.strip().startswith(first) and shown.count(first) == 1
+    assert stopped == 7
 
 
 # -- the pieces ------------------------------------------------------------------------------

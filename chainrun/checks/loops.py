@@ -83,9 +83,11 @@ class Repeat:
         return f"loop: {said!r} repeated back to back ({self.copies} copies)"
 
 
-def _words(text: str, start: int = 0) -> list[tuple[str, int]]:
-    """The words of ``text`` (``\\w+``, lower case) with their offsets (+ ``start``)."""
-    return [(m.group(0).lower(), start + m.start()) for m in _WORD.finditer(text)]
+def _words(text: str, start: int = 0) -> list[tuple[str, int, int]]:
+    """The words of ``text`` (``\\w+``, lower case) with their start and end offsets
+    (+ ``start``)."""
+    return [(m.group(0).lower(), start + m.start(), start + m.end())
+            for m in _WORD.finditer(text)]  # fmt: skip
 
 
 class CycleFinder:
@@ -133,7 +135,7 @@ class CycleFinder:
 
 
 def _cycle_repeat(
-    text: str, words: list[tuple[str, int]], end: int, period: int, run: int
+    text: str, words: list[tuple[str, int, int]], end: int, period: int, run: int
 ) -> Repeat:
     """The cycle whose run of ``run`` words at period ``period`` ends at word ``end``."""
     second = end - run + 1
@@ -169,7 +171,7 @@ def find_repeat(
         return found
     words = _words(text)
     cycles = CycleFinder(max_period, cycle_words)
-    for i, (word, _) in enumerate(words):
+    for i, (word, _, _) in enumerate(words):
         hit = cycles.add(word)
         if hit is not None:
             return _cycle_repeat(text, words, i, *hit)
@@ -204,8 +206,13 @@ class LoopCheck(StreamCheck):
         self.replaced = False
         self.check_us: list[float] = []
         self._released = ""  # what reached the shopper
+        # what never changes again, kept between calls (each call costs what is held):
+        self._mark = 0  # the end of the last complete sentence wholly released
+        self._seen: set[tuple[str, ...]] = set()  # those sentences' words
+        self._prefixes: set[tuple[str, ...]] = set()  # the starts of those of min_words+
         self._cycles = CycleFinder(max_period, cycle_words)
-        self._fed: list[tuple[str, int]] = []  # the words fed to ``_cycles``, with offsets
+        #: the words fed to ``_cycles``, with their offsets in the answer
+        self._fed: list[tuple[str, int, int]] = []
 
     def released(self, piece: str) -> None:
         self._released += piece
@@ -217,12 +224,37 @@ class LoopCheck(StreamCheck):
         finally:
             self.check_us.append((time.thread_time_ns() - t0) / 1000.0)
 
+    def _remember(self, said: tuple[str, ...], into: set[tuple[str, ...]],
+                  prefixes: set[tuple[str, ...]]) -> None:  # fmt: skip
+        into.add(said)
+        if len(said) >= self.min_words:
+            prefixes.update(said[:k] for k in range(1, len(said) + 1))
+
     def _check(self, text: str, final: bool) -> WindowVerdict:
         base = len(self._released)
         full = self._released + text
-        found = _sentence_repeat(full, self.min_words, final, base)
+        mark = self._mark
+        seen_now: set[tuple[str, ...]] = set()  # sentences not wholly released yet
+        prefixes_now: set[tuple[str, ...]] = set()
+        found: Repeat | None = None
+        open_start: int | None = None
+        for s, e, complete in segments(full[mark:]):
+            start, end = s + mark, e + mark
+            if not (complete or final):
+                open_start = start
+                break
+            said = tuple(_WORD.findall(full[start:end].lower()))
+            again = len(said) >= self.min_words and (said in self._seen or said in seen_now)
+            if again and end > base:
+                found = Repeat("sentence", full[start:end].strip(), start, start, 2)
+                break
+            if complete and end <= base and start == self._mark:
+                self._remember(said, self._seen, self._prefixes)
+                self._mark = end
+            else:
+                self._remember(said, seen_now, prefixes_now)
         if found is None:
-            found = self._cycle(full, final)
+            found = self._cycle(full, final, base)
         if found is not None:
             self.repeat = found
             cut = max(found.cut, base) - base
@@ -233,46 +265,38 @@ class LoopCheck(StreamCheck):
             self.kept_chars = 0 if self.replaced else len(kept.rstrip())
             return WindowVerdict(True, found.reason(),
                                  (Redaction(cut, len(text), replacement),), stop=True)  # fmt: skip
-        if final:
+        if final or open_start is None:
             return WindowVerdict(True)
-        return WindowVerdict(True, hold_from=self._hold_from(full, base))
+        # the open sentence is held while it is white space alone, begins an earlier
+        # sentence, or its last words repeat the ones before them
+        open_words = tuple(_WORD.findall(full[open_start:].lower()))
+        hold = (not open_words or self._cycles.last_run() >= 2
+                or open_words in self._prefixes or open_words in prefixes_now)  # fmt: skip
+        return WindowVerdict(True, hold_from=max(open_start, base) - base if hold else None)
 
-    def _cycle(self, full: str, final: bool) -> Repeat | None:
-        """A cycle among the answer's words (fed to the finder as they come; words an
-        earlier check changed since are fed again)."""
-        words = _words(full)
-        if words and not final and words[-1][1] + len(words[-1][0]) == len(full):
-            words = words[:-1]  # the last word may still be written
+    def _cycle(self, full: str, final: bool, base: int) -> Repeat | None:
+        """A cycle among the answer's words, fed to the finder as they come: the words
+        wholly released are kept; the held ones are read again (an earlier check may
+        have changed them) and fed again from the first that changed."""
         fed = self._fed
-        same = len(fed)
-        if words[:same] != fed:  # an earlier check changed words already fed
-            same = 0
-            while same < min(len(words), len(fed)) and words[same] == fed[same]:
-                same += 1
-            self._cycles.rewind(same)
-            del fed[same:]
+        stable = len(fed)
+        while stable and fed[stable - 1][2] >= base:
+            stable -= 1  # a word that reaches the held text may change
+        start = fed[stable - 1][2] if stable else 0
+        words = _words(full[start:], start)
+        if words and not final and words[-1][2] == len(full):
+            words = words[:-1]  # the last word may still be written
+        same = 0
+        while same < min(len(words), len(fed) - stable) and words[same] == fed[stable + same]:
+            same += 1
+        self._cycles.rewind(stable + same)
+        del fed[stable + same :]
         for i in range(same, len(words)):
             fed.append(words[i])
             hit = self._cycles.add(words[i][0])
             if hit is not None:
-                return _cycle_repeat(full, words, i, *hit)
+                return _cycle_repeat(full, fed, len(fed) - 1, *hit)
         return None
-
-    def _hold_from(self, full: str, base: int) -> int | None:
-        """The offset of the held text from which the open sentence is held (None:
-        nothing held): white space alone, or words that begin an earlier sentence, or
-        whose last ones repeat the ones before them."""
-        segs = segments(full)
-        if not segs or segs[-1][2]:
-            return None
-        start = segs[-1][0]
-        open_words = tuple(_WORD.findall(full[start:].lower()))
-        n = len(open_words)
-        hold = n == 0 or self._cycles.last_run() >= 2 or any(
-            len(said) >= self.min_words and said[:n] == open_words
-            for said in (tuple(_WORD.findall(full[s:e].lower())) for s, e, _ in segs[:-1])
-        )  # fmt: skip
-        return max(start, base) - base if hold else None
 
     def finish(self, figures: StreamFigures) -> dict[str, Any] | None:
         """``{status: "stopped", kind, repeated, reason, copies, kept_chars, replaced,
