@@ -219,21 +219,17 @@ class HoldBack:
                         held[:checked_n] = _redact(held[:checked_n], verdict.redactions)
                         self.stats.redactions += len(verdict.redactions)
                     if verdict.stop:
-                        # the check ended the answer: what it checked is released, the
-                        # rest read meanwhile is dropped, the source closed (finally)
-                        piece = "".join(held[:checked_n])
-                        self.stats.tokens_released += checked_n
+                        # the check ended the answer: what it checked is released below,
+                        # the rest read meanwhile is dropped, the source closed (finally)
                         self.stats.tokens_dropped += len(held) - checked_n
                         self.stats.stopped = verdict.reason or "stopped"
-                        held.clear()
-                        released.append(piece)
-                        if on_release is not None:
-                            on_release(piece)
-                        if piece:
-                            yield piece
-                        return
-                    # a streaming check judges an open claim only when told the stream ended
-                    final = ended and checked_n == len(held) and (checked_final or not streaming)
+                        del held[checked_n:]
+                        final = True
+                    else:
+                        # a streaming check judges an open claim only when told the
+                        # stream ended
+                        final = (ended and checked_n == len(held)
+                                 and (checked_final or not streaming))  # fmt: skip
                     upto = checked_n if final else max(0, checked_n - c)
                     if verdict.hold_from is not None and not final:
                         upto = min(upto, _tokens_before(held[:checked_n], verdict.hold_from))

@@ -198,8 +198,8 @@ async def _close_all(streams: Sequence[ChatStream]) -> None:
 
 @dataclass(frozen=True)
 class AnswerCheck:
-    """The checks a streamed answer goes through, held back in windows (the kind's:
-    an output check, a grounding check).
+    """The checks a streamed answer goes through in the hold-back engine (the kind's:
+    the answer step's list of checks, :mod:`chainrun.checks.stream`).
 
     Attributes:
         make: a hold-back engine for one round's answer stream, given the tool results
