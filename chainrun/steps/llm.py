@@ -70,6 +70,11 @@ VERDICT_SCHEMA: dict[str, Any] = {
 ANSWER_CHECKS = ("output_check", "grounding", "loop")
 
 
+def _output_maker(oc: OutputCheckConfig) -> CheckMaker:
+    """A maker of the output check ``oc`` (it reads no turn values)."""
+    return lambda values: oc.make()
+
+
 def missing_reason(error: BaseException) -> MissingReason:
     """Why a checking step has no verdict: ``timeout`` (its deadline or a stream timer),
     ``unparseable`` (it answered, but not a verdict of the required form), ``error``."""
@@ -289,7 +294,7 @@ class LLMStep(Step):
         for name in cfg.check_names():
             if name == "output_check":
                 oc = cfg.output_check or OutputCheckConfig()
-                makers.append((name, lambda values, oc=oc: oc.make()))
+                makers.append((name, _output_maker(oc)))
             elif name == "grounding":
                 self.grounding = await open_grounding(cfg.grounding or GroundingConfig(), ctx)
                 makers.append((name, self.grounding.stream_check))
