@@ -65,8 +65,8 @@ def _keep_checks() -> None:
 
     made = AnswerGrounding.stream_check
 
-    def stream_check(self: AnswerGrounding, values: Any, patterns: Any = None) -> Any:
-        check = made(self, values, patterns)
+    def stream_check(self: AnswerGrounding, values: Any) -> Any:
+        check = made(self, values)
         CHECKS.append(check)
         return check
 

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chainrun.checks.grounding import DEFAULT_ID_PATTERN, DEFAULT_SAFE_TEXT
+from chainrun.checks.loops import DEFAULT_LOOP_TEXT, LoopCheck
+from chainrun.checks.output import OutputCheck
 from chainrun.checks.patterns import BUILTIN_CHECKS, PatternCheck, PatternChecker
 from chainrun.money import DEFAULT_LOCALE, locale_of, minor_digits
 
@@ -117,6 +119,10 @@ class OutputCheckConfig(_CheckRules):
     #: what the user is told when a window is blocked (None: the chain's refusal)
     reject_text: str | None = None
 
+    def make(self) -> OutputCheck:
+        """A fresh output check for one answer."""
+        return OutputCheck(self.checker(), self.window_tokens, self.reject_text)
+
 
 class GroundingConfig(_Strict):
     """The grounding check of the answer step's stream (``[steps.ANSWER.grounding]``):
@@ -171,4 +177,30 @@ class GroundingConfig(_Strict):
         return self
 
 
-__all__ = ["CheckAction", "ChecksConfig", "GroundingConfig", "OutputCheckConfig", "PatternConfig"]
+class LoopConfig(_Strict):
+    """The loop check of the answer step (``[steps.ANSWER.loop]``, on by default): an
+    answer that repeats a sentence, or a block of words back to back, is stopped on the
+    stream (the model's call cancelled), keeping the whole sentences before the
+    repetition (:mod:`chainrun.checks.loops`, where the thresholds' source is given)."""
+
+    #: run the check on the answer step
+    enabled: bool = True
+    #: a sentence of at least this many words said again is a loop
+    min_words: int = Field(default=3, ge=1)
+    #: words repeated back to back past their first copy that make a loop
+    cycle_words: int = Field(default=8, ge=2)
+    #: the longest block of words (in words) a back-to-back repetition is looked for with
+    max_period: int = Field(default=64, ge=1, le=1024)
+    #: what the shopper is told when the answer repeated itself from its first sentence
+    safe_text: str = Field(default=DEFAULT_LOOP_TEXT, min_length=1)
+
+    def make(self) -> LoopCheck:
+        """A fresh loop check for one answer."""
+        return LoopCheck(min_words=self.min_words, cycle_words=self.cycle_words,
+                         max_period=self.max_period, safe_text=self.safe_text)  # fmt: skip
+
+
+__all__ = [
+    "CheckAction", "ChecksConfig", "GroundingConfig", "LoopConfig", "OutputCheckConfig",
+    "PatternConfig",
+]

@@ -11,7 +11,9 @@ runs over everything still held (the c held back plus the new ones, more when a 
 let tokens pile up); if it passes, all but the last c are released. So a flagged phrase of
 at most c tokens is inside one checked text before any of its tokens is released, even
 when it was split across chunks or across two windows: **it never reaches the consumer**.
-A check may also redact (replace spans of the held text) instead of blocking.
+A check may also redact (replace spans of the held text) instead of blocking, or stop the
+stream (``WindowVerdict.stop``: what it checked is released, the source closed, and the
+stream ends as if the source had).
 
 Checks run one at a time, while tokens keep being read: the generation is never paused,
 and a slow check simply covers more text. On a block the source is closed (for an HTTP
@@ -50,12 +52,15 @@ class WindowVerdict:
     ``reason``), or pass with ``redactions`` to apply before release. ``hold_from``: an
     offset of the checked text (after the redactions) from which nothing is released
     yet, whatever the window allows (a claim still being written: the grounding check);
-    None: the window's rule alone decides."""
+    None: the window's rule alone decides. ``stop``: release the checked text (after the
+    redactions) and end the stream there, the source closed (a loop: the answer so far
+    is the answer; :mod:`chainrun.checks.loops`)."""
 
     ok: bool
     reason: str | None = None
     redactions: tuple[Redaction, ...] = ()
     hold_from: int | None = None
+    stop: bool = False
 
 
 WindowCheck = Callable[[str], Awaitable[WindowVerdict]]
@@ -91,6 +96,10 @@ class HoldBackStats:
     check_ms: list[float] = field(default_factory=list)
     max_held_tokens: int = 0
     redactions: int = 0
+    #: why a check stopped the stream (None: it was not stopped)
+    stopped: str | None = None
+    #: tokens read and never released, dropped when a check stopped the stream
+    tokens_dropped: int = 0
 
 
 class HoldBack:
@@ -190,6 +199,9 @@ class HoldBack:
                                 on_release(piece)
                             if piece:
                                 yield piece
+                            if verdict.stop:
+                                self.stats.stopped = verdict.reason or "stopped"
+                                return  # the check ended the answer: the break-off is moot
                         raise
                 if checker is not None and checker in done:
                     task2, checker = checker, None
@@ -206,8 +218,18 @@ class HoldBack:
                     if verdict.redactions:
                         held[:checked_n] = _redact(held[:checked_n], verdict.redactions)
                         self.stats.redactions += len(verdict.redactions)
-                    # a streaming check judges an open claim only when told the stream ended
-                    final = ended and checked_n == len(held) and (checked_final or not streaming)
+                    if verdict.stop:
+                        # the check ended the answer: what it checked is released below,
+                        # the rest read meanwhile is dropped, the source closed (finally)
+                        self.stats.tokens_dropped += len(held) - checked_n
+                        self.stats.stopped = verdict.reason or "stopped"
+                        del held[checked_n:]
+                        final = True
+                    else:
+                        # a streaming check judges an open claim only when told the
+                        # stream ended
+                        final = (ended and checked_n == len(held)
+                                 and (checked_final or not streaming))  # fmt: skip
                     upto = checked_n if final else max(0, checked_n - c)
                     if verdict.hold_from is not None and not final:
                         upto = min(upto, _tokens_before(held[:checked_n], verdict.hold_from))

@@ -18,6 +18,9 @@ yields :class:`WireEvent` s (an SSE event name and a JSON-able payload)::
     grounding     {step, action, claims, n_ungrounded, ungrounded: [{kind, text, product,
                    why, correction}], done: [{claim, action}], grounded, ...}  (after the
                    answer step's ``step`` event, when its grounding check ran)
+    check         {step, check: NAME, status, reason, ...}  (after the answer step's
+                   ``step`` event, one per other check of the answer's ``checks`` that
+                   logged a verdict: the output check's figures, the loop check's stop)
     answer_done   {step, output, answer_ttft_ms, answer_done_ms, turn_index, pending: [step names],
                    usage: {input_tokens, ..., unknown_calls} of the calls so far}
     turn          the summary of :func:`turn_summary`, read back from the log
@@ -308,6 +311,24 @@ async def _replayed(
         await _close(pending, stream)
 
 
+def _check_events(ev: StepFinished) -> list[WireEvent]:
+    """The answer step's check verdicts as wire events: ``grounding`` for the grounding
+    check's report, ``check`` (with the check's name) for each other check of the
+    answer's ``checks`` (the step's ``detail["checks"]``) that logged one."""
+    detail = ev.detail or {}
+    names = detail.get("checks")
+    out = []
+    for name in names if isinstance(names, list) else ["grounding"]:
+        doc = detail.get(name)
+        if not isinstance(doc, dict):
+            continue
+        if name == "grounding":
+            out.append(WireEvent("grounding", {"step": ev.step, **doc}))
+        else:
+            out.append(WireEvent("check", {"step": ev.step, "check": name, **doc}))
+    return out
+
+
 class TurnRunner:
     """Runs chat turns on one shared :class:`~chainrun.Chain` (one connection pool, one run
     of kind ``live``) and streams them as :class:`WireEvent` s.
@@ -419,13 +440,9 @@ class TurnRunner:
                     if isinstance(ev, ToolCallEvent) and ev.action is not None:
                         sent_actions.add(ev.action["id"])
                         yield WireEvent("action", ev.action)
-                    grounding = (
-                        (ev.detail or {}).get("grounding")
-                        if isinstance(ev, StepFinished) and ev.step == self.answer_step
-                        else None
-                    )
-                    if grounding is not None:
-                        yield WireEvent("grounding", {"step": ev.step, **grounding})
+                    if isinstance(ev, StepFinished) and ev.step == self.answer_step:
+                        for event in _check_events(ev):
+                            yield event
         except asyncio.CancelledError:
             if not self.stopping:
                 raise  # the client went away: nobody reads a closing event

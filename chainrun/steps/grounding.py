@@ -20,8 +20,9 @@ come from the client, and a price they state is what the client says the assista
 
 :class:`AnswerGrounding` is built when the chain opens (it reads the catalogue's titles
 once, so a product the turn was not handed is also caught by its title) and gives each
-turn's stream a :class:`~chainrun.checks.grounding.StreamGrounding`, combined with the
-output check's patterns when the step has both (:class:`CombinedCheck`).
+turn's answer a :class:`GroundingCheck`: a
+:class:`~chainrun.checks.grounding.StreamGrounding` as an entry of the answer's checks
+(:mod:`chainrun.checks.stream`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from chainrun.checks.grounding import (
     ProductRow,
     StreamGrounding,
     TitleIndex,
-    _merge,
 )
-from chainrun.checks.holdback import Redaction, WindowCheck, WindowVerdict
+from chainrun.checks.holdback import WindowVerdict
+from chainrun.checks.stream import StreamCheck, StreamFigures, apply_redactions
 from chainrun.money import DEFAULT_LOCALE, find_money
 
 __all__ = [
-    "AnswerGrounding", "CombinedCheck", "apply_redactions", "open_grounding", "product_rows",
+    "AnswerGrounding", "GroundingCheck", "apply_redactions", "open_grounding", "product_rows",
     "tool_results",
 ]
 
@@ -90,32 +91,31 @@ def tool_results(values: Mapping[str, Any]) -> list[str]:
             if v is not None and (k == "tool_results" or k.endswith("_results"))]  # fmt: skip
 
 
-class CombinedCheck:
-    """The output check's patterns and the grounding check as one streaming window
-    check: a pattern block blocks; the patterns' and the grounding's redactions are
-    merged (where they overlap, the earlier wins); ``hold_from`` is the grounding's."""
+class GroundingCheck(StreamCheck):
+    """The grounding check of one answer as an entry of the answer's checks
+    (:class:`~chainrun.checks.stream.StreamCheck`): the sentences' claims judged as
+    they complete (:class:`~chainrun.checks.grounding.StreamGrounding`, ``grounding``),
+    its report the step's ``detail["grounding"]``."""
 
-    streaming = True
-
-    def __init__(self, patterns: WindowCheck | None, grounding: StreamGrounding) -> None:
-        self.patterns = patterns
+    def __init__(self, grounding: StreamGrounding) -> None:
         self.grounding = grounding
 
     def released(self, piece: str) -> None:
         self.grounding.released(piece)
 
-    async def __call__(self, text: str, final: bool = False) -> WindowVerdict:
-        redactions: tuple[Redaction, ...] = ()
-        if self.patterns is not None:
-            first = await self.patterns(text)
-            if not first.ok:
-                return first
-            redactions = first.redactions
-        verdict = await self.grounding(text, final)
-        if not verdict.ok or not redactions:
-            return verdict
-        merged = _merge([*redactions, *verdict.redactions])
-        return WindowVerdict(True, verdict.reason, tuple(merged), verdict.hold_from)
+    async def check(self, text: str, final: bool) -> WindowVerdict:
+        return await self.grounding(text, final)
+
+    def finish(self, figures: StreamFigures) -> dict[str, Any]:
+        """The grounding report (:meth:`StreamGrounding.report`)."""
+        return self.grounding.report()
+
+    def on_block(self) -> tuple[str | None, bool]:
+        """``replace``: the safe text (the turn ``replaced``); ``refuse``: the chain's
+        refusal."""
+        if self.grounding.action == "replace":
+            return self.grounding.safe_text, True
+        return None, False
 
 
 class AnswerGrounding:
@@ -173,14 +173,12 @@ class AnswerGrounding:
                     rows.append(row)
         return rows
 
-    def stream_check(
-        self, values: Mapping[str, Any], patterns: WindowCheck | None = None
-    ) -> CombinedCheck:
-        """A fresh check for one turn's answer stream."""
+    def stream_check(self, values: Mapping[str, Any]) -> GroundingCheck:
+        """A fresh check for one turn's answer (turn-state ``values``)."""
         grounding = StreamGrounding(
             self.sources(values), self.config.action, safe_text=self.config.safe_text
         )
-        return CombinedCheck(patterns, grounding)
+        return GroundingCheck(grounding)
 
 
 async def open_grounding(config: GroundingConfig, ctx: Any) -> AnswerGrounding:
@@ -201,10 +199,3 @@ async def open_grounding(config: GroundingConfig, ctx: Any) -> AnswerGrounding:
     except Exception:  # no catalogue tables: only the turn's products are known
         catalogue = []
     return AnswerGrounding(config, catalogue, policy)
-
-
-def apply_redactions(text: str, redactions: tuple[Redaction, ...]) -> str:
-    """``text`` with non-overlapping ``redactions`` (offsets into it) applied."""
-    for r in sorted(redactions, key=lambda r: r.start, reverse=True):
-        text = text[: r.start] + r.replacement + text[r.end :]
-    return text

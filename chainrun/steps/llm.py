@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chainrun.answer_json import answer_problem, parse_json_object
-from chainrun.checks.config import GroundingConfig, OutputCheckConfig
-from chainrun.checks.holdback import (
-    HoldBack,
-    OutputBlocked,
-    WindowCheck,
-    exposure_bound,
-    window_check,
+from chainrun.checks.config import GroundingConfig, LoopConfig, OutputCheckConfig
+from chainrun.checks.holdback import HoldBack, OutputBlocked
+from chainrun.checks.stream import (
+    CheckList,
+    CheckMaker,
+    apply_redactions,
+    registered_check,
+    registered_checks,
 )
 from chainrun.checks.verdict import MissingReason
-from chainrun.errors import InvalidAnswer, ProviderTimeout
+from chainrun.errors import ConfigError, InvalidAnswer, ProviderTimeout
 from chainrun.events import ProductsShown, TokenDelta
 from chainrun.retrieval.embeddings import MiniLMEmbedder
 from chainrun.retrieval.products import PRODUCTS_FIELD
@@ -48,7 +49,7 @@ from chainrun.steps.base import (
 )
 from chainrun.steps.config import StepConfig
 from chainrun.steps.facts import FactsConfig, after, closing, render_facts
-from chainrun.steps.grounding import AnswerGrounding, apply_redactions, open_grounding
+from chainrun.steps.grounding import AnswerGrounding, open_grounding
 from chainrun.steps.model_call import AnswerCheck, CallResult, HedgedCall
 from chainrun.steps.model_config import ModelStepConfig, template_fields
 from chainrun.steps.tool_use import ToolRounds
@@ -64,6 +65,14 @@ VERDICT_SCHEMA: dict[str, Any] = {
     "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string"}},
     "required": ["ok", "reason"],
 }
+
+#: the answer's built-in checks, in their default order (the answer step's ``checks``)
+ANSWER_CHECKS = ("output_check", "grounding", "loop")
+
+
+def _output_maker(oc: OutputCheckConfig) -> CheckMaker:
+    """A maker of the output check ``oc`` (it reads no turn values)."""
+    return lambda values: oc.make()
 
 
 def missing_reason(error: BaseException) -> MissingReason:
@@ -100,11 +109,20 @@ class LLMConfig(ModelStepConfig):
     on_reject: Literal["flag", "refuse", "replace"] = "flag"
     #: what the shopper is told when this step rejects the answer (see ``on_reject``)
     reject_text: str | None = None
-    #: the answer step only: checks on its stream, in held-back windows
+    #: the answer step only: its checks, in the order they run on the answer (streamed
+    #: or not; chainrun.checks.stream): ``output_check``, ``grounding``, ``loop`` (each
+    #: with its table's settings) or the name of a registered check
+    #: (chainrun.checks.stream.register_check); None: those of the three whose tables
+    #: are set and enabled, in that order
+    checks: list[str] | None = None
+    #: the answer step only: pattern checks on its answer, in held-back windows
     output_check: OutputCheckConfig | None = None
-    #: the answer step's stream only: its product, price, stock and policy claims
-    #: against the turn's own sources (chainrun.checks.grounding); None: off
+    #: the answer step only: its product, price, stock and policy claims against the
+    #: turn's own sources (chainrun.checks.grounding); None: off
     grounding: GroundingConfig | None = None
+    #: the answer step only: a repeating answer stopped on the stream, its model call
+    #: cancelled (chainrun.checks.loops); on by default
+    loop: LoopConfig = Field(default_factory=LoopConfig)
     #: the tools (names of ``[tools.NAME]`` tables) the step's model may call; the step
     #: runs rounds of model call, tool calls and results until the model answers in text
     tools: list[str] = Field(default_factory=list)
@@ -136,6 +154,33 @@ class LLMConfig(ModelStepConfig):
             raise ValueError("tool_results_field: the step has no tools")
         return self
 
+    @model_validator(mode="after")
+    def _checks_are_checks(self) -> LLMConfig:
+        if self.checks is None:
+            return self
+        known = [*ANSWER_CHECKS, *registered_checks()]
+        for i, name in enumerate(self.checks):
+            if name not in known:
+                raise ValueError(f"checks[{i}]: {name!r} is no check; expected one of "
+                                 f"{', '.join(known)}")  # fmt: skip
+            if name in self.checks[:i]:
+                raise ValueError(f"checks[{i}]: {name!r} is listed twice")
+        off = [n for n in ("grounding", "loop") if n in self.checks
+               and (cfg := getattr(self, n)) is not None and not cfg.enabled]  # fmt: skip
+        if off:
+            raise ValueError(f"checks: {off[0]!r} is listed but {off[0]}.enabled = false")
+        return self
+
+    def check_names(self) -> list[str]:
+        """The answer's checks in order: ``checks``, or the built-ins whose tables are
+        set and enabled (``output_check``, ``grounding``, ``loop``)."""
+        if self.checks is not None:
+            return list(self.checks)
+        on = {"output_check": self.output_check is not None,
+              "grounding": self.grounding is not None and self.grounding.enabled,
+              "loop": self.loop.enabled}  # fmt: skip
+        return [name for name in ANSWER_CHECKS if on[name]]
+
     def tool_refs(self) -> list[str]:
         """The step's ``tools``."""
         return list(self.tools)
@@ -153,13 +198,16 @@ class LLMConfig(ModelStepConfig):
         return self
 
     def chain_problem(self, name: str, answer_step: str) -> str | None:
-        """``output_check`` is only for the answer step's stream; ``facts`` only for the
-        answer step."""
-        if self.output_check is not None and (name != answer_step or not self.stream):
+        """``output_check`` and ``checks`` are only for the answer step; ``facts`` only
+        for the answer step."""
+        if self.output_check is not None and name != answer_step:
             return (
-                "output_check: only the answer step's stream is checked this way "
-                f"(answer_step is {answer_step!r}; it needs stream = true)"
+                "output_check: only the answer step's answer is checked this way "
+                f"(answer_step is {answer_step!r})"
             )
+        if self.checks and name != answer_step:
+            return f"checks: only the answer step's answer is checked (answer_step is " \
+                   f"{answer_step!r})"
         if self.facts is not None and name != answer_step:
             return f"facts: only the answer step renders facts (answer_step is {answer_step!r})"
         return None
@@ -188,14 +236,11 @@ class LLMStep(Step):
         self.answer_schema = config.json_schema or (
             VERDICT_SCHEMA if config.on_reject != "flag" else None
         )
-        # the answer step's stream through the hold-back engine (output_check)
-        self._window_check: WindowCheck | None = (
-            window_check(patterns=config.output_check.checker())
-            if config.output_check is not None
-            else None
-        )
         #: the answer's grounding check (built by open() for the answer step)
         self.grounding: AnswerGrounding | None = None
+        #: the answer's checks, in order: (name, maker of a fresh check for one answer
+        #: from the turn-state values); built by open() for the answer step
+        self.check_makers: list[tuple[str, CheckMaker]] = []
         #: the facts the answer renders from data (None: none, the model writes it all)
         self.facts = config.facts if config.facts is not None and config.facts.enabled else None
         #: MiniLM for the policy lines the answer quotes (``facts``; None: shared words)
@@ -237,9 +282,36 @@ class LLMStep(Step):
     async def open(self, ctx: BuildContext) -> None:
         await self.call.open(ctx)
         self.tools = {name: ctx.tools[name] for name in self.config.tools}
-        g = self.config.grounding
-        if g is not None and g.enabled and self.is_answer:
-            self.grounding = await open_grounding(g, ctx)
+        if self.is_answer:
+            self.check_makers = await self._open_checks(ctx)
+
+    async def _open_checks(self, ctx: BuildContext) -> list[tuple[str, CheckMaker]]:
+        """The answer's checks (:meth:`LLMConfig.check_names`) with their makers: the
+        built-ins from their tables (the grounding check reads the catalogue and the
+        policy now), the others from the registry."""
+        cfg = self.config
+        makers: list[tuple[str, CheckMaker]] = []
+        for name in cfg.check_names():
+            if name == "output_check":
+                oc = cfg.output_check or OutputCheckConfig()
+                makers.append((name, _output_maker(oc)))
+            elif name == "grounding":
+                self.grounding = await open_grounding(cfg.grounding or GroundingConfig(), ctx)
+                makers.append((name, self.grounding.stream_check))
+            elif name == "loop":
+                makers.append((name, lambda values: cfg.loop.make()))
+            else:
+                make = registered_check(name)
+                if make is None:  # registered when the config was read, since removed
+                    raise ConfigError(f"steps.{self.name}.checks: no check {name!r} is "
+                                      "registered")  # fmt: skip
+                makers.append((name, make))
+        return makers
+
+    def check_list(self, values: Mapping[str, Any]) -> CheckList:
+        """Fresh checks for one answer of a turn whose state holds ``values`` (the
+        turn-state fields by name, ``message`` among them)."""
+        return CheckList([(name, make(values)) for name, make in self.check_makers])
 
     async def aclose(self) -> None:
         await self.call.aclose()
@@ -271,17 +343,20 @@ class LLMStep(Step):
                 state=state.prompt_vars(), t0=ctx.started,
             )  # fmt: skip
         checks = None
-        if cfg.stream and (self._window_check is not None or self.grounding is not None):
+        made: list[CheckList] = []  # this turn's checks, one list per streamed round
+        if cfg.stream and self.check_makers:
             checks = AnswerCheck(
-                # the grounding check's sources: the turn's (and the tool results so far)
-                make=lambda results: self._holdback(state, results if tools else None),
-                record=self._record_holdback,
-            )
+                # the checks read the turn's state (and the tool results so far)
+                make=lambda results: self._holdback(state, results if tools else None, made),
+                record=lambda ctx_, engine, winner, blocked: self._record_checks(
+                    ctx_, made[-1], engine, winner, blocked),
+            )  # fmt: skip
         shown = checks is not None or tools is not None
         request = self.call.request(state, cache_owner=self.is_answer)
         lead = self._lead(state, request)
         items = self.call.step_items(
-            ctx, request, lambda call: self._result(ctx, call, shown=shown, state=state),
+            ctx, request,
+            lambda call: self._result(ctx, call, shown=shown, state=state, made=made),
             checks=checks, tools=tools,
         )  # fmt: skip
         async with contextlib.aclosing(items):
@@ -351,73 +426,50 @@ class LLMStep(Step):
         yield result
 
     def _holdback(
-        self, state: TurnState, results: Mapping[str, Any] | None
-    ) -> HoldBack | None:
-        """A hold-back engine for a round's answer stream (None: no output check and no
-        grounding check); the grounding check reads the turn's sources in ``state``
-        (with ``results``, the tool results so far, as ``tool_results``)."""
-        oc = self.config.output_check
-        if not self.config.stream:
-            return None
-        if self.grounding is not None:
-            values = state.values if results is None else {
-                **state.values, "tool_results": json.dumps(results)}
-            check = self.grounding.stream_check(values, self._window_check)
-            return HoldBack(check, oc.window_tokens if oc is not None else 0)
-        if self._window_check is None or oc is None:
-            return None
-        return HoldBack(self._window_check, oc.window_tokens)
+        self, state: TurnState, results: Mapping[str, Any] | None, made: list[CheckList]
+    ) -> HoldBack:
+        """A hold-back engine running the answer's checks on a round's stream (they read
+        the turn's state, with ``results``, the tool results so far, as
+        ``tool_results``); the checks are appended to ``made``."""
+        values = {"message": state.message, **state.values}
+        if results is not None:
+            values["tool_results"] = json.dumps(results)
+        checks = self.check_list(values)
+        made.append(checks)
+        return HoldBack(checks, checks.window_tokens)
 
-    def _ground_whole(
+    async def _check_whole(
         self, ctx: StepContext, state: TurnState, text: str
     ) -> tuple[StepResult | None, str]:
-        """The grounding check on a whole (unstreamed) answer ``text``: its report in the
-        row's ``detail["grounding"]``; (a refusal or the safe text when the action says
-        so, else None; the answer as corrected)."""
-        assert self.grounding is not None
-        check = self.grounding.stream_check(state.values).grounding
-        verdict = check.judge(text)
-        report = check.report()
-        ctx.row.detail = {**(ctx.row.detail or {}), "grounding": report}
-        g = self.config.grounding
+        """The answer's checks on a whole (unstreamed) answer ``text``, fed once as the
+        end of the answer: their verdicts in the row's ``detail``; (a refusal or the
+        blocking check's text, else None; the answer as the checks left it)."""
+        checks = self.check_list({"message": state.message, **state.values})
+        verdict = await checks(text, final=True)
+        docs = checks.finish(checks.figures(None))
+        ctx.row.detail = {**(ctx.row.detail or {}), **docs,
+                          "checks": [n for n, _ in checks.checks]}  # fmt: skip
         if not verdict.ok:
-            replace = g is not None and g.action == "replace"
-            return StepResult(verdict={"grounding": report}, refuse=True,
-                              refusal_text=g.safe_text if replace and g else None,
-                              replaced=replace), text  # fmt: skip
+            refusal_text, replaced = checks.on_block()
+            return StepResult(verdict=docs, refuse=True, refusal_text=refusal_text,
+                              replaced=replaced), text  # fmt: skip
         return None, apply_redactions(text, verdict.redactions)
 
-    def _record_holdback(
-        self, ctx: StepContext, holdback: HoldBack, winner: ChatStream | None,
+    def _record_checks(
+        self, ctx: StepContext, checks: CheckList, engine: HoldBack, winner: ChatStream | None,
         blocked: OutputBlocked | None,
     ) -> None:  # fmt: skip
-        """The checks' figures in the step's ``detail``: the grounding check's report
-        (``grounding``) and the output check's (``output_check``): windows checked,
-        check latency, tokens held and released, the block (reason and tokens shown
-        before it), and the exposure bound for this stream's measured generation speed
-        and slowest check (:func:`~chainrun.checks.holdback.exposure_bound`)."""
-        grounding = getattr(holdback.check, "grounding", None)
-        if grounding is not None:
-            ctx.row.detail = {**(ctx.row.detail or {}), "grounding": grounding.report()}
-            if self.config.output_check is None:
-                return  # the engine ran for the grounding check alone
-        st, c = holdback.stats, holdback.window_tokens
-        doc: dict[str, Any] = {
-            "window_tokens": c, "checks": st.checks,
-            "check_ms_max": round(max(st.check_ms), 3) if st.check_ms else None,
-            "tokens_in": st.tokens_in, "tokens_released": st.tokens_released,
-            "max_held_tokens": st.max_held_tokens, "redactions": st.redactions,
-            "status": "blocked" if blocked is not None else "passed",
-        }  # fmt: skip
-        if blocked is not None:
-            doc["reason"] = blocked.reason
-            doc["released_before_block_tokens"] = blocked.released_tokens
+        """Each check's verdict (:meth:`~chainrun.checks.stream.StreamCheck.finish`) in
+        the step's ``detail`` under its name, with ``checks``, the names in order; the
+        stream's generation speed from the winner's chunk gaps."""
         gaps = winner.timer.token_chunk_gaps_ms if winner is not None else []
         tokens_per_s = 1000.0 * len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None
-        if tokens_per_s is not None:
-            doc["tokens_per_s"] = round(tokens_per_s, 1)
-            doc["exposure"] = exposure_bound(c, tokens_per_s, max(st.check_ms, default=0.0))
-        ctx.row.detail = {**(ctx.row.detail or {}), "output_check": doc}
+        figures = checks.figures(
+            engine.stats, blocked_tokens=blocked.released_tokens if blocked else None,
+            tokens_per_s=tokens_per_s,
+        )  # fmt: skip
+        ctx.row.detail = {**(ctx.row.detail or {}), **checks.finish(figures),
+                          "checks": [n for n, _ in checks.checks]}  # fmt: skip
 
     def _answer_problem(self, text: str | None) -> str | None:
         """Why ``text`` is not an acceptable answer of a JSON step (None: it is): not a
@@ -430,33 +482,29 @@ class LLMStep(Step):
                 problem = "the verdict has no boolean 'ok' to act on"
         return problem
 
-    def _result(
-        self, ctx: StepContext, call: CallResult, *, shown: bool, state: TurnState | None = None
+    async def _result(
+        self, ctx: StepContext, call: CallResult, *, shown: bool, state: TurnState | None = None,
+        made: list[CheckList] | None = None,
     ) -> StepResult:
         """The step's result from its call's; ``shown``: the answer is the text that
         reached the shopper (through the output check, or over rounds of tools). An
         answer that was not streamed is grounded here, whole (``state``: the turn's
-        sources)."""
+        sources). An answer that was not streamed goes through the answer's checks here,
+        whole (``state``: the turn's)."""
         cfg = self.config
-        grounded: str | None = None  # an unstreamed answer, corrected by the grounding check
-        if (self.is_answer and not cfg.stream and self.grounding is not None
+        whole: str | None = None  # an unstreamed answer, as its checks left it
+        if (self.is_answer and not cfg.stream and self.check_makers
                 and state is not None and call.text is not None and call.error is None):
-            refusal, grounded = self._ground_whole(ctx, state, call.text)
+            refusal, whole = await self._check_whole(ctx, state, call.text)
             if refusal is not None:
                 return refusal
         detail = ctx.row.detail or {}
-        checked = {k: detail[k] for k in ("output_check", "grounding") if k in detail}
+        checked = {k: detail[k] for k, _ in self.check_makers if k in detail}
         blocked = call.blocked
         if blocked is not None:
-            g = cfg.grounding
-            by_grounding = blocked.reason.startswith("ungrounded") and g is not None
-            if by_grounding and g is not None and g.action == "replace":
-                return StepResult(verdict=checked, refuse=True, refusal_text=g.safe_text,
-                                  replaced=True)  # fmt: skip
-            oc = cfg.output_check
-            return StepResult(verdict=checked, refuse=True,
-                              refusal_text=oc.reject_text if oc and not by_grounding
-                              else None)  # fmt: skip
+            refusal_text, replaced = made[-1].on_block() if made else (None, False)
+            return StepResult(verdict=checked, refuse=True, refusal_text=refusal_text,
+                              replaced=replaced)  # fmt: skip
         error, text = call.error, call.text
         if error is not None or text is None:
             if not self.is_answer and not cfg.labels and self.wants_json and error is not None:
@@ -466,10 +514,11 @@ class LLMStep(Step):
                 return StepResult(error=error, verdict=missing)
             return StepResult(error=error)
         if self.is_answer:
-            answer = "".join(call.shown) if shown and cfg.stream else (grounded or text)
+            answer = "".join(call.shown) if shown and cfg.stream else (
+                whole if whole is not None else text)
             result = StepResult(updates={"answer": answer})
             redacted = (checked.get("output_check") or {}).get("redactions")
-            if redacted or "grounding" in checked:
+            if redacted or any(k != "output_check" for k in checked):
                 result.verdict = checked  # with the checks' redactions
         elif cfg.labels:
             result = StepResult(updates={"label": parse_label(text, cfg.labels)})
@@ -487,4 +536,4 @@ class LLMStep(Step):
         return result
 
 
-__all__ = ["LLMConfig", "LLMStep", "parse_label", "template_fields"]
+__all__ = ["ANSWER_CHECKS", "LLMConfig", "LLMStep", "parse_label", "template_fields"]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -197,8 +198,8 @@ async def _close_all(streams: Sequence[ChatStream]) -> None:
 
 @dataclass(frozen=True)
 class AnswerCheck:
-    """The checks a streamed answer goes through, held back in windows (the kind's:
-    an output check, a grounding check).
+    """The checks a streamed answer goes through in the hold-back engine (the kind's:
+    the answer step's list of checks, :mod:`chainrun.checks.stream`).
 
     Attributes:
         make: a hold-back engine for one round's answer stream, given the tool results
@@ -595,12 +596,13 @@ class HedgedCall:
 
     async def step_items(
         self, ctx: StepContext, request: ChatRequest,
-        finish: Callable[[CallResult], StepResult], *,
+        finish: Callable[[CallResult], StepResult | Awaitable[StepResult]], *,
         checks: AnswerCheck | None = None,
         tools: ToolRounds | None = None,
     ) -> AsyncGenerator[StepItem, None]:  # fmt: skip
         """A step's run made of this call: :meth:`run`'s events, then ``finish`` of its
-        :class:`CallResult` (what the kind makes of the answer) as the step's result."""
+        :class:`CallResult` (what the kind makes of the answer; awaited when it is a
+        coroutine) as the step's result."""
         result: CallResult | None = None
         items = self.run(ctx, request, checks=checks, tools=tools)
         async with contextlib.aclosing(items):
@@ -610,7 +612,8 @@ class HedgedCall:
                 else:
                     yield item
         assert result is not None
-        yield finish(result)
+        finished = finish(result)
+        yield await finished if inspect.isawaitable(finished) else finished
 
     # --------------------------------------------------------------- the record
 
