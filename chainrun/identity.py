@@ -32,7 +32,8 @@ class Identity:
         claims: more of what the shop vouches for (JSON-serialisable), read-only.
 
     Raises:
-        ValueError: an empty or too long user id, or claims that are not a JSON object.
+        ValueError: an empty or too long user id, one holding a NUL character, or
+            claims that are not a JSON object.
     """
 
     user_id: str
@@ -44,6 +45,8 @@ class Identity:
         if len(self.user_id) > MAX_USER_ID_CHARS:
             raise ValueError(f"user_id: expected at most {MAX_USER_ID_CHARS} characters, "
                              f"got {len(self.user_id)}")  # fmt: skip
+        if "\x00" in self.user_id:  # PostgreSQL's text cannot hold it: refused on any log
+            raise ValueError("user_id: holds a NUL character (U+0000)")
         if not isinstance(self.claims, Mapping):
             raise ValueError(f"claims: expected a JSON object, got {type(self.claims).__name__}")
         try:

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from conftest import reply_by_step
-from serve_helpers import chat, serving, sse
+from serve_helpers import JSON_TYPE, chat, fake_chain, n_turns, serving, sse
 
-from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -32,12 +30,7 @@ def file_store(tmp_path: Path) -> Store:
     s.close()
 
 
-def factory(config: ChainConfig, store: Store, fake: FakeProvider) -> Callable[[], Chain]:
-    return lambda: Chain(config, store=store, providers={"local": fake}, kind="live", quiet=True)
-
-
-def n_turns(store: Store) -> int:
-    return int(store.db.execute("select count(*) from turns").fetchone()[0])
+factory = fake_chain
 
 
 async def test_a_lone_surrogate_is_a_400_naming_the_field_on_both_faces(
@@ -48,11 +41,13 @@ async def test_a_lone_surrogate_is_a_400_naming_the_field_on_both_faces(
         serving(factory(config, file_store, fake)) as (url, _),
         httpx.AsyncClient(base_url=url) as client,
     ):
-        plain = await client.post("/chat", content=b'{"message": "a\\ud800b"}')
+        plain = await client.post("/chat", content=b'{"message": "a\\ud800b"}',
+                                  headers=JSON_TYPE)
         conv = await client.post(
-            "/chat", content=b'{"message": "hi", "conversation_id": "\\udc00"}'
+            "/chat", content=b'{"message": "hi", "conversation_id": "\\udc00"}',
+            headers=JSON_TYPE,
         )
-        oai = await client.post("/v1/chat/completions", content=(
+        oai = await client.post("/v1/chat/completions", headers=JSON_TYPE, content=(
             b'{"model": "chainrun-shop", "messages": [{"role": "user", "content": "a\\ud800b"}]}'))
         events = await chat(client, "still fine \U0001f600")  # the server goes on serving
     assert plain.status_code == 400, plain.text
@@ -124,6 +119,7 @@ async def test_a_chunked_body_stops_being_read_at_the_limit(
     async with serving(factory(config, store, fake), max_body_bytes=64 * 1024) as (url, _):
         reader, writer = await asyncio.open_connection(urlsplit(url).hostname, urlsplit(url).port)
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
         piece = b"x" * 16 * 1024
         for _ in range(8):  # 128 KiB, twice the limit, and never the last (empty) chunk

@@ -39,6 +39,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -51,7 +52,13 @@ from chainrun.desk.background import BackgroundRequests
 from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
-from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
+from chainrun.serve.browsers import CheckedHost, RequestId, RequireJSON, cors
+from chainrun.serve.errors import (
+    body_too_large,
+    body_too_large_response,
+    error_body,
+    http_error,
+)
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
 from chainrun.serve.settings import (
@@ -369,19 +376,21 @@ class BearerAuth:
 
 
 class _ServeApp(Starlette):
-    """Starlette with its request body limit (``max_body_size``) answering in the one
+    """Starlette with :class:`~chainrun.serve.browsers.RequestId` outside everything, so
+    that every response (a 500 of Starlette's own error middleware too) has its
+    ``x-request-id``; its request body limit (``max_body_size``) answers in the one
     error shape: Starlette's own middleware counts the bytes of a body as they are read
     (a chunked body stops at the limit; its 413 comes from :func:`body_too_large`), but
-    a ``Content-Length`` over the limit it answers in plain text; :class:`_DeclaredLength`
+    a ``Content-Length`` over the limit it answers in plain text; :class:`DeclaredLength`
     answers that one first, before anything reads the body."""
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         assert self.max_body_size is not None
-        return _DeclaredLength(stack, self.max_body_size)
+        return RequestId(DeclaredLength(stack, self.max_body_size))
 
 
-class _DeclaredLength:
+class DeclaredLength:
     """Pure ASGI: a request whose ``Content-Length`` is over ``limit`` bytes gets 413 at
     once; its body is never read."""
 
@@ -455,19 +464,25 @@ def _log_away(status: dict[str, Any] | None) -> str | None:
 
 def create_app(
     state: ServeState, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    identity: IdentitySource | None = None,
+    identity: IdentitySource | None = None, allowed_hosts: Sequence[str] | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """The app serving ``state``'s chain; ``token``: require it as a bearer token;
     ``identity``: where the caller's identity is read (:mod:`chainrun.serve.identity`;
     None: no identity is taken and conversations are not bound);
     ``max_body_bytes``: the largest request body, in bytes (Starlette's own
     ``max_body_size``): a ``Content-Length`` over it is answered 413 before any of the
-    body is read, a chunked body stops being read once over it (413 too).
+    body is read, a chunked body stops being read once over it (413 too);
+    ``allowed_hosts``: the ``Host`` names it answers to (None: any;
+    :func:`chainrun.serve.browsers.allowed_hosts`); ``cors_origins``: the origins whose
+    pages may call it (none: no page but its own; :func:`chainrun.serve.browsers.cors`).
+    Every request with a body must be ``application/json`` (415 else), and every
+    response carries ``x-request-id`` (:mod:`chainrun.serve.browsers`).
 
     The app's lifespan starts opening the chain and closes it at shutdown.
 
     Raises:
-        ValueError: ``max_body_bytes`` below 1.
+        ValueError: ``max_body_bytes`` below 1; an origin that is none.
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: expected at least 1, got {max_body_bytes}")
@@ -482,7 +497,13 @@ def create_app(
             if identity is not None:
                 await identity.aclose()
 
-    middleware = [Middleware(BearerAuth, token=token)] if token else []
+    named_headers = [state.conversation_header] + ([identity.header] if identity else [])
+    middleware = [
+        *([Middleware(CheckedHost, hosts=allowed_hosts)] if allowed_hosts is not None else []),
+        *([cors(cors_origins, named_headers)] if cors_origins else []),
+        *([Middleware(BearerAuth, token=token)] if token else []),
+        Middleware(RequireJSON),
+    ]
     app = _ServeApp(
         routes=[
             Route("/", _page, methods=["GET"]),
@@ -491,10 +512,11 @@ def create_app(
             Route("/readyz", _readyz, methods=["GET"]),
             Route("/chat", chat.chat, methods=["POST"]),
             Route("/v1/models", openai_face.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", openai_face.model, methods=["GET"]),
             Route("/v1/chat/completions", openai_face.chat_completions, methods=["POST"]),
         ],
         middleware=middleware,
-        exception_handlers={413: body_too_large},
+        exception_handlers={413: body_too_large, HTTPException: http_error},
         lifespan=lifespan,
         max_body_size=max_body_bytes,
     )

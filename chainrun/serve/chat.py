@@ -49,7 +49,13 @@ from starlette.responses import Response
 
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received
-from chainrun.serve.errors import error_response, not_ready, refusal_response
+from chainrun.serve.errors import (
+    NotJSON,
+    error_response,
+    not_ready,
+    read_json,
+    refusal_response,
+)
 from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
@@ -79,13 +85,16 @@ def parse_decision(raw: bytes) -> dict[str, str]:
     Raises:
         BadRequest: not a non-empty string, or both given.
     """
-    body = json.loads(raw)
+    try:
+        body = read_json(raw)
+    except NotJSON as e:
+        raise BadRequest(str(e), None) from None
     out = {}
     for key in ("confirm", "deny"):
         value = body.get(key) if isinstance(body, dict) else None
         if value is None:
             continue
-        if not isinstance(value, str) or not value or len(value) > 300:
+        if text_problem(value, required=True, max_chars=300) is not None:
             raise BadRequest(f"{key}: expected an action id (a string from an action event)",
                              key)  # fmt: skip
         out[key] = value
@@ -107,9 +116,9 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
             new conversation without a word).
     """
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("body: expected a JSON object", None) from None
+        body = read_json(raw)
+    except NotJSON as e:
+        raise BadRequest(f"body: expected a JSON object: {e}", None) from None
     if not isinstance(body, dict):
         raise BadRequest("body: expected a JSON object", None)
     for key in body:

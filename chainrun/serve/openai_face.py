@@ -104,10 +104,13 @@ from chainrun.desk.background import BackgroundRequests
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
+    RETRY_AFTER_S,
     JSONBody,
+    NotJSON,
     error_body,
     error_response,
     not_ready,
+    read_json,
     refusal_body,
     refusal_response,
 )
@@ -278,28 +281,59 @@ def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
 
 def answer_done_usage(u: dict[str, Any]) -> dict[str, Any]:
     """A usage object of :class:`chainrun.log.rows.TurnUsage`'s JSON shape in the Chat
-    Completions ``usage`` shape; a count no call reported is null, never 0 (unknown is
-    not none)."""
-    inp, out = u["input_tokens"], u["output_tokens"]
+    Completions ``usage`` shape: every count an integer, as the API types them (a
+    strictly typed client fails on null); a count no call of the turn reported is 0
+    there and named in ``unreported`` (e.g. ``["prompt_tokens_details.cached_tokens"]``),
+    an extension field, so that unknown still reads apart from none."""
+    counts = {
+        "prompt_tokens": u["input_tokens"],
+        "completion_tokens": u["output_tokens"],
+        "completion_tokens_details.reasoning_tokens": u["reasoning_tokens"],
+        "prompt_tokens_details.cached_tokens": u["cached_input_tokens"],
+    }
+    n = {k: v or 0 for k, v in counts.items()}
     return {
-        "prompt_tokens": inp,
-        "completion_tokens": out,
-        "total_tokens": None if inp is None or out is None else inp + out,
-        "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
-        "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
+        "prompt_tokens": n["prompt_tokens"],
+        "completion_tokens": n["completion_tokens"],
+        "total_tokens": n["prompt_tokens"] + n["completion_tokens"],
+        "completion_tokens_details": {
+            "reasoning_tokens": n["completion_tokens_details.reasoning_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": n["prompt_tokens_details.cached_tokens"]},
+        "unreported": [k for k, v in counts.items() if v is None],
     }
 
 
-def _failure(summary: dict[str, Any]) -> tuple[str, str | None]:
-    """The error message and code of a turn that gave no answer: failed (``error``), or
-    cancelled by the server stopping (the client that went away reads nothing)."""
+#: the HTTP status of a turn that failed, by its error type (the rest: 502): the
+#: provider's own limits and an unreachable server 503, a deadline 504
+_FAILED_STATUS = {"http_429": 503, "rate_limited": 503, "circuit_open": 503,
+                  "unavailable": 503, "timeout": 504, "first_token_timeout": 504,
+                  "idle_timeout": 504}  # fmt: skip
+
+
+def failed(summary: dict[str, Any]) -> bool:
+    """Whether the turn gave no answer of its own making: it ended ``error`` or
+    ``cancelled``, or it was refused because a step failed (its provider down, a 500,
+    a 429, a deadline, a broken stream: the refused turn's ``error_type`` is set), not
+    because a check refused the answer (``error_type`` null)."""
+    status = summary["status"]
+    return status in ("error", "cancelled") or (
+        status in ("refused", "replaced") and summary.get("error_type") is not None)
+
+
+def _failure(summary: dict[str, Any]) -> tuple[int, str, str | None]:
+    """The HTTP status, error message and code of a turn that gave no answer
+    (:func:`failed`): cancelled by the server stopping (503; the client that went away
+    reads nothing), or failed (503, 504 or 502 by its error type, the code its type)."""
     if summary["status"] == "cancelled":
-        return "the server stopped before the turn finished (the turn was cancelled)", "cancelled"
-    return f"the chain failed: {summary['error_type']}", summary["error_type"]
+        return (503, "the server stopped before the turn finished (the turn was cancelled)",
+                "cancelled")  # fmt: skip
+    kind = summary["error_type"]
+    return _FAILED_STATUS.get(kind, 502), f"the chain failed: {kind}", kind
 
 
 def _finish_reason(status: str) -> str:
-    """``content_filter`` for a refused or replaced turn, ``length`` for a cut one (the
+    """``content_filter`` for a turn a check refused or replaced (a failed step's
+    refusal is an error instead: :func:`failed`), ``length`` for a cut one (the
     answer ended before it was complete: the API's "the maximum number of tokens ...
     was reached" is the nearest of its reasons), else ``stop``."""
     if status in ("refused", "replaced"):
@@ -307,15 +341,23 @@ def _finish_reason(status: str) -> str:
     return "length" if status == "cut" else "stop"
 
 
+def _model_object(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}
+
+
 async def models(request: Request) -> Response:
     """``GET /v1/models``: the chain as one model."""
     model_id = request.app.state.serve.model_id
-    return JSONBody(
-        {
-            "object": "list",
-            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}],
-        }
-    )
+    return JSONBody({"object": "list", "data": [_model_object(model_id)]})
+
+
+async def model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: the chain's model object, or 404 ``model_not_found``."""
+    served, asked = request.app.state.serve.model_id, request.path_params["model_id"]
+    if asked != served:
+        return error_response(404, f"The model {asked!r} does not exist; this server serves "
+                              f"{served!r}", param="model", code="model_not_found")  # fmt: skip
+    return JSONBody(_model_object(served))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -323,9 +365,9 @@ async def chat_completions(request: Request) -> Response:
     received = Received.now()  # the turn's clock starts here
     state = request.app.state.serve
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        return error_response(400, "the body is not JSON")
+        body = read_json(await request.body())
+    except NotJSON as e:
+        return error_response(400, str(e), code="invalid_json")
     try:
         req = parse_completion_request(body, state.model_id, state.background,
                                        request.headers.get(state.conversation_header))
@@ -337,7 +379,7 @@ async def chat_completions(request: Request) -> Response:
     turn = await turn_request(request, req.asked, received)
     if isinstance(turn, Response):
         return turn
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    completion_id = f"chatcmpl-{turn.request_id or uuid.uuid4().hex}"
     if req.stream:
         events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
         if refusal is not None:  # refused before its turn ran: the status, not a stream
@@ -351,10 +393,10 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)
     if "error" in summary:  # refused before it ran (a key reused with another request)
         return refusal_response(summary["error"])
-    if summary["status"] in ("error", "cancelled"):
-        message, code = _failure(summary)
-        status = 503 if summary["status"] == "cancelled" else 502
-        return error_response(status, message, "server_error", code=code)
+    if failed(summary):
+        status, message, code = _failure(summary)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+        return error_response(status, message, "server_error", code=code, headers=headers)
     return JSONBody(
         {
             "id": completion_id,
@@ -375,7 +417,7 @@ async def chat_completions(request: Request) -> Response:
                 }
             ],
             "usage": openai_usage(summary),
-            "chainrun": summary,
+            "chainrun": {"request_id": turn.request_id, **summary},
         }
     )
 
@@ -440,8 +482,8 @@ async def _chunks(
             break
         elif ev.event == "turn":
             summary = ev.data
-            if summary["status"] in ("error", "cancelled"):
-                message, code = _failure(summary)
+            if failed(summary):
+                _, message, code = _failure(summary)
                 body = error_body(message, "server_error", code=code)
                 yield sse_event(json.dumps({**body, "chainrun": summary}))
                 break
