@@ -3,6 +3,7 @@
 Routes::
 
     GET  /v1/models              {"object": "list", "data": [{"id": MODEL, ...}]}
+    GET  /v1/models/{id}         {"id": MODEL, "object": "model", ...} (another id: 404)
     POST /v1/chat/completions    stream=false: one chat.completion
                                  stream=true:  SSE of chat.completion.chunk, "data: [DONE]"
 
@@ -55,13 +56,13 @@ What comes back besides the answer:
   ``request_id`` finds the turn in the log), and ``usage`` covers the calls made until
   the answer. A turn refused or failed before its answer ends as before, with the
   whole turn summary.
-* ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn the
-  chain refused (a fail-closed step); a refused streamed turn whose answer had already
-  begun ends there, its ``chainrun.status`` says ``refused``. ``length`` for a turn whose
-  answer was **cut**: the answer step failed (its deadline, a stream that broke off)
-  after part of its answer had been sent; that part is the answer (``content``, or the
-  chunks already streamed), never replaced by a refusal, and ``chainrun.status`` is
-  ``cut`` with the step's ``error_type``.
+* ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn a
+  check refused (a turn refused because a step failed is an error, below); a refused
+  streamed turn whose answer had already begun ends there, its ``chainrun.status`` says
+  ``refused``. ``length`` for a turn whose answer was **cut**: the answer step failed
+  (its deadline, a stream that broke off) after part of its answer had been sent; that
+  part is the answer (``content``, or the chunks already streamed), never replaced by a
+  refusal, and ``chainrun.status`` is ``cut`` with the step's ``error_type``.
 
 An ``Idempotency-Key`` header (the IETF HTTPAPI draft's field; pass it with the
 ``openai`` SDK's ``extra_headers`` and its own retries carry it) makes a request sent
@@ -76,10 +77,14 @@ chainrun's question, and the next user message of the same chat is read as the r
 (:mod:`chainrun.serve.identity`): 401 when it does not check out, 403 for a
 conversation bound to another identity.
 
-A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
-stream has begun, an ``error`` object in the stream (the ``openai`` client raises
-``APIError`` on it). Closing the stream early, or disconnecting while waiting for a
-non-streamed answer, cancels the turn's in-flight calls; the turn is logged ``cancelled``.
+A turn that gave no answer because a step failed (it ends ``error``, or ``refused`` with
+the failed step's ``error_type``: a provider down, a 500, a 429, a deadline, a broken
+stream) is an HTTP error object with ``type`` ``server_error`` and ``code`` the error
+type: 503 (with ``Retry-After``) for ``unavailable``, ``http_429``, ``rate_limited``
+and ``circuit_open``, 504 for the deadlines, else 502; or, once a stream has begun,
+an ``error`` object in the stream (the ``openai`` client raises ``APIError`` on it).
+Closing the stream early, or disconnecting while waiting for a non-streamed answer,
+cancels the turn's in-flight calls; the turn is logged ``cancelled``.
 A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is an HTTP
 503 error object with code ``cancelled``, or that ``error`` object in a stream.
 """
