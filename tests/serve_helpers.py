@@ -20,6 +20,7 @@ from chainrun.config import ChainConfig
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider
 from chainrun.serve import ServeState, create_app
+from chainrun.serve.head_limit import HeadLimitedProtocol
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.server import bind
 from chainrun.serve.turns import TurnObserver
@@ -67,7 +68,8 @@ async def serving(
                      cors_origins=cors_origins or (), **limit)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                           http=HeadLimitedProtocol))  # as serve runs it
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -5,6 +5,7 @@ the request body limit (413), strict booleans, and the one error shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ from chainrun.config import ChainConfig
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.serve.openai_face import InvalidRequest, parse_completion_request
+from chainrun.serve.settings import MAX_HEAD_BYTES
 
 MODEL = "chainrun-shop"
 
@@ -180,3 +182,36 @@ def test_the_serve_faces_take_the_library_message_limit() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * (MAX_MESSAGE_CHARS + 1)}]}
     with pytest.raises(InvalidRequest, match="at most 8000 characters"):
         parse_completion_request(body, "m")
+
+
+async def test_a_head_over_the_limit_is_431_as_it_arrives(
+    config: ChainConfig, store: Store, fake: FakeProvider
+) -> None:
+    """A header of 128 MB was read whole before anything looked at it: now the head stops
+    being read past the limit, 431 in the error shape, and the server serves on."""
+    async with serving(factory(config, store, fake)) as (url, _):
+        host, port = urlsplit(url).hostname, urlsplit(url).port
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+
+        async def send_forever() -> None:  # a header that never ends: only the limit stops it
+            nonlocal sent
+            with contextlib.suppress(ConnectionError):  # the server closed it
+                while sent < 2000 * MAX_HEAD_BYTES:
+                    writer.write(b"a" * 16384)
+                    await writer.drain()
+                    sent += 16384
+
+        sending = asyncio.create_task(send_forever())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = json.loads(await asyncio.wait_for(reader.readexactly(length), 5))
+        sending.cancel()
+        writer.close()
+        async with httpx.AsyncClient(base_url=url) as client:
+            fine = await client.get("/healthz", headers={"X-Fine": "a" * 8000})
+    assert head.startswith(b"HTTP/1.1 431 "), head
+    assert body["error"]["code"] == "headers_too_large", body
+    assert sent < 100 * MAX_HEAD_BYTES  # stopped near the limit (socket buffers aside)
+    assert fine.status_code == 200

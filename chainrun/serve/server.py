@@ -27,6 +27,7 @@ from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app
 from chainrun.serve.browsers import allowed_hosts, cors, is_loopback
+from chainrun.serve.head_limit import HeadLimitedProtocol
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
@@ -234,6 +235,7 @@ def _serve_one(
             # ends their streams; then whatever still runs is cancelled
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 2,
             backlog=2048,
+            http=HeadLimitedProtocol,  # a head over MAX_HEAD_BYTES: 431 as it arrives
         ),
         state,
         announce=announce,
