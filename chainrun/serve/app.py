@@ -7,8 +7,13 @@ Routes::
     GET  /healthz                 200 {"status": "ok"} while the process serves
     GET  /readyz                  200 once the providers answered their preflight, else 503
                                   (also while the answer's model server cannot be reached,
-                                  and, with an identity source, while the run log is away:
-                                  every chat then needs it for its owner check); its "log"
+                                  while every circuit breaker of the answer step is open
+                                  ("reason": "breaker_open"), while the run log refuses
+                                  writes (its writer losing them or stopped:
+                                  "log_refuses_writes"), while callers' identities cannot
+                                  be checked ("identity_unavailable"), and, with an
+                                  identity source, while the run log is away: every chat
+                                  then needs it for its owner check); its "log"
                                   says the run log writer's state (ok, retrying, losing),
                                   queued and lost writes, and the front desk's ("desk":
                                   ok, or away with since when and why); ``file_gone``
@@ -17,6 +22,7 @@ Routes::
                                   how many of the N serve ({"serving": k, "workers": N})
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
+    GET  /v1/models/{id}
     POST /v1/chat/completions
 
 One :class:`~chainrun.Chain` (one connection pool per provider, one run of kind
@@ -417,15 +423,19 @@ async def _healthz(request: Request) -> Response:
 
 async def _readyz(request: Request) -> Response:
     state: ServeState = request.app.state.serve
-    body, status = _readiness(state, request.app.state.identity)
+    identity: IdentitySource | None = request.app.state.identity
+    unchecked = await identity.check() if identity is not None else None
+    body, status = _readiness(state, identity, unchecked)
     if state.fleet is not None:  # how many of serve --workers N serve, whatever this one is
         body["workers"] = state.fleet.counts()
     return JSONResponse(body, status_code=status)
 
 
 def _readiness(
-    state: ServeState, identity: IdentitySource | None = None
+    state: ServeState, identity: IdentitySource | None = None, unchecked: str | None = None
 ) -> tuple[dict[str, Any], int]:
+    """``/readyz``'s body and status; ``unchecked``: why callers' identities cannot be
+    checked now (:meth:`~chainrun.serve.identity.IdentitySource.check`)."""
     if state.runner is None:
         return {"status": "starting", "detail": state.not_ready_reason()}, 503
     chain = state.runner.chain
@@ -435,9 +445,22 @@ def _readiness(
     away = state.provider_watch.down if state.provider_watch is not None else {}
     if away:
         return {"status": "not_ready", "detail": "; ".join(away.values())}, 503
+    shut = chain.answer_breakers_open()
+    if shut:  # every turn fails circuit_open until one cools down
+        return {"status": "not_ready", "reason": "breaker_open",
+                "detail": f"the answer step's circuit breakers are open ({', '.join(shut)}): "
+                "its servers failed repeatedly, and turns fail until one cools down"}, 503
+    if unchecked is not None:  # every chat needs the caller's identity checked
+        return {"status": "not_ready", "reason": "identity_unavailable",
+                "detail": f"callers' identities cannot be checked: {unchecked}"}, 503
     log_status = state.log_status()
     if log_status is not None:
         log_status["desk"] = chain.desk.status()
+    if log_status is not None and log_status.get("state") in ("losing", "stopped"):
+        # turns would be answered and never logged (streams cut where a write is waited on)
+        return {"status": "not_ready", "reason": "log_refuses_writes",
+                "detail": f"the run log refuses writes (its writer is {log_status['state']}, "
+                f"{log_status.get('lost_writes', 0)} writes lost)", "log": log_status}, 503
     log_away = _log_away(log_status)
     if log_away is not None and identity is not None:
         # every chat needs the log for its owner check: refused 503 while it is away
