@@ -59,6 +59,8 @@ async def serving(
     ``identity``: where the caller's identity is read; ``allowed_hosts`` / ``cors_origins``:
     :func:`~chainrun.serve.create_app`'s; ``state_options``: more keyword
     arguments of :class:`ServeState` (keep-alives, background patterns...)."""
+    # the tests read the operator's events (step, tool, grounding) unless they say not
+    state_options.setdefault("step_events", True)
     state = ServeState(
         factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options,
         **state_options,

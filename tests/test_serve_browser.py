@@ -50,7 +50,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
-             "--db", str(tmp / "log.db")],
+             "--db", str(tmp / "log.db"), "--step-events"],  # the waterfall's events
             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
         )  # fmt: skip
         assert proc.stderr is not None

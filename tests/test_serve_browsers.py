@@ -230,3 +230,41 @@ async def test_the_review_page_takes_no_form_post_nor_another_host(tmp_path) -> 
     assert form.status_code == 415 and rebound.status_code == 400
     assert deep.status_code == 400 and "nested too deeply" in deep.text
     assert ok.status_code == 200 and len(session.judged) == 1
+
+
+def _held_back_price() -> FakeProvider:
+    """The answer step writes a price; what the shopper sees of it is the tokens."""
+    from conftest import reply_by_step
+
+    from chainrun.providers.fake import FakeReply
+
+    return FakeProvider(name="local", script=reply_by_step({
+        "compose": FakeReply("The Storm Shell is $12.", ttft_s=0.002)}))  # fmt: skip
+
+
+@pytest.mark.parametrize("token", [None, "t0ken"])
+async def test_a_shoppers_stream_carries_no_step_output_nor_check_reasons(
+    config: ChainConfig, store: Store, token: str | None
+) -> None:
+    """By default /chat streams the answer as released, products, actions, the answer's
+    end and the turn; the steps' raw outputs and the checks' reasons only to the
+    operator: ``--step-events``, or ``Chainrun-Events: steps`` with the bearer token."""
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        serving(fake_chain(config, store, _held_back_price()), token=token,
+                step_events=False) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=30, headers=auth) as client,
+    ):
+        async with client.stream("POST", "/chat", json=BODY,
+                                 headers={"Chainrun-Events": "steps"}) as r:  # fmt: skip
+            asked = [e async for e in sse(r)]
+        async with client.stream("POST", "/chat", json=BODY) as r:
+            shopper = [e async for e in sse(r)]
+    kinds = {e for e, _ in shopper}
+    assert kinds <= {"turn_started", "token", "products", "action", "answer_done", "turn"}
+    assert {"turn_started", "turn"} <= kinds
+    assert all(d["step"] == "compose" for e, d in shopper if e == "token")
+    assert not any(e in ("step", "grounding", "tool") for e, _ in shopper)
+    # with the token, the header is the operator's switch; without one it is not taken
+    operator = {e for e, _ in asked}
+    assert ("step" in operator) == bool(token), operator

@@ -125,6 +125,14 @@ def serve_command(
                      "Content-Type, Idempotency-Key and the identity and conversation "
                      "headers). Repeatable. Without it no page but serve's own can."),
     ] = None,
+    step_events: Annotated[
+        bool,
+        typer.Option(help="Every /chat stream carries the operator's events (each step's "
+                     "output, tool calls, the grounding check's reasons: the chat page's "
+                     "waterfall). Without it a stream carries what the shopper may see, "
+                     "and a request gets them with the header Chainrun-Events: steps and "
+                     "the bearer token."),
+    ] = False,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -161,7 +169,7 @@ def serve_command(
                   chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s,
                   identity=identity, background=background,
                   conversation_header=conversation_header, allowed_host=allowed_host or (),
-                  cors_origins=cors_origin or ())  # fmt: skip
+                  cors_origins=cors_origin or (), step_events=step_events)  # fmt: skip
         except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
             fail(str(e), e.exit_code)
         return
@@ -174,7 +182,7 @@ def serve_command(
               seed_windows=seeds, chat_keepalive_s=chat_keepalive_s,
               v1_keepalive_s=v1_keepalive_s, identity=identity, background=background,
               conversation_header=conversation_header, allowed_host=allowed_host or (),
-              cors_origins=cors_origin or ())  # fmt: skip
+              cors_origins=cors_origin or (), step_events=step_events)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()

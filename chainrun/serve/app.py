@@ -112,6 +112,8 @@ class ServeState:
             (:mod:`chainrun.desk.background`; default: Open WebUI's and LibreChat's).
         conversation_header: the request header the OpenAI face reads a conversation
             id from when the body names none (default ``Conversation-Id``).
+        step_events: every ``/chat`` stream carries the operator's events (``step``,
+            ``tool``, ``grounding``: :func:`chainrun.serve.chat.step_events_wanted`).
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class ServeState:
         fleet: WorkerSlot | None = None,
         background: BackgroundRequests | None = None,
         conversation_header: str = CONVERSATION_HEADER,
+        step_events: bool = False,
     ) -> None:
         self.chain_factory = chain_factory
+        self.step_events = step_events
         self.background = background if background is not None else BackgroundRequests()
         self.conversation_header = conversation_header.lower()
         self.fleet = fleet
@@ -370,6 +374,7 @@ class BearerAuth:
             return
         scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), self._expected):
+            scope.setdefault("state", {})["authenticated"] = True  # the operator's events
             await self.app(scope, receive, send)
             return
         response = JSONResponse(
@@ -520,7 +525,8 @@ def create_app(
             if identity is not None:
                 await identity.aclose()
 
-    named_headers = [state.conversation_header] + ([identity.header] if identity else [])
+    named_headers = [state.conversation_header, "Chainrun-Events"] + (
+        [identity.header] if identity else [])
     middleware = [
         *([Middleware(CheckedHost, hosts=allowed_hosts)] if allowed_hosts is not None else []),
         *([cors(cors_origins, named_headers)] if cors_origins else []),

@@ -71,6 +71,7 @@ def serve(
     conversation_header: str = CONVERSATION_HEADER,
     allowed_host: Sequence[str] = (),
     cors_origins: Sequence[str] = (),
+    step_events: bool = False,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -113,6 +114,8 @@ def serve(
             answers to any).
         cors_origins: the origins whose pages may call the server
             (:func:`chainrun.serve.browsers.cors`; none: no page but its own).
+        step_events: every ``/chat`` stream carries the operator's events (each step's
+            output, the checks' reasons: :func:`chainrun.serve.chat.step_events_wanted`).
 
     Raises:
         UserInputError: a non-loopback host without a token; an origin that is none;
@@ -136,7 +139,7 @@ def serve(
         cors(cors_origins)
     except ValueError as e:
         raise UserInputError(f"--cors-origin: {e}") from None
-    web = (allowed_hosts(host, allowed_host), tuple(cors_origins))
+    web = (allowed_hosts(host, allowed_host), tuple(cors_origins), step_events)
     sock = bind(host, port)
     if workers > 1:
         try:
@@ -192,14 +195,15 @@ def _serve_one(
     fleet: WorkerSlot | None = None,
     identity: IdentitySource | None = None,
     faces: tuple[BackgroundRequests | None, str] = (None, CONVERSATION_HEADER),
-    web: tuple[tuple[str, ...] | None, tuple[str, ...]] = (None, ()),
+    web: tuple[tuple[str, ...] | None, tuple[str, ...], bool] = (None, (), False),
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
     parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s;
     ``fleet``: a worker's slot on its parent's board, for ``/readyz``; ``faces``: the
     OpenAI face's background requests and conversation header; ``web``: the ``Host``
-    names answered (None: any) and the CORS origins, :mod:`chainrun.serve.browsers`).
+    names answered (None: any) and the CORS origins, :mod:`chainrun.serve.browsers`, and
+    whether every ``/chat`` stream carries the operator's events).
 
     Raises:
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
@@ -221,6 +225,7 @@ def _serve_one(
         fleet=fleet,
         background=faces[0],
         conversation_header=faces[1],
+        step_events=web[2],
     )
     app = create_app(state, token=token, max_body_bytes=max_body_bytes, identity=identity,
                      allowed_hosts=web[0], cors_origins=web[1])
