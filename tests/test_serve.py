@@ -501,7 +501,8 @@ async def test_non_streamed_client_gone_cancels_the_turn(slow_lab, tmp_path) -> 
 
 async def test_an_outage_on_the_openai_face_is_an_error_not_content_filter(config, store) -> None:
     """The answer's server answered 500: the face says a server error with the step's
-    type, never ``content_filter`` (a client's retry cannot tell that from a refusal)."""
+    type, streamed or not, never ``content_filter`` (a client's retry cannot tell that
+    from a refusal)."""
     fake = FakeProvider(name="local", script=reply_by_step({
         "compose": FakeReply(error=__import__("chainrun").ProviderStatusError("x", status=500)),
     }))  # fmt: skip
@@ -514,16 +515,37 @@ async def test_an_outage_on_the_openai_face_is_an_error_not_content_filter(confi
         async with client_:
             with pytest.raises(openai.InternalServerError) as e:
                 await client_.chat.completions.create(**body)  # type: ignore[call-overload]
-        async with client.stream("POST", "/v1/chat/completions",
-                                 json={**body, "stream": True}) as r:  # fmt: skip
-            streamed = [d async for _, d in sse(r)]
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
     assert e.value.status_code == 502
     error = e.value.body
     assert isinstance(error, dict) and error["type"] == "server_error", error
     assert error["code"] == "http_500"
-    assert streamed[-1] == "[DONE]"
-    last = streamed[-2]
-    assert last["error"]["type"] == "server_error" and last["error"]["code"] == "http_500"
+    # streamed: the turn failed at once, so the status says so before any stream
+    assert streamed.status_code == 502 and streamed.headers["content-type"] == "application/json"
+    assert streamed.json()["error"]["type"] == "server_error"
+    assert streamed.json()["error"]["code"] == "http_500"
+
+
+async def test_a_later_outage_ends_the_begun_stream_with_the_error(
+    config, store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the stream began (here past the face's short wait) is the
+    stream's error object with its type, then ``[DONE]``; never ``content_filter``."""
+    monkeypatch.setattr("chainrun.serve.openai_face.OUTAGE_WAIT_S", 0.05)
+    fake = FakeProvider(name="local", script=reply_by_step({"compose": FakeReply(
+        error=__import__("chainrun").ProviderStatusError("x", status=500), ttft_s=0.3)}))
+    body = {"model": "chainrun-shop", "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}  # fmt: skip
+    async with (
+        serving(fake_factory(config, store, fake)) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        status = r.status_code
+        streamed = [d async for _, d in sse(r)]
+    assert status == 200 and streamed[-1] == "[DONE]"
+    assert streamed[-2]["error"]["type"] == "server_error"
+    assert streamed[-2]["error"]["code"] == "http_500"
     assert "content_filter" not in json.dumps(streamed)
 
 

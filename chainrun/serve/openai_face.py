@@ -81,8 +81,10 @@ A turn that gave no answer because a step failed (it ends ``error``, or ``refuse
 the failed step's ``error_type``: a provider down, a 500, a 429, a deadline, a broken
 stream) is an HTTP error object with ``type`` ``server_error`` and ``code`` the error
 type: 503 (with ``Retry-After``) for ``unavailable``, ``http_429``, ``rate_limited``
-and ``circuit_open``, 504 for the deadlines, else 502; or, once a stream has begun,
-an ``error`` object in the stream (the ``openai`` client raises ``APIError`` on it).
+and ``circuit_open``, 504 for the deadlines, else 502. A streamed completion starts its
+stream at the answer's first token or after :data:`OUTAGE_WAIT_S` (2 s), whichever is
+first, so that a turn failing at once gets that status; one failing later ends its
+begun stream with an ``error`` object (the ``openai`` client raises ``APIError`` on it).
 Closing the stream early, or disconnecting while waiting for a non-streamed answer,
 cancels the turn's in-flight calls; the turn is logged ``cancelled``.
 A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is an HTTP
@@ -121,7 +123,13 @@ from chainrun.serve.errors import (
 )
 from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
-from chainrun.serve.turns import TurnRunner, WireEvent, opened
+from chainrun.serve.turns import TurnRunner, WireEvent, opened, peek
+
+#: s a streamed completion waits for its answer's first token before it starts its
+#: stream, so that a turn failing at once (its server down, a 500, a 429, an open
+#: breaker: each fails within this) is an HTTP error and not an error inside a 200
+#: stream; a slower failure is the stream's ``error`` object
+OUTAGE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -336,6 +344,20 @@ def _failure(summary: dict[str, Any]) -> tuple[int, str, str | None]:
     return _FAILED_STATUS.get(kind, 502), f"the chain failed: {kind}", kind
 
 
+def _failed_response(summary: dict[str, Any]) -> Response:
+    """The HTTP error of a turn that gave no answer (:func:`_failure`)."""
+    status, message, code = _failure(summary)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return error_response(status, message, "server_error", code=code, headers=headers)
+
+
+def _answer_begun(answer_step: str) -> Callable[[WireEvent], bool]:
+    """Whether an event is the answer's first (a token of ``answer_step``, its end) or
+    the turn's end: a streamed response waits for it (:data:`OUTAGE_WAIT_S` at most)."""
+    return lambda ev: ev.event in ("answer_done", "turn") or (
+        ev.event == "token" and ev.data.get("step") == answer_step)
+
+
 def _finish_reason(status: str) -> str:
     """``content_filter`` for a turn a check refused or replaced (a failed step's
     refusal is an error instead: :func:`failed`), ``length`` for a cut one (the
@@ -389,6 +411,13 @@ async def chat_completions(request: Request) -> Response:
         events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
         if refusal is not None:  # refused before its turn ran: the status, not a stream
             return refusal_response(refusal)
+        # a turn that fails at once (a server down, a 500, a 429, an open breaker) is
+        # an HTTP error, as a client's retry logic expects, not a stream that says so
+        events, read = await peek(events, OUTAGE_WAIT_S, _answer_begun(runner.answer_step))
+        if read and read[-1].event == "turn" and failed(read[-1].data):
+            async for _ in events:  # the turn has ended: read to its end, which closes it
+                pass
+            return _failed_response(read[-1].data)
         return sse_response(
             _chunks(events, runner.answer_step, req, completion_id, state.model_id),
             keepalive_s=state.v1_keepalive_s,
@@ -399,9 +428,7 @@ async def chat_completions(request: Request) -> Response:
     if "error" in summary:  # refused before it ran (a key reused with another request)
         return refusal_response(summary["error"])
     if failed(summary):
-        status, message, code = _failure(summary)
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-        return error_response(status, message, "server_error", code=code, headers=headers)
+        return _failed_response(summary)
     return JSONBody(
         {
             "id": completion_id,
