@@ -33,7 +33,7 @@ def fake_chain(config: ChainConfig, store: Store, fake: FakeProvider) -> Callabl
 
 def n_turns(store: Store) -> int:
     """The turns in ``store``'s log."""
-    return int(store.db.execute("select count(*) from turns").fetchone()[0])
+    return int(store.log.scalar("select count(*) from turns", []) or 0)
 
 
 #: the Content-Type header of a JSON body sent as raw bytes (serve refuses any other, 415)

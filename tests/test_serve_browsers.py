@@ -14,6 +14,7 @@ import json
 
 import httpx
 import pytest
+from log_backends import BACKENDS, open_log
 from serve_helpers import JSON_TYPE, fake_chain, n_turns, serving, sse
 
 from chainrun.config import ChainConfig
@@ -174,12 +175,13 @@ async def test_every_response_has_a_request_id_and_every_error_the_shape(
     assert {t.request_id for t in store.turns(store.latest_run_id() or 0)} >= {chat_id, rid}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("path", ["/chat", "/v1/chat/completions"])
 async def test_bad_input_is_a_400_in_the_shape(
-    config: ChainConfig, store: Store, fake: FakeProvider, path: str
+    config: ChainConfig, fake: FakeProvider, path: str, backend: str
 ) -> None:
     """1,000 nested arrays in a 2 KB body was a RecursionError (500); a NUL character a
-    PostgreSQL ``DataError`` (500) where SQLite kept it."""
+    PostgreSQL ``DataError`` (500) where SQLite kept it: both logs refuse it alike now."""
     nested = b'{"message": "hi", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     if path != "/chat":
         nested = b'{"model": "chainrun-shop", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
@@ -187,19 +189,23 @@ async def test_bad_input_is_a_400_in_the_shape(
                   if path == "/chat" else
                   [{**V1, "messages": [{"role": "user", "content": "a\x00b"}]},
                    {**V1, "user": "u\x00"}, {**V1, "metadata": {"conversation_id": "c\x00"}}])
-    async with (
-        serving(factory(config, store, fake)) as (url, _),
-        httpx.AsyncClient(base_url=url) as client,
-    ):
-        deep = await client.post(path, content=nested, headers=JSON_TYPE)
-        nuls = [await client.post(path, json=b) for b in nul_bodies]
+    with open_log(backend) as store:
+        async with (
+            serving(factory(config, store, fake)) as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            deep = await client.post(path, content=nested, headers=JSON_TYPE)
+            nuls = [await client.post(path, json=b) for b in nul_bodies]
+            ok = await client.post(path, json=BODY if path == "/chat" else V1)
+        await store.flush()
+        turns = n_turns(store)
     assert deep.status_code == 400, deep.text
     assert "nested too deeply" in deep.json()["error"]["message"]
     for r in nuls:
         assert r.status_code == 400, r.text
         assert "NUL character" in r.json()["error"]["message"], r.text
         assert r.json()["error"]["param"], r.text
-    assert n_turns(store) == 0
+    assert ok.status_code == 200 and turns == 1  # the good one alone
 
 
 async def test_the_review_page_takes_no_form_post_nor_another_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
