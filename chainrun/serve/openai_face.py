@@ -82,9 +82,10 @@ the failed step's ``error_type``: a provider down, a 500, a 429, a deadline, a b
 stream) is an HTTP error object with ``type`` ``server_error`` and ``code`` the error
 type: 503 (with ``Retry-After``) for ``unavailable``, ``http_429``, ``rate_limited``
 and ``circuit_open``, 504 for the deadlines, else 502. A streamed completion starts its
-stream at the answer's first token or after :data:`OUTAGE_WAIT_S` (2 s), whichever is
-first, so that a turn failing at once gets that status; one failing later ends its
-begun stream with an ``error`` object (the ``openai`` client raises ``APIError`` on it).
+stream at the answer's first token or after :data:`OUTAGE_WAIT_S` (2 s; at most the
+``--v1-keepalive-s`` interval), whichever is first, so that a turn failing at once gets
+that status; one failing later ends its begun stream with an ``error`` object (the
+``openai`` client raises ``APIError`` on it).
 Closing the stream early, or disconnecting while waiting for a non-streamed answer,
 cancels the turn's in-flight calls; the turn is logged ``cancelled``.
 A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is an HTTP
@@ -413,7 +414,9 @@ async def chat_completions(request: Request) -> Response:
             return refusal_response(refusal)
         # a turn that fails at once (a server down, a 500, a 429, an open breaker) is
         # an HTTP error, as a client's retry logic expects, not a stream that says so
-        events, read = await peek(events, OUTAGE_WAIT_S, _answer_begun(runner.answer_step))
+        # (never longer than the keep-alive interval asked for: the stream's pings begin)
+        wait_s = min(OUTAGE_WAIT_S, state.v1_keepalive_s or OUTAGE_WAIT_S)
+        events, read = await peek(events, wait_s, _answer_begun(runner.answer_step))
         if read and read[-1].event == "turn" and failed(read[-1].data):
             async for _ in events:  # the turn has ended: read to its end, which closes it
                 pass
