@@ -274,3 +274,14 @@ async def test_a_shoppers_stream_carries_no_step_output_nor_check_reasons(
     # with the token, the header is the operator's switch; without one it is not taken
     operator = {e for e, _ in asked}
     assert ("step" in operator) == bool(token), operator
+
+
+def test_an_origin_that_is_none_is_one_line_and_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cli_runner import chainrun
+
+    res = chainrun("serve", "--port", "0", "--db", str(tmp_path / "log.db"),
+                   "--cors-origin", "shop.example")  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("chainrun: error: --cors-origin: 'shop.example': expected "
+                                  "scheme://host[:port] (as a browser sends Origin, no path) "
+                                  "or *")  # fmt: skip
