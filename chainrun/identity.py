@@ -33,7 +33,7 @@ class Identity:
 
     Raises:
         ValueError: an empty or too long user id, one holding a NUL character, or
-            claims that are not a JSON object.
+            claims that are not a JSON object or hold a NUL character.
     """
 
     user_id: str
@@ -53,7 +53,20 @@ class Identity:
             json.dumps(dict(self.claims))
         except (TypeError, ValueError) as e:
             raise ValueError(f"claims: not JSON-serialisable ({e})") from None
+        if _holds_nul(dict(self.claims)):  # PostgreSQL's jsonb cannot hold it: refused anywhere
+            raise ValueError("claims: hold a NUL character (U+0000)")
 
     def as_json(self) -> dict[str, Any]:
         """``{"user_id", "claims"}``."""
         return {"user_id": self.user_id, "claims": dict(self.claims)}
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON value holds U+0000 in any string, key or value."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False

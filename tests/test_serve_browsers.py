@@ -11,6 +11,7 @@ CORS at all; unknown routes answered text/plain; no response had a request id.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -285,3 +286,36 @@ def test_an_origin_that_is_none_is_one_line_and_exit_2(tmp_path) -> None:  # typ
     assert res.stderr.strip() == ("chainrun: error: --cors-origin: 'shop.example': expected "
                                   "scheme://host[:port] (as a browser sends Origin, no path) "
                                   "or *")  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_token_whose_sub_or_claims_hold_a_nul_is_refused_401(
+    config: ChainConfig, fake: FakeProvider, backend: str
+) -> None:
+    """A signed token's ``sub`` with U+0000 reached the log as the user id (PostgreSQL:
+    a 500); now the identity does not check out, on either log."""
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    from chainrun.serve.identity import IdentitySource, TokenVerifier
+
+    secret = "s" * 32
+    source = IdentitySource("X-Shopper", TokenVerifier.hs256(secret))
+    key = OctKey.import_key(secret.encode())
+    exp = int(time.time()) + 600
+    tokens = [jwt.encode({"alg": "HS256"}, {**claims, "exp": exp}, key)
+              for claims in ({"sub": "u\x00"}, {"sub": "u", "name": "a\x00"})]  # fmt: skip
+    with open_log(backend) as store:
+        async with (
+            serving(factory(config, store, fake), identity=source) as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            refused = [await client.post("/chat", json=BODY, headers={"X-Shopper": t})
+                       for t in tokens]  # fmt: skip
+        await store.flush()
+        turns = n_turns(store)
+    for r in refused:
+        assert r.status_code == 401, r.text
+        assert r.json()["error"]["code"] == "invalid_identity"
+        assert "NUL character" in r.json()["error"]["message"]
+    assert turns == 0
