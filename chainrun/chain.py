@@ -397,6 +397,19 @@ class Chain:
                 out.append(provider)
         return out
 
+    def answer_breakers_open(self) -> list[str]:
+        """The answer step's targets (its provider and hedge targets), when every one's
+        circuit breaker is open: nothing can be sent for an answer until one cools down
+        (``[steps.NAME.hedge] breaker_cooldown_s``), so every turn fails ``circuit_open``.
+        Empty while any target may be sent to (a half-open breaker takes its probe)."""
+        registry = self._step_breakers.get(self.config.answer_step)
+        if registry is None:
+            return []
+        targets = self.config.steps[self.config.answer_step].provider_names()
+        states = registry.states()
+        shut = [t for t in targets if states.get(t) == "open"]
+        return shut if targets and len(shut) == len(targets) else []
+
     def answer_providers(self) -> dict[str, Provider]:
         """The answer step's primary provider, by name, when this chain opened it (not
         injected, not the embedded local model: see :meth:`embedded_model_providers`):

@@ -32,7 +32,8 @@ class Identity:
         claims: more of what the shop vouches for (JSON-serialisable), read-only.
 
     Raises:
-        ValueError: an empty or too long user id, or claims that are not a JSON object.
+        ValueError: an empty or too long user id, one holding a NUL character, or
+            claims that are not a JSON object or hold a NUL character.
     """
 
     user_id: str
@@ -44,13 +45,28 @@ class Identity:
         if len(self.user_id) > MAX_USER_ID_CHARS:
             raise ValueError(f"user_id: expected at most {MAX_USER_ID_CHARS} characters, "
                              f"got {len(self.user_id)}")  # fmt: skip
+        if "\x00" in self.user_id:  # PostgreSQL's text cannot hold it: refused on any log
+            raise ValueError("user_id: holds a NUL character (U+0000)")
         if not isinstance(self.claims, Mapping):
             raise ValueError(f"claims: expected a JSON object, got {type(self.claims).__name__}")
         try:
             json.dumps(dict(self.claims))
         except (TypeError, ValueError) as e:
             raise ValueError(f"claims: not JSON-serialisable ({e})") from None
+        if _holds_nul(dict(self.claims)):  # PostgreSQL's jsonb cannot hold it: refused anywhere
+            raise ValueError("claims: hold a NUL character (U+0000)")
 
     def as_json(self) -> dict[str, Any]:
         """``{"user_id", "claims"}``."""
         return {"user_id": self.user_id, "claims": dict(self.claims)}
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON value holds U+0000 in any string, key or value."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False

@@ -16,10 +16,28 @@ import httpx
 import uvicorn
 
 from chainrun.chain import Chain
+from chainrun.config import ChainConfig
+from chainrun.log.store import Store
+from chainrun.providers.fake import FakeProvider
 from chainrun.serve import ServeState, create_app
+from chainrun.serve.head_limit import HeadLimitedProtocol
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.server import bind
 from chainrun.serve.turns import TurnObserver
+
+
+def fake_chain(config: ChainConfig, store: Store, fake: FakeProvider) -> Callable[[], Chain]:
+    """A factory of live chains answering with ``fake``, logging to ``store``."""
+    return lambda: Chain(config, store=store, providers={"local": fake}, kind="live", quiet=True)
+
+
+def n_turns(store: Store) -> int:
+    """The turns in ``store``'s log."""
+    return int(store.log.scalar("select count(*) from turns", []) or 0)
+
+
+#: the Content-Type header of a JSON body sent as raw bytes (serve refuses any other, 415)
+JSON_TYPE = {"Content-Type": "application/json"}
 
 
 @contextlib.asynccontextmanager
@@ -33,20 +51,27 @@ async def serving(
     max_body_bytes: int | None = None,
     watch_options: dict[str, Any] | None = None,
     identity: IdentitySource | None = None,
+    allowed_hosts: tuple[str, ...] | None = None,
+    cors_origins: list[str] | None = None,
     **state_options: Any,
 ) -> AsyncIterator[tuple[str, ServeState]]:
     """The serve app on a free loopback port in this event loop; yields (base URL, state).
-    ``identity``: where the caller's identity is read; ``state_options``: more keyword
+    ``identity``: where the caller's identity is read; ``allowed_hosts`` / ``cors_origins``:
+    :func:`~chainrun.serve.create_app`'s; ``state_options``: more keyword
     arguments of :class:`ServeState` (keep-alives, background patterns...)."""
+    # the tests read the operator's events (step, tool, grounding) unless they say not
+    state_options.setdefault("step_events", True)
     state = ServeState(
         factory, observers=observers or [], retry_s=retry_s, watch_options=watch_options,
         **state_options,
     )
     limit = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-    app = create_app(state, token=token, identity=identity, **limit)
+    app = create_app(state, token=token, identity=identity, allowed_hosts=allowed_hosts,
+                     cors_origins=cors_origins or (), **limit)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                           http=HeadLimitedProtocol))  # as serve runs it
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -1,9 +1,11 @@
-"""Unknown is never 0 on the OpenAI-compatible face.
+"""Unknown is said apart from none on the OpenAI-compatible face, in integers.
 
 The upstream server (the lab, sending these exact bytes) reports prompt and completion
 tokens but no ``prompt_tokens_details`` or ``completion_tokens_details``: the log holds
-NULL for cached and reasoning tokens. The face's ``usage`` said ``cached_tokens: 0`` and
-``reasoning_tokens: 0``; now it says null, read through the real ``openai`` client.
+NULL for cached and reasoning tokens. The face's ``usage`` once said 0 with nothing
+more, then null (which a strictly typed client cannot parse: OpenAI types the counts as
+integers); now 0 with the unknown counts named in ``usage.unreported``, read through the
+real ``openai`` client.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def factory(lab: LabServer, store: Store) -> Any:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_unreported_token_counts_are_null_not_0(lab: LabServer, stream: bool) -> None:
+async def test_unreported_token_counts_are_0_and_named_never_null(
+    lab: LabServer, stream: bool
+) -> None:
     with Store.open(":memory:") as store:
         async with serving(factory(lab, store)) as (url, _):
             client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -75,7 +79,11 @@ async def test_unreported_token_counts_are_null_not_0(lab: LabServer, stream: bo
     assert call.cached_input_tokens is None and call.reasoning_tokens is None  # the log
     assert usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 3, 15)
-    details = usage.prompt_tokens_details
-    assert details is None or details.cached_tokens is None, details
-    out_details = usage.completion_tokens_details
-    assert out_details is None or out_details.reasoning_tokens is None, out_details
+    # integers, as OpenAI types them (a strictly typed client fails on null); what no call
+    # reported is named in the extension field
+    assert usage.prompt_tokens_details is not None and usage.completion_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    assert usage.completion_tokens_details.reasoning_tokens == 0
+    assert usage.model_extra is not None
+    assert usage.model_extra["unreported"] == ["completion_tokens_details.reasoning_tokens",
+                                               "prompt_tokens_details.cached_tokens"]

@@ -21,7 +21,7 @@ import openai
 import pytest
 from conftest import reply_by_step
 from log_backends import BACKENDS, open_log
-from serve_helpers import chat, serving, sse
+from serve_helpers import JSON_TYPE, chat, serving, sse
 
 from chainrun.chain import Chain
 from chainrun.config import ChainConfig, config_from_dict
@@ -153,7 +153,7 @@ async def test_bad_body_is_400_and_nothing_logged(config, store, fake) -> None:
         serving(fake_factory(config, store, fake)) as (url, _),
         httpx.AsyncClient(base_url=url) as client,
     ):
-        r = await client.post("/chat", content=b'{"message": ""}')
+        r = await client.post("/chat", content=b'{"message": ""}', headers=JSON_TYPE)
     assert r.status_code == 400 and r.json() == {"error": {
         "message": "message: expected a non-empty string", "type": "invalid_request_error",
         "param": "message", "code": "invalid_value"}}  # fmt: skip
@@ -499,15 +499,64 @@ async def test_non_streamed_client_gone_cancels_the_turn(slow_lab, tmp_path) -> 
     store.close()
 
 
-async def test_refused_turn_on_the_openai_face(config, store) -> None:
+async def test_an_outage_on_the_openai_face_is_an_error_not_content_filter(config, store) -> None:
+    """The answer's server answered 500: the face says a server error with the step's
+    type, streamed or not, never ``content_filter`` (a client's retry cannot tell that
+    from a refusal)."""
     fake = FakeProvider(name="local", script=reply_by_step({
         "compose": FakeReply(error=__import__("chainrun").ProviderStatusError("x", status=500)),
     }))  # fmt: skip
+    body = {"model": "chainrun-shop", "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        serving(fake_factory(config, store, fake)) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        client_ = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        async with client_:
+            with pytest.raises(openai.InternalServerError) as e:
+                await client_.chat.completions.create(**body)  # type: ignore[call-overload]
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert e.value.status_code == 502
+    error = e.value.body
+    assert isinstance(error, dict) and error["type"] == "server_error", error
+    assert error["code"] == "http_500"
+    # streamed: the turn failed at once, so the status says so before any stream
+    assert streamed.status_code == 502 and streamed.headers["content-type"] == "application/json"
+    assert streamed.json()["error"]["type"] == "server_error"
+    assert streamed.json()["error"]["code"] == "http_500"
+
+
+async def test_a_later_outage_ends_the_begun_stream_with_the_error(
+    config, store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the stream began (here past the face's short wait) is the
+    stream's error object with its type, then ``[DONE]``; never ``content_filter``."""
+    monkeypatch.setattr("chainrun.serve.openai_face.OUTAGE_WAIT_S", 0.05)
+    fake = FakeProvider(name="local", script=reply_by_step({"compose": FakeReply(
+        error=__import__("chainrun").ProviderStatusError("x", status=500), ttft_s=0.3)}))
+    body = {"model": "chainrun-shop", "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}  # fmt: skip
+    async with (
+        serving(fake_factory(config, store, fake)) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        status = r.status_code
+        streamed = [d async for _, d in sse(r)]
+    assert status == 200 and streamed[-1] == "[DONE]"
+    assert streamed[-2]["error"]["type"] == "server_error"
+    assert streamed[-2]["error"]["code"] == "http_500"
+    assert "content_filter" not in json.dumps(streamed)
+
+
+async def test_a_checks_refusal_on_the_openai_face_is_content_filter(config, store) -> None:
+    """A check refused the turn (a card number in the message): ``content_filter``."""
+    fake = FakeProvider(name="local", script=reply_by_step())
     async with serving(fake_factory(config, store, fake)) as (url, _):
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         async with client:
-            done = await client.chat.completions.create(
-                model="chainrun-shop", messages=[{"role": "user", "content": "hi"}]
-            )
+            done = await client.chat.completions.create(model="chainrun-shop", messages=[
+                {"role": "user", "content": "my card is 4111 1111 1111 1111"}])
     assert done.choices[0].finish_reason == "content_filter"
-    assert done.model_extra["chainrun"]["status"] == "refused"
+    assert done.model_extra["chainrun"]["status"] in ("refused", "replaced")
+    assert done.model_extra["chainrun"]["error_type"] is None

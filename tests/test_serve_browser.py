@@ -8,12 +8,15 @@ screenshot (``CHAINRUN_SCREENSHOT=path`` keeps a copy, e.g. for the README).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +50,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
-             "--db", str(tmp / "log.db")],
+             "--db", str(tmp / "log.db"), "--step-events"],  # the waterfall's events
             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
         )  # fmt: skip
         assert proc.stderr is not None
@@ -199,3 +202,119 @@ def test_the_page_keeps_its_conversation_and_shows_the_thread(served: str) -> No
     assert label.startswith("conversation ") and label.endswith("2 turns")
     assert restored == 4 and cleared == 0
     assert "#1 of its conversation" in fresh
+
+
+#: a page on another origin: a form post of a JSON-looking text/plain body (the classic
+#: cross-site request: no preflight), and a script's fetch with application/json
+OTHER_PAGE = """<!doctype html><html><body>
+<form id="f" method="POST" action="{serve}/chat?form" enctype="text/plain" target="sink">
+<input type="hidden" name='{{"message": "place the order", "x": "' value='"}}'>
+</form><iframe name="sink"></iframe>
+<script>
+window.fetched = fetch("{serve}/chat", {{method: "POST",
+    headers: {{"Content-Type": "application/json"}},
+    body: JSON.stringify({{message: "a rain jacket?"}})}})
+  .then(async r => ["ok", r.status, await r.text()])
+  .catch(e => ["blocked", String(e)]);
+</script></body></html>"""
+
+
+@contextlib.contextmanager
+def _other_origin() -> Iterator[tuple[str, list[str]]]:
+    """A page server on another port of loopback (another origin): yields its URL and a
+    list to put the page's HTML in (its first item is served at /)."""
+    import http.server
+    import threading
+
+    html: list[str] = []
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html[0].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", html
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def _serve(tmp: Path, lab: LabServer, *args: str) -> Iterator[str]:
+    cfg = tmp / "chainrun.toml"
+    cfg.write_text(f'[providers.local]\nbase_url = "{lab.base_url}"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CHAINRUN_SERVE_TOKEN", None)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
+         "--db", str(tmp / "log.db"), *args],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("chainrun serve: http://"), line
+        url = line.split()[2].rstrip("/")
+        for _ in range(300):  # ready: the chain opened
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/readyz") as r:
+                if r.status == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+
+
+def _turns(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        return int(con.execute("select count(*) from turns").fetchone()[0])
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_page_on_another_origin_makes_a_turn_only_when_its_origin_is_allowed(
+    tmp_path: Path, allowed: bool
+) -> None:
+    """Without ``--cors-origin`` neither the page's form post (refused 415: not JSON) nor
+    its fetch (no preflight answered) makes a turn; with its origin, the fetch does and
+    reads the stream (the form post still does not)."""
+    from playwright.sync_api import sync_playwright
+
+    with LabServer("fast", n_tokens=8, per_token_ms=5) as lab, _other_origin() as (page_url,
+                                                                                 html):
+        args = ("--cors-origin", page_url) if allowed else ()
+        with _serve(tmp_path, lab, *args) as serve_url:
+            html.append(OTHER_PAGE.format(serve=serve_url))
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+                try:
+                    page = browser.new_page()
+                    with page.expect_response(serve_url + "/chat?form") as posted:
+                        page.goto(page_url + "/")
+                        page.evaluate("document.getElementById('f').submit()")
+                    form_status = posted.value.status
+                    fetched = page.evaluate("window.fetched")
+                finally:
+                    browser.close()
+            time.sleep(0.5)  # the fetched turn's log write
+            turns = _turns(tmp_path / "log.db")
+    assert form_status == 415
+    if allowed:
+        assert fetched[0] == "ok" and fetched[1] == 200, fetched
+        assert "event: turn" in fetched[2]
+        assert turns == 1
+    else:
+        assert fetched[0] == "blocked", fetched
+        assert turns == 0

@@ -5,21 +5,21 @@ the request body limit (413), strict booleans, and the one error shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from conftest import reply_by_step
-from serve_helpers import chat, serving, sse
+from serve_helpers import JSON_TYPE, chat, fake_chain, n_turns, serving, sse
 
-from chainrun.chain import Chain
 from chainrun.config import ChainConfig
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
 from chainrun.serve.openai_face import InvalidRequest, parse_completion_request
+from chainrun.serve.settings import MAX_HEAD_BYTES
 
 MODEL = "chainrun-shop"
 
@@ -32,12 +32,7 @@ def file_store(tmp_path: Path) -> Store:
     s.close()
 
 
-def factory(config: ChainConfig, store: Store, fake: FakeProvider) -> Callable[[], Chain]:
-    return lambda: Chain(config, store=store, providers={"local": fake}, kind="live", quiet=True)
-
-
-def n_turns(store: Store) -> int:
-    return int(store.db.execute("select count(*) from turns").fetchone()[0])
+factory = fake_chain
 
 
 async def test_a_lone_surrogate_is_a_400_naming_the_field_on_both_faces(
@@ -48,11 +43,13 @@ async def test_a_lone_surrogate_is_a_400_naming_the_field_on_both_faces(
         serving(factory(config, file_store, fake)) as (url, _),
         httpx.AsyncClient(base_url=url) as client,
     ):
-        plain = await client.post("/chat", content=b'{"message": "a\\ud800b"}')
+        plain = await client.post("/chat", content=b'{"message": "a\\ud800b"}',
+                                  headers=JSON_TYPE)
         conv = await client.post(
-            "/chat", content=b'{"message": "hi", "conversation_id": "\\udc00"}'
+            "/chat", content=b'{"message": "hi", "conversation_id": "\\udc00"}',
+            headers=JSON_TYPE,
         )
-        oai = await client.post("/v1/chat/completions", content=(
+        oai = await client.post("/v1/chat/completions", headers=JSON_TYPE, content=(
             b'{"model": "chainrun-shop", "messages": [{"role": "user", "content": "a\\ud800b"}]}'))
         events = await chat(client, "still fine \U0001f600")  # the server goes on serving
     assert plain.status_code == 400, plain.text
@@ -124,6 +121,7 @@ async def test_a_chunked_body_stops_being_read_at_the_limit(
     async with serving(factory(config, store, fake), max_body_bytes=64 * 1024) as (url, _):
         reader, writer = await asyncio.open_connection(urlsplit(url).hostname, urlsplit(url).port)
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
         piece = b"x" * 16 * 1024
         for _ in range(8):  # 128 KiB, twice the limit, and never the last (empty) chunk
@@ -184,3 +182,36 @@ def test_the_serve_faces_take_the_library_message_limit() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * (MAX_MESSAGE_CHARS + 1)}]}
     with pytest.raises(InvalidRequest, match="at most 8000 characters"):
         parse_completion_request(body, "m")
+
+
+async def test_a_head_over_the_limit_is_431_as_it_arrives(
+    config: ChainConfig, store: Store, fake: FakeProvider
+) -> None:
+    """A header of 128 MB was read whole before anything looked at it: now the head stops
+    being read past the limit, 431 in the error shape, and the server serves on."""
+    async with serving(factory(config, store, fake)) as (url, _):
+        host, port = urlsplit(url).hostname, urlsplit(url).port
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+
+        async def send_forever() -> None:  # a header that never ends: only the limit stops it
+            nonlocal sent
+            with contextlib.suppress(ConnectionError):  # the server closed it
+                while sent < 2000 * MAX_HEAD_BYTES:
+                    writer.write(b"a" * 16384)
+                    await writer.drain()
+                    sent += 16384
+
+        sending = asyncio.create_task(send_forever())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = json.loads(await asyncio.wait_for(reader.readexactly(length), 5))
+        sending.cancel()
+        writer.close()
+        async with httpx.AsyncClient(base_url=url) as client:
+            fine = await client.get("/healthz", headers={"X-Fine": "a" * 8000})
+    assert head.startswith(b"HTTP/1.1 431 "), head
+    assert body["error"]["code"] == "headers_too_large", body
+    assert sent < 100 * MAX_HEAD_BYTES  # stopped near the limit (socket buffers aside)
+    assert fine.status_code == 200

@@ -110,6 +110,29 @@ def serve_command(
         str, typer.Option(help="The header /v1 reads a conversation id from when the body's "
                           "metadata.conversation_id names none (e.g. X-OpenWebUI-Chat-Id).")
     ] = CONVERSATION_HEADER,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(help="A Host name the server answers to besides --host's own (and "
+                     "localhost's, on loopback); any other Host is refused 400, so a DNS "
+                     "name rebound to this address reaches nothing. With --host 0.0.0.0 "
+                     "and none given, any Host is taken. Repeatable; *.example.com takes "
+                     "its subdomains."),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(help="An origin (scheme://host[:port]) whose pages may call the "
+                     "server from a browser (CORS: preflights answered for Authorization, "
+                     "Content-Type, Idempotency-Key and the identity and conversation "
+                     "headers). Repeatable. Without it no page but serve's own can."),
+    ] = None,
+    step_events: Annotated[
+        bool,
+        typer.Option(help="Every /chat stream carries the operator's events (each step's "
+                     "output, tool calls, the grounding check's reasons: the chat page's "
+                     "waterfall). Without it a stream carries what the shopper may see, "
+                     "and a request gets them with the header Chainrun-Events: steps and "
+                     "the bearer token."),
+    ] = False,
 ) -> None:
     """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
     the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
@@ -145,7 +168,8 @@ def serve_command(
                   observer_factory=per_worker, seed_windows=seeds,
                   chat_keepalive_s=chat_keepalive_s, v1_keepalive_s=v1_keepalive_s,
                   identity=identity, background=background,
-                  conversation_header=conversation_header)  # fmt: skip
+                  conversation_header=conversation_header, allowed_host=allowed_host or (),
+                  cors_origins=cors_origin or (), step_events=step_events)  # fmt: skip
         except WorkersFailed as e:  # 2 when a worker said a chainrun error, else the worst
             fail(str(e), e.exit_code)
         return
@@ -157,7 +181,8 @@ def serve_command(
               observers=observers, max_body_bytes=max_body_bytes,
               seed_windows=seeds, chat_keepalive_s=chat_keepalive_s,
               v1_keepalive_s=v1_keepalive_s, identity=identity, background=background,
-                  conversation_header=conversation_header)  # fmt: skip
+              conversation_header=conversation_header, allowed_host=allowed_host or (),
+              cors_origins=cors_origin or (), step_events=step_events)  # fmt: skip
     finally:
         if telemetry is not None:
             telemetry.shutdown()

@@ -2,10 +2,12 @@
 and both faces of ``chainrun serve``, so that a message one accepts the other accepts too.
 
 A message is a non-empty string of at most :data:`MAX_MESSAGE_CHARS` characters that can
-be encoded as UTF-8. The last rule refuses lone UTF-16 surrogates (U+D800..U+DFFF): a
-browser's ``JSON.stringify`` of a string cut in the middle of an emoji sends
-``"\\ud83d"``, which Python decodes to a lone surrogate that neither SQLite nor an HTTP
-body can carry.
+be encoded as UTF-8 and holds no NUL character. The UTF-8 rule refuses lone UTF-16
+surrogates (U+D800..U+DFFF): a browser's ``JSON.stringify`` of a string cut in the
+middle of an emoji sends ``"\\ud83d"``, which Python decodes to a lone surrogate that
+neither SQLite nor an HTTP body can carry. The NUL rule is PostgreSQL's: its ``text``
+cannot hold U+0000 (the PostgreSQL documentation, section 8.3 "Character Types"), so a
+log there would refuse a turn that a SQLite log keeps; both refuse it here, alike.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ __all__ = ["MAX_MESSAGE_CHARS", "check_history", "check_turn_input", "text_probl
 MAX_MESSAGE_CHARS = 8000
 
 
-def _surrogate_problem(text: str) -> str | None:
+def _encoding_problem(text: str) -> str | None:
+    nul = text.find("\x00")
+    if nul >= 0:
+        return (f"a NUL character (U+0000) at character {nul}; expected text without one "
+                "(a PostgreSQL log cannot store it)")  # fmt: skip
     if text.isascii():  # the common case: no encode needed
         return None
     try:
@@ -47,7 +53,7 @@ def text_problem(value: object, *, required: bool, max_chars: int) -> str | None
         return "expected a non-empty string"
     if len(value) > max_chars:
         return f"expected at most {max_chars} characters, got {len(value)}"
-    return _surrogate_problem(value)
+    return _encoding_problem(value)
 
 
 def check_turn_input(

@@ -19,13 +19,13 @@ Routes::
 
 from __future__ import annotations
 
-import json
 import random
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -34,6 +34,8 @@ from chainrun.log.rows import ReviewJudgementRow
 from chainrun.log.store import Store
 from chainrun.review.pairs import ReviewPair, shared_pairs
 from chainrun.review.summary import TAGS
+from chainrun.serve.browsers import CheckedHost, RequireJSON, allowed_hosts
+from chainrun.serve.errors import read_json
 
 __all__ = ["ReviewSession", "create_review_app"]
 
@@ -117,8 +119,11 @@ class ReviewSession:
         return self.state()
 
 
-def create_review_app(session: ReviewSession) -> Starlette:
-    """The review page's ASGI app for ``session``."""
+def create_review_app(session: ReviewSession, bound: str = "127.0.0.1") -> Starlette:
+    """The review page's ASGI app for ``session``, served on the address ``bound``: it
+    answers only to that address's names (``Host``), and a judgement must be
+    ``application/json`` (415 else), so that no page on another origin can post one
+    through the reviewer's browser (:mod:`chainrun.serve.browsers`)."""
     page = resources.files("chainrun.review").joinpath("static/review.html").read_text("utf-8")
 
     async def index(request: Request) -> Response:
@@ -129,10 +134,13 @@ def create_review_app(session: ReviewSession) -> Starlette:
 
     async def judge(request: Request) -> Response:
         try:
-            body = json.loads(await request.body())
+            body = read_json(await request.body())
             return JSONResponse(session.judge(body))
         except ValueError as e:
             return JSONResponse({"error": {"message": str(e)}}, status_code=400)
 
+    hosts = allowed_hosts(bound) or ()
     return Starlette(routes=[Route("/", index), Route("/api/state", state),
-                             Route("/api/judge", judge, methods=["POST"])])  # fmt: skip
+                             Route("/api/judge", judge, methods=["POST"])],
+                     middleware=[Middleware(CheckedHost, hosts=hosts),
+                                 Middleware(RequireJSON)])  # fmt: skip

@@ -8,6 +8,7 @@ import uvicorn
 
 from chainrun.log.store import Store
 from chainrun.review.app import ReviewSession, create_review_app
+from chainrun.serve.head_limit import HeadLimitedProtocol
 from chainrun.serve.server import bind
 
 __all__ = ["serve_review"]
@@ -25,7 +26,7 @@ def serve_review(store: Store, run_a: int, run_b: int, *, reviewer: str, port: i
     sock = bind("127.0.0.1", port)
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_review_app(session), log_level="warning",
-                                           access_log=False))  # fmt: skip
+                                           access_log=False, http=HeadLimitedProtocol))  # fmt: skip
     announce(f"http://127.0.0.1:{bound}/")
     try:
         server.run(sockets=[sock])

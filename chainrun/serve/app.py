@@ -7,8 +7,13 @@ Routes::
     GET  /healthz                 200 {"status": "ok"} while the process serves
     GET  /readyz                  200 once the providers answered their preflight, else 503
                                   (also while the answer's model server cannot be reached,
-                                  and, with an identity source, while the run log is away:
-                                  every chat then needs it for its owner check); its "log"
+                                  while every circuit breaker of the answer step is open
+                                  ("reason": "breaker_open"), while the run log refuses
+                                  writes (its writer losing them or stopped:
+                                  "log_refuses_writes"), while callers' identities cannot
+                                  be checked ("identity_unavailable"), and, with an
+                                  identity source, while the run log is away: every chat
+                                  then needs it for its owner check); its "log"
                                   says the run log writer's state (ok, retrying, losing),
                                   queued and lost writes, and the front desk's ("desk":
                                   ok, or away with since when and why); ``file_gone``
@@ -17,6 +22,7 @@ Routes::
                                   how many of the N serve ({"serving": k, "workers": N})
     POST /chat                    one turn as Server-Sent Events (chainrun.serve.chat)
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
+    GET  /v1/models/{id}
     POST /v1/chat/completions
 
 One :class:`~chainrun.Chain` (one connection pool per provider, one run of kind
@@ -39,6 +45,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -51,7 +58,13 @@ from chainrun.desk.background import BackgroundRequests
 from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face
-from chainrun.serve.errors import body_too_large, body_too_large_response, error_body
+from chainrun.serve.browsers import CheckedHost, RequestId, RequireJSON, cors
+from chainrun.serve.errors import (
+    body_too_large,
+    body_too_large_response,
+    error_body,
+    http_error,
+)
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.provider_watch import LocalModelWatch, ProviderWatch
 from chainrun.serve.settings import (
@@ -99,6 +112,8 @@ class ServeState:
             (:mod:`chainrun.desk.background`; default: Open WebUI's and LibreChat's).
         conversation_header: the request header the OpenAI face reads a conversation
             id from when the body names none (default ``Conversation-Id``).
+        step_events: every ``/chat`` stream carries the operator's events (``step``,
+            ``tool``, ``grounding``: :func:`chainrun.serve.chat.step_events_wanted`).
     """
 
     def __init__(
@@ -116,8 +131,10 @@ class ServeState:
         fleet: WorkerSlot | None = None,
         background: BackgroundRequests | None = None,
         conversation_header: str = CONVERSATION_HEADER,
+        step_events: bool = False,
     ) -> None:
         self.chain_factory = chain_factory
+        self.step_events = step_events
         self.background = background if background is not None else BackgroundRequests()
         self.conversation_header = conversation_header.lower()
         self.fleet = fleet
@@ -357,6 +374,7 @@ class BearerAuth:
             return
         scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), self._expected):
+            scope.setdefault("state", {})["authenticated"] = True  # the operator's events
             await self.app(scope, receive, send)
             return
         response = JSONResponse(
@@ -369,19 +387,21 @@ class BearerAuth:
 
 
 class _ServeApp(Starlette):
-    """Starlette with its request body limit (``max_body_size``) answering in the one
+    """Starlette with :class:`~chainrun.serve.browsers.RequestId` outside everything, so
+    that every response (a 500 of Starlette's own error middleware too) has its
+    ``x-request-id``; its request body limit (``max_body_size``) answers in the one
     error shape: Starlette's own middleware counts the bytes of a body as they are read
     (a chunked body stops at the limit; its 413 comes from :func:`body_too_large`), but
-    a ``Content-Length`` over the limit it answers in plain text; :class:`_DeclaredLength`
+    a ``Content-Length`` over the limit it answers in plain text; :class:`DeclaredLength`
     answers that one first, before anything reads the body."""
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         assert self.max_body_size is not None
-        return _DeclaredLength(stack, self.max_body_size)
+        return RequestId(DeclaredLength(stack, self.max_body_size))
 
 
-class _DeclaredLength:
+class DeclaredLength:
     """Pure ASGI: a request whose ``Content-Length`` is over ``limit`` bytes gets 413 at
     once; its body is never read."""
 
@@ -408,15 +428,19 @@ async def _healthz(request: Request) -> Response:
 
 async def _readyz(request: Request) -> Response:
     state: ServeState = request.app.state.serve
-    body, status = _readiness(state, request.app.state.identity)
+    identity: IdentitySource | None = request.app.state.identity
+    unchecked = await identity.check() if identity is not None else None
+    body, status = _readiness(state, identity, unchecked)
     if state.fleet is not None:  # how many of serve --workers N serve, whatever this one is
         body["workers"] = state.fleet.counts()
     return JSONResponse(body, status_code=status)
 
 
 def _readiness(
-    state: ServeState, identity: IdentitySource | None = None
+    state: ServeState, identity: IdentitySource | None = None, unchecked: str | None = None
 ) -> tuple[dict[str, Any], int]:
+    """``/readyz``'s body and status; ``unchecked``: why callers' identities cannot be
+    checked now (:meth:`~chainrun.serve.identity.IdentitySource.check`)."""
     if state.runner is None:
         return {"status": "starting", "detail": state.not_ready_reason()}, 503
     chain = state.runner.chain
@@ -426,9 +450,22 @@ def _readiness(
     away = state.provider_watch.down if state.provider_watch is not None else {}
     if away:
         return {"status": "not_ready", "detail": "; ".join(away.values())}, 503
+    shut = chain.answer_breakers_open()
+    if shut:  # every turn fails circuit_open until one cools down
+        return {"status": "not_ready", "reason": "breaker_open",
+                "detail": f"the answer step's circuit breakers are open ({', '.join(shut)}): "
+                "its servers failed repeatedly, and turns fail until one cools down"}, 503
+    if unchecked is not None:  # every chat needs the caller's identity checked
+        return {"status": "not_ready", "reason": "identity_unavailable",
+                "detail": f"callers' identities cannot be checked: {unchecked}"}, 503
     log_status = state.log_status()
     if log_status is not None:
         log_status["desk"] = chain.desk.status()
+    if log_status is not None and log_status.get("state") in ("losing", "stopped"):
+        # turns would be answered and never logged (streams cut where a write is waited on)
+        return {"status": "not_ready", "reason": "log_refuses_writes",
+                "detail": f"the run log refuses writes (its writer is {log_status['state']}, "
+                f"{log_status.get('lost_writes', 0)} writes lost)", "log": log_status}, 503
     log_away = _log_away(log_status)
     if log_away is not None and identity is not None:
         # every chat needs the log for its owner check: refused 503 while it is away
@@ -455,19 +492,25 @@ def _log_away(status: dict[str, Any] | None) -> str | None:
 
 def create_app(
     state: ServeState, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    identity: IdentitySource | None = None,
+    identity: IdentitySource | None = None, allowed_hosts: Sequence[str] | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """The app serving ``state``'s chain; ``token``: require it as a bearer token;
     ``identity``: where the caller's identity is read (:mod:`chainrun.serve.identity`;
     None: no identity is taken and conversations are not bound);
     ``max_body_bytes``: the largest request body, in bytes (Starlette's own
     ``max_body_size``): a ``Content-Length`` over it is answered 413 before any of the
-    body is read, a chunked body stops being read once over it (413 too).
+    body is read, a chunked body stops being read once over it (413 too);
+    ``allowed_hosts``: the ``Host`` names it answers to (None: any;
+    :func:`chainrun.serve.browsers.allowed_hosts`); ``cors_origins``: the origins whose
+    pages may call it (none: no page but its own; :func:`chainrun.serve.browsers.cors`).
+    Every request with a body must be ``application/json`` (415 else), and every
+    response carries ``x-request-id`` (:mod:`chainrun.serve.browsers`).
 
     The app's lifespan starts opening the chain and closes it at shutdown.
 
     Raises:
-        ValueError: ``max_body_bytes`` below 1.
+        ValueError: ``max_body_bytes`` below 1; an origin that is none.
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: expected at least 1, got {max_body_bytes}")
@@ -482,7 +525,14 @@ def create_app(
             if identity is not None:
                 await identity.aclose()
 
-    middleware = [Middleware(BearerAuth, token=token)] if token else []
+    named_headers = [state.conversation_header, "Chainrun-Events"] + (
+        [identity.header] if identity else [])
+    middleware = [
+        *([Middleware(CheckedHost, hosts=allowed_hosts)] if allowed_hosts is not None else []),
+        *([cors(cors_origins, named_headers)] if cors_origins else []),
+        *([Middleware(BearerAuth, token=token)] if token else []),
+        Middleware(RequireJSON),
+    ]
     app = _ServeApp(
         routes=[
             Route("/", _page, methods=["GET"]),
@@ -491,10 +541,11 @@ def create_app(
             Route("/readyz", _readyz, methods=["GET"]),
             Route("/chat", chat.chat, methods=["POST"]),
             Route("/v1/models", openai_face.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", openai_face.model, methods=["GET"]),
             Route("/v1/chat/completions", openai_face.chat_completions, methods=["POST"]),
         ],
         middleware=middleware,
-        exception_handlers={413: body_too_large},
+        exception_handlers={413: body_too_large, HTTPException: http_error},
         lifespan=lifespan,
         max_body_size=max_body_bytes,
     )

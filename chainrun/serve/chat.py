@@ -26,8 +26,15 @@ running streams while it waits for that turn, and should the wait run out
 caller's identity comes from that header (:mod:`chainrun.serve.identity`): missing or not
 checking out, 401.
 
-Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`
-(``turn_started``, ``step``, ``token``, ``turn``), each ``data`` one JSON object. A bad
+Response: ``text/event-stream`` with the events of :mod:`chainrun.serve.turns`, each
+``data`` one JSON object. A shopper's stream carries what the shopper may see:
+``turn_started``, the answer step's ``token`` events (the answer as its checks release
+it), ``products``, ``action``, ``answer_done`` and ``turn`` (:data:`SHOPPER_EVENTS`);
+a stream forwarded to a browser as is shows nothing a check held back. The operator's
+events (``step`` with each step's raw output, ``tool``, ``grounding`` with the check's
+reasons, other steps' tokens: the chat page's waterfall) come with ``serve
+--step-events``, or on a request that sends ``Chainrun-Events: steps`` and passed the
+bearer token (:func:`step_events_wanted`). A bad
 body is answered 400 naming the field, a server not yet ready 503, both in the one
 error shape of :mod:`chainrun.serve.errors` (``{"error": {"message", "type", "param",
 "code"}}``). The message follows the library's rule (:mod:`chainrun.conversations.turn_input`). A
@@ -49,7 +56,13 @@ from starlette.responses import Response
 
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received
-from chainrun.serve.errors import error_response, not_ready, refusal_response
+from chainrun.serve.errors import (
+    NotJSON,
+    error_response,
+    not_ready,
+    read_json,
+    refusal_response,
+)
 from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
@@ -79,13 +92,16 @@ def parse_decision(raw: bytes) -> dict[str, str]:
     Raises:
         BadRequest: not a non-empty string, or both given.
     """
-    body = json.loads(raw)
+    try:
+        body = read_json(raw)
+    except NotJSON as e:
+        raise BadRequest(str(e), None) from None
     out = {}
     for key in ("confirm", "deny"):
         value = body.get(key) if isinstance(body, dict) else None
         if value is None:
             continue
-        if not isinstance(value, str) or not value or len(value) > 300:
+        if text_problem(value, required=True, max_chars=300) is not None:
             raise BadRequest(f"{key}: expected an action id (a string from an action event)",
                              key)  # fmt: skip
         out[key] = value
@@ -107,9 +123,9 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
             new conversation without a word).
     """
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("body: expected a JSON object", None) from None
+        body = read_json(raw)
+    except NotJSON as e:
+        raise BadRequest(f"body: expected a JSON object: {e}", None) from None
     if not isinstance(body, dict):
         raise BadRequest("body: expected a JSON object", None)
     for key in body:
@@ -135,9 +151,35 @@ def parse_chat_body(raw: bytes) -> tuple[str, str | None]:
     return message, conversation_id
 
 
-async def _events(events: AsyncIterator[WireEvent]) -> AsyncIterator[ServerSentEvent]:
+#: the events of a shopper's stream (and the answer step's ``token`` events); the rest
+#: (``step``, ``tool``, ``grounding``, other steps' tokens) are the operator's
+SHOPPER_EVENTS = frozenset({"turn_started", "products", "action", "answer_done", "turn",
+                            "error"})  # fmt: skip
+#: the request header an operator asks for every event with (``Chainrun-Events: steps``),
+#: taken on a request that passed the bearer token
+EVENTS_HEADER = "chainrun-events"
+
+
+def step_events_wanted(request: Request) -> bool:
+    """Whether ``request``'s stream carries the operator's events: ``serve
+    --step-events``, or its :data:`EVENTS_HEADER` says ``steps`` and it passed the
+    server's bearer token (a shop's backend holds the token, its shoppers do not)."""
+    if request.app.state.serve.step_events:
+        return True
+    asked = request.headers.get(EVENTS_HEADER, "").strip().lower() == "steps"
+    return asked and bool(request.scope.get("state", {}).get("authenticated"))
+
+
+async def _events(
+    events: AsyncIterator[WireEvent], answer_step: str, every: bool
+) -> AsyncIterator[ServerSentEvent]:
+    """The turn's wire events as SSE; without ``every``, only what the shopper may see
+    (:data:`SHOPPER_EVENTS` and the answer step's tokens: the answer as released by its
+    checks), never a step's raw output nor a check's reasons."""
     async for ev in events:
-        yield sse_event(json.dumps(ev.data), ev.event)
+        if every or ev.event in SHOPPER_EVENTS or (
+                ev.event == "token" and ev.data.get("step") == answer_step):  # fmt: skip
+            yield sse_event(json.dumps(ev.data), ev.event)
 
 
 async def chat(request: Request) -> Response:
@@ -160,4 +202,5 @@ async def chat(request: Request) -> Response:
     events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
     if refusal is not None:  # refused before its turn ran: the status, not a stream
         return refusal_response(refusal)
-    return sse_response(_events(events), keepalive_s=request.app.state.serve.chat_keepalive_s)
+    return sse_response(_events(events, runner.answer_step, step_events_wanted(request)),
+                        keepalive_s=request.app.state.serve.chat_keepalive_s)

@@ -6,12 +6,15 @@
                "param": "message",                 # the request field at fault, or null
                "code": "invalid_value"}}           # or null
 
-Statuses: 400 a bad body (``param`` names the field), 401 a missing or wrong bearer
+Statuses: 400 a bad body (``param`` names the field) or a ``Host`` the server does not
+answer to (``invalid_host``), 401 a missing or wrong bearer
 token (``invalid_api_key``) or identity (``invalid_identity``), 403 a conversation bound
 to another identity (``conversation_forbidden``), 404 an unknown model
-(``model_not_found``), 409 an ``Idempotency-Key`` whose first request is still running
-past the wait (``request_in_progress``), 413 a body over the server's limit
-(``body_too_large``), 422 an ``Idempotency-Key`` reused with another request
+(``model_not_found``) or path (``unknown_url``), 405 a method the path does not take
+(``method_not_allowed``, with ``Allow``), 409 an ``Idempotency-Key`` whose first
+request is still running past the wait (``request_in_progress``), 413 a body over the server's limit
+(``body_too_large``), 415 a body that is not ``application/json``
+(``unsupported_media_type``), 422 an ``Idempotency-Key`` reused with another request
 (``idempotency_key_reused``), 502 the chain failed (``code``: its error type), 503 the
 chain is not ready yet (``not_ready``), the run log a request needs is away past its
 outage wait (``log_unavailable``) or the identity provider's keys cannot be had
@@ -25,11 +28,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["JSONBody", "body_too_large", "body_too_large_response", "error_body",
-           "error_response", "not_ready", "refusal_body", "refusal_response"]  # fmt: skip
+__all__ = ["JSONBody", "NotJSON", "body_too_large", "body_too_large_response", "error_body",
+           "error_response", "http_error", "not_ready", "read_json", "refusal_body",
+           "refusal_response"]  # fmt: skip
 
 #: a refusal's (param, code) by the chain's error type (:func:`refusal_body`)
 _REFUSALS = {
@@ -49,6 +54,28 @@ class JSONBody(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+class NotJSON(ValueError):
+    """A request body that is not one JSON document (the message says why)."""
+
+
+def read_json(raw: bytes) -> Any:
+    """The JSON document of a request body.
+
+    Raises:
+        NotJSON: not UTF-8 JSON (``the body is not JSON (Expecting value, column 1)``),
+            or nested deeper than the parser's recursion allows (``nested too
+            deeply``: a 2 KB body of 1,000 ``[`` would otherwise end in a 500).
+    """
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise NotJSON(f"the body is not JSON ({e.msg}, column {e.colno})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise NotJSON("the body is not JSON (expected UTF-8 text)") from None
+    except RecursionError:
+        raise NotJSON("the body is not JSON we take (nested too deeply)") from None
 
 
 def error_body(message: str, kind: str, param: str | None = None,
@@ -96,6 +123,25 @@ def body_too_large_response(limit: int) -> Response:
     """``413``: the request body is over ``limit`` bytes."""
     return error_response(413, f"the request body is over this server's limit of {limit} bytes",
                           code="body_too_large")  # fmt: skip
+
+
+#: the code of an HTTP error no route answered itself (an unknown path, a method the
+#: route does not take), by status
+_HTTP_CODES = {404: "unknown_url", 405: "method_not_allowed"}
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """The exception handler for Starlette's own HTTP errors (an unknown path 404, a
+    method the route does not take 405 with ``Allow``): in the error shape, as OpenAI
+    answers an unknown URL (``Invalid URL (GET /v1/nothing)``), instead of plain text."""
+    assert isinstance(exc, HTTPException)
+    status = exc.status_code
+    what = {404: "Invalid URL", 405: "Method not allowed"}.get(status, str(exc.detail))
+    return error_response(
+        status, f"{what} ({request.method} {request.url.path})",
+        "server_error" if status >= 500 else "invalid_request_error",
+        code=_HTTP_CODES.get(status), headers=dict(exc.headers or {}),
+    )  # fmt: skip
 
 
 async def body_too_large(request: Request, exc: Exception) -> Response:

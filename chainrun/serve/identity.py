@@ -46,7 +46,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ REFRESH_S = 300.0
 MIN_REFRESH_S = 30.0
 #: s a JWKS fetch may take
 FETCH_TIMEOUT_S = 5.0
+#: s between ``/readyz``'s tries to fetch an identity provider's keys while none are held
+CHECK_EVERY_S = 2.0
 #: RFC 7519 section 4.1's registered claims and what each must be
 _NUMERIC_DATES = ("exp", "nbf", "iat")
 _STRINGS = ("iss", "sub", "jti")
@@ -215,6 +217,11 @@ class JwksKeys:
         self._keys = _key_set(raw, self.source)
         self._fetched_at = time.monotonic()
         return self._keys
+
+    @property
+    def held(self) -> bool:
+        """Whether a key set is held (read at start or fetched since)."""
+        return self._keys is not None
 
     def kids(self) -> set[str]:
         """The key ids held."""
@@ -413,10 +420,33 @@ class IdentitySource:
 
     header: str
     verifier: TokenVerifier | None = None
+    #: why a caller's identity cannot be checked now (the identity provider's keys
+    #: cannot be had and none are held), as the last request or :meth:`check` found;
+    #: None: it can
+    unavailable: str | None = field(default=None, init=False)
+    _checked_at: float = field(default=-math.inf, init=False)
 
     def __post_init__(self) -> None:
         if not self.header.strip():
             raise ValueError("identity header: expected a header name")
+
+    async def check(self) -> str | None:
+        """Why a caller's identity cannot be checked now, or None (``/readyz``). With an
+        identity provider's key set of which none is held (never read, or unreadable
+        at the last request), it is fetched again, at most every :data:`CHECK_EVERY_S`
+        (a server that is not ready gets no requests to find out it is back)."""
+        jwks = self.verifier.jwks if self.verifier is not None else None
+        if jwks is None or (self.unavailable is None and jwks.held):
+            return self.unavailable
+        now = time.monotonic()
+        if now - self._checked_at >= CHECK_EVERY_S:
+            self._checked_at = now
+            try:
+                await jwks.key_set(None)
+                self.unavailable = None
+            except (IdentityUnavailable, ValueError) as e:
+                self.unavailable = str(e)
+        return self.unavailable
 
     def describe(self) -> str:
         """The mode serve runs in, in one line (said at start)."""
@@ -450,6 +480,10 @@ class IdentitySource:
                                                 time.time() if now_s is None else now_s)
         except IdentityRefused as e:
             raise IdentityRefused(f"{self.header}: {e}") from None
+        except IdentityUnavailable as e:
+            self.unavailable = str(e)
+            raise
+        self.unavailable = None
         extra = {k: v for k, v in claims.items() if k not in _REGISTERED}
         return self._checked(claims["sub"], extra)
 

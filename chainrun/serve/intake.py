@@ -4,7 +4,8 @@ the chain: the one helper ``/chat`` and the OpenAI-compatible face build it with
 What a face reads of its body is an :class:`Asked` (the message, the conversation it
 names, the chat's opening, the client's thread, a decision, the end user, a background
 request's kind); :func:`turn_request` adds what the HTTP request carries (the
-``Idempotency-Key`` header, the caller's identity) and which conversation the turn
+``Idempotency-Key`` header, the caller's identity, its request id: the turn's, as its
+``x-request-id`` says) and which conversation the turn
 belongs to (:mod:`chainrun.desk.conversations`): the one the client names, else one
 derived from the chat's opening and the caller, else (a keyed request) one derived from
 the key, else a new one. A request that cannot become a turn is answered here, in the
@@ -27,6 +28,7 @@ from chainrun.desk.conversations import derived_conversation_id
 from chainrun.desk.keys import key_problem, keyed_conversation_id
 from chainrun.errors import UserInputError
 from chainrun.identity import Identity
+from chainrun.serve.browsers import request_id
 from chainrun.serve.errors import error_response
 from chainrun.serve.identity import IdentityRefused, IdentitySource, IdentityUnavailable
 
@@ -100,6 +102,7 @@ async def turn_request(
             asked.message, history=asked.history, user=user, end_user=asked.end_user,
             idempotency_key=key, confirm=asked.confirm, deny=asked.deny,
             background=asked.background, received=received,
+            request_id=request_id(request.scope),
         )  # fmt: skip
         # a background request's turn has a conversation of its own, whatever it names
         conversation = asked.conversation_id if asked.background is None else None

@@ -3,6 +3,7 @@
 Routes::
 
     GET  /v1/models              {"object": "list", "data": [{"id": MODEL, ...}]}
+    GET  /v1/models/{id}         {"id": MODEL, "object": "model", ...} (another id: 404)
     POST /v1/chat/completions    stream=false: one chat.completion
                                  stream=true:  SSE of chat.completion.chunk, "data: [DONE]"
 
@@ -55,13 +56,13 @@ What comes back besides the answer:
   ``request_id`` finds the turn in the log), and ``usage`` covers the calls made until
   the answer. A turn refused or failed before its answer ends as before, with the
   whole turn summary.
-* ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn the
-  chain refused (a fail-closed step); a refused streamed turn whose answer had already
-  begun ends there, its ``chainrun.status`` says ``refused``. ``length`` for a turn whose
-  answer was **cut**: the answer step failed (its deadline, a stream that broke off)
-  after part of its answer had been sent; that part is the answer (``content``, or the
-  chunks already streamed), never replaced by a refusal, and ``chainrun.status`` is
-  ``cut`` with the step's ``error_type``.
+* ``finish_reason``: ``stop`` for an answered turn, ``content_filter`` for a turn a
+  check refused (a turn refused because a step failed is an error, below); a refused
+  streamed turn whose answer had already begun ends there, its ``chainrun.status`` says
+  ``refused``. ``length`` for a turn whose answer was **cut**: the answer step failed
+  (its deadline, a stream that broke off) after part of its answer had been sent; that
+  part is the answer (``content``, or the chunks already streamed), never replaced by a
+  refusal, and ``chainrun.status`` is ``cut`` with the step's ``error_type``.
 
 An ``Idempotency-Key`` header (the IETF HTTPAPI draft's field; pass it with the
 ``openai`` SDK's ``extra_headers`` and its own retries carry it) makes a request sent
@@ -76,10 +77,17 @@ chainrun's question, and the next user message of the same chat is read as the r
 (:mod:`chainrun.serve.identity`): 401 when it does not check out, 403 for a
 conversation bound to another identity.
 
-A turn that ends in ``error`` (a provider down) is an HTTP 502 error object, or, once a
-stream has begun, an ``error`` object in the stream (the ``openai`` client raises
-``APIError`` on it). Closing the stream early, or disconnecting while waiting for a
-non-streamed answer, cancels the turn's in-flight calls; the turn is logged ``cancelled``.
+A turn that gave no answer because a step failed (it ends ``error``, or ``refused`` with
+the failed step's ``error_type``: a provider down, a 500, a 429, a deadline, a broken
+stream) is an HTTP error object with ``type`` ``server_error`` and ``code`` the error
+type: 503 (with ``Retry-After``) for ``unavailable``, ``http_429``, ``rate_limited``
+and ``circuit_open``, 504 for the deadlines, else 502. A streamed completion starts its
+stream at the answer's first token or after :data:`OUTAGE_WAIT_S` (2 s; at most the
+``--v1-keepalive-s`` interval), whichever is first, so that a turn failing at once gets
+that status; one failing later ends its begun stream with an ``error`` object (the
+``openai`` client raises ``APIError`` on it).
+Closing the stream early, or disconnecting while waiting for a non-streamed answer,
+cancels the turn's in-flight calls; the turn is logged ``cancelled``.
 A turn the server cancels as it stops (its stop's deadline, a second Ctrl-C) is an HTTP
 503 error object with code ``cancelled``, or that ``error`` object in a stream.
 """
@@ -104,16 +112,25 @@ from chainrun.desk.background import BackgroundRequests
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
+    RETRY_AFTER_S,
     JSONBody,
+    NotJSON,
     error_body,
     error_response,
     not_ready,
+    read_json,
     refusal_body,
     refusal_response,
 )
 from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
-from chainrun.serve.turns import TurnRunner, WireEvent, opened
+from chainrun.serve.turns import TurnRunner, WireEvent, opened, peek
+
+#: s a streamed completion waits for its answer's first token before it starts its
+#: stream, so that a turn failing at once (its server down, a 500, a 429, an open
+#: breaker: each fails within this) is an HTTP error and not an error inside a 200
+#: stream; a slower failure is the stream's ``error`` object
+OUTAGE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -278,28 +295,73 @@ def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
 
 def answer_done_usage(u: dict[str, Any]) -> dict[str, Any]:
     """A usage object of :class:`chainrun.log.rows.TurnUsage`'s JSON shape in the Chat
-    Completions ``usage`` shape; a count no call reported is null, never 0 (unknown is
-    not none)."""
-    inp, out = u["input_tokens"], u["output_tokens"]
+    Completions ``usage`` shape: every count an integer, as the API types them (a
+    strictly typed client fails on null); a count no call of the turn reported is 0
+    there and named in ``unreported`` (e.g. ``["prompt_tokens_details.cached_tokens"]``),
+    an extension field, so that unknown still reads apart from none."""
+    counts = {
+        "prompt_tokens": u["input_tokens"],
+        "completion_tokens": u["output_tokens"],
+        "completion_tokens_details.reasoning_tokens": u["reasoning_tokens"],
+        "prompt_tokens_details.cached_tokens": u["cached_input_tokens"],
+    }
+    n = {k: v or 0 for k, v in counts.items()}
     return {
-        "prompt_tokens": inp,
-        "completion_tokens": out,
-        "total_tokens": None if inp is None or out is None else inp + out,
-        "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
-        "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
+        "prompt_tokens": n["prompt_tokens"],
+        "completion_tokens": n["completion_tokens"],
+        "total_tokens": n["prompt_tokens"] + n["completion_tokens"],
+        "completion_tokens_details": {
+            "reasoning_tokens": n["completion_tokens_details.reasoning_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": n["prompt_tokens_details.cached_tokens"]},
+        "unreported": [k for k, v in counts.items() if v is None],
     }
 
 
-def _failure(summary: dict[str, Any]) -> tuple[str, str | None]:
-    """The error message and code of a turn that gave no answer: failed (``error``), or
-    cancelled by the server stopping (the client that went away reads nothing)."""
+#: the HTTP status of a turn that failed, by its error type (the rest: 502): the
+#: provider's own limits and an unreachable server 503, a deadline 504
+_FAILED_STATUS = {"http_429": 503, "rate_limited": 503, "circuit_open": 503,
+                  "unavailable": 503, "timeout": 504, "first_token_timeout": 504,
+                  "idle_timeout": 504}  # fmt: skip
+
+
+def failed(summary: dict[str, Any]) -> bool:
+    """Whether the turn gave no answer of its own making: it ended ``error`` or
+    ``cancelled``, or it was refused because a step failed (its provider down, a 500,
+    a 429, a deadline, a broken stream: the refused turn's ``error_type`` is set), not
+    because a check refused the answer (``error_type`` null)."""
+    status = summary["status"]
+    return status in ("error", "cancelled") or (
+        status in ("refused", "replaced") and summary.get("error_type") is not None)
+
+
+def _failure(summary: dict[str, Any]) -> tuple[int, str, str | None]:
+    """The HTTP status, error message and code of a turn that gave no answer
+    (:func:`failed`): cancelled by the server stopping (503; the client that went away
+    reads nothing), or failed (503, 504 or 502 by its error type, the code its type)."""
     if summary["status"] == "cancelled":
-        return "the server stopped before the turn finished (the turn was cancelled)", "cancelled"
-    return f"the chain failed: {summary['error_type']}", summary["error_type"]
+        return (503, "the server stopped before the turn finished (the turn was cancelled)",
+                "cancelled")  # fmt: skip
+    kind = summary["error_type"]
+    return _FAILED_STATUS.get(kind, 502), f"the chain failed: {kind}", kind
+
+
+def _failed_response(summary: dict[str, Any]) -> Response:
+    """The HTTP error of a turn that gave no answer (:func:`_failure`)."""
+    status, message, code = _failure(summary)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return error_response(status, message, "server_error", code=code, headers=headers)
+
+
+def _answer_begun(answer_step: str) -> Callable[[WireEvent], bool]:
+    """Whether an event is the answer's first (a token of ``answer_step``, its end) or
+    the turn's end: a streamed response waits for it (:data:`OUTAGE_WAIT_S` at most)."""
+    return lambda ev: ev.event in ("answer_done", "turn") or (
+        ev.event == "token" and ev.data.get("step") == answer_step)
 
 
 def _finish_reason(status: str) -> str:
-    """``content_filter`` for a refused or replaced turn, ``length`` for a cut one (the
+    """``content_filter`` for a turn a check refused or replaced (a failed step's
+    refusal is an error instead: :func:`failed`), ``length`` for a cut one (the
     answer ended before it was complete: the API's "the maximum number of tokens ...
     was reached" is the nearest of its reasons), else ``stop``."""
     if status in ("refused", "replaced"):
@@ -307,15 +369,23 @@ def _finish_reason(status: str) -> str:
     return "length" if status == "cut" else "stop"
 
 
+def _model_object(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}
+
+
 async def models(request: Request) -> Response:
     """``GET /v1/models``: the chain as one model."""
     model_id = request.app.state.serve.model_id
-    return JSONBody(
-        {
-            "object": "list",
-            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "chainrun"}],
-        }
-    )
+    return JSONBody({"object": "list", "data": [_model_object(model_id)]})
+
+
+async def model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: the chain's model object, or 404 ``model_not_found``."""
+    served, asked = request.app.state.serve.model_id, request.path_params["model_id"]
+    if asked != served:
+        return error_response(404, f"The model {asked!r} does not exist; this server serves "
+                              f"{served!r}", param="model", code="model_not_found")  # fmt: skip
+    return JSONBody(_model_object(served))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -323,9 +393,9 @@ async def chat_completions(request: Request) -> Response:
     received = Received.now()  # the turn's clock starts here
     state = request.app.state.serve
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        return error_response(400, "the body is not JSON")
+        body = read_json(await request.body())
+    except NotJSON as e:
+        return error_response(400, str(e), code="invalid_json")
     try:
         req = parse_completion_request(body, state.model_id, state.background,
                                        request.headers.get(state.conversation_header))
@@ -337,11 +407,20 @@ async def chat_completions(request: Request) -> Response:
     turn = await turn_request(request, req.asked, received)
     if isinstance(turn, Response):
         return turn
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    completion_id = f"chatcmpl-{turn.request_id or uuid.uuid4().hex}"
     if req.stream:
         events, refusal = await opened(runner.stream(turn), runner.refusal_wait_s)
         if refusal is not None:  # refused before its turn ran: the status, not a stream
             return refusal_response(refusal)
+        # a turn that fails at once (a server down, a 500, a 429, an open breaker) is
+        # an HTTP error, as a client's retry logic expects, not a stream that says so
+        # (never longer than the keep-alive interval asked for: the stream's pings begin)
+        wait_s = min(OUTAGE_WAIT_S, state.v1_keepalive_s or OUTAGE_WAIT_S)
+        events, read = await peek(events, wait_s, _answer_begun(runner.answer_step))
+        if read and read[-1].event == "turn" and failed(read[-1].data):
+            async for _ in events:  # the turn has ended: read to its end, which closes it
+                pass
+            return _failed_response(read[-1].data)
         return sse_response(
             _chunks(events, runner.answer_step, req, completion_id, state.model_id),
             keepalive_s=state.v1_keepalive_s,
@@ -351,10 +430,8 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)
     if "error" in summary:  # refused before it ran (a key reused with another request)
         return refusal_response(summary["error"])
-    if summary["status"] in ("error", "cancelled"):
-        message, code = _failure(summary)
-        status = 503 if summary["status"] == "cancelled" else 502
-        return error_response(status, message, "server_error", code=code)
+    if failed(summary):
+        return _failed_response(summary)
     return JSONBody(
         {
             "id": completion_id,
@@ -375,7 +452,7 @@ async def chat_completions(request: Request) -> Response:
                 }
             ],
             "usage": openai_usage(summary),
-            "chainrun": summary,
+            "chainrun": {"request_id": turn.request_id, **summary},
         }
     )
 
@@ -440,8 +517,8 @@ async def _chunks(
             break
         elif ev.event == "turn":
             summary = ev.data
-            if summary["status"] in ("error", "cancelled"):
-                message, code = _failure(summary)
+            if failed(summary):
+                _, message, code = _failure(summary)
                 body = error_body(message, "server_error", code=code)
                 yield sse_event(json.dumps({**body, "chainrun": summary}))
                 break

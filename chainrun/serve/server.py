@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +26,8 @@ from chainrun.log.store import Store
 from chainrun.runtime.event_loop import uvicorn_loop
 from chainrun.runtime.listen_socket import listening_socket
 from chainrun.serve.app import ServeState, create_app
+from chainrun.serve.browsers import allowed_hosts, cors, is_loopback
+from chainrun.serve.head_limit import HeadLimitedProtocol
 from chainrun.serve.identity import IdentitySource
 from chainrun.serve.settings import (
     CHAT_KEEPALIVE_S,
@@ -38,16 +39,6 @@ from chainrun.serve.settings import (
 )
 from chainrun.serve.turns import TurnObserver
 from chainrun.serve.workers import Supervisor, WorkerSlot
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -78,6 +69,9 @@ def serve(
     identity: IdentitySource | None = None,
     background: BackgroundRequests | None = None,
     conversation_header: str = CONVERSATION_HEADER,
+    allowed_host: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
+    step_events: bool = False,
 ) -> None:
     """Serve the chat backend until interrupted (blocking; SIGINT/SIGTERM stop it, in-flight
     turns are cancelled and logged, the run is closed).
@@ -115,10 +109,18 @@ def serve(
         background: the chat UIs' background requests the OpenAI face recognises
             (:mod:`chainrun.desk.background`; None: the defaults).
         conversation_header: the header the OpenAI face reads a conversation id from.
+        allowed_host: more ``Host`` names the server answers to besides ``host``'s own
+            (:func:`chainrun.serve.browsers.allowed_hosts`: a wildcard ``host`` with none
+            answers to any).
+        cors_origins: the origins whose pages may call the server
+            (:func:`chainrun.serve.browsers.cors`; none: no page but its own).
+        step_events: every ``/chat`` stream carries the operator's events (each step's
+            output, the checks' reasons: :func:`chainrun.serve.chat.step_events_wanted`).
 
     Raises:
-        UserInputError: a non-loopback host without a token; ``max_body_bytes`` below 1;
-            ``workers`` below 1; an address that cannot be bound; an unusable log.
+        UserInputError: a non-loopback host without a token; an origin that is none;
+            ``max_body_bytes`` below 1; ``workers`` below 1; an address that cannot be
+            bound; an unusable log.
         LogFileGone: (one worker) the log's SQLite file was deleted or replaced while
             serving: raised at the stop, naming the run's turns that went with it.
         WorkersFailed: (``workers`` above 1) once every worker has ended, when any of
@@ -133,6 +135,11 @@ def serve(
             f"--host {host}: serving beyond loopback needs a bearer token; "
             f"set {TOKEN_ENV} in the environment"
         )
+    try:
+        cors(cors_origins)
+    except ValueError as e:
+        raise UserInputError(f"--cors-origin: {e}") from None
+    web = (allowed_hosts(host, allowed_host), tuple(cors_origins), step_events)
     sock = bind(host, port)
     if workers > 1:
         try:
@@ -148,7 +155,7 @@ def serve(
                            max_body_bytes=max_body_bytes, seed_windows=seed_windows,
                            keepalive=(chat_keepalive_s, v1_keepalive_s),
                            announce=False, fleet=slot, identity=identity,
-                           faces=(background, conversation_header))  # fmt: skip
+                           faces=(background, conversation_header), web=web)  # fmt: skip
             finally:
                 for obs in made:  # flush an exporter before the worker exits
                     stop = getattr(obs, "shutdown", None)
@@ -170,7 +177,7 @@ def serve(
     _serve_one(config, db, sock, token=token, model_id=model_id, observers=observers,
                max_body_bytes=max_body_bytes, seed_windows=seed_windows,
                keepalive=(chat_keepalive_s, v1_keepalive_s), identity=identity,
-               faces=(background, conversation_header))  # fmt: skip
+               faces=(background, conversation_header), web=web)  # fmt: skip
 
 
 def _serve_one(
@@ -188,12 +195,15 @@ def _serve_one(
     fleet: WorkerSlot | None = None,
     identity: IdentitySource | None = None,
     faces: tuple[BackgroundRequests | None, str] = (None, CONVERSATION_HEADER),
+    web: tuple[tuple[str, ...] | None, tuple[str, ...], bool] = (None, (), False),
 ) -> None:
     """One serving process on the bound ``sock`` until SIGINT/SIGTERM (see :class:`_Server`;
     ``announce``: say on stderr what a stop signal does; a worker leaves that to its
     parent; ``keepalive``: the keep-alive intervals of ``/chat`` and ``/v1`` in s;
     ``fleet``: a worker's slot on its parent's board, for ``/readyz``; ``faces``: the
-    OpenAI face's background requests and conversation header).
+    OpenAI face's background requests and conversation header; ``web``: the ``Host``
+    names answered (None: any) and the CORS origins, :mod:`chainrun.serve.browsers`, and
+    whether every ``/chat`` stream carries the operator's events).
 
     Raises:
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
@@ -215,8 +225,10 @@ def _serve_one(
         fleet=fleet,
         background=faces[0],
         conversation_header=faces[1],
+        step_events=web[2],
     )
-    app = create_app(state, token=token, max_body_bytes=max_body_bytes, identity=identity)
+    app = create_app(state, token=token, max_body_bytes=max_body_bytes, identity=identity,
+                     allowed_hosts=web[0], cors_origins=web[1])
     server = _Server(
         uvicorn.Config(
             app,
@@ -228,6 +240,7 @@ def _serve_one(
             # ends their streams; then whatever still runs is cancelled
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S + 2,
             backlog=2048,
+            http=HeadLimitedProtocol,  # a head over MAX_HEAD_BYTES: 431 as it arrives
         ),
         state,
         announce=announce,

@@ -4,6 +4,11 @@
 #: the largest request body accepted, in bytes (1 MiB: a chat body is a few KB, and
 #: a message is at most 8,000 characters, 32 KB of UTF-8 at most, JSON escapes aside)
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: the largest request head (its request line and headers), in bytes: past it a request
+#: is answered 431 as it arrives (:mod:`chainrun.serve.head_limit`). 64 KiB: above
+#: nginx's default (4 buffers of 8 KiB, ``large_client_header_buffers``) and Node.js's
+#: (16 KiB, ``--max-http-header-size``), so that no client a proxy passes is refused
+MAX_HEAD_BYTES = 64 << 10
 #: the chain's model id on the OpenAI-compatible face (``/v1/models``)
 DEFAULT_MODEL_ID = "chainrun-shop"
 #: the environment variable holding the bearer token (never a command-line argument,

@@ -249,8 +249,28 @@ async def opened(
     Raises:
         What ``stream`` raised before its first event (a crash of the turn).
     """
+    events, read = await peek(stream, REFUSAL_WAIT_S if wait_s is None else wait_s,
+                              lambda ev: ev.event != "turn_started")  # fmt: skip
+    if read and read[-1].event == "error":  # nothing is being read: close it as it is
+        await stream.aclose()
+        return _replayed([], None, stream, ended=True), read[-1].data
+    return events, None
+
+
+async def peek(
+    stream: AsyncGenerator[WireEvent, None], wait_s: float,
+    stop: Callable[[WireEvent], bool],
+) -> tuple[AsyncGenerator[WireEvent, None], list[WireEvent]]:  # fmt: skip
+    """``stream`` read for at most ``wait_s`` seconds, up to its first event for which
+    ``stop`` is true or an ``error`` event: ``(events, read)``, where ``read`` holds the
+    events read (the last one the event that stopped it, if any) and ``events`` yields
+    them and then the rest of ``stream``. Closing ``events`` closes ``stream``.
+
+    Raises:
+        What ``stream`` raised while read here.
+    """
     loop = asyncio.get_running_loop()
-    until = loop.time() + (REFUSAL_WAIT_S if wait_s is None else wait_s)
+    until = loop.time() + wait_s
     first: list[WireEvent] = []
     pending: asyncio.Future[WireEvent] | None = None
     ended = False
@@ -266,16 +286,13 @@ async def opened(
             except StopAsyncIteration:
                 ended = True
                 break
-            if ev.event == "error":
-                await stream.aclose()
-                return _replayed([], None, stream, ended=True), ev.data
             first.append(ev)
-            if ev.event != "turn_started":
+            if ev.event == "error" or stop(ev):
                 break
     except BaseException:
         await _close(pending, stream)
         raise
-    return _replayed(first, pending, stream, ended=ended), None
+    return _replayed(list(first), pending, stream, ended=ended), first
 
 
 async def _close(pending: asyncio.Future[WireEvent] | None,

@@ -34,7 +34,9 @@ function ms(value) {
 }
 
 function headers() {
-  const h = { "Content-Type": "application/json", "Accept": "text/event-stream" };
+  // the operator's events (the waterfall's): taken with the bearer token or serve --step-events
+  const h = { "Content-Type": "application/json", "Accept": "text/event-stream",
+              "Chainrun-Events": "steps" };
   if (state.token) h["Authorization"] = "Bearer " + state.token;
   return h;
 }
