@@ -33,6 +33,18 @@ the face does not honour (:data:`REFUSED_PARAMETERS`: ``n`` other than 1, ``tool
 ``response_format`` other than text, ``logprobs``, audio) is refused with 400
 ``unsupported_parameter`` naming it, never answered with prose that ignores it.
 
+**The prompt cache of a stateless chat**: a chat's turns share its conversation (the
+derived id above), and the conversation is what keeps the turn's model calls on one
+prompt cache (a llama-server slot, ``prompt_cache_key`` upstream:
+:mod:`chainrun.providers.affinity`); the earlier turns the client sends back are
+rendered as the chain's own prompts showed them where they equal turns this process
+answered (:mod:`chainrun.conversations.threads`), so turn 2's prompt begins with turn
+1's prompt and answer, the prefix the server has cached. The request's
+``prompt_cache_key`` is taken as OpenAI defines it, a hint that requests sharing it
+share a cache: it keys the turn's cache instead of the conversation, scoped by the
+caller (:func:`chainrun.desk.conversations.hinted_cache_key`), and names no
+conversation.
+
 What comes back besides the answer:
 
 * ``usage`` sums the chain's tokens over every model call of the turn, hedge copies
@@ -101,6 +113,7 @@ from chainrun.conversations.messages import message_text, read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received, TurnRequest
 from chainrun.desk.background import BackgroundRequests
+from chainrun.desk.conversations import MAX_HINT_CHARS
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
@@ -164,12 +177,12 @@ REFUSED_PARAMETERS: dict[str, tuple[Callable[[Any], bool], str]] = {
 #: Request parameters taken without effect: the chain's steps have their own settings
 #: (model, sampling, caps, reasoning effort: the config), so these are ignored, as the
 #: module docstring says (``metadata.conversation_id`` names the conversation, ``user``
-#: and ``safety_identifier`` the end user; ``stream_options.include_usage`` is honoured).
+#: and ``safety_identifier`` the end user, ``prompt_cache_key`` the prompt cache;
+#: ``stream_options.include_usage`` is honoured).
 IGNORED_PARAMETERS: tuple[str, ...] = (
     "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
     "presence_penalty", "frequency_penalty", "logit_bias", "reasoning_effort",
-    "parallel_tool_calls", "store", "service_tier", "verbosity", "prompt_cache_key",
-    "safety_identifier",
+    "parallel_tool_calls", "store", "service_tier", "verbosity", "safety_identifier",
 )  # fmt: skip
 
 
@@ -192,7 +205,9 @@ def parse_completion_request(
             text, ...: 400 ``unsupported_parameter``); ``stream`` or
             ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
             not taken as true); ``stream_options`` is not an object; a conversation id
-            that is no string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
+            that is no string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters; a
+            ``prompt_cache_key`` that is no string of 1 to
+            :data:`~chainrun.desk.conversations.MAX_HINT_CHARS` characters.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", None)
@@ -239,6 +254,8 @@ def parse_completion_request(
     asked = Asked(
         text, conversation_id=conversation, opening=thread.opening, history=thread.history,
         end_user=_text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
+        cache_hint=_text_field(body.get("prompt_cache_key"), "prompt_cache_key",
+                               MAX_HINT_CHARS),
     )  # fmt: skip
     return CompletionRequest(
         asked=asked,
