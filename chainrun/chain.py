@@ -609,16 +609,15 @@ class Chain:
 
     def _answer_done(self, admitted: Admitted, run: TurnRun, turn: TurnRow,
                      event: AnswerDone) -> AnswerDone:  # fmt: skip
-        """``event`` with the turn's conversation and index; what a turn of a thread its
-        caller keeps showed is recorded now, before the checks after the answer end
-        (``ConversationSource.answered``): a client that sends its next request as soon
-        as it has the answer finds it."""
+        """``event`` with the turn's conversation and index; the turn is recorded in its
+        conversation now, before the checks after the answer end
+        (``ConversationSource.answered``): a client that sends its next message as soon
+        as it has the answer finds this turn in the history."""
         place = admitted.place
-        if place.thread:
-            context, messages = answer_turn(run.calls(), self.config.answer_step,
-                                            self._answer_template, place.history.text)
-            self.conversations.answered(place, HistoryTurn(
-                turn.input, event.text, shown_products(run.rows()), context, messages))
+        context, messages = answer_turn(run.calls(), self.config.answer_step,
+                                        self._answer_template, place.history.text)
+        self.conversations.answered(place, HistoryTurn(
+            turn.input, event.text, shown_products(run.rows()), context, messages))
         return dataclasses.replace(event, conversation_id=turn.conversation_id,
                                    turn_index=turn.turn_index)
 

@@ -174,3 +174,43 @@ def test_caller_threads_stand_in_only_for_the_turn_they_equal() -> None:
     threads.record("c", 3, HistoryTurn("m3", "a3", context="k3"))
     assert threads.fill("c", [sent])[0] == shown
     assert threads.fill("c", [sent, HistoryTurn("m2", "a2")])[1].context is None
+
+
+async def test_a_message_sent_at_answer_done_finds_the_answer_in_its_history(tmp_path) -> None:
+    """``answer_done`` tells a client it may send the next message while the checks after
+    the answer still run: that message's turn has the answered turn in its history (the
+    turn is recorded in its conversation at ``answer_done``, not only at its end), on
+    ``/chat`` and through the OpenAI face alike."""
+    import httpx
+    from conftest import reply_by_step
+    from serve_helpers import sse
+
+    from chainrun.providers.fake import FakeProvider, FakeReply
+
+    slow = {"validate": FakeReply('{"ok": true, "reason": "fine"}', ttft_s=1.5),
+            "critique": FakeReply("Mention the price.", ttft_s=1.5)}  # fmt: skip
+    fake = FakeProvider(name="local", script=reply_by_step(slow))
+    store = Store.open(tmp_path / "log.db")
+    cfg = config_from_dict({})
+
+    def factory() -> Chain:
+        return Chain(cfg, store=store, providers={"local": fake}, kind="live", quiet=True)
+
+    async with serving(factory) as (url, _), httpx.AsyncClient(base_url=url) as client:
+        for message in ("a rain jacket?", "in blue?"):
+            body = {"message": message, "conversation_id": "c-at-done"}
+            async with client.stream("POST", "/chat", json=body) as r:
+                async for event, _ in sse(r):
+                    if event == "answer_done":
+                        break  # the checks after the answer still run
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
+            await _chat(c, ["wool hats?", "in red?"], stream=True)
+    def compose(message: str) -> str:
+        asks = f"Shopper: {message}\nStylist:"
+        (found,) = [r.messages[-1]["content"] for r in fake.requests
+                    if r.messages[-1]["content"].rstrip().endswith(asks)]  # fmt: skip
+        return str(found)
+
+    assert "a rain jacket?" in compose("in blue?")
+    assert compose("in red?").startswith(compose("wool hats?"))
+    store.close()

@@ -406,14 +406,15 @@ class ConversationSource:
     ) -> None:  # fmt: skip
         """Record an ended turn: the message, what reached the shopper, the products it
         showed and what its answer prompt showed after the history (``context``)."""
-        turn = HistoryTurn(message, shown or "", products, context, messages)
-        if place.remember:
-            self.memory.end(place.conversation_id, place.turn_index, turn)
-        self.answered(place, turn)
+        self.answered(place, HistoryTurn(message, shown or "", products, context, messages))
 
     def answered(self, place: TurnPlace, turn: HistoryTurn) -> None:
-        """Record what a turn of a thread its caller keeps showed (``place.thread``; else
-        nothing): called once the shopper has the whole answer, before the checks after
-        it end, so that a client's next request finds it, and again at the turn's end."""
+        """Record a turn as the shopper has it: in the chain's memory (``place.remember``)
+        or as what a turn of a thread its caller keeps showed (``place.thread``). Called
+        once the shopper has the whole answer, before the checks after it end, so that
+        the conversation's next turn, sent as soon as the answer is in, finds it; and
+        again at the turn's end (the record replaced)."""
+        if place.remember:
+            self.memory.end(place.conversation_id, place.turn_index, turn)
         if place.thread:
             self.threads.record(place.conversation_id, place.turn_index, turn)
