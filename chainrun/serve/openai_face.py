@@ -101,7 +101,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,7 @@ from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import message_text, read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received, TurnRequest
@@ -209,16 +210,7 @@ def parse_completion_request(
             ``prompt_cache_key`` that is no string of 1 to
             :data:`~chainrun.desk.conversations.MAX_HINT_CHARS` characters.
     """
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
-    if model != model_id:
-        raise InvalidRequest(
-            f"The model {model!r} does not exist; this server serves {model_id!r}",
-            "model", status=404, code="model_not_found",
-        )  # fmt: skip
+    check_body(body, model_id, REFUSED_PARAMETERS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: expected a non-empty list", "messages")
@@ -229,20 +221,7 @@ def parse_completion_request(
     text = thread.message if thread.message or kind is None else texts[-1]
     if not text or not text.strip():
         raise InvalidRequest("messages: expected a user message with text content", "messages")
-    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
-    if problem is not None:
-        raise InvalidRequest(f"messages: the last user message: {problem}", "messages")
-    for i, turn in enumerate(thread.history):  # the library's rule for every earlier text
-        for what, value in (("user", turn.message), ("assistant", turn.answer)):
-            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
-            if problem is not None:
-                raise InvalidRequest(
-                    f"messages: earlier turn {i + 1}, the {what} message: {problem}", "messages"
-                )
-    for param, (accepts, reason) in REFUSED_PARAMETERS.items():
-        if body.get(param) is not None and not accepts(body[param]):
-            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
-                                 code="unsupported_parameter")  # fmt: skip
+    check_texts(text, thread.history, "messages")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("stream_options: expected an object", "stream_options")
@@ -262,6 +241,49 @@ def parse_completion_request(
         stream=_flag(body.get("stream"), "stream"),
         include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
     )
+
+
+def check_body(body: Any, model_id: str,
+               refused: dict[str, tuple[Callable[[Any], bool], str]]) -> None:  # fmt: skip
+    """The checks every face's body passes first: a JSON object, ``model`` the served
+    ``model_id``, and no parameter of ``refused`` set to a value it does not accept.
+
+    Raises:
+        InvalidRequest: not an object; ``model`` missing (400) or another (404
+            ``model_not_found``); a refused parameter (400 ``unsupported_parameter``).
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", None)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
+    if model != model_id:
+        raise InvalidRequest(
+            f"The model {model!r} does not exist; this server serves {model_id!r}",
+            "model", status=404, code="model_not_found",
+        )  # fmt: skip
+    for param, (accepts, reason) in refused.items():
+        if body.get(param) is not None and not accepts(body[param]):
+            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
+                                 code="unsupported_parameter")  # fmt: skip
+
+
+def check_texts(text: str, history: Sequence[HistoryTurn], param: str) -> None:
+    """The library's rule (:func:`~chainrun.conversations.turn_input.text_problem`) for the
+    message a turn answers and every earlier text of its thread.
+
+    Raises:
+        InvalidRequest: naming ``param``, the turn and the message at fault.
+    """
+    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
+    if problem is not None:
+        raise InvalidRequest(f"{param}: the last user message: {problem}", param)
+    for i, turn in enumerate(history):
+        for what, value in (("user", turn.message), ("assistant", turn.answer)):
+            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
+            if problem is not None:
+                raise InvalidRequest(
+                    f"{param}: earlier turn {i + 1}, the {what} message: {problem}", param)
 
 
 def _text_field(value: Any, param: str, max_chars: int) -> str | None:

@@ -87,7 +87,6 @@ from starlette.responses import Response
 
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import read_thread
-from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received, TurnRequest
 from chainrun.desk.background import BackgroundRequests
 from chainrun.desk.conversations import MAX_HINT_CHARS
@@ -101,7 +100,15 @@ from chainrun.serve.errors import (
     refusal_response,
 )
 from chainrun.serve.intake import Asked, turn_request
-from chainrun.serve.openai_face import InvalidRequest, _failure, _flag, _text_field, _whole_turn
+from chainrun.serve.openai_face import (
+    InvalidRequest,
+    _failure,
+    _flag,
+    _text_field,
+    _whole_turn,
+    check_body,
+    check_texts,
+)
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
@@ -240,20 +247,7 @@ def parse_responses_request(
             conversation id, ``user`` or ``prompt_cache_key`` that is no string of
             the allowed length.
     """
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
-    if model != model_id:
-        raise InvalidRequest(
-            f"The model {model!r} does not exist; this server serves {model_id!r}",
-            "model", status=404, code="model_not_found",
-        )  # fmt: skip
-    for param, (accepts, reason) in REFUSED_PARAMETERS.items():
-        if body.get(param) is not None and not accepts(body[param]):
-            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
-                                 code="unsupported_parameter")  # fmt: skip
+    check_body(body, model_id, REFUSED_PARAMETERS)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("instructions: expected a string", "instructions")
@@ -266,15 +260,7 @@ def parse_responses_request(
     text = thread.message if thread.message or kind is None else texts[-1]
     if not text or not text.strip():
         raise InvalidRequest("input: expected a user message with text", "input")
-    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
-    if problem is not None:
-        raise InvalidRequest(f"input: the last user message: {problem}", "input")
-    for i, turn in enumerate(thread.history):
-        for what, value in (("user", turn.message), ("assistant", turn.answer)):
-            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
-            if problem is not None:
-                raise InvalidRequest(f"input: earlier turn {i + 1}, the {what} message: "
-                                     f"{problem}", "input")  # fmt: skip
+    check_texts(text, thread.history, "input")
     metadata = body.get("metadata")
     named = metadata.get("conversation_id") if isinstance(metadata, dict) else None
     conversation = _text_field(named if named is not None else conversation_header,
