@@ -40,6 +40,7 @@ import sqlite_utils
 
 from chainrun.config import ChainConfig, load_config
 from chainrun.config.capabilities import check_model_step
+from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import (
     LOAD_TIMEOUT_S,
     SHARED_TIMEOUT_S,
@@ -591,7 +592,8 @@ class Chain:
                 yield event
             return
         state = TurnState(message=admitted.message, values={"history": admitted.place.history},
-                          fields=self.fields, conversation_id=admitted.place.conversation_id)
+                          fields=self.fields, conversation_id=admitted.place.conversation_id,
+                          cache_key=admitted.request.cache_key)
         run = TurnRun(self.steps, self.graph, state, self._answered, admitted)
         turn, shown = admitted.turn_row(), []  # the answer's text as it reached the caller
         answered = False  # AnswerDone reached the caller: the shopper has the whole answer
@@ -600,8 +602,7 @@ class Chain:
                 if isinstance(event, TokenDelta) and event.step == self.config.answer_step:
                     shown.append(event.text)
                 elif isinstance(event, AnswerDone):
-                    event = dataclasses.replace(event, conversation_id=turn.conversation_id,
-                                                turn_index=turn.turn_index)  # fmt: skip
+                    event = self._answer_done(admitted, run, turn, event)
                     answered = True
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
@@ -618,6 +619,20 @@ class Chain:
         yield finished
         if run.unavailable is not None:
             raise run.unavailable
+
+    def _answer_done(self, admitted: Admitted, run: TurnRun, turn: TurnRow,
+                     event: AnswerDone) -> AnswerDone:  # fmt: skip
+        """``event`` with the turn's conversation and index; the turn is recorded in its
+        conversation now, before the checks after the answer end
+        (``ConversationSource.answered``): a client that sends its next message as soon
+        as it has the answer finds this turn in the history."""
+        place = admitted.place
+        context, messages = answer_turn(run.calls(), self.config.answer_step,
+                                        self._answer_template, place.history.text)
+        self.conversations.answered(place, HistoryTurn(
+            turn.input, event.text, shown_products(run.rows()), context, messages))
+        return dataclasses.replace(event, conversation_id=turn.conversation_id,
+                                   turn_index=turn.turn_index)
 
     async def _end_turn(
         self, admitted: Admitted, run: TurnRun, turn: TurnRow, shown: str

@@ -147,7 +147,7 @@ async def test_every_response_has_a_request_id_and_every_error_the_shape(
         health = await client.get("/healthz")
         missing = await client.get("/v1/nothing")
         static_missing = await client.get("/static/nothing.js")
-        responses = await client.post("/v1/responses", json={"input": "hi"})
+        embeddings = await client.post("/v1/embeddings", json={"input": "hi"})
         wrong_method = await client.get("/chat")
         model = await client.get("/v1/models/chainrun-shop")
         no_model = await client.get("/v1/models/gpt-4o")
@@ -155,10 +155,10 @@ async def test_every_response_has_a_request_id_and_every_error_the_shape(
             events = [e async for e in sse(r)]
             chat_id = r.headers["x-request-id"]
         done = await client.post("/v1/chat/completions", json=V1)
-    for r in (health, missing, static_missing, responses, wrong_method, model, no_model, done):
+    for r in (health, missing, static_missing, embeddings, wrong_method, model, no_model, done):
         assert len(r.headers["x-request-id"]) == 32, r.headers
     for r, status, code in ((missing, 404, "unknown_url"), (static_missing, 404, "unknown_url"),
-                            (responses, 404, "unknown_url"),
+                            (embeddings, 404, "unknown_url"),
                             (wrong_method, 405, "method_not_allowed"),
                             (no_model, 404, "model_not_found")):  # fmt: skip
         assert r.status_code == status and r.headers["content-type"] == "application/json"

@@ -134,8 +134,8 @@ def serve_command(
                      "the bearer token."),
     ] = False,
 ) -> None:
-    """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/models,
-    the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
+    """Serve the chain until Ctrl-C: POST /chat (SSE), /v1/chat/completions, /v1/responses,
+    /v1/models, the chat page at /, /healthz and /readyz. Every turn is logged to --db as a run of
     kind live; the bearer token, if any, comes from the environment (CHAINRUN_SERVE_TOKEN).
     """
     from chainrun.config import load_config

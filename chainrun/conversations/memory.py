@@ -245,8 +245,11 @@ class ConversationMemory:
         return tuple(t for _, t in conv.turns), conv.last_index
 
     def end(self, conversation_id: str, turn_index: int, turn: HistoryTurn) -> None:
-        """Record an ended turn (whatever its status: what reached the shopper)."""
+        """Record an ended turn (whatever its status: what reached the shopper), or an
+        answered one whose checks still run; a turn recorded again at its end replaces
+        its earlier record."""
         conv = self._get(conversation_id, new=True)
+        conv.turns = [(i, t) for i, t in conv.turns if i != turn_index]
         bisect.insort(conv.turns, (turn_index, turn), key=lambda it: it[0])
         del conv.turns[: max(0, len(conv.turns) - self.keep_turns)]
         conv.last_index = max(conv.last_index, turn_index)

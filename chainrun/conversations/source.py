@@ -4,9 +4,13 @@ Each turn belongs to a conversation: the id the caller gave, or a new one
 (:func:`new_conversation_id`). Its history and turn index come from one of two places:
 
 - **given by the caller** (``Chain.stream_turn(..., history=[...])``): the
-  OpenAI-compatible face (the client's ``messages``), a replay (the chain's own earlier
+  OpenAI-compatible faces (the client's ``messages``), a replay (the chain's own earlier
   answers in that run, or the line's ``history``); the turn index is the caller's, or
-  one past the history. Nothing is remembered: such a caller keeps its own thread.
+  one past the history. Such a caller keeps its own thread; of a turn in a named
+  conversation the chain keeps only what its prompt showed
+  (:class:`~chainrun.conversations.threads.CallerThreads`), so that the next request's
+  thread, where it repeats the turn, is rendered as that prompt continued (what a
+  prompt cache reuses).
 - **the chain's own record** (``history`` None): ``/chat`` and library callers that pass
   only a conversation id; :class:`~chainrun.conversations.memory.ConversationMemory`
   keeps the latest turns of each conversation and reads the run log for one it does
@@ -43,6 +47,7 @@ from chainrun.conversations.memory import (
     Loaded,
     TurnStart,
 )
+from chainrun.conversations.threads import CallerThreads
 from chainrun.conversations.tokens import EstimateCounter, TokenCounter
 from chainrun.log.rows import WINNER_OUTCOMES, CallRow, StepRow
 from chainrun.log.store import Store
@@ -318,12 +323,15 @@ class TurnPlace:
         turn_index: the turn's 1-based position in it.
         history: the earlier turns the turn's prompts see (cut to the budget).
         remember: the chain records the turn in its memory when it ends.
+        thread: the caller keeps the thread of a named conversation: the chain records
+            what the turn's prompt showed (:class:`~chainrun.conversations.threads.CallerThreads`).
     """
 
     conversation_id: str
     turn_index: int
     history: History
     remember: bool
+    thread: bool = False
 
 
 class ConversationSource:
@@ -344,6 +352,8 @@ class ConversationSource:
     ) -> None:
         self.settings = settings
         self.memory = ConversationMemory(load, keep_turns=settings.max_turns)
+        #: what the prompts showed of the turns of threads the callers keep
+        self.threads = CallerThreads()
         self.counter: TokenCounter = counter or EstimateCounter()
 
     def use_log(self, load: LoadConversation, claim: ClaimIndex | None = None) -> None:
@@ -375,16 +385,19 @@ class ConversationSource:
         by the caller, nothing of it is read from the log)."""
         new = new or conversation_id is None
         cid = conversation_id if conversation_id is not None else new_conversation_id()
+        thread = history is not None and not new
         if history is None:
             earlier, index = await self.memory.abegin(cid, new=new, start=start)
             remember = True
         else:
-            earlier, index, remember = tuple(history), len(history) + 1, False
+            earlier = self.threads.fill(cid, history) if thread else tuple(history)
+            index, remember = len(history) + 1, False
         if turn_index is not None:
             index = turn_index
         kept = await cut_to_budget(earlier, self.settings, self.counter.count)
         text = render_history(kept, self.settings)
-        return TurnPlace(cid, index, History(kept, text, len(earlier) - len(kept)), remember)
+        return TurnPlace(cid, index, History(kept, text, len(earlier) - len(kept)), remember,
+                         thread)  # fmt: skip
 
     def end(
         self, place: TurnPlace, message: str, shown: str | None,
@@ -393,7 +406,15 @@ class ConversationSource:
     ) -> None:  # fmt: skip
         """Record an ended turn: the message, what reached the shopper, the products it
         showed and what its answer prompt showed after the history (``context``)."""
+        self.answered(place, HistoryTurn(message, shown or "", products, context, messages))
+
+    def answered(self, place: TurnPlace, turn: HistoryTurn) -> None:
+        """Record a turn as the shopper has it: in the chain's memory (``place.remember``)
+        or as what a turn of a thread its caller keeps showed (``place.thread``). Called
+        once the shopper has the whole answer, before the checks after it end, so that
+        the conversation's next turn, sent as soon as the answer is in, finds it; and
+        again at the turn's end (the record replaced)."""
         if place.remember:
-            self.memory.end(place.conversation_id, place.turn_index,
-                            HistoryTurn(message, shown or "", products, context,
-                                        messages))  # fmt: skip
+            self.memory.end(place.conversation_id, place.turn_index, turn)
+        if place.thread:
+            self.threads.record(place.conversation_id, place.turn_index, turn)

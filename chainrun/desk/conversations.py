@@ -17,6 +17,15 @@ other. So, in order:
    the same id and two chats get different ones unless they open alike; where they do,
    a reply still decides only the actions its own thread shows
    (:meth:`chainrun.actions.confirmations.Confirmations.decide`).
+
+The conversation is also what keeps a chat's model calls on one prompt cache (a
+llama-server slot, OpenAI's ``prompt_cache_key``: :mod:`chainrun.providers.affinity`),
+so every turn of a stateless chat lands where its earlier prompts are. A client that
+gives OpenAI's own hint for this, ``prompt_cache_key`` ("used to cache responses for
+similar requests to optimize your cache hit rates", OpenAI API reference, "Create chat
+completion"), has its turns keyed by that hint instead, scoped by the caller
+(:func:`hinted_cache_key`): requests that share a hint share a cache, as at OpenAI,
+and two callers' equal hints never do. The hint names no conversation.
 """
 
 from __future__ import annotations
@@ -25,7 +34,11 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-__all__ = ["derived_conversation_id"]
+__all__ = ["MAX_HINT_CHARS", "derived_conversation_id", "hinted_cache_key"]
+
+#: the longest prompt-cache hint taken, in characters (the API reference sets none; a
+#: provider's configured ``prompt_cache_key`` is held to the same)
+MAX_HINT_CHARS = 1024
 
 
 def derived_conversation_id(caller: str, opening: Sequence[str]) -> str:
@@ -35,3 +48,12 @@ def derived_conversation_id(caller: str, opening: Sequence[str]) -> str:
     turn of the chat."""
     text = json.dumps(["chat", caller, *opening], ensure_ascii=False)
     return "d" + hashlib.sha256(text.encode()).hexdigest()[:31]
+
+
+def hinted_cache_key(caller: str, hint: str) -> str:
+    """The prompt-cache affinity key of a turn whose client gave ``hint`` (OpenAI's
+    ``prompt_cache_key``): ``"p"`` and 31 hex digits of a SHA-256 of the caller and the
+    hint, so that one caller's requests with one hint share a cache and another caller's
+    equal hint is another key."""
+    text = json.dumps(["cache", caller, hint], ensure_ascii=False)
+    return "p" + hashlib.sha256(text.encode()).hexdigest()[:31]

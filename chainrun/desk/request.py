@@ -60,6 +60,10 @@ class TurnRequest:
             is never an identity.
         idempotency_key: the client's ``Idempotency-Key``
             (:mod:`chainrun.desk.keys`).
+        cache_key: the prompt-cache affinity key the turn's model calls carry instead of
+            the conversation id (a client's hint, scoped by its caller:
+            :func:`chainrun.desk.conversations.hinted_cache_key`); None: the
+            conversation's.
         confirm / deny: the id of a pending action of the conversation the turn decides.
         request_id: stored with the turn (None: a new one when a key needs it).
         original_ms: the turn's duration in the traffic a replay came from.
@@ -81,6 +85,7 @@ class TurnRequest:
     user: Identity | None = None
     end_user: str | None = None
     idempotency_key: str | None = None
+    cache_key: str | None = None
     confirm: str | None = None
     deny: str | None = None
     request_id: str | None = None
@@ -93,6 +98,9 @@ class TurnRequest:
         check_history(self.history, self.turn_index)
         if self.user is not None and not isinstance(self.user, Identity):
             raise UserInputError(f"user: expected an Identity, got {type(self.user).__name__}")
+        if self.cache_key is not None and not (isinstance(self.cache_key, str)
+                                               and self.cache_key):  # fmt: skip
+            raise UserInputError("cache_key: expected a non-empty string")
         if self.confirm is not None and self.deny is not None:
             raise UserInputError("confirm, deny: give one of them")
 

@@ -24,6 +24,7 @@ Routes::
     GET  /v1/models               the OpenAI-compatible face (chainrun.serve.openai_face)
     GET  /v1/models/{id}
     POST /v1/chat/completions
+    POST /v1/responses            the Responses API face (chainrun.serve.responses_face)
 
 One :class:`~chainrun.Chain` (one connection pool per provider, one run of kind
 ``live``) serves every chat. It is opened in the background at start-up, retried every
@@ -57,7 +58,7 @@ from chainrun.chain import Chain
 from chainrun.desk.background import BackgroundRequests
 from chainrun.errors import ChainrunError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
-from chainrun.serve import chat, openai_face
+from chainrun.serve import chat, openai_face, responses_face
 from chainrun.serve.browsers import CheckedHost, RequestId, RequireJSON, cors
 from chainrun.serve.errors import (
     body_too_large,
@@ -137,6 +138,8 @@ class ServeState:
         self.step_events = step_events
         self.background = background if background is not None else BackgroundRequests()
         self.conversation_header = conversation_header.lower()
+        #: the Responses face's threads, by response id (its previous_response_id)
+        self.response_threads = responses_face.ResponseThreads()
         self.fleet = fleet
         self.chat_keepalive_s = chat_keepalive_s
         self.v1_keepalive_s = v1_keepalive_s
@@ -543,6 +546,7 @@ def create_app(
             Route("/v1/models", openai_face.models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", openai_face.model, methods=["GET"]),
             Route("/v1/chat/completions", openai_face.chat_completions, methods=["POST"]),
+            Route("/v1/responses", responses_face.responses, methods=["POST"]),
         ],
         middleware=middleware,
         exception_handlers={413: body_too_large, HTTPException: http_error},

@@ -8,9 +8,12 @@ request's kind); :func:`turn_request` adds what the HTTP request carries (the
 ``x-request-id`` says) and which conversation the turn
 belongs to (:mod:`chainrun.desk.conversations`): the one the client names, else one
 derived from the chat's opening and the caller, else (a keyed request) one derived from
-the key, else a new one. A request that cannot become a turn is answered here, in the
-one error shape (:mod:`chainrun.serve.errors`): 400 a bad field or key, 401 an identity
-that does not check out, 503 an identity provider whose keys cannot be had.
+the key, else a new one; and the client's prompt-cache hint, scoped by the caller
+(:func:`~chainrun.desk.conversations.hinted_cache_key`; a background request's is
+ignored: it would take the chat's cache for a title). A request that cannot become a
+turn is answered here, in the one error shape (:mod:`chainrun.serve.errors`): 400 a bad
+field or key, 401 an identity that does not check out, 503 an identity provider whose
+keys cannot be had.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from starlette.responses import Response
 from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.source import new_conversation_id
 from chainrun.desk import Received, TurnRequest
-from chainrun.desk.conversations import derived_conversation_id
+from chainrun.desk.conversations import derived_conversation_id, hinted_cache_key
 from chainrun.desk.keys import key_problem, keyed_conversation_id
 from chainrun.errors import UserInputError
 from chainrun.identity import Identity
@@ -48,6 +51,9 @@ class Asked:
         confirm / deny: an action id the turn decides.
         end_user: the end user the client names (OpenAI's ``user``), unverified.
         background: a chat UI's background request's kind (None: a shopper's turn).
+        cache_hint: the client's prompt-cache hint (OpenAI's ``prompt_cache_key``; None:
+            none): the turn's model calls are kept on one cache by it, not by the
+            conversation.
     """
 
     message: str
@@ -58,6 +64,7 @@ class Asked:
     deny: str | None = None
     end_user: str | None = None
     background: str | None = None
+    cache_hint: str | None = None
 
 
 def idempotency_key(request: Request) -> tuple[str | None, Response | None]:
@@ -114,7 +121,10 @@ async def turn_request(
                 conversation = keyed_conversation_id(key, turn.caller)
         if conversation is None:
             conversation, new = new_conversation_id(), True
-        return replace(turn, conversation_id=conversation, new_conversation=new)
+        hint = asked.cache_hint if asked.background is None else None
+        cache_key = hinted_cache_key(turn.caller, hint) if hint is not None else None
+        return replace(turn, conversation_id=conversation, new_conversation=new,
+                       cache_key=cache_key)
     except UserInputError as e:
         field, _, _ = str(e).partition(":")
         return error_response(400, str(e), param=field, code="invalid_value")

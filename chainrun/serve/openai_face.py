@@ -34,6 +34,18 @@ the face does not honour (:data:`REFUSED_PARAMETERS`: ``n`` other than 1, ``tool
 ``response_format`` other than text, ``logprobs``, audio) is refused with 400
 ``unsupported_parameter`` naming it, never answered with prose that ignores it.
 
+**The prompt cache of a stateless chat**: a chat's turns share its conversation (the
+derived id above), and the conversation is what keeps the turn's model calls on one
+prompt cache (a llama-server slot, ``prompt_cache_key`` upstream:
+:mod:`chainrun.providers.affinity`); the earlier turns the client sends back are
+rendered as the chain's own prompts showed them where they equal turns this process
+answered (:mod:`chainrun.conversations.threads`), so turn 2's prompt begins with turn
+1's prompt and answer, the prefix the server has cached. The request's
+``prompt_cache_key`` is taken as OpenAI defines it, a hint that requests sharing it
+share a cache: it keys the turn's cache instead of the conversation, scoped by the
+caller (:func:`chainrun.desk.conversations.hinted_cache_key`), and names no
+conversation.
+
 What comes back besides the answer:
 
 * ``usage`` sums the chain's tokens over every model call of the turn, hedge copies
@@ -97,7 +109,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +117,12 @@ from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import message_text, read_thread
 from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
 from chainrun.desk import Received, TurnRequest
 from chainrun.desk.background import BackgroundRequests
+from chainrun.desk.conversations import MAX_HINT_CHARS
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
@@ -181,12 +195,12 @@ REFUSED_PARAMETERS: dict[str, tuple[Callable[[Any], bool], str]] = {
 #: Request parameters taken without effect: the chain's steps have their own settings
 #: (model, sampling, caps, reasoning effort: the config), so these are ignored, as the
 #: module docstring says (``metadata.conversation_id`` names the conversation, ``user``
-#: and ``safety_identifier`` the end user; ``stream_options.include_usage`` is honoured).
+#: and ``safety_identifier`` the end user, ``prompt_cache_key`` the prompt cache;
+#: ``stream_options.include_usage`` is honoured).
 IGNORED_PARAMETERS: tuple[str, ...] = (
     "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
     "presence_penalty", "frequency_penalty", "logit_bias", "reasoning_effort",
-    "parallel_tool_calls", "store", "service_tier", "verbosity", "prompt_cache_key",
-    "safety_identifier",
+    "parallel_tool_calls", "store", "service_tier", "verbosity", "safety_identifier",
 )  # fmt: skip
 
 
@@ -209,18 +223,11 @@ def parse_completion_request(
             text, ...: 400 ``unsupported_parameter``); ``stream`` or
             ``stream_options.include_usage`` is not a JSON boolean (``"yes"`` is refused,
             not taken as true); ``stream_options`` is not an object; a conversation id
-            that is no string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters.
+            that is no string of 1 to :data:`MAX_CONVERSATION_ID_CHARS` characters; a
+            ``prompt_cache_key`` that is no string of 1 to
+            :data:`~chainrun.desk.conversations.MAX_HINT_CHARS` characters.
     """
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
-    if model != model_id:
-        raise InvalidRequest(
-            f"The model {model!r} does not exist; this server serves {model_id!r}",
-            "model", status=404, code="model_not_found",
-        )  # fmt: skip
+    check_body(body, model_id, REFUSED_PARAMETERS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: expected a non-empty list", "messages")
@@ -231,20 +238,7 @@ def parse_completion_request(
     text = thread.message if thread.message or kind is None else texts[-1]
     if not text or not text.strip():
         raise InvalidRequest("messages: expected a user message with text content", "messages")
-    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
-    if problem is not None:
-        raise InvalidRequest(f"messages: the last user message: {problem}", "messages")
-    for i, turn in enumerate(thread.history):  # the library's rule for every earlier text
-        for what, value in (("user", turn.message), ("assistant", turn.answer)):
-            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
-            if problem is not None:
-                raise InvalidRequest(
-                    f"messages: earlier turn {i + 1}, the {what} message: {problem}", "messages"
-                )
-    for param, (accepts, reason) in REFUSED_PARAMETERS.items():
-        if body.get(param) is not None and not accepts(body[param]):
-            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
-                                 code="unsupported_parameter")  # fmt: skip
+    check_texts(text, thread.history, "messages")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("stream_options: expected an object", "stream_options")
@@ -256,12 +250,57 @@ def parse_completion_request(
     asked = Asked(
         text, conversation_id=conversation, opening=thread.opening, history=thread.history,
         end_user=_text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
+        cache_hint=_text_field(body.get("prompt_cache_key"), "prompt_cache_key",
+                               MAX_HINT_CHARS),
     )  # fmt: skip
     return CompletionRequest(
         asked=asked,
         stream=_flag(body.get("stream"), "stream"),
         include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
     )
+
+
+def check_body(body: Any, model_id: str,
+               refused: dict[str, tuple[Callable[[Any], bool], str]]) -> None:  # fmt: skip
+    """The checks every face's body passes first: a JSON object, ``model`` the served
+    ``model_id``, and no parameter of ``refused`` set to a value it does not accept.
+
+    Raises:
+        InvalidRequest: not an object; ``model`` missing (400) or another (404
+            ``model_not_found``); a refused parameter (400 ``unsupported_parameter``).
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", None)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
+    if model != model_id:
+        raise InvalidRequest(
+            f"The model {model!r} does not exist; this server serves {model_id!r}",
+            "model", status=404, code="model_not_found",
+        )  # fmt: skip
+    for param, (accepts, reason) in refused.items():
+        if body.get(param) is not None and not accepts(body[param]):
+            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
+                                 code="unsupported_parameter")  # fmt: skip
+
+
+def check_texts(text: str, history: Sequence[HistoryTurn], param: str) -> None:
+    """The library's rule (:func:`~chainrun.conversations.turn_input.text_problem`) for the
+    message a turn answers and every earlier text of its thread.
+
+    Raises:
+        InvalidRequest: naming ``param``, the turn and the message at fault.
+    """
+    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
+    if problem is not None:
+        raise InvalidRequest(f"{param}: the last user message: {problem}", param)
+    for i, turn in enumerate(history):
+        for what, value in (("user", turn.message), ("assistant", turn.answer)):
+            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
+            if problem is not None:
+                raise InvalidRequest(
+                    f"{param}: earlier turn {i + 1}, the {what} message: {problem}", param)
 
 
 def _text_field(value: Any, param: str, max_chars: int) -> str | None:

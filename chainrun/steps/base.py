@@ -155,6 +155,8 @@ class TurnState:
             declare), with what a prompt shows while one is unset (default: every
             field of every registered kind, :func:`known_fields`).
         conversation_id: the turn's conversation (None: not known).
+        cache_key: the turn's prompt-cache affinity key when it is not the conversation
+            (a client's hint: OpenAI's ``prompt_cache_key``); None: the conversation's.
     """
 
     message: str
@@ -164,6 +166,15 @@ class TurnState:
     #: the conversation the turn belongs to (None: not known); model calls send it as
     #: their prompt-cache affinity key (:attr:`chainrun.providers.base.ChatRequest.cache_key`)
     conversation_id: str | None = None
+    #: the prompt-cache affinity key model calls send instead of the conversation id
+    #: (None: the conversation id)
+    cache_key: str | None = None
+
+    @property
+    def affinity_key(self) -> str | None:
+        """What keeps the turn's model calls on one prompt cache: :attr:`cache_key`, else
+        the conversation id (None: neither)."""
+        return self.cache_key if self.cache_key is not None else self.conversation_id
 
     def get(self, name: str) -> Any:
         """The value of field ``name`` (None while unset)."""

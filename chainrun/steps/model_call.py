@@ -398,7 +398,8 @@ class HedgedCall:
 
     def request(self, state: TurnState, *, cache_owner: bool = False) -> ChatRequest:
         """The request the step sends for ``state`` (its templates filled), with the
-        turn's conversation as its prompt-cache key; ``cache_owner``: the step is the
+        turn's prompt-cache key (:attr:`TurnState.affinity_key`: its conversation unless
+        the client gave a hint); ``cache_owner``: the step is the
         chain's answer step (it keeps the conversation's cache)."""
         cfg = self.config
         # a prompt that begins with the history names what the history already shows
@@ -417,7 +418,7 @@ class HedgedCall:
             temperature=cfg.temperature, reasoning_effort=cfg.reasoning_effort,
             reasoning_summary=cfg.reasoning_summary, seed=cfg.seed,
             stop=cfg.stop, json_schema=cfg.json_schema, sampling=cfg.sampling,
-            cache_key=state.conversation_id, cache_owner=cache_owner,
+            cache_key=state.affinity_key, cache_owner=cache_owner,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the call
