@@ -319,3 +319,21 @@ async def test_a_token_whose_sub_or_claims_hold_a_nul_is_refused_401(
         assert r.json()["error"]["code"] == "invalid_identity"
         assert "NUL character" in r.json()["error"]["message"]
     assert turns == 0
+
+
+def test_a_deep_body_is_refused_whatever_the_recursion_limit() -> None:
+    """The depth is chainrun's own limit: a library that raised the interpreter's
+    recursion limit (the parser's own) let 1,000 nested arrays through."""
+    import sys
+
+    from chainrun.serve.errors import MAX_JSON_DEPTH, NotJSON, read_json
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        with pytest.raises(NotJSON, match="nested too deeply"):
+            read_json(b"[" * 1000 + b"]" * 1000)
+    finally:
+        sys.setrecursionlimit(old)
+    ok = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+    assert read_json(ok) is not None

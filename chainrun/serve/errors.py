@@ -60,22 +60,49 @@ class NotJSON(ValueError):
     """A request body that is not one JSON document (the message says why)."""
 
 
+#: The deepest nesting of arrays and objects a request body may have. No request of
+#: either face nests deeper than a handful of levels (a message's content parts, a tool
+#: call's arguments); the parser's own limit is the interpreter's recursion limit,
+#: which any library may raise.
+MAX_JSON_DEPTH = 64
+
+
+def _depth_over(document: Any, limit: int) -> bool:
+    """Whether ``document`` nests arrays and objects more than ``limit`` deep (walked
+    without recursion)."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def read_json(raw: bytes) -> Any:
     """The JSON document of a request body.
 
     Raises:
         NotJSON: not UTF-8 JSON (``the body is not JSON (Expecting value, column 1)``),
-            or nested deeper than the parser's recursion allows (``nested too
-            deeply``: a 2 KB body of 1,000 ``[`` would otherwise end in a 500).
+            or nested more than :data:`MAX_JSON_DEPTH` deep or deeper than the parser's
+            recursion allows (``nested too deeply``: a 2 KB body of 1,000 ``[`` would
+            otherwise end in a 500, or pass, by the interpreter's recursion limit).
     """
     try:
-        return json.loads(raw)
+        document = json.loads(raw)
     except json.JSONDecodeError as e:
         raise NotJSON(f"the body is not JSON ({e.msg}, column {e.colno})") from None
     except (ValueError, UnicodeDecodeError):
         raise NotJSON("the body is not JSON (expected UTF-8 text)") from None
     except RecursionError:
-        raise NotJSON("the body is not JSON we take (nested too deeply)") from None
+        document = None
+    else:
+        if not _depth_over(document, MAX_JSON_DEPTH):
+            return document
+    raise NotJSON(f"the body is not JSON we take (nested too deeply: more than "
+                  f"{MAX_JSON_DEPTH} levels)")  # fmt: skip
 
 
 def error_body(message: str, kind: str, param: str | None = None,
