@@ -118,6 +118,8 @@ def serve(
             output, the checks' reasons: :func:`chainrun.serve.chat.step_events_wanted`).
 
     Raises:
+        ConfigError: a chain that cannot be built from ``config``, or that its
+            :meth:`~chainrun.chain.Chain.check` refuses (before anything is bound).
         UserInputError: a non-loopback host without a token; an origin that is none;
             ``max_body_bytes`` below 1; ``workers`` below 1; an address that cannot be
             bound; an unusable log.
@@ -140,6 +142,10 @@ def serve(
     except ValueError as e:
         raise UserInputError(f"--cors-origin: {e}") from None
     web = (allowed_hosts(host, allowed_host), tuple(cors_origins), step_events)
+    # a config that cannot start (a step's file unreadable, a tool that does not import,
+    # an API key variable unset) is one error now, before the socket is bound, not a
+    # server answering 503 "starting" for ever (or, with workers, each worker's)
+    Chain(config, quiet=True).check()
     sock = bind(host, port)
     if workers > 1:
         try:
