@@ -283,6 +283,29 @@ class ServeState:
         self._loop = asyncio.get_running_loop()
         self._opener = asyncio.create_task(self._open_until_ready())
 
+    async def ready_to_take_connections(self, poll_s: float = 0.05) -> None:
+        """Wait, in the app's start-up, until this process should take connections.
+
+        A worker of ``serve --workers N`` started while another worker serves (one that
+        replaces a dead worker) takes none until its chain is open: uvicorn starts
+        accepting on the shared socket only once the app's start-up is done, and the
+        kernel gives each connection to a process that accepts, so none reaches a
+        worker that would answer it 503 ``not_ready``. Returns at once for one
+        process and for a worker that no other worker serves beside (the fleet's
+        first: it takes connections at once and ``/readyz`` says why it is not ready);
+        otherwise once the chain is open, no other worker serves any more, the
+        opener ended, or a stop was asked for (``poll_s``: s between looks).
+        """
+        fleet = self.fleet
+        if fleet is None:
+            return
+        while True:  # polled: the other workers' marks are in memory shared across forks
+            opener_ended = self._opener is not None and self._opener.done()
+            if (self.chain is not None or self.stop_requested_at is not None
+                    or fleet.counts()["serving"] == 0 or opener_ended):  # fmt: skip
+                return
+            await asyncio.sleep(poll_s)
+
     def turns_in_flight(self) -> int:
         """Turns running now (answered turns whose checks still run count too)."""
         runner = self.runner
@@ -510,7 +533,9 @@ def create_app(
     Every request with a body must be ``application/json`` (415 else), and every
     response carries ``x-request-id`` (:mod:`chainrun.serve.browsers`).
 
-    The app's lifespan starts opening the chain and closes it at shutdown.
+    The app's lifespan starts opening the chain and closes it at shutdown; a worker
+    replacing another takes connections once its chain is open
+    (:meth:`ServeState.ready_to_take_connections`).
 
     Raises:
         ValueError: ``max_body_bytes`` below 1; an origin that is none.
@@ -521,6 +546,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.start()
+        await state.ready_to_take_connections()  # a replacement worker: once ready
         try:
             yield
         finally:
