@@ -124,7 +124,7 @@ class Served:
         if shutil.which("node") is None:
             missing("node is not installed (apt-get install -y nodejs npm)")
         if not (CLIENTS / "node_modules").is_dir():
-            missing(f"the JavaScript clients are not installed (cd {CLIENTS} && npm ci)")
+            missing("the JavaScript clients are not installed (cd tests/clients && npm ci)")
         proc = await asyncio.create_subprocess_exec(
             "node", script, self.url, *args, cwd=CLIENTS,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
