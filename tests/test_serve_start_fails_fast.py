@@ -4,10 +4,12 @@ while it retries for ever)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,27 @@ def test_a_config_that_cannot_start_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("chainrun: error: chainrun.toml: "), lines
     assert said in lines[0]
     assert not (tmp_path / "log.db").exists()  # refused before the log was opened
+
+
+async def test_a_config_error_at_open_ends_the_opener_and_calls_on_fatal() -> None:
+    """What :meth:`~chainrun.chain.Chain.check` cannot see before the bind (a check at
+    open) ends the opener at once, not a retry every ``retry_s`` for ever."""
+    from chainrun.errors import ConfigError
+    from chainrun.serve import ServeState
+
+    tries: list[int] = []
+
+    def factory() -> Any:
+        tries.append(1)
+        raise ConfigError("providers.local: cannot start")
+
+    called: list[int] = []
+    state = ServeState(factory, retry_s=0.01)
+    state.on_fatal = lambda: called.append(1)
+    state.start()
+    await asyncio.wait_for(state.wait_ready(), 5)
+    await asyncio.sleep(0.05)  # a retry, were there one
+    await state.aclose()
+    assert tries == [1] and called == [1]
+    assert isinstance(state.fatal, ConfigError)
+    assert "cannot start" in state.not_ready_reason()

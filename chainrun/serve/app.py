@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
 from chainrun.desk.background import BackgroundRequests
-from chainrun.errors import ChainrunError, LogFileGone, LostTurn
+from chainrun.errors import ChainrunError, ConfigError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face, responses_face
 from chainrun.serve.browsers import CheckedHost, RequestId, RequireJSON, cors
@@ -170,14 +170,21 @@ class ServeState:
         self.log_file_gone = False
         #: set at close when the log's file was gone: the run's turns lost with it
         self.log_gone: LogFileGone | None = None
+        #: the config error that ended the opener (None: none); the server stops on it
+        self.fatal: ConfigError | None = None
+        #: called once :attr:`fatal` is set (``chainrun serve``: stop the server)
+        self.on_fatal: Callable[[], None] | None = None
 
     def not_ready_reason(self) -> str:
         return self.last_error or "starting: the providers have not answered their preflight yet"
 
     async def _open_until_ready(self) -> None:
         """Open a new chain every :attr:`retry_s` until one opens; ``/readyz`` says the
-        last failure. A chainrun error (a provider that does not answer yet) is said in
-        one warning line; any other exception (a fault chainrun has no name for, such as
+        last failure. A :class:`~chainrun.errors.ConfigError` (the config cannot start,
+        whatever is retried) ends it instead: kept in :attr:`fatal`, and
+        :attr:`on_fatal` called (``chainrun serve`` stops and says it in one line).
+        Another chainrun error (a provider that does not answer yet) is said in one
+        warning line; any other exception (a fault chainrun has no name for, such as
         a database error) is said with its traceback the first time, then in one line,
         and retried too: it must never end the opener, which would leave ``/readyz``
         saying "starting" for good with nothing said."""
@@ -186,6 +193,12 @@ class ServeState:
             try:
                 chain = self.chain_factory()
                 await chain.open()
+            except ConfigError as e:  # the config cannot start: no retry would help
+                self.last_error = f"{type(e).__name__}: {e}"
+                self.fatal = e
+                if self.on_fatal is not None:
+                    self.on_fatal()
+                return
             except ChainrunError as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("chain not ready (%s); retrying in %g s", self.last_error, self.retry_s)

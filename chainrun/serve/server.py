@@ -212,6 +212,8 @@ def _serve_one(
     whether every ``/chat`` stream carries the operator's events).
 
     Raises:
+        ConfigError: opening the chain met a config that cannot start (the server
+            stopped on it).
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
             while serving (said in a warning line when found): the run's turns went with it.
     """
@@ -251,6 +253,7 @@ def _serve_one(
         state,
         announce=announce,
     )
+    state.on_fatal = lambda: setattr(server, "should_exit", True)  # said below, once stopped
     print(f"chainrun serve: {_address(sock)} (pid {os.getpid()}, log {store.name})",
           file=sys.stderr, flush=True)  # fmt: skip
     if announce:  # a worker leaves it to its parent
@@ -260,6 +263,8 @@ def _serve_one(
             server.run(sockets=[sock])
     finally:
         store.close()
+    if state.fatal is not None:  # the chain could not start (checks at open past check())
+        raise state.fatal
     if state.log_gone is not None:  # served on, but every turn of the run went with the file
         raise state.log_gone
 
