@@ -256,15 +256,17 @@ async def _responses_two_turns(s: Served) -> None:
     await s.one_cache()
 
 
-def _langchain(s: Served, model: str = MODEL) -> Any:
-    """LangChain's ``ChatOpenAI`` on the Chat Completions face (usage asked on streams)."""
+def _langchain(s: Served, api: str, model: str = MODEL) -> Any:
+    """LangChain's ``ChatOpenAI`` on the face of ``api`` (``use_responses_api`` for the
+    Responses face), usage asked for on streams."""
     try:
         from langchain_openai import ChatOpenAI
     except ImportError:
         missing("langchain-openai is not installed (pip install -e '.[test]')")
     s.http.append(httpx.AsyncClient())  # closed after the case (LangChain keeps its own open)
     return ChatOpenAI(base_url=f"{s.url}/v1", api_key="x", model=model,  # type: ignore[arg-type]
-                      max_retries=0, stream_usage=True, http_async_client=s.http[-1])  # fmt: skip
+                      max_retries=0, stream_usage=True, http_async_client=s.http[-1],
+                      use_responses_api=api == "Responses")  # fmt: skip
 
 
 def _usage_metadata(message: Any) -> None:
@@ -273,47 +275,52 @@ def _usage_metadata(message: Any) -> None:
     assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"], u
 
 
-@case("LangChain ChatOpenAI", "Chat Completions", "not streamed, usage")
-async def _langchain_whole(s: Served) -> None:
-    done = await _langchain(s).ainvoke("a rain jacket?")
-    assert done.content and done.response_metadata["finish_reason"] == "stop"
-    _usage_metadata(done)
+def _langchain_cases(api: str) -> None:
+    """Registers the five cases of LangChain's ``ChatOpenAI`` on one API."""
+
+    @case("LangChain ChatOpenAI", api, "not streamed, usage")
+    async def whole(s: Served) -> None:
+        done = await _langchain(s, api).ainvoke("a rain jacket?")
+        assert done.text
+        if api == "Responses":
+            assert done.response_metadata["status"] == "completed", done.response_metadata
+        else:
+            assert done.response_metadata["finish_reason"] == "stop", done.response_metadata
+        _usage_metadata(done)
+
+    @case("LangChain ChatOpenAI", api, "streamed, usage")
+    async def stream(s: Served) -> None:
+        whole: Any = None
+        async for chunk in _langchain(s, api).astream("a rain jacket?"):
+            whole = chunk if whole is None else whole + chunk
+        assert whole is not None and whole.text
+        _usage_metadata(whole)
+
+    @case("LangChain ChatOpenAI", api, "an error (unknown model)")
+    async def error(s: Served) -> None:
+        with pytest.raises(openai.NotFoundError) as e:  # LangChain raises the openai client's
+            await _langchain(s, api, "gpt-4o").ainvoke("a rain jacket?")
+        assert e.value.code == "model_not_found"
+
+    @case("LangChain ChatOpenAI", api, "a cancel (the stream closed mid-answer)")
+    async def cancel(s: Served) -> None:
+        stream = _langchain(s, api).astream("a rain jacket?")
+        async for chunk in stream:
+            if chunk.text:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        await s.cancelled()
+
+    @case("LangChain ChatOpenAI", api, "two turns, one prompt cache")
+    async def two_turns(s: Served) -> None:
+        llm = _langchain(s, api)
+        first = await llm.ainvoke([("user", "a rain jacket?")])
+        await llm.ainvoke([("user", "a rain jacket?"), first, ("user", "in blue?")])
+        await s.one_cache()
 
 
-@case("LangChain ChatOpenAI", "Chat Completions", "streamed, usage")
-async def _langchain_stream(s: Served) -> None:
-    whole: Any = None
-    async for chunk in _langchain(s).astream("a rain jacket?"):
-        whole = chunk if whole is None else whole + chunk
-    assert whole is not None and whole.content
-    _usage_metadata(whole)
-
-
-@case("LangChain ChatOpenAI", "Chat Completions", "an error (unknown model)")
-async def _langchain_error(s: Served) -> None:
-    with pytest.raises(openai.NotFoundError) as e:  # LangChain raises the openai client's
-        await _langchain(s, "gpt-4o").ainvoke("a rain jacket?")
-    assert e.value.code == "model_not_found"
-
-
-@case("LangChain ChatOpenAI", "Chat Completions", "a cancel (the stream closed mid-answer)")
-async def _langchain_cancel(s: Served) -> None:
-    stream = _langchain(s).astream("a rain jacket?")
-    async for chunk in stream:
-        if chunk.content:
-            break
-    await stream.aclose()  # type: ignore[attr-defined]
-    await s.cancelled()
-
-
-@case("LangChain ChatOpenAI", "Chat Completions", "two turns, one prompt cache")
-async def _langchain_two_turns(s: Served) -> None:
-    llm = _langchain(s)
-    thread: list[tuple[str, str]] = [("user", "a rain jacket?")]
-    first = await llm.ainvoke(thread)
-    thread += [("assistant", str(first.content)), ("user", "in blue?")]
-    await llm.ainvoke(thread)
-    await s.one_cache()
+for _api in ("Chat Completions", "Responses"):
+    _langchain_cases(_api)
 
 
 def _litellm() -> Any:
