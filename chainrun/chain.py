@@ -305,6 +305,28 @@ class Chain:
         """Every provider a step asked for, each once, in step order."""
         return list(dict.fromkeys(p for n in self.needs.values() for p in n.providers))
 
+    def check(self) -> None:
+        """What :meth:`open` checks before it starts anything, without starting it: each
+        model step against its model's capability entry, and every used provider's
+        settings from the environment (its API key variable set). ``chainrun serve``
+        calls it (with the chain's build) before it binds, so a config that cannot
+        start is one error line, not a server retrying for ever.
+
+        Raises:
+            ConfigError: as :meth:`open`, naming the config file.
+        """
+        cfg = self.config
+        try:
+            for step_name, needs in self.needs.items():
+                if needs.model is not None:
+                    check_model_step(step_name, needs.model, needs.providers, cfg.providers,
+                                     cfg.capabilities)  # fmt: skip
+            for name in self._used_providers():  # every key before anything starts
+                if name not in self._injected:
+                    self.config.providers[name].check_env(name)
+        except ConfigError as e:
+            raise _naming_file(e, self.config) from None
+
     async def open(self) -> None:
         """Build what turns need: providers (starting the local model if one needs it),
         the event-loop lag monitor for hedged steps, and every step.
@@ -317,17 +339,7 @@ class Chain:
             ChainClosed: the chain was closed (build a new one).
         """
         self._check_open()
-        cfg = self.config
-        try:
-            for step_name, needs in self.needs.items():
-                if needs.model is not None:
-                    check_model_step(step_name, needs.model, needs.providers, cfg.providers,
-                                     cfg.capabilities)  # fmt: skip
-            for name in self._used_providers():  # every key before anything starts
-                if name not in self._injected:
-                    self.config.providers[name].check_env(name)
-        except ConfigError as e:
-            raise _naming_file(e, self.config) from None
+        self.check()
         try:
             await self._open_providers()
             if any(n.hedged for n in self.needs.values()):

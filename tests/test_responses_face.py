@@ -20,7 +20,7 @@ from chainrun.chain import Chain
 from chainrun.config import config_from_dict
 from chainrun.lab import LabServer
 from chainrun.log.store import Store
-from chainrun.serve.openai_face import InvalidRequest
+from chainrun.serve.faces import InvalidRequest
 from chainrun.serve.responses_face import (
     conversation_of,
     new_response_id,

@@ -9,6 +9,7 @@ screenshot (``CHAINRUN_SCREENSHOT=path`` keeps a copy, e.g. for the README).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -204,18 +205,25 @@ def test_the_page_keeps_its_conversation_and_shows_the_thread(served: str) -> No
     assert "#1 of its conversation" in fresh
 
 
-#: a page on another origin: a form post of a JSON-looking text/plain body (the classic
-#: cross-site request: no preflight), and a script's fetch with application/json
+#: a page on another origin: form posts of JSON-looking text/plain bodies (the classic
+#: cross-site request: no preflight) to /chat and to the OpenAI face, and a script's
+#: fetch with application/json to each
 OTHER_PAGE = """<!doctype html><html><body>
 <form id="f" method="POST" action="{serve}/chat?form" enctype="text/plain" target="sink">
 <input type="hidden" name='{{"message": "place the order", "x": "' value='"}}'>
 </form><iframe name="sink"></iframe>
+<form id="g" method="POST" action="{serve}/v1/chat/completions?form" enctype="text/plain"
+ target="sink2"><input type="hidden" name='{{"model": "chainrun-shop", "messages":
+ [{{"role": "user", "content": "place the order"}}], "x": "' value='"}}'>
+</form><iframe name="sink2"></iframe>
 <script>
-window.fetched = fetch("{serve}/chat", {{method: "POST",
-    headers: {{"Content-Type": "application/json"}},
-    body: JSON.stringify({{message: "a rain jacket?"}})}})
+const post = (path, body) => fetch("{serve}" + path, {{method: "POST",
+    headers: {{"Content-Type": "application/json"}}, body: JSON.stringify(body)}})
   .then(async r => ["ok", r.status, await r.text()])
   .catch(e => ["blocked", String(e)]);
+window.fetched = post("/chat", {{message: "a rain jacket?"}});
+window.fetchedFace = post("/v1/chat/completions", {{model: "chainrun-shop",
+    messages: [{{role: "user", content: "a rain jacket?"}}]}});
 </script></body></html>"""
 
 
@@ -287,9 +295,10 @@ def _turns(db: Path) -> int:
 def test_a_page_on_another_origin_makes_a_turn_only_when_its_origin_is_allowed(
     tmp_path: Path, allowed: bool
 ) -> None:
-    """Without ``--cors-origin`` neither the page's form post (refused 415: not JSON) nor
-    its fetch (no preflight answered) makes a turn; with its origin, the fetch does and
-    reads the stream (the form post still does not)."""
+    """Without ``--cors-origin`` neither the page's form posts (refused 415: not JSON) nor
+    its fetches (no preflight answered) make a turn, on ``/chat`` or the OpenAI face;
+    with its origin, the fetches do and read their answers (the form posts still do
+    not)."""
     from playwright.sync_api import sync_playwright
 
     with LabServer("fast", n_tokens=8, per_token_ms=5) as lab, _other_origin() as (page_url,
@@ -304,17 +313,23 @@ def test_a_page_on_another_origin_makes_a_turn_only_when_its_origin_is_allowed(
                     with page.expect_response(serve_url + "/chat?form") as posted:
                         page.goto(page_url + "/")
                         page.evaluate("document.getElementById('f').submit()")
-                    form_status = posted.value.status
+                    with page.expect_response(serve_url + "/v1/chat/completions?form") as face:
+                        page.evaluate("document.getElementById('g').submit()")
+                    form_status = (posted.value.status, face.value.status)
                     fetched = page.evaluate("window.fetched")
+                    fetched_face = page.evaluate("window.fetchedFace")
                 finally:
                     browser.close()
             time.sleep(0.5)  # the fetched turn's log write
             turns = _turns(tmp_path / "log.db")
-    assert form_status == 415
+    assert form_status == (415, 415)
     if allowed:
         assert fetched[0] == "ok" and fetched[1] == 200, fetched
         assert "event: turn" in fetched[2]
-        assert turns == 1
+        assert fetched_face[0] == "ok" and fetched_face[1] == 200, fetched_face
+        assert json.loads(fetched_face[2])["choices"][0]["message"]["content"]
+        assert turns == 2
     else:
         assert fetched[0] == "blocked", fetched
+        assert fetched_face[0] == "blocked", fetched_face
         assert turns == 0

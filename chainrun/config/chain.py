@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -133,6 +134,13 @@ def steps_calling_models(steps: Any) -> frozenset[str]:
         if model is not None and issubclass(model, ModelStepConfig):
             out.add(name)
     return frozenset(out)
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the name of ``known`` closest to ``name``
+    (:func:`difflib.get_close_matches`, its default cutoff 0.6), else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _unknown_kind(name: str, kind: Any, answer_step: str | None) -> InitErrorDetails:
@@ -284,26 +292,49 @@ class ChainConfig(Strict):
             fields.update({n: StateField(n, "") for n in step.added_fields() if n not in fields})
         for name, step in self.steps.items():
             self._check_step(name, step, seen, fields)
+        self._check_labels()
         if self.grader.provider not in self.providers:
             raise ValueError(
-                f"grader.provider: unknown provider {self.grader.provider!r}; "
+                f"grader.provider: unknown provider {self.grader.provider!r}"
+                f"{did_you_mean(self.grader.provider, sorted(self.providers))}; "
                 f"expected one of {sorted(self.providers)}"
             )
         return self
+
+    def _check_labels(self) -> None:
+        """Every label a step's ``tools_by_label`` names is one a step of the chain gives
+        (its ``labels``): a label no step gives would never offer its tools. Not
+        checked when no step names its labels (a step kind that gives ``label`` some
+        other way)."""
+        given = [lab for step in self.steps.values() for lab in (getattr(step, "labels", None)
+                                                                  or [])]  # fmt: skip
+        if not given:
+            return
+        for name, step in self.steps.items():
+            for label in getattr(step, "tools_by_label", None) or {}:
+                if label not in given:
+                    raise ValueError(
+                        f"steps.{name}.tools_by_label.{label}: no step gives the label "
+                        f"{label!r}{did_you_mean(label, given)}; the labels: "
+                        + ", ".join(dict.fromkeys(given))
+                    )
 
     def _check_step(
         self, name: str, step: StepConfig, seen: set[str], fields: dict[str, StateField]
     ) -> None:
         for dep in step.after:
             if dep not in seen or dep == name:
+                others = [n for n in self.order if n != name]
                 raise ValueError(
                     f"steps.{name}.after: {dep!r} is not another step in order {self.order}"
+                    + did_you_mean(dep, others)
                 )
         for key, names in step.provider_refs().items():
             for provider in names:
                 if provider not in self.providers:
                     raise ValueError(
-                        f"steps.{name}.{key}: unknown provider {provider!r}; "
+                        f"steps.{name}.{key}: unknown provider {provider!r}"
+                        f"{did_you_mean(provider, sorted(self.providers))}; "
                         f"expected one of {sorted(self.providers)}"
                     )
         expected = ", ".join("{" + f + "}" for f in sorted(fields))
@@ -322,7 +353,9 @@ class ChainConfig(Strict):
         for tool in step.tool_refs():
             if tool not in self.tools:
                 known = ", ".join(sorted(self.tools)) or "none configured"
-                raise ValueError(f"steps.{name}.tools: unknown tool {tool!r} (tools: {known})")
+                hint = did_you_mean(tool, sorted(self.tools))
+                raise ValueError(f"steps.{name}.tools: unknown tool {tool!r}{hint} (tools: "
+                                 f"{known})")  # fmt: skip
         problem = step.chain_problem(name, self.answer_step)
         if problem is not None:
             raise ValueError(f"steps.{name}.{problem}")

@@ -130,10 +130,10 @@ def open_postgres_log(url: str, *, create: bool = True) -> tuple[PgLogDb, LogWri
     Raises:
         UserInputError: as :meth:`chainrun.log.store.Store.open_postgres`.
     """
-    import psycopg  # only a PostgreSQL log loads the driver
-
     shown = shown_url(url)
+    # the pool first: without psycopg it is one line naming the extra to install
     log = PgLogDb(url, open_pg_pool(url, max_size=PG_POOL_MAX))
+    import psycopg  # only a PostgreSQL log loads the driver
     try:
         if not create and "_migrations" not in log.table_names():
             raise UserInputError(f"{shown}: no chainrun log in this database (run a replay "

@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chainrun.chain import Chain
 from chainrun.desk.background import BackgroundRequests
-from chainrun.errors import ChainrunError, LogFileGone, LostTurn
+from chainrun.errors import ChainrunError, ConfigError, LogFileGone, LostTurn
 from chainrun.runtime.gc_settings import freeze_startup_objects, rare_full_collections
 from chainrun.serve import chat, openai_face, responses_face
 from chainrun.serve.browsers import CheckedHost, RequestId, RequireJSON, cors
@@ -170,14 +170,21 @@ class ServeState:
         self.log_file_gone = False
         #: set at close when the log's file was gone: the run's turns lost with it
         self.log_gone: LogFileGone | None = None
+        #: the config error that ended the opener (None: none); the server stops on it
+        self.fatal: ConfigError | None = None
+        #: called once :attr:`fatal` is set (``chainrun serve``: stop the server)
+        self.on_fatal: Callable[[], None] | None = None
 
     def not_ready_reason(self) -> str:
         return self.last_error or "starting: the providers have not answered their preflight yet"
 
     async def _open_until_ready(self) -> None:
         """Open a new chain every :attr:`retry_s` until one opens; ``/readyz`` says the
-        last failure. A chainrun error (a provider that does not answer yet) is said in
-        one warning line; any other exception (a fault chainrun has no name for, such as
+        last failure. A :class:`~chainrun.errors.ConfigError` (the config cannot start,
+        whatever is retried) ends it instead: kept in :attr:`fatal`, and
+        :attr:`on_fatal` called (``chainrun serve`` stops and says it in one line).
+        Another chainrun error (a provider that does not answer yet) is said in one
+        warning line; any other exception (a fault chainrun has no name for, such as
         a database error) is said with its traceback the first time, then in one line,
         and retried too: it must never end the opener, which would leave ``/readyz``
         saying "starting" for good with nothing said."""
@@ -186,6 +193,12 @@ class ServeState:
             try:
                 chain = self.chain_factory()
                 await chain.open()
+            except ConfigError as e:  # the config cannot start: no retry would help
+                self.last_error = f"{type(e).__name__}: {e}"
+                self.fatal = e
+                if self.on_fatal is not None:
+                    self.on_fatal()
+                return
             except ChainrunError as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("chain not ready (%s); retrying in %g s", self.last_error, self.retry_s)
@@ -282,6 +295,29 @@ class ServeState:
         """Start opening the chain in the background (``/readyz`` says when it is done)."""
         self._loop = asyncio.get_running_loop()
         self._opener = asyncio.create_task(self._open_until_ready())
+
+    async def ready_to_take_connections(self, poll_s: float = 0.05) -> None:
+        """Wait, in the app's start-up, until this process should take connections.
+
+        A worker of ``serve --workers N`` started while another worker serves (one that
+        replaces a dead worker) takes none until its chain is open: uvicorn starts
+        accepting on the shared socket only once the app's start-up is done, and the
+        kernel gives each connection to a process that accepts, so none reaches a
+        worker that would answer it 503 ``not_ready``. Returns at once for one
+        process and for a worker that no other worker serves beside (the fleet's
+        first: it takes connections at once and ``/readyz`` says why it is not ready);
+        otherwise once the chain is open, no other worker serves any more, the
+        opener ended, or a stop was asked for (``poll_s``: s between looks).
+        """
+        fleet = self.fleet
+        if fleet is None:
+            return
+        while True:  # polled: the other workers' marks are in memory shared across forks
+            opener_ended = self._opener is not None and self._opener.done()
+            if (self.chain is not None or self.stop_requested_at is not None
+                    or fleet.counts()["serving"] == 0 or opener_ended):  # fmt: skip
+                return
+            await asyncio.sleep(poll_s)
 
     def turns_in_flight(self) -> int:
         """Turns running now (answered turns whose checks still run count too)."""
@@ -510,7 +546,9 @@ def create_app(
     Every request with a body must be ``application/json`` (415 else), and every
     response carries ``x-request-id`` (:mod:`chainrun.serve.browsers`).
 
-    The app's lifespan starts opening the chain and closes it at shutdown.
+    The app's lifespan starts opening the chain and closes it at shutdown; a worker
+    replacing another takes connections once its chain is open
+    (:meth:`ServeState.ready_to_take_connections`).
 
     Raises:
         ValueError: ``max_body_bytes`` below 1; an origin that is none.
@@ -521,6 +559,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.start()
+        await state.ready_to_take_connections()  # a replacement worker: once ready
         try:
             yield
         finally:

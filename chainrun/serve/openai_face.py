@@ -109,7 +109,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,16 +117,13 @@ from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chainrun.conversations.history import HistoryTurn
 from chainrun.conversations.messages import message_text, read_thread
-from chainrun.conversations.turn_input import MAX_MESSAGE_CHARS, text_problem
-from chainrun.desk import Received, TurnRequest
+from chainrun.desk import Received
 from chainrun.desk.background import BackgroundRequests
 from chainrun.desk.conversations import MAX_HINT_CHARS
 from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
-    RETRY_AFTER_S,
     JSONBody,
     NotJSON,
     error_body,
@@ -135,6 +132,17 @@ from chainrun.serve.errors import (
     read_json,
     refusal_body,
     refusal_response,
+)
+from chainrun.serve.faces import (
+    InvalidRequest,
+    check_body,
+    check_texts,
+    failed,
+    failed_response,
+    failure,
+    flag,
+    text_field,
+    whole_turn,
 )
 from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
@@ -155,17 +163,6 @@ class CompletionRequest:
     asked: Asked
     stream: bool
     include_usage: bool
-
-
-class InvalidRequest(ValueError):
-    """A request the face refuses: ``param`` names the field, as OpenAI's 400s do."""
-
-    def __init__(self, message: str, param: str | None, status: int = 400,
-                 code: str = "invalid_value") -> None:  # fmt: skip
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
 
 
 #: Request parameters that would change what the answer is, which the face does not
@@ -244,87 +241,20 @@ def parse_completion_request(
         raise InvalidRequest("stream_options: expected an object", "stream_options")
     metadata = body.get("metadata")
     named = metadata.get("conversation_id") if isinstance(metadata, dict) else None
-    conversation = _text_field(named if named is not None else conversation_header,
+    conversation = text_field(named if named is not None else conversation_header,
                                "metadata.conversation_id", MAX_CONVERSATION_ID_CHARS)
     end_user = body.get("user") if body.get("user") is not None else body.get("safety_identifier")
     asked = Asked(
         text, conversation_id=conversation, opening=thread.opening, history=thread.history,
-        end_user=_text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
-        cache_hint=_text_field(body.get("prompt_cache_key"), "prompt_cache_key",
+        end_user=text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
+        cache_hint=text_field(body.get("prompt_cache_key"), "prompt_cache_key",
                                MAX_HINT_CHARS),
     )  # fmt: skip
     return CompletionRequest(
         asked=asked,
-        stream=_flag(body.get("stream"), "stream"),
-        include_usage=_flag((options or {}).get("include_usage"), "stream_options.include_usage"),
+        stream=flag(body.get("stream"), "stream"),
+        include_usage=flag((options or {}).get("include_usage"), "stream_options.include_usage"),
     )
-
-
-def check_body(body: Any, model_id: str,
-               refused: dict[str, tuple[Callable[[Any], bool], str]]) -> None:  # fmt: skip
-    """The checks every face's body passes first: a JSON object, ``model`` the served
-    ``model_id``, and no parameter of ``refused`` set to a value it does not accept.
-
-    Raises:
-        InvalidRequest: not an object; ``model`` missing (400) or another (404
-            ``model_not_found``); a refused parameter (400 ``unsupported_parameter``).
-    """
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(f"model: required (this server serves {model_id!r})", "model")
-    if model != model_id:
-        raise InvalidRequest(
-            f"The model {model!r} does not exist; this server serves {model_id!r}",
-            "model", status=404, code="model_not_found",
-        )  # fmt: skip
-    for param, (accepts, reason) in refused.items():
-        if body.get(param) is not None and not accepts(body[param]):
-            raise InvalidRequest(f"{param}: not supported by this server: {reason}", param,
-                                 code="unsupported_parameter")  # fmt: skip
-
-
-def check_texts(text: str, history: Sequence[HistoryTurn], param: str) -> None:
-    """The library's rule (:func:`~chainrun.conversations.turn_input.text_problem`) for the
-    message a turn answers and every earlier text of its thread.
-
-    Raises:
-        InvalidRequest: naming ``param``, the turn and the message at fault.
-    """
-    problem = text_problem(text, required=True, max_chars=MAX_MESSAGE_CHARS)
-    if problem is not None:
-        raise InvalidRequest(f"{param}: the last user message: {problem}", param)
-    for i, turn in enumerate(history):
-        for what, value in (("user", turn.message), ("assistant", turn.answer)):
-            problem = text_problem(value, required=False, max_chars=MAX_MESSAGE_CHARS)
-            if problem is not None:
-                raise InvalidRequest(
-                    f"{param}: earlier turn {i + 1}, the {what} message: {problem}", param)
-
-
-def _text_field(value: Any, param: str, max_chars: int) -> str | None:
-    """An optional text field: None, or a string of 1 to ``max_chars`` characters.
-
-    Raises:
-        InvalidRequest: anything else, naming ``param``.
-    """
-    if value is None:
-        return None
-    problem = text_problem(value, required=True, max_chars=max_chars)
-    if problem is not None:
-        raise InvalidRequest(f"{param}: {problem}", param)
-    return str(value)
-
-
-def _flag(value: Any, param: str) -> bool:
-    """A boolean request field: true, false or absent (null); anything else is refused."""
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{param}: expected a boolean (true or false), "
-                             f"got {json.dumps(value)}", param)  # fmt: skip
-    return value
 
 
 def openai_usage(summary: dict[str, Any]) -> dict[str, Any]:
@@ -354,41 +284,6 @@ def answer_done_usage(u: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": n["prompt_tokens_details.cached_tokens"]},
         "unreported": [k for k, v in counts.items() if v is None],
     }
-
-
-#: the HTTP status of a turn that failed, by its error type (the rest: 502): the
-#: provider's own limits and an unreachable server 503, a deadline 504
-_FAILED_STATUS = {"http_429": 503, "rate_limited": 503, "circuit_open": 503,
-                  "unavailable": 503, "timeout": 504, "first_token_timeout": 504,
-                  "idle_timeout": 504}  # fmt: skip
-
-
-def failed(summary: dict[str, Any]) -> bool:
-    """Whether the turn gave no answer of its own making: it ended ``error`` or
-    ``cancelled``, or it was refused because a step failed (its provider down, a 500,
-    a 429, a deadline, a broken stream: the refused turn's ``error_type`` is set), not
-    because a check refused the answer (``error_type`` null)."""
-    status = summary["status"]
-    return status in ("error", "cancelled") or (
-        status in ("refused", "replaced") and summary.get("error_type") is not None)
-
-
-def _failure(summary: dict[str, Any]) -> tuple[int, str, str | None]:
-    """The HTTP status, error message and code of a turn that gave no answer
-    (:func:`failed`): cancelled by the server stopping (503; the client that went away
-    reads nothing), or failed (503, 504 or 502 by its error type, the code its type)."""
-    if summary["status"] == "cancelled":
-        return (503, "the server stopped before the turn finished (the turn was cancelled)",
-                "cancelled")  # fmt: skip
-    kind = summary["error_type"]
-    return _FAILED_STATUS.get(kind, 502), f"the chain failed: {kind}", kind
-
-
-def _failed_response(summary: dict[str, Any]) -> Response:
-    """The HTTP error of a turn that gave no answer (:func:`_failure`)."""
-    status, message, code = _failure(summary)
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return error_response(status, message, "server_error", code=code, headers=headers)
 
 
 def _answer_begun(answer_step: str) -> Callable[[WireEvent], bool]:
@@ -459,18 +354,18 @@ async def chat_completions(request: Request) -> Response:
         if read and read[-1].event == "turn" and failed(read[-1].data):
             async for _ in events:  # the turn has ended: read to its end, which closes it
                 pass
-            return _failed_response(read[-1].data)
+            return failed_response(read[-1].data)
         return sse_response(
             _chunks(events, runner.answer_step, req, completion_id, state.model_id),
             keepalive_s=state.v1_keepalive_s,
         )
-    summary = await run_until_disconnected(_whole_turn(runner, turn), request.is_disconnected)
+    summary = await run_until_disconnected(whole_turn(runner, turn), request.is_disconnected)
     if summary is None:  # the client went away; the turn was cancelled and logged
         return Response(status_code=499)
     if "error" in summary:  # refused before it ran (a key reused with another request)
         return refusal_response(summary["error"])
     if failed(summary):
-        return _failed_response(summary)
+        return failed_response(summary)
     return JSONBody(
         {
             "id": completion_id,
@@ -494,16 +389,6 @@ async def chat_completions(request: Request) -> Response:
             "chainrun": {"request_id": turn.request_id, **summary},
         }
     )
-
-
-async def _whole_turn(runner: TurnRunner, turn: TurnRequest) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    async for ev in runner.stream(turn):
-        if ev.event == "turn":
-            summary = ev.data
-        elif ev.event == "error":
-            summary = {"error": ev.data}
-    return summary
 
 
 async def _chunks(
@@ -557,7 +442,7 @@ async def _chunks(
         elif ev.event == "turn":
             summary = ev.data
             if failed(summary):
-                _, message, code = _failure(summary)
+                _, message, code = failure(summary)
                 body = error_body(message, "server_error", code=code)
                 yield sse_event(json.dumps({**body, "chainrun": summary}))
                 break

@@ -99,17 +99,17 @@ from chainrun.serve.errors import (
     refusal_body,
     refusal_response,
 )
-from chainrun.serve.intake import Asked, turn_request
-from chainrun.serve.openai_face import (
+from chainrun.serve.faces import (
     InvalidRequest,
-    _failed_response,
-    _failure,
-    _flag,
-    _text_field,
-    _whole_turn,
     check_body,
     check_texts,
+    failed_response,
+    failure,
+    flag,
+    text_field,
+    whole_turn,
 )
+from chainrun.serve.intake import Asked, turn_request
 from chainrun.serve.sse import sse_event, sse_response
 from chainrun.serve.turns import TurnRunner, WireEvent, opened
 
@@ -264,10 +264,10 @@ def parse_responses_request(
     check_texts(text, thread.history, "input")
     metadata = body.get("metadata")
     named = metadata.get("conversation_id") if isinstance(metadata, dict) else None
-    conversation = _text_field(named if named is not None else conversation_header,
+    conversation = text_field(named if named is not None else conversation_header,
                                "metadata.conversation_id", MAX_CONVERSATION_ID_CHARS)
     history: tuple[HistoryTurn, ...] | None = thread.history
-    previous = _text_field(body.get("previous_response_id"), "previous_response_id", 1024)
+    previous = text_field(body.get("previous_response_id"), "previous_response_id", 1024)
     if previous is not None:
         conversation = conversation_of(previous)
         if conversation is None or len(conversation) > MAX_CONVERSATION_ID_CHARS:
@@ -281,12 +281,12 @@ def parse_responses_request(
     end_user = body.get("user") if body.get("user") is not None else body.get("safety_identifier")
     asked = Asked(
         text, conversation_id=conversation, opening=thread.opening, history=history,
-        end_user=_text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
-        cache_hint=_text_field(body.get("prompt_cache_key"), "prompt_cache_key",
+        end_user=text_field(end_user, "user", MAX_CONVERSATION_ID_CHARS), background=kind,
+        cache_hint=text_field(body.get("prompt_cache_key"), "prompt_cache_key",
                                MAX_HINT_CHARS),
     )  # fmt: skip
     return ResponsesRequest(
-        asked=asked, stream=_flag(body.get("stream"), "stream"), instructions=instructions,
+        asked=asked, stream=flag(body.get("stream"), "stream"), instructions=instructions,
         previous_response_id=previous,
         metadata=metadata if isinstance(metadata, dict) else None,
     )  # fmt: skip
@@ -388,13 +388,13 @@ async def responses(request: Request) -> Response:
             return refusal_response(refusal)
         return sse_response(_events(events, runner.answer_step, shape, turn, threads),
                             keepalive_s=state.v1_keepalive_s)  # fmt: skip
-    summary = await run_until_disconnected(_whole_turn(runner, turn), request.is_disconnected)
+    summary = await run_until_disconnected(whole_turn(runner, turn), request.is_disconnected)
     if summary is None:
         return Response(status_code=499)
     if "error" in summary:
         return refusal_response(summary["error"])
     if summary["status"] in ("error", "cancelled"):
-        return _failed_response(summary)
+        return failed_response(summary)
     output = summary["output"] or ""
     threads.put(shape.response_id, _thread_of(turn, req, output))
     return JSONBody(shape.finished(summary["status"], output, summary["usage"], summary))
@@ -455,7 +455,7 @@ async def _events(
         elif ev.event == "turn":
             summary = ev.data
             if summary["status"] in ("error", "cancelled"):
-                _, message, _ = _failure(summary)
+                _, message, _ = failure(summary)
                 error = {"code": "server_error", "message": message}
                 yield event("response.failed", response=shape.response(
                     "failed", [], error=error, usage=responses_usage(summary["usage"]),

@@ -118,6 +118,8 @@ def serve(
             output, the checks' reasons: :func:`chainrun.serve.chat.step_events_wanted`).
 
     Raises:
+        ConfigError: a chain that cannot be built from ``config``, or that its
+            :meth:`~chainrun.chain.Chain.check` refuses (before anything is bound).
         UserInputError: a non-loopback host without a token; an origin that is none;
             ``max_body_bytes`` below 1; ``workers`` below 1; an address that cannot be
             bound; an unusable log.
@@ -140,6 +142,10 @@ def serve(
     except ValueError as e:
         raise UserInputError(f"--cors-origin: {e}") from None
     web = (allowed_hosts(host, allowed_host), tuple(cors_origins), step_events)
+    # a config that cannot start (a step's file unreadable, a tool that does not import,
+    # an API key variable unset) is one error now, before the socket is bound, not a
+    # server answering 503 "starting" for ever (or, with workers, each worker's)
+    Chain(config, quiet=True).check()
     sock = bind(host, port)
     if workers > 1:
         try:
@@ -206,6 +212,8 @@ def _serve_one(
     whether every ``/chat`` stream carries the operator's events).
 
     Raises:
+        ConfigError: opening the chain met a config that cannot start (the server
+            stopped on it).
         LogFileGone: at the stop, when the log's SQLite file had been deleted or replaced
             while serving (said in a warning line when found): the run's turns went with it.
     """
@@ -245,6 +253,7 @@ def _serve_one(
         state,
         announce=announce,
     )
+    state.on_fatal = lambda: setattr(server, "should_exit", True)  # said below, once stopped
     print(f"chainrun serve: {_address(sock)} (pid {os.getpid()}, log {store.name})",
           file=sys.stderr, flush=True)  # fmt: skip
     if announce:  # a worker leaves it to its parent
@@ -254,6 +263,8 @@ def _serve_one(
             server.run(sockets=[sock])
     finally:
         store.close()
+    if state.fatal is not None:  # the chain could not start (checks at open past check())
+        raise state.fatal
     if state.log_gone is not None:  # served on, but every turn of the run went with the file
         raise state.log_gone
 

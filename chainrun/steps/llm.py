@@ -14,6 +14,7 @@ becomes the turn's verdict for it (parsed JSON when it expects JSON, else
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -146,9 +147,11 @@ class LLMConfig(ModelStepConfig):
         for label, names in self.tools_by_label.items():
             extra = [n for n in names if n not in self.tools]
             if extra:
+                close = difflib.get_close_matches(extra[0], self.tools, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
                     f"tools_by_label.{label}: {extra[0]!r} is not one of the step's tools "
-                    f"{self.tools}"
+                    f"{self.tools}{hint}"
                 )
         if self.tool_results_field is not None and not self.tools:
             raise ValueError("tool_results_field: the step has no tools")
