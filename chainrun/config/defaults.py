@@ -130,6 +130,9 @@ DEFAULT_CHAIN: dict[str, Any] = {
             # (chainrun.steps.facts)
             "facts": {
                 "products": 3, "policy_lines": 2,
+                # the model's part is one sentence: the stop sequences end it at ". ",
+                # the sentences check at "! " and "? " too (chainrun.checks.sentences)
+                "sentences": 1,
                 "lead": {"products": "Here are our {subject}",
                          "policy": "Here is what our policy says about {topic}"},
             },

@@ -68,6 +68,9 @@ class FactsConfig(BaseModel):
     products: int = Field(default=3, ge=0, le=20)
     #: policy lines quoted at most (0: none)
     policy_lines: int = Field(default=2, ge=0, le=10)
+    #: the model's part ends after this many sentences, its call cancelled (the answer's
+    #: ``sentences`` check: chainrun.checks.sentences); None: no limit
+    sentences: int | None = Field(default=None, ge=1)
     #: the words the model's sentence starts with, by what the turn shows (``products``:
     #: a search's products; ``policy``: no products), written at the end of the prompt
     #: for the model to continue and shown as the answer's start ("prefilling" the

@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 from chainrun.answer_json import answer_problem, parse_json_object
 from chainrun.checks.config import GroundingConfig, LoopConfig, OutputCheckConfig
 from chainrun.checks.holdback import HoldBack, OutputBlocked
+from chainrun.checks.sentences import SentenceLimit
 from chainrun.checks.stream import (
     CheckList,
     CheckMaker,
@@ -67,7 +68,7 @@ VERDICT_SCHEMA: dict[str, Any] = {
 }
 
 #: the answer's built-in checks, in their default order (the answer step's ``checks``)
-ANSWER_CHECKS = ("output_check", "grounding", "loop")
+ANSWER_CHECKS = ("output_check", "grounding", "loop", "sentences")
 
 
 def _output_maker(oc: OutputCheckConfig) -> CheckMaker:
@@ -173,12 +174,15 @@ class LLMConfig(ModelStepConfig):
 
     def check_names(self) -> list[str]:
         """The answer's checks in order: ``checks``, or the built-ins whose tables are
-        set and enabled (``output_check``, ``grounding``, ``loop``)."""
+        set and enabled (``output_check``, ``grounding``, ``loop``; ``sentences`` with
+        ``facts.sentences``)."""
         if self.checks is not None:
             return list(self.checks)
         on = {"output_check": self.output_check is not None,
               "grounding": self.grounding is not None and self.grounding.enabled,
-              "loop": self.loop.enabled}  # fmt: skip
+              "loop": self.loop.enabled,
+              "sentences": self.facts is not None and self.facts.enabled
+                           and self.facts.sentences is not None}  # fmt: skip
         return [name for name in ANSWER_CHECKS if on[name]]
 
     def tool_refs(self) -> list[str]:
@@ -300,6 +304,9 @@ class LLMStep(Step):
                 makers.append((name, self.grounding.stream_check))
             elif name == "loop":
                 makers.append((name, lambda values: cfg.loop.make()))
+            elif name == "sentences":
+                limit = (cfg.facts.sentences if cfg.facts else None) or 1
+                makers.append((name, lambda values, limit=limit: SentenceLimit(limit)))
             else:
                 make = registered_check(name)
                 if make is None:  # registered when the config was read, since removed
