@@ -25,9 +25,12 @@ from chainrun.steps.facts import (
     FactsConfig,
     answer_products,
     closing,
+    lead_subject,
+    lead_topic,
     policy_lines,
     product_line,
     quote_policy,
+    with_lead,
 )
 
 pytestmark = pytest.mark.facts  # the default chain as it ships: with its answer's facts
@@ -111,7 +114,59 @@ def test_whole_sentences_fails_a_check_text_inside_a_sentence_and_a_cut_end() ->
     assert a.check(_view("Here are our jackets.\n\n- A jacket, JKT-008: €44.95.")).passed
 
 
-def test_the_prose_step_reads_the_models_part_only() -> None:
+def test_whole_sentences_fails_a_model_sentence_run_into_the_lead() -> None:
+    a = parse_assertion({"type": "whole-sentences"})
+    lead = "Here are our rain jackets"
+    camel = TurnView(message="m", answer=f" {lead} It's a camel.", lead=lead)
+    assert not a.check(camel).passed
+    goes_on = TurnView(message="m", answer=f" {lead} for your commute.", lead=lead)
+    assert a.check(goes_on).passed
+    own = TurnView(message="m", answer=f" {lead}. I could not confirm that.", lead=lead + ".")
+    assert a.check(own).passed
+
+
+def test_the_lead_names_what_was_asked_for_in_the_shown_titles_words() -> None:
+    boots = ShownProduct(id="SHO-1", title="Men's Leather Chelsea Boots (brown)",
+                         category="shoes", price=99.0)  # fmt: skip
+    scarf = ShownProduct(id="ACC-4", title="Cashmere Scarf", category="accessories",
+                         price=89.0)  # fmt: skip
+    blazer = ShownProduct(id="JKT-56", title="Men's Linen Summer Blazer", category="jackets",
+                          price=124.0)  # fmt: skip
+    assert lead_subject("a waterproof rain jacket under 100?", [JACKET]) == "rain jackets"
+    assert lead_subject("Do you have chelsea boots?", [boots]) == "chelsea boots"
+    assert lead_subject("What colour of scarf goes with a camel coat?", [scarf]) == "scarves"
+    # no title word ends what was asked: the first title's noun after the words it holds
+    assert lead_subject("an outfit for a summer wedding", [blazer]) == "summer blazers"
+    assert lead_subject("hello", [COAT]) == "overcoats"
+    assert lead_subject("a jacket", []) == ""
+
+
+async def test_the_policy_lead_names_the_answering_lines_subject_or_the_section() -> None:
+    policy = "Shop policy, Returns, refunds and exchanges:\n" + POLICY.split("\n", 1)[1]
+    assert await lead_topic("How long do I have for returns?", policy) == "returns"
+    # the line that answers has no short subject: the section's title
+    assert await lead_topic("when is my refund paid back?", policy) == (
+        "returns, refunds and exchanges")
+    assert await lead_topic("anything", "") == ""
+
+
+async def test_a_lead_with_nothing_to_say_is_no_lead() -> None:
+    facts = FactsConfig(lead={"products": "Here are our {subject}",
+                              "policy": "Here is what our policy says about {topic}"})
+    assert await facts.render_lead(message="a rain jacket", shown=[JACKET],
+                                   policy="") == "Here are our rain jackets"  # fmt: skip
+    assert await facts.render_lead(message="hi", shown=[], policy="") == ""
+
+
+def test_a_checks_text_after_the_lead_is_a_sentence_of_its_own() -> None:
+    safe = "I could not confirm the details of that answer."
+    assert with_lead(" Here are our jackets", " for you", [safe]) == (
+        " Here are our jackets for you")
+    assert with_lead(" Here are our jackets", safe, [safe]) == (
+        " Here are our jackets. " + safe)
+
+
+def test_the_prose_step_reads_the_sentence_before_the_facts() -> None:
     a = parse_assertion({"type": "regex", "step": "prose", "value": "jacket", "flags": "i"})
     assert not a.check(_view("It's a camel.\n\n- Rain Jacket", prose="It's a camel.")).passed
     assert a.check(_view("Our jackets.\n\n- Rain Jacket", prose="Our jackets.")).passed
@@ -125,14 +180,15 @@ async def test_the_default_answer_carries_its_products_as_data_and_as_lines(
     async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
         events = [ev async for ev in chain.stream_turn("a rain jacket under 100?")]
     compose = next(r for r in fake.requests if "Catalogue matches" in r.messages[-1]["content"])
-    assert compose.messages[-1]["content"].endswith("Stylist: Here are")  # the lead
+    # the lead, with what was asked for in the shown titles' words
+    assert compose.messages[-1]["content"].endswith("Stylist: Here are our rain jackets")
     done = next(ev for ev in events if isinstance(ev, TurnFinished))
     shown = [ev for ev in events if isinstance(ev, ProductsShown)]
     assert len(shown) == 1 and 1 <= len(shown[0].products) <= 3
     text = "".join(ev.text for ev in events if isinstance(ev, TokenDelta)
                    and ev.step == "compose")  # fmt: skip
     assert text == done.output
-    assert done.output.startswith(" Here are some light rain jackets.\n\n- ")
+    assert done.output.startswith(" Here are our rain jackets some light rain jackets.\n\n- ")
     for product in shown[0].products:
         assert f", {product['id']}: €" in done.output
     row = next(s for s in store.steps(done.run_id) if s.step == "compose")
@@ -146,10 +202,11 @@ async def test_the_default_answer_carries_its_products_as_data_and_as_lines(
 async def test_a_policy_answer_quotes_the_policy_line_that_answers(store) -> None:
     config = config_from_dict({})
     fake = FakeProvider(name="local", script=reply_by_step(
-        {"compose": FakeReply("returns", ttft_s=0.001)}))  # fmt: skip
+        {"compose": FakeReply("within 30 days", ttft_s=0.001)}))  # fmt: skip
     async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
         done = await chain.run_turn("How many days do I have to return my trousers?")
-    assert done.output.startswith(" Here is what our policy says about returns.\n\n")
+    # the lead names the policy line's subject ("Returns: within 30 days ...")
+    assert done.output.startswith(" Here is what our policy says about returns within 30 days.\n\n")
     assert "within 30 days of delivery" in done.output
 
 

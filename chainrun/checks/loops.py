@@ -298,6 +298,9 @@ class LoopCheck(StreamCheck):
                 return _cycle_repeat(full, fed, len(fed) - 1, *hit)
         return None
 
+    def replacement_texts(self) -> tuple[str, ...]:
+        return (self.safe_text,)
+
     def finish(self, figures: StreamFigures) -> dict[str, Any] | None:
         """``{status: "stopped", kind, repeated, reason, copies, kept_chars, replaced,
         streamed, tokens_in, tokens_dropped, call_cancelled, checks, cpu_us_max}`` when

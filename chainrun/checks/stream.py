@@ -107,6 +107,11 @@ class StreamCheck(abc.ABC):
         ``refused``)."""
         return None, False
 
+    def replacement_texts(self) -> tuple[str, ...]:
+        """The texts this check writes in place of the model's (a safe text): an answer
+        that starts with one starts with the check's words, not the model's."""
+        return ()
+
 
 #: makes a fresh check for one answer from the turn-state values (field name -> value)
 CheckMaker = Callable[[Mapping[str, Any]], StreamCheck]
@@ -264,6 +269,10 @@ class CheckList:
             if name == self.blocked_by:
                 return check.on_block()
         return None, False
+
+    def replacement_texts(self) -> tuple[str, ...]:
+        """Every check's :meth:`StreamCheck.replacement_texts`."""
+        return tuple(t for _, check in self.checks for t in check.replacement_texts())
 
     def figures(
         self, stats: HoldBackStats | None, *, blocked_tokens: int | None = None,

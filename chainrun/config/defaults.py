@@ -45,8 +45,8 @@ _CLASSIFY_PROMPT = (
 )
 _COMPOSE_SYSTEM = (
     "A chat between a shopper and the friendly stylist of an online fashion shop. "
-    "The stylist answers in one short sentence that names what the shopper asked "
-    "about; the shop shows the matching products or policy lines under it."
+    "The stylist answers in one short sentence in the shopper's own words; the shop "
+    "lists the products under it."
 )
 # {history} first: the earlier turns are the start of the prompt that the next turn of
 # the conversation repeats, so a server's prompt cache can reuse them (llama-server
@@ -115,7 +115,10 @@ DEFAULT_CHAIN: dict[str, Any] = {
             "deadline_s": 5.0,
             "when": {"label": {"not": list(POLICY_LABELS)}},
         },
-        "policy": {"kind": "policy", "when": {"label": list(POLICY_LABELS)}},
+        # "other" too: the policy's general section (care, customer service, what the
+        # assistant does) answers what is neither a product nor an order; its products
+        # are still searched (retrieve runs on every label but the policy ones)
+        "policy": {"kind": "policy", "when": {"label": [*POLICY_LABELS, "other"]}},
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,
@@ -127,7 +130,11 @@ DEFAULT_CHAIN: dict[str, Any] = {
             # (chainrun.steps.facts)
             "facts": {
                 "products": 3, "policy_lines": 2,
-                "lead": {"products": "Here are", "policy": "Here is what our policy says about"},
+                # the model's part is one sentence: the stop sequences end it at ". ",
+                # the sentences check at "! " and "? " too (chainrun.checks.sentences)
+                "sentences": 1,
+                "lead": {"products": "Here are our {subject}",
+                         "policy": "Here is what our policy says about {topic}"},
             },
             "stream": True,
             "deadline_s": 60.0,

@@ -18,9 +18,11 @@ Every assertion has ``type`` and an optional ``step`` saying what it looks at:
   (``steps.output``), duration or output tokens;
 - ``"label"``: the label the chain parsed from classify's output (``turns.label``),
   which is what ``equals`` on a classification should usually check;
-- ``"prose"``: the part of the answer the model wrote, without the facts chainrun
-  rendered from data after it (the answer step's ``facts``; the whole answer when it
-  rendered none): what says whether the model's own words fit the question.
+- ``"prose"``: the answer's sentence before the facts chainrun rendered from data after
+  it (the answer step's ``facts``; the whole answer when it rendered none): the lead
+  chainrun wrote, if any, and the model's words that continue it, what says whether
+  the sentence fits the question (``whole-sentences`` fails a model text that does not
+  continue its lead).
 
 Checking returns a :class:`Verdict`. ``llm-rubric`` needs an async grader
 ``grade(prompt) -> str`` (injected so that tests need no model) and records the
@@ -95,8 +97,11 @@ class TurnView:
     grounding: Mapping[str, Any] | None = None
     #: the turn's tool calls (``tool_calls`` rows: tool, arguments, status), in order
     tool_calls: tuple[Any, ...] = ()
-    #: the part of the answer the model wrote (None: the same as ``answer``)
+    #: the answer's sentence before its facts (None: the same as ``answer``)
     prose: str | None = None
+    #: the words chainrun started the answer with for the model to continue (the answer
+    #: step's ``facts.lead``, filled); None: none
+    lead: str | None = None
     #: the products the turn's search showed (``ShownProduct.as_json`` objects, in
     #: order); None: no search ran
     shown_products: tuple[Mapping[str, Any], ...] | None = None
@@ -674,7 +679,9 @@ class WholeSentences(_Assertion):
     check puts in place of what it stopped; by default the grounding check's safe text)
     starts inside a sentence, and the answer does not end cut mid-sentence (at the step's
     token cap: its last character is neither terminal punctuation nor a digit ending a
-    list line)."""
+    list line), and the model's words continue the lead chainrun started the answer with
+    (a capital letter straight after a lead that ends no sentence is a sentence of the
+    model's own run into it: "Here are our rain jackets It's a camel.")."""
 
     type: Literal["whole-sentences"] = "whole-sentences"
     texts: list[str] | None = None
@@ -692,6 +699,13 @@ class WholeSentences(_Assertion):
                     return self.verdict(False, f"a check's text starts inside a sentence: "
                                         f"{_short(text[max(0, at - 40):at + 20], 60)!r}")
                 at = text.find(head, at + 1)
+        lead = (view.lead or "").strip()
+        body = text.lstrip()
+        if lead and body.startswith(lead) and not lead.endswith((".", "!", "?", ":")):
+            rest = body[len(lead):].lstrip(" ")
+            if rest[:1].isupper():
+                return self.verdict(False, "the model's words do not continue the lead: "
+                                    f"{_short(body[:len(lead) + 30], 70)!r}")
         end = text.rstrip()
         if end and not end.endswith(_ENDS_SENTENCE):
             return self.verdict(False, f"ends mid-sentence: {_short(end[-40:], 40)!r}")

@@ -73,6 +73,7 @@ def turn_view(
     step_ms: dict[str, float | None] = {}
     grounding = None
     facts: str | None = None
+    lead: str | None = None
     shown: tuple[dict[str, Any], ...] | None = None
     for s in steps:
         outputs[s.step] = s.output
@@ -81,6 +82,8 @@ def turn_view(
         rendered = (s.detail or {}).get("facts")
         if isinstance(rendered, dict) and isinstance(rendered.get("text"), str):
             facts = rendered["text"]
+        if isinstance(rendered, dict) and isinstance(rendered.get("lead"), str):
+            lead = rendered["lead"] or None
         products = logged_products(s.updates)
         if products is not None:
             shown = tuple(p.as_json() for p in products)
@@ -99,6 +102,7 @@ def turn_view(
         grounding=grounding,
         tool_calls=tuple(t for t in tool_rows if turn_id is None or t.turn_id in (None, turn_id)),
         prose=prose_of(turn_row.output, facts),
+        lead=lead,
         shown_products=shown,
     )
 

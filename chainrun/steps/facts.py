@@ -37,10 +37,13 @@ __all__ = [
     "after",
     "answer_products",
     "closing",
+    "lead_subject",
+    "lead_topic",
     "policy_lines",
     "product_line",
     "quote_policy",
     "render_facts",
+    "with_lead",
 ]
 
 #: How much nearer than the next line the best policy line must be for the quote to
@@ -65,17 +68,43 @@ class FactsConfig(BaseModel):
     products: int = Field(default=3, ge=0, le=20)
     #: policy lines quoted at most (0: none)
     policy_lines: int = Field(default=2, ge=0, le=10)
+    #: the model's part ends after this many sentences, its call cancelled (the answer's
+    #: ``sentences`` check: chainrun.checks.sentences); None: no limit
+    sentences: int | None = Field(default=None, ge=1)
     #: the words the model's sentence starts with, by what the turn shows (``products``:
     #: a search's products; ``policy``: no products), written at the end of the prompt
     #: for the model to continue and shown as the answer's start ("prefilling" the
     #: answer): a completion-style model then connects the shopper's words to what is
-    #: shown instead of inventing a reply of its own. Only for a transcript prompt (the
-    #: embedded model's); empty: none.
+    #: shown instead of inventing a reply of its own. ``{subject}`` in it is what the
+    #: shopper asked for in the shown products' words (:func:`lead_subject`, "rain
+    #: jackets"), ``{topic}`` the policy's subject (:func:`lead_topic`, "returns"); a
+    #: placeholder with nothing to say leaves the answer without a lead. Only for a
+    #: transcript prompt (the embedded model's); empty: none.
     lead: dict[Literal["products", "policy"], str] = Field(default_factory=dict)
 
     def lead_for(self, shown: Sequence[ShownProduct]) -> str:
-        """The lead for a turn that shows ``shown`` ("" when none is configured)."""
+        """The lead's template for a turn that shows ``shown`` ("" when none is
+        configured)."""
         return self.lead.get("products" if shown else "policy", "")
+
+    async def render_lead(
+        self, *, message: str, shown: Sequence[ShownProduct], policy: str,
+        embedder: MiniLMEmbedder | None = None,
+    ) -> str:
+        """The lead of one answer: :meth:`lead_for`'s template with ``{subject}`` and
+        ``{topic}`` filled; "" when there is no template or a placeholder it holds has
+        nothing to say."""
+        template = self.lead_for(shown)
+        if not template:
+            return ""
+        values = {"subject": "", "topic": ""}
+        if "{subject}" in template:
+            values["subject"] = lead_subject(message, shown)
+        if "{topic}" in template:
+            values["topic"] = await lead_topic(message, policy, embedder)
+        if any(f"{{{k}}}" in template and not v for k, v in values.items()):
+            return ""
+        return template.format(**values)
 
 
 @dataclass(frozen=True)
@@ -93,12 +122,105 @@ def after(lead: str, text: str) -> str:
     return lead + ("" if not text or text[0].isspace() or text[0] in ".,;:!?" else " ") + text
 
 
+def with_lead(lead: str, text: str, replacements: Sequence[str] = ()) -> str:
+    """``text`` after the answer's ``lead``: continuing it (:func:`after`), or, when
+    ``text`` starts with one of the checks' ``replacements`` (the model's sentence was
+    dropped), after it as a sentence of its own ("Here are our rain jackets. I could
+    not confirm ..."): the check's words never land inside the lead's sentence."""
+    if not lead:
+        return text
+    if any(r and text.lstrip().startswith(r) for r in replacements):
+        return lead.rstrip() + closing(lead) + " " + text.lstrip()
+    return after(lead, text)
+
+
 def closing(prose: str) -> str:
     """What closes the model's last sentence before the facts: "." when ``prose`` ends
     without terminal punctuation (a stop sequence such as ". " is not part of the
     text), else ""."""
     end = prose.rstrip()
     return "" if not end or end.endswith((".", "!", "?", "…", ":")) else "."
+
+
+#: Words of a message that name no product (articles, pronouns, the question's verbs).
+_NOT_SUBJECT = frozenset(
+    "a an and any are around be can could do does for from good have how i ideally in is "
+    "it me my of on or our should some that the this to under what which will with would "
+    "you your size".split()
+)
+
+
+def _plain_words(text: str) -> list[str]:
+    """Lower-case words of ``text``, a hyphenated word split (``Wool-Blend``: wool,
+    blend), text in brackets left out (a title's colour)."""
+    return re.findall(r"[a-z]+", re.sub(r"\(.*?\)", " ", text).lower().replace("-", " "))
+
+
+def _singular(word: str) -> str:
+    """``word`` without a plural's "s" (jackets -> jacket; dress stays dress)."""
+    return word[:-1] if word.endswith("s") and not word.endswith("ss") else word
+
+
+def _plural(word: str) -> str:
+    """English plural of a product noun (scarf -> scarves, dress -> dresses, socks and
+    jeans stay)."""
+    if word.endswith("s") and not word.endswith("ss"):
+        return word
+    if word.endswith(("ss", "x", "sh", "ch")):
+        return word + "es"
+    if word.endswith("f"):
+        return word[:-1] + "ves"
+    if word.endswith("y") and len(word) > 1 and word[-2] not in "aeiou":
+        return word[:-1] + "ies"
+    return word + "s"
+
+
+def lead_subject(message: str, shown: Sequence[ShownProduct]) -> str:
+    """What the shopper asked for, in the words of the products shown, plural: the first
+    run of ``message``'s words that the shown titles hold and that ends in a title's
+    head noun (its last word: "rain jacket" -> "rain jackets"); else the first shown
+    title's head noun after the message's words that title holds ("summer" and
+    "Men's Linen Summer Blazer" -> "summer blazers"); "" when nothing is shown."""
+    titles = [_plain_words(p.title) for p in shown]
+    titles = [t for t in titles if t]
+    if not titles:
+        return ""
+    heads = {_singular(t[-1]) for t in titles}
+    held = {_singular(w) for t in titles for w in t}
+    runs: list[list[str]] = [[]]
+    for word in _plain_words(message):
+        if word not in _NOT_SUBJECT and _singular(word) in held:
+            runs[-1].append(word)
+        elif runs[-1]:
+            runs.append([])
+    for run in runs:
+        if run and _singular(run[-1]) in heads:
+            return " ".join([*run[:-1], _plural(_singular(run[-1]))])
+    first = {_singular(w) for w in titles[0]}
+    modifiers = [w for run in runs for w in run if _singular(w) in first]
+    return " ".join([*modifiers[:2], _plural(_singular(titles[0][-1]))])
+
+
+#: A policy line's head: the words before its first ": " ("Standard delivery: 2-4
+#: working days ..."), when short and plain.
+_LINE_HEAD = re.compile(r"([A-Za-z][A-Za-z ,'/]{2,40}): ")
+_SECTION_TITLE = re.compile(r"^Shop policy, ([^:\n]+):", re.M)
+
+
+async def lead_topic(
+    message: str, policy: str, embedder: MiniLMEmbedder | None = None
+) -> str:
+    """The policy's subject for ``message``, lower case: the head of the policy line that
+    answers it best (:func:`quote_policy`; "exchanges for another size or colour"), else
+    the title of the turn's policy section ("orders and delivery"); "" without a policy."""
+    if not policy.strip():
+        return ""
+    best = await quote_policy(message, policy, 1, embedder)
+    head = _LINE_HEAD.match(best[0]) if best else None
+    if head:
+        return head.group(1).lower()
+    title = _SECTION_TITLE.search(policy)
+    return title.group(1).lower() if title else ""
 
 
 def _money(amount: float, currency: str, locale: str | None = None) -> str:
@@ -199,9 +321,8 @@ async def render_facts(
     embedder: MiniLMEmbedder | None = None,
 ) -> RenderedFacts:
     """The facts of one answer (see the module text): the products when the turn showed
-    any, else the policy lines that answer ``message`` when it has a policy section."""
+    any, then the policy lines that answer ``message`` when it has a policy section."""
     products = answer_products(prose, shown, config.products)
-    if products:
-        return RenderedFacts("\n".join(product_line(p) for p in products), products)
     quoted = await quote_policy(message, policy, config.policy_lines, embedder)
-    return RenderedFacts("\n".join(quoted), quoted=quoted)
+    blocks = ["\n".join(product_line(p) for p in products), "\n".join(quoted)]
+    return RenderedFacts("\n\n".join(b for b in blocks if b), products, quoted)

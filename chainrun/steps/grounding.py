@@ -117,6 +117,9 @@ class GroundingCheck(StreamCheck):
             return self.grounding.safe_text, True
         return None, False
 
+    def replacement_texts(self) -> tuple[str, ...]:
+        return (self.grounding.safe_text,)
+
 
 class AnswerGrounding:
     """An answer step's grounding check (see the module text).

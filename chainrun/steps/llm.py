@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 from chainrun.answer_json import answer_problem, parse_json_object
 from chainrun.checks.config import GroundingConfig, LoopConfig, OutputCheckConfig
 from chainrun.checks.holdback import HoldBack, OutputBlocked
+from chainrun.checks.sentences import SentenceLimit
 from chainrun.checks.stream import (
     CheckList,
     CheckMaker,
@@ -49,7 +50,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.steps.config import StepConfig
-from chainrun.steps.facts import FactsConfig, after, closing, render_facts
+from chainrun.steps.facts import FactsConfig, after, closing, render_facts, with_lead
 from chainrun.steps.grounding import AnswerGrounding, open_grounding
 from chainrun.steps.model_call import AnswerCheck, CallResult, HedgedCall
 from chainrun.steps.model_config import ModelStepConfig, template_fields
@@ -57,7 +58,7 @@ from chainrun.steps.tool_use import ToolRounds
 from chainrun.tools import Tool
 
 if TYPE_CHECKING:
-    from chainrun.providers.base import ChatRequest, ChatStream
+    from chainrun.providers.base import ChatStream
 
 #: The verdict a validating step (``on_reject`` refuse or replace) must give when its
 #: config names no ``json_schema``: ``{"ok": bool, "reason": str}``.
@@ -68,7 +69,7 @@ VERDICT_SCHEMA: dict[str, Any] = {
 }
 
 #: the answer's built-in checks, in their default order (the answer step's ``checks``)
-ANSWER_CHECKS = ("output_check", "grounding", "loop")
+ANSWER_CHECKS = ("output_check", "grounding", "loop", "sentences")
 
 
 def _output_maker(oc: OutputCheckConfig) -> CheckMaker:
@@ -176,12 +177,15 @@ class LLMConfig(ModelStepConfig):
 
     def check_names(self) -> list[str]:
         """The answer's checks in order: ``checks``, or the built-ins whose tables are
-        set and enabled (``output_check``, ``grounding``, ``loop``)."""
+        set and enabled (``output_check``, ``grounding``, ``loop``; ``sentences`` with
+        ``facts.sentences``)."""
         if self.checks is not None:
             return list(self.checks)
         on = {"output_check": self.output_check is not None,
               "grounding": self.grounding is not None and self.grounding.enabled,
-              "loop": self.loop.enabled}  # fmt: skip
+              "loop": self.loop.enabled,
+              "sentences": self.facts is not None and self.facts.enabled
+                           and self.facts.sentences is not None}  # fmt: skip
         return [name for name in ANSWER_CHECKS if on[name]]
 
     def tool_refs(self) -> list[str]:
@@ -303,6 +307,9 @@ class LLMStep(Step):
                 makers.append((name, self.grounding.stream_check))
             elif name == "loop":
                 makers.append((name, lambda values: cfg.loop.make()))
+            elif name == "sentences":
+                limit = (cfg.facts.sentences if cfg.facts else None) or 1
+                makers.append((name, lambda values, limit=limit: SentenceLimit(limit)))
             else:
                 make = registered_check(name)
                 if make is None:  # registered when the config was read, since removed
@@ -356,7 +363,10 @@ class LLMStep(Step):
             )  # fmt: skip
         shown = checks is not None or tools is not None
         request = self.call.request(state, cache_owner=self.is_answer)
-        lead = self._lead(state, request)
+        lead_text = await self._lead_text(state) if self.is_answer else ""
+        if lead_text:  # written at the end of the prompt for the model to continue
+            request.messages[-1]["content"] += lead_text
+        lead = lead_text
         items = self.call.step_items(
             ctx, request,
             lambda call: self._result(ctx, call, shown=shown, state=state, made=made),
@@ -365,47 +375,48 @@ class LLMStep(Step):
         async with contextlib.aclosing(items):
             async for item in items:
                 if lead and isinstance(item, TokenDelta) and item.step == self.name:
-                    item, lead = TokenDelta(step=self.name, text=after(lead, item.text)), ""
+                    replacements = made[-1].replacement_texts() if made else ()
+                    text = with_lead(lead, item.text, replacements)
+                    if text != after(lead, item.text):  # a check's words, not the model's
+                        lead_text = lead.rstrip() + closing(lead)
+                    item, lead = TokenDelta(step=self.name, text=text), ""
                 elif isinstance(item, StepResult) and self.is_answer and self.facts is not None:
-                    async for fact in self._with_facts(item, state, ctx, self.facts, lead):
+                    async for fact in self._with_facts(item, state, ctx, self.facts,
+                                                       lead_text, lead):
                         yield fact
                     continue
                 yield item
 
-    def _lead_text(self, state: TurnState) -> str:
-        """The lead the answer started with (" " and ``facts.lead``'s words), or ""."""
+    async def _lead_text(self, state: TurnState) -> str:
+        """The lead the answer starts with (" " and ``facts.lead``'s words, filled from
+        the turn: :meth:`FactsConfig.render_lead`), or ""."""
         facts = self.facts
         if (facts is None or not facts.lead or self.tools
                 or self.call.history_layout == "messages"):
             return ""
         shown = state.get(PRODUCTS_FIELD)
-        lead = facts.lead_for(tuple(shown) if isinstance(shown, tuple | list) else ())
+        lead = await facts.render_lead(
+            message=str(state.get("message") or ""),
+            shown=tuple(shown) if isinstance(shown, tuple | list) else (),
+            policy=str(state.get("policy") or ""), embedder=self._embedder,
+        )  # fmt: skip
         return " " + lead if lead else ""
-
-    def _lead(self, state: TurnState, request: ChatRequest) -> str:
-        """The answer's lead (:meth:`_lead_text`), written at the end of ``request``'s
-        prompt for the model to continue; "" when there is none."""
-        lead = self._lead_text(state) if self.is_answer else ""
-        if lead:
-            request.messages[-1]["content"] += lead
-        return lead
 
     async def _with_facts(
         self, result: StepResult, state: TurnState, ctx: StepContext, facts: FactsConfig,
-        unsent_lead: str,
+        lead: str, unsent_lead: str,
     ) -> AsyncGenerator[StepItem, None]:
         """``result`` with the lead before the model's answer and the facts rendered
         after it (:func:`~chainrun.steps.facts.render_facts`): the ``products`` event,
         the facts' text as the answer's last piece, the answer and the step's
         ``detail["facts"]`` (``text``, product ``ids``, ``quoted`` lines) with them.
-        ``unsent_lead``: the lead when no token of the answer carried it (the answer
-        came whole: it is its start). A result with no answer (an error, a refusal)
-        passes unchanged."""
+        ``lead``: the answer's lead (:meth:`_lead_text`); ``unsent_lead``: the lead when
+        no token of the answer carried it (the answer came whole: it is its start). A
+        result with no answer (an error, a refusal) passes unchanged."""
         answer = result.updates.get("answer") if result.error is None else None
         if not isinstance(answer, str) or result.refuse:
             yield result
             return
-        lead = self._lead_text(state)
         if lead and not answer.startswith(lead):
             answer = after(lead, answer)
             if unsent_lead:
@@ -422,9 +433,10 @@ class LLMStep(Step):
             piece = (closing(answer) + "\n\n" if answer.strip() else "") + rendered.text
             yield TokenDelta(step=self.name, text=piece)
             answer += piece
+        if rendered.text or lead:
             ctx.row.detail = {**(ctx.row.detail or {}), "facts": {
                 "text": rendered.text, "ids": [p.id for p in rendered.products],
-                "quoted": len(rendered.quoted)}}  # fmt: skip
+                "quoted": len(rendered.quoted), "lead": lead.strip()}}  # fmt: skip
         result.updates["answer"] = answer
         yield result
 
