@@ -221,6 +221,15 @@ class LLMConfig(ModelStepConfig):
 
 
 @register_step_kind
+def _sentence_limit_maker(limit: int) -> CheckMaker:
+    """The ``sentences`` check's maker: a fresh :class:`SentenceLimit` per answer."""
+
+    def make(values: Mapping[str, Any]) -> SentenceLimit:
+        return SentenceLimit(limit)
+
+    return make
+
+
 class LLMStep(Step):
     """A model call (``kind = "llm"``), hedged per ``[steps.NAME.hedge]``: the step's
     :class:`~chainrun.steps.model_call.HedgedCall` (``self.call``) with what the kind
@@ -309,7 +318,7 @@ class LLMStep(Step):
                 makers.append((name, lambda values: cfg.loop.make()))
             elif name == "sentences":
                 limit = (cfg.facts.sentences if cfg.facts else None) or 1
-                makers.append((name, lambda values, limit=limit: SentenceLimit(limit)))
+                makers.append((name, _sentence_limit_maker(limit)))
             else:
                 make = registered_check(name)
                 if make is None:  # registered when the config was read, since removed
