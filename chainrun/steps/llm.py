@@ -220,7 +220,6 @@ class LLMConfig(ModelStepConfig):
         return None
 
 
-@register_step_kind
 def _sentence_limit_maker(limit: int) -> CheckMaker:
     """The ``sentences`` check's maker: a fresh :class:`SentenceLimit` per answer."""
 
@@ -230,6 +229,7 @@ def _sentence_limit_maker(limit: int) -> CheckMaker:
     return make
 
 
+@register_step_kind
 class LLMStep(Step):
     """A model call (``kind = "llm"``), hedged per ``[steps.NAME.hedge]``: the step's
     :class:`~chainrun.steps.model_call.HedgedCall` (``self.call``) with what the kind
