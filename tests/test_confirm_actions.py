@@ -187,7 +187,7 @@ async def _confirm_from_another_chain(db: str) -> None:
         done, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
         twice, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
     assert len(RUNS) == 1 and done.status == "ok"
-    assert twice.output is not None and "already decided (confirmed)" in twice.output
+    assert twice.output is not None and "already done" in twice.output
     with Store.open(db, create=False) as log:
         rows = [r for r in log.tool_calls([asked.run_id, done.run_id])]
         turns = {t.id: t for t in log.turns(done.run_id)}

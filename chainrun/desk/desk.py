@@ -165,7 +165,7 @@ class Desk:
         self.keys = RequestKeys(store) if store is not None else None
         #: the log's pending actions of this chain's conversations (None: no tool has
         #: ``confirm``, or no log)
-        self.confirmations = (Confirmations(store, tools, (kind,))
+        self.confirmations = (Confirmations(store, tools, (kind,), known_products)
                               if store is not None and any(t.config.confirm for t in tools.values())
                               else None)  # fmt: skip
         #: the log's nonce (:meth:`open`; a random one without a log)
@@ -229,8 +229,8 @@ class Desk:
         acted = tools is not None and tools.acted
         if admitted.claim is not None and status in UNPINNED and not acted:
             await self._release(admitted.claim)
-        if tools is not None and tools.pending and self.confirmations is not None:
-            self.confirmations.asked_in.add(admitted.place.conversation_id)
+        if self.confirmations is not None:
+            await self.confirmations.settle(admitted.decided, status, tools)
 
     async def _claim(
         self, request: TurnRequest, run_id: int | None
@@ -278,6 +278,7 @@ class Desk:
                 place.conversation_id, place.turn_index, message, turn_id=turn_id,
                 user=request.user, confirm=request.confirm, deny=request.deny,
                 shown=request.history[-1].answer if request.history else None,
+                last=place.history.turns[-1].answer if place.history.turns else None,
             )  # fmt: skip
         verdicts: dict[str, Any] = {}
         if decided.decisions:
@@ -288,7 +289,7 @@ class Desk:
             verdicts["desk"] = {"background": request.background}
         return Admitted(
             request=request, run_id=run_id, message=message, place=place, turn_id=turn_id,
-            tools=await self._tools(request, place, turn_id, decided), decided=decided,
+            tools=await self._tools(request, place, turn_id, decided, run_id), decided=decided,
             verdicts=verdicts, claim=claim,
             answer=(decided.answer, decided.why) if decided.answer is not None else None,
             blocked=(("checks", checked.block_text(self.block_texts)) if checked.blocked
@@ -306,7 +307,7 @@ class Desk:
                 for h in history]  # fmt: skip
 
     async def _tools(self, request: TurnRequest, place: TurnPlace, turn_id: int | None,
-                     decided: Decided) -> TurnTools | None:  # fmt: skip
+                     decided: Decided, run_id: int | None) -> TurnTools | None:  # fmt: skip
         """The turn's tool calls (clear to act once the turn's run says so)."""
         if not self.tools:
             return None
@@ -320,6 +321,8 @@ class Desk:
                          act=self.act, turn_index=place.turn_index, user=request.user,
                          recorded=recorded, known_products=self.known_products,
                          confirmed=decided.confirmed,
+                         ask=(self.confirmations.asker(run_id)
+                              if self.confirmations is not None else None),
                          background=request.background is not None)  # fmt: skip
 
     # -- the log, patiently ------------------------------------------------------------
