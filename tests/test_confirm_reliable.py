@@ -1,0 +1,317 @@
+"""Pending actions a shopper can rely on: a yes sent five times at once runs the action
+once (on one process and on two sharing a PostgreSQL log), every answer saying what
+happened; a yes sent the moment the question arrives is decided while the asking turn's
+checks still run; a process killed while a confirmed tool runs leaves the action honest
+(asked again, the same tool key on the retry); every argument that runs is asked; a
+confirmed action is checked again against the tool, the catalogue and its config."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from log_backends import log_target
+from test_confirm_actions import cart_fake, confirm_config, turn
+from test_tool_steps import DELAY_S, RUNS, cart_call, rounds_script
+
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.config.defaults import DEFAULT_CHAIN
+from chainrun.events import ToolCallEvent, TurnFinished
+from chainrun.log.store import Store
+from chainrun.providers.base import ChatRequest
+from chainrun.providers.fake import FakeProvider, FakeReply
+
+TESTS = Path(__file__).parent
+#: how long a test waits for what must happen while the checks are held, in s
+WAIT_S = 30
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runs() -> Iterator[None]:
+    RUNS.clear()
+    DELAY_S["value"] = 0.0
+    yield
+    RUNS.clear()
+    DELAY_S["value"] = 0.0
+
+
+# -- five yeses at once ----------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_five_concurrent_yeses_run_the_action_once_and_each_says_what_happened(
+    tmp_path: Path, backend: str
+) -> None:
+    """A client retrying its "yes" five times at once, served by two chains (two workers)
+    on one log: the action runs exactly once, and every answer says what happened (done,
+    or being done by the earlier yes), none "decided by another turn" with nothing done."""
+    DELAY_S["value"] = 0.3  # the tool runs while the other yeses arrive
+    with log_target(backend, tmp_path) as db:
+        chains = [Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                        quiet=True) for _ in range(2)]  # fmt: skip
+        async with chains[0] as one, chains[1] as two:
+            asked, _ = await turn(one, "put 2 of JKT-12 in my cart", conversation_id="y1")
+            (action,) = asked.pending_actions
+            done = await asyncio.gather(*[
+                turn([one, two][i % 2], "yes please", conversation_id="y1") for i in range(5)])
+    outputs = [d.output or "" for d, _ in done]
+    assert [(r["sku"], r["qty"], r["key"]) for r in RUNS] == [("JKT-12", 2, action.id)]
+    assert outputs.count("Done: two JKT-12 are in your cart.") == 1, outputs
+    for out in outputs:
+        assert out == "Done: two JKT-12 are in your cart." or (
+            "being carried out now" in out or "already done" in out), outputs
+        assert "decided by another turn" not in out
+
+
+# -- a yes at once ---------------------------------------------------------------------
+def gated_confirm_config() -> Any:
+    """The confirm chain with the default validate step after its answer."""
+    cfg = confirm_config()
+    data = cfg.model_dump(mode="json", exclude={"path"})
+    data["steps"]["validate"] = DEFAULT_CHAIN["steps"]["validate"]
+    data["order"] = ["answer", "validate"]
+    return config_from_dict(data)
+
+
+class GatedValidate(FakeProvider):
+    """The cart fake whose validate step of the asking turn waits for ``gate`` (a slow
+    check after the answer): what happens before the gate opens happens while the asking
+    turn runs."""
+
+    def __init__(self) -> None:
+        answer = rounds_script(cart_call({"sku": "JKT-12", "qty": 2}),
+                               FakeReply("Done: two JKT-12 are in your cart.", gap_s=0.001))
+
+        def script(req: ChatRequest) -> FakeReply:
+            if "Review as JSON" in req.messages[-1]["content"]:
+                return FakeReply('{"ok": true, "reason": "fine"}', ttft_s=0.001)
+            return answer(req)
+
+        super().__init__(name="local", script=script)
+        self.gate = asyncio.Event()
+
+    async def chunks(self, request: ChatRequest) -> Any:
+        prompt = request.messages[-1]["content"]
+        if "Review as JSON" in prompt and "to your cart?" in prompt:  # the asking turn's
+            await self.gate.wait()
+        async for chunk in super().chunks(request):
+            yield chunk
+
+
+async def test_a_confirm_sent_as_the_question_arrives_is_decided_while_checks_run(
+    tmp_path: Path,
+) -> None:
+    fake = GatedValidate()
+    async with Chain(gated_confirm_config(), store=Store.open(tmp_path / "log.db"),
+                     providers={"local": fake}, quiet=True) as chain:  # fmt: skip
+        yes: TurnFinished | None = None
+        async with asyncio.timeout(WAIT_S):
+            async for ev in chain.stream_turn("put 2 of JKT-12 in my cart",
+                                              conversation_id="q1"):  # fmt: skip
+                if isinstance(ev, ToolCallEvent) and ev.action is not None:
+                    yes, _ = await turn(chain, "yes", conversation_id="q1",
+                                        confirm=ev.action["id"])  # fmt: skip
+                    fake.gate.set()
+    assert yes is not None and yes.output == "Done: two JKT-12 are in your cart."
+    assert len(RUNS) == 1
+
+
+async def test_chat_a_confirm_sent_on_the_action_event_is_decided(tmp_path: Path) -> None:
+    import httpx
+    from serve_helpers import serving, sse
+
+    fake = GatedValidate()
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(gated_confirm_config(), store=store,
+                                         providers={"local": fake}, quiet=True)) as (url, _):
+            async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
+                async with client.stream("POST", "/chat", json={
+                        "message": "put 2 of JKT-12 in my cart", "conversation_id": "q2"}) as r:
+                    async for event, data in sse(r):
+                        if event == "action":
+                            got = await client.post("/chat", json={"conversation_id": "q2",
+                                                                   "confirm": data["id"]})
+                            fake.gate.set()
+    finally:
+        store.close()
+    assert got.status_code == 200, got.text
+    assert "Done: two JKT-12 are in your cart." in got.text
+    assert len(RUNS) == 1
+
+
+async def test_openai_face_a_yes_sent_as_the_question_streams_in_is_decided(
+    tmp_path: Path,
+) -> None:
+    import openai
+    from serve_helpers import serving
+
+    fake = GatedValidate()
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(gated_confirm_config(), store=store,
+                                         providers={"local": fake}, quiet=True)) as (url, _):
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            async with client, asyncio.timeout(WAIT_S):
+                thread: list[Any] = [{"role": "user", "content": "put 2 of JKT-12 in my cart"}]
+                stream = await client.chat.completions.create(
+                    model="chainrun-shop", messages=thread, stream=True)
+                question = ""
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        question += chunk.choices[0].delta.content
+                assert question == "Add 2 x JKT-12 to your cart?"
+                thread += [{"role": "assistant", "content": question},
+                           {"role": "user", "content": "yes"}]
+                yes = await client.chat.completions.create(model="chainrun-shop",
+                                                           messages=thread)  # fmt: skip
+                fake.gate.set()
+    finally:
+        store.close()
+    assert yes.choices[0].message.content == "Done: two JKT-12 are in your cart."
+    assert len(RUNS) == 1
+
+
+# -- a process killed mid-tool ---------------------------------------------------------
+CRASH_TOOLS = '''
+import json, os, time
+
+def add_to_cart(sku, qty, idempotency_key):
+    with open(os.environ["CART_FILE"], "a") as f:
+        f.write(json.dumps({"key": idempotency_key, "sku": sku, "qty": qty}) + "\\n")
+    time.sleep(float(os.environ.get("CART_SLEEP_S", "0")))
+    return {"added": sku, "qty": qty}
+'''
+
+CRASH_CHILD = '''
+import asyncio, sys
+sys.path[:0] = [{tests!r}, {tmp!r}]
+from test_confirm_actions import cart_fake, confirm_config, turn
+from chainrun.chain import Chain
+from chainrun.log.store import Store
+
+async def main():
+    cfg = confirm_config(function="crash_tools:add_to_cart", timeout_s={timeout})
+    async with Chain(cfg, store=Store.open({db!r}), providers={{"local": cart_fake()}},
+                     quiet=True) as chain:
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="k1")
+        print(asked.pending_actions[0].id, flush=True)
+        await turn(chain, "yes", conversation_id="k1")
+
+asyncio.run(main())
+'''
+
+
+async def test_killed_while_a_confirmed_tool_runs_then_a_new_yes_is_told_the_truth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 while the confirmed tool runs; a new process, a new "yes": the shopper is
+    told it may not have been done and asked again (not "already done"), and the retry
+    hands the tool the same idempotency key (the shop's system can tell it is one)."""
+    import chainrun.actions.confirmations as confirmations
+
+    monkeypatch.setattr(confirmations, "START_GRACE_S", 0.2)
+    (tmp_path / "crash_tools.py").write_text(CRASH_TOOLS)
+    cart, db, timeout_s = tmp_path / "cart.jsonl", tmp_path / "log.db", 1.5
+    script = CRASH_CHILD.format(tests=str(TESTS), tmp=str(tmp_path), db=str(db),
+                                timeout=timeout_s)  # fmt: skip
+    env = {**os.environ, "CART_FILE": str(cart), "CART_SLEEP_S": "60"}
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        action_id = child.stdout.readline().strip()
+        deadline = time.monotonic() + WAIT_S
+        while not (cart.exists() and cart.read_text()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)  # the tool has started and has not finished
+    finally:
+        child.wait(timeout=WAIT_S)
+        if child.stdout is not None:
+            child.stdout.close()
+    started = [json.loads(line) for line in cart.read_text().splitlines()]
+    assert [s["key"] for s in started] == [action_id]
+    await asyncio.sleep(timeout_s + 0.3)  # the killed run's timeout has passed
+    monkeypatch.setenv("CART_FILE", str(cart))
+    monkeypatch.setenv("CART_SLEEP_S", "0")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = confirm_config(function="crash_tools:add_to_cart", timeout_s=timeout_s)
+    async with Chain(cfg, store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        told, _ = await turn(chain, "yes", conversation_id="k1")
+        assert told.output is not None
+        assert "cannot say it was done" in told.output and "already" not in told.output
+        assert "Should I try again?" in told.output
+        assert [a.id for a in told.pending_actions] == [action_id]  # pending again
+        assert len(cart.read_text().splitlines()) == 1  # nothing ran on the news
+        done, _ = await turn(chain, "yes", conversation_id="k1")
+    runs = [json.loads(line) for line in cart.read_text().splitlines()]
+    assert done.output == "Done: two JKT-12 are in your cart."
+    assert [r["key"] for r in runs] == [action_id, action_id]  # the same key on the retry
+
+
+# -- every argument that runs is asked -------------------------------------------------
+async def test_a_confirm_tools_arguments_outside_its_schema_are_refused(tmp_path: Path) -> None:
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-12", "qty": 2, "ship_to": "elsewhere"}),
+        FakeReply("I could not do that.", gap_s=0.001)))  # fmt: skip
+    async with Chain(confirm_config(), store=Store.open(tmp_path / "log.db"),
+                     providers={"local": fake}, quiet=True) as chain:  # fmt: skip
+        asked, events = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="a1")
+    (call,) = [e for e in events if isinstance(e, ToolCallEvent)]
+    assert call.status == "invalid_arguments"
+    assert "'ship_to'" in fake.requests[-1].messages[-1]["content"]  # the model is told
+    assert asked.pending_actions == () and RUNS == []
+
+
+async def test_arguments_the_question_does_not_name_are_shown_in_it(tmp_path: Path) -> None:
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-12", "qty": 2}), FakeReply("ok", gap_s=0.001)))
+    cfg = confirm_config(confirm_question="Add {sku} to your cart?")
+    async with Chain(cfg, store=Store.open(tmp_path / "log.db"), providers={"local": fake},
+                     quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="a2")
+    assert asked.output == "Add JKT-12 to your cart? (qty = 2)"
+
+
+# -- checked again when it runs --------------------------------------------------------
+async def test_a_tool_config_changed_since_the_question_asks_again(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="r1")
+    changed = confirm_config(confirm_question="Put {qty} x {sku} in your cart (paid now)?")
+    async with Chain(changed, store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        again, _ = await turn(chain, "yes", conversation_id="r1")
+        assert RUNS == []
+        assert again.output is not None and "please confirm again" in again.output
+        assert "Put 2 x JKT-12 in your cart (paid now)?" in again.output
+        assert [a.id for a in again.pending_actions] == [asked.pending_actions[0].id]
+        done, _ = await turn(chain, "yes", conversation_id="r1")
+    assert done.output == "Done: two JKT-12 are in your cart." and len(RUNS) == 1
+
+
+async def test_a_schema_that_no_longer_takes_the_arguments_runs_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="r2")
+    stricter = {"type": "object", "required": ["sku", "qty"],
+                "properties": {"sku": {"type": "string"},
+                               "qty": {"type": "integer", "maximum": 1}}}  # fmt: skip
+    async with Chain(confirm_config(parameters=stricter), store=Store.open(db),
+                     providers={"local": cart_fake()}, quiet=True) as chain:  # fmt: skip
+        told, _ = await turn(chain, "yes", conversation_id="r2")
+    assert RUNS == []
+    assert told.output is not None and "no longer do that" in told.output
+    assert told.decisions[0]["decision"] == "expired"
