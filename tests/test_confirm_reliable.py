@@ -211,6 +211,28 @@ asyncio.run(main())
 '''
 
 
+def _killed_mid_tool(tmp_path: Path, cart: Path, db: Path, timeout_s: float) -> str:
+    """Run the asking turn and a yes in a child process, kill -9 it once its tool has
+    started (it sleeps a minute); the action's id."""
+    script = CRASH_CHILD.format(tests=str(TESTS), tmp=str(tmp_path), db=str(db),
+                                timeout=timeout_s)  # fmt: skip
+    env = {**os.environ, "CART_FILE": str(cart), "CART_SLEEP_S": "60"}
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        action_id = child.stdout.readline().strip()
+        deadline = time.monotonic() + WAIT_S
+        while not (cart.exists() and cart.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)  # the tool has started and has not finished
+    finally:
+        child.wait(timeout=WAIT_S)
+        if child.stdout is not None:
+            child.stdout.close()
+    return action_id
+
+
 async def test_killed_while_a_confirmed_tool_runs_then_a_new_yes_is_told_the_truth(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,22 +244,7 @@ async def test_killed_while_a_confirmed_tool_runs_then_a_new_yes_is_told_the_tru
     monkeypatch.setattr(confirmations, "START_GRACE_S", 0.2)
     (tmp_path / "crash_tools.py").write_text(CRASH_TOOLS)
     cart, db, timeout_s = tmp_path / "cart.jsonl", tmp_path / "log.db", 1.5
-    script = CRASH_CHILD.format(tests=str(TESTS), tmp=str(tmp_path), db=str(db),
-                                timeout=timeout_s)  # fmt: skip
-    env = {**os.environ, "CART_FILE": str(cart), "CART_SLEEP_S": "60"}
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert child.stdout is not None
-        action_id = child.stdout.readline().strip()
-        deadline = time.monotonic() + WAIT_S
-        while not (cart.exists() and cart.read_text()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)  # the tool has started and has not finished
-    finally:
-        child.wait(timeout=WAIT_S)
-        if child.stdout is not None:
-            child.stdout.close()
+    action_id = await asyncio.to_thread(_killed_mid_tool, tmp_path, cart, db, timeout_s)
     started = [json.loads(line) for line in cart.read_text().splitlines()]
     assert [s["key"] for s in started] == [action_id]
     await asyncio.sleep(timeout_s + 0.3)  # the killed run's timeout has passed

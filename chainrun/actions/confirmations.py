@@ -235,12 +235,13 @@ class Confirmations:
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
         confirm: str | None = None, deny: str | None = None, shown: str | None = None,
-        last: str | None = None,
+        last: str | None = None, received_at: str | None = None,
     ) -> Decided:  # fmt: skip
-        """What the turn with ``message`` does (see the module text). ``last``: the
-        conversation's last answer as the chain recorded it (a yes with nothing pending
-        refers to an action another turn took only when the shopper's thread ends with
-        its question: a retried yes, a yes after a crash). ``shown``: the
+        """What the turn with ``message`` does (see the module text). A yes with nothing
+        pending refers to an action another turn took (a retried yes, a yes after a
+        crash) when ``last``, the conversation's last answer as the chain recorded it,
+        is its question, or its run had not ended when the message arrived
+        (``received_at``, ISO-8601 UTC). ``shown``: the
         answer before this message in the caller's own thread (a client that keeps the
         conversation, as OpenAI clients do; None: the chain's record): a reply decides
         only the actions whose question it shows, so a "yes" in one chat never decides
@@ -256,7 +257,8 @@ class Confirmations:
         try:
             decided = await self._decide(conversation_id, turn_index, message,
                                          turn_id=turn_id, user=user, confirm=confirm,
-                                         deny=deny, shown=shown, last=last)  # fmt: skip
+                                         deny=deny, shown=shown, last=last,
+                                         received_at=received_at)  # fmt: skip
             decided.confirmed = Confirmed(tuple(decided.run), self.starter(turn_id),
                                           self.finisher())  # fmt: skip
             return decided
@@ -284,7 +286,7 @@ class Confirmations:
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
         confirm: str | None = None, deny: str | None = None, shown: str | None = None,
-        last: str | None = None,
+        last: str | None = None, received_at: str | None = None,
     ) -> Decided:  # fmt: skip
         store = self.store
         now = utc_iso()
@@ -301,8 +303,8 @@ class Confirmations:
             actions = [a for a in actions if a.question and a.question in shown]
         decided = Decided()
         if not actions:
-            seen = shown if shown is not None else last
-            return await self._repeated(conversation_id, turn_index, message, seen)
+            return await self._repeated(conversation_id, turn_index, message, shown, last,
+                                        received_at)  # fmt: skip
         live: list[PendingAction] = []
         expired: list[PendingAction] = []
         for a in actions:
@@ -418,20 +420,25 @@ class Confirmations:
         return again if ok else None
 
     async def _repeated(self, conversation_id: str, turn_index: int, message: str,
-                        shown: str | None) -> Decided:  # fmt: skip
-        """A message when nothing is pending: a yes to an action another turn took, not
-        expired, whose question ends the thread (``shown``; None: not known, every such
-        action) is told what happened to it; anything else goes on as a turn."""
+                        shown: str | None, last: str | None,
+                        received_at: str | None) -> Decided:  # fmt: skip
+        """A message when nothing is pending: a yes to an action another turn took, that
+        the shopper was answering (the caller's thread, ``shown``, ends
+        with its question; else the chain's, ``last``, does, or its run had not ended
+        when the message arrived) is told what happened to it; anything else goes on as
+        a turn."""
         store = self.store
         rows = await store.off_loop(store.confirmed_actions, conversation_id, self.kinds)
-        now = utc_iso()
         candidates = []
         for row in rows:
             a = action_from_row(row)
-            if shown is not None and a.question not in shown:
+            if shown is not None:
+                if a.question not in shown:
+                    continue
+            elif not ((last is not None and a.question in last) or row.get("finished_at") is None
+                      or (received_at is not None and row["finished_at"] >= received_at)):
                 continue
-            if not await self._expired(a, now, turn_index):
-                candidates.append((row, a))
+            candidates.append((row, a))
         if not candidates:
             return Decided()
         if await read_reply(message, [a for _, a in candidates]) != "yes":

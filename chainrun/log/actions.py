@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chainrun.log.backend import LogDb
-from chainrun.log.rows import RunKind, ToolCallRow
+from chainrun.log.rows import RunKind
 
 __all__ = ["LoggedActions"]
 

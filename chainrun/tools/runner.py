@@ -484,7 +484,7 @@ class TurnTools:
         if self.ask is not None:
             try:
                 await self.ask(action)
-            except Exception as e:  # noqa: BLE001 (the log's errors: nothing asked)
+            except Exception as e:  # the log's errors: nothing was asked
                 self._refused(record, "not_started", "the question could not be recorded "
                               f"({type(e).__name__}); nothing was asked or done")  # fmt: skip
                 return
