@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -322,3 +324,81 @@ async def test_a_schema_that_no_longer_takes_the_arguments_runs_nothing(tmp_path
     assert RUNS == []
     assert told.output is not None and "no longer do that" in told.output
     assert told.decisions[0]["decision"] == "expired"
+
+
+# -- a hung sync tool ------------------------------------------------------------------
+HUNG = threading.Event()
+HUNG_CALLS: list[int] = []
+
+
+def hung_order_service(order_id: int) -> dict[str, Any]:
+    """A shop's order service that stopped answering: blocks until the test lets go."""
+    HUNG_CALLS.append(order_id)
+    HUNG.wait(WAIT_S)
+    return {"order_id": order_id, "status": "shipped"}
+
+
+def product_lookup(sku: str) -> dict[str, Any]:
+    return {"sku": sku, "in_stock": True}
+
+
+def hung_tools_chain(log: Path) -> Chain:
+    tool_call = {"lookup": ("product_lookup", {"sku": "JKT-12"}),
+                 "order": ("order_service", {"order_id": 7})}  # fmt: skip
+
+    def script(req: ChatRequest) -> FakeReply:
+        prompt = req.messages[0]["content"]
+        if any(m.get("role") == "tool" for m in req.messages):
+            return FakeReply("Here is what I found.", ttft_s=0.001, gap_s=0.001)
+        name, args = tool_call["order" if "order" in prompt else "lookup"]
+        return FakeReply(tool_calls=[{"id": "c1", "name": name, "arguments": json.dumps(args)}],
+                         gap_s=0.001)  # fmt: skip
+
+    cfg = config_from_dict({
+        "order": ["answer"], "answer_step": "answer",
+        "providers": {"local": {"base_url": "http://127.0.0.1:9/v1"}},
+        "steps": {"answer": {"provider": "local", "prompt": "{message}", "stream": True,
+                             "tools": ["order_service", "product_lookup"]}},
+        "tools": {
+            "order_service": {"description": "Look an order up",
+                              "function": f"{__name__}:hung_order_service", "timeout_s": 0.3,
+                              "parameters": {"type": "object", "required": ["order_id"],
+                                             "properties": {"order_id": {"type": "integer"}}}},
+            "product_lookup": {"description": "Look a product up",
+                               "function": f"{__name__}:product_lookup",
+                               "parameters": {"type": "object", "required": ["sku"],
+                                              "properties": {"sku": {"type": "string"}}}},
+        },
+    })  # fmt: skip
+    return Chain(cfg, store=Store.open(log), providers={"local": FakeProvider(
+        name="local", script=script)}, quiet=True)  # fmt: skip
+
+
+async def test_ten_hung_sync_tool_calls_leave_another_turns_ttft_alone(tmp_path: Path) -> None:
+    """Ten turns whose sync tool hangs (a service that stopped answering) on a process
+    whose default thread pool has 6 threads (as Python gives a 2-core machine): an
+    unrelated turn that looks a product up (another sync tool) answers within 1 s of
+    its time unloaded; the hung tool's calls past its threads are refused at once."""
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(6)
+    loop.set_default_executor(pool)
+    HUNG.clear()
+    HUNG_CALLS.clear()
+    try:
+        async with hung_tools_chain(tmp_path / "log.db") as chain:
+            alone, _ = await turn(chain, "is JKT-12 in stock?")
+            flood = [asyncio.create_task(turn(chain, f"where is my order {i}?"))
+                     for i in range(10)]  # fmt: skip
+            await asyncio.sleep(0.5)  # the calls hang past their timeout_s
+            async with asyncio.timeout(5):
+                loaded, _ = await turn(chain, "is JKT-12 in stock?")
+                await asyncio.wait_for(asyncio.to_thread(lambda: None), 1)
+            HUNG.set()
+            flooded = [done for done, _ in await asyncio.gather(*flood)]
+    finally:
+        HUNG.set()
+        pool.shutdown(wait=False)
+    assert alone.answer_ttft_ms is not None and loaded.answer_ttft_ms is not None
+    assert loaded.answer_ttft_ms - alone.answer_ttft_ms < 1000.0
+    assert len(HUNG_CALLS) == 4  # the tool's own 4 threads; the other calls refused
+    assert all(d.status == "ok" for d in flooded)
