@@ -243,7 +243,7 @@ async def test_killed_while_a_confirmed_tool_runs_then_a_new_yes_is_told_the_tru
     hands the tool the same idempotency key (the shop's system can tell it is one)."""
     import chainrun.actions.confirmations as confirmations
 
-    monkeypatch.setattr(confirmations, "START_GRACE_S", 0.2)
+    monkeypatch.setattr(confirmations, "START_GRACE_S", 0.2, raising=False)
     (tmp_path / "crash_tools.py").write_text(CRASH_TOOLS)
     cart, db, timeout_s = tmp_path / "cart.jsonl", tmp_path / "log.db", 1.5
     action_id = await asyncio.to_thread(_killed_mid_tool, tmp_path, cart, db, timeout_s)
