@@ -402,3 +402,34 @@ async def test_ten_hung_sync_tool_calls_leave_another_turns_ttft_alone(tmp_path:
     assert loaded.answer_ttft_ms - alone.answer_ttft_ms < 1000.0
     assert len(HUNG_CALLS) == 4  # the tool's own 4 threads; the other calls refused
     assert all(d.status == "ok" for d in flooded)
+
+
+# -- a replay plays the shopper's reply --------------------------------------------------
+async def test_a_replay_of_a_conversation_with_a_confirmation_decides_as_live_without_acting(
+    tmp_path: Path,
+) -> None:
+    from chainrun.replay.run import load_requests, run_requests
+
+    db = tmp_path / "log.db"
+    async with Chain(confirm_config(), store=Store.open(db), providers={"local": cart_fake()},
+                     quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="p1")
+        live, _ = await turn(chain, "yes please", conversation_id="p1")
+    assert len(RUNS) == 1
+    with Store.open(db) as store:
+        lines = [{"id": f"p1-{t.turn_index}", "message": t.input, "conversation_id": "p1",
+                  "turn": t.turn_index} for t in store.turns(asked.run_id)]  # as exported
+        path = tmp_path / "replay.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        got: list[TurnFinished] = []
+        run_id = await run_requests(confirm_config(), load_requests(path), store,
+                                    providers={"local": cart_fake()}, quiet=True,
+                                    on_turn=lambda _, done: got.append(done))  # fmt: skip
+        calls = store.tool_calls([run_id])
+    assert len(RUNS) == 1  # the replay acted on nothing
+    replay_ask, replay_yes = got
+    assert replay_ask.output == asked.output and len(replay_ask.pending_actions) == 1
+    assert [d["decision"] for d in replay_yes.decisions] == [
+        d["decision"] for d in live.decisions] == ["confirmed"]
+    assert replay_yes.output == live.output
+    assert [c.status for c in calls] == ["confirmed", "stubbed"]  # asked, then decided

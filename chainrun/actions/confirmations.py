@@ -161,7 +161,9 @@ class Confirmations:
     Args:
         store: the run log.
         tools: the chain's tools (those with ``confirm`` make this needed).
-        kinds: the run kinds whose turns' actions count (a live chain: ``live``).
+        kinds: the run kinds whose turns' actions count (a live chain: ``live``); a chain
+            of another kind (a replay, an eval) sees only its own run's actions, its
+            conversations being copies of live ones.
         known_products: which product ids the chain's catalogue holds (an action's
             products are looked up again when it is confirmed); None: not checked.
     """
@@ -178,7 +180,11 @@ class Confirmations:
         #: ids of the confirmed actions whose tool runs in this process now
         self.running: set[str] = set()
 
-    async def _pending(self, conversation_id: str) -> list[PendingAction]:
+    def _run(self, run_id: int | None) -> int | None:
+        """The run whose actions alone count (None: every run of :attr:`kinds`)."""
+        return None if "live" in self.kinds else run_id
+
+    async def _pending(self, conversation_id: str, run_id: int | None) -> list[PendingAction]:
         store = self.store
         if conversation_id in self.asked_in:
             try:
@@ -187,7 +193,8 @@ class Confirmations:
                 log.warning("conversation %s: the log's writes did not commit within %g s; "
                             "its pending actions are read without them", conversation_id,
                             FLUSH_TIMEOUT_S)  # fmt: skip
-        rows = await store.off_loop(store.pending_actions, conversation_id, self.kinds)
+        rows = await store.off_loop(store.pending_actions, conversation_id, self.kinds,
+                                    self._run(run_id))  # fmt: skip
         return [action_from_row(r) for r in rows]
 
     # -- asking ------------------------------------------------------------------------
@@ -235,7 +242,7 @@ class Confirmations:
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
         confirm: str | None = None, deny: str | None = None, shown: str | None = None,
-        last: str | None = None, received_at: str | None = None,
+        last: str | None = None, received_at: str | None = None, run_id: int | None = None,
     ) -> Decided:  # fmt: skip
         """What the turn with ``message`` does (see the module text). A yes with nothing
         pending refers to an action another turn took (a retried yes, a yes after a
@@ -258,7 +265,7 @@ class Confirmations:
             decided = await self._decide(conversation_id, turn_index, message,
                                          turn_id=turn_id, user=user, confirm=confirm,
                                          deny=deny, shown=shown, last=last,
-                                         received_at=received_at)  # fmt: skip
+                                         received_at=received_at, run_id=run_id)  # fmt: skip
             decided.confirmed = Confirmed(tuple(decided.run), self.starter(turn_id),
                                           self.finisher())  # fmt: skip
             return decided
@@ -286,12 +293,12 @@ class Confirmations:
         self, conversation_id: str, turn_index: int, message: str, *,
         turn_id: int | None, user: Identity | None,
         confirm: str | None = None, deny: str | None = None, shown: str | None = None,
-        last: str | None = None, received_at: str | None = None,
+        last: str | None = None, received_at: str | None = None, run_id: int | None = None,
     ) -> Decided:  # fmt: skip
         store = self.store
         now = utc_iso()
         by = user.user_id if user is not None else "shopper"
-        actions = await self._pending(conversation_id)
+        actions = await self._pending(conversation_id, run_id)
         explicit = confirm or deny
         if explicit is not None:
             chosen = [a for a in actions if a.id == explicit]
@@ -304,7 +311,7 @@ class Confirmations:
         decided = Decided()
         if not actions:
             return await self._repeated(conversation_id, turn_index, message, shown, last,
-                                        received_at)  # fmt: skip
+                                        received_at, run_id)  # fmt: skip
         live: list[PendingAction] = []
         expired: list[PendingAction] = []
         for a in actions:
@@ -420,15 +427,16 @@ class Confirmations:
         return again if ok else None
 
     async def _repeated(self, conversation_id: str, turn_index: int, message: str,
-                        shown: str | None, last: str | None,
-                        received_at: str | None) -> Decided:  # fmt: skip
+                        shown: str | None, last: str | None, received_at: str | None,
+                        run_id: int | None) -> Decided:  # fmt: skip
         """A message when nothing is pending: a yes to an action another turn took, that
         the shopper was answering (the caller's thread, ``shown``, ends
         with its question; else the chain's, ``last``, does, or its run had not ended
         when the message arrived) is told what happened to it; anything else goes on as
         a turn."""
         store = self.store
-        rows = await store.off_loop(store.confirmed_actions, conversation_id, self.kinds)
+        rows = await store.off_loop(store.confirmed_actions, conversation_id, self.kinds,
+                                    self._run(run_id))  # fmt: skip
         candidates = []
         for row in rows:
             a = action_from_row(row)

@@ -279,7 +279,7 @@ class Desk:
                 user=request.user, confirm=request.confirm, deny=request.deny,
                 shown=request.history[-1].answer if request.history else None,
                 last=place.history.turns[-1].answer if place.history.turns else None,
-                received_at=request.received.at,
+                received_at=request.received.at, run_id=run_id,
             )  # fmt: skip
         verdicts: dict[str, Any] = {}
         if decided.decisions:

@@ -60,28 +60,34 @@ class LoggedActions:
                 "on conflict (id) do nothing", list(row.values()))  # fmt: skip
 
     def pending_actions(
-        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",)
-    ) -> list[dict[str, Any]]:
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """The ``awaiting_confirmation`` actions of a conversation asked in runs of
-        ``kinds``, oldest first (``actions`` rows as dicts)."""
-        return self._actions(conversation_id, kinds, "a.status = 'awaiting_confirmation'")
+        ``kinds`` (or in run ``run_id`` only: a replay's conversations are its own),
+        oldest first (``actions`` rows as dicts)."""
+        return self._actions(conversation_id, kinds, run_id,
+                             "a.status = 'awaiting_confirmation'")  # fmt: skip
 
     def confirmed_actions(
-        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",), limit: int = 5
-    ) -> list[dict[str, Any]]:
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None, limit: int = 5,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """A conversation's newest ``confirmed`` actions (at most ``limit``), oldest first:
         what a yes repeated after another turn took them refers to."""
-        rows = self._actions(conversation_id, kinds, "a.status = 'confirmed'")
+        rows = self._actions(conversation_id, kinds, run_id, "a.status = 'confirmed'")
         return rows[-limit:]
 
-    def _actions(self, conversation_id: str, kinds: Sequence[RunKind],
+    def _actions(self, conversation_id: str, kinds: Sequence[RunKind], run_id: int | None,
                  where: str) -> list[dict[str, Any]]:  # fmt: skip
-        marks = ",".join("?" for _ in kinds)
+        if run_id is not None:
+            runs, params = "a.run_id = ?", [run_id]
+        else:
+            marks = ",".join("?" for _ in kinds)
+            runs, params = f"a.run_id in (select id from runs where kind in ({marks}))", [*kinds]
         rows = self.log.query(
-            f"select a.* from actions a where a.conversation_id = ? and {where} and "
-            f"a.run_id in (select id from runs where kind in ({marks})) order by a.asked_at, a.id",
-            [conversation_id, *kinds],
-        )  # fmt: skip
+            f"select a.* from actions a where a.conversation_id = ? and {where} and {runs} "
+            "order by a.asked_at, a.id", [conversation_id, *params])  # fmt: skip
         return [dict(r) for r in rows]
 
     def action_row(self, action_id: str, conversation_id: str) -> dict[str, Any] | None:
