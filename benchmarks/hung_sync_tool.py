@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -31,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_common_options, finish, median, new_document, r  # noqa: E402
+from _common import add_common_options, finish, median, new_document, r
 
-from chainrun.chain import Chain  # noqa: E402
-from chainrun.config import config_from_dict  # noqa: E402
-from chainrun.log.store import Store  # noqa: E402
-from chainrun.providers.base import ChatRequest  # noqa: E402
-from chainrun.providers.fake import FakeProvider, FakeReply  # noqa: E402
+from chainrun.chain import Chain
+from chainrun.config import config_from_dict
+from chainrun.log.store import Store
+from chainrun.providers.base import ChatRequest
+from chainrun.providers.fake import FakeProvider, FakeReply
 
 HANG_S = {"value": 60.0}
 

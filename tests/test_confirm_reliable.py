@@ -433,3 +433,42 @@ async def test_a_replay_of_a_conversation_with_a_confirmation_decides_as_live_wi
         d["decision"] for d in live.decisions] == ["confirmed"]
     assert replay_yes.output == live.output
     assert [c.status for c in calls] == ["confirmed", "stubbed"]  # asked, then decided
+
+
+async def test_five_yeses_at_once_to_two_serve_processes_on_postgresql_place_once(
+    tmp_path: Path,
+) -> None:
+    """The example shop served by two ``chainrun serve`` processes on one PostgreSQL log:
+    the order asked on the first, then five yeses at once (a client retrying), spread
+    over both: the tool runs once (one started run in the log, one order placed), and
+    every other answer says the order is done or being done."""
+    import httpx
+    from log_backends import need_pg, pg_schema
+    from serve_helpers import chat
+    from test_shop_example import SHOP, placed, serve_shop
+
+    from chainrun.lab import LabServer, load_scenario
+
+    with LabServer(load_scenario(SHOP / "lab.toml")) as lab, pg_schema(need_pg()) as dsn:
+        with serve_shop(lab, tmp_path, db=dsn) as first, \
+                serve_shop(lab, tmp_path, db=dsn) as second:  # fmt: skip
+            async with httpx.AsyncClient(base_url=first, timeout=60) as one, \
+                    httpx.AsyncClient(base_url=second, timeout=60) as two:  # fmt: skip
+                asked = await chat(one, "Please place an order for 2 of JKT-012",
+                                   conversation_id="five-1")  # fmt: skip
+                (action,) = [d for e, d in asked if e == "action"]
+                yeses = await asyncio.gather(*[
+                    chat([one, two][i % 2], "yes", conversation_id="five-1",
+                         **({"confirm": action["id"]} if i % 3 == 0 else {}))
+                    for i in range(5)])  # fmt: skip
+        with Store.open(dsn, create=False) as log:
+            run_ids = [r["id"] for r in log.log.query("select id from runs")]
+            runs = [c for c in log.tool_calls(run_ids)
+                    if c.action_id == action["id"] and c.started_offset_ms is not None]
+    outputs = [events[-1][1]["output"] for events in yeses]
+    assert len(runs) == 1, outputs
+    assert [(sku, qty) for _, sku, qty in placed(tmp_path)] == [("JKT-012", 2)]
+    assert sum('"placed": true' in out for out in outputs) == 1, outputs
+    for out in outputs:
+        assert '"placed": true' in out or "being carried out now" in out or (
+            "already done" in out), outputs

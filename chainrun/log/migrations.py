@@ -501,6 +501,8 @@ def _m260_actions(db: LogDb) -> None:
         pk="id",
     )
     db.table("actions").create_index(["conversation_id", "status"])
+    # a decision is also said in the asking call's tool_calls row, found by its key
+    db.table("tool_calls").create_index(["idempotency_key"], if_not_exists=True)
 
 
 #: Every migration in order. Append only.

@@ -2,12 +2,15 @@
 
 When the model asks for such a tool, chainrun does not carry it out. It checks the
 arguments against the tool's schema (and its ``product_arguments`` against the
-catalogue: a product the catalogue does not hold is never asked about) and records a
+catalogue: a product the catalogue does not hold is never asked about; an argument the
+schema's properties do not name is refused: :func:`outside_properties`) and records a
 **pending action**
 (:class:`PendingAction`: the tool, the validated arguments, the conversation, the
-question and when it expires) in the asking turn's ``tool_calls`` row, status
+question, the tool's config digest and when it expires) in the log's ``actions`` table
+before its question goes anywhere, and in the asking turn's ``tool_calls`` row, status
 ``awaiting_confirmation``. The turn's answer is the question, written by chainrun from
-the arguments (:func:`question_text`), never the model's paraphrase.
+the arguments (:func:`question_text`: every argument shown), never the model's
+paraphrase.
 
 The conversation's next turn decides (:func:`read_reply` reads the shopper's message
 with :mod:`chainrun.classify.replies`: multilingual rules, then the nearest labelled
@@ -15,10 +18,11 @@ replies, biased so that only a clear yes is a yes):
 
 - **yes** ("yes", "sure why not", "yes add it to my cart", "ja bitte", "👍"; or an
   explicit confirmation of the action's id): the action is carried out with exactly the
-  recorded arguments, once (the row's status becomes ``confirmed`` in one conditional
-  update, so two processes serving the same "yes" cannot both run it), after the turn is
-  clear to act; the model is handed the call and its result and writes the answer from
-  them;
+  recorded arguments, once (its status becomes ``confirmed`` in one conditional update,
+  so of any number of turns serving the same "yes", on any number of processes, one runs
+  it and the others say so), after the turn is clear to act; the model is handed the call
+  and its result and writes the answer from them
+  (:mod:`chainrun.actions.confirmations`: checked again first, and honest after a crash);
 - **no** ("no", "cancel", "not now", "nein danke", "👎"; or an explicit denial):
   ``denied``, nothing runs, chainrun answers that nothing was done;
 - **a new request that conflicts** with the action (it negates it, "no, show me the

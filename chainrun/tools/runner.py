@@ -24,11 +24,15 @@ arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's c
   ``turn_cancelled``), then lets the cancellation go on. Nothing is retried: a
   side-effecting tool may have acted even when it failed.
 - **Confirmation first** (``confirm = true``, :mod:`chainrun.tools.confirm`): the call
-  is not run; its validated arguments become a :class:`~chainrun.tools.confirm.PendingAction`
-  (status ``awaiting_confirmation``) and the model is told the shopper is being asked.
-  A turn that carries out a confirmed action (:meth:`TurnTools.run_confirmed`) claims
-  it first (``claim``: the log's conditional update; one winner across processes), once
-  the turn is clear to act, and runs exactly its recorded arguments with its key.
+  is not run; its arguments (only its schema's properties: any other is
+  ``invalid_arguments``) become a :class:`~chainrun.tools.confirm.PendingAction`,
+  recorded by ``ask`` (the log) before the record says ``awaiting_confirmation`` and the
+  model is told the shopper is being asked; the same in a replay or an eval. A turn that
+  carries out a confirmed action (:meth:`TurnTools.run_confirmed`; the desk claimed it
+  when the yes was decided) checks its arguments against the schema and the catalogue
+  again, marks it started (``claim``) once the turn is clear to act, runs exactly its
+  recorded arguments with its key, and reports the outcome (``finish``); in a replay or
+  an eval it is stubbed or recorded as ``replay`` says.
 - **Products that exist.** A tool's ``product_arguments`` (product ids, SKUs) are
   looked up in the chain's catalogue (``known_products``) before the call runs, is
   stubbed or becomes a pending action; an id the catalogue does not hold is
@@ -527,7 +531,8 @@ class TurnTools:
         claim = self.confirmed.claim
         if action is not None and claim is not None and not await claim(action):
             self._refused(record, "not_started",
-                          "the action was decided by another turn first; nothing was done")
+                          "the action was given back to the shopper before it could start; "
+                          "nothing was done")
             yield "finished", record
             return
         started = self.clock()

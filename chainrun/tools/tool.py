@@ -38,8 +38,8 @@ import json
 import sys
 import threading
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,8 @@ __all__ = [
     "FunctionTool",
     "HttpTool",
     "Tool",
-    "ToolContext",
     "ToolBusy",
+    "ToolContext",
     "ToolFailed",
     "build_tools",
     "import_callable",
@@ -187,7 +187,8 @@ class FunctionTool(Tool):
                     "try again later")  # fmt: skip
             self.busy += 1
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"chainrun-tool-{self.name}")
+            self._pool = ThreadPoolExecutor(threads,
+                                            thread_name_prefix=f"chainrun-tool-{self.name}")
         try:
             ctx = contextvars.copy_context()
             future = self._pool.submit(ctx.run, functools.partial(self.fn, **kwargs))
