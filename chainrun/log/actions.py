@@ -80,6 +80,7 @@ class LoggedActions:
 
     def _actions(self, conversation_id: str, kinds: Sequence[RunKind], run_id: int | None,
                  where: str) -> list[dict[str, Any]]:  # fmt: skip
+        params: list[Any]
         if run_id is not None:
             runs, params = "a.run_id = ?", [run_id]
         else:
