@@ -472,3 +472,21 @@ async def test_five_yeses_at_once_to_two_serve_processes_on_postgresql_place_onc
     for out in outputs:
         assert '"placed": true' in out or "being carried out now" in out or (
             "already done" in out), outputs
+
+
+async def test_a_product_gone_from_the_catalogue_since_the_question_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chainrun.chain
+
+    fake = FakeProvider(name="local", script=rounds_script(
+        cart_call({"sku": "JKT-012", "qty": 2}), FakeReply("Done.", gap_s=0.001)))
+    cfg = confirm_config(product_arguments=["sku"])
+    async with Chain(cfg, store=Store.open(tmp_path / "log.db"), providers={"local": fake},
+                     quiet=True) as chain:  # fmt: skip
+        asked, _ = await turn(chain, "put 2 of JKT-012 in my cart", conversation_id="g1")
+        assert asked.output == "Add 2 x JKT-012 to your cart?"
+        monkeypatch.setattr(chainrun.chain, "get_products", lambda db, ids: [])  # sold out
+        told, _ = await turn(chain, "yes", conversation_id="g1")
+    assert RUNS == []
+    assert told.output is not None and "JKT-012 is no longer in the catalogue" in told.output
