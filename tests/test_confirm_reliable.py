@@ -490,3 +490,68 @@ async def test_a_product_gone_from_the_catalogue_since_the_question_runs_nothing
         told, _ = await turn(chain, "yes", conversation_id="g1")
     assert RUNS == []
     assert told.output is not None and "JKT-012 is no longer in the catalogue" in told.output
+
+
+async def test_on_the_lab_a_yes_sent_as_the_question_arrives_is_decided_on_both_faces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example shop on the latency lab, with a validate step after the answer on a
+    lab that takes 3 s a call: on /chat a confirm sent as the ``action`` event arrives,
+    and on the OpenAI face a "yes" sent as the streamed question ends, are decided
+    (the order placed once each), while the asking turns' validate still runs."""
+    import tomllib
+
+    import httpx
+    import openai
+    from serve_helpers import serving, sse
+    from test_shop_example import SHOP, placed
+
+    from chainrun.lab import LabServer, load_scenario
+
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "s.db"))
+    with LabServer(load_scenario(SHOP / "lab.toml")) as lab, \
+            LabServer(load_scenario(SHOP / "lab.toml", median_ms=3000, sigma=0)) as slow:
+        data = tomllib.loads((SHOP / "chainrun.toml").read_text(encoding="utf-8"))
+        data["providers"] = {"local": {"base_url": lab.base_url},
+                             "slow": {"base_url": slow.base_url}}  # fmt: skip
+        data["order"] = [*data["order"], "validate"]
+        data["steps"]["validate"] = {**DEFAULT_CHAIN["steps"]["validate"], "provider": "slow"}
+        path = str(SHOP / "chainrun.toml")
+        cfg = config_from_dict(data, path, path=path)
+        store = Store.open(tmp_path / "log.db")
+        try:
+            async with serving(lambda: Chain(cfg, store=store, quiet=True)) as (url, _):
+                async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
+                    t0 = time.monotonic()
+                    async with client.stream("POST", "/chat", json={
+                            "message": "Please place an order for 2 of JKT-012",
+                            "conversation_id": "lab-1"}) as r:  # fmt: skip
+                        async for event, data_ in sse(r):
+                            if event == "action":
+                                chat_yes = await client.post("/chat", json={
+                                    "conversation_id": "lab-1", "confirm": data_["id"]})
+                                chat_yes_s = time.monotonic() - t0
+                oa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+                async with oa:
+                    thread: list[Any] = [{"role": "user",
+                                          "content": "Please place an order for 3 of JKT-012"}]
+                    stream = await oa.chat.completions.create(
+                        model="chainrun-shop", messages=thread, stream=True)
+                    question = ""
+                    async for chunk in stream:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            question += chunk.choices[0].delta.content
+                    thread += [{"role": "assistant", "content": question},
+                               {"role": "user", "content": "yes"}]
+                    oa_yes = await oa.chat.completions.create(model="chainrun-shop",
+                                                              messages=thread)  # fmt: skip
+        finally:
+            store.close()
+    assert chat_yes.status_code == 200, chat_yes.text
+    turn_ev = [line for line in chat_yes.text.splitlines() if line.startswith("data:")][-1]
+    assert '"placed": true' in json.loads(turn_ev.removeprefix("data:"))["output"]
+    assert chat_yes_s < 6.0  # decided before the asking turn's 3 s validate had ended twice
+    assert question == "Place an order for 3 x JKT-012?"
+    assert '"placed": true' in (oa_yes.choices[0].message.content or "")
+    assert sorted((sku, qty) for _, sku, qty in placed(tmp_path)) == [("JKT-012", 2),
+                                                                      ("JKT-012", 3)]
