@@ -555,3 +555,24 @@ async def test_on_the_lab_a_yes_sent_as_the_question_arrives_is_decided_on_both_
     assert '"placed": true' in (oa_yes.choices[0].message.content or "")
     assert sorted((sku, qty) for _, sku, qty in placed(tmp_path)) == [("JKT-012", 2),
                                                                       ("JKT-012", 3)]
+
+
+async def test_an_eval_conversation_asks_and_its_next_case_confirms_without_acting(
+    tmp_path: Path,
+) -> None:
+    from chainrun.evals.cases import parse_case
+    from chainrun.evals.runner import run_eval
+
+    cases = [parse_case({
+        "id": "ask", "conversation_id": "e1", "turn": 1, "message": "put 2 of JKT-12 in my cart",
+        "assert": [{"type": "tool-called", "tool": "add_to_cart",  # asked, then decided
+                    "status": "confirmed"}]}),
+        parse_case({
+        "id": "yes", "conversation_id": "e1", "turn": 2, "message": "yes please",
+        "assert": [{"type": "tool-called", "tool": "add_to_cart", "status": "stubbed"},
+                   {"type": "contains", "value": "Done"}]})]  # fmt: skip
+    with Store.open(tmp_path / "log.db") as store:
+        summary = await run_eval(confirm_config(), cases, store,
+                                 providers={"local": cart_fake()}, quiet=True)  # fmt: skip
+    assert RUNS == []
+    assert summary["cases"]["passed"] == 2, summary
