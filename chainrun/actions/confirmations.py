@@ -98,7 +98,7 @@ def action_from_row(row: Mapping[str, Any]) -> PendingAction:
         turn_id=row.get("turn_id"), turn_index=row.get("turn_index"),
         asked_at=row.get("asked_at") or "", expires_at=row.get("expires_at") or "",
         expires_after_turn=row.get("expires_after_turn"), logged=True,
-        config_sha256=row.get("config_sha256") or "",
+        config_sha256=row.get("config_sha256") or "", extra={"run_id": row.get("run_id")},
     )  # fmt: skip
 
 
@@ -285,8 +285,10 @@ class Confirmations:
             return True
         if not a.expired(now, turn_index) or a.turn_index is None:
             return False
+        run_id = a.extra.get("run_id") if "live" not in self.kinds else None
         answered = await self.store.off_loop(self.store.answered_turns, a.conversation_id or "",
-                                             a.turn_index, turn_index)  # fmt: skip
+                                             a.turn_index, turn_index, self.kinds,
+                                             run_id)  # fmt: skip
         return a.expired(now, a.turn_index + 1 + answered)
 
     async def _decide(
@@ -479,7 +481,7 @@ class Confirmations:
             decided.say(f"That was already decided ({status}), so nothing more was done: "
                         f"{a.question}", f"pending action already {status}")  # fmt: skip
             return
-        if outcome == "ok":
+        if outcome in ("ok", "stubbed", "recorded"):  # done (a replay's run: as if done)
             decided.say(f"That was already done (confirmed at {_clock(row['decided_at'])}), "
                         f"so nothing more was done: {a.question}", "pending action already done")
             return

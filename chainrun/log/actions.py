@@ -98,13 +98,21 @@ class LoggedActions:
                               [action_id, conversation_id])  # fmt: skip
         return dict(rows[0]) if rows else None
 
-    def answered_turns(self, conversation_id: str, after: int, before: int) -> int:
+    def answered_turns(self, conversation_id: str, after: int, before: int,
+                       kinds: Sequence[RunKind] = ("live",), run_id: int | None = None) -> int:
         """How many turns of the conversation with an index between ``after`` and
-        ``before`` (both excluded) are logged: the later turns the shopper was answered
-        (turns still running, a retried "yes" among them, are not logged yet)."""
+        ``before`` (both excluded) are logged in runs of ``kinds`` (or in run ``run_id``
+        only): the later turns the shopper was answered (turns still running, a retried
+        "yes" among them, are not logged yet)."""
+        params: list[Any]
+        if run_id is not None:
+            runs, params = "run_id = ?", [run_id]
+        else:
+            marks = ",".join("?" for _ in kinds)
+            runs, params = f"run_id in (select id from runs where kind in ({marks}))", [*kinds]
         got = self.log.scalar(
             "select count(*) from turns where conversation_id = ? and turn_index > ? "
-            "and turn_index < ?", [conversation_id, after, before])  # fmt: skip
+            f"and turn_index < ? and {runs}", [conversation_id, after, before, *params])
         return int(got or 0)
 
     def decide_action(

@@ -503,6 +503,17 @@ def _m260_actions(db: LogDb) -> None:
     db.table("actions").create_index(["conversation_id", "status"])
     # a decision is also said in the asking call's tool_calls row, found by its key
     db.table("tool_calls").create_index(["idempotency_key"], if_not_exists=True)
+    # the actions still waiting when the log is upgraded wait on here (their tool's
+    # config when asked is unknown: a yes runs them as asked, not asked again)
+    db.execute(
+        "insert into actions (id, run_id, turn_id, conversation_id, turn_index, step, tool, "
+        "arguments, question, config_sha256, asked_at, expires_at, expires_after_turn, status) "
+        "select c.idempotency_key, c.run_id, c.turn_id, t.conversation_id, t.turn_index, "
+        "c.step, c.tool, c.arguments, c.question, '', t.started_at, c.expires_at, "
+        "c.expires_after_turn, c.status from tool_calls c join turns t on t.id = c.turn_id "
+        "where c.status = 'awaiting_confirmation' and c.question is not null "
+        "and c.idempotency_key is not null and t.conversation_id is not null"
+    )
 
 
 #: Every migration in order. Append only.
