@@ -8,6 +8,7 @@ confirmed action is checked again against the tool, the catalogue and its config
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -435,21 +436,38 @@ async def test_a_replay_of_a_conversation_with_a_confirmation_decides_as_live_wi
     assert [c.status for c in calls] == ["confirmed", "stubbed"]  # asked, then decided
 
 
-async def test_five_yeses_at_once_to_two_serve_processes_on_postgresql_place_once(
-    tmp_path: Path,
-) -> None:
-    """The example shop served by two ``chainrun serve`` processes on one PostgreSQL log:
-    the order asked on the first, then five yeses at once (a client retrying), spread
-    over both: the tool runs once (one started run in the log, one order placed), and
-    every other answer says the order is done or being done."""
-    import httpx
+@contextlib.contextmanager
+def _pg_log(route: str) -> Iterator[tuple[str, str]]:
+    """A new PostgreSQL log: (the DSN the servers use, the DSN to read it directly);
+    ``route`` ``pgbouncer``: through PgBouncer in transaction mode."""
     from log_backends import need_pg, pg_schema
+
+    if route == "pgbouncer":
+        from test_log_pgbouncer import bounced_db
+
+        with bounced_db() as (bounced, direct):
+            yield bounced, direct
+        return
+    with pg_schema(need_pg()) as dsn:
+        yield dsn, dsn
+
+
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
+async def test_five_yeses_at_once_to_two_serve_processes_on_postgresql_place_once(
+    tmp_path: Path, route: str
+) -> None:
+    """The example shop served by two ``chainrun serve`` processes on one PostgreSQL log
+    (directly, and through PgBouncer): the order asked on the first, then five yeses at
+    once (a client retrying), spread over both: the tool runs once (one started run in
+    the log, one order placed), and every other answer says the order is done or being
+    done."""
+    import httpx
     from serve_helpers import chat
     from test_shop_example import SHOP, placed, serve_shop
 
     from chainrun.lab import LabServer, load_scenario
 
-    with LabServer(load_scenario(SHOP / "lab.toml")) as lab, pg_schema(need_pg()) as dsn:
+    with LabServer(load_scenario(SHOP / "lab.toml")) as lab, _pg_log(route) as (dsn, direct):
         with serve_shop(lab, tmp_path, db=dsn) as first, \
                 serve_shop(lab, tmp_path, db=dsn) as second:  # fmt: skip
             async with httpx.AsyncClient(base_url=first, timeout=60) as one, \
@@ -461,7 +479,7 @@ async def test_five_yeses_at_once_to_two_serve_processes_on_postgresql_place_onc
                     chat([one, two][i % 2], "yes", conversation_id="five-1",
                          **({"confirm": action["id"]} if i % 3 == 0 else {}))
                     for i in range(5)])  # fmt: skip
-        with Store.open(dsn, create=False) as log:
+        with Store.open(direct, create=False) as log:
             run_ids = [r["id"] for r in log.log.query("select id from runs")]
             runs = [c for c in log.tool_calls(run_ids)
                     if c.action_id == action["id"] and c.started_offset_ms is not None]
