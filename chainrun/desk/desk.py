@@ -21,10 +21,14 @@ In order:
    (:class:`~chainrun.conversations.source.ConversationSource`); a chat UI's background
    request (:mod:`chainrun.desk.background`) gets a place of its own, claiming nothing;
 5. **the pending actions' decision** (:class:`~chainrun.actions.confirmations.Confirmations`):
-   a yes, a no, an unclear reply, a new request; where the caller keeps the thread, only
-   an action whose question the thread shows is decided by a reply;
-6. **the tools**: their idempotency keys (unique across logs, :func:`~chainrun.desk.keys.tool_key`)
-   and the confirmed actions as one value.
+   a yes (claiming the action for this turn at once), a no, an unclear reply, a new
+   request; a yes to an action another turn took is told what happened to it; where the
+   caller keeps the thread, only an action whose question the thread shows is decided by
+   a reply;
+6. **the tools**: their idempotency keys (unique across logs, :func:`~chainrun.desk.keys.tool_key`),
+   the confirmed actions as one value, and where a ``confirm`` tool's question is
+   recorded (the log, before the question is sent). When the turn ends
+   (:meth:`Desk.settle`), a claimed action it never started is given back.
 
 Everything the desk reads or writes of the log waits out an outage as the rest of the log
 does (``[log] outage_wait_s``, :func:`~chainrun.conversations.source.pool_patient`: the
@@ -223,9 +227,9 @@ class Desk:
     async def settle(self, admitted: Admitted, status: str, tools: TurnTools | None) -> None:
         """The turn ended with ``status``, its tool calls ``tools``. A turn that gave no
         result (:data:`UNPINNED`) and acted on nothing (no tool that acts started, no call
-        became a pending action) gives its key up: its retry runs. A turn that asked
-        something has its conversation's pending actions read after this process's own
-        writes from now on."""
+        became a pending action) gives its key up: its retry runs. The actions it claimed
+        and never started go back to the shopper; those it asked are withdrawn when its
+        answer was not their question (:meth:`Confirmations.settle`)."""
         acted = tools is not None and tools.acted
         if admitted.claim is not None and status in UNPINNED and not acted:
             await self._release(admitted.claim)

@@ -207,7 +207,8 @@ class Confirmed:
         claim: awaited with an action right before its tool starts; False: the turn no
             longer holds it (nothing runs). None: no claim (a chain without a log).
         finish: awaited with an action and its run's status (``ok``, ``error``,
-            ``timeout``, ...) once its run ended, started or not.
+            ``timeout``, ``invalid_arguments``, ...) once its run ended (not for a run
+            refused ``not_started``: the action is given back when the turn ends).
     """
 
     actions: tuple[PendingAction, ...] = ()
