@@ -594,3 +594,31 @@ async def test_an_eval_conversation_asks_and_its_next_case_confirms_without_acti
                                  providers={"local": cart_fake()}, quiet=True)  # fmt: skip
     assert RUNS == []
     assert summary["cases"]["passed"] == 2, summary
+
+
+async def test_an_asking_turn_refused_by_its_guard_withdraws_its_question(
+    tmp_path: Path,
+) -> None:
+    """The model asks for the confirm tool at once; the input guard refuses the turn
+    300 ms later: the shopper never gets the question, so the action is withdrawn
+    (``expired`` by ``turn_failed``), and a later yes runs nothing."""
+    from test_tool_steps import GUARD_PROMPT, guard_and_answer, tool_config
+
+    fake = FakeProvider(name="local", script=guard_and_answer(
+        FakeReply("unsafe\nS2", ttft_s=0.3),
+        rounds_script(cart_call({"sku": "JKT-12", "qty": 2}), FakeReply("Done."))))
+    guard = {"kind": "guard", "prompt": GUARD_PROMPT, "on_missing_verdict": "closed",
+             "deadline_s": 5.0}  # fmt: skip
+    data = tool_config(guard=guard).model_dump(mode="json", exclude={"path"})
+    data["tools"]["add_to_cart"]["confirm"] = True
+    db = tmp_path / "log.db"
+    async with Chain(config_from_dict(data), store=Store.open(db), providers={"local": fake},
+                     quiet=True) as chain:  # fmt: skip
+        refused, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="w1")
+        later, _ = await turn(chain, "yes", conversation_id="w1")
+    assert refused.status == "refused" and refused.pending_actions == ()
+    assert RUNS == [] and later.decisions == ()
+    with Store.open(db, create=False) as log:
+        rows = log.log.query("select status, decided_by from actions")
+    # the guard refuses every turn here: the yes turn's own ask is withdrawn too
+    assert {(r["status"], r["decided_by"]) for r in rows} == {("expired", "turn_failed")}
