@@ -184,7 +184,10 @@ class Confirmations:
         """The run whose actions alone count (None: every run of :attr:`kinds`)."""
         return None if "live" in self.kinds else run_id
 
-    async def _pending(self, conversation_id: str, run_id: int | None) -> list[PendingAction]:
+    async def _pending(self, conversation_id: str,
+                       run_id: int | None) -> tuple[list[PendingAction], list[dict[str, Any]]]:
+        """The conversation's pending actions, and the rows of its newest confirmed ones
+        (at most 5), in one read of the log."""
         store = self.store
         if conversation_id in self.asked_in:
             try:
@@ -193,9 +196,10 @@ class Confirmations:
                 log.warning("conversation %s: the log's writes did not commit within %g s; "
                             "its pending actions are read without them", conversation_id,
                             FLUSH_TIMEOUT_S)  # fmt: skip
-        rows = await store.off_loop(store.pending_actions, conversation_id, self.kinds,
+        rows = await store.off_loop(store.open_actions, conversation_id, self.kinds,
                                     self._run(run_id))  # fmt: skip
-        return [action_from_row(r) for r in rows]
+        pending = [action_from_row(r) for r in rows if r["status"] == "awaiting_confirmation"]
+        return pending, [r for r in rows if r["status"] == "confirmed"][-5:]
 
     # -- asking ------------------------------------------------------------------------
     def asker(self, run_id: int | None) -> Callable[[PendingAction], Awaitable[None]]:
@@ -300,7 +304,7 @@ class Confirmations:
         store = self.store
         now = utc_iso()
         by = user.user_id if user is not None else "shopper"
-        actions = await self._pending(conversation_id, run_id)
+        actions, confirmed = await self._pending(conversation_id, run_id)
         explicit = confirm or deny
         if explicit is not None:
             chosen = [a for a in actions if a.id == explicit]
@@ -312,8 +316,8 @@ class Confirmations:
             actions = [a for a in actions if a.question and a.question in shown]
         decided = Decided()
         if not actions:
-            return await self._repeated(conversation_id, turn_index, message, shown, last,
-                                        received_at, run_id)  # fmt: skip
+            return await self._repeated(confirmed, turn_index, message, shown, last,
+                                        received_at)  # fmt: skip
         live: list[PendingAction] = []
         expired: list[PendingAction] = []
         for a in actions:
@@ -428,17 +432,14 @@ class Confirmations:
             "expires_at": again.expires_at, "expires_after_turn": again.expires_after_turn})
         return again if ok else None
 
-    async def _repeated(self, conversation_id: str, turn_index: int, message: str,
-                        shown: str | None, last: str | None, received_at: str | None,
-                        run_id: int | None) -> Decided:  # fmt: skip
-        """A message when nothing is pending: a yes to an action another turn took, that
-        the shopper was answering (the caller's thread, ``shown``, ends
-        with its question; else the chain's, ``last``, does, or its run had not ended
-        when the message arrived) is told what happened to it; anything else goes on as
-        a turn."""
-        store = self.store
-        rows = await store.off_loop(store.confirmed_actions, conversation_id, self.kinds,
-                                    self._run(run_id))  # fmt: skip
+    async def _repeated(self, rows: Sequence[Mapping[str, Any]], turn_index: int,
+                        message: str, shown: str | None, last: str | None,
+                        received_at: str | None) -> Decided:  # fmt: skip
+        """A message when nothing is pending: a yes to an action another turn took
+        (``rows``: the conversation's newest confirmed ones), that the shopper was
+        answering (the caller's thread, ``shown``, ends with its question; else the
+        chain's, ``last``, does, or its run had not ended when the message arrived) is
+        told what happened to it; anything else goes on as a turn."""
         candidates = []
         for row in rows:
             a = action_from_row(row)

@@ -78,6 +78,15 @@ class LoggedActions:
         rows = self._actions(conversation_id, kinds, run_id, "a.status = 'confirmed'")
         return rows[-limit:]
 
+    def open_actions(
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """:meth:`pending_actions` and :meth:`confirmed_actions` (all of them) in one read,
+        oldest first: what a turn's desk reads of its conversation's actions."""
+        return self._actions(conversation_id, kinds, run_id,
+                             "a.status in ('awaiting_confirmation', 'confirmed')")  # fmt: skip
+
     def _actions(self, conversation_id: str, kinds: Sequence[RunKind], run_id: int | None,
                  where: str) -> list[dict[str, Any]]:  # fmt: skip
         params: list[Any]
