@@ -660,7 +660,9 @@ class Chain:
         context, messages = answer_turn(run.calls(), self.config.answer_step,
                                         self._answer_template, place.history.text)
         self.conversations.end(place, turn.input, turn.output, products, context, messages)
-        pending = tuple(run.tools.pending) if run.tools is not None else ()
+        # a turn whose answer was not its question withdrew what it asked (Desk.settle)
+        answered = turn.status in ("ok", "cut")
+        pending = tuple(run.tools.pending) if run.tools is not None and answered else ()
         await self.desk.settle(admitted, turn.status, run.tools)
         return TurnFinished(
             turn_id=turn_id, run_id=admitted.run_id, output=turn.output, status=turn.status,

@@ -479,6 +479,7 @@ def test_the_desk_decides_a_pending_action_once_a_turn() -> None:
              and ast.unparse(n.func).startswith("self.confirmations.")]  # fmt: skip
     assert calls.count("self.confirmations.decide") == 1
     assert calls.count("self.confirmations.check_known") == 1
-    log_actions = ("pending_actions", "decide_action", "action_row")
+    log_actions = ("pending_actions", "open_actions", "decide_action", "action_row",
+                   "record_action", "start_action", "reopen_action")
     assert not [n.attr for n in ast.walk(desk) if isinstance(n, ast.Attribute)
                 and n.attr in log_actions]  # fmt: skip

@@ -282,3 +282,11 @@ def test_pg_fleet_conversations_through_pgbouncer(tmp_path: Path) -> None:
     assert res["errors"] == {} and res["turns_missing_earlier_turns"] == 0
     assert res["conversations_with_wrong_indexes"] == 0 and res["every_turn_logged_once"]
     assert res["pgbouncer_restart"]["after_turns"] >= 6
+
+
+def test_hung_sync_tool(tmp_path: Path) -> None:
+    res = run_benchmark("hung_sync_tool", tmp_path, "--flood", "6", "--probes", "1",
+                        "--hang-s", "1.5", "--timeout-s", "0.3", "--ttft-ms", "5")  # fmt: skip
+    assert len(res["answer_ttft_ms_alone"]) == len(res["answer_ttft_ms_loaded"]) == 1
+    assert res["flood_statuses"] == ["ok"] * 6
+    assert sum(res["flood_tool_statuses"].values()) == 6

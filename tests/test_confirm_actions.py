@@ -187,7 +187,7 @@ async def _confirm_from_another_chain(db: str) -> None:
         done, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
         twice, _ = await turn(second, "yes", conversation_id="c4", user=user, confirm=action.id)
     assert len(RUNS) == 1 and done.status == "ok"
-    assert twice.output is not None and "already decided (confirmed)" in twice.output
+    assert twice.output is not None and "already done" in twice.output
     with Store.open(db, create=False) as log:
         rows = [r for r in log.tool_calls([asked.run_id, done.run_id])]
         turns = {t.id: t for t in log.turns(done.run_id)}
@@ -309,18 +309,18 @@ async def test_a_yes_while_the_log_cannot_be_read_runs_nothing_and_says_so(
                      quiet=True) as chain:  # fmt: skip
         asked, _ = await turn(chain, "put 2 of JKT-12 in my cart", conversation_id="c1")
         (action,) = asked.pending_actions
-        real = store.pending_actions
+        real = store.open_actions
 
         def away(*args: Any, **kwargs: Any) -> Any:
             raise ConnectionError("the log's database cannot be reached")
 
-        monkeypatch.setattr(store, "pending_actions", away)
+        monkeypatch.setattr(store, "open_actions", away)
         yes, _ = await turn(chain, "yes please", conversation_id="c1")
         by_id, _ = await turn(chain, "yes", conversation_id="c1", confirm=action.id)
         assert yes.status == "ok" and yes.output == UNREADABLE_ANSWER
         assert by_id.status == "ok" and by_id.output == UNREADABLE_ANSWER
         assert RUNS == [] and yes.decisions == ()
-        monkeypatch.setattr(store, "pending_actions", real)
+        monkeypatch.setattr(store, "open_actions", real)
         done, _ = await turn(chain, "yes please", conversation_id="c1")
     assert done.output == "Done: two JKT-12 are in your cart."
     assert [(r["sku"], r["qty"], r["key"]) for r in RUNS] == [("JKT-12", 2, action.id)]

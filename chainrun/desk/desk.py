@@ -21,10 +21,14 @@ In order:
    (:class:`~chainrun.conversations.source.ConversationSource`); a chat UI's background
    request (:mod:`chainrun.desk.background`) gets a place of its own, claiming nothing;
 5. **the pending actions' decision** (:class:`~chainrun.actions.confirmations.Confirmations`):
-   a yes, a no, an unclear reply, a new request; where the caller keeps the thread, only
-   an action whose question the thread shows is decided by a reply;
-6. **the tools**: their idempotency keys (unique across logs, :func:`~chainrun.desk.keys.tool_key`)
-   and the confirmed actions as one value.
+   a yes (claiming the action for this turn at once), a no, an unclear reply, a new
+   request; a yes to an action another turn took is told what happened to it; where the
+   caller keeps the thread, only an action whose question the thread shows is decided by
+   a reply;
+6. **the tools**: their idempotency keys (unique across logs, :func:`~chainrun.desk.keys.tool_key`),
+   the confirmed actions as one value, and where a ``confirm`` tool's question is
+   recorded (the log, before the question is sent). When the turn ends
+   (:meth:`Desk.settle`), a claimed action it never started is given back.
 
 Everything the desk reads or writes of the log waits out an outage as the rest of the log
 does (``[log] outage_wait_s``, :func:`~chainrun.conversations.source.pool_patient`: the
@@ -165,7 +169,7 @@ class Desk:
         self.keys = RequestKeys(store) if store is not None else None
         #: the log's pending actions of this chain's conversations (None: no tool has
         #: ``confirm``, or no log)
-        self.confirmations = (Confirmations(store, tools, (kind,))
+        self.confirmations = (Confirmations(store, tools, (kind,), known_products)
                               if store is not None and any(t.config.confirm for t in tools.values())
                               else None)  # fmt: skip
         #: the log's nonce (:meth:`open`; a random one without a log)
@@ -223,14 +227,14 @@ class Desk:
     async def settle(self, admitted: Admitted, status: str, tools: TurnTools | None) -> None:
         """The turn ended with ``status``, its tool calls ``tools``. A turn that gave no
         result (:data:`UNPINNED`) and acted on nothing (no tool that acts started, no call
-        became a pending action) gives its key up: its retry runs. A turn that asked
-        something has its conversation's pending actions read after this process's own
-        writes from now on."""
+        became a pending action) gives its key up: its retry runs. The actions it claimed
+        and never started go back to the shopper; those it asked are withdrawn when its
+        answer was not their question (:meth:`Confirmations.settle`)."""
         acted = tools is not None and tools.acted
         if admitted.claim is not None and status in UNPINNED and not acted:
             await self._release(admitted.claim)
-        if tools is not None and tools.pending and self.confirmations is not None:
-            self.confirmations.asked_in.add(admitted.place.conversation_id)
+        if self.confirmations is not None:
+            await self.confirmations.settle(admitted.decided, status, tools)
 
     async def _claim(
         self, request: TurnRequest, run_id: int | None
@@ -278,6 +282,8 @@ class Desk:
                 place.conversation_id, place.turn_index, message, turn_id=turn_id,
                 user=request.user, confirm=request.confirm, deny=request.deny,
                 shown=request.history[-1].answer if request.history else None,
+                last=place.history.turns[-1].answer if place.history.turns else None,
+                received_at=request.received.at, run_id=run_id,
             )  # fmt: skip
         verdicts: dict[str, Any] = {}
         if decided.decisions:
@@ -288,7 +294,7 @@ class Desk:
             verdicts["desk"] = {"background": request.background}
         return Admitted(
             request=request, run_id=run_id, message=message, place=place, turn_id=turn_id,
-            tools=await self._tools(request, place, turn_id, decided), decided=decided,
+            tools=await self._tools(request, place, turn_id, decided, run_id), decided=decided,
             verdicts=verdicts, claim=claim,
             answer=(decided.answer, decided.why) if decided.answer is not None else None,
             blocked=(("checks", checked.block_text(self.block_texts)) if checked.blocked
@@ -306,7 +312,7 @@ class Desk:
                 for h in history]  # fmt: skip
 
     async def _tools(self, request: TurnRequest, place: TurnPlace, turn_id: int | None,
-                     decided: Decided) -> TurnTools | None:  # fmt: skip
+                     decided: Decided, run_id: int | None) -> TurnTools | None:  # fmt: skip
         """The turn's tool calls (clear to act once the turn's run says so)."""
         if not self.tools:
             return None
@@ -320,6 +326,8 @@ class Desk:
                          act=self.act, turn_index=place.turn_index, user=request.user,
                          recorded=recorded, known_products=self.known_products,
                          confirmed=decided.confirmed,
+                         ask=(self.confirmations.asker(run_id)
+                              if self.confirmations is not None else None),
                          background=request.background is not None)  # fmt: skip
 
     # -- the log, patiently ------------------------------------------------------------

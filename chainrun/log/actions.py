@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chainrun.log.backend import LogDb
-from chainrun.log.rows import RunKind, ToolCallRow
+from chainrun.log.rows import RunKind
 
 __all__ = ["LoggedActions"]
 
@@ -48,44 +48,151 @@ class LoggedActions:
         return out
 
     # -- pending actions ---------------------------------------------------------------
-    def pending_actions(
-        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",)
-    ) -> list[ToolCallRow]:
-        """The ``awaiting_confirmation`` rows of a conversation's turns in runs of
-        ``kinds``, oldest first."""
-        marks = ",".join("?" for _ in kinds)
-        rows = self.log.query(
-            "select t.* from tool_calls t join turns u on u.id = t.turn_id "
-            "where u.conversation_id = ? and t.status = 'awaiting_confirmation' and "
-            f"u.run_id in (select id from runs where kind in ({marks})) order by t.id",
-            [conversation_id, *kinds],
-        )
-        return [ToolCallRow.from_db(r) for r in rows]
+    def record_action(self, row: dict[str, Any]) -> None:
+        """Write a pending action (an ``actions`` row, status ``awaiting_confirmation``)
+        now, in its own transaction: it is decidable before its question reaches the
+        shopper (the asking turn's own rows are written when the turn ends). An action
+        recorded already (a step run again) is left as it is."""
+        cols = ", ".join(row)
+        with self.log.transaction():
+            self.log.execute(
+                f"insert into actions ({cols}) values ({', '.join('?' for _ in row)}) "
+                "on conflict (id) do nothing", list(row.values()))  # fmt: skip
 
-    def action_row(self, action_id: str, conversation_id: str) -> ToolCallRow | None:
-        """The row of the call that became pending action ``action_id`` (its idempotency
-        key) in conversation ``conversation_id``, or None (another conversation's action
-        is not this conversation's to see)."""
+    def pending_actions(
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """The ``awaiting_confirmation`` actions of a conversation asked in runs of
+        ``kinds`` (or in run ``run_id`` only: a replay's conversations are its own),
+        oldest first (``actions`` rows as dicts)."""
+        return self._actions(conversation_id, kinds, run_id,
+                             "a.status = 'awaiting_confirmation'")  # fmt: skip
+
+    def confirmed_actions(
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None, limit: int = 5,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """A conversation's newest ``confirmed`` actions (at most ``limit``), oldest first:
+        what a yes repeated after another turn took them refers to."""
+        rows = self._actions(conversation_id, kinds, run_id, "a.status = 'confirmed'")
+        return rows[-limit:]
+
+    def open_actions(
+        self, conversation_id: str, kinds: Sequence[RunKind] = ("live",),
+        run_id: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """:meth:`pending_actions` and :meth:`confirmed_actions` (all of them) in one read,
+        oldest first: what a turn's desk reads of its conversation's actions."""
+        return self._actions(conversation_id, kinds, run_id,
+                             "a.status in ('awaiting_confirmation', 'confirmed')")  # fmt: skip
+
+    def _actions(self, conversation_id: str, kinds: Sequence[RunKind], run_id: int | None,
+                 where: str) -> list[dict[str, Any]]:  # fmt: skip
+        params: list[Any]
+        if run_id is not None:
+            runs, params = "a.run_id = ?", [run_id]
+        else:
+            marks = ",".join("?" for _ in kinds)
+            runs, params = f"a.run_id in (select id from runs where kind in ({marks}))", [*kinds]
         rows = self.log.query(
-            "select tc.* from tool_calls tc join turns t on t.id = tc.turn_id "
-            "where tc.idempotency_key = ? and tc.question is not null "
-            "and t.conversation_id = ? order by tc.id limit 1", [action_id, conversation_id]
-        )  # fmt: skip
-        return ToolCallRow.from_db(rows[0]) if rows else None
+            f"select a.* from actions a where a.conversation_id = ? and {where} and {runs} "
+            "order by a.asked_at, a.id", [conversation_id, *params])  # fmt: skip
+        return [dict(r) for r in rows]
+
+    def action_row(self, action_id: str, conversation_id: str) -> dict[str, Any] | None:
+        """Action ``action_id`` of conversation ``conversation_id`` (any status), or None
+        (another conversation's action is not this conversation's to see)."""
+        rows = self.log.query("select * from actions where id = ? and conversation_id = ?",
+                              [action_id, conversation_id])  # fmt: skip
+        return dict(rows[0]) if rows else None
+
+    def answered_turns(self, conversation_id: str, after: int, before: int,
+                       kinds: Sequence[RunKind] = ("live",), run_id: int | None = None) -> int:
+        """How many turns of the conversation with an index between ``after`` and
+        ``before`` (both excluded) are logged in runs of ``kinds`` (or in run ``run_id``
+        only): the later turns the shopper was answered (turns still running, a retried
+        "yes" among them, are not logged yet)."""
+        params: list[Any]
+        if run_id is not None:
+            runs, params = "run_id = ?", [run_id]
+        else:
+            marks = ",".join("?" for _ in kinds)
+            runs, params = f"run_id in (select id from runs where kind in ({marks}))", [*kinds]
+        got = self.log.scalar(
+            "select count(*) from turns where conversation_id = ? and turn_index > ? "
+            f"and turn_index < ? and {runs}", [conversation_id, after, before, *params])
+        return int(got or 0)
 
     def decide_action(
-        self, row_id: int, status: str, *, decided_by: str, decided_at: str,
+        self, action_id: str, status: str, *, decided_by: str, decided_at: str,
         decided_turn_id: int | None,
     ) -> bool:  # fmt: skip
-        """Decide the pending action in ``tool_calls`` row ``row_id`` (``confirmed``,
-        ``denied`` or ``expired``) unless it was decided already; True: this call decided
-        it (of two processes deciding one action at once, exactly one gets True)."""
+        """Decide pending action ``action_id`` (``confirmed``, ``denied`` or ``expired``)
+        unless it was decided already; True: this call decided it (of two processes
+        deciding one action at once, exactly one gets True). The asking call's
+        ``tool_calls`` row, once written, says the same."""
         with self.log.transaction():
             cur = self.log.execute(
-                "update tool_calls set status = ?, decided_by = ?, decided_at = ?, "
+                "update actions set status = ?, decided_by = ?, decided_at = ?, "
                 "decided_turn_id = ? where id = ? and status = 'awaiting_confirmation'",
-                [status, decided_by, decided_at, decided_turn_id, row_id],
+                [status, decided_by, decided_at, decided_turn_id, action_id],
             )
+            won = bool(cur.rowcount == 1)
+            if won:
+                self.log.execute(
+                    "update tool_calls set status = ?, decided_by = ?, decided_at = ?, "
+                    "decided_turn_id = ? where idempotency_key = ? and question is not null",
+                    [status, decided_by, decided_at, decided_turn_id, action_id],
+                )
+            return won
+
+    def start_action(self, action_id: str, turn_id: int | None, at: str) -> bool:
+        """Mark confirmed action ``action_id`` started by its deciding turn ``turn_id``
+        right before the tool starts; False: the turn no longer holds it (it was given
+        back to the shopper meanwhile: nothing may run)."""
+        who = "decided_turn_id is null" if turn_id is None else "decided_turn_id = ?"
+        with self.log.transaction():
+            cur = self.log.execute(
+                f"update actions set started_at = ? where id = ? and status = 'confirmed' "
+                f"and {who} and started_at is null",
+                [at, action_id, *([] if turn_id is None else [turn_id])])  # fmt: skip
+            return bool(cur.rowcount == 1)
+
+    def finish_action(self, action_id: str, outcome: str, at: str) -> None:
+        """Record how confirmed action ``action_id``'s run ended (its tool status)."""
+        with self.log.transaction():
+            self.log.execute("update actions set outcome = ?, finished_at = ? where id = ?",
+                             [outcome, at, action_id])  # fmt: skip
+
+    def reopen_action(self, action_id: str, decided_at: str, changes: dict[str, Any]) -> bool:
+        """Give confirmed action ``action_id`` back to the shopper (pending again, its id
+        and so its tool key kept) if it is still the claim decided at ``decided_at``
+        (so two turns reopening one claim agree: one gets True); ``changes``: columns set
+        besides (a new question and expiry when it is asked again)."""
+        sets = "".join(f", {c} = ?" for c in changes)
+        with self.log.transaction():
+            cur = self.log.execute(
+                "update actions set status = 'awaiting_confirmation', decided_by = null, "
+                "decided_at = null, decided_turn_id = null, started_at = null, outcome = null, "
+                f"finished_at = null{sets} where id = ? and status = 'confirmed' "
+                "and decided_at = ?", [*changes.values(), action_id, decided_at])  # fmt: skip
+            won = bool(cur.rowcount == 1)
+            if won:
+                self.log.execute(
+                    "update tool_calls set status = 'awaiting_confirmation', decided_by = null, "
+                    "decided_at = null, decided_turn_id = null where idempotency_key = ? "
+                    "and question is not null", [action_id])  # fmt: skip
+            return won
+
+    def reask_action(self, action_id: str, changes: dict[str, Any]) -> bool:
+        """Change pending action ``action_id``'s question, tool config and expiry (it is
+        asked again); False: it was decided meanwhile."""
+        sets = ", ".join(f"{c} = ?" for c in changes)
+        with self.log.transaction():
+            cur = self.log.execute(
+                f"update actions set {sets} where id = ? and status = 'awaiting_confirmation'",
+                [*changes.values(), action_id])  # fmt: skip
             return bool(cur.rowcount == 1)
 
     # -- request keys -------------------------------------------------------------------

@@ -471,6 +471,51 @@ def _m250_admit_ms(db: LogDb) -> None:
     db.table("turns").add_column("admit_ms", float)
 
 
+def _m260_actions(db: LogDb) -> None:
+    # a pending action on its own, written when it is asked (before its question reaches
+    # the shopper, so a yes sent at once finds it), decided in one conditional update,
+    # claimed by its deciding turn, started and finished there (chainrun.log.actions)
+    db.table("actions").create(
+        {
+            "id": str,  # the asking call's idempotency key (the key the tool gets)
+            "run_id": int,
+            "turn_id": int,  # the asking turn (its row is written when the turn ends)
+            "conversation_id": str,
+            "turn_index": int,
+            "step": str,
+            "tool": str,
+            "arguments": str,  # JSON text: exactly what a yes runs
+            "question": str,
+            "config_sha256": str,  # the tool's config when asked (a change asks again)
+            "asked_at": str,
+            "expires_at": str,
+            "expires_after_turn": int,
+            "status": str,  # awaiting_confirmation | confirmed | denied | expired
+            "decided_by": str,
+            "decided_at": str,
+            "decided_turn_id": int,
+            "started_at": str,  # the confirmed run started (NULL: not yet, or never)
+            "outcome": str,  # the run's tool status (ok, error, timeout, ...); NULL: none
+            "finished_at": str,
+        },
+        pk="id",
+    )
+    db.table("actions").create_index(["conversation_id", "status"])
+    # a decision is also said in the asking call's tool_calls row, found by its key
+    db.table("tool_calls").create_index(["idempotency_key"], if_not_exists=True)
+    # the actions still waiting when the log is upgraded wait on here (their tool's
+    # config when asked is unknown: a yes runs them as asked, not asked again)
+    db.execute(
+        "insert into actions (id, run_id, turn_id, conversation_id, turn_index, step, tool, "
+        "arguments, question, config_sha256, asked_at, expires_at, expires_after_turn, status) "
+        "select c.idempotency_key, c.run_id, c.turn_id, t.conversation_id, t.turn_index, "
+        "c.step, c.tool, c.arguments, c.question, '', t.started_at, c.expires_at, "
+        "c.expires_after_turn, c.status from tool_calls c join turns t on t.id = c.turn_id "
+        "where c.status = 'awaiting_confirmation' and c.question is not null "
+        "and c.idempotency_key is not null and t.conversation_id is not null"
+    )
+
+
 #: Every migration in order. Append only.
 MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("001_initial", _m001_initial),
@@ -500,6 +545,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[LogDb], None]], ...] = (
     ("240_catalog_money", _m240_catalog_money),
     ("245_request_key_claims", _m245_request_key_claims),
     ("250_admit_ms", _m250_admit_ms),
+    ("260_actions", _m260_actions),
 )
 
 

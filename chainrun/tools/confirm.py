@@ -2,12 +2,15 @@
 
 When the model asks for such a tool, chainrun does not carry it out. It checks the
 arguments against the tool's schema (and its ``product_arguments`` against the
-catalogue: a product the catalogue does not hold is never asked about) and records a
+catalogue: a product the catalogue does not hold is never asked about; an argument the
+schema's properties do not name is refused: :func:`outside_properties`) and records a
 **pending action**
 (:class:`PendingAction`: the tool, the validated arguments, the conversation, the
-question and when it expires) in the asking turn's ``tool_calls`` row, status
+question, the tool's config digest and when it expires) in the log's ``actions`` table
+before its question goes anywhere, and in the asking turn's ``tool_calls`` row, status
 ``awaiting_confirmation``. The turn's answer is the question, written by chainrun from
-the arguments (:func:`question_text`), never the model's paraphrase.
+the arguments (:func:`question_text`: every argument shown), never the model's
+paraphrase.
 
 The conversation's next turn decides (:func:`read_reply` reads the shopper's message
 with :mod:`chainrun.classify.replies`: multilingual rules, then the nearest labelled
@@ -15,10 +18,11 @@ replies, biased so that only a clear yes is a yes):
 
 - **yes** ("yes", "sure why not", "yes add it to my cart", "ja bitte", "👍"; or an
   explicit confirmation of the action's id): the action is carried out with exactly the
-  recorded arguments, once (the row's status becomes ``confirmed`` in one conditional
-  update, so two processes serving the same "yes" cannot both run it), after the turn is
-  clear to act; the model is handed the call and its result and writes the answer from
-  them;
+  recorded arguments, once (its status becomes ``confirmed`` in one conditional update,
+  so of any number of turns serving the same "yes", on any number of processes, one runs
+  it and the others say so), after the turn is clear to act; the model is handed the call
+  and its result and writes the answer from them
+  (:mod:`chainrun.actions.confirmations`: checked again first, and honest after a crash);
 - **no** ("no", "cancel", "not now", "nein danke", "👎"; or an explicit denial):
   ``denied``, nothing runs, chainrun answers that nothing was done;
 - **a new request that conflicts** with the action (it negates it, "no, show me the
@@ -42,6 +46,7 @@ Pure: no I/O. The log side is :mod:`chainrun.log.actions`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,8 +61,10 @@ __all__ = [
     "Decision",
     "PendingAction",
     "Reply",
+    "config_digest",
     "conflicts",
     "expires_at",
+    "outside_properties",
     "question_text",
     "read_reply",
     "reply_texts",
@@ -100,7 +107,9 @@ class PendingAction:
         asked_at: when it was asked (ISO-8601 UTC).
         expires_at: when it expires (ISO-8601 UTC).
         expires_after_turn: the last turn index that may decide it.
-        row_id: its ``tool_calls`` row (None: not logged yet).
+        logged: it is in the log's ``actions`` table (decided there).
+        config_sha256: :func:`config_digest` of the tool's config when it was asked (a
+            yes to it once the config changed asks again).
     """
 
     id: str
@@ -114,7 +123,8 @@ class PendingAction:
     asked_at: str
     expires_at: str
     expires_after_turn: int | None
-    row_id: int | None = None
+    logged: bool = False
+    config_sha256: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def expired(self, now: str, turn_index: int | None) -> bool:
@@ -150,6 +160,20 @@ def expires_at(asked_at: str, config: ToolConfig) -> str:
     return end.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
+def config_digest(config: ToolConfig) -> str:
+    """A SHA-256 (hex) of the tool's whole config (its schema, target, question, limits):
+    equal digests, the same tool as when the shopper was asked."""
+    text = json.dumps(config.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def outside_properties(arguments: dict[str, Any], config: ToolConfig) -> list[str]:
+    """The arguments ``arguments`` holds that the tool's schema names no property for
+    (a ``confirm`` tool refuses them: the shopper would not be asked about them)."""
+    props = config.parameters.get("properties") or {}
+    return [k for k in arguments if k not in props]
+
+
 def _shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
@@ -158,12 +182,17 @@ def question_text(name: str, config: ToolConfig, arguments: dict[str, Any]) -> s
     """The question the shopper is asked: the tool's ``confirm_question`` filled with the
     arguments (an argument the model left out reads as empty), or the description
     followed by every argument (``"Add a product to the cart: sku = JKT-12, qty = 2?"``).
-    Written by chainrun from the validated arguments, so it says exactly what a yes runs."""
+    Arguments given that ``confirm_question`` does not name follow it in brackets
+    (``"Add 2 x JKT-12 to your cart? (gift_wrap = true)"``). Written by chainrun from the
+    validated arguments, so it shows every argument a yes runs."""
     if config.confirm_question is not None:
         from chainrun.tools.spec import question_fields
 
-        values = {f: _shown(arguments.get(f, "")) for f in question_fields(config.confirm_question)}
-        return config.confirm_question.format_map(values)
+        fields = question_fields(config.confirm_question)
+        values = {f: _shown(arguments.get(f, "")) for f in fields}
+        text = config.confirm_question.format_map(values)
+        rest = ", ".join(f"{k} = {_shown(v)}" for k, v in arguments.items() if k not in fields)
+        return f"{text} ({rest})" if rest else text
     listed = ", ".join(f"{k} = {_shown(v)}" for k, v in arguments.items())
     what = config.description.rstrip(". ")
     return f"{what}: {listed}?" if listed else f"{what}?"

@@ -24,11 +24,15 @@ arguments' JSON text, whoever produced it. :class:`TurnTools` holds one turn's c
   ``turn_cancelled``), then lets the cancellation go on. Nothing is retried: a
   side-effecting tool may have acted even when it failed.
 - **Confirmation first** (``confirm = true``, :mod:`chainrun.tools.confirm`): the call
-  is not run; its validated arguments become a :class:`~chainrun.tools.confirm.PendingAction`
-  (status ``awaiting_confirmation``) and the model is told the shopper is being asked.
-  A turn that carries out a confirmed action (:meth:`TurnTools.run_confirmed`) claims
-  it first (``claim``: the log's conditional update; one winner across processes), once
-  the turn is clear to act, and runs exactly its recorded arguments with its key.
+  is not run; its arguments (only its schema's properties: any other is
+  ``invalid_arguments``) become a :class:`~chainrun.tools.confirm.PendingAction`,
+  recorded by ``ask`` (the log) before the record says ``awaiting_confirmation`` and the
+  model is told the shopper is being asked; the same in a replay or an eval. A turn that
+  carries out a confirmed action (:meth:`TurnTools.run_confirmed`; the desk claimed it
+  when the yes was decided) checks its arguments against the schema and the catalogue
+  again, marks it started (``claim``) once the turn is clear to act, runs exactly its
+  recorded arguments with its key, and reports the outcome (``finish``); in a replay or
+  an eval it is stubbed or recorded as ``replay`` says.
 - **Products that exist.** A tool's ``product_arguments`` (product ids, SKUs) are
   looked up in the chain's catalogue (``known_products``) before the call runs, is
   stubbed or becomes a pending action; an id the catalogue does not hold is
@@ -52,7 +56,14 @@ from typing import Any, Literal
 
 from chainrun.answer_json import schema_errors
 from chainrun.identity import Identity
-from chainrun.tools.confirm import PendingAction, expires_at, question_text, utc_iso
+from chainrun.tools.confirm import (
+    PendingAction,
+    config_digest,
+    expires_at,
+    outside_properties,
+    question_text,
+    utc_iso,
+)
 from chainrun.tools.tool import Tool, ToolContext
 
 __all__ = ["Confirmed", "KnownProducts", "ToolCall", "ToolCallRecord", "ToolPhase", "ToolStatus",
@@ -191,13 +202,18 @@ class Confirmed:
     turn's tools as one value.
 
     Attributes:
-        actions: the actions the shopper said yes to, carried out in this turn.
-        claim: awaited with an action right before it starts; False: another turn decided
-            it first (nothing runs). None: no claim (a chain without a log).
+        actions: the actions the shopper said yes to (claimed by this turn), carried out
+            in this turn.
+        claim: awaited with an action right before its tool starts; False: the turn no
+            longer holds it (nothing runs). None: no claim (a chain without a log).
+        finish: awaited with an action and its run's status (``ok``, ``error``,
+            ``timeout``, ``invalid_arguments``, ...) once its run ended (not for a run
+            refused ``not_started``: the action is given back when the turn ends).
     """
 
     actions: tuple[PendingAction, ...] = ()
     claim: Callable[[PendingAction], Awaitable[bool]] | None = None
+    finish: Callable[[PendingAction, str], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -231,6 +247,10 @@ class TurnTools:
         known_products: which of some product ids the chain's catalogue holds, for the
             tools' ``product_arguments``; None: not checked (a caller without a
             catalogue; the chain always passes its own).
+        ask: awaited with a pending action as a ``confirm`` tool's call becomes one,
+            before the call's record (and so its question) goes anywhere: records it in
+            the log (None: not recorded, a chain without a log). Raising: the call is
+            refused ``not_started`` (nothing asked).
     """
 
     tools: Mapping[str, Tool]
@@ -247,6 +267,7 @@ class TurnTools:
     background: bool = False
     recorded: Mapping[str, str] = field(default_factory=dict)
     known_products: KnownProducts | None = None
+    ask: Callable[[PendingAction], Awaitable[None]] | None = None
     #: every record, in the order the calls were asked (no repeats)
     records: list[ToolCallRecord] = field(default_factory=list)
     _asked: dict[tuple[str, int, int], ToolCallRecord] = field(default_factory=dict)
@@ -357,7 +378,19 @@ class TurnTools:
                           "tags) acts on nothing; nothing was done")  # fmt: skip
             yield "finished", record
             return
-        if (tool.side_effects or tool.config.confirm) and not self.act:
+        if tool.config.confirm:
+            extra = outside_properties(arguments, tool.config)
+            if extra:
+                self._refused(record, "invalid_arguments",
+                              f"{', '.join(map(repr, extra))}: not parameters of the tool; a "
+                              "confirm tool takes only its schema's properties, so the shopper "
+                              "is asked about every argument that runs")  # fmt: skip
+                yield "finished", record
+                return
+            await self._await_confirmation(record, tool, arguments, step)
+            yield "finished", record
+            return
+        if tool.side_effects and not self.act:
             if tool.config.replay == "stub":
                 record.status = "stubbed"
                 record.content = json.dumps(tool.config.replay_result, ensure_ascii=False)
@@ -367,10 +400,6 @@ class TurnTools:
                 self._from_record(record, step, round, call.position)
                 yield "finished", record
                 return
-        if tool.config.confirm:
-            self._await_confirmation(record, tool, arguments, step)
-            yield "finished", record
-            return
         async with contextlib.aclosing(
             self._carry_out(record, tool, arguments, step, state, t0)
         ) as run:
@@ -396,16 +425,38 @@ class TurnTools:
         )  # fmt: skip
         self._asked[(step, 0, position)] = record
         self.records.append(record)
-        if tool is None:
-            self._refused(record, "unknown_tool", f"no tool named {action.tool!r} any more")
-            yield "finished", record
-            return
-        async with contextlib.aclosing(
-            self._carry_out(record, tool, dict(action.arguments), step, state, t0,
-                            action=action)
-        ) as run:
-            async for item in run:
-                yield item
+        finish = self.confirmed.finish
+        try:
+            if tool is None:
+                self._refused(record, "unknown_tool", f"no tool named {action.tool!r} any more")
+                yield "finished", record
+                return
+            arguments, problem = argument_problem(record.call.arguments, tool)
+            problem = problem or await self._unknown_products(arguments or {}, tool)
+            if problem is not None:  # the tool or the catalogue changed since the yes
+                self._refused(record, "invalid_arguments", problem)
+                yield "finished", record
+                return
+            if not self.act and (tool.side_effects or tool.config.confirm):
+                if tool.config.replay == "stub":  # a replay decides, the tool does not run
+                    record.status = "stubbed"
+                    record.content = json.dumps(tool.config.replay_result, ensure_ascii=False)
+                    yield "finished", record
+                    return
+                if tool.config.replay == "record":
+                    self._from_record(record, step, 0, position)
+                    yield "finished", record
+                    return
+            async with contextlib.aclosing(
+                self._carry_out(record, tool, dict(action.arguments), step, state, t0,
+                                action=action)
+            ) as run:
+                async for item in run:
+                    yield item
+        finally:
+            if finish is not None and record.status != "not_started":  # not_started: held
+                with contextlib.suppress(Exception):  # by no one now, or given back at the end
+                    await asyncio.shield(finish(action, record.status))
 
     async def _unknown_products(self, arguments: Mapping[str, Any], tool: Tool) -> str | None:
         """Why ``arguments`` cannot be acted on, in one line for the model (the product
@@ -421,19 +472,29 @@ class TurnTools:
         return (f"no {shown} in the catalogue ({', '.join(tool.config.product_arguments)} "
                 "must be a product id); nothing was done")
 
-    def _await_confirmation(self, record: ToolCallRecord, tool: Tool,
-                            arguments: dict[str, Any], step: str) -> None:  # fmt: skip
-        """Record a ``confirm`` tool's call as a pending action (nothing runs)."""
+    async def _await_confirmation(self, record: ToolCallRecord, tool: Tool,
+                                  arguments: dict[str, Any], step: str) -> None:  # fmt: skip
+        """Record a ``confirm`` tool's call as a pending action (nothing runs), in the log
+        (``ask``) before its record says so."""
         asked = self.now() if self.now is not None else utc_iso()
         question = question_text(tool.name, tool.config, arguments)
-        record.status = "awaiting_confirmation"
-        record.action = PendingAction(
+        action = PendingAction(
             id=record.idempotency_key, tool=tool.name, arguments=arguments, question=question,
             step=step, conversation_id=self.conversation_id, turn_id=self.turn_id,
             turn_index=self.turn_index, asked_at=asked, expires_at=expires_at(asked, tool.config),
             expires_after_turn=(None if self.turn_index is None
                                 else self.turn_index + tool.config.confirm_turns),
+            logged=self.ask is not None, config_sha256=config_digest(tool.config),
         )  # fmt: skip
+        if self.ask is not None:
+            try:
+                await self.ask(action)
+            except Exception as e:  # the log's errors: nothing was asked
+                self._refused(record, "not_started", "the question could not be recorded "
+                              f"({type(e).__name__}); nothing was asked or done")  # fmt: skip
+                return
+        record.status = "awaiting_confirmation"
+        record.action = action
         record.content = json.dumps({"awaiting_confirmation": True, "question": question,
                                      "note": "chainrun asks the shopper; do not call it again"},
                                     ensure_ascii=False)  # fmt: skip
@@ -471,7 +532,8 @@ class TurnTools:
         claim = self.confirmed.claim
         if action is not None and claim is not None and not await claim(action):
             self._refused(record, "not_started",
-                          "the action was decided by another turn first; nothing was done")
+                          "the action was given back to the shopper before it could start; "
+                          "nothing was done")
             yield "finished", record
             return
         started = self.clock()

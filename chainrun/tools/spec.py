@@ -73,7 +73,13 @@ class ToolConfig(BaseModel):
             starts only once the turn is clear to act and is never run again by chainrun.
             A read-only tool (false) is safe to run again.
         timeout_s: how long one run may take, in s; past it the model is told it timed
-            out (a sync callable's thread cannot be stopped and finishes unseen).
+            out (a sync callable's thread cannot be stopped: it runs on, unseen, until
+            the callable returns, holding one of the tool's ``threads``).
+        threads: a sync callable's own worker threads (default 4): how many of its calls
+            may run at once, timed-out ones still running included. A call while all are
+            busy is refused at once (status ``error``, ``ToolBusy``; nothing ran), so a
+            tool whose service hangs takes its own threads only, never those every other
+            turn needs. Async callables and URL tools use none.
         replay: what a replay or an eval does when the model asks for a tool with side
             effects: ``"stub"`` (the default: the tool is not carried out; the model is
             told ``replay_result``, the call row says ``stubbed``) or ``"run"`` (carried
@@ -124,6 +130,8 @@ class ToolConfig(BaseModel):
     side_effects: bool = False
     #: how long one run may take, in s
     timeout_s: float = Field(default=10.0, gt=0)
+    #: a sync callable's own worker threads: its calls running at once, at most
+    threads: int = Field(default=4, ge=1, le=256)
     #: a replay or an eval: "stub" a side-effecting tool (not carried out) or "run" it
     replay: Literal["stub", "run", "record"] = "stub"
     #: what a stubbed call tells the model (JSON)

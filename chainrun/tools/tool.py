@@ -14,8 +14,11 @@ takes ``**kwargs``):
 
 It returns a JSON-serialisable result (sent back to the model as the tool message's
 content), or raises: the exception's type and message go back to the model as the
-tool's error. A sync callable runs in a worker thread, so the event loop (other turns'
-streams) goes on meanwhile.
+tool's error. A sync callable runs in a worker thread of the tool's own
+(``threads`` of them), so the event loop (other turns' streams) goes on meanwhile and a
+call that hangs holds only its tool's threads: Python cannot stop a thread, so a call
+past ``timeout_s`` runs on until the callable returns, and while every thread of the
+tool is held its next call is refused at once (:class:`ToolBusy`).
 
 A URL tool receives ``POST url`` with the JSON body ``{"tool", "arguments",
 "idempotency_key", "context": {"turn_id", "call_id", "step", "conversation_id",
@@ -27,12 +30,16 @@ Field"); a 2xx answer's JSON body is the result, any other status is the tool's 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import importlib
 import inspect
 import json
 import sys
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ __all__ = [
     "FunctionTool",
     "HttpTool",
     "Tool",
+    "ToolBusy",
     "ToolContext",
     "ToolFailed",
     "build_tools",
@@ -80,6 +88,12 @@ class ToolContext:
 class ToolFailed(Exception):
     """A tool ran and reported a failure (a URL tool's non-2xx status, a result that is
     not JSON); the message is what the model is told."""
+
+
+class ToolBusy(Exception):
+    """A sync tool's every thread is held by a call still running (timed-out ones
+    included): the call was refused before anything ran; the message is what the model
+    is told."""
 
 
 class Tool(ABC):
@@ -129,11 +143,19 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 
 
 class FunctionTool(Tool):
-    """A tool that is a Python callable (sync: run in a worker thread; async: awaited)."""
+    """A tool that is a Python callable (sync: run in a thread of its own pool of
+    ``threads``; async: awaited).
+
+    Attributes:
+        busy: the sync calls whose thread has not returned (timed-out ones included).
+    """
 
     def __init__(self, name: str, config: ToolConfig, fn: Callable[..., Any]) -> None:
         super().__init__(name, config)
         self.fn = fn
+        self.busy = 0
+        self._busy_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
         )
@@ -148,10 +170,43 @@ class FunctionTool(Tool):
             kwargs["context"] = context
         if self._is_async:
             return await self.fn(**kwargs)
-        result = await asyncio.to_thread(self.fn, **kwargs)
+        result = await self._in_thread(kwargs)
         if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
             return await result
         return result
+
+    async def _in_thread(self, kwargs: dict[str, Any]) -> Any:
+        """``fn(**kwargs)`` in one of the tool's threads (the caller's context vars
+        copied), or :class:`ToolBusy` at once when all are held."""
+        threads = self.config.threads
+        with self._busy_lock:
+            if self.busy >= threads:
+                raise ToolBusy(
+                    f"all {threads} threads of tool {self.name!r} are held by calls still "
+                    "running (timed-out calls run on until they return); nothing was done, "
+                    "try again later")  # fmt: skip
+            self.busy += 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(threads,
+                                            thread_name_prefix=f"chainrun-tool-{self.name}")
+        try:
+            ctx = contextvars.copy_context()
+            future = self._pool.submit(ctx.run, functools.partial(self.fn, **kwargs))
+        except BaseException:
+            self._release()
+            raise
+        future.add_done_callback(lambda _: self._release())
+        return await asyncio.wrap_future(future)
+
+    def _release(self) -> None:
+        with self._busy_lock:
+            self.busy -= 1
+
+    async def aclose(self) -> None:
+        """Let the tool's threads go (a call still running finishes on its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class HttpTool(Tool):
