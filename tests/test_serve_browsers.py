@@ -337,3 +337,17 @@ def test_a_deep_body_is_refused_whatever_the_recursion_limit() -> None:
         sys.setrecursionlimit(old)
     ok = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
     assert read_json(ok) is not None
+
+
+async def test_the_responses_face_refuses_a_deep_body_as_the_others_do(
+    config: ChainConfig, store: Store, fake: FakeProvider
+) -> None:
+    nested = b'{"model": "chainrun-shop", "input": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    async with (
+        serving(factory(config, store, fake)) as (url, _),
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        deep = await client.post("/v1/responses", content=nested, headers=JSON_TYPE)
+    assert deep.status_code == 400, deep.text
+    assert deep.json()["error"]["code"] == "invalid_json"
+    assert "nested too deeply" in deep.json()["error"]["message"]

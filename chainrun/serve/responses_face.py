@@ -94,8 +94,10 @@ from chainrun.serve.chat import MAX_CONVERSATION_ID_CHARS
 from chainrun.serve.disconnect import run_until_disconnected
 from chainrun.serve.errors import (
     JSONBody,
+    NotJSON,
     error_response,
     not_ready,
+    read_json,
     refusal_body,
     refusal_response,
 )
@@ -364,9 +366,9 @@ async def responses(request: Request) -> Response:
     state = request.app.state.serve
     threads: ResponseThreads = state.response_threads
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        return error_response(400, "the body is not JSON")
+        body = read_json(await request.body())
+    except NotJSON as e:
+        return error_response(400, str(e), code="invalid_json")
     try:
         req = parse_responses_request(body, state.model_id, state.background,
                                       request.headers.get(state.conversation_header),
