@@ -105,14 +105,17 @@ def test_the_page_streams_the_answer_and_fills_the_waterfall(served: str, tmp_pa
                 "cards => cards.map(c => [c.dataset.productId, "
                 "c.querySelector('.title').textContent, c.querySelector('.price').textContent])",
             )
+            shown = page.text_content("#answer") or ""  # once the cards are drawn
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     assert grounding.startswith("Grounding: ") and "claims checked" in grounding
     assert 1 <= len(cards) <= 3
     for product_id, title, price in cards:
-        assert product_id in answer and title in answer  # the same rows as the answer's lines
+        # the cards show the products; the text no longer lists them beside the cards
+        assert product_id not in shown and title not in shown, shown
         assert re.search(r"\d", price), price
+    assert shown.strip() and shown.strip() in answer  # the model's sentence stays
     assert answer.strip() and "<" not in answer
     assert [r[0] for r in rows] == ["classify", "retrieve", "policy", "compose", "validate",
                                     "critique"]  # fmt: skip

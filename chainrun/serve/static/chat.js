@@ -363,6 +363,15 @@ function money(amount, currency) {
   }
 }
 
+// the answer's text without the lines that list the products drawn as cards: a product
+// line is "- TITLE, ID: PRICE; ..." (chainrun.steps.facts.product_line)
+function withoutProductLines(text, products) {
+  const ids = products.map((p) => ", " + p.id + ": ");
+  const kept = text.split("\n").filter((line) =>
+    !(line.startsWith("- ") && ids.some((id) => line.includes(id))));
+  return kept.join("\n").replace(/\n{3,}/g, "\n\n").trimEnd();
+}
+
 // the products an answer lists, as cards (the /chat "products" event: rows from the catalogue)
 function showProducts(products) {
   const li = el("li", "products");
@@ -471,7 +480,11 @@ async function ask(message, decision) {
     }
   } finally {
     if (!answered) remember(message, answer);
-    if (products && products.length) showProducts(products);
+    if (products && products.length) {
+      // the cards show the products: the text keeps the model's sentence and any policy
+      answer.textContent = withoutProductLines(answer.textContent, products);
+      showProducts(products);
+    }
     for (const action of pending) showAction(action);
     if (state.finishing === controller) state.finishing = null;
     if (state.controller === controller) {
