@@ -2,9 +2,9 @@
 policy from the model a regression that ``chainrun compare --fail-on-regression evals``
 detects on the regression suite, while the baseline against itself is not?
 
-Three ``chainrun eval evals/regression.jsonl`` runs into one log, on the answer's path
-(``benchmarks/configs/answer_path.toml``: classify, retrieve, policy, compose; the
-eval's own sampling: temperature 0 unless a case asks otherwise), in this order:
+Three ``chainrun eval evals/regression.jsonl`` runs into one log, with validate and
+critique cut at 1 s (``benchmarks/configs/quick_checks.toml``: they only flag an
+answer; the eval's own sampling: temperature 0 unless a case asks otherwise), in order:
 baseline, mutation (``benchmarks/configs/hidden_catalogue.toml``), baseline again;
 then ``compare BASELINE MUTATION`` and ``compare BASELINE AGAIN``, each with
 ``--fail-on-regression evals`` (the paired per-case comparison, exact McNemar). Prints
@@ -30,8 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "benchmarks" / "configs"
-RUNS = (("baseline", "answer_path.toml"), ("hidden", "hidden_catalogue.toml"),
-        ("baseline_again", "answer_path.toml"))  # fmt: skip
+RUNS = (("baseline", "quick_checks.toml"), ("hidden", "hidden_catalogue.toml"),
+        ("baseline_again", "quick_checks.toml"))  # fmt: skip
 
 
 def _chainrun(*args: str) -> subprocess.CompletedProcess[str]:
