@@ -188,7 +188,7 @@ async def test_the_default_answer_carries_its_products_as_data_and_as_lines(
     text = "".join(ev.text for ev in events if isinstance(ev, TokenDelta)
                    and ev.step == "compose")  # fmt: skip
     assert text == done.output
-    assert done.output.startswith(" Here are our rain jackets some light rain jackets.\n\n- ")
+    assert done.output.startswith("Here are our rain jackets some light rain jackets.\n\n- ")
     for product in shown[0].products:
         assert f", {product['id']}: €" in done.output
     row = next(s for s in store.steps(done.run_id) if s.step == "compose")
@@ -206,7 +206,7 @@ async def test_a_policy_answer_quotes_the_policy_line_that_answers(store) -> Non
     async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
         done = await chain.run_turn("How many days do I have to return my trousers?")
     # the lead names the policy line's subject ("Returns: within 30 days ...")
-    assert done.output.startswith(" Here is what our policy says about returns within 30 days.\n\n")
+    assert done.output.startswith("Here is what our policy says about returns within 30 days.\n\n")
     assert "within 30 days of delivery" in done.output
 
 

@@ -48,7 +48,7 @@ async def test_the_default_answer_keeps_the_models_first_sentence(store) -> None
                      quiet=True) as chain:  # fmt: skip
         done = await chain.run_turn("a waterproof rain jacket under 100?")
     assert isinstance(done, TurnFinished)
-    assert done.output.startswith(" Here are our waterproof rain jackets for your commute!\n\n- ")
+    assert done.output.startswith("Here are our waterproof rain jackets for your commute!\n\n- ")
     assert "looking to buy" not in done.output
     row = next(s for s in store.steps(done.run_id) if s.step == "compose")
     assert row.detail["checks"][-1] == "sentences"

@@ -151,9 +151,11 @@ _NOT_SUBJECT = frozenset(
 
 
 def _plain_words(text: str) -> list[str]:
-    """Lower-case words of ``text``, a hyphenated word split (``Wool-Blend``: wool,
-    blend), text in brackets left out (a title's colour)."""
-    return re.findall(r"[a-z]+", re.sub(r"\(.*?\)", " ", text).lower().replace("-", " "))
+    """Lower-case words of ``text`` (two letters or more, no digit in them: a pack size
+    such as ``80g`` is no word), a hyphenated word split (``Wool-Blend``: wool, blend),
+    text in brackets left out (a title's colour)."""
+    plain = re.sub(r"\(.*?\)", " ", text).lower().replace("-", " ")
+    return re.findall(r"(?<![\w])[a-z]{2,}(?![\w])", plain)
 
 
 def _singular(word: str) -> str:

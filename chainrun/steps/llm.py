@@ -375,6 +375,7 @@ class LLMStep(Step):
         lead_text = await self._lead_text(state) if self.is_answer else ""
         if lead_text:  # written at the end of the prompt for the model to continue
             request.messages[-1]["content"] += lead_text
+        lead_text = lead_text.lstrip()  # the answer starts with the lead's first word
         lead = lead_text
         items = self.call.step_items(
             ctx, request,
