@@ -131,6 +131,8 @@ class ReplicaPool:
         self.policy: ReplicaPolicy = policy
         self.down_s = down_s
         self._names = [r.where for r in self.replicas]
+        #: the replicas' URLs, for messages
+        self.where = ", ".join(self._names)
         self.server_address: str | None = self.replicas[0].server_address
         self.reasoning_in_content = self.replicas[0].reasoning_in_content
         self._rng = random.Random(seed)
