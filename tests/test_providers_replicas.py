@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import chainrun
 
 from chainrun import Chain
 from chainrun.config import config_from_dict
@@ -102,9 +103,11 @@ def test_rendezvous_order_is_stable_and_moves_only_the_removed_replicas_keys() -
             assert new == rendezvous_order(k, names)[1]
 
 
-def test_affinity_keeps_each_conversation_on_its_home_replica(labs: list[LabServer]) -> None:
-    async def go() -> None:
-        async with Chain(_config(labs), quiet=True) as chain:
+def test_affinity_keeps_each_conversation_on_its_home_replica(
+    labs: list[LabServer], tmp_path: Path
+) -> None:
+    async def go(store: Store) -> int:
+        async with Chain(_config(labs), quiet=True, store=store) as chain:
             await _turns(chain, [1, 2, 3])
             pool = _pool(chain)
             assert pool.moves == 0 and pool.failovers == 0
@@ -112,10 +115,22 @@ def test_affinity_keeps_each_conversation_on_its_home_replica(labs: list[LabServ
                 home = pool.ranking(cid)[0]
                 for turn in (1, 2, 3):
                     assert _compose_replica(labs, cid, turn) == [home], (cid, turn)
+            await chain.flush()
+            assert chain.run_id is not None
+            return chain.run_id
 
-    asyncio.run(go())
+    db = str(tmp_path / "log.db")
+    with Store.open(db) as store:
+        run_id = asyncio.run(go(store))
     # the six conversations are not all on one replica
-    assert sum(1 for lab in labs if lab.requests()) >= 2
+    used = [lab for lab in labs if lab.requests()]
+    assert len(used) >= 2
+    # show's calls by server: a row per replica and step
+    shown = chainrun("show", str(run_id), "--db", db)
+    assert shown.returncode == 0, shown.output
+    table = shown.output.split("calls by server")[1]
+    for lab in used:
+        assert server_address(lab.base_url) in table
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "random"])

@@ -358,6 +358,7 @@ def show(
         marked_verdict_lines,
         printable,
         run_headline,
+        server_table,
         skipped_lines,
         step_waterfall,
         tool_call_lines,
@@ -454,6 +455,9 @@ def show(
     if costs is not None:
         out.print(costs, markup=False)
     out.print(latency_table(summary))
+    servers = server_table(calls)
+    if servers is not None:
+        out.print(servers)
 
 
 def _ms(v: Any) -> str:
