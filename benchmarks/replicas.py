@@ -135,7 +135,6 @@ def analyse(db: Path) -> dict[str, Any]:
     calls = _rows(db, "select c.turn_id, c.attempt, c.outcome, c.server_address, c.ttft_ms, "
                       "c.input_tokens, c.cached_input_tokens, c.round, c.started_offset_ms "
                       "from calls c where c.step = 'compose' order by c.id")  # fmt: skip
-    by_turn = {t["id"]: t for t in turns}
     seen: dict[str, set[str]] = defaultdict(set)  # conversation -> replicas with its compose
     cls: dict[str, dict[str, list[Any]]] = {"warm": defaultdict(list), "cold": defaultdict(list)}
     copies: dict[str, Counter[str]] = {"warm": Counter(), "cold": Counter()}
@@ -177,17 +176,17 @@ def analyse(db: Path) -> dict[str, Any]:
         "later_answer_ttft_ms": p2,
         "later_cached_share": r(share_later[1] / share_later[0], 3) if share_later[0] else None,
         "ttft_ratio_later_to_first": (r(p2["p50"] / p1["p50"], 3)
-                                      if p1["p50"] and p2["p50"] else None),  # fmt: skip
+                                      if p1["p50"] and p2["p50"] else None),
         "compose_calls_by_target": {
             k: {"calls": len(v["ttft"]), "cached_share": share(v["tokens"]),
                 "call_ttft_ms": _p50(v["ttft"])}
             for k, v in cls.items()
-        },  # fmt: skip
+        },
         "hedge_copies_by_target": {
             k: {"sent": v["sent"], "won": v["won"],
                 "win_rate": r(v["won"] / v["sent"], 3) if v["sent"] else None}
             for k, v in copies.items()
-        },  # fmt: skip
+        },
         "compose_calls_by_replica": dict(replicas),
     }
 
@@ -260,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     doc = new_document("replicas", argv, {
         "replicas": args.replicas, "workers": args.workers, "slots": args.slots,
-        "threads": args.threads, "rounds": args.rounds, "conversations": args.conversations, "hedge_delay_ms": args.hedge_delay_ms,
+        "threads": args.threads, "rounds": args.rounds, "conversations": args.conversations,
+        "hedge_delay_ms": args.hedge_delay_ms,
     })  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="chainrun-replicas-") as d:
         for n in (int(x) for x in args.replicas.split(",")):

@@ -124,6 +124,7 @@ def test_forty_follow_ups_on_a_fresh_serve_over_a_slow_log_all_have_their_histor
     without = [p for p in prompts
                if "first question of c" + p.split("second question of c")[1].split("?")[0] + "?"
                not in p]  # fmt: skip
-    assert without == [], (f"{len(without)} of {N} follow-ups answered without their history", [ln for ln in lines if "log" in ln][:8])
+    said = [ln for ln in lines if "log" in ln][:8]
+    assert without == [], (f"{len(without)} of {N} answered without their history", said)
     assert not any("without their earlier turns" in ln for ln in lines), lines
     assert proxy.connections >= 1

@@ -221,3 +221,25 @@ def test_a_replica_pool_config_names_its_bad_field() -> None:
     with pytest.raises(ConfigError, match="replicas and base_url"):
         config_from_dict({"providers": {"p": {"replicas": ["http://a:1/v1"],
                                               "base_url": "http://a:1/v1"}}})  # fmt: skip
+
+
+def test_two_processes_slot_tables_give_a_new_conversation_the_same_slot() -> None:
+    from chainrun.providers.affinity import SlotTable
+
+    a, b = SlotTable(8), SlotTable(8)  # two serve workers, one replica
+    cids = [f"conv-{i}" for i in range(5)]
+    # (these five ids put different slots first: where two ids share a first slot, the
+    # second takes its next choice, and the order of arrival decides which that is)
+    names = [f"slot-{i}" for i in range(8)]
+    assert len({rendezvous_order(c, names)[0] for c in cids}) == len(cids)
+    slots_a = {}
+    for cid in cids:
+        slots_a[cid] = a.acquire(cid, owner=True)
+        a.release(slots_a[cid])  # type: ignore[arg-type]
+    # the other worker meets the same conversations (their next turns) in another order
+    for cid in reversed(cids):
+        s = b.acquire(cid, owner=True)
+        b.release(s)  # type: ignore[arg-type]
+        assert s == slots_a[cid], cid
+    # and not every first conversation on slot 0
+    assert len(set(slots_a.values())) == len(cids)

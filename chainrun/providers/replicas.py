@@ -36,7 +36,6 @@ place`) and the call's log row reads (``calls.server_address`` is the replica's)
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import random
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from chainrun.errors import ProviderUnavailable
+from chainrun.providers.affinity import rendezvous_order
 from chainrun.providers.base import ChatRequest
 from chainrun.providers.openai_compat import OpenAICompatProvider
 from chainrun.timing import Chunk
@@ -63,18 +63,6 @@ DOWN_S = 5.0
 
 #: the request header that numbers a call's attempts (1: the primary, 2+: hedge copies)
 ATTEMPT_HEADER = "x-chainrun-attempt"
-
-
-def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
-    """Indexes of ``names`` ranked for ``key`` by rendezvous (highest random weight)
-    hashing: the weight of a name is the first 8 bytes of BLAKE2b(key, name), highest
-    first (Thaler and Ravishankar 1998). The same on every machine and process."""
-
-    def weight(i: int) -> tuple[int, int]:
-        h = hashlib.blake2b(f"{key}\x00{names[i]}".encode(), digest_size=8).digest()
-        return (int.from_bytes(h, "big"), -i)
-
-    return sorted(range(len(names)), key=weight, reverse=True)
 
 
 @dataclass
