@@ -121,6 +121,9 @@ class ReplicaPool:
         self._names = [r.where for r in self.replicas]
         #: the replicas' URLs, for messages
         self.where = ", ".join(self._names)
+        #: a replica's base URL (the first that answered the startup check): where the
+        #: chain asks for the model's tokenizer (every replica serves the same model)
+        self.base_url: str | None = self.replicas[0].base_url
         self.server_address: str | None = self.replicas[0].server_address
         self.reasoning_in_content = self.replicas[0].reasoning_in_content
         self._rng = random.Random(seed)
@@ -280,6 +283,7 @@ class ReplicaPool:
                             self.name, self._names[i], e)  # fmt: skip
         if len(errors) == len(self.replicas):
             raise errors[0]
+        self.base_url = next(r.base_url for i, r in enumerate(self.replicas) if self.is_up(i))
 
     async def aclose(self) -> None:
         """Close every replica's clients."""
