@@ -140,6 +140,7 @@ def analyse(db: Path) -> dict[str, Any]:
     copies: dict[str, Counter[str]] = {"warm": Counter(), "cold": Counter()}
     share_later = [0, 0]
     replicas: Counter[str] = Counter()
+    per_turn: list[dict[str, Any]] = []
     # calls in turn order: a replica is warm for a call when an earlier turn used it
     for turn in sorted(turns, key=lambda t: (t["conversation_id"], t["turn_index"] or 0)):
         mine = [c for c in calls if c["turn_id"] == turn["id"]]
@@ -154,8 +155,15 @@ def analyse(db: Path) -> dict[str, Any]:
             if c["attempt"] >= 2 and (c["round"] or 1) == 1:
                 copies[warmth]["sent"] += 1
                 copies[warmth]["won"] += c["outcome"] == "duplicate"
-            if c["outcome"] in ("not_fired", "primary", "duplicate") and (
-                turn["turn_index"] or 0) >= 2 and (c["round"] or 1) == 1:
+            won = c["outcome"] in ("not_fired", "primary", "duplicate")
+            if won and (c["round"] or 1) == 1:
+                per_turn.append({"conversation": cid, "turn": turn["turn_index"],
+                                 "answer_ttft_ms": turn["answer_ttft_ms"],
+                                 "server": c["server_address"], "target": warmth,
+                                 "attempt": c["attempt"], "call_ttft_ms": c["ttft_ms"],
+                                 "input_tokens": c["input_tokens"],
+                                 "cached_input_tokens": c["cached_input_tokens"]})  # fmt: skip
+            if won and (turn["turn_index"] or 0) >= 2 and (c["round"] or 1) == 1:
                 share_later[0] += c["input_tokens"] or 0
                 share_later[1] += c["cached_input_tokens"] or 0
         for c in mine:
@@ -188,6 +196,7 @@ def analyse(db: Path) -> dict[str, Any]:
             for k, v in copies.items()
         },
         "compose_calls_by_replica": dict(replicas),
+        "turns_detail": per_turn,
     }
 
 
