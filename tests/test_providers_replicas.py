@@ -71,7 +71,8 @@ def _compose_replica(labs: list[LabServer], cid: str, turn: int,
     seen = [(stopped or {}).get(i) or lab.requests() for i, lab in enumerate(labs)]
     return [i for i, requests in enumerate(seen) for r in requests
             if "Check:" not in str(r["messages"])
-            and str(r["messages"][-1]["content"]).rstrip().endswith(f"{text}\nStylist:")]
+            and str(r["messages"][-1]["content"]).rsplit("Shopper: ", 1)[-1]
+            .startswith(f"{text}\nStylist:")]
 
 
 def _pool(chain: Chain) -> ReplicaPool:
@@ -243,3 +244,59 @@ def test_two_processes_slot_tables_give_a_new_conversation_the_same_slot() -> No
         assert s == slots_a[cid], cid
     # and not every first conversation on slot 0
     assert len(set(slots_a.values())) == len(cids)
+
+
+def test_serve_workers_send_a_conversation_to_the_same_replica(
+    labs: list[LabServer], tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    from serve_helpers import kill_with_workers, workers_ready
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "chainrun.toml"
+    urls = ", ".join(f'"{lab.base_url}"' for lab in labs)
+    cfg.write_text(
+        'order = ["compose"]\nanswer_step = "compose"\n\n'
+        f"[providers.pool]\nreplicas = [{urls}]\n\n"
+        '[steps.compose]\nprovider = "pool"\nstream = true\n'
+        'prompt = "{history}Shopper: {message}\\nStylist:"\n',
+        encoding="utf-8",
+    )
+    db = tmp_path / "log.db"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("CHAINRUN_SERVE_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainrun", "serve", "--port", "0", "--config", str(cfg),
+         "--db", str(db), "--workers", "2"],
+        cwd=root, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("chainrun serve: http://"), first
+        base = first.split()[2].rstrip("/")
+        assert workers_ready(base, 2)
+        for turn in (1, 2, 3):
+            for cid in CONVERSATIONS:
+                # a new connection a turn: the kernel spreads them over the two workers
+                with httpx.Client(base_url=base, timeout=60) as client:
+                    r = client.post("/chat", json={"message": _message(cid, turn),
+                                                   "conversation_id": cid})  # fmt: skip
+                    assert r.status_code == 200 and "event: turn" in r.text, r.text[-300:]
+    finally:
+        kill_with_workers(proc.pid)
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    with Store.open(str(db), create=False) as store:
+        runs = store.log.query("select run_id, count(*) as n from turns group by run_id")
+    assert len(runs) == 2, runs  # both workers answered turns
+    names = [lab.base_url for lab in labs]
+    for cid in CONVERSATIONS:
+        home = rendezvous_order(cid, names)[0]
+        for turn in (1, 2, 3):
+            assert _compose_replica(labs, cid, turn) == [home], (cid, turn)
