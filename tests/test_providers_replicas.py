@@ -300,3 +300,52 @@ def test_serve_workers_send_a_conversation_to_the_same_replica(
         home = rendezvous_order(cid, names)[0]
         for turn in (1, 2, 3):
             assert _compose_replica(labs, cid, turn) == [home], (cid, turn)
+
+
+class _Replica:
+    """A replica for the pool's bookkeeping alone: one chunk a call, or refused."""
+
+    def __init__(self, i: int) -> None:
+        self.where = self.base_url = f"http://127.0.0.1:{9000 + i}/v1"
+        self.server_address = f"127.0.0.1:{9000 + i}"
+        self.reasoning_in_content = "off"
+        self.refuse = False
+
+    async def chunks(self, request: Any) -> Any:
+        from chainrun.errors import ProviderUnavailable
+        from chainrun.timing import make_chunk
+
+        if self.refuse:
+            raise ProviderUnavailable(f"{self.where}: connection refused")
+        yield make_chunk("hi", None, None, "stop", None, None, None, None, 0, None)
+
+
+def test_a_hedge_copy_neither_moves_its_conversation_nor_counts_a_move() -> None:
+    from chainrun.providers.base import ChatRequest
+
+    fakes = [_Replica(i) for i in range(3)]
+    pool = ReplicaPool("pool", fakes)  # type: ignore[arg-type]
+
+    def request(attempt: int) -> ChatRequest:
+        return ChatRequest(model="m", messages=[], cache_key="conv-x", cache_owner=True,
+                           headers={"x-chainrun-attempt": str(attempt)})  # fmt: skip
+
+    async def call(attempt: int) -> str:
+        placement = pool.place(request(attempt))
+        async for _ in pool.chunks(request(attempt), placement):
+            pass
+        return placement.address
+
+    async def go() -> list[str]:
+        return [await call(a) for a in (1, 2, 1, 2, 1)]
+
+    home, second = pool.ranking("conv-x")[:2]
+    sent = asyncio.run(go())
+    assert sent == [fakes[i].server_address for i in (home, second, home, second, home)]
+    assert pool.moves == 0
+    # the home refuses: the next turn moves, once, and stays there
+    fakes[home].refuse = True
+    sent = asyncio.run(go())
+    third = pool.ranking("conv-x")[2]
+    assert sent == [fakes[i].server_address for i in (second, third, second, third, second)]
+    assert pool.moves == 1 and pool.failovers == 1

@@ -184,11 +184,13 @@ class ReplicaPool:
         return Placement(first, self.replicas[first].server_address or "", warm, tuple(order))
 
     def _served(self, request: ChatRequest, i: int, why: str) -> None:
-        """Note that ``request`` was answered from replica ``i`` (an answer step: its
-        conversation's last replica, a move counted when it changed)."""
+        """Note that ``request`` was answered from replica ``i`` (the primary attempt of an
+        answer step: its conversation's last replica, a move counted when it changed)."""
         key = request.cache_key
         if key is None or not request.cache_owner:
             return
+        if request.headers.get(ATTEMPT_HEADER, "1") != "1":
+            return  # a hedge copy: sent off the conversation's replica on purpose
         before = self._last.pop(key, None)
         self._last[key] = i
         if len(self._last) > self._max:
@@ -250,7 +252,11 @@ class ReplicaPool:
         before = self._last.get(request.cache_key)
         if before is None or before == i:
             return ""
-        return f"{self._names[before]} is down" if not self._up(before) else "rebalanced"
+        if not self._up(before):
+            return f"{self._names[before]} is down"
+        if i == self.ranking(request.cache_key)[0]:
+            return "its home replica answers again"
+        return "its replica was passed over"
 
     def summary(self) -> dict[str, object]:
         """The pool's counts: ``{"policy", "replicas": [address...], "calls": [n...],
