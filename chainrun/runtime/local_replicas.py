@@ -148,7 +148,7 @@ def start(
             proc.wait(timeout=10)
         raise
     mine = [r for r, _ in started]
-    _record(running() + mine)
+    _write_state(running() + mine)
     for _, proc in started:
         _reaped[proc.pid] = proc
     return mine
@@ -158,7 +158,7 @@ def start(
 _reaped: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def _record(replicas: list[Replica]) -> None:
+def _write_state(replicas: list[Replica]) -> None:
     _state().write_text(json.dumps([asdict(r) for r in replicas]))
 
 
@@ -188,5 +188,5 @@ def stop(replicas: list[Replica] | None = None) -> list[Replica]:
         if child is not None:
             child.wait(timeout=10)
     gone = {r.pid for r in targets}
-    _record([r for r in running() if r.pid not in gone])
+    _write_state([r for r in running() if r.pid not in gone])
     return targets
