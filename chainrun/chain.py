@@ -406,7 +406,7 @@ class Chain:
             cfg = self.config.providers.get(name)
             if name in self._injected or isinstance(provider, _Down) or cfg is None:
                 continue
-            if cfg.base_url is None and cfg.kind != "azure":
+            if cfg.base_url is None and cfg.kind != "azure" and cfg.replicas is None:
                 out.append(provider)
         return out
 

@@ -358,6 +358,7 @@ def show(
         marked_verdict_lines,
         printable,
         run_headline,
+        server_table,
         skipped_lines,
         step_waterfall,
         tool_call_lines,
@@ -454,6 +455,9 @@ def show(
     if costs is not None:
         out.print(costs, markup=False)
     out.print(latency_table(summary))
+    servers = server_table(calls)
+    if servers is not None:
+        out.print(servers)
 
 
 def _ms(v: Any) -> str:
@@ -495,6 +499,39 @@ def local_down(
         out.print("not running")
     for s in stopped:
         out.print(f"stopped: {local_model.describe(s)}", markup=False)
+
+
+@local_app.command("replicas")
+@handle_errors
+def local_replicas(
+    n: Annotated[int, typer.Argument(min=0, help="Replicas to start (0: only list them).")] = 0,
+    slots: Annotated[int, typer.Option(min=1, help="Parallel slots (-np) of each.")] = 2,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop the replicas this install started.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start N replicas of the local model on free loopback ports, for a provider's
+    replicas = [...] (not the install's local model server: local down leaves them)."""
+    from chainrun.runtime import local_replicas
+
+    if stop:
+        gone = local_replicas.stop()
+        if as_json:
+            print_json({"stopped": [r.pid for r in gone]})
+        else:
+            out.print(f"stopped {len(gone)} replica(s)")
+        return
+    if n:
+        local_replicas.start(n, slots=slots)
+    urls = [r.base_url for r in local_replicas.running()]
+    if as_json:
+        print_json({"replicas": urls})
+        return
+    if not urls:
+        out.print("no replicas running")
+        return
+    out.print("replicas = [" + ", ".join(f'"{u}"' for u in urls) + "]", markup=False)
 
 
 @local_app.command("status")

@@ -539,3 +539,28 @@ def provider_compare_table(doc: dict[str, Any]) -> Table:
         verdicts.append(f"{name}: {s['verdict']['explanation']}")
     t.caption = "\n".join(verdicts)
     return t
+
+
+def server_table(calls: list[Any]) -> Table | None:
+    """Per server a run's model calls went to (``calls.server_address``: each replica of
+    a provider with ``replicas``), per step: calls sent, TTFT p50 (ms) with its 95%
+    order-statistic interval, and the cached share of their prompt tokens; None when
+    every call went to one server (nothing to compare)."""
+    from chainrun.statistics.intervals import summarize
+
+    sent = [c for c in calls if c.started_offset_ms is not None and c.server_address]
+    if len({c.server_address for c in sent}) < 2:
+        return None
+    t = Table(title="calls by server", show_edge=False)
+    for col in ("server", "step", "calls", "TTFT p50 ms [95% CI]", "cached"):
+        t.add_column(col, justify="left" if col in ("server", "step") else "right")
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for c in sent:
+        groups.setdefault((c.server_address, c.step), []).append(c)
+    for (server, step), rows in sorted(groups.items()):
+        s = summarize([c.ttft_ms for c in rows if c.ttft_ms is not None])
+        prompt = sum(c.input_tokens or 0 for c in rows)
+        cached = sum(c.cached_input_tokens or 0 for c in rows)
+        t.add_row(server, step, str(len(rows)), _with_ci(s["p50_ms"], s["p50_ci"]),
+                  _share(cached / prompt if prompt else None))  # fmt: skip
+    return t

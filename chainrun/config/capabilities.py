@@ -132,7 +132,8 @@ def lookup(
     for key in (model, _DATED.sub("", model)):
         if key in merged:
             return key, merged[key]
-    local = provider is not None and provider.kind == "openai" and provider.base_url is None
+    local = (provider is not None and provider.kind == "openai" and provider.base_url is None
+             and provider.replicas is None)
     if local and LLAMA_SERVER in merged:
         return LLAMA_SERVER, merged[LLAMA_SERVER]
     return None

@@ -80,6 +80,16 @@ LOAD_TIMEOUT_S = 2.0
 SHARED_TIMEOUT_S = 10.0
 #: s between two warnings that conversations went on without their earlier turns
 WARN_EVERY_S = 5.0
+#: reads of conversations one process sends a shared log at once: its pool's connections
+#: but one (:data:`chainrun.log.opening.PG_POOL_MAX`, the writer's); the others wait
+#: their turn, and a read's :data:`SHARED_TIMEOUT_S` counts from its turn, so that a
+#: pool kept busy by many turns at once (a fresh process meeting forty follow-ups over
+#: a slow link) is waited for, not taken for a log that is away
+SHARED_READS_AT_ONCE = 3
+#: s a read waits for its turn behind the process's other reads at most (a turn's
+#: budget: the default answer step's ``deadline_s``); past it the turn goes on without
+#: the conversation's earlier turns, said in the warning line
+BUSY_WAIT_S = 30.0
 
 
 def shown_products(steps: Iterable[StepRow]) -> tuple[str, ...] | None:
@@ -151,11 +161,25 @@ def log_loader(
     until it has lasted ``outage_wait_s`` seconds (:func:`pool_patient`; a log several
     processes share passes ``[log] outage_wait_s``, 0 elsewhere: at once). Any other
     error of the read is raised.
+
+    On a shared PostgreSQL log (``timeout_s`` >= :data:`SHARED_TIMEOUT_S`) at most
+    :data:`SHARED_READS_AT_ONCE` reads of this loader run at once, each on one pooled
+    connection for its statements; the others wait their turn (up to
+    :data:`BUSY_WAIT_S`, then as an unreachable log), and ``timeout_s`` counts from it.
     """
     unreachable = store.unreachable_errors
     said = {"at": -WARN_EVERY_S, "since": 0}
+    shared = timeout_s >= SHARED_TIMEOUT_S and store.dialect == "postgresql"
+    gate = asyncio.Semaphore(SHARED_READS_AT_ONCE) if shared else None
+    session = getattr(store.log, "session", None) if shared else None
 
     def read(conversation_id: str, keep: int) -> Loaded:
+        if session is not None:  # one pooled connection for the read's statements
+            with session():
+                return read_all(conversation_id, keep)
+        return read_all(conversation_id, keep)
+
+    def read_all(conversation_id: str, keep: int) -> Loaded:
         rows, top = store.conversation(conversation_id, last=keep, kinds=("live",))
         rows = [r for r in rows if r.status != "lost"]  # no answer: not in the history
         ids = [r.id for r in rows if r.id is not None]
@@ -169,9 +193,18 @@ def log_loader(
 
     async def load(conversation_id: str, keep: int) -> Loaded:
         try:
-            return await pool_patient(store, timeout_s, lambda left: asyncio.wait_for(
-                store.off_loop(read, conversation_id, keep), left),
-                outage_wait_s=outage_wait_s, down=unreachable)  # fmt: skip
+            if gate is not None:
+                # wait for a turn behind this process's other reads (a busy pool, not
+                # an outage), then the read's own time
+                async with asyncio.timeout(BUSY_WAIT_S):
+                    await gate.acquire()
+            try:
+                return await pool_patient(store, timeout_s, lambda left: asyncio.wait_for(
+                    store.off_loop(read, conversation_id, keep), left),
+                    outage_wait_s=outage_wait_s, down=unreachable)  # fmt: skip
+            finally:
+                if gate is not None:
+                    gate.release()
         except unreachable as e:
             said["since"] += 1
             now = time.monotonic()

@@ -25,11 +25,13 @@ parameters would refuse a key it does not know).
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
-__all__ = ["AffinityMode", "PromptCacheMode", "SlotTable", "resolve_mode"]
+__all__ = ["AffinityMode", "PromptCacheMode", "SlotTable", "rendezvous_order", "resolve_mode"]
 
 #: how a provider keeps a conversation on one prompt cache (see the module text)
 PromptCacheMode = Literal["auto", "key", "slot", "off"]
@@ -38,6 +40,27 @@ AffinityMode = Literal["key", "slot", "off"]
 
 #: hosts whose API takes ``prompt_cache_key`` (OpenAI's prompt caching guide)
 KEY_HOSTS = ("api.openai.com",)
+
+
+def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
+    """Indexes of ``names`` ranked for ``key`` by rendezvous (highest random weight)
+    hashing: the weight of a name is the first 8 bytes of BLAKE2b(key, name), highest
+    first (Thaler and Ravishankar 1998). The same on every machine and process."""
+
+    def weight(i: int) -> tuple[int, int]:
+        h = hashlib.blake2b(f"{key}\x00{names[i]}".encode(), digest_size=8).digest()
+        return (int.from_bytes(h, "big"), -i)
+
+    return sorted(range(len(names)), key=weight, reverse=True)
+
+
+def _slot_rank(key: str, slots: int) -> list[int]:
+    """Each slot's place in ``key``'s order of ``slots`` slots (0: first), by rendezvous
+    hashing (:func:`rendezvous_order`)."""
+    rank = [0] * slots
+    for place, s in enumerate(rendezvous_order(key, [f"slot-{i}" for i in range(slots)])):
+        rank[s] = place
+    return rank
 
 
 def resolve_mode(mode: PromptCacheMode, *, kind: str, base_url: str | None) -> AffinityMode:
@@ -71,7 +94,12 @@ class SlotTable:
 
     The table is this process's: processes sharing one server (``serve --workers``)
     keep tables of their own, so two of them may send conversations to one slot; the
-    server's ``--cache-ram`` prompt cache then keeps the displaced prefix.
+    server's ``--cache-ram`` prompt cache then keeps the displaced prefix. Among slots
+    equally free, a conversation new to the table takes the first in its own order of
+    the slots (rendezvous hashing of the conversation id: the same in every process),
+    so that two processes do not both give their first conversations slot 0, and a
+    conversation whose next turn reaches another process finds the slot it had when
+    that process has it free too.
 
     Args:
         slots: the server's slot count (``-np``; ``total_slots`` of ``GET /props``), >= 1.
@@ -109,7 +137,7 @@ class SlotTable:
             return None
         mine = self._slot_of.get(key) if key is not None else None
         if owner and key is not None and (mine is None or mine in free):
-            slot = mine if mine is not None else self._coldest(free)
+            slot = mine if mine is not None else self._coldest(free, key)
             self._keep(key, slot)
         else:
             # a check, or the answer while its own slot is busy (a hedge's copy, a second
@@ -123,9 +151,12 @@ class SlotTable:
         """The request on ``slot`` ended."""
         self._busy[slot] = max(0, self._busy[slot] - 1)
 
-    def _coldest(self, candidates: list[int]) -> int:
-        # a slot nobody keeps first, then the one kept longest ago
-        return min(candidates, key=lambda s: (self._keeper[s] is not None, self._kept_at[s], s))
+    def _coldest(self, candidates: list[int], key: str | None = None) -> int:
+        # a slot nobody keeps first, then the one kept longest ago; among equals, the
+        # conversation's own order of the slots (the same in every process)
+        rank = _slot_rank(key, self.slots) if key is not None else None
+        return min(candidates, key=lambda s: (self._keeper[s] is not None, self._kept_at[s],
+                                              rank[s] if rank is not None else s))
 
     def _keep(self, key: str, slot: int) -> None:
         old = self._slot_of.pop(key, None)

@@ -96,7 +96,10 @@ class Provider(Protocol):
     (:mod:`chainrun.providers.think`). A provider with one-off client set-up (the
     Responses adapter's SDK tables) has ``prepared = False`` until its ``async
     prepare()`` has run; :class:`ChatStream` awaits ``prepare()`` before it starts a
-    call's clock, so that no call's TTFT carries that set-up.
+    call's clock, so that no call's TTFT carries that set-up. A provider over several
+    servers (a replica pool) has ``place(request)``, which picks the call's server
+    before it is sent, and a ``chunks(request, placement)`` that sends it there:
+    :class:`ChatStream` keeps the placement (``stream.placement``) for the call's log row.
     """
 
     name: str
@@ -162,6 +165,10 @@ class ChatStream:
         self.sent_at = time.time()
         self.timer = StreamTimer(t_start=clock())
         self.error: BaseException | None = None
+        #: where a provider with several servers (a replica pool:
+        #: :class:`chainrun.providers.replicas.ReplicaPool`) placed the call; None: the
+        #: provider's own server
+        self.placement: Any = None
         #: a :meth:`deltas` reader waiting for more text (woken per content chunk)
         self._more: asyncio.Future[None] | None = None
         self._first = asyncio.Event()
@@ -200,7 +207,12 @@ class ChatStream:
             await self.provider.prepare()  # type: ignore[attr-defined]
             self.timer.t_start = self._clock()
             self._started_loop = asyncio.get_running_loop().time()
-        it = aiter(self.provider.chunks(self._wire_request))
+        place = getattr(self.provider, "place", None)
+        if place is not None:  # a replica pool: where the call goes, for its log row
+            self.placement = place(self._wire_request)
+            it = aiter(self.provider.chunks(self._wire_request, self.placement))  # type: ignore[call-arg]
+        else:
+            it = aiter(self.provider.chunks(self._wire_request))
         think = self.think
         got_token = ended = False
         timed = self.first_token_timeout_s is not None or self.idle_timeout_s is not None

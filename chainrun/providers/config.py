@@ -128,6 +128,15 @@ class ProviderConfig(BaseModel):
     #: not sent without room (chainrun.providers.rate_limit); per process: with N
     #: processes sharing the provider's quota of R, give each R/N
     requests_per_minute: int | None = Field(default=None, ge=1)
+    #: replicas of one model server, each an OpenAI-compatible base URL (``base_url``
+    #: then unset): every call goes to one of them, as ``replica_policy`` says
+    #: (:mod:`chainrun.providers.replicas`); each replica gets this table's other
+    #: settings (``prompt_cache = "slot"``: a slot table per replica)
+    replicas: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    #: how a call's replica is picked: ``affinity`` (a conversation's calls on one
+    #: replica by rendezvous hashing, the same in every process; a hedge copy on the
+    #: next), ``round_robin`` or ``random``
+    replica_policy: Literal["affinity", "round_robin", "random"] = "affinity"
     #: tokens per minute at most (None: no limit), a request counted as its prompt's
     #: estimated tokens plus its max_tokens until the usage it reports comes back
     tokens_per_minute: int | None = Field(default=None, ge=1)
@@ -137,8 +146,26 @@ class ProviderConfig(BaseModel):
     def _url(cls, v: str | None) -> str | None:
         return http_url(v)
 
+    @field_validator("replicas")
+    @classmethod
+    def _replica_urls(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            for i, url in enumerate(v):
+                try:
+                    http_url(url)
+                except ValueError as e:
+                    raise ValueError(f"replicas[{i}]: {e}") from None
+            if len(set(v)) != len(v):
+                raise ValueError("replicas: a URL is listed twice")
+        return v
+
     @model_validator(mode="after")
     def _kind_fields(self) -> ProviderConfig:
+        if self.replicas is not None:
+            if self.kind != "openai" or self.api != "chat_completions":
+                raise ValueError("replicas: only for kind 'openai' with api 'chat_completions'")
+            if self.base_url is not None:
+                raise ValueError("replicas and base_url are both set: give one")
         azure_only = ("endpoint", "api_version", "deployment", "entra_token_env")
         if self.kind == "openai":
             for f in azure_only:

@@ -18,6 +18,7 @@ from chainrun.providers.base import Provider
 from chainrun.providers.config import ProviderConfig
 from chainrun.providers.openai_client import AzureTarget, read_api_key
 from chainrun.providers.openai_compat import OpenAICompatProvider
+from chainrun.providers.replicas import ReplicaPool
 from chainrun.providers.responses import ResponsesProvider
 from chainrun.runtime import local_model
 
@@ -38,6 +39,8 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         ProviderUnavailable: the local model cannot be started, or the server cannot
             be reached (the provider is closed before this is raised).
     """
+    if cfg.replicas is not None:
+        return await _open_replicas(name, cfg)
     base_url = cfg.base_url
     azure: AzureTarget | None = None
     if cfg.kind == "azure":
@@ -81,6 +84,43 @@ async def open_provider(name: str, cfg: ProviderConfig, *, quiet: bool = False) 
         await provider.aclose()
         raise
     return provider
+
+
+async def _open_replicas(name: str, cfg: ProviderConfig) -> Provider:
+    """The :class:`ReplicaPool` of ``cfg.replicas``: one provider a replica, each with
+    the table's settings and its own slot table in mode ``slot``; checked together (a
+    replica that cannot be reached is marked down, none reachable raises).
+
+    Raises:
+        ProviderUnavailable: no replica can be reached.
+    """
+    assert cfg.replicas is not None
+    members: list[OpenAICompatProvider] = []
+    pool: ReplicaPool | None = None
+    try:
+        for url in cfg.replicas:
+            p = OpenAICompatProvider(
+                name, url, cfg.api_key_env, cfg.max_connections, cfg.connect_timeout_s,
+                pool_connections=cfg.pool_connections, transport=cfg.transport,
+            )  # fmt: skip
+            members.append(p)
+            p.reasoning_in_content = cfg.reasoning_in_content
+            if cfg.cache_prompt is not None:
+                p.cache_prompt = cfg.cache_prompt
+            p.sampling_fields = bool(cfg.sampling_fields)
+            p.affinity = resolve_mode(cfg.prompt_cache, kind=cfg.kind, base_url=url)
+            p.affinity_key = cfg.prompt_cache_key
+        pool = ReplicaPool(name, members, cfg.replica_policy)
+        await pool.check()
+        for i, p in enumerate(members):
+            if p.affinity == "slot" and pool.is_up(i):
+                slots = cfg.slots or await p.server_slots()
+                p.slot_table = SlotTable(slots) if slots else None
+    except BaseException:
+        for p in members:
+            await p.aclose()
+        raise
+    return pool
 
 
 async def start_local_model(quiet: bool) -> local_model.LocalServer:

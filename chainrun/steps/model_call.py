@@ -121,7 +121,8 @@ def call_row(
         "round": round_,
         "target": attempt.target,
         "provider": provider.name if provider else attempt.target,
-        "server_address": provider.server_address if provider else None,
+        "server_address": (stream.placement.address if stream is not None and stream.placement
+                           else provider.server_address if provider else None),
         "model": request.model,
         "reasoning_effort": request.reasoning_effort,
         "stream": streamed,
