@@ -62,8 +62,10 @@ def test_replay_json_has_the_interface_keys(lab_config: Path, tmp_path: Path) ->
         assert {"n", "p50_ms", "p90_ms"} <= set(doc["steps"][name])
     for name in ("classify", "compose", "validate", "critique"):
         assert doc["steps"][name]["n"] == 12
-    # each turn took one route: the catalogue search or the shop policy
-    assert doc["steps"]["retrieve"]["n"] + doc["steps"]["policy"]["n"] == 12
+    # each turn took a route: the catalogue search or the shop policy (an "other" turn:
+    # both, the policy's general section beside its search)
+    routed = doc["steps"]["retrieve"]["n"] + doc["steps"]["policy"]["n"]
+    assert 12 <= routed <= 24 and doc["steps"]["retrieve"]["n"] <= 12
     run = runs_in(db)[0]
     assert run.id == doc["run_id"] and run.status == "complete" and run.label == "lab"
     # the other read commands on that run

@@ -42,7 +42,8 @@ def test_the_default_chain_is_routed_on_a_classify_step_that_calls_no_model() ->
     assert cfg.steps["classify"].kind == "classify"
     assert cfg.steps["classify"].method == "combined"
     assert cfg.steps["retrieve"].when == {"label": {"not": list(POLICY_LABELS)}}
-    assert cfg.steps["policy"].when == {"label": list(POLICY_LABELS)}
+    # "other" too: the policy's general section (care, customer service), beside its search
+    assert cfg.steps["policy"].when == {"label": [*POLICY_LABELS, "other"]}
     assert "{policy}" in cfg.steps["compose"].prompt
 
 
@@ -80,7 +81,9 @@ async def test_other_questions_search_the_catalogue(store, message, label) -> No
         done = await chain.run_turn(message)
     steps = await _steps(store, done.turn_id)
     assert done.status == "ok" and done.label == label
-    assert steps["retrieve"].status == "ok" and steps["policy"].status == "skipped"
+    # "other" also reads the policy's general section; no label reads no policy
+    assert steps["retrieve"].status == "ok"
+    assert steps["policy"].status == ("ok" if label == "other" else "skipped")
     prompt = _compose_prompt(fake)
     assert "Shop policy" not in prompt and "Catalogue matches:\n(none)" not in prompt
     assert "Rain Jacket" in prompt
@@ -158,7 +161,9 @@ async def test_a_model_label_outside_the_routes_or_none_searches_the_catalogue(
     steps = await _steps(store, done.turn_id)
     assert done.status == "ok" and done.label == label
     assert steps["classify"].kind == "llm"
-    assert steps["retrieve"].status == "ok" and steps["policy"].status == "skipped"
+    # "other" also reads the policy's general section; no label reads no policy
+    assert steps["retrieve"].status == "ok"
+    assert steps["policy"].status == ("ok" if label == "other" else "skipped")
     assert "Rain Jacket" in _compose_prompt(fake)
 
 

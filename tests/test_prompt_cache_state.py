@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def test_the_summary_says_the_cached_share_beside_ttft(cold_and_warm: tuple[Path
     assert b["steps"]["compose"]["ttft_p50_ms"] * 5 < a["steps"]["compose"]["ttft_p50_ms"]
     show = chainrun("show", str(warm), "--db", str(db))
     assert show.returncode == 0, show.stderr
-    assert "99%" in show.stdout and "cached" in show.stdout  # beside the TTFT p50
+    assert re.search(r"9\d% cached", show.stdout), show.stdout  # beside the TTFT p50
 
 
 def test_the_audit_says_the_cached_share_in_items_1_and_5(
