@@ -5,6 +5,7 @@ replay set's expectations, down to the mutation that must fail them."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,27 @@ async def test_the_default_answer_carries_its_products_as_data_and_as_lines(
     kinds = [type(ev).__name__ for ev in events]
     assert kinds.index("ProductsShown") < max(
         i for i, ev in enumerate(events) if isinstance(ev, TokenDelta))
+
+
+async def test_the_lead_reaches_the_shopper_at_the_models_first_token(config, store) -> None:
+    # the model's first sentence takes 8 x 0.15 s to arrive whole; the grounding check
+    # holds it back until it ends, but the lead (chainrun's words) goes out at once
+    fake = FakeProvider(name="local", script=reply_by_step({"compose": FakeReply(
+        "some light rain jackets for a wet commute in town.", ttft_s=0.01, gap_s=0.15)}))
+    async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
+        t0 = time.perf_counter()
+        arrivals = [(time.perf_counter() - t0, ev) async for ev in
+                    chain.stream_turn("a rain jacket under 100?")]  # fmt: skip
+    deltas = [(t, ev.text) for t, ev in arrivals
+              if isinstance(ev, TokenDelta) and ev.step == "compose"]  # fmt: skip
+    assert deltas[0][1] == "Here are our rain jackets"
+    assert deltas[1][0] - deltas[0][0] >= 0.9  # the model's sentence came whole, later
+    done = next(ev for _, ev in arrivals if isinstance(ev, TurnFinished))
+    assert "".join(text for _, text in deltas) == done.output
+    assert done.output.startswith(
+        "Here are our rain jackets some light rain jackets for a wet commute in town.\n\n- ")
+    # the turn's answer TTFT is the lead's arrival
+    assert done.answer_ttft_ms is not None and done.answer_ttft_ms < deltas[1][0] * 1000
 
 
 async def test_a_policy_answer_quotes_the_policy_line_that_answers(store) -> None:

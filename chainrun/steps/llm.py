@@ -52,7 +52,7 @@ from chainrun.steps.base import (
 from chainrun.steps.config import StepConfig
 from chainrun.steps.facts import FactsConfig, after, closing, render_facts, with_lead
 from chainrun.steps.grounding import AnswerGrounding, open_grounding
-from chainrun.steps.model_call import AnswerCheck, CallResult, HedgedCall
+from chainrun.steps.model_call import AnswerCheck, AnswerStarted, CallResult, HedgedCall
 from chainrun.steps.model_config import ModelStepConfig, template_fields
 from chainrun.steps.tool_use import ToolRounds
 from chainrun.tools import Tool
@@ -376,26 +376,40 @@ class LLMStep(Step):
         if lead_text:  # written at the end of the prompt for the model to continue
             request.messages[-1]["content"] += lead_text
         lead_text = lead_text.lstrip()  # the answer starts with the lead's first word
-        lead = lead_text
-        items = self.call.step_items(
-            ctx, request,
-            lambda call: self._result(ctx, call, shown=shown, state=state, made=made),
-            checks=checks, tools=tools,
-        )  # fmt: skip
+        lead = lead_text  # until the model's first text joins it
+        unsent = lead_text  # until it reached the shopper
+        call: CallResult | None = None
+        items = self.call.run(ctx, request, checks=checks, tools=tools,
+                              announce_start=bool(lead))
         async with contextlib.aclosing(items):
             async for item in items:
+                if isinstance(item, CallResult):
+                    call = item
+                    continue
+                if isinstance(item, AnswerStarted):
+                    # the model is answering: the lead (chainrun's words from the turn's
+                    # data, no claim to check) goes out now, not with its first sentence
+                    if unsent:
+                        yield TokenDelta(step=self.name, text=unsent)
+                        unsent = ""
+                    continue
                 if lead and isinstance(item, TokenDelta) and item.step == self.name:
                     replacements = made[-1].replacement_texts() if made else ()
                     text = with_lead(lead, item.text, replacements)
                     if text != after(lead, item.text):  # a check's words, not the model's
                         lead_text = lead.rstrip() + closing(lead)
-                    item, lead = TokenDelta(step=self.name, text=text), ""
-                elif isinstance(item, StepResult) and self.is_answer and self.facts is not None:
-                    async for fact in self._with_facts(item, state, ctx, self.facts,
-                                                       lead_text, lead):
-                        yield fact
-                    continue
+                    if not unsent:  # the lead was shown: what follows it
+                        text = text[len(lead):]
+                    item, lead, unsent = TokenDelta(step=self.name, text=text), "", ""
                 yield item
+        assert call is not None
+        result = await self._result(ctx, call, shown=shown, state=state, made=made)
+        if self.is_answer and self.facts is not None:
+            async for fact in self._with_facts(result, state, ctx, self.facts,
+                                               lead_text, unsent):
+                yield fact
+        else:
+            yield result
 
     async def _lead_text(self, state: TurnState) -> str:
         """The lead the answer starts with (" " and ``facts.lead``'s words, filled from

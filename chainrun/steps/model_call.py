@@ -198,6 +198,17 @@ async def _close_all(streams: Sequence[ChatStream]) -> None:
 
 
 @dataclass(frozen=True)
+class AnswerStarted:
+    """The streamed answer's winning attempt has its first token (the race of the call's
+    first round settled): yielded by :meth:`HedgedCall.run` when asked
+    (``announce_start``), before any of the answer's text, which the checks may still
+    hold back. The answer step shows its lead then: chainrun's own words reach the
+    shopper as soon as the model is answering, not after its first checked sentence."""
+
+    step: str
+
+
+@dataclass(frozen=True)
 class AnswerCheck:
     """The checks a streamed answer goes through in the hold-back engine (the kind's:
     the answer step's list of checks, :mod:`chainrun.checks.stream`).
@@ -495,10 +506,13 @@ class HedgedCall:
         self, ctx: StepContext, request: ChatRequest, *,
         checks: AnswerCheck | None = None,
         tools: ToolRounds | None = None,
-    ) -> AsyncGenerator[TokenDelta | ToolCallEvent | CallResult, None]:  # fmt: skip
+        announce_start: bool = False,
+    ) -> AsyncGenerator[TokenDelta | ToolCallEvent | AnswerStarted | CallResult, None]:  # fmt: skip
         """Run the step's call: yields the answer's :class:`~chainrun.events.TokenDelta` s
         (a streamed call), a :class:`~chainrun.events.ToolCallEvent` per tool call start
-        and end (with ``tools``), then one :class:`CallResult`. Everything is recorded
+        and end (with ``tools``), then one :class:`CallResult`; with ``announce_start``
+        (a streamed call), an :class:`AnswerStarted` as soon as the first round's
+        winner has its first token. Everything is recorded
         in ``ctx`` (its calls, its row's hedging summary), even when the caller cancels.
 
         Args:
@@ -539,6 +553,8 @@ class HedgedCall:
                 winner = rnd.winner
                 assert winner is not None
                 if cfg.stream:
+                    if announce_start and number == 1:
+                        yield AnswerStarted(self.step)
                     stream = checks.make(tools.results if tools else {}) if checks else None
                     deltas = stream_answer(self.step, winner, stream, deadline, result.shown)
                     async with contextlib.aclosing(deltas):
@@ -611,7 +627,7 @@ class HedgedCall:
             async for item in items:
                 if isinstance(item, CallResult):
                     result = item
-                else:
+                elif not isinstance(item, AnswerStarted):
                     yield item
         assert result is not None
         finished = finish(result)
