@@ -22,6 +22,7 @@ from chainrun.config import config_from_dict
 from chainrun.conversations.history import (
     HistorySettings,
     HistoryTurn,
+    continuation,
     render_history,
     turn_context,
 )
@@ -163,6 +164,25 @@ def test_a_turns_prompt_begins_with_the_previous_prompt_and_answer() -> None:
     assert render_history([HistoryTurn("hi", "hello")], settings) == (
         "Shopper: hi\nStylist: hello\n\n"
     )
+
+
+def test_an_answer_that_starts_with_its_prompts_lead_continues_it_once() -> None:
+    settings = HistorySettings()
+    template = "{history}Matches: {products}\nShopper: {message}\nStylist:"
+    # the answer step wrote its lead at the end of the prompt and shows it again as the
+    # answer's start: the history continues the prompt, the lead is not said twice
+    first = template.format(history="", products="boots A", message="boots?")
+    first += " Here are our boots"
+    t1 = HistoryTurn("boots?", "Here are our boots in black.\n\n- Boots A",
+                     context=turn_context(first, template, ""))  # fmt: skip
+    h2 = render_history([t1], settings)
+    assert h2 == first + " in black.\n- Boots A\n\n"
+    assert continuation("x Stylist: Here are our boots", "Here are our boots!") == "!"
+    # a short or part-word overlap is no lead: the answer is kept whole
+    assert continuation("Stylist: Yes", "Yes, we do.") == "Yes, we do."
+    assert continuation("Stylist: our boots", "boots are warm") == "boots are warm"
+    assert continuation("Stylist: Here are our boots", "Here are our bootses") == (
+        "Here are our bootses")
 
 
 def test_a_replayed_conversations_prompts_each_begin_with_the_previous_one(

@@ -42,6 +42,7 @@ __all__ = [
     "History",
     "HistorySettings",
     "HistoryTurn",
+    "continuation",
     "cut_to_budget",
     "history_messages",
     "render_history",
@@ -140,12 +141,33 @@ def _answer_text(text: str) -> str:
     return re.sub(r"\n\s*\n", "\n", text.strip())
 
 
+#: the shortest start of an answer taken for the words its prompt already ended with
+#: (the answer step's lead: "Here are our rain jackets"), in characters
+MIN_LEAD_CHARS = 8
+
+
+def continuation(context: str, answer: str) -> str:
+    """``answer`` without the words ``context`` already ends with: an answer that starts
+    with its prompt's last words (the lead written at the end of the prompt for the
+    model to continue, shown again as the answer's start) continues the prompt rather
+    than repeating them. Only a whole-word overlap of at least :data:`MIN_LEAD_CHARS`
+    characters counts; else ``answer`` unchanged."""
+    end = context.rstrip()
+    for k in range(min(len(end), len(answer)), MIN_LEAD_CHARS - 1, -1):
+        if (end.endswith(answer[:k]) and (k == len(answer) or not answer[k].isalnum())
+                and (k == len(end) or not end[-k - 1].isalnum())):
+            return answer[k:].lstrip(" ")
+    return answer
+
+
 def render_turn(turn: HistoryTurn, settings: HistorySettings) -> str:
     """One turn's text: with a ``context``, that text, the answer and a blank line (the
-    turn's prompt continued by its answer); else two transcript lines, each ending in
-    a newline."""
+    turn's prompt continued by its answer: :func:`continuation`); else two transcript
+    lines, each ending in a newline."""
     if turn.context is not None:
-        return f"{turn.context} {_answer_text(turn.answer) or '(no answer)'}\n\n"
+        answer = _answer_text(continuation(turn.context, turn.answer)) or "(no answer)"
+        glue = "" if answer[0] in ".,;:!?\n" else " "
+        return f"{turn.context.rstrip()}{glue}{answer}\n\n"
     answer = _one_line(turn.answer) or "(no answer)"
     return f"{settings.shopper}: {_one_line(turn.message)}\n{settings.assistant}: {answer}\n"
 

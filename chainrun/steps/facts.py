@@ -74,8 +74,9 @@ class FactsConfig(BaseModel):
     #: the words the model's sentence starts with, by what the turn shows (``products``:
     #: a search's products; ``policy``: no products), written at the end of the prompt
     #: for the model to continue and shown as the answer's start ("prefilling" the
-    #: answer) as soon as the model's first token arrives: a completion-style model then connects the shopper's words to what is
-    #: shown instead of inventing a reply of its own. ``{subject}`` in it is what the
+    #: answer) as soon as the model's first token arrives: a completion-style model
+    #: then connects the shopper's words to what is shown instead of inventing a reply
+    #: of its own. ``{subject}`` in it is what the
     #: shopper asked for in the shown products' words (:func:`lead_subject`, "rain
     #: jackets"), ``{topic}`` the policy's subject (:func:`lead_topic`, "returns"); a
     #: placeholder with nothing to say leaves the answer without a lead. Only for a
