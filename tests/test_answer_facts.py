@@ -142,6 +142,32 @@ def test_the_lead_names_what_was_asked_for_in_the_shown_titles_words() -> None:
     assert lead_subject("a jacket", []) == ""
 
 
+async def test_a_policys_lines_are_embedded_once_not_on_every_turn(monkeypatch) -> None:
+    embedder = MiniLMEmbedder()
+    if not embedder.available():
+        pytest.skip("MiniLM's files are not installed")
+    encoded: list[str] = []
+    encode = embedder.encode
+
+    def counting(texts):
+        encoded.extend(texts)
+        return encode(texts)
+
+    monkeypatch.setattr(embedder, "encode", counting)
+    policy = POLICY + "Exchanges: free in any of our stores, within 30 days.\n"
+    first = await quote_policy("can I get my money back?", policy, 1, embedder)
+    lines = len(encoded)
+    assert lines >= 3 and first == ("Refunds go back to the original payment method within "
+                                    "5 working days.",)  # fmt: skip
+    again = await quote_policy("how long do refunds take?", policy, 1, embedder)
+    assert encoded[lines:] == ["how long do refunds take?"]  # the message only
+    assert again == first
+    kept = await embedder.embed_kept(["Refunds go back quickly.", "Refunds go back quickly."])
+    assert kept.shape == (2, 384) and (kept[0] == kept[1]).all()
+    alone = await embedder.embed(["Refunds go back quickly."])
+    assert abs(float(kept[0] @ alone[0]) - 1.0) < 1e-5
+
+
 async def test_the_policy_lead_names_the_answering_lines_subject_or_the_section() -> None:
     policy = "Shop policy, Returns, refunds and exchanges:\n" + POLICY.split("\n", 1)[1]
     assert await lead_topic("How long do I have for returns?", policy) == "returns"

@@ -221,6 +221,30 @@ class MiniLMEmbedder:
             _RECENT.move_to_end(key)
         return vector[None, :].copy()
 
+    async def embed_kept(self, texts: Sequence[str]) -> np.ndarray:
+        """``texts``' vectors (shape ``(len(texts), 384)``), each kept as a single text's
+        is (:data:`RECENT_SIZE` in all), the ones not kept yet embedded in one batch: for a
+        small set embedded turn after turn (a shop policy's lines), not for a catalogue.
+
+        Raises:
+            ProviderUnavailable: the model files are not installed.
+        """
+        keys = [(self.model_dir, t) for t in texts]
+        missing = list(dict.fromkeys(t for k, t in zip(keys, texts, strict=True)
+                                     if k not in _RECENT))  # fmt: skip
+        if missing:
+            vectors = await asyncio.to_thread(self.encode, missing)
+            for text, vector in zip(missing, vectors, strict=True):
+                vector.flags.writeable = False
+                _RECENT[(self.model_dir, text)] = vector
+        out = np.zeros((len(texts), 384), np.float32)
+        for i, key in enumerate(keys):
+            out[i] = _RECENT[key]
+            _RECENT.move_to_end(key)
+        while len(_RECENT) > RECENT_SIZE:  # the oldest go, after this set was read
+            _RECENT.popitem(last=False)
+        return out
+
 
 class OpenAIEmbedder:
     """An OpenAI-compatible ``/v1/embeddings`` endpoint (e.g. llama-server ``--embeddings``).

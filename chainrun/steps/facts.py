@@ -299,7 +299,7 @@ async def quote_policy(
     if limit <= 0 or not lines:
         return ()
     if embedder is not None and embedder.available():
-        vectors = await embedder.embed(lines)
+        vectors = await embedder.embed_kept(lines)  # the same lines turn after turn
         asked = await embedder.embed([message])
         scores = [float(s) for s in np.asarray(vectors @ asked[0])]
         floor, margin = MIN_QUOTE_COSINE, SECOND_LINE_MARGIN
