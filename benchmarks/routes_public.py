@@ -10,8 +10,8 @@ Messages (evals/corpora/, each with its SOURCE.md):
 * BANKING77 (Casanueva et al., 2020, CC BY 4.0), ``test`` rows of ``request_refund`` and
   ``Refund_not_showing_up`` (80), expected ``returns``.
 
-Nothing was built from these rows (the classifier's public examples come from CLINC150's
-and Bitext's training splits). Each figure is k/n with a 95% Wilson interval, with the
+Nothing was built from these rows (the classifier's public examples come from the
+training splits of CLINC150, Bitext and BANKING77). Each figure is k/n with a 95% Wilson interval, with the
 other labels given and the messages routed elsewhere.
 
 ``--tune`` reproduces how the out-of-scope threshold
