@@ -11,8 +11,8 @@ Messages (evals/corpora/, each with its SOURCE.md):
   ``Refund_not_showing_up`` (80), expected ``returns``.
 
 Nothing was built from these rows (the classifier's public examples come from the
-training splits of CLINC150, Bitext and BANKING77). Each figure is k/n with a 95% Wilson interval, with the
-other labels given and the messages routed elsewhere.
+training splits of CLINC150, Bitext and BANKING77). Each figure is k/n with a 95% Wilson
+interval, with the other labels given and the messages routed elsewhere.
 
 ``--tune`` reproduces how the out-of-scope threshold
 (:data:`chainrun.classify.examples.OUT_OF_SCOPE_BELOW`) and the vote power
