@@ -148,11 +148,11 @@ def test_through_chat_a_yes_runs_and_nothing_else_ever_does(tmp_path: Path) -> N
 
 @needs_minilm
 def test_routes_on_public_test_splits_hold_their_floors(tmp_path: Path) -> None:
-    """Out-of-scope messages to other and refunds to returns at least 0.88 (figures of
-    benchmarks/README.md: 0.917 and 0.888), order status at least 0.95."""
+    """Out-of-scope messages to other and refunds to returns at least 0.9 (figures of
+    benchmarks/README.md: 0.902 and 0.912), order status at least 0.95."""
     res = run_benchmark("routes_public", tmp_path)
     oos = res["clinc150 oos_test -> other"]
     orders = res["clinc150 test order_status -> order_status"]
     refunds = res["banking77 test refunds -> returns"]
     assert (oos["n"], orders["n"], refunds["n"]) == (1000, 30, 80)
-    assert oos["rate"] >= 0.9 and orders["rate"] >= 0.95 and refunds["rate"] >= 0.88
+    assert oos["rate"] >= 0.9 and orders["rate"] >= 0.95 and refunds["rate"] >= 0.9
