@@ -318,6 +318,38 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
     assert ready_back.status_code == 200 and ready_back.json()["log"]["desk"]["state"] == "ok"
 
 
+async def test_the_responses_face_takes_the_callers_identity_too(tmp_path: Path) -> None:
+    """``POST /v1/responses`` reads the identity as the other faces do: no header is 401,
+    another shopper continuing Ann's chat by its ``previous_response_id`` is 403 (nothing
+    of it run or logged), Ann continuing it is answered in her conversation."""
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": cart_fake()}, quiet=True),
+                           identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                async def responses(body: dict[str, Any], who: str | None) -> httpx.Response:
+                    return await client.post("/v1/responses", json={"model": MODEL, **body},
+                                             headers={"X-Shopper": who} if who else {})
+                anonymous = await responses({"input": "hello"}, None)
+                ann = await responses({"input": "hello"}, "u-ann")
+                bob = await responses({"input": "yes", "previous_response_id":
+                                       ann.json()["id"]}, "u-bob")  # fmt: skip
+                again = await responses({"input": "thanks", "previous_response_id":
+                                         ann.json()["id"]}, "u-ann")  # fmt: skip
+        with Store.open(tmp_path / "log.db", create=False) as log:
+            users = [r["user_id"] for r in log.log.query("select user_id from turns")]
+    finally:
+        store.close()
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_identity"
+    assert ann.status_code == again.status_code == 200
+    assert bob.status_code == 403 and bob.json()["error"]["code"] == "conversation_forbidden"
+    assert (again.json()["chainrun"]["conversation_id"]
+            == ann.json()["chainrun"]["conversation_id"])  # fmt: skip
+    assert users == ["u-ann", "u-ann"]
+
+
 @pytest.mark.parametrize(("key", "alg"), [(RSA, "RS256"), (EC, "ES256")])
 async def test_an_identity_providers_token_is_the_shopper_on_both_faces(
     tmp_path: Path, key: Any, alg: str
