@@ -350,6 +350,32 @@ async def test_the_responses_face_takes_the_callers_identity_too(tmp_path: Path)
     assert users == ["u-ann", "u-ann"]
 
 
+async def test_the_responses_face_takes_an_idempotency_key_too(tmp_path: Path) -> None:
+    """``POST /v1/responses`` with an ``Idempotency-Key``: sent again, the first request's
+    turn comes back (nothing run again); the key with another input is 422."""
+    store = Store.open(tmp_path / "log.db")
+    key = {"Idempotency-Key": "k-r1"}
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": cart_fake()},
+                                         quiet=True)) as (url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                body = {"model": MODEL, "input": "hello", "user": "u-1"}
+                first = await client.post("/v1/responses", json=body, headers=key)
+                again = await client.post("/v1/responses", json=body, headers=key)
+                other = await client.post("/v1/responses", json={**body, "input": "bye"},
+                                          headers=key)  # fmt: skip
+        with Store.open(tmp_path / "log.db", create=False) as log:
+            turns = log.log.query("select id from turns")
+    finally:
+        store.close()
+    assert first.status_code == again.status_code == 200
+    assert again.json()["chainrun"]["turn_id"] == first.json()["chainrun"]["turn_id"]
+    assert len(turns) == 1
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+
+
 @pytest.mark.parametrize(("key", "alg"), [(RSA, "RS256"), (EC, "ES256")])
 async def test_an_identity_providers_token_is_the_shopper_on_both_faces(
     tmp_path: Path, key: Any, alg: str
