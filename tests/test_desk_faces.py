@@ -280,12 +280,15 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
 ) -> None:
     """The log cannot be reached past its outage wait while identity is on: each chat is
     refused 503 (``log_unavailable``, ``Retry-After``) on both faces, ``/readyz`` says
-    the log is away; once it answers, chats are served and ``/readyz`` is ready again. It
-    used to be an HTTP 500 with a traceback while ``/readyz`` said ready."""
+    the log is away; once it answers, ``/readyz`` is ready again by its own look (no chat
+    needed: a load balancer that took the server out of rotation sends none) and chats
+    are served. It used to be an HTTP 500 with a traceback while ``/readyz`` said ready;
+    then ``/readyz`` kept saying away until a chat found the log back."""
     store = Store.open(tmp_path / "log.db")
     cfg = confirm_config()
     cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"outage_wait_s": 0.3})})
-    real = store.bind_conversation
+    reads = ("bind_conversation", "conversation_owner", "log_nonce")
+    real = {name: getattr(store, name) for name in reads}
 
     def away(*args: Any) -> Any:
         raise ConnectionError("the log's database cannot be reached")
@@ -295,17 +298,18 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
                                          quiet=True),
                            identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                monkeypatch.setattr(store, "bind_conversation", away)
-                monkeypatch.setattr(store, "conversation_owner", away)
+                for name in reads:
+                    monkeypatch.setattr(store, name, away)
                 chat = await client.post("/chat", json={"message": "hello", "conversation_id":
                                                         "c1"}, headers={"X-Shopper": "u-1"})
                 openai = await v1(client, {"messages": [{"role": "user", "content": "hi"}]},
                                   {"X-Shopper": "u-1"})  # fmt: skip
                 ready_away = await client.get("/readyz")
-                monkeypatch.setattr(store, "bind_conversation", real)
+                for name in reads:
+                    monkeypatch.setattr(store, name, real[name])
+                ready_back = await client.get("/readyz")  # before any chat
                 back = await client.post("/chat", json={"message": "hello", "conversation_id":
                                                         "c1"}, headers={"X-Shopper": "u-1"})
-                ready_back = await client.get("/readyz")
     finally:
         store.close()
     for refused in (chat, openai):

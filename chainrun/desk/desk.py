@@ -197,6 +197,18 @@ class Desk:
         return {"state": "away", "away_s": round(time.monotonic() - since, 3),
                 "reason": self.away_reason}  # fmt: skip
 
+    async def look(self) -> dict[str, Any]:
+        """:meth:`status`, after one short look at the log (:data:`PROBE_S` at most) when
+        the desk's last look found it away: a log that came back while no request asked
+        is said back here (``/readyz`` asks this, so that a server taken out of a load
+        balancer's rotation for the log's outage is put back without a chat first)."""
+        if self.away_since is not None and self.store is not None:
+            try:
+                await self._read(self.store.log_nonce)
+            except LogUnavailable:
+                pass  # still away: status says so
+        return self.status()
+
     # -- admitting -------------------------------------------------------------------
     async def admit(self, request: TurnRequest, run_id: int | None) -> Admitted | Repeated:
         """Admit ``request`` (see the module text).
