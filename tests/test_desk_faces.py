@@ -81,7 +81,8 @@ def open_webui_title(chat_id: str) -> tuple[dict[str, Any], dict[str, str]]:
 
 def librechat_title(user: str) -> dict[str, Any]:
     """LibreChat's title request (its agents' completion method): the prompt of
-    danny-avila/agents src/utils/title.ts (defaultCompletionPrompt) with the chat as
+    danny-avila/agents src/utils/title.ts at d8751a6ab077f9bb9b4fd66a7d55587c512751ac
+    (defaultCompletionPrompt) with the chat as
     ``User: {input}\\nAI: {output}`` (src/run.ts, generateTitle), sent with the
     LibreChat user's id as ``user`` (danny-avila/LibreChat#6341)."""
     prompt = ("Provide a concise, 5-word-or-less title for the conversation, using title case "
@@ -90,15 +91,20 @@ def librechat_title(user: str) -> dict[str, Any]:
     return {"model": MODEL, "user": user, "messages": [{"role": "user", "content": prompt}]}
 
 
-def librechat_classic_title(user: str) -> dict[str, Any]:
+def librechat_classic_title(user: str, emoji: bool = False) -> dict[str, Any]:
     """LibreChat's older clients' title request: one system message, ``Please generate
     {titleInstruction}`` and the chat in ``||>`` markers (danny-avila/LibreChat,
     api/app/clients/OpenAIClient.js, titleConvo; titleInstruction from
-    api/app/clients/prompts/titlePrompts.js), with ``user``."""
+    api/app/clients/prompts/titlePrompts.js at 924b8fee76a4609874ccf49adc390f47a0bd688b,
+    or with ``emoji`` as at 07eda3502c3cb0a2f3b0d43460653b610cc92510, which ends it with
+    a sentence asking for an emoji), with ``user``."""
     instruction = ("a concise, 5-word-or-less title for the conversation, using its same "
                    "language, with no punctuation. Apply title case conventions appropriate "
                    'for the language. Never directly mention the language name or the word '
                    '"title"')  # fmt: skip
+    if emoji:
+        instruction += (".Start the title with one emoji that fits the topic (REQUIRED), The "
+                        "emoji should help communicate the subject")  # fmt: skip
     convo = f'||>User:\n"{ASK}"\n||>Response:\n"{json.dumps(QUESTION)}"'
     return {"model": MODEL, "user": user, "temperature": 0.2, "max_tokens": 16,
             "messages": [{"role": "system",
@@ -171,7 +177,8 @@ async def test_an_end_user_named_by_another_caller_is_not_an_owner(tmp_path: Pat
     assert bob.json()["chainrun"]["conversation_id"] != ann.json()["chainrun"]["conversation_id"]
 
 
-@pytest.mark.parametrize("ui", ["open-webui", "librechat", "librechat-classic"])
+@pytest.mark.parametrize("ui", ["open-webui", "librechat", "librechat-classic",
+                                "librechat-classic-emoji"])
 async def test_a_chat_uis_title_request_leaves_the_pending_action_pending(
     tmp_path: Path, ui: str
 ) -> None:
@@ -197,8 +204,9 @@ async def test_a_chat_uis_title_request_leaves_the_pending_action_pending(
                     body, title_headers = open_webui_title("chat-7")
                     title = await v1(client, body, title_headers)
                 else:
-                    make = librechat_title if ui == "librechat" else librechat_classic_title
-                    title = await v1(client, make("u-librechat-1"))
+                    title = await v1(client, librechat_title("u-librechat-1")
+                                     if ui == "librechat" else librechat_classic_title(
+                                         "u-librechat-1", emoji=ui.endswith("emoji")))
                 before_yes = pending_rows(db)
                 yes = await v1(client, {**extra, "messages": [
                     *chat, {"role": "assistant", "content": QUESTION},
