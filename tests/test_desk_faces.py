@@ -16,6 +16,7 @@ source (cited at each).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -265,8 +266,6 @@ async def test_the_run_made_at_the_first_turn_is_part_of_it(
 ) -> None:
     """The first turn of a chain makes its run in the log (0.3 s here): the turn's
     duration and its answer's TTFT hold it (they used to start after it)."""
-    import asyncio
-
     store = Store.open(tmp_path / "log.db")
     real = store.acreate_run
 
@@ -328,6 +327,49 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
     assert ready_away.json()["log"]["desk"]["state"] == "away"
     assert back.status_code == 200 and '"status": "ok"' in back.text
     assert ready_back.status_code == 200 and ready_back.json()["log"]["desk"]["state"] == "ok"
+
+
+async def test_with_identity_a_silent_log_is_a_503_within_the_faces_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's database is silent at the owner check (a hung server: no error for 3 s,
+    then a dropped connection; the read in a worker thread, as on a PostgreSQL log, whose
+    reads leave the event loop): the chat is refused HTTP 503 ``log_unavailable`` once the
+    outage wait and a short look are spent (0.3 s + 1 s here), before the face's wait for
+    a refusal (2 s beyond the outage wait) starts a stream. It used to wait for the
+    silence, then the outage wait again after the first failure, and answer 200 with the
+    refusal as the stream's ``error`` event."""
+    store = Store.open(tmp_path / "log.db")
+    cfg = confirm_config()
+    cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"outage_wait_s": 0.3})})
+
+    def silent(*args: Any) -> Any:
+        time.sleep(3.0)
+        raise ConnectionError("server closed the connection unexpectedly")
+
+    real_off_loop = store.off_loop
+
+    async def off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is silent:  # a network read: in a worker thread, as Store.off_loop on PostgreSQL
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await real_off_loop(fn, *args, **kwargs)
+
+    try:
+        async with serving(lambda: Chain(cfg, store=store, providers={"local": cart_fake()},
+                                         quiet=True),
+                           identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
+            monkeypatch.setattr(store, "bind_conversation", silent)
+            monkeypatch.setattr(store, "off_loop", off_loop)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                sent = time.monotonic()
+                chat = await client.post("/chat", json={"message": "hello", "conversation_id":
+                                                        "c1"}, headers={"X-Shopper": "u-1"})
+                waited_s = time.monotonic() - sent
+    finally:
+        store.close()
+    assert chat.status_code == 503 and chat.json()["error"]["code"] == "log_unavailable"
+    assert chat.headers["retry-after"] == "1"
+    assert waited_s < 2.3  # within the face's wait: 2 s beyond the 0.3 s outage wait
 
 
 async def test_the_responses_face_takes_the_callers_identity_too(tmp_path: Path) -> None:
