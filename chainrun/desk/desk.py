@@ -35,6 +35,8 @@ does (``[log] outage_wait_s``, :func:`~chainrun.conversations.source.pool_patien
 database's writer is told of each failure, so its "back after N s" counts from the first
 one anyone saw); past the wait, a request that needs the log (an owner to check, a key)
 is refused with :class:`~chainrun.errors.LogUnavailable` (503), never a traceback. The
+desk's waits of one request end, in all, within the outage wait and a look of
+:data:`PROBE_S` (a silent database too), before the faces' wait for a refusal. The
 time spent here is the turn's (``admit_ms``; the turn's clock starts at the request).
 """
 
