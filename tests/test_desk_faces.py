@@ -16,6 +16,7 @@ source (cited at each).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -81,7 +82,8 @@ def open_webui_title(chat_id: str) -> tuple[dict[str, Any], dict[str, str]]:
 
 def librechat_title(user: str) -> dict[str, Any]:
     """LibreChat's title request (its agents' completion method): the prompt of
-    danny-avila/agents src/utils/title.ts (defaultCompletionPrompt) with the chat as
+    danny-avila/agents src/utils/title.ts at d8751a6ab077f9bb9b4fd66a7d55587c512751ac
+    (defaultCompletionPrompt) with the chat as
     ``User: {input}\\nAI: {output}`` (src/run.ts, generateTitle), sent with the
     LibreChat user's id as ``user`` (danny-avila/LibreChat#6341)."""
     prompt = ("Provide a concise, 5-word-or-less title for the conversation, using title case "
@@ -90,15 +92,20 @@ def librechat_title(user: str) -> dict[str, Any]:
     return {"model": MODEL, "user": user, "messages": [{"role": "user", "content": prompt}]}
 
 
-def librechat_classic_title(user: str) -> dict[str, Any]:
+def librechat_classic_title(user: str, emoji: bool = False) -> dict[str, Any]:
     """LibreChat's older clients' title request: one system message, ``Please generate
     {titleInstruction}`` and the chat in ``||>`` markers (danny-avila/LibreChat,
     api/app/clients/OpenAIClient.js, titleConvo; titleInstruction from
-    api/app/clients/prompts/titlePrompts.js), with ``user``."""
+    api/app/clients/prompts/titlePrompts.js at 924b8fee76a4609874ccf49adc390f47a0bd688b,
+    or with ``emoji`` as at 07eda3502c3cb0a2f3b0d43460653b610cc92510, which ends it with
+    a sentence asking for an emoji), with ``user``."""
     instruction = ("a concise, 5-word-or-less title for the conversation, using its same "
                    "language, with no punctuation. Apply title case conventions appropriate "
                    'for the language. Never directly mention the language name or the word '
                    '"title"')  # fmt: skip
+    if emoji:
+        instruction += (".Start the title with one emoji that fits the topic (REQUIRED), The "
+                        "emoji should help communicate the subject")  # fmt: skip
     convo = f'||>User:\n"{ASK}"\n||>Response:\n"{json.dumps(QUESTION)}"'
     return {"model": MODEL, "user": user, "temperature": 0.2, "max_tokens": 16,
             "messages": [{"role": "system",
@@ -171,7 +178,8 @@ async def test_an_end_user_named_by_another_caller_is_not_an_owner(tmp_path: Pat
     assert bob.json()["chainrun"]["conversation_id"] != ann.json()["chainrun"]["conversation_id"]
 
 
-@pytest.mark.parametrize("ui", ["open-webui", "librechat", "librechat-classic"])
+@pytest.mark.parametrize("ui", ["open-webui", "librechat", "librechat-classic",
+                                "librechat-classic-emoji"])
 async def test_a_chat_uis_title_request_leaves_the_pending_action_pending(
     tmp_path: Path, ui: str
 ) -> None:
@@ -197,8 +205,9 @@ async def test_a_chat_uis_title_request_leaves_the_pending_action_pending(
                     body, title_headers = open_webui_title("chat-7")
                     title = await v1(client, body, title_headers)
                 else:
-                    make = librechat_title if ui == "librechat" else librechat_classic_title
-                    title = await v1(client, make("u-librechat-1"))
+                    title = await v1(client, librechat_title("u-librechat-1")
+                                     if ui == "librechat" else librechat_classic_title(
+                                         "u-librechat-1", emoji=ui.endswith("emoji")))
                 before_yes = pending_rows(db)
                 yes = await v1(client, {**extra, "messages": [
                     *chat, {"role": "assistant", "content": QUESTION},
@@ -257,8 +266,6 @@ async def test_the_run_made_at_the_first_turn_is_part_of_it(
 ) -> None:
     """The first turn of a chain makes its run in the log (0.3 s here): the turn's
     duration and its answer's TTFT hold it (they used to start after it)."""
-    import asyncio
-
     store = Store.open(tmp_path / "log.db")
     real = store.acreate_run
 
@@ -280,12 +287,15 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
 ) -> None:
     """The log cannot be reached past its outage wait while identity is on: each chat is
     refused 503 (``log_unavailable``, ``Retry-After``) on both faces, ``/readyz`` says
-    the log is away; once it answers, chats are served and ``/readyz`` is ready again. It
-    used to be an HTTP 500 with a traceback while ``/readyz`` said ready."""
+    the log is away; once it answers, ``/readyz`` is ready again by its own look (no chat
+    needed: a load balancer that took the server out of rotation sends none) and chats
+    are served. It used to be an HTTP 500 with a traceback while ``/readyz`` said ready;
+    then ``/readyz`` kept saying away until a chat found the log back."""
     store = Store.open(tmp_path / "log.db")
     cfg = confirm_config()
     cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"outage_wait_s": 0.3})})
-    real = store.bind_conversation
+    reads = ("bind_conversation", "conversation_owner", "log_nonce")
+    real = {name: getattr(store, name) for name in reads}
 
     def away(*args: Any) -> Any:
         raise ConnectionError("the log's database cannot be reached")
@@ -295,17 +305,18 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
                                          quiet=True),
                            identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                monkeypatch.setattr(store, "bind_conversation", away)
-                monkeypatch.setattr(store, "conversation_owner", away)
+                for name in reads:
+                    monkeypatch.setattr(store, name, away)
                 chat = await client.post("/chat", json={"message": "hello", "conversation_id":
                                                         "c1"}, headers={"X-Shopper": "u-1"})
                 openai = await v1(client, {"messages": [{"role": "user", "content": "hi"}]},
                                   {"X-Shopper": "u-1"})  # fmt: skip
                 ready_away = await client.get("/readyz")
-                monkeypatch.setattr(store, "bind_conversation", real)
+                for name in reads:
+                    monkeypatch.setattr(store, name, real[name])
+                ready_back = await client.get("/readyz")  # before any chat
                 back = await client.post("/chat", json={"message": "hello", "conversation_id":
                                                         "c1"}, headers={"X-Shopper": "u-1"})
-                ready_back = await client.get("/readyz")
     finally:
         store.close()
     for refused in (chat, openai):
@@ -316,6 +327,107 @@ async def test_with_identity_a_log_away_is_a_503_never_a_500(
     assert ready_away.json()["log"]["desk"]["state"] == "away"
     assert back.status_code == 200 and '"status": "ok"' in back.text
     assert ready_back.status_code == 200 and ready_back.json()["log"]["desk"]["state"] == "ok"
+
+
+async def test_with_identity_a_silent_log_is_a_503_within_the_faces_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's database is silent at the owner check (a hung server: no error for 3 s,
+    then a dropped connection; the read in a worker thread, as on a PostgreSQL log, whose
+    reads leave the event loop): the chat is refused HTTP 503 ``log_unavailable`` once the
+    outage wait and a short look are spent (0.3 s + 1 s here), before the face's wait for
+    a refusal (2 s beyond the outage wait) starts a stream. It used to wait for the
+    silence, then the outage wait again after the first failure, and answer 200 with the
+    refusal as the stream's ``error`` event."""
+    store = Store.open(tmp_path / "log.db")
+    cfg = confirm_config()
+    cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={"outage_wait_s": 0.3})})
+
+    def silent(*args: Any) -> Any:
+        time.sleep(3.0)
+        raise ConnectionError("server closed the connection unexpectedly")
+
+    real_off_loop = store.off_loop
+
+    async def off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is silent:  # a network read: in a worker thread, as Store.off_loop on PostgreSQL
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await real_off_loop(fn, *args, **kwargs)
+
+    try:
+        async with serving(lambda: Chain(cfg, store=store, providers={"local": cart_fake()},
+                                         quiet=True),
+                           identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
+            monkeypatch.setattr(store, "bind_conversation", silent)
+            monkeypatch.setattr(store, "off_loop", off_loop)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                sent = time.monotonic()
+                chat = await client.post("/chat", json={"message": "hello", "conversation_id":
+                                                        "c1"}, headers={"X-Shopper": "u-1"})
+                waited_s = time.monotonic() - sent
+    finally:
+        store.close()
+    assert chat.status_code == 503 and chat.json()["error"]["code"] == "log_unavailable"
+    assert chat.headers["retry-after"] == "1"
+    assert waited_s < 2.3  # within the face's wait: 2 s beyond the 0.3 s outage wait
+
+
+async def test_the_responses_face_takes_the_callers_identity_too(tmp_path: Path) -> None:
+    """``POST /v1/responses`` reads the identity as the other faces do: no header is 401,
+    another shopper continuing Ann's chat by its ``previous_response_id`` is 403 (nothing
+    of it run or logged), Ann continuing it is answered in her conversation."""
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": cart_fake()}, quiet=True),
+                           identity=IdentitySource("X-Shopper")) as (url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                async def responses(body: dict[str, Any], who: str | None) -> httpx.Response:
+                    return await client.post("/v1/responses", json={"model": MODEL, **body},
+                                             headers={"X-Shopper": who} if who else {})
+                anonymous = await responses({"input": "hello"}, None)
+                ann = await responses({"input": "hello"}, "u-ann")
+                bob = await responses({"input": "yes", "previous_response_id":
+                                       ann.json()["id"]}, "u-bob")  # fmt: skip
+                again = await responses({"input": "thanks", "previous_response_id":
+                                         ann.json()["id"]}, "u-ann")  # fmt: skip
+        with Store.open(tmp_path / "log.db", create=False) as log:
+            users = [r["user_id"] for r in log.log.query("select user_id from turns")]
+    finally:
+        store.close()
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_identity"
+    assert ann.status_code == again.status_code == 200
+    assert bob.status_code == 403 and bob.json()["error"]["code"] == "conversation_forbidden"
+    assert (again.json()["chainrun"]["conversation_id"]
+            == ann.json()["chainrun"]["conversation_id"])  # fmt: skip
+    assert users == ["u-ann", "u-ann"]
+
+
+async def test_the_responses_face_takes_an_idempotency_key_too(tmp_path: Path) -> None:
+    """``POST /v1/responses`` with an ``Idempotency-Key``: sent again, the first request's
+    turn comes back (nothing run again); the key with another input is 422."""
+    store = Store.open(tmp_path / "log.db")
+    key = {"Idempotency-Key": "k-r1"}
+    try:
+        async with serving(lambda: Chain(confirm_config(), store=store,
+                                         providers={"local": cart_fake()},
+                                         quiet=True)) as (url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                body = {"model": MODEL, "input": "hello", "user": "u-1"}
+                first = await client.post("/v1/responses", json=body, headers=key)
+                again = await client.post("/v1/responses", json=body, headers=key)
+                other = await client.post("/v1/responses", json={**body, "input": "bye"},
+                                          headers=key)  # fmt: skip
+        with Store.open(tmp_path / "log.db", create=False) as log:
+            turns = log.log.query("select id from turns")
+    finally:
+        store.close()
+    assert first.status_code == again.status_code == 200
+    assert again.json()["chainrun"]["turn_id"] == first.json()["chainrun"]["turn_id"]
+    assert len(turns) == 1
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
 
 
 @pytest.mark.parametrize(("key", "alg"), [(RSA, "RS256"), (EC, "ES256")])

@@ -1,11 +1,11 @@
 """Idempotency keys at the front desk (chainrun.desk.keys), as the IETF draft and Stripe
 have them, and the tools' keys unique across logs.
 
-Each test names the fault it was written for (main b3856ca): a failed turn replayed
-forever under its key; a keyed request refused before its turn made its retry wait 120 s
-for a 409; a keyed turn whose process was killed on a SQLite log did the same; two
-callers with a constant key shared a turn; two logs handed a shop's tool the same key for
-two different turns.
+Each test names the fault it was written for (main b3856ca): a failed or stopped turn
+replayed forever under its key; a keyed request refused before its turn made its retry
+wait 120 s for a 409; a keyed turn whose process was killed on a SQLite log did the
+same; two callers with a constant key shared a turn; two logs handed a shop's tool the
+same key for two different turns.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from test_tool_steps import RUNS, cart_call, rounds_script, tool_config
 
 from chainrun.chain import Chain
 from chainrun.errors import ProviderUnavailable, UserInputError
-from chainrun.events import TurnFinished
+from chainrun.events import StepStarted, TurnFinished
 from chainrun.identity import Identity
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply
@@ -75,6 +75,29 @@ async def test_a_turn_that_failed_before_acting_does_not_pin_its_key(tmp_path: P
     assert retried.output == "Hello! How can I help?"
     # once a turn answered, the key is pinned: its retry is that turn
     assert again.repeated and again.turn_id == retried.turn_id
+
+
+async def test_a_turn_stopped_before_acting_does_not_pin_its_key(tmp_path: Path) -> None:
+    """The caller stops a keyed turn while its model call runs (the turn ends
+    ``cancelled``, nothing acted): the retry with the same key runs the turn and
+    answers. It used to get the stopped turn again, forever."""
+    fake = FakeProvider(name="local", script=lambda req: FakeReply("late", ttft_s=600))
+    store = Store.open(tmp_path / "log.db")
+    async with Chain(tool_config(), store=store, providers={"local": fake}, quiet=True) as chain:
+        events = chain.stream_turn("hello", conversation_id="c1", idempotency_key="k-5")
+        async for ev in events:  # the key is taken, the turn runs
+            if isinstance(ev, StepStarted):
+                break
+        await events.aclose()  # the caller stops it
+        fake.script = rounds_script(FakeReply("Hello! How can I help?", gap_s=0.001))
+        retried = await asyncio.wait_for(finished(chain, "hello", conversation_id="c1",
+                                                  idempotency_key="k-5"), QUICK_S)  # fmt: skip
+    with Store.open(tmp_path / "log.db", create=False) as log:
+        statuses = [r["status"] for r in log.log.query("select status from turns order by id")]
+    store.close()
+    assert statuses[0] == "cancelled"
+    assert retried.status == "ok" and not retried.repeated
+    assert retried.output == "Hello! How can I help?"
 
 
 async def test_a_keyed_request_refused_before_its_turn_releases_its_key(tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ does (``[log] outage_wait_s``, :func:`~chainrun.conversations.source.pool_patien
 database's writer is told of each failure, so its "back after N s" counts from the first
 one anyone saw); past the wait, a request that needs the log (an owner to check, a key)
 is refused with :class:`~chainrun.errors.LogUnavailable` (503), never a traceback. The
+desk's waits of one request end, in all, within the outage wait and a look of
+:data:`PROBE_S` (a silent database too), before the faces' wait for a refusal. The
 time spent here is the turn's (``admit_ms``; the turn's clock starts at the request).
 """
 
@@ -197,6 +199,18 @@ class Desk:
         return {"state": "away", "away_s": round(time.monotonic() - since, 3),
                 "reason": self.away_reason}  # fmt: skip
 
+    async def look(self) -> dict[str, Any]:
+        """:meth:`status`, after one short look at the log (:data:`PROBE_S` at most) when
+        the desk's last look found it away: a log that came back while no request asked
+        is said back here (``/readyz`` asks this, so that a server taken out of a load
+        balancer's rotation for the log's outage is put back without a chat first)."""
+        if self.away_since is not None and self.store is not None:
+            try:
+                await self._read(self.store.log_nonce)
+            except LogUnavailable:
+                pass  # still away: status says so
+        return self.status()
+
     # -- admitting -------------------------------------------------------------------
     async def admit(self, request: TurnRequest, run_id: int | None) -> Admitted | Repeated:
         """Admit ``request`` (see the module text).
@@ -208,17 +222,21 @@ class Desk:
             UserInputError: a ``confirm`` / ``deny`` naming no action of the conversation.
             LogUnavailable: the log the request needs did not answer within the wait.
         """
+        # what the desk waits for the log before it refuses, in all: within the faces'
+        # wait for a refusal (chainrun.serve.turns.REFUSAL_WAIT_S beyond the outage wait),
+        # so that a log that is silent, not refusing, is refused with its HTTP status too
+        deadline = asyncio.get_running_loop().time() + self.outage_wait_s + PROBE_S
         if request.user is not None and request.conversation_id is not None and (
                 request.background is None):  # fmt: skip
-            await self._bind(request.conversation_id, request.user)
+            await self._bind(request.conversation_id, request.user, deadline)
         claim: Claim | None = None
         if request.idempotency_key is not None and self.keys is not None:
             request = request.with_request_id()
-            claim, repeated = await self._claim(request, run_id)
+            claim, repeated = await self._claim(request, run_id, deadline)
             if repeated is not None:
                 return repeated
         try:
-            return await self._seat(request, run_id, claim)
+            return await self._seat(request, run_id, claim, deadline)
         except BaseException:
             if claim is not None:  # nothing ran: the retry runs
                 await self._release(claim)
@@ -237,13 +255,16 @@ class Desk:
             await self.confirmations.settle(admitted.decided, status, tools)
 
     async def _claim(
-        self, request: TurnRequest, run_id: int | None
+        self, request: TurnRequest, run_id: int | None, deadline: float
     ) -> tuple[Claim | None, Repeated | None]:
+        """The key's claim by ``request``, or the first request's turn (:class:`Repeated`);
+        ``deadline``: loop time the first claim's wait for the log ends (a claim made
+        again after the first request was waited for has a wait of its own)."""
         assert self.keys is not None and request.idempotency_key is not None
         keys = self.keys
         while True:
             claim, first = await self._patient(
-                lambda left: asyncio.wait_for(keys.claim(request, run_id), left))
+                lambda left: asyncio.wait_for(keys.claim(request, run_id), left), deadline)
             if first is None:
                 return claim, None
             try:
@@ -254,9 +275,10 @@ class Desk:
                 return None, Repeated(keys.repeat(turn_id, request.idempotency_key,
                                                   self.answer_step))  # fmt: skip
             # released meanwhile (its request ran nothing): take it
+            deadline = asyncio.get_running_loop().time() + self.outage_wait_s + PROBE_S
 
     async def _seat(self, request: TurnRequest, run_id: int | None,
-                    claim: Claim | None) -> Admitted:  # fmt: skip
+                    claim: Claim | None, deadline: float) -> Admitted:  # fmt: skip
         checked = self.checks.check(request.message)
         message = checked.text if checked.findings else request.message
         background = request.background is not None
@@ -274,7 +296,7 @@ class Desk:
                 request.conversation_id, history, request.turn_index, start,
                 new=request.new_conversation)  # fmt: skip
         if request.user is not None and request.conversation_id is None and not background:
-            await self._bind(place.conversation_id, request.user)
+            await self._bind(place.conversation_id, request.user, deadline)
         turn_id = await self.store.areserve_turn_id() if self.tools and self.store else None
         decided = Decided()
         if self.confirmations is not None and not checked.blocked and not background:
@@ -331,9 +353,9 @@ class Desk:
                          background=request.background is not None)  # fmt: skip
 
     # -- the log, patiently ------------------------------------------------------------
-    async def _bind(self, conversation_id: str, user: Identity) -> None:
+    async def _bind(self, conversation_id: str, user: Identity, deadline: float) -> None:
         """Bind the conversation to ``user`` unless it is bound (in the log, so every
-        process sharing it agrees).
+        process sharing it agrees); ``deadline``: as :meth:`_patient`'s.
 
         Raises:
             ConversationForbidden: it is bound to another identity (nothing said of it).
@@ -341,7 +363,7 @@ class Desk:
         if self.store is None:
             return
         owner = await self._read(self.store.bind_conversation, conversation_id,
-                                 user.user_id, utc_now())  # fmt: skip
+                                 user.user_id, utc_now(), deadline=deadline)  # fmt: skip
         if owner != user.user_id:
             raise ConversationForbidden("this conversation belongs to another user")
 
@@ -360,30 +382,41 @@ class Desk:
         assert self.store is not None
         return self.store.unreachable_errors
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _read(self, fn: Callable[..., T], *args: Any,
+                    deadline: float | None = None) -> T:  # fmt: skip
         """``fn(*args)`` (a read or a one-statement write of the store) off the loop,
         patiently (see :meth:`_patient`)."""
         store = self.store
         assert store is not None
         return await self._patient(lambda left: asyncio.wait_for(store.off_loop(fn, *args),
-                                                                 left))  # fmt: skip
+                                                                 left), deadline)  # fmt: skip
 
-    async def _patient(self, attempt: Callable[[float], Awaitable[T]]) -> T:
+    async def _patient(self, attempt: Callable[[float], Awaitable[T]],
+                       deadline: float | None = None) -> T:  # fmt: skip
         """``attempt(s left)`` through :func:`~chainrun.conversations.source.pool_patient`:
-        a busy pool and an outage shorter than ``[log] outage_wait_s`` are waited out.
-        Once a request was refused for the log being away, the next ones look once, for
-        :data:`PROBE_S` at most, until one finds it back: refused at once meanwhile.
+        a busy pool and an outage shorter than ``[log] outage_wait_s`` are waited out, for
+        :data:`~chainrun.conversations.source.SHARED_TIMEOUT_S` at most, and no later than
+        ``deadline`` (loop time; None: none; a look of :data:`PROBE_S` at least): a
+        database that is silent (a hung server, a dropped network path) fails no attempt,
+        and is refused there. Once a request was refused for the log being away, the next
+        ones look once, for :data:`PROBE_S` at most, until one finds it back: refused at
+        once meanwhile.
 
         Raises:
             LogUnavailable: the log did not answer within the wait (said in one line).
         """
         store = self.store
         assert store is not None
+        timeout_s = SHARED_TIMEOUT_S
+        if deadline is not None:  # one short look at least
+            left = deadline - asyncio.get_running_loop().time()
+            timeout_s = min(timeout_s, max(left, PROBE_S))
         try:
             if self.away_since is not None:  # known away: one short look, no wait
-                got = await asyncio.wait_for(attempt(PROBE_S), PROBE_S)
+                look_s = min(PROBE_S, timeout_s)
+                got = await asyncio.wait_for(attempt(look_s), look_s)
             else:
-                got = await pool_patient(store, SHARED_TIMEOUT_S, attempt,
+                got = await pool_patient(store, timeout_s, attempt,
                                          outage_wait_s=self.outage_wait_s,
                                          down=store.unreachable_errors)  # fmt: skip
         except store.unreachable_errors as e:

@@ -469,6 +469,8 @@ async def _readyz(request: Request) -> Response:
     state: ServeState = request.app.state.serve
     identity: IdentitySource | None = request.app.state.identity
     unchecked = await identity.check() if identity is not None else None
+    if state.runner is not None:  # a log the desk last found away: looked at again
+        await state.runner.chain.desk.look()
     body, status = _readiness(state, identity, unchecked)
     if state.fleet is not None:  # how many of serve --workers N serve, whatever this one is
         body["workers"] = state.fleet.counts()

@@ -5,7 +5,7 @@ Request body (JSON)::
     {"message": "a rain jacket under 100?", "conversation_id": "optional, <= 200 chars"}
     {"conversation_id": "...", "confirm": "ACTION_ID"}    (or "deny"; the message optional)
 
-The body is read into the one :class:`~chainrun.desk.TurnRequest` both faces build
+The body is read into the one :class:`~chainrun.desk.TurnRequest` every face builds
 (:func:`chainrun.serve.intake.turn_request`), and the chain's front desk
 (:mod:`chainrun.desk`) admits it. An ``Idempotency-Key`` header makes a request sent
 again return the first one's turn (:mod:`chainrun.desk.keys`); such a turn runs to its

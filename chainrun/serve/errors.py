@@ -1,4 +1,4 @@
-"""The one error shape of every ``chainrun serve`` route, both faces alike: OpenAI's
+"""The one error shape of every ``chainrun serve`` route, every face alike: OpenAI's
 (so one client parser reads them all, and the ``openai`` SDK raises its usual errors)::
 
     {"error": {"message": "message: expected a non-empty string",

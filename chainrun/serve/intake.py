@@ -1,5 +1,6 @@
 """A face's request read into the one :class:`~chainrun.desk.TurnRequest` every face hands
-the chain: the one helper ``/chat`` and the OpenAI-compatible face build it with.
+the chain: the one helper ``/chat`` and the OpenAI-compatible faces (Chat Completions,
+Responses) build it with.
 
 What a face reads of its body is an :class:`Asked` (the message, the conversation it
 names, the chat's opening, the client's thread, a decision, the end user, a background

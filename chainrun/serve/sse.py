@@ -1,4 +1,4 @@
-"""Server-sent events as both faces send them: OpenAI's framing, keep-alives by choice.
+"""Server-sent events as every face sends them: OpenAI's framing, keep-alives by choice.
 
 OpenAI's streams end every event with a blank line of bare ``\\n`` (``data: {...}\\n\\n``;
 the WHATWG HTML standard, "Server-sent events", allows ``\\r\\n``, ``\\r`` or ``\\n``
