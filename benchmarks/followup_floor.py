@@ -215,6 +215,8 @@ def read_log(db: Path, run: int) -> list[dict[str, Any]]:
                 and turn.get("call_ttft") is not None):  # fmt: skip
             turn["after_call"] = (turn["answer_ttft"] - turn["before_compose"]
                                   - turn["call_ttft"])  # fmt: skip
+        if turn.get("predicted_ms") is not None and turn.get("predicted_n"):
+            turn["decode_per_token_ms"] = turn["predicted_ms"] / turn["predicted_n"]
         if turn.get("call_ttft") is not None and turn.get("prompt_ms") is not None:
             turn["call_ttft_minus_prompt"] = turn["call_ttft"] - turn["prompt_ms"]
         # what is new: after the longest common prefix with the previous turn's compose
@@ -284,7 +286,8 @@ def p50_ci(xs: Sequence[float]) -> dict[str, Any]:
 
 PARTS = ("before_compose", *EARLY_STEPS, "call_ttft", "prompt_ms", "call_ttft_minus_prompt",
          "after_call", "call_sent_at", "admit", "prompt_n", "cache_n",
-         "prompt_per_token_ms", "predicted_n", "predicted_ms", "input_tokens",
+         "prompt_per_token_ms", "predicted_n", "predicted_ms", "decode_per_token_ms",
+         "input_tokens",
          "cached_input_tokens")  # fmt: skip
 
 
