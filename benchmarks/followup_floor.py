@@ -234,7 +234,12 @@ def read_log(db: Path, run: int) -> list[dict[str, Any]]:
                 for name, part in turn["new_parts"]
             )
             turn["label_changed"] = turn["label"] != prev["label"]
-            turn["_prev_input"] = prev.get("input_tokens")
+            turn["previous_input_tokens"] = prev.get("input_tokens")
+            if prev.get("input_tokens") is not None and turn.get("cache_n") is not None:
+                # the previous prompt's tokens this call did not find cached: a few at the
+                # boundary (the prompt's end tokenizes differently when text follows it);
+                # many: the slot lost the conversation's prefix
+                turn["previous_prompt_not_reused"] = prev["input_tokens"] - turn["cache_n"]
         if call is not None:
             turn["_text"], turn["_output"] = text, call["output"] or ""
         previous[str(t["conversation_id"])] = turn
@@ -353,9 +358,7 @@ def analyse(dbs: Sequence[Path], count: Any = None) -> dict[str, Any]:
         only_message = floor({**med_later, "prompt_n": median(msg_lead)})
         if only_message is not None:
             only_message["new_prompt_tokens"] = median(msg_lead)
-    reused_less = [t for t in later if t.get("cache_n") is not None
-                   and t.get("_prev_input") is not None
-                   and t["cache_n"] < t["_prev_input"]]  # fmt: skip
+    not_reused = values(later, "previous_prompt_not_reused")
     per_turn = [{k: (r(v, 1) if isinstance(v, float) else v) for k, v in t.items()
                  if not k.startswith("_") and k not in ("new_text", "new_parts")}
                 for t in ok]  # fmt: skip
@@ -370,7 +373,10 @@ def analyse(dbs: Sequence[Path], count: Any = None) -> dict[str, Any]:
         "turns_2_on_unsplit": len(later) - len(stayed) - len(changed),
         "new_prompt_tokens_by_part": new_by_part,
         "floor_if_only_message_and_lead_were_new": only_message,
-        "turns_2_on_reusing_less_than_previous_prompt": len(reused_less),
+        "previous_prompt_tokens_not_reused": {
+            "n": len(not_reused), "median": median(not_reused),
+            "max": max(not_reused, default=None),
+            "over_20": sum(1 for x in not_reused if x > 20)},  # fmt: skip
         "per_turn": per_turn,
     }
 
@@ -435,7 +441,8 @@ def main() -> None:
             if not runs_file.is_file():
                 print(f"{runs_file}: no such file (a --keep-dir run writes it)", file=sys.stderr)
                 raise SystemExit(2)
-            runs = json.loads(runs_file.read_text(encoding="utf-8"))
+            kept = json.loads(runs_file.read_text(encoding="utf-8"))
+            runs, doc["runs_command"] = kept["runs"], kept["command"]
         else:
             where = args.keep_dir or Path(tmp)
             where.mkdir(parents=True, exist_ok=True)
@@ -444,7 +451,8 @@ def main() -> None:
                 runs.append(run_replay(where / f"run-{i}.db"))
                 print(f"run {i}: {runs[-1]['wall_s']} s, load {runs[-1]['load_start']} → "
                       f"{runs[-1]['load_end']}", file=sys.stderr, flush=True)  # fmt: skip
-            (where / "runs.json").write_text(json.dumps(runs, indent=1) + "\n",
+            kept = {"command": doc["command"], "runs": runs}
+            (where / "runs.json").write_text(json.dumps(kept, indent=1) + "\n",
                                              encoding="utf-8")  # fmt: skip
         dbs = [where / run["db"] for run in runs]
         count = None if args.no_tokenize else tokenizer()

@@ -344,7 +344,7 @@ def test_followup_floor_reads_a_log(tmp_path: Path) -> None:
     # the benchmark itself replays on the embedded model; here it reads a log written by
     # hand (--from-dir) and is checked on what it computes from it
     _followup_log(tmp_path / "run-1.db")
-    (tmp_path / "runs.json").write_text(json.dumps([{"db": "run-1.db"}]), encoding="utf-8")
+    (tmp_path / "runs.json").write_text(json.dumps({"command": "x", "runs": [{"db": "run-1.db"}]}), encoding="utf-8")
     res = run_benchmark("followup_floor", tmp_path, "--from-dir", str(tmp_path),
                         "--no-tokenize", "--example", "a")  # fmt: skip
     assert res["turns_ok"] == 5 and res["compose_calls_without_server_timings"] == 0
@@ -373,3 +373,7 @@ def test_followup_floor_reads_a_log(tmp_path: Path) -> None:
                                    + m["before_compose"] + m["after_call"], 1)
     assert res["tokenized_by_server"] is False
     assert res["new_prompt_tokens_by_part"]["later"]["n"] == 0
+    # a's turn 2 found 310 cached of turn 1's 300 prompt tokens; b's 290 of 280; a's
+    # turn 3 380 of turn 2's 370: nothing of the previous prompt recomputed
+    assert res["previous_prompt_tokens_not_reused"] == {"n": 3, "median": -10.0, "max": -10.0,
+                                                         "over_20": 0}
