@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import finish, median, new_document, r  # noqa: E402
+from _common import finish, median, new_document, r
 
-from chainrun.statistics.intervals import percentile, quantile_ci  # noqa: E402
+from chainrun.statistics.intervals import percentile, quantile_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = "replays/conversations.jsonl"
@@ -344,11 +344,8 @@ def analyse(dbs: Sequence[Path], count: Any = None) -> dict[str, Any]:
     new_by_part: dict[str, Any] = {}
     for name, grp in (("later", later), ("stayed", stayed), ("changed", changed)):
         counted = [t["new_part_tokens"] for t in grp if t.get("new_part_tokens") is not None]
-        new_by_part[name] = {
-            "n": len(counted),
-            "median_tokens": {p: median([float(c.get(p, 0)) for c in counted])
-                              for p in part_names} if counted else None,  # fmt: skip
-        }
+        medians = {p: median([float(c.get(p, 0)) for c in counted]) for p in part_names}
+        new_by_part[name] = {"n": len(counted), "median_tokens": medians if counted else None}
     # a floor with only the shopper's message and the lead new (and the same overheads)
     med_later = {k: median(values(later, k)) for k in PARTS}
     msg_lead = [float(c.get("message", 0) + c.get("lead", 0)) for t in later
@@ -374,9 +371,11 @@ def analyse(dbs: Sequence[Path], count: Any = None) -> dict[str, Any]:
         "new_prompt_tokens_by_part": new_by_part,
         "floor_if_only_message_and_lead_were_new": only_message,
         "previous_prompt_tokens_not_reused": {
-            "n": len(not_reused), "median": median(not_reused),
+            "n": len(not_reused),
+            "median": median(not_reused),
             "max": max(not_reused, default=None),
-            "over_20": sum(1 for x in not_reused if x > 20)},  # fmt: skip
+            "over_20": sum(1 for x in not_reused if x > 20),
+        },
         "per_turn": per_turn,
     }
 
@@ -419,8 +418,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="cold replays (default 2)")
     parser.add_argument("--keep-dir", type=Path,
                         help="keep the logs (run-N.db) and runs.json here")
-    parser.add_argument("--from-dir", type=Path,
-                        help="read the logs a --keep-dir run kept; run nothing")
+    parser.add_argument("--from-dir", type=Path, action="append",
+                        help="read the logs a --keep-dir run kept; run nothing (given "
+                        "more than once: their runs pooled)")
     parser.add_argument("--no-tokenize", action="store_true",
                         help="leave out the new parts' token counts (no server asked)")
     parser.add_argument("--example", default="hiking-boots",
@@ -432,21 +432,26 @@ def main() -> None:
     argv = sys.argv[1:]
     doc = new_document("followup_floor", argv, {
         "replay": REPLAY, "runs": args.runs, "cold": True, "answer_step": ANSWER_STEP,
-        "from_dir": str(args.from_dir) if args.from_dir else None})  # fmt: skip
+        "from_dir": [str(d) for d in args.from_dir or []]})  # fmt: skip
     doc["machine"]["uptime_at_start"] = uptime()
     with tempfile.TemporaryDirectory(prefix="followup-floor-") as tmp:
-        if args.from_dir is not None:
-            where = args.from_dir
-            runs_file = where / "runs.json"
-            if not runs_file.is_file():
-                print(f"{runs_file}: no such file (a --keep-dir run writes it)", file=sys.stderr)
-                raise SystemExit(2)
-            kept = json.loads(runs_file.read_text(encoding="utf-8"))
-            runs, doc["runs_command"] = kept["runs"], kept["command"]
+        dbs: list[Path] = []
+        runs: list[dict[str, Any]] = []
+        if args.from_dir:
+            doc["runs_command"] = []
+            for where in args.from_dir:
+                runs_file = where / "runs.json"
+                if not runs_file.is_file():
+                    print(f"{runs_file}: no such file (a --keep-dir run writes it)",
+                          file=sys.stderr)  # fmt: skip
+                    raise SystemExit(2)
+                kept = json.loads(runs_file.read_text(encoding="utf-8"))
+                doc["runs_command"].append(kept["command"])
+                runs += kept["runs"]
+                dbs += [where / run["db"] for run in kept["runs"]]
         else:
             where = args.keep_dir or Path(tmp)
             where.mkdir(parents=True, exist_ok=True)
-            runs = []
             for i in range(1, args.runs + 1):
                 runs.append(run_replay(where / f"run-{i}.db"))
                 print(f"run {i}: {runs[-1]['wall_s']} s, load {runs[-1]['load_start']} → "
@@ -454,7 +459,7 @@ def main() -> None:
             kept = {"command": doc["command"], "runs": runs}
             (where / "runs.json").write_text(json.dumps(kept, indent=1) + "\n",
                                              encoding="utf-8")  # fmt: skip
-        dbs = [where / run["db"] for run in runs]
+            dbs = [where / run["db"] for run in runs]
         count = None if args.no_tokenize else tokenizer()
         doc["runs"] = runs
         doc["results"] = analyse(dbs, count)

@@ -344,7 +344,8 @@ def test_followup_floor_reads_a_log(tmp_path: Path) -> None:
     # the benchmark itself replays on the embedded model; here it reads a log written by
     # hand (--from-dir) and is checked on what it computes from it
     _followup_log(tmp_path / "run-1.db")
-    (tmp_path / "runs.json").write_text(json.dumps({"command": "x", "runs": [{"db": "run-1.db"}]}), encoding="utf-8")
+    kept = {"command": "python benchmarks/followup_floor.py", "runs": [{"db": "run-1.db"}]}
+    (tmp_path / "runs.json").write_text(json.dumps(kept), encoding="utf-8")
     res = run_benchmark("followup_floor", tmp_path, "--from-dir", str(tmp_path),
                         "--no-tokenize", "--example", "a")  # fmt: skip
     assert res["turns_ok"] == 5 and res["compose_calls_without_server_timings"] == 0
