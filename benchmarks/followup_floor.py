@@ -21,7 +21,9 @@ into its own SQLite log. From the logs, for turn 1 and for turns at index ≥ 2:
   section or product line: the route and its material stayed) and ``changed`` (a policy
   section or products the conversation's earlier prompt did not hold);
 - what is new in each follow-up's prompt: the text after its longest common prefix with
-  the previous turn's compose prompt and answer (what the server's cache can hold), cut
+  the previous turn's compose prompt and answer (the text a slot could hold; what the
+  server did reuse is ``cache_n``, and the previous prompt's tokens it did not,
+  ``previous_prompt_not_reused``), cut
   at the layout's markers (``Shop policy, ...:``, ``Catalogue matches:``, ``Shopper:``,
   ``Stylist:``) into parts, each tokenized alone by the checkout's llama-server
   (``POST /tokenize``; the llama.cpp server README) when it is up;
@@ -34,8 +36,9 @@ Run (a timing run: alone, under the lock)::
     flock /tmp/chainrun-timing.lock env PYTHONPATH=. python benchmarks/followup_floor.py \\
         --runs 2 --out benchmarks/results/followup_floor.json
 
-``--from-dir DIR`` reads the logs (``run-N.db``) and run facts (``runs.json``) a
-previous run kept with ``--keep-dir DIR``, without running anything.
+``--from-dir DIR`` reads the logs (``run-N.db``) and run facts (``runs.json``: the
+command, each run's start, end and load) a previous run kept with ``--keep-dir DIR``,
+without running anything; given more than once, their runs are pooled.
 """
 
 from __future__ import annotations
