@@ -290,3 +290,91 @@ def test_hung_sync_tool(tmp_path: Path) -> None:
     assert len(res["answer_ttft_ms_alone"]) == len(res["answer_ttft_ms_loaded"]) == 1
     assert res["flood_statuses"] == ["ok"] * 6
     assert sum(res["flood_tool_statuses"].values()) == 6
+
+
+def _followup_log(path: Path) -> None:
+    """A replay log written by hand with the columns ``followup_floor`` reads: two
+    conversations; a's turn 2 stays on its material, its turn 3 and b's turn 2 bring new
+    material (a policy section, product lines)."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("create table turns (id integer primary key, conversation_id text, "
+                "turn_index int, label text, status text, answer_ttft_ms real, admit_ms real)")
+    con.execute("create table steps (turn_id int, step text, started_offset_ms real, "
+                "duration_ms real, status text)")
+    con.execute("create table calls (turn_id int, step text, attempt int, round int, "
+                "outcome text, ttft_ms real, started_offset_ms real, input_tokens int, "
+                "cached_input_tokens int, server_timings text, prompt text, output text)")
+
+    def prompt(user: str) -> str:
+        return json.dumps([{"role": "system", "content": "S."}, {"role": "user", "content": user}])
+
+    p1 = "Catalogue matches:\n- [A-1] Coat\n\nShopper: a coat?\nStylist: Here"
+    o1 = " is the coat."
+    p2 = (p1 + o1 + "\n- Coat, A-1: €10.\n\nCatalogue matches:\n- as above: A-1\n\n"
+          "Shopper: in red?\nStylist: The coat")
+    o2 = " comes in red."
+    p3 = (p2 + o2 + "\n\nShop policy, Returns:\nReturns within 30 days.\n\n"
+          "Catalogue matches:\n(none)\n\nShopper: can I return it?\nStylist: Our policy")
+    q1 = "Catalogue matches:\n(none)\n\nShopper: hello\nStylist: Hi"
+    q2 = q1 + "!\n\nCatalogue matches:\n- [B-2] Boots\n\nShopper: boots?\nStylist: Here"
+    turns = [  # id, conversation, index, label, answer TTFT, compose start, call TTFT,
+        # prompt_n, cache_n, prompt_ms, prompt text, output
+        (1, "a", 1, "product_search", 900.0, 50.0, 800.0, 300, 0, 700.0, p1, o1),
+        (2, "b", 1, "other", 800.0, 40.0, 700.0, 280, 0, 600.0, q1, "!"),
+        (3, "a", 2, "product_search", 300.0, 20.0, 250.0, 60, 310, 150.0, p2, o2),
+        (4, "b", 2, "product_search", 600.0, 30.0, 500.0, 200, 290, 400.0, q2, "."),
+        (5, "a", 3, "returns", 700.0, 40.0, 600.0, 250, 380, 500.0, p3, "."),
+    ]
+    for tid, conv, idx, label, ttft, start, call, pn, cn, pms, text, out in turns:
+        con.execute("insert into turns values (?, ?, ?, ?, 'ok', ?, 1.0)",
+                    (tid, conv, idx, label, ttft))
+        con.execute("insert into steps values (?, 'classify', 0, ?, 'ok')", (tid, start))
+        con.execute("insert into steps values (?, 'compose', ?, 2000, 'ok')", (tid, start))
+        timings = {"cache_n": cn, "prompt_n": pn, "prompt_ms": pms,
+                   "prompt_per_token_ms": pms / pn, "predicted_n": 20, "predicted_ms": 400.0}
+        con.execute("insert into calls values (?, 'compose', 1, 1, 'not_fired', ?, 2.0, ?, ?, "
+                    "?, ?, ?)", (tid, call, pn + cn, cn, json.dumps(timings), prompt(text), out))
+    con.commit()
+    con.close()
+
+
+def test_followup_floor_reads_a_log(tmp_path: Path) -> None:
+    # the benchmark itself replays on the embedded model; here it reads a log written by
+    # hand (--from-dir) and is checked on what it computes from it
+    _followup_log(tmp_path / "run-1.db")
+    kept = {"command": "python benchmarks/followup_floor.py", "runs": [{"db": "run-1.db"}]}
+    (tmp_path / "runs.json").write_text(json.dumps(kept), encoding="utf-8")
+    res = run_benchmark("followup_floor", tmp_path, "--from-dir", str(tmp_path),
+                        "--no-tokenize", "--example", "a")  # fmt: skip
+    assert res["turns_ok"] == 5 and res["compose_calls_without_server_timings"] == 0
+    assert res["turn_1"]["answer_ttft_ms"]["n"] == 2
+    later = res["turns_2_on"]
+    assert later["answer_ttft_ms"]["n"] == 3 and later["answer_ttft_ms"]["p50"] == 600.0
+    assert res["turns_2_on_stayed"]["answer_ttft_ms"]["n"] == 1  # a's turn 2
+    assert res["turns_2_on_changed"]["answer_ttft_ms"]["n"] == 2  # a's 3 (policy), b's 2
+    by_turn = {(t["conversation"], t["turn_index"]): t for t in res["per_turn"]}
+    a2 = by_turn[("a", 2)]
+    assert a2["after_call"] == 300.0 - 20.0 - 250.0
+    assert a2["call_ttft_minus_prompt"] == 100.0 and a2["new_material"] is False
+    assert by_turn[("a", 3)]["label_changed"] is True
+    # what is new in a's turn 2: the shown answer's product line (history), the
+    # catalogue's "as above" line, the message and the lead, after the cached prefix
+    example = {t["turn_index"]: t for t in res["example_conversation"]["turns"]}
+    assert [name for name, _ in example[2]["new_parts"]] == [
+        "history", "catalogue", "message", "lead"]
+    assert example[2]["new_parts"][0][1].startswith("\n- Coat, A-1")
+    assert [name for name, _ in example[3]["new_parts"]][:2] == ["history", "policy_section"]
+    # the floor: median prompt_n x median ms/token + median (TTFT - prompt) + before + after
+    m = later["medians"]
+    fl = later["floor"]
+    assert fl["prompt"] == round(m["prompt_n"] * m["prompt_per_token_ms"], 1)
+    assert fl["total_ms"] == round(fl["prompt"] + m["call_ttft_minus_prompt"]
+                                   + m["before_compose"] + m["after_call"], 1)
+    assert res["tokenized_by_server"] is False
+    assert res["new_prompt_tokens_by_part"]["later"]["n"] == 0
+    # a's turn 2 found 310 cached of turn 1's 300 prompt tokens; b's 290 of 280; a's
+    # turn 3 380 of turn 2's 370: nothing of the previous prompt recomputed
+    assert res["previous_prompt_tokens_not_reused"] == {"n": 3, "median": -10.0, "max": -10.0,
+                                                         "over_20": 0}
