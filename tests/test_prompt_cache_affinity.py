@@ -23,6 +23,7 @@ from chainrun.conversations.history import (
     HistorySettings,
     HistoryTurn,
     continuation,
+    prose,
     render_history,
     turn_context,
 )
@@ -183,6 +184,26 @@ def test_an_answer_that_starts_with_its_prompts_lead_continues_it_once() -> None
     assert continuation("Stylist: our boots", "boots are warm") == "boots are warm"
     assert continuation("Stylist: Here are our boots", "Here are our bootses") == (
         "Here are our bootses")
+
+
+def test_the_facts_a_turns_prompt_already_held_are_not_shown_again() -> None:
+    context = ("Shop policy, Returns:\nReturns: within 30 days of delivery.\n\n"
+               "Catalogue matches:\n- [JKT-005] Rain Jacket (yellow) | jackets | €49.95\n\n"
+               "Shopper: a jacket, and returns?\nStylist: Here are our rain jackets")  # fmt: skip
+    answer = ("Here are our rain jackets in yellow.\n\n"
+              "- Rain Jacket (yellow), JKT-005: €49.95; yellow; in stock in S.\n\n"
+              "Returns: within 30 days of delivery.")  # fmt: skip
+    # the product line (its id listed) and the policy line (word for word) are the
+    # prompt's own: the history keeps what the model wrote
+    assert prose(answer, context) == "Here are our rain jackets in yellow."
+    text = render_history([HistoryTurn("a jacket, and returns?", answer, context=context)],
+                          HistorySettings())  # fmt: skip
+    assert text == context + " in yellow.\n\n"
+    # a paragraph the prompt did not hold is the answer's own: kept, and all before it
+    own = answer + "\n\nAsk me about sizes too."
+    assert prose(own, context) == own
+    assert prose("One.\n\n- Other Coat, COT-009: €9.00.", context) == (
+        "One.\n\n- Other Coat, COT-009: €9.00.")
 
 
 def test_a_replayed_conversations_prompts_each_begin_with_the_previous_one(

@@ -70,13 +70,12 @@ _COMPOSE_PROMPT = (
 #: on such a provider.
 COMPOSE_STOP = ("\n", ". ", ":", " (")
 #: llama.cpp's sampler settings for the embedded model's answer: a repetition penalty
-#: over the last 64 tokens and the DRY sampler (its README's suggested multiplier 0.8,
-#: base 1.75, allowed length 2), against the loops a 270M model falls into at low
-#: temperature ("I'm a shop assistant. I'm a shop assistant. ...")
-COMPOSE_SAMPLING = {
-    "repeat_penalty": 1.15, "repeat_last_n": 64, "dry_multiplier": 0.8, "dry_base": 1.75,
-    "dry_allowed_length": 2,
-}  # fmt: skip
+#: over the last 64 tokens, against the loops a 270M model falls into at low temperature
+#: ("I'm a shop assistant. I'm a shop assistant. ..."). The DRY sampler is not sent: the
+#: answer is one clause now (the stop sequences above, the ``sentences`` check, the loop
+#: check), and on llama-server it added about 45 ms to every answer's first token with
+#: Gemma 3's vocabulary (benchmarks/README.md, "DRY's cost at the first token")
+COMPOSE_SAMPLING = {"repeat_penalty": 1.15, "repeat_last_n": 64}
 _VALIDATE_PROMPT = (
     "Shopper: {message}\nStylist:{answer}\n\n"
     "Review: is the stylist's reply polite, on topic and free of invented facts? "

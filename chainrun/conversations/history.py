@@ -45,6 +45,7 @@ __all__ = [
     "continuation",
     "cut_to_budget",
     "history_messages",
+    "prose",
     "render_history",
     "render_turn",
     "turn_context",
@@ -160,12 +161,39 @@ def continuation(context: str, answer: str) -> str:
     return answer
 
 
+#: an answer's product line (chainrun.steps.facts.product_line): "- Title, ID: price..."
+_PRODUCT_LINE = re.compile(r"^- .+?, ([A-Z0-9][A-Z0-9_-]*): ")
+
+
+def _known(line: str, context: str) -> bool:
+    """Whether ``context`` (the prompt the model answered) already holds ``line``: a
+    policy line it quoted word for word, or a product line whose id it listed."""
+    if not line.strip() or line.strip() in context:
+        return True
+    product = _PRODUCT_LINE.match(line)
+    return product is not None and f"[{product.group(1)}]" in context
+
+
+def prose(answer: str, context: str) -> str:
+    """``answer`` without its last paragraphs that ``context`` already holds (the facts
+    chainrun rendered from data under the model's words: the products and policy lines
+    of the turn's prompt): the next prompt shows what the model read and what it wrote,
+    not the same lines twice. The first paragraph is always kept."""
+    paragraphs = re.split(r"\n\s*\n", answer.strip())
+    while len(paragraphs) > 1 and all(_known(line, context)
+                                      for line in paragraphs[-1].splitlines()):
+        paragraphs.pop()
+    return "\n\n".join(paragraphs)
+
+
 def render_turn(turn: HistoryTurn, settings: HistorySettings) -> str:
     """One turn's text: with a ``context``, that text, the answer and a blank line (the
-    turn's prompt continued by its answer: :func:`continuation`); else two transcript
-    lines, each ending in a newline."""
+    turn's prompt continued by its answer: :func:`continuation`, without the facts its
+    context already holds: :func:`prose`); else two transcript lines, each ending in a
+    newline."""
     if turn.context is not None:
-        answer = _answer_text(continuation(turn.context, turn.answer)) or "(no answer)"
+        said = prose(continuation(turn.context, turn.answer), turn.context)
+        answer = _answer_text(said) or "(no answer)"
         glue = "" if answer[0] in ".,;:!?\n" else " "
         return f"{turn.context.rstrip()}{glue}{answer}\n\n"
     answer = _one_line(turn.answer) or "(no answer)"
