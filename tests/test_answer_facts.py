@@ -4,6 +4,7 @@ replay set's expectations, down to the mutation that must fail them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -248,6 +249,25 @@ async def test_the_lead_reaches_the_shopper_at_the_models_first_token(config, st
         "Here are our rain jackets some light rain jackets for a wet commute in town.\n\n- ")
     # the turn's answer TTFT is the lead's arrival
     assert done.answer_ttft_ms is not None and done.answer_ttft_ms < deltas[1][0] * 1000
+
+
+async def test_a_calls_offset_counts_from_its_steps_start(config, store, monkeypatch) -> None:
+    # the answer step works out its lead before its model call: 0.2 s here
+    from chainrun.steps.llm import LLMStep
+
+    lead_text = LLMStep._lead_text
+
+    async def slow_lead(self, state):
+        await asyncio.sleep(0.2)
+        return await lead_text(self, state)
+
+    monkeypatch.setattr(LLMStep, "_lead_text", slow_lead)
+    fake = FakeProvider(name="local", script=reply_by_step(
+        {"compose": FakeReply("some light rain jackets", ttft_s=0.001)}))  # fmt: skip
+    async with Chain(config, store=store, providers={"local": fake}, quiet=True) as chain:
+        done = await chain.run_turn("a rain jacket under 100?")
+    (call,) = [c for c in store.calls(done.run_id) if c.step == "compose"]
+    assert call.started_offset_ms is not None and call.started_offset_ms >= 190
 
 
 async def test_a_policy_answer_quotes_the_policy_line_that_answers(store) -> None:

@@ -46,6 +46,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -237,6 +238,8 @@ class CallRound:
         outcome: the engine's outcome (None: the race did not settle, e.g. cancelled).
         winner: the winning attempt's stream (None: no attempt won).
         error: why no attempt won.
+        race_started: when the hedging engine's race began (``time.perf_counter`` s;
+            None: not begun); its attempts' offsets count from it.
     """
 
     number: int
@@ -247,6 +250,7 @@ class CallRound:
     error: BaseException | None = None
     #: each attempt's grant of its provider's rate limit, by attempt number
     grants: dict[int, Grant] = field(default_factory=dict)
+    race_started: float | None = None
 
     def correct_grants(self) -> None:
         """Count each granted attempt's reported usage (prompt + completion tokens)
@@ -481,6 +485,7 @@ class HedgedCall:
             return bool(s.timer.tool_calls) or problem is None or problem(s.timer.text) is None
 
         gate = accept if problem is not None and cfg.hedge is not None and not cfg.stream else None
+        rnd.race_started = time.perf_counter()  # the engine's offsets count from here
         rnd.outcome = await self.hedger.run(attempt, release=release, accept=gate,
                                             admit=admit if limits else None)  # fmt: skip
         if rnd.outcome.error is not None:
@@ -607,7 +612,8 @@ class HedgedCall:
                 if stream is not None and checks is not None:
                     checks.record(ctx, stream, result.winner, result.blocked)
                 if any(r.outcome is not None and r.outcome.shadows_pending for r in rounds):
-                    ctx.after_log.append(self._shadow_settler(rounds, deadline, tools is not None))
+                    ctx.after_log.append(self._shadow_settler(rounds, deadline,
+                                                              tools is not None, ctx.started))
         if tools is not None:
             result.tool_results = dict(tools.results)
         yield result
@@ -712,11 +718,18 @@ class HedgedCall:
         when its stream was cut by the step (the deadline), so a cut call is never
         error-free."""
         rows = []
+        # the engine counts its attempts' offsets from its race; a row, from the step's
+        # start (the answer's lead, the confirmed actions, earlier tool rounds come first)
+        shift_ms = 0.0
+        if rnd.outcome is not None and rnd.race_started is not None:
+            shift_ms = (rnd.race_started - t0) * 1000.0
         for a in rnd.attempts(t0):
             s = rnd.streams.get(a.number)
             row = call_row(self.step, a, s.request if s else rnd.request, s,
                            self.providers.get(a.target), streamed=self.config.stream,
                            round_=rnd.number)  # fmt: skip
+            if row.started_offset_ms is not None:
+                row.started_offset_ms += shift_ms
             grant = rnd.grants.get(a.number)
             if grant is not None and grant.waited_s > 0:
                 row.rate_limit_wait_ms = grant.waited_s * 1000.0
@@ -731,13 +744,14 @@ class HedgedCall:
         return rows
 
     def _shadow_settler(
-        self, rounds: list[CallRound], deadline: float, per_round: bool
+        self, rounds: list[CallRound], deadline: float, per_round: bool, t0: float
     ) -> Callable[[int | None], Awaitable[None]]:
         """A callback that waits (inside the step's deadline) for the shadow losers of
         every round that left some, then rewrites those rounds' ``calls`` rows and the
         step's measured ``time_saved_ms`` (the sum over its rounds, as :meth:`_record`
         writes it), with each round's in ``detail["hedge_rounds"]`` when ``per_round``
-        (a call with tools)."""
+        (a call with tools). ``t0``: the step's start (``time.perf_counter`` s), which
+        the rows' offsets count from."""
         pending = [r for r in rounds if r.outcome is not None and r.outcome.shadows_pending]
 
         async def settle(turn_id: int | None) -> None:
@@ -751,7 +765,7 @@ class HedgedCall:
                 return
             for rnd in pending:
                 rnd.correct_grants()  # the shadows' usage, now that they ended
-            rows = [row for rnd in pending for row in self._call_rows(rnd, 0.0, None)]
+            rows = [row for rnd in pending for row in self._call_rows(rnd, t0, None)]
             hedges = [rnd.hedge() for rnd in rounds]
             await self._store.aupdate_step_calls(turn_id, self.step, rows, _time_saved(hedges),
                                                  hedge_rounds=hedges if per_round else None)
