@@ -15,6 +15,7 @@ its own sections. A label with no section gets ``""``.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,11 @@ class PolicySection:
 
     title: str
     text: str
+
+    @property
+    def lines(self) -> list[str]:
+        """The text's non-blank lines, stripped, in order."""
+        return [row.strip() for row in self.text.splitlines() if row.strip()]
 
 
 def load_policy(path: str | Path | None = None) -> dict[str, PolicySection]:
@@ -70,10 +76,17 @@ def load_policy(path: str | Path | None = None) -> dict[str, PolicySection]:
     return sections
 
 
-def policy_text(sections: dict[str, PolicySection], label: str | None) -> str:
+def policy_text(
+    sections: dict[str, PolicySection], label: str | None, keep: Sequence[int] | None = None
+) -> str:
     """The prompt text of ``label``'s section (``"Shop policy, TITLE:\\nTEXT\\n\\n"``), or
-    ``""`` when the label has none."""
+    ``""`` when the label has none; ``keep``: only these of its :attr:`~PolicySection.lines`
+    (by index), in the section's order."""
     section = sections.get(label or "")
     if section is None:
         return ""
-    return f"Shop policy, {section.title}:\n{section.text}\n\n"
+    text = section.text
+    if keep is not None:
+        lines = section.lines
+        text = "\n".join(lines[i] for i in sorted(set(keep)) if 0 <= i < len(lines))
+    return f"Shop policy, {section.title}:\n{text}\n\n"

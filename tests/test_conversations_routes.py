@@ -246,3 +246,30 @@ def test_the_default_chain_searches_a_follow_up_with_its_subject() -> None:
     cfg = config_from_dict({})
     assert cfg.steps["retrieve"].follow_ups and "{history}" in cfg.steps["compose"].prompt
     assert cfg.steps["classify"].follow_ups
+
+
+async def test_the_answer_prompt_holds_the_two_policy_lines_nearest_the_message(store) -> None:
+    """The default policy step keeps, of the returns section, its title and the two lines
+    nearest the message (in the section's order), not the section's five; a step with
+    ``lines`` unset keeps the whole section."""
+    from chainrun.shop_policy import load_policy
+
+    returns = load_policy()["returns"]
+    exchanges = next(line for line in returns.lines if line.startswith("Exchanges"))
+    message = "Can I exchange a dress I bought online for a different size in a store?"
+    chain, fake = _chain(store)
+    async with chain:
+        done = await chain.run_turn(message)
+    assert done.label == "returns"
+    prompt = _compose_prompt(fake)
+    kept = [line for line in returns.lines if line in prompt]
+    assert len(kept) == 2 and exchanges in kept
+    assert kept == [line for line in returns.lines if line in kept]  # the section's order
+    assert "Shop policy, Returns, refunds and exchanges:\n" + "\n".join(kept) in prompt
+    steps = await _steps(store, done.turn_id)
+    assert steps["policy"].detail["lines"] == 2
+
+    chain, fake = _chain(store, {"steps": {"policy": {"lines": None}}})
+    async with chain:
+        await chain.run_turn(message)
+    assert all(line in _compose_prompt(fake) for line in returns.lines)

@@ -117,7 +117,10 @@ DEFAULT_CHAIN: dict[str, Any] = {
         # "other" too: the policy's general section (care, customer service, what the
         # assistant does) answers what is neither a product nor an order; its products
         # are still searched (retrieve runs on every label but the policy ones)
-        "policy": {"kind": "policy", "when": {"label": [*POLICY_LABELS, "other"]}},
+        # of a section, the two lines nearest the message (the two the answer's facts
+        # quote at most): a shorter prompt, an earlier first token
+        "policy": {"kind": "policy", "when": {"label": [*POLICY_LABELS, "other"]},
+                   "lines": 2},
         "compose": {
             "system": _COMPOSE_SYSTEM,
             "prompt": _COMPOSE_PROMPT,

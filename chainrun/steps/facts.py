@@ -39,6 +39,7 @@ __all__ = [
     "closing",
     "lead_subject",
     "lead_topic",
+    "line_scores",
     "policy_lines",
     "product_line",
     "quote_policy",
@@ -285,6 +286,21 @@ def _overlap_scores(message: str, lines: Sequence[str]) -> list[float]:
     return [len(asked & _words(line)) / max(1, len(asked)) for line in lines]
 
 
+async def line_scores(
+    message: str, lines: Sequence[str], embedder: MiniLMEmbedder | None = None
+) -> tuple[list[float], bool]:
+    """How near each of ``lines`` is to ``message``: MiniLM's cosine of the two (the
+    lines' vectors kept from turn to turn, the message's shared with the classify step),
+    or, with no embedder or its files not installed, the share of the message's words
+    the line holds (0-1). Returns the scores, in ``lines``' order, and whether they are
+    cosines (True) or shared words (False)."""
+    if embedder is not None and embedder.available():
+        vectors = await embedder.embed_kept(lines)  # the same lines turn after turn
+        asked = await embedder.embed([message])
+        return [float(s) for s in np.asarray(vectors @ asked[0])], True
+    return _overlap_scores(message, lines), False
+
+
 async def quote_policy(
     message: str, policy: str, limit: int, embedder: MiniLMEmbedder | None = None
 ) -> tuple[str, ...]:
@@ -298,14 +314,8 @@ async def quote_policy(
     lines = policy_lines(policy)
     if limit <= 0 or not lines:
         return ()
-    if embedder is not None and embedder.available():
-        vectors = await embedder.embed_kept(lines)  # the same lines turn after turn
-        asked = await embedder.embed([message])
-        scores = [float(s) for s in np.asarray(vectors @ asked[0])]
-        floor, margin = MIN_QUOTE_COSINE, SECOND_LINE_MARGIN
-    else:
-        scores = _overlap_scores(message, lines)
-        floor, margin = 1e-9, 0.0
+    scores, by_meaning = await line_scores(message, lines, embedder)
+    floor, margin = (MIN_QUOTE_COSINE, SECOND_LINE_MARGIN) if by_meaning else (1e-9, 0.0)
     ranked = sorted(range(len(lines)), key=lambda i: -scores[i])
     best = scores[ranked[0]]
     if best < floor:

@@ -3,10 +3,17 @@
 It reads the classify ``label`` and writes ``policy``: the section of the shop's policy
 file (:mod:`chainrun.shop_policy`) for that label (for an unsure turn, the sections of
 each of its ``labels`` that has one, the label's first), as the answer's prompt shows it
-(``{policy}``; ``""`` for a label with no section). No model call and no search: a
-lookup of microseconds. In the default chain it is the route of order-status, returns
-and sizing questions (``when = { label = [...] }``), which the answer step then answers
-from this text without a product search.
+(``{policy}``; ``""`` for a label with no section). With ``lines`` set, a section keeps
+its title and only its ``lines`` lines nearest the shopper's message (MiniLM's cosine,
+else shared words: :func:`chainrun.steps.facts.line_scores`), in the section's order:
+every line the prompt holds is a prompt token the model server computes before the
+answer's first token (about 2.5 ms each for the embedded model on 2 cores), and a
+conversation's prompt cache holds none of a section the conversation had not reached.
+No model call and no search: a lookup of microseconds, or one MiniLM forward of the
+message that the classify step has already made (its vector is kept). In the default
+chain it is the route of order-status, returns, sizing and other questions
+(``when = { label = [...] }``), which the answer step then answers from this text
+without a product search.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from chainrun.retrieval.embeddings import MiniLMEmbedder
 from chainrun.shop_policy import PolicySection, load_policy, policy_text
 from chainrun.steps.base import (
+    BuildContext,
     StateField,
     Step,
     StepContext,
@@ -27,6 +36,7 @@ from chainrun.steps.base import (
     register_step_kind,
 )
 from chainrun.steps.config import StepConfig, route_problem
+from chainrun.steps.facts import line_scores, policy_lines
 
 __all__ = ["PolicyConfig", "PolicyStep"]
 
@@ -38,6 +48,9 @@ class PolicyConfig(StepConfig):
     #: the shop's policy file: TOML with a table per label, each a title and a text
     #: (None: the sample shop's, chainrun/data/shop_policy.toml)
     file: str | None = Field(default=None, min_length=1)
+    #: of each section, the lines the turn keeps: the ones nearest the shopper's message,
+    #: in the section's order (None: the whole section)
+    lines: int | None = Field(default=None, ge=1)
 
 
 def policy_again(text: str, seen: str) -> str:
@@ -65,6 +78,15 @@ class PolicyStep(Step):
         super().__init__(name, config)
         #: the policy file's sections by label, read once when the chain is built
         self.sections: dict[str, PolicySection] = load_policy(config.file)
+        self._embedder = MiniLMEmbedder() if config.lines is not None else None
+
+    async def open(self, ctx: BuildContext) -> None:
+        """Embed the sections' lines now (one MiniLM batch, kept as the turns'
+        messages are: :meth:`MiniLMEmbedder.embed_kept`), not in the first turn of each
+        section (about 200 ms before its answer on 2 cores); without MiniLM, nothing."""
+        if self._embedder is not None and self._embedder.available():
+            await self._embedder.embed_kept(
+                [line for section in self.sections.values() for line in section.lines])
 
     @property
     def reads(self) -> frozenset[str]:
@@ -90,12 +112,26 @@ class PolicyStep(Step):
             if lab in self.sections
             and (lab == label or route_problem(self.config.when, {"label": lab}) is None)
         ]
-        text = "".join(policy_text(self.sections, lab) for lab in found)
+        message = str(state.get("message") or "")
+        text = "".join([await self._section(lab, message) for lab in found])
         ctx.row.output = (found[0] if len(found) == 1 else ",".join(found)) if found else None
         section = self.sections.get(label or "")
         ctx.row.detail = {"label": label, "section": section.title if section else None}
+        if self.config.lines is not None:
+            ctx.row.detail["lines"] = len(policy_lines(text))
         if len(labels) > 1:
             ctx.row.detail["labels"] = labels
             ctx.row.detail["sections"] = [self.sections[lab].title for lab in found]
         ctx.row.duration_ms = ctx.elapsed_ms()
         yield StepResult(updates={"policy": text})
+
+    async def _section(self, label: str, message: str) -> str:
+        """``label``'s section as the turn keeps it (the module text): whole, or its
+        title and its ``lines`` lines nearest ``message``."""
+        limit = self.config.lines
+        lines = self.sections[label].lines
+        if limit is None or len(lines) <= limit:
+            return policy_text(self.sections, label)
+        scores, _ = await line_scores(message, lines, self._embedder)
+        nearest = sorted(range(len(lines)), key=lambda i: -scores[i])[:limit]
+        return policy_text(self.sections, label, keep=nearest)
