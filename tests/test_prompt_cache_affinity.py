@@ -204,6 +204,19 @@ def test_the_facts_a_turns_prompt_already_held_are_not_shown_again() -> None:
     assert prose(own, context) == own
     assert prose("One.\n\n- Other Coat, COT-009: €9.00.", context) == (
         "One.\n\n- Other Coat, COT-009: €9.00.")
+    # a follow-up's prompt lists the products an earlier turn showed by id ("as above"):
+    # their lines are in the history already
+    again = ("Catalogue matches:\n- as above: JKT-012, JKT-008\n\n"
+             "Shopper: Which of those is cheapest?\nStylist: Here are our jackets")  # fmt: skip
+    cheapest = ("Here are our jackets for men and women.\n\n"
+                "- City Jacket (red), JKT-012: €44.95; red; in stock in S.\n"
+                "- City Jacket (red), JKT-008: €44.95; red; in stock in M.")  # fmt: skip
+    assert prose(cheapest, again) == "Here are our jackets for men and women."
+    text = render_history([HistoryTurn("Which of those is cheapest?", cheapest, context=again)],
+                          HistorySettings())  # fmt: skip
+    assert text == again + " for men and women.\n\n"
+    assert prose("One.\n\n- Other Coat, JKT-0120: €9.00.", again) == (
+        "One.\n\n- Other Coat, JKT-0120: €9.00.")
 
 
 def test_a_replayed_conversations_prompts_each_begin_with_the_previous_one(

@@ -167,11 +167,18 @@ _PRODUCT_LINE = re.compile(r"^- .+?, ([A-Z0-9][A-Z0-9_-]*): ")
 
 def _known(line: str, context: str) -> bool:
     """Whether ``context`` (the prompt the model answered) already holds ``line``: a
-    policy line it quoted word for word, or a product line whose id it listed."""
+    policy line it quoted word for word, or a product line whose id it listed, whole
+    (``- [ID] ...``) or among the ones an earlier turn showed (``- as above: ID, ...``:
+    :func:`chainrun.retrieval.products.render_products`)."""
     if not line.strip() or line.strip() in context:
         return True
     product = _PRODUCT_LINE.match(line)
-    return product is not None and f"[{product.group(1)}]" in context
+    if product is None:
+        return False
+    pid = product.group(1)
+    return f"[{pid}]" in context or any(
+        pid in row.removeprefix("- as above:").replace(",", " ").split()
+        for row in context.splitlines() if row.startswith("- as above:"))
 
 
 def prose(answer: str, context: str) -> str:
