@@ -49,7 +49,7 @@ class PolicyConfig(StepConfig):
     #: (None: the sample shop's, chainrun/data/shop_policy.toml)
     file: str | None = Field(default=None, min_length=1)
     #: of each section, the lines the turn keeps: the ones nearest the shopper's message,
-    #: in the section's order (None: the whole section)
+    #: in the section's order (unset: the whole section)
     lines: int | None = Field(default=None, ge=1)
 
 
