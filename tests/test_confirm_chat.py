@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_helpers import serving, sse
+from serve_helpers import n_turns, serving, sse
 from test_confirm_actions import cart_fake, confirm_config
 from test_tool_steps import RUNS
 
@@ -173,3 +173,28 @@ async def test_a_keyed_request_without_a_conversation_sent_again_is_the_first_on
     assert turn_again["conversation_id"] == turn["conversation_id"]
     assert turn_other["conversation_id"] != turn["conversation_id"]  # another request
     assert n_turns == 2
+
+
+async def test_a_confirm_to_a_chain_without_tools_is_a_400_and_runs_no_turn(
+    tmp_path: Path,
+) -> None:
+    """The default chain asks for no confirmation: an action id is unknown to it, refused
+    400 as an unknown id is where there are tools (it was answered as a turn, 200)."""
+    from chainrun.config import config_from_dict
+    from chainrun.providers.fake import FakeProvider
+
+    store = Store.open(tmp_path / "log.db")
+    try:
+        async with serving(lambda: Chain(config_from_dict({}), store=store,
+                                         providers={"local": FakeProvider(name="local")},
+                                         quiet=True)) as (url, _):  # fmt: skip
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                unknown = await client.post("/chat", json={"message": "hi",
+                                                           "conversation_id": "c1",
+                                                           "confirm": "nonexistent-action"})
+        assert unknown.status_code == 400 and unknown.headers["content-type"] == (
+            "application/json"), unknown.text
+        assert "no action 'nonexistent-action' waits" in unknown.json()["error"]["message"]
+        assert n_turns(store) == 0
+    finally:
+        store.close()

@@ -62,7 +62,7 @@ from chainrun.conversations.source import (
 )
 from chainrun.desk.keys import UNPINNED, Claim, RequestKeys, tool_key
 from chainrun.desk.request import TurnRequest
-from chainrun.errors import ConversationForbidden, LogUnavailable
+from chainrun.errors import ConversationForbidden, LogUnavailable, UserInputError
 from chainrun.events import Event
 from chainrun.identity import Identity
 from chainrun.log.migrations import utc_now
@@ -282,9 +282,12 @@ class Desk:
         checked = self.checks.check(request.message)
         message = checked.text if checked.findings else request.message
         background = request.background is not None
-        if request.decision is not None and self.confirmations is not None and not background:
+        if request.decision is not None and not background:
             # an unknown action id is the request's mistake: refused before the turn
-            # claims its index in the conversation
+            # claims its index in the conversation (a chain without tools has none)
+            if self.confirmations is None:
+                raise UserInputError(f"confirm: no action {request.decision!r} waits: this "
+                                     "chain has no tools that ask for a confirmation")
             await self.confirmations.check_known(request.conversation_id, request.decision)
         history = self._masked(request.history)
         start = TurnStart(run_id, message, request.received.at, request.request_id)
