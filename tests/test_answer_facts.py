@@ -195,6 +195,12 @@ def test_a_checks_text_after_the_lead_is_a_sentence_of_its_own() -> None:
         " Here are our jackets for you")
     assert with_lead(" Here are our jackets", safe, [safe]) == (
         " Here are our jackets. " + safe)
+    # the sentence limit cut the check's text to its first sentence: still the check's
+    two = safe + " Please see the product pages."
+    assert with_lead(" Here are our infusions", safe, [two]) == (
+        " Here are our infusions. " + safe)
+    assert with_lead(" Here are our jackets", " I could not", [two]) == (
+        " Here are our jackets I could not")
 
 
 def test_the_prose_step_reads_the_sentence_before_the_facts() -> None:

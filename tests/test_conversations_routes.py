@@ -12,6 +12,7 @@ from conftest import reply_by_step
 from chainrun.chain import Chain
 from chainrun.config import LLM_CLASSIFY_STEP, POLICY_LABELS, config_from_dict
 from chainrun.errors import ConfigError
+from chainrun.events import TokenDelta
 from chainrun.log.store import Store
 from chainrun.providers.fake import FakeProvider, FakeReply, failing
 
@@ -273,3 +274,19 @@ async def test_the_answer_prompt_holds_the_two_policy_lines_nearest_the_message(
     async with chain:
         await chain.run_turn(message)
     assert all(line in _compose_prompt(fake) for line in returns.lines)
+
+
+@pytest.mark.facts
+async def test_a_check_that_drops_the_models_words_leaves_the_lead_a_sentence(store) -> None:
+    """The model's words after the lead claimed a sale the policy does not hold: the
+    grounding check drops them and writes its own text, cut to one sentence by the
+    answer's sentence limit; the lead ends as a sentence before it (it ran on:
+    "Here are our rain jackets I could not confirm ...")."""
+    chain, _ = _chain(store, compose=FakeReply(" that are on sale for half price today.",
+                                               ttft_s=0.005, gap_s=0.001))
+    async with chain:
+        shown = "".join([ev.text async for ev in chain.stream_turn("Do you have rain jackets?")
+                         if isinstance(ev, TokenDelta)])  # fmt: skip
+    first = shown.split("\n\n")[0]
+    assert first == ("Here are our rain jackets. I could not confirm the details of that "
+                     "answer against our catalogue."), first

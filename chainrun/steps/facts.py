@@ -128,12 +128,20 @@ def with_lead(lead: str, text: str, replacements: Sequence[str] = ()) -> str:
     """``text`` after the answer's ``lead``: continuing it (:func:`after`), or, when
     ``text`` starts with one of the checks' ``replacements`` (the model's sentence was
     dropped), after it as a sentence of its own ("Here are our rain jackets. I could
-    not confirm ..."): the check's words never land inside the lead's sentence."""
+    not confirm ..."): the check's words never land inside the lead's sentence. A
+    replacement counts from its first sentence: the answer's sentence limit may have
+    cut the rest of it."""
     if not lead:
         return text
-    if any(r and text.lstrip().startswith(r) for r in replacements):
+    if any(r and text.lstrip().startswith(_first_sentence(r)) for r in replacements):
         return lead.rstrip() + closing(lead) + " " + text.lstrip()
     return after(lead, text)
+
+
+def _first_sentence(text: str) -> str:
+    """``text`` up to and with its first sentence's end (". ", "! ", "? "), or whole."""
+    end = re.search(r"[.!?](?=\s)", text.strip())
+    return text.strip()[: end.end()] if end else text.strip()
 
 
 def closing(prose: str) -> str:
