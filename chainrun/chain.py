@@ -131,7 +131,8 @@ def build_steps(config: ChainConfig) -> dict[str, Step]:
     """One step object per configured step, in ``order``, by kind.
 
     Raises:
-        ConfigError: a step's ``kind`` is not registered.
+        ConfigError: a step's ``kind`` is not registered, or a step does not fit beside
+            the others (:meth:`Step.beside`).
     """
     kinds = step_kinds()
     steps: dict[str, Step] = {}
@@ -148,6 +149,10 @@ def build_steps(config: ChainConfig) -> dict[str, Step]:
         step = cls(name, cfg)
         step.bind(config.answer_step)
         steps[name] = step
+    for name, step in steps.items():
+        problem = step.beside(steps)
+        if problem is not None:
+            raise ConfigError(f"steps.{name}.{problem}")
     return steps
 
 

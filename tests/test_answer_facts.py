@@ -179,6 +179,9 @@ async def test_the_policy_lead_names_the_answering_lines_subject_or_the_section(
     assert await lead_topic("when is my refund paid back?", policy) == (
         "returns, refunds and exchanges")
     assert await lead_topic("anything", "") == ""
+    # a section titled "About ...": the lead's own "about" is not said twice
+    about = "Shop policy, About Leaf & Kettle:\nWe are a small tea shop in Bristol.\n\n"
+    assert await lead_topic("hi", about) == "leaf & kettle"
 
 
 async def test_a_lead_with_nothing_to_say_is_no_lead() -> None:

@@ -441,6 +441,12 @@ class Step(ABC):
             ConfigError: this step cannot be the answer step but is.
         """
 
+    def beside(self, steps: Mapping[str, Step]) -> str | None:
+        """What is wrong with this step beside the chain's other built steps, as ``KEY:
+        reason`` (None: nothing): a check of what the step read when it was built (a
+        file) against another step's settings. Nothing here."""
+        return None
+
     async def open(self, ctx: BuildContext) -> None:  # noqa: B027 (optional hook)
         """Acquire what the step keeps across turns (a hedger, a retriever)."""
 

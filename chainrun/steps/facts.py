@@ -229,10 +229,10 @@ async def lead_topic(
         return ""
     best = await quote_policy(message, policy, 1, embedder)
     head = _LINE_HEAD.match(best[0]) if best else None
-    if head:
-        return head.group(1).lower()
     title = _SECTION_TITLE.search(policy)
-    return title.group(1).lower() if title else ""
+    topic = head.group(1) if head else title.group(1) if title else ""
+    # the lead says "about" itself: a section titled "About the shop" is "the shop"
+    return re.sub(r"^about\s+", "", topic.lower())
 
 
 def _money(amount: float, currency: str, locale: str | None = None) -> str:

@@ -18,7 +18,7 @@ without a product search.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Literal
 
 from pydantic import Field
@@ -79,6 +79,29 @@ class PolicyStep(Step):
         #: the policy file's sections by label, read once when the chain is built
         self.sections: dict[str, PolicySection] = load_policy(config.file)
         self._embedder = MiniLMEmbedder() if config.lines is not None else None
+
+    def beside(self, steps: Mapping[str, Step]) -> str | None:
+        """``file: ...`` when the policy file does not fit the chain's classify labels:
+        a table that names no label (no turn would ever read it), or a label this step's
+        ``when`` routes here without a table (its turns would get no policy text, and
+        the model would answer them from nothing). None without a classify step that
+        lists its labels."""
+        labels = [str(lab) for s in steps.values() if s.kind == "classify"
+                  for lab in (getattr(s.config, "labels", None) or [])]  # fmt: skip
+        if not labels:
+            return None
+        where = self.config.file or "chainrun/data/shop_policy.toml"
+        for table in self.sections:
+            if table not in labels:
+                return (f"file: {where}: [{table}] names no classify label; expected a "
+                        f"table per label, one of {', '.join(labels)}")  # fmt: skip
+        routed = (self.config.when or {}).get("label")
+        for label in routed if isinstance(routed, list) else []:
+            if label in labels and label not in self.sections:
+                return (f"file: {where}: no [{label}] table, and this step's `when` routes "
+                        f"{label!r} turns here: add the table, or take the label out of "
+                        "`when`")  # fmt: skip
+        return None
 
     async def open(self, ctx: BuildContext) -> None:
         """Embed the sections' lines now (one MiniLM batch, kept as the turns'
