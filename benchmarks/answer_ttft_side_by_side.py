@@ -8,10 +8,12 @@ llama-server of the embedded model (a checkout starts its own). Each round is co
 fresh clone's first run is: the checkout's server is stopped (``chainrun local down``)
 before its replay, which starts it again with an empty prompt cache (``--warm``: left
 running between rounds: later rounds find the twelve prompts cached, and the pooled
-figures mix two kinds of turn). Each turn's ``turns.answer_ttft_ms`` (the answer's
-first token at arrival) is read back; per arm: n, the p50 with its distribution-free 95%
-interval (:func:`chainrun.statistics.intervals.quantile_ci`); new − old of the p50 with
-the conservative interval of :func:`chainrun.statistics.intervals.quantile_diff`; and
+figures mix two kinds of turn). Both servers are stopped at the end (a server of this
+install left running is one the local-model tests would meet). Each turn's
+``turns.answer_ttft_ms`` (the answer's first token at arrival) is read back; per arm:
+n, the p50 with its distribution-free 95% interval
+(:func:`chainrun.statistics.intervals.quantile_ci`); new − old of the p50 with the
+conservative interval of :func:`chainrun.statistics.intervals.quantile_diff`; and
 the paired differences (the same case in the same round, new − old): their median with
 the distribution-free interval of the median (the sign test's), the comparison with the
 least noise between runs.
@@ -26,6 +28,7 @@ Run (a timing run: alone, under the lock)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sqlite3
@@ -105,7 +108,9 @@ def main() -> None:
         "load_start": os.getloadavg()[0], "old": str(args.old.resolve()),
         "new": str(args.new.resolve()), "rounds": args.rounds, "cold": not args.warm,
     }  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+        for arm in ("old", "new"):  # each checkout's own server stopped at the end
+            servers.callback(stop_server, getattr(args, arm).resolve())
         for r in range(args.rounds):
             by_arm: dict[str, dict[str, dict[str, float]]] = {}
             for arm in ("old", "new") if r % 2 == 0 else ("new", "old"):  # either first
