@@ -275,6 +275,17 @@ class ProviderStatusError(ProviderError):
         self.error_type = f"http_{status}"
 
 
+class PromptTooLong(ProviderStatusError):
+    """The provider refused the request as longer than the model's context: HTTP 400
+    saying so (llama-server: "the request exceeds the available context size"; OpenAI:
+    code ``context_length_exceeded``). A shorter prompt would pass, the same one never
+    will: not a configuration mistake, and not worth a retry."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message, status)
+        self.error_type = "context_length"
+
+
 class RequestRejected(ProviderStatusError):
     """The provider refused the request itself: HTTP 400 naming a request parameter
     (``param``), or 401/403/404 (bad key, no access, unknown model). Retrying or hedging

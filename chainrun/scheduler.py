@@ -93,6 +93,11 @@ class Admission(Protocol):
 #: what a step hands the turn's queue: its events and its result
 QueueItem = TokenDelta | ToolCallEvent | ProductsShown | StepResult
 
+#: what the shopper is told when a step that fails closed failed because the prompt
+#: did not fit its model's context (``context_length``): trying again cannot help
+TOO_LONG_REFUSAL = ("Your message is too long for me to read in one go. Please send a "
+                    "shorter one.")
+
 
 class _Inbox:
     """The steps' items for the turn's consumer, in arrival order: what the turn used of
@@ -391,7 +396,8 @@ class TurnRun:
                 self.cut_by = name
             elif step.config.on_failure == "closed":
                 row.status = "failed_closed"
-                self._refuse(name, None)
+                self._refuse(name, TOO_LONG_REFUSAL if row.error_type == "context_length"
+                             else None)  # fmt: skip
             elif name == self.graph.answer_step:
                 # failing open lets an answer through unchecked; there is none: the turn
                 # ends without one (its steps after the answer would judge nothing)

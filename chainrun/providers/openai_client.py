@@ -43,6 +43,7 @@ from openai._streaming import SSEDecoder  # the SDK's own decoder, extended belo
 from chainrun.errors import (
     ConfigError,
     ContextLengthExceeded,
+    PromptTooLong,
     ProviderConnectionLost,
     ProviderError,
     ProviderStatusError,
@@ -362,11 +363,15 @@ def status_error(
         params: the request's parameters as sent (to name the value a 400 refused).
 
     Returns:
-        :class:`RequestRejected` for a 400 naming a parameter and for 401/403/404, else
-        :class:`ProviderStatusError` with ``retry_after_s`` from the headers.
+        :class:`PromptTooLong` for a 400 saying the prompt exceeds the model's context,
+        :class:`RequestRejected` for another 400 naming a parameter and for 401/403/404,
+        else :class:`ProviderStatusError` with ``retry_after_s`` from the headers.
     """
     text = f"{name}: HTTP {status}: {message}"
     error = body if isinstance(body, dict) else {}
+    if status == 400 and (error.get("code") == "context_length_exceeded"
+                          or _CONTEXT_RE.search(str(error.get("message") or message))):
+        return PromptTooLong(text, status)
     param = error.get("param")
     param = param if isinstance(param, str) and param else None
     if (status == 400 and param is not None) or status in (401, 403, 404):

@@ -101,10 +101,11 @@ def flag(value: Any, param: str) -> bool:
 
 
 #: the HTTP status of a turn that failed, by its error type (the rest: 502): the
-#: provider's own limits and an unreachable server 503, a deadline 504
+#: provider's own limits and an unreachable server 503, a deadline 504, a message too long
+#: for the model's context 400 (OpenAI answers its `context_length_exceeded` so)
 FAILED_STATUS = {"http_429": 503, "rate_limited": 503, "circuit_open": 503,
                   "unavailable": 503, "timeout": 504, "first_token_timeout": 504,
-                  "idle_timeout": 504}  # fmt: skip
+                  "idle_timeout": 504, "context_length": 400}  # fmt: skip
 
 
 def failed(summary: dict[str, Any]) -> bool:
